@@ -1,0 +1,822 @@
+//! Policy configuration: raw serde structs at the edge, validated domain types inside, and the
+//! named presets that reproduce the source's history.
+//!
+//! A policy is four independent parts: weights, chooser, affinity, cap. In YAML:
+//!
+//! ```yaml
+//! name: mine            # optional; defaults to the preset or composition name
+//! preset: seed-v3       # optional base; the parts below override it
+//! weights: { kind: probe, warmup: true, clamp: [0.25, 8] }
+//! chooser: { kind: sed, ties: higher-weight }
+//! affinity: { kind: capacity, base: 2, per_1k_tokens: 0.25, max: 8 }
+//! cap: { kind: weighted, limit: 24 }
+//! ```
+//!
+//! On a command line a policy is a preset name (`seed-v3`) or a composition
+//! `WEIGHTS[/CHOOSER[:TIES]][/AFFINITY][/CAP[:N]]`, e.g. `at-load/sed/capacity/weighted:24`.
+
+use crate::chooser::{Chooser, TieRule};
+use crate::error::ConfigError;
+use crate::weights::{
+    AtLoadConfig, AtLoadWeights, Clamp, EqualWeights, LiveConfig, LiveWeights, OracleWeights,
+    ProbeConfig, ProbeWeights, TableConfig, TableWeights, WeightStrategy,
+};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Which weight strategy, with its parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WeightsConfig {
+    /// v1: GPU-name table.
+    Table(TableConfig),
+    /// v2: the live correction.
+    Live(LiveConfig),
+    /// v3: the burst probe.
+    Probe(ProbeConfig),
+    /// Lab only: true capacity.
+    Oracle(Clamp),
+    /// All 1.0.
+    Equal,
+    /// Ours: capacity measured passively at load.
+    AtLoad(AtLoadConfig),
+}
+
+impl WeightsConfig {
+    /// Valid kind names.
+    pub const NAMES: &'static [&'static str] =
+        &["table", "live", "probe", "oracle", "equal", "at-load"];
+
+    /// The kind's name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            WeightsConfig::Table(_) => "table",
+            WeightsConfig::Live(_) => "live",
+            WeightsConfig::Probe(_) => "probe",
+            WeightsConfig::Oracle(_) => "oracle",
+            WeightsConfig::Equal => "equal",
+            WeightsConfig::AtLoad(_) => "at-load",
+        }
+    }
+
+    /// Default parameters of a kind.
+    pub fn from_name(name: &str) -> Option<WeightsConfig> {
+        Some(match name {
+            "table" => WeightsConfig::Table(TableConfig::default()),
+            "live" => WeightsConfig::Live(LiveConfig::default()),
+            "probe" => WeightsConfig::Probe(ProbeConfig::default()),
+            "oracle" => WeightsConfig::Oracle(Clamp::SOURCE),
+            "equal" => WeightsConfig::Equal,
+            "at-load" => WeightsConfig::AtLoad(AtLoadConfig::default()),
+            _ => return None,
+        })
+    }
+
+    /// A fresh strategy.
+    pub fn build(&self) -> Box<dyn WeightStrategy> {
+        match self {
+            WeightsConfig::Table(c) => Box::new(TableWeights::new(c.clone())),
+            WeightsConfig::Live(c) => Box::new(LiveWeights::new(c.clone())),
+            WeightsConfig::Probe(c) => Box::new(ProbeWeights::new(c.clone())),
+            WeightsConfig::Oracle(c) => Box::new(OracleWeights::new(*c)),
+            WeightsConfig::Equal => Box::new(EqualWeights),
+            WeightsConfig::AtLoad(c) => Box::new(AtLoadWeights::new(c.clone())),
+        }
+    }
+}
+
+/// In which units "busier" is measured for prefix affinity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AffinityUnits {
+    /// Raw in-flight counts (the source's bug).
+    Raw,
+    /// in_flight / weight, the unit of the main choice (the source's fix).
+    Capacity,
+}
+
+/// How much busier than the freest candidate a prefix holder may be and still be kept.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Allowance {
+    /// Allowance for a short prompt.
+    pub base: f64,
+    /// Added per 1,000 prompt tokens (long prompts gain more from a cache hit).
+    pub per_1k_tokens: f64,
+    /// Upper bound.
+    pub max: f64,
+}
+
+impl Default for Allowance {
+    fn default() -> Self {
+        Allowance {
+            base: 2.0,
+            per_1k_tokens: 0.25,
+            max: 8.0,
+        }
+    }
+}
+
+impl Allowance {
+    /// Allowance for a prompt of `tokens`.
+    pub fn at(&self, tokens: u32) -> f64 {
+        (self.base + self.per_1k_tokens * f64::from(tokens) / 1000.0).min(self.max)
+    }
+}
+
+/// Prefix-cache affinity.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Affinity {
+    /// Ignore prefixes.
+    None,
+    /// Prefer the worker that last served the longest prefix.
+    Prefix {
+        /// Units of "busier".
+        units: AffinityUnits,
+        /// How much busier is allowed.
+        allowance: Allowance,
+        /// Blocks the router's prefix index remembers.
+        index_blocks: usize,
+    },
+}
+
+impl Affinity {
+    /// Valid kind names.
+    pub const NAMES: &'static [&'static str] = &["none", "raw", "capacity"];
+    const DEFAULT_INDEX_BLOCKS: usize = 1 << 16;
+
+    /// The kind's name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Affinity::None => "none",
+            Affinity::Prefix {
+                units: AffinityUnits::Raw,
+                ..
+            } => "raw",
+            Affinity::Prefix {
+                units: AffinityUnits::Capacity,
+                ..
+            } => "capacity",
+        }
+    }
+
+    /// Default parameters of a kind.
+    pub fn from_name(name: &str) -> Option<Affinity> {
+        let units = match name {
+            "none" => return Some(Affinity::None),
+            "raw" => AffinityUnits::Raw,
+            "capacity" => AffinityUnits::Capacity,
+            _ => return None,
+        };
+        Some(Affinity::Prefix {
+            units,
+            allowance: Allowance::default(),
+            index_blocks: Self::DEFAULT_INDEX_BLOCKS,
+        })
+    }
+}
+
+/// Per-worker concurrency cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cap {
+    /// Uncapped.
+    None,
+    /// The same cap for every worker (source: 24).
+    Flat(u32),
+    /// The cap scaled by the worker's weight (at least 1).
+    Weighted(u32),
+}
+
+impl Cap {
+    /// Valid kind names.
+    pub const NAMES: &'static [&'static str] = &["none", "flat", "weighted"];
+
+    /// The kind's name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Cap::None => "none",
+            Cap::Flat(_) => "flat",
+            Cap::Weighted(_) => "weighted",
+        }
+    }
+}
+
+/// A validated policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyConfig {
+    /// Display name (a preset's name, a composition string, or the YAML `name`).
+    pub name: String,
+    /// Weight strategy.
+    pub weights: WeightsConfig,
+    /// Chooser.
+    pub chooser: Chooser,
+    /// Prefix affinity.
+    pub affinity: Affinity,
+    /// Concurrency cap.
+    pub cap: Cap,
+}
+
+/// A named preset and what it reproduces.
+#[derive(Debug, Clone, Copy)]
+pub struct Preset {
+    /// Name.
+    pub name: &'static str,
+    /// One line on what it is.
+    pub description: &'static str,
+}
+
+/// The presets, in historical order.
+pub const PRESETS: &[Preset] = &[
+    Preset {
+        name: "seed-v1",
+        description: "GPU-name table weights, p2c with ties to the first candidate, raw-count prefix affinity, flat cap 24",
+    },
+    Preset {
+        name: "seed-v2",
+        description: "seed-v1 routing with the 3-minute live correction (median speed x busy fraction, blended with the table)",
+    },
+    Preset {
+        name: "seed-v3-cold",
+        description: "seed-v3 without the warm-up burst: the first probe can measure a cold engine",
+    },
+    Preset {
+        name: "seed-v3",
+        description: "16x128 burst probe with warm-up, ties to the higher weight, capacity-unit prefix affinity, flat cap 24",
+    },
+    Preset {
+        name: "seed-next",
+        description: "seed-v3 with the cap scaled by weight (24 x weight), the source's announced next change",
+    },
+];
+
+impl PolicyConfig {
+    /// A preset by name.
+    pub fn preset(name: &str) -> Result<PolicyConfig, ConfigError> {
+        let p2c_first = Chooser::P2c {
+            ties: TieRule::First,
+        };
+        let p2c_higher = Chooser::P2c {
+            ties: TieRule::HigherWeight,
+        };
+        let raw = Affinity::from_name("raw").expect("known");
+        let capacity = Affinity::from_name("capacity").expect("known");
+        let probe = |warmup| {
+            WeightsConfig::Probe(ProbeConfig {
+                warmup,
+                ..ProbeConfig::default()
+            })
+        };
+        let (weights, chooser, affinity, cap) = match name {
+            "seed-v1" => (
+                WeightsConfig::Table(TableConfig::default()),
+                p2c_first,
+                raw,
+                Cap::Flat(24),
+            ),
+            "seed-v2" => (
+                WeightsConfig::Live(LiveConfig::default()),
+                p2c_first,
+                raw,
+                Cap::Flat(24),
+            ),
+            "seed-v3-cold" => (probe(false), p2c_higher, capacity, Cap::Flat(24)),
+            "seed-v3" => (probe(true), p2c_higher, capacity, Cap::Flat(24)),
+            "seed-next" => (probe(true), p2c_higher, capacity, Cap::Weighted(24)),
+            _ => {
+                return Err(ConfigError::UnknownName {
+                    field: "preset".into(),
+                    what: "preset",
+                    got: name.into(),
+                    valid: PRESETS
+                        .iter()
+                        .map(|p| p.name)
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            }
+        };
+        Ok(PolicyConfig {
+            name: name.to_string(),
+            weights,
+            chooser,
+            affinity,
+            cap,
+        })
+    }
+
+    /// A preset name or a composition `WEIGHTS[/CHOOSER[:TIES]][/AFFINITY][/CAP[:N]]`.
+    /// Omitted parts default to `p2c:higher-weight`, `capacity`, `flat:24`.
+    pub fn from_name(name: &str) -> Result<PolicyConfig, ConfigError> {
+        if !name.contains('/') && WeightsConfig::from_name(name).is_none() {
+            return PolicyConfig::preset(name);
+        }
+        let mut parts = name.split('/');
+        let w = parts.next().unwrap_or_default();
+        let weights = WeightsConfig::from_name(w).ok_or_else(|| ConfigError::UnknownName {
+            field: "weights".into(),
+            what: "weight strategy",
+            got: w.into(),
+            valid: WeightsConfig::NAMES.join(", "),
+        })?;
+        let mut chooser = Chooser::P2c {
+            ties: TieRule::HigherWeight,
+        };
+        let mut affinity = Affinity::from_name("capacity").expect("known");
+        let mut cap = Cap::Flat(24);
+        for part in parts {
+            let (head, arg) = match part.split_once(':') {
+                Some((h, a)) => (h, Some(a)),
+                None => (part, None),
+            };
+            if Chooser::NAMES.contains(&head) {
+                let ties = match arg {
+                    None => TieRule::HigherWeight,
+                    Some(t) => TieRule::parse(t).ok_or_else(|| ConfigError::UnknownName {
+                        field: "chooser.ties".into(),
+                        what: "tie rule",
+                        got: t.into(),
+                        valid: TieRule::NAMES.join(", "),
+                    })?,
+                };
+                chooser = Chooser::from_name(head, ties).expect("listed");
+            } else if Affinity::NAMES.contains(&head) && arg.is_none() && head != "none" {
+                affinity = Affinity::from_name(head).expect("listed");
+            } else if head == "no-affinity" {
+                affinity = Affinity::None;
+            } else if Cap::NAMES.contains(&head) {
+                let n = match arg {
+                    None => 24,
+                    Some(a) => a.parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                        ConfigError::Invalid {
+                            field: "cap.limit".into(),
+                            message: format!("`{a}` is not a whole number > 0"),
+                        }
+                    })?,
+                };
+                cap = match head {
+                    "none" => Cap::None,
+                    "flat" => Cap::Flat(n),
+                    _ => Cap::Weighted(n),
+                };
+            } else {
+                return Err(ConfigError::UnknownName {
+                    field: "policy".into(),
+                    what: "policy part",
+                    got: part.into(),
+                    valid: format!(
+                        "a chooser ({}) optionally with :TIES, an affinity (raw, capacity, no-affinity), or a cap ({}) optionally with :N",
+                        Chooser::NAMES.join(", "),
+                        Cap::NAMES.join(", ")
+                    ),
+                });
+            }
+        }
+        Ok(PolicyConfig {
+            name: name.to_string(),
+            weights,
+            chooser,
+            affinity,
+            cap,
+        })
+    }
+
+    /// Validate a raw (deserialized) policy.
+    pub fn from_raw(raw: &RawPolicy) -> Result<PolicyConfig, ConfigError> {
+        let mut cfg = match (&raw.preset, &raw.weights) {
+            (Some(p), _) => PolicyConfig::preset(p)?,
+            (None, Some(_)) => PolicyConfig::from_name("equal")?,
+            (None, None) => {
+                return Err(ConfigError::Invalid {
+                    field: String::new(),
+                    message: "a policy needs `preset` or `weights` (with optional `chooser`, `affinity`, `cap`)".into(),
+                });
+            }
+        };
+        let mut parts: Vec<String> = Vec::new();
+        if let Some(w) = &raw.weights {
+            cfg.weights = w.validate().map_err(|e| e.within("weights"))?;
+            parts.push(cfg.weights.name().into());
+        }
+        if let Some(c) = &raw.chooser {
+            cfg.chooser = c.validate().map_err(|e| e.within("chooser"))?;
+            parts.push(cfg.chooser.name().into());
+        }
+        if let Some(a) = &raw.affinity {
+            cfg.affinity = a.validate().map_err(|e| e.within("affinity"))?;
+            parts.push(cfg.affinity.name().into());
+        }
+        if let Some(c) = &raw.cap {
+            cfg.cap = c.validate().map_err(|e| e.within("cap"))?;
+            parts.push(cfg.cap.name().into());
+        }
+        cfg.name = match (&raw.name, &raw.preset) {
+            (Some(n), _) => {
+                if n.trim().is_empty() {
+                    return Err(ConfigError::Invalid {
+                        field: "name".into(),
+                        message: "must not be empty".into(),
+                    });
+                }
+                n.clone()
+            }
+            (None, Some(p)) if parts.is_empty() => p.clone(),
+            (None, Some(p)) => format!("{p}+{}", parts.join("+")),
+            (None, None) => parts.join("/"),
+        };
+        Ok(cfg)
+    }
+}
+
+// ----- raw (serde) side ----------------------------------------------------------------------
+
+/// A policy as written in YAML.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawPolicy {
+    /// Display name.
+    pub name: Option<String>,
+    /// Base preset.
+    pub preset: Option<String>,
+    /// Weight strategy.
+    pub weights: Option<RawWeights>,
+    /// Chooser.
+    pub chooser: Option<RawChooser>,
+    /// Affinity.
+    pub affinity: Option<RawAffinity>,
+    /// Cap.
+    pub cap: Option<RawCap>,
+}
+
+/// Raw weight-strategy parameters; which apply depends on `kind`.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawWeights {
+    /// One of [`WeightsConfig::NAMES`].
+    pub kind: String,
+    /// table, live, at-load (prior): GPU name → weight of one card.
+    pub table: Option<BTreeMap<String, f64>>,
+    /// table, live: weight of an unknown card.
+    pub unknown: Option<f64>,
+    /// live, probe, oracle, at-load: `[min, max]`.
+    pub clamp: Option<[f64; 2]>,
+    /// live: re-derivation cadence.
+    pub interval_s: Option<f64>,
+    /// live: requests before the table figure is fully replaced.
+    pub min_requests: Option<u32>,
+    /// probe: concurrent requests per burst.
+    pub concurrency: Option<u32>,
+    /// probe: output tokens per request.
+    pub output_tokens: Option<u32>,
+    /// probe: prompt tokens per request.
+    pub prompt_tokens: Option<u32>,
+    /// probe: send a warm-up burst first.
+    pub warmup: Option<bool>,
+    /// probe: result cache lifetime.
+    pub cache_ttl_s: Option<f64>,
+    /// probe: re-measure period (only when idle).
+    pub reprobe_period_s: Option<f64>,
+    /// probe: retry delay after a failed burst.
+    pub retry_after_s: Option<f64>,
+    /// at-load: forgetting time constant.
+    pub time_constant_s: Option<f64>,
+    /// at-load: samples needed before the estimate is trusted.
+    pub min_samples: Option<f64>,
+    /// at-load: re-derivation cadence.
+    pub update_interval_s: Option<f64>,
+    /// at-load: `equal` or `table`.
+    pub prior: Option<String>,
+}
+
+/// Raw chooser.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawChooser {
+    /// One of [`Chooser::NAMES`].
+    pub kind: String,
+    /// Tie rule (p2c, sed, jsq, least-request).
+    pub ties: Option<String>,
+    /// least-request: active-request bias.
+    pub bias: Option<f64>,
+}
+
+/// Raw affinity.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawAffinity {
+    /// `none`, `raw` or `capacity`.
+    pub kind: String,
+    /// Allowance for a short prompt.
+    pub base: Option<f64>,
+    /// Allowance added per 1,000 prompt tokens.
+    pub per_1k_tokens: Option<f64>,
+    /// Largest allowance.
+    pub max: Option<f64>,
+    /// Blocks the router's prefix index remembers.
+    pub index_blocks: Option<usize>,
+}
+
+/// Raw cap.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawCap {
+    /// `none`, `flat` or `weighted`.
+    pub kind: String,
+    /// Requests per worker (weighted: per unit of weight).
+    pub limit: Option<u32>,
+}
+
+fn invalid(field: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+fn positive(field: &str, v: Option<f64>, default: f64) -> Result<f64, ConfigError> {
+    match v {
+        None => Ok(default),
+        Some(x) if x.is_finite() && x > 0.0 => Ok(x),
+        Some(x) => Err(invalid(field, format!("{x} is not valid; expected a finite number > 0"))),
+    }
+}
+
+fn non_negative(field: &str, v: Option<f64>, default: f64) -> Result<f64, ConfigError> {
+    match v {
+        None => Ok(default),
+        Some(x) if x.is_finite() && x >= 0.0 => Ok(x),
+        Some(x) => Err(invalid(field, format!("{x} is not valid; expected a finite number >= 0"))),
+    }
+}
+
+fn seconds(field: &str, v: Option<f64>, default: Duration) -> Result<Duration, ConfigError> {
+    Ok(Duration::from_secs_f64(positive(field, v, default.as_secs_f64())?))
+}
+
+fn count(field: &str, v: Option<u32>, default: u32) -> Result<u32, ConfigError> {
+    match v {
+        None => Ok(default),
+        Some(0) => Err(invalid(field, "0 is not valid; expected a whole number >= 1")),
+        Some(n) => Ok(n),
+    }
+}
+
+fn clamp(v: Option<[f64; 2]>) -> Result<Clamp, ConfigError> {
+    match v {
+        None => Ok(Clamp::SOURCE),
+        Some([min, max]) => {
+            if !(min.is_finite() && max.is_finite() && min > 0.0) {
+                Err(invalid("clamp", format!("[{min}, {max}] is not valid; expected [min, max] with finite 0 < min <= max")))
+            } else if min > max {
+                Err(invalid("clamp", format!("[{min}, {max}] is inverted: min must be <= max")))
+            } else {
+                Ok(Clamp { min, max })
+            }
+        }
+    }
+}
+
+fn table(t: &Option<BTreeMap<String, f64>>, unknown: Option<f64>) -> Result<TableConfig, ConfigError> {
+    let mut cfg = TableConfig::default();
+    if let Some(t) = t {
+        if t.is_empty() {
+            return Err(invalid("table", "the table is empty; give at least one `GPU name: weight` entry, or omit `table` for the source's table"));
+        }
+        cfg.entries = Vec::with_capacity(t.len());
+        for (name, w) in t {
+            if name.trim().is_empty() {
+                return Err(invalid("table", "a GPU name is empty"));
+            }
+            let w = positive(&format!("table.{name}"), Some(*w), 1.0)?;
+            cfg.entries.push((name.clone(), w));
+        }
+    }
+    cfg.unknown = positive("unknown", unknown, cfg.unknown)?;
+    Ok(cfg)
+}
+
+impl RawWeights {
+    fn set_fields(&self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        macro_rules! seen {
+            ($($f:ident),*) => { $( if self.$f.is_some() { v.push(stringify!($f)); } )* };
+        }
+        seen!(table, unknown, clamp, interval_s, min_requests, concurrency, output_tokens,
+              prompt_tokens, warmup, cache_ttl_s, reprobe_period_s, retry_after_s,
+              time_constant_s, min_samples, update_interval_s, prior);
+        v
+    }
+
+    /// Validate into a [`WeightsConfig`].
+    pub fn validate(&self) -> Result<WeightsConfig, ConfigError> {
+        let allowed: &[&str] = match self.kind.as_str() {
+            "table" => &["table", "unknown"],
+            "live" => &["table", "unknown", "clamp", "interval_s", "min_requests"],
+            "probe" => &["clamp", "concurrency", "output_tokens", "prompt_tokens", "warmup",
+                         "cache_ttl_s", "reprobe_period_s", "retry_after_s"],
+            "oracle" => &["clamp"],
+            "equal" => &[],
+            "at-load" => &["table", "unknown", "clamp", "time_constant_s", "min_samples",
+                           "update_interval_s", "prior"],
+            other => {
+                return Err(ConfigError::UnknownName {
+                    field: "kind".into(),
+                    what: "weight strategy",
+                    got: other.into(),
+                    valid: WeightsConfig::NAMES.join(", "),
+                });
+            }
+        };
+        if let Some(f) = self.set_fields().into_iter().find(|f| !allowed.contains(f)) {
+            return Err(invalid(f, format!(
+                "does not apply to kind `{}`; its fields are: {}",
+                self.kind,
+                if allowed.is_empty() { "(none)".to_string() } else { allowed.join(", ") }
+            )));
+        }
+        Ok(match self.kind.as_str() {
+            "table" => WeightsConfig::Table(table(&self.table, self.unknown)?),
+            "live" => {
+                let d = LiveConfig::default();
+                WeightsConfig::Live(LiveConfig {
+                    table: table(&self.table, self.unknown)?,
+                    interval: seconds("interval_s", self.interval_s, d.interval)?,
+                    min_requests: count("min_requests", self.min_requests, d.min_requests)?,
+                    clamp: clamp(self.clamp)?,
+                })
+            }
+            "probe" => {
+                let d = ProbeConfig::default();
+                WeightsConfig::Probe(ProbeConfig {
+                    concurrency: count("concurrency", self.concurrency, d.concurrency)?,
+                    output_tokens: count("output_tokens", self.output_tokens, d.output_tokens)?,
+                    prompt_tokens: count("prompt_tokens", self.prompt_tokens, d.prompt_tokens)?,
+                    warmup: self.warmup.unwrap_or(d.warmup),
+                    cache_ttl: seconds("cache_ttl_s", self.cache_ttl_s, d.cache_ttl)?,
+                    reprobe_period: seconds("reprobe_period_s", self.reprobe_period_s, d.reprobe_period)?,
+                    clamp: clamp(self.clamp)?,
+                    retry_after: seconds("retry_after_s", self.retry_after_s, d.retry_after)?,
+                })
+            }
+            "oracle" => WeightsConfig::Oracle(clamp(self.clamp)?),
+            "equal" => WeightsConfig::Equal,
+            _ => {
+                let d = AtLoadConfig::default();
+                let prior = match self.prior.as_deref() {
+                    None | Some("equal") => {
+                        if self.table.is_some() || self.unknown.is_some() {
+                            return Err(invalid("table", "applies only with `prior: table`"));
+                        }
+                        None
+                    }
+                    Some("table") => Some(table(&self.table, self.unknown)?),
+                    Some(other) => {
+                        return Err(ConfigError::UnknownName {
+                            field: "prior".into(),
+                            what: "prior",
+                            got: other.into(),
+                            valid: "equal, table".into(),
+                        });
+                    }
+                };
+                WeightsConfig::AtLoad(AtLoadConfig {
+                    time_constant: seconds("time_constant_s", self.time_constant_s, d.time_constant)?,
+                    min_samples: non_negative("min_samples", self.min_samples, d.min_samples)?,
+                    update_interval: seconds("update_interval_s", self.update_interval_s, d.update_interval)?,
+                    prior,
+                    clamp: clamp(self.clamp)?,
+                })
+            }
+        })
+    }
+}
+
+impl RawChooser {
+    /// Validate into a [`Chooser`].
+    pub fn validate(&self) -> Result<Chooser, ConfigError> {
+        let ties = match self.ties.as_deref() {
+            None => TieRule::First,
+            Some(t) => TieRule::parse(t).ok_or_else(|| ConfigError::UnknownName {
+                field: "ties".into(),
+                what: "tie rule",
+                got: t.into(),
+                valid: TieRule::NAMES.join(", "),
+            })?,
+        };
+        let chooser = Chooser::from_name(&self.kind, ties).ok_or_else(|| ConfigError::UnknownName {
+            field: "kind".into(),
+            what: "chooser",
+            got: self.kind.clone(),
+            valid: Chooser::NAMES.join(", "),
+        })?;
+        if self.ties.is_some() && chooser.ties().is_none() {
+            return Err(invalid("ties", format!("`{}` does not compare scores; ties apply to p2c, sed, jsq, least-request", self.kind)));
+        }
+        match (chooser, self.bias) {
+            (Chooser::LeastRequest { ties, .. }, Some(b)) => {
+                let bias = non_negative("bias", Some(b), 1.0)?;
+                Ok(Chooser::LeastRequest { bias, ties })
+            }
+            (_, Some(_)) => Err(invalid("bias", "applies only to kind `least-request`")),
+            (c, None) => Ok(c),
+        }
+    }
+}
+
+impl RawAffinity {
+    /// Validate into an [`Affinity`].
+    pub fn validate(&self) -> Result<Affinity, ConfigError> {
+        let base = Affinity::from_name(&self.kind).ok_or_else(|| ConfigError::UnknownName {
+            field: "kind".into(),
+            what: "affinity",
+            got: self.kind.clone(),
+            valid: Affinity::NAMES.join(", "),
+        })?;
+        match base {
+            Affinity::None => {
+                if self.base.is_some() || self.per_1k_tokens.is_some() || self.max.is_some() || self.index_blocks.is_some() {
+                    return Err(invalid("kind", "`none` takes no parameters (base, per_1k_tokens, max, index_blocks)"));
+                }
+                Ok(Affinity::None)
+            }
+            Affinity::Prefix { units, allowance, index_blocks } => {
+                let allowance = Allowance {
+                    base: non_negative("base", self.base, allowance.base)?,
+                    per_1k_tokens: non_negative("per_1k_tokens", self.per_1k_tokens, allowance.per_1k_tokens)?,
+                    max: non_negative("max", self.max, allowance.max)?,
+                };
+                if allowance.max < allowance.base {
+                    return Err(invalid("max", format!("{} is below base {}: max must be >= base", allowance.max, allowance.base)));
+                }
+                let index_blocks = self.index_blocks.unwrap_or(index_blocks);
+                if index_blocks == 0 || index_blocks > 1 << 26 {
+                    return Err(invalid("index_blocks", format!("{index_blocks} is not valid; expected 1 to 67108864")));
+                }
+                Ok(Affinity::Prefix { units, allowance, index_blocks })
+            }
+        }
+    }
+}
+
+impl RawCap {
+    /// Validate into a [`Cap`].
+    pub fn validate(&self) -> Result<Cap, ConfigError> {
+        match self.kind.as_str() {
+            "none" => match self.limit {
+                None => Ok(Cap::None),
+                Some(_) => Err(invalid("limit", "does not apply to kind `none`")),
+            },
+            "flat" => Ok(Cap::Flat(count("limit", self.limit, 24)?)),
+            "weighted" => Ok(Cap::Weighted(count("limit", self.limit, 24)?)),
+            other => Err(ConfigError::UnknownName {
+                field: "kind".into(),
+                what: "cap",
+                got: other.into(),
+                valid: Cap::NAMES.join(", "),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_are_as_designed() {
+        let v1 = PolicyConfig::preset("seed-v1").unwrap();
+        assert_eq!(v1.weights.name(), "table");
+        assert_eq!(v1.chooser, Chooser::P2c { ties: TieRule::First });
+        assert_eq!(v1.affinity.name(), "raw");
+        assert_eq!(v1.cap, Cap::Flat(24));
+        let cold = PolicyConfig::preset("seed-v3-cold").unwrap();
+        assert!(matches!(cold.weights, WeightsConfig::Probe(ProbeConfig { warmup: false, .. })));
+        let v3 = PolicyConfig::preset("seed-v3").unwrap();
+        assert!(matches!(v3.weights, WeightsConfig::Probe(ProbeConfig { warmup: true, .. })));
+        assert_eq!(v3.chooser, Chooser::P2c { ties: TieRule::HigherWeight });
+        assert_eq!(v3.affinity.name(), "capacity");
+        assert_eq!(PolicyConfig::preset("seed-next").unwrap().cap, Cap::Weighted(24));
+        assert_eq!(PolicyConfig::preset("seed-v2").unwrap().weights.name(), "live");
+        for p in PRESETS {
+            assert!(PolicyConfig::preset(p.name).is_ok());
+        }
+    }
+
+    #[test]
+    fn unknown_preset_lists_the_valid_ones() {
+        let e = PolicyConfig::from_name("seed-v4").unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("seed-v4") && msg.contains("seed-v3-cold"), "{msg}");
+    }
+
+    #[test]
+    fn compositions_parse() {
+        let p = PolicyConfig::from_name("at-load/sed/capacity/weighted:16").unwrap();
+        assert_eq!(p.weights.name(), "at-load");
+        assert_eq!(p.chooser, Chooser::Sed { ties: TieRule::HigherWeight });
+        assert_eq!(p.cap, Cap::Weighted(16));
+        let p = PolicyConfig::from_name("probe/p2c:random/no-affinity/none").unwrap();
+        assert_eq!(p.affinity, Affinity::None);
+        assert_eq!(p.cap, Cap::None);
+        assert!(PolicyConfig::from_name("probe/p2c:sometimes").is_err());
+        assert!(PolicyConfig::from_name("probe/flat:0").is_err());
+        assert!(PolicyConfig::from_name("magic/sed").is_err());
+    }
+}

@@ -1,0 +1,119 @@
+//! Typed errors a host maps to its own responses.
+
+use crate::worker::WorkerId;
+
+/// Why a request could not be routed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RouteError {
+    /// No worker was ever registered for the model.
+    #[error("no worker serves this model")]
+    NoWorkerForModel,
+    /// Workers exist for the model but none is connected and accepting.
+    #[error("no healthy worker for model `{model}`")]
+    NoHealthyWorker {
+        /// The model.
+        model: String,
+    },
+    /// The prompt exceeds every worker's context window.
+    #[error("prompt needs {tokens} tokens of context; the largest window is {largest_window}")]
+    PromptTooLong {
+        /// Tokens requested.
+        tokens: u32,
+        /// Largest window among the model's workers.
+        largest_window: u32,
+    },
+    /// Every eligible worker is at its concurrency cap: the host should queue the request.
+    #[error("every eligible worker for model `{model}` is at its concurrency cap")]
+    AllAtCap {
+        /// The model.
+        model: String,
+    },
+}
+
+impl RouteError {
+    /// The HTTP status a gateway should answer with (429 for a queue that cannot be joined).
+    pub fn http_status(&self) -> u16 {
+        match self {
+            RouteError::NoWorkerForModel => 404,
+            RouteError::PromptTooLong { .. } => 400,
+            RouteError::AllAtCap { .. } => 429,
+            RouteError::NoHealthyWorker { .. } => 503,
+        }
+    }
+}
+
+/// Errors of lifecycle and administrator calls.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AdminError {
+    /// The id was never registered or was removed.
+    #[error("unknown worker {0}")]
+    UnknownWorker(WorkerId),
+    /// A pinned weight must be finite and positive.
+    #[error("invalid weight {0}: a pinned weight must be a finite number > 0")]
+    InvalidWeight(f64),
+}
+
+/// An invalid policy configuration. Messages name the field and what would be valid.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A name that is not one of the known ones.
+    #[error("{field}: unknown {what} `{got}`; valid: {valid}")]
+    UnknownName {
+        /// Field path, e.g. `policies[1].chooser.kind`.
+        field: String,
+        /// What kind of name (preset, chooser, …).
+        what: &'static str,
+        /// What was given.
+        got: String,
+        /// Valid names, comma-separated.
+        valid: String,
+    },
+    /// A value out of range or inconsistent.
+    #[error("{field}: {message}")]
+    Invalid {
+        /// Field path.
+        field: String,
+        /// What is wrong and what would be valid.
+        message: String,
+    },
+}
+
+impl ConfigError {
+    /// Prefix the field path (e.g. with `policies[2]`).
+    pub fn within(self, prefix: &str) -> ConfigError {
+        let join = |f: String| {
+            if f.is_empty() {
+                prefix.to_string()
+            } else {
+                format!("{prefix}.{f}")
+            }
+        };
+        match self {
+            ConfigError::UnknownName {
+                field,
+                what,
+                got,
+                valid,
+            } => ConfigError::UnknownName {
+                field: join(field),
+                what,
+                got,
+                valid,
+            },
+            ConfigError::Invalid { field, message } => ConfigError::Invalid {
+                field: join(field),
+                message,
+            },
+        }
+    }
+
+    /// The field path this error is about.
+    pub fn field(&self) -> &str {
+        match self {
+            ConfigError::UnknownName { field, .. } | ConfigError::Invalid { field, .. } => field,
+        }
+    }
+}

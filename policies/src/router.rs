@@ -1,0 +1,767 @@
+//! The router: filters, prefix affinity, chooser and caps over the live fleet.
+
+use crate::chooser::{Chooser, break_tie};
+use crate::config::{Affinity, AffinityUnits, Cap, PolicyConfig};
+use crate::error::{AdminError, RouteError};
+use crate::prefix::PrefixIndex;
+use crate::time::Time;
+use crate::weights::{Completion, ProbeOrder, ProbeResult, WeightChange, WeightEvent, WeightStrategy};
+use crate::worker::{Fleet, ModelId, Weight, WorkerId, WorkerInfo, WorkerSpec, WorkerState};
+use rand::{Rng, RngExt};
+use std::collections::{HashMap, VecDeque};
+
+/// What the host knows about a request when routing it.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteRequest<'a> {
+    /// Model, interned with [`Router::model_id`].
+    pub model: ModelId,
+    /// Tokens the context window must hold (prompt, plus reserved output if the host wants).
+    pub context_tokens: u32,
+    /// Prefix-block chain hashes of the prompt (may be empty).
+    pub prefix: &'a [u64],
+}
+
+/// The router's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// Where the request goes.
+    pub worker: WorkerId,
+    /// Leading prefix blocks the router believes the chosen worker holds.
+    pub believed_cached_blocks: u32,
+    /// True when the prefix holder was kept over the chooser's pick.
+    pub affinity_kept: bool,
+}
+
+/// Hot per-worker state, kept apart from [`WorkerInfo`] so scans touch few cache lines.
+#[derive(Debug, Clone, Copy)]
+struct Hot {
+    weight: f64,
+    in_flight: u32,
+    cap: u32,
+    context_window: u32,
+    model: u32,
+    routable: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+struct ModelEntry {
+    name: String,
+    /// Routable workers, sorted by context window, largest first (ties by id).
+    members: Vec<u32>,
+    /// `members`' context windows, same order.
+    windows: Vec<u32>,
+    /// Members below their cap.
+    free: u32,
+    /// Round-robin cursor.
+    cursor: usize,
+}
+
+#[derive(Debug, Clone)]
+struct Queued {
+    ticket: u64,
+    model: ModelId,
+    context_tokens: u32,
+    prefix: Vec<u64>,
+}
+
+/// The routing policy in action: one per gateway (or per simulated gateway).
+///
+/// `Router` is `Send` but not `Sync`-shared mutably: a multi-threaded host wraps it in a
+/// `Mutex` (a decision takes well under a microsecond, so one lock is not a bottleneck at the
+/// request rates of an inference gateway) and keeps an RNG per router, or shards by model.
+#[derive(Debug)]
+pub struct Router {
+    config: PolicyConfig,
+    fleet: Fleet,
+    hot: Vec<Hot>,
+    models: Vec<ModelEntry>,
+    model_ids: HashMap<String, ModelId>,
+    strategy: Box<dyn WeightStrategy>,
+    prefix: PrefixIndex,
+    wrr_current: Vec<f64>,
+    queue: VecDeque<Queued>,
+}
+
+const SAMPLE_TRIES: usize = 8;
+
+impl Router {
+    /// A router for a validated policy.
+    pub fn new(config: PolicyConfig) -> Router {
+        let strategy = config.weights.build();
+        let prefix = PrefixIndex::new(match config.affinity {
+            Affinity::None => 0,
+            Affinity::Prefix { index_blocks, .. } => index_blocks,
+        });
+        Router {
+            config,
+            fleet: Fleet::default(),
+            hot: Vec::new(),
+            models: Vec::new(),
+            model_ids: HashMap::new(),
+            strategy,
+            prefix,
+            wrr_current: Vec::new(),
+            queue: VecDeque::new(),
+        }
+    }
+
+    /// The policy.
+    pub fn config(&self) -> &PolicyConfig {
+        &self.config
+    }
+
+    /// Every worker the router has seen.
+    pub fn fleet(&self) -> &Fleet {
+        &self.fleet
+    }
+
+    /// The weight strategy (for reports: curves, throughputs).
+    pub fn strategy(&self) -> &dyn WeightStrategy {
+        self.strategy.as_ref()
+    }
+
+    /// The router's prefix index.
+    pub fn prefix_index(&self) -> &PrefixIndex {
+        &self.prefix
+    }
+
+    /// Interned id of a model name, if any worker ever served it.
+    pub fn model_id(&self, model: &str) -> Option<ModelId> {
+        self.model_ids.get(model).copied()
+    }
+
+    /// Names of models with at least one routable worker, sorted.
+    pub fn models(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = self
+            .models
+            .iter()
+            .filter(|m| !m.members.is_empty())
+            .map(|m| m.name.as_str())
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Current weight of a worker.
+    pub fn weight(&self, id: WorkerId) -> Option<Weight> {
+        self.fleet
+            .get(id)
+            .map(|_| self.strategy.weight(id, &self.fleet))
+    }
+
+    /// Current concurrency cap of a worker (`u32::MAX` when uncapped).
+    pub fn cap(&self, id: WorkerId) -> Option<u32> {
+        self.hot.get(id.index()).map(|h| h.cap)
+    }
+
+    /// Requests waiting at the gateway.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    // ----- lifecycle ---------------------------------------------------------------------
+
+    /// Register a worker; it is routable at once.
+    pub fn register(&mut self, now: Time, spec: WorkerSpec) -> WorkerId {
+        let model = self.intern(&spec.model);
+        let id = WorkerId(self.fleet.workers.len() as u32);
+        self.hot.push(Hot {
+            weight: 1.0,
+            in_flight: 0,
+            cap: u32::MAX,
+            context_window: spec.context_window,
+            model: model.0,
+            routable: true,
+        });
+        self.wrr_current.push(0.0);
+        self.fleet.workers.push(WorkerInfo {
+            spec,
+            model,
+            state: WorkerState::Up,
+            in_flight: 0,
+            since: now,
+        });
+        self.rebuild_model(model);
+        self.feed(now, WeightEvent::Registered(id));
+        id
+    }
+
+    /// The worker's connection dropped; not routable until it reconnects.
+    pub fn disconnect(&mut self, now: Time, id: WorkerId) -> Result<(), AdminError> {
+        self.set_state(id, WorkerState::Disconnected)?;
+        self.feed(now, WeightEvent::Disconnected(id));
+        Ok(())
+    }
+
+    /// The worker reconnected with the same engine.
+    pub fn reconnect(&mut self, now: Time, id: WorkerId) -> Result<(), AdminError> {
+        self.set_state(id, WorkerState::Up)?;
+        self.fleet.workers[id.index()].since = now;
+        self.feed(now, WeightEvent::Reconnected(id));
+        Ok(())
+    }
+
+    /// Stop sending new requests; in-flight ones finish.
+    pub fn drain(&mut self, now: Time, id: WorkerId) -> Result<(), AdminError> {
+        self.set_state(id, WorkerState::Draining)?;
+        self.feed(now, WeightEvent::Tick);
+        Ok(())
+    }
+
+    /// The worker's engine restarted, possibly with other launch arguments. Its in-flight
+    /// requests are lost: the host reports each with [`Router::fail`].
+    pub fn restart(&mut self, now: Time, id: WorkerId, launch_args: &str) -> Result<(), AdminError> {
+        self.set_state(id, WorkerState::Up)?;
+        let info = &mut self.fleet.workers[id.index()];
+        let args_changed = info.spec.launch_args != launch_args;
+        if args_changed {
+            info.spec.launch_args = launch_args.to_string();
+        }
+        info.since = now;
+        self.prefix.forget_worker(id);
+        self.feed(
+            now,
+            WeightEvent::Restarted {
+                worker: id,
+                args_changed,
+            },
+        );
+        Ok(())
+    }
+
+    /// Deregister a worker for good; its peers' weights are re-normalised.
+    pub fn remove(&mut self, now: Time, id: WorkerId) -> Result<(), AdminError> {
+        self.set_state(id, WorkerState::Removed)?;
+        self.prefix.forget_worker(id);
+        self.feed(now, WeightEvent::Removed(id));
+        Ok(())
+    }
+
+    /// A node manager restarted; its workers re-register, with or without the probe cache.
+    pub fn node_manager_restart(&mut self, now: Time, node: &str, keep_cache: bool) {
+        self.feed(now, WeightEvent::NodeManagerRestart { node, keep_cache });
+    }
+
+    // ----- admin -------------------------------------------------------------------------
+
+    /// Pin a worker's weight (survives restarts until [`Router::unpin`]).
+    pub fn pin(&mut self, now: Time, id: WorkerId, weight: f64) -> Result<(), AdminError> {
+        self.check(id)?;
+        if !(weight.is_finite() && weight > 0.0) {
+            return Err(AdminError::InvalidWeight(weight));
+        }
+        self.feed(now, WeightEvent::Pin(id, weight));
+        Ok(())
+    }
+
+    /// Clear a pin.
+    pub fn unpin(&mut self, now: Time, id: WorkerId) -> Result<(), AdminError> {
+        self.check(id)?;
+        self.feed(now, WeightEvent::Unpin(id));
+        Ok(())
+    }
+
+    /// Ask for a fresh measurement now, busy or not.
+    pub fn reprobe(&mut self, now: Time, id: WorkerId) -> Result<(), AdminError> {
+        self.check(id)?;
+        self.feed(now, WeightEvent::Reprobe(id));
+        Ok(())
+    }
+
+    /// Tell the `oracle` strategy a worker's true capacity (lab only; others ignore it).
+    pub fn set_true_capacity(&mut self, now: Time, id: WorkerId, tok_s: f64) {
+        if self.check(id).is_ok() {
+            self.feed(now, WeightEvent::TrueCapacity(id, tok_s));
+        }
+    }
+
+    // ----- periodic work and probes -------------------------------------------------------
+
+    /// Periodic housekeeping; call every few seconds.
+    pub fn tick(&mut self, now: Time) {
+        self.feed(now, WeightEvent::Tick);
+    }
+
+    /// Probe bursts the host should send now (appended to `out`).
+    pub fn poll_probes(&mut self, now: Time, out: &mut Vec<ProbeOrder>) {
+        self.strategy.poll_probes(now, &self.fleet, out);
+    }
+
+    /// A probe burst finished.
+    pub fn probe_result(&mut self, now: Time, result: &ProbeResult) {
+        self.feed(now, WeightEvent::Probe(result));
+    }
+
+    // ----- the request path ----------------------------------------------------------------
+
+    /// Choose a worker for a request and count it in flight. Never allocates.
+    pub fn route<R: Rng + ?Sized>(
+        &mut self,
+        now: Time,
+        req: &RouteRequest<'_>,
+        rng: &mut R,
+    ) -> Result<Decision, RouteError> {
+        let decision = self.choose(req, rng)?;
+        self.dispatch(now, decision.worker, req.prefix);
+        Ok(decision)
+    }
+
+    /// A request's first token reached the host.
+    pub fn first_token(&mut self, now: Time, id: WorkerId) {
+        if id.index() < self.hot.len() {
+            self.feed(now, WeightEvent::FirstToken(id));
+        }
+    }
+
+    /// A request completed; its slot is free again.
+    pub fn complete(&mut self, now: Time, id: WorkerId, completion: &Completion) {
+        if self.release_slot(id) {
+            self.feed(now, WeightEvent::Completed(id, completion));
+        }
+    }
+
+    /// A request failed; its slot is free again.
+    pub fn fail(&mut self, now: Time, id: WorkerId) {
+        if self.release_slot(id) {
+            self.feed(now, WeightEvent::Failed(id));
+        }
+    }
+
+    /// Queue a request that got [`RouteError::AllAtCap`] (FIFO).
+    pub fn enqueue(&mut self, ticket: u64, req: &RouteRequest<'_>) {
+        self.queue.push_back(Queued {
+            ticket,
+            model: req.model,
+            context_tokens: req.context_tokens,
+            prefix: req.prefix.to_vec(),
+        });
+    }
+
+    /// Remove a queued request (timed out, client gone). True if it was queued.
+    pub fn cancel(&mut self, ticket: u64) -> bool {
+        match self.queue.iter().position(|q| q.ticket == ticket) {
+            Some(i) => {
+                self.queue.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Dispatch the oldest queued request that can go now, if any: call after every completion
+    /// (and again while it returns `Some`). A request whose model has vanished comes back with
+    /// its error so the host can answer it.
+    pub fn dispatch_queued<R: Rng + ?Sized>(
+        &mut self,
+        now: Time,
+        rng: &mut R,
+    ) -> Option<(u64, Result<Decision, RouteError>)> {
+        for i in 0..self.queue.len() {
+            let (model, context_tokens) = (self.queue[i].model, self.queue[i].context_tokens);
+            if self
+                .models
+                .get(model.0 as usize)
+                .is_some_and(|m| m.free == 0 && !m.members.is_empty())
+            {
+                continue;
+            }
+            // Borrow the prefix out of the queue while routing (no copy).
+            let prefix = std::mem::take(&mut self.queue[i].prefix);
+            let req = RouteRequest {
+                model,
+                context_tokens,
+                prefix: &prefix,
+            };
+            let outcome = self.choose(&req, rng);
+            self.queue[i].prefix = prefix;
+            match outcome {
+                Err(RouteError::AllAtCap { .. }) | Err(RouteError::NoHealthyWorker { .. }) => {
+                    continue;
+                }
+                other => {
+                    let q = self.queue.remove(i).expect("index in range");
+                    if let Ok(d) = other {
+                        self.dispatch(now, d.worker, &q.prefix);
+                    }
+                    return Some((q.ticket, other));
+                }
+            }
+        }
+        None
+    }
+
+    // ----- internals -------------------------------------------------------------------------
+
+    fn choose<R: Rng + ?Sized>(
+        &mut self,
+        req: &RouteRequest<'_>,
+        rng: &mut R,
+    ) -> Result<Decision, RouteError> {
+        let Some(entry) = self.models.get(req.model.0 as usize) else {
+            return Err(RouteError::NoWorkerForModel);
+        };
+        if entry.members.is_empty() {
+            return Err(RouteError::NoHealthyWorker {
+                model: entry.name.clone(),
+            });
+        }
+        let k = entry.windows.partition_point(|&w| w >= req.context_tokens);
+        if k == 0 {
+            return Err(RouteError::PromptTooLong {
+                tokens: req.context_tokens,
+                largest_window: entry.windows[0],
+            });
+        }
+        if entry.free == 0 {
+            return Err(RouteError::AllAtCap {
+                model: entry.name.clone(),
+            });
+        }
+        let cands = &entry.members[..k];
+        let hot = &self.hot;
+        let chooser = self.config.chooser;
+
+        // Prefix affinity: keep the holder unless it is much busier than the freest candidate.
+        if let Affinity::Prefix {
+            units, allowance, ..
+        } = self.config.affinity
+            && !req.prefix.is_empty()
+            && let Some((holder, blocks)) = self.prefix.longest(req.prefix)
+        {
+            let h = hot[holder.index()];
+            if h.routable
+                && h.model == req.model.0
+                && h.context_window >= req.context_tokens
+                && h.in_flight < h.cap
+            {
+                let load = |x: &Hot| match units {
+                    AffinityUnits::Raw => f64::from(x.in_flight),
+                    AffinityUnits::Capacity => f64::from(x.in_flight) / x.weight,
+                };
+                let freest = cands
+                    .iter()
+                    .map(|&i| &hot[i as usize])
+                    .filter(|x| x.in_flight < x.cap)
+                    .map(load)
+                    .fold(f64::INFINITY, f64::min);
+                if load(&h) - freest <= allowance.at(req.context_tokens) {
+                    return Ok(Decision {
+                        worker: holder,
+                        believed_cached_blocks: blocks as u32,
+                        affinity_kept: true,
+                    });
+                }
+            }
+        }
+
+        let mut new_cursor = None;
+        let pick = match chooser {
+            Chooser::P2c { ties } | Chooser::Sed { ties } | Chooser::LeastRequest { ties, .. } => {
+                two_choices(cands, hot, chooser, ties, rng)
+            }
+            Chooser::Jsq { ties } => {
+                let mut best: Option<(usize, f64, f64)> = None;
+                let mut equal = 0u32;
+                for (pos, &i) in cands.iter().enumerate() {
+                    let x = &hot[i as usize];
+                    if x.in_flight >= x.cap {
+                        continue;
+                    }
+                    let s = chooser.score(x.in_flight, x.weight);
+                    best = match best {
+                        None => {
+                            equal = 1;
+                            Some((pos, s, x.weight))
+                        }
+                        Some(b) if s < b.1 => {
+                            equal = 1;
+                            Some((pos, s, x.weight))
+                        }
+                        Some(b) if s == b.1 => {
+                            equal += 1;
+                            let keep_new = match ties {
+                                crate::TieRule::First => false,
+                                crate::TieRule::HigherWeight => x.weight > b.2,
+                                // Reservoir sampling over the tied candidates.
+                                crate::TieRule::Random => rng.random_range(0..equal) == 0,
+                            };
+                            if keep_new { Some((pos, s, x.weight)) } else { Some(b) }
+                        }
+                        b => b,
+                    };
+                }
+                best.map(|b| b.0)
+            }
+            Chooser::Random => one_random(cands, hot, rng),
+            Chooser::RoundRobin => {
+                let start = entry.cursor;
+                let found = (0..k).map(|step| (start + step) % k).find(|&pos| {
+                    let x = &hot[cands[pos] as usize];
+                    x.in_flight < x.cap
+                });
+                new_cursor = found.map(|pos| pos + 1);
+                found
+            }
+            Chooser::Wrr => {
+                let mut total = 0.0;
+                let mut best: Option<(usize, f64)> = None;
+                for (pos, &i) in cands.iter().enumerate() {
+                    let x = &hot[i as usize];
+                    if x.in_flight >= x.cap {
+                        continue;
+                    }
+                    let cur = &mut self.wrr_current[i as usize];
+                    *cur += x.weight;
+                    total += x.weight;
+                    if best.is_none_or(|b| *cur > b.1) {
+                        best = Some((pos, *cur));
+                    }
+                }
+                if let Some((pos, _)) = best {
+                    self.wrr_current[cands[pos] as usize] -= total;
+                }
+                best.map(|b| b.0)
+            }
+        };
+        let entry = &mut self.models[req.model.0 as usize];
+        if let Some(c) = new_cursor {
+            entry.cursor = c;
+        }
+        let Some(pos) = pick else {
+            return Err(RouteError::AllAtCap {
+                model: entry.name.clone(),
+            });
+        };
+        let worker = WorkerId(entry.members[pos]);
+        let believed = match self.prefix.longest(req.prefix) {
+            Some((w, b)) if w == worker => b as u32,
+            _ => 0,
+        };
+        Ok(Decision {
+            worker,
+            believed_cached_blocks: believed,
+            affinity_kept: false,
+        })
+    }
+
+    fn dispatch(&mut self, now: Time, id: WorkerId, prefix: &[u64]) {
+        let h = &mut self.hot[id.index()];
+        h.in_flight += 1;
+        let now_full = h.in_flight == h.cap;
+        let model = h.model as usize;
+        if now_full && h.routable {
+            self.models[model].free -= 1;
+        }
+        self.fleet.workers[id.index()].in_flight += 1;
+        if !prefix.is_empty() {
+            self.prefix.record(prefix, id);
+        }
+        self.feed(now, WeightEvent::Dispatched(id));
+    }
+
+    /// Decrement in-flight; false if the id is unknown or nothing was in flight.
+    fn release_slot(&mut self, id: WorkerId) -> bool {
+        let Some(h) = self.hot.get_mut(id.index()) else {
+            return false;
+        };
+        if h.in_flight == 0 {
+            return false;
+        }
+        let was_full = h.in_flight == h.cap;
+        h.in_flight -= 1;
+        if was_full && h.routable {
+            self.models[h.model as usize].free += 1;
+        }
+        self.fleet.workers[id.index()].in_flight -= 1;
+        true
+    }
+
+    fn feed(&mut self, now: Time, event: WeightEvent<'_>) {
+        match self.strategy.observe(now, event, &self.fleet) {
+            WeightChange::None => {}
+            WeightChange::One(id) => {
+                self.refresh_weight(id);
+                let m = self.hot[id.index()].model;
+                self.recount_free(m);
+            }
+            WeightChange::All => {
+                for i in 0..self.hot.len() {
+                    self.refresh_weight(WorkerId(i as u32));
+                }
+                for m in 0..self.models.len() {
+                    self.recount_free(m as u32);
+                }
+            }
+        }
+    }
+
+    fn refresh_weight(&mut self, id: WorkerId) {
+        let w = self.strategy.weight(id, &self.fleet).value;
+        // The strategy promises finite and positive; the router never divides by zero anyway.
+        let w = if w.is_finite() && w > 0.0 { w } else { 1e-6 };
+        let cap = match self.config.cap {
+            Cap::None => u32::MAX,
+            Cap::Flat(n) => n,
+            Cap::Weighted(n) => ((f64::from(n) * w).round() as u32).max(1),
+        };
+        let h = &mut self.hot[id.index()];
+        h.weight = w;
+        h.cap = cap;
+    }
+
+    fn recount_free(&mut self, model: u32) {
+        let entry = &mut self.models[model as usize];
+        entry.free = entry
+            .members
+            .iter()
+            .filter(|&&i| {
+                let h = &self.hot[i as usize];
+                h.in_flight < h.cap
+            })
+            .count() as u32;
+    }
+
+    fn intern(&mut self, model: &str) -> ModelId {
+        if let Some(id) = self.model_ids.get(model) {
+            return *id;
+        }
+        let id = ModelId(self.models.len() as u32);
+        self.models.push(ModelEntry {
+            name: model.to_string(),
+            ..ModelEntry::default()
+        });
+        self.model_ids.insert(model.to_string(), id);
+        id
+    }
+
+    fn rebuild_model(&mut self, model: ModelId) {
+        let hot = &self.hot;
+        let entry = &mut self.models[model.0 as usize];
+        entry.members = (0..hot.len() as u32)
+            .filter(|&i| hot[i as usize].model == model.0 && hot[i as usize].routable)
+            .collect();
+        entry
+            .members
+            .sort_by_key(|&i| (std::cmp::Reverse(hot[i as usize].context_window), i));
+        entry.windows = entry
+            .members
+            .iter()
+            .map(|&i| hot[i as usize].context_window)
+            .collect();
+        entry.cursor = 0;
+        self.recount_free(model.0);
+    }
+
+    fn check(&self, id: WorkerId) -> Result<(), AdminError> {
+        match self.fleet.get(id) {
+            Some(w) if w.state != WorkerState::Removed => Ok(()),
+            _ => Err(AdminError::UnknownWorker(id)),
+        }
+    }
+
+    fn set_state(&mut self, id: WorkerId, state: WorkerState) -> Result<(), AdminError> {
+        self.check(id)?;
+        let info = &mut self.fleet.workers[id.index()];
+        info.state = state;
+        self.hot[id.index()].routable = state == WorkerState::Up;
+        let model = info.model;
+        self.rebuild_model(model);
+        Ok(())
+    }
+}
+
+/// Uniformly pick one candidate below its cap (rejection sampling, then a counting fallback).
+fn one_random<R: Rng + ?Sized>(cands: &[u32], hot: &[Hot], rng: &mut R) -> Option<usize> {
+    let open = |pos: usize| {
+        let x = &hot[cands[pos] as usize];
+        x.in_flight < x.cap
+    };
+    for _ in 0..SAMPLE_TRIES {
+        let pos = rng.random_range(0..cands.len());
+        if open(pos) {
+            return Some(pos);
+        }
+    }
+    let n = (0..cands.len()).filter(|&p| open(p)).count();
+    if n == 0 {
+        return None;
+    }
+    let r = rng.random_range(0..n);
+    (0..cands.len()).filter(|&p| open(p)).nth(r)
+}
+
+/// Power of two choices among candidates below their cap.
+fn two_choices<R: Rng + ?Sized>(
+    cands: &[u32],
+    hot: &[Hot],
+    chooser: Chooser,
+    ties: crate::TieRule,
+    rng: &mut R,
+) -> Option<usize> {
+    let open = |pos: usize| {
+        let x = &hot[cands[pos] as usize];
+        x.in_flight < x.cap
+    };
+    let k = cands.len();
+    let (a, b) = if k == 1 {
+        return open(0).then_some(0);
+    } else if k == 2 {
+        match (open(0), open(1)) {
+            (true, true) => {
+                if rng.random_bool(0.5) {
+                    (0, 1)
+                } else {
+                    (1, 0)
+                }
+            }
+            (true, false) => return Some(0),
+            (false, true) => return Some(1),
+            (false, false) => return None,
+        }
+    } else {
+        let mut pair = None;
+        for _ in 0..SAMPLE_TRIES {
+            let a = rng.random_range(0..k);
+            let mut b = rng.random_range(0..k - 1);
+            if b >= a {
+                b += 1;
+            }
+            if open(a) && open(b) {
+                pair = Some((a, b));
+                break;
+            }
+        }
+        match pair {
+            Some(p) => p,
+            None => {
+                // Most candidates are full: pick two distinct open ones by rank.
+                let n = (0..k).filter(|&p| open(p)).count();
+                match n {
+                    0 => return None,
+                    1 => return (0..k).find(|&p| open(p)),
+                    _ => {
+                        let ra = rng.random_range(0..n);
+                        let mut rb = rng.random_range(0..n - 1);
+                        if rb >= ra {
+                            rb += 1;
+                        }
+                        let nth = |r: usize| (0..k).filter(|&p| open(p)).nth(r).expect("rank < n");
+                        (nth(ra), nth(rb))
+                    }
+                }
+            }
+        }
+    };
+    let (ha, hb) = (&hot[cands[a] as usize], &hot[cands[b] as usize]);
+    let (sa, sb) = (
+        chooser.score(ha.in_flight, ha.weight),
+        chooser.score(hb.in_flight, hb.weight),
+    );
+    Some(if sa < sb {
+        a
+    } else if sb < sa {
+        b
+    } else {
+        break_tie(ties, (a, ha.weight), (b, hb.weight), rng)
+    })
+}

@@ -1,0 +1,70 @@
+//! Time as the policy crate sees it: an integer count of nanoseconds since an epoch the host
+//! chooses (simulation start, process start, the Unix epoch). The crate never reads a clock.
+
+use std::fmt;
+use std::ops::{Add, Sub};
+use std::time::Duration;
+
+/// A point in time, in integer nanoseconds since a host-chosen epoch.
+///
+/// Integer time keeps simulations exact and reproducible: two events at "the same" time compare
+/// equal on every machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Time(u64);
+
+impl Time {
+    /// The epoch.
+    pub const ZERO: Time = Time(0);
+
+    /// A time `nanos` nanoseconds after the epoch.
+    pub const fn from_nanos(nanos: u64) -> Time {
+        Time(nanos)
+    }
+
+    /// A time `secs` seconds after the epoch (negative or NaN clamp to zero).
+    pub fn from_secs_f64(secs: f64) -> Time {
+        if secs.is_finite() && secs > 0.0 {
+            Time((secs * 1e9).round().min(u64::MAX as f64) as u64)
+        } else {
+            Time(0)
+        }
+    }
+
+    /// Nanoseconds since the epoch.
+    pub const fn as_nanos(self) -> u64 {
+        self.0
+    }
+
+    /// Seconds since the epoch.
+    pub fn as_secs_f64(self) -> f64 {
+        self.0 as f64 / 1e9
+    }
+
+    /// Time elapsed since `earlier`; zero if `earlier` is later than `self`.
+    pub fn saturating_since(self, earlier: Time) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+}
+
+impl Add<Duration> for Time {
+    type Output = Time;
+    fn add(self, rhs: Duration) -> Time {
+        Time(
+            self.0
+                .saturating_add(u64::try_from(rhs.as_nanos()).unwrap_or(u64::MAX)),
+        )
+    }
+}
+
+impl Sub<Time> for Time {
+    type Output = Duration;
+    fn sub(self, rhs: Time) -> Duration {
+        self.saturating_since(rhs)
+    }
+}
+
+impl fmt::Display for Time {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:.3}s", self.as_secs_f64())
+    }
+}

@@ -1,0 +1,366 @@
+//! `at-load`: capacity estimated passively from live traffic, only while the worker is working.
+//!
+//! Under processor sharing a request's decode speed times the mean number of requests that
+//! shared the engine during its decode is the engine's aggregate throughput at that concurrency.
+//! Each completed request therefore yields one sample `(concurrency, aggregate tok/s)` measured
+//! *at load*: idle gaps never enter (unlike the source's v2), no synthetic burst is sent (unlike
+//! v3), and a degraded worker shows up within the estimator's time constant.
+//!
+//! The weight is each worker's recent aggregate throughput at its operating point, relative to
+//! the median of its peers. Routing by these weights converges where every worker gives its
+//! requests the same per-request speed: a worker whose requests run faster than its peers' has
+//! a throughput-to-load ratio above its weight ratio, so it is given more until the speeds meet.
+//! The per-concurrency curve is kept as well (reported, and usable for derived caps).
+
+use super::{Clamp, TableConfig, WeightChange, WeightEvent, WeightStrategy, ensure_slot, relative};
+use crate::time::Time;
+use crate::worker::{Fleet, Provenance, Weight, WorkerId};
+use std::time::Duration;
+
+/// Parameters of the at-load estimator.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AtLoadConfig {
+    /// Time constant of the exponential forgetting of samples.
+    pub time_constant: Duration,
+    /// Effective number of recent samples needed before the estimate replaces the prior.
+    pub min_samples: f64,
+    /// How often weights are re-derived.
+    pub update_interval: Duration,
+    /// Where weights start before any evidence (`None`: equal weights).
+    pub prior: Option<TableConfig>,
+    /// Bounds of the weight.
+    pub clamp: Clamp,
+}
+
+impl Default for AtLoadConfig {
+    fn default() -> Self {
+        AtLoadConfig {
+            time_constant: Duration::from_secs(60),
+            min_samples: 4.0,
+            update_interval: Duration::from_secs(10),
+            prior: None,
+            clamp: Clamp::SOURCE,
+        }
+    }
+}
+
+/// Concurrency buckets of the reported curve: [1,2), [2,4), … [256, ∞).
+pub const CURVE_BUCKETS: usize = 9;
+const CHECKPOINTS: usize = 256;
+
+/// Exponentially forgotten mean.
+#[derive(Debug, Clone, Copy, Default)]
+struct Decayed {
+    weight: f64,
+    sum: f64,
+    at: Time,
+}
+
+impl Decayed {
+    fn decay_to(&mut self, now: Time, tau: f64) {
+        let dt = now.saturating_since(self.at).as_secs_f64();
+        if dt > 0.0 {
+            let k = (-dt / tau).exp();
+            self.weight *= k;
+            self.sum *= k;
+            self.at = now;
+        }
+    }
+
+    fn add(&mut self, now: Time, tau: f64, value: f64) {
+        self.decay_to(now, tau);
+        self.weight += 1.0;
+        self.sum += value;
+    }
+
+    fn mean(&self) -> Option<f64> {
+        (self.weight > 0.0).then(|| self.sum / self.weight)
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Checkpoint {
+    at: u64,
+    area: f64,
+    in_flight: u32,
+}
+
+#[derive(Debug, Clone, Default)]
+struct WorkerAtLoad {
+    /// ∫ in_flight dt in request·seconds, as of `checkpoints[head]`.
+    checkpoints: Vec<Checkpoint>,
+    head: usize,
+    overall: Decayed,
+    curve: [Decayed; CURVE_BUCKETS],
+    weight: Option<Weight>,
+}
+
+impl WorkerAtLoad {
+    fn fresh(now: Time) -> Self {
+        let mut w = WorkerAtLoad {
+            checkpoints: Vec::with_capacity(CHECKPOINTS),
+            ..Self::default()
+        };
+        w.checkpoints.push(Checkpoint {
+            at: now.as_nanos(),
+            area: 0.0,
+            in_flight: 0,
+        });
+        w
+    }
+
+    fn last(&self) -> Checkpoint {
+        self.checkpoints[self.head]
+    }
+
+    /// Record that in-flight changed to `in_flight` at `now`.
+    fn change(&mut self, now: Time, in_flight: u32) {
+        let last = self.last();
+        let t = now.as_nanos().max(last.at);
+        let area = last.area + f64::from(last.in_flight) * (t - last.at) as f64 / 1e9;
+        let cp = Checkpoint {
+            at: t,
+            area,
+            in_flight,
+        };
+        if self.checkpoints.len() < CHECKPOINTS {
+            self.checkpoints.push(cp);
+            self.head = self.checkpoints.len() - 1;
+        } else {
+            self.head = (self.head + 1) % CHECKPOINTS;
+            self.checkpoints[self.head] = cp;
+        }
+    }
+
+    /// ∫ in_flight dt up to `t` (clamped to the oldest checkpoint kept).
+    fn area_at(&self, t: u64) -> f64 {
+        let n = self.checkpoints.len();
+        // Oldest entry sits right after head once the ring wrapped.
+        let oldest = if n < CHECKPOINTS { 0 } else { (self.head + 1) % n };
+        let at = |i: usize| self.checkpoints[(oldest + i) % n];
+        // Last checkpoint with at <= t.
+        let (mut lo, mut hi) = (0usize, n);
+        while hi - lo > 1 {
+            let mid = (lo + hi) / 2;
+            if at(mid).at <= t {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        let cp = at(lo);
+        cp.area + f64::from(cp.in_flight) * t.saturating_sub(cp.at) as f64 / 1e9
+    }
+}
+
+fn bucket(concurrency: f64) -> usize {
+    (concurrency.max(1.0).log2().floor() as usize).min(CURVE_BUCKETS - 1)
+}
+
+/// Passive capacity estimation from traffic at load.
+#[derive(Debug, Clone)]
+pub struct AtLoadWeights {
+    config: AtLoadConfig,
+    workers: Vec<WorkerAtLoad>,
+    last_update: Option<Time>,
+}
+
+impl AtLoadWeights {
+    /// An at-load strategy.
+    pub fn new(config: AtLoadConfig) -> Self {
+        AtLoadWeights {
+            config,
+            workers: Vec::new(),
+            last_update: None,
+        }
+    }
+
+    fn tau(&self) -> f64 {
+        self.config.time_constant.as_secs_f64().max(1e-3)
+    }
+
+    /// Current estimate of a worker's aggregate throughput at its operating point, tokens/s.
+    pub fn throughput(&self, worker: WorkerId, now: Time) -> Option<f64> {
+        let w = self.workers.get(worker.index())?;
+        let mut d = w.overall;
+        d.decay_to(now, self.tau());
+        (d.weight >= self.config.min_samples).then(|| d.mean()).flatten()
+    }
+
+    /// The measured curve: (bucket's lower concurrency, aggregate tok/s, effective samples).
+    pub fn curve(&self, worker: WorkerId, now: Time) -> Vec<(u32, f64, f64)> {
+        let Some(w) = self.workers.get(worker.index()) else {
+            return Vec::new();
+        };
+        w.curve
+            .iter()
+            .enumerate()
+            .filter_map(|(i, d)| {
+                let mut d = *d;
+                d.decay_to(now, self.tau());
+                d.mean().map(|m| (1u32 << i, m, d.weight))
+            })
+            .collect()
+    }
+
+    fn prior(&self, fleet: &Fleet, id: WorkerId) -> f64 {
+        match (&self.config.prior, fleet.get(id)) {
+            (Some(t), Some(info)) => t.worker(&info.spec.gpu_names).value,
+            _ => 1.0,
+        }
+    }
+
+    fn rederive(&mut self, now: Time, fleet: &Fleet) {
+        let estimates: Vec<Option<f64>> = fleet
+            .iter()
+            .map(|(id, info)| {
+                if info.is_active() {
+                    self.throughput(id, now)
+                } else {
+                    None
+                }
+            })
+            .collect();
+        let mut peers = Vec::new();
+        for (id, info) in fleet.iter() {
+            if self.workers.get(id.index()).is_none() {
+                continue;
+            }
+            let weight = match estimates[id.index()] {
+                Some(tp) => {
+                    peers.clear();
+                    peers.extend(
+                        fleet
+                            .active_peers(info.model)
+                            .filter_map(|(p, _)| estimates[p.index()]),
+                    );
+                    Some(Weight {
+                        value: relative(tp, &mut peers, self.config.clamp),
+                        provenance: Provenance::Measured,
+                    })
+                }
+                None => None,
+            };
+            self.workers[id.index()].weight = weight;
+        }
+    }
+}
+
+impl WeightStrategy for AtLoadWeights {
+    fn name(&self) -> &'static str {
+        "at-load"
+    }
+
+    fn observe(&mut self, now: Time, event: WeightEvent<'_>, fleet: &Fleet) -> WeightChange {
+        let tau = self.tau();
+        match event {
+            WeightEvent::Registered(id) | WeightEvent::Restarted { worker: id, .. } => {
+                // A restarted engine is a new machine as far as speed goes.
+                *ensure_slot(&mut self.workers, id) = WorkerAtLoad::fresh(now);
+                WeightChange::One(id)
+            }
+            WeightEvent::Dispatched(id) | WeightEvent::Failed(id) => {
+                let n = fleet.get(id).map_or(0, |w| w.in_flight);
+                if let Some(w) = self.workers.get_mut(id.index()) {
+                    w.change(now, n);
+                }
+                WeightChange::None
+            }
+            WeightEvent::Completed(id, c) => {
+                let n = fleet.get(id).map_or(0, |w| w.in_flight);
+                if let Some(w) = self.workers.get_mut(id.index()) {
+                    w.change(now, n);
+                    let start = c.first_token_at.as_nanos();
+                    let end = c.completed_at.as_nanos().min(now.as_nanos());
+                    if let Some(speed) = c.decode_tok_s()
+                        && end > start
+                    {
+                        let dt = (end - start) as f64 / 1e9;
+                        let conc = ((w.area_at(end) - w.area_at(start)) / dt).max(1.0);
+                        let aggregate = speed * conc;
+                        if aggregate.is_finite() {
+                            w.overall.add(now, tau, aggregate);
+                            w.curve[bucket(conc)].add(now, tau, aggregate);
+                        }
+                    }
+                }
+                WeightChange::None
+            }
+            WeightEvent::Tick => {
+                let due = self
+                    .last_update
+                    .is_none_or(|t| now.saturating_since(t) >= self.config.update_interval);
+                if due {
+                    self.last_update = Some(now);
+                    self.rederive(now, fleet);
+                    WeightChange::All
+                } else {
+                    WeightChange::None
+                }
+            }
+            WeightEvent::Removed(_) | WeightEvent::Disconnected(_) | WeightEvent::Reconnected(_) => {
+                self.rederive(now, fleet);
+                WeightChange::All
+            }
+            _ => WeightChange::None,
+        }
+    }
+
+    fn weight(&self, worker: WorkerId, fleet: &Fleet) -> Weight {
+        if let Some(w) = self.workers.get(worker.index()).and_then(|w| w.weight) {
+            return w;
+        }
+        // No evidence yet: the prior, relative to the same model's priors.
+        let Some(info) = fleet.get(worker) else {
+            return Weight::UNMEASURED;
+        };
+        if self.config.prior.is_none() {
+            return Weight::UNMEASURED;
+        }
+        let mut peers: Vec<f64> = fleet
+            .active_peers(info.model)
+            .map(|(p, _)| self.prior(fleet, p))
+            .collect();
+        Weight {
+            value: relative(self.prior(fleet, worker), &mut peers, self.config.clamp),
+            provenance: Provenance::Table,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn area_integrates_in_flight() {
+        let mut w = WorkerAtLoad::fresh(Time::ZERO);
+        w.change(Time::from_secs_f64(1.0), 2); // 0 until 1 s, then 2
+        w.change(Time::from_secs_f64(3.0), 1); // 2 until 3 s, then 1
+        assert!((w.area_at(Time::from_secs_f64(3.0).as_nanos()) - 4.0).abs() < 1e-9);
+        assert!((w.area_at(Time::from_secs_f64(5.0).as_nanos()) - 6.0).abs() < 1e-9);
+        assert!((w.area_at(Time::from_secs_f64(2.0).as_nanos()) - 2.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn ring_wraps_and_keeps_recent_history() {
+        let mut w = WorkerAtLoad::fresh(Time::ZERO);
+        for i in 1..=1000u64 {
+            w.change(Time::from_nanos(i * 1_000_000_000), (i % 3) as u32);
+        }
+        // From t=999 s to 1000 s in-flight was 999 % 3 = 0.
+        let a = w.area_at(1_000_000_000_000) - w.area_at(999_000_000_000);
+        assert!(a.abs() < 1e-9);
+        let b = w.area_at(998_500_000_000) - w.area_at(998_000_000_000);
+        assert!((b - 0.5 * (998 % 3) as f64).abs() < 1e-9);
+    }
+
+    #[test]
+    fn bucket_edges() {
+        assert_eq!(bucket(0.5), 0);
+        assert_eq!(bucket(1.9), 0);
+        assert_eq!(bucket(2.0), 1);
+        assert_eq!(bucket(16.0), 4);
+        assert_eq!(bucket(10_000.0), CURVE_BUCKETS - 1);
+    }
+}

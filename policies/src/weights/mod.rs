@@ -1,0 +1,242 @@
+//! Weight strategies: each worker's capacity as the router models it.
+//!
+//! A strategy is a state machine fed by [`WeightEvent`]s that any host can produce (the
+//! simulator, a production gateway). It answers two questions: the current [`Weight`] of each
+//! worker, and which probe bursts the host should run now ([`ProbeOrder`]).
+
+mod at_load;
+mod live;
+mod probe;
+mod simple;
+
+pub use at_load::{AtLoadConfig, AtLoadWeights};
+pub use live::{LiveConfig, LiveWeights};
+pub use probe::{PersistedProbeState, ProbeCacheEntry, ProbeConfig, ProbePin, ProbeWeights};
+pub use simple::{EqualWeights, OracleWeights, TableConfig, TableWeights};
+
+use crate::time::Time;
+use crate::worker::{Fleet, Weight, WorkerId};
+use std::fmt;
+use std::time::Duration;
+
+/// How much of the fleet's weights an event changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightChange {
+    /// Nothing changed.
+    None,
+    /// Only this worker's weight changed.
+    One(WorkerId),
+    /// Any weight may have changed.
+    All,
+}
+
+/// A completed request, as reported by the host.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Completion {
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Output tokens generated.
+    pub output_tokens: u32,
+    /// When the router dispatched it.
+    pub dispatched_at: Time,
+    /// When its first output token reached the host.
+    pub first_token_at: Time,
+    /// When its last token reached the host.
+    pub completed_at: Time,
+}
+
+impl Completion {
+    /// Per-request decode speed in tokens/s (first token to last), if measurable.
+    pub fn decode_tok_s(&self) -> Option<f64> {
+        let secs = (self.completed_at - self.first_token_at).as_secs_f64();
+        if self.output_tokens >= 2 && secs > 0.0 {
+            Some(f64::from(self.output_tokens - 1) / secs)
+        } else {
+            None
+        }
+    }
+}
+
+/// Which half of a probe a burst is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbePhase {
+    /// Warm-up burst: its result is discarded.
+    Warmup,
+    /// The burst whose throughput becomes the measurement.
+    Measure,
+}
+
+/// A burst the host should send to a worker, outside billing and the router's load counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeOrder {
+    /// Identifies this order in the [`ProbeResult`].
+    pub id: u64,
+    /// Target worker.
+    pub worker: WorkerId,
+    /// Warm-up or measurement.
+    pub phase: ProbePhase,
+    /// Concurrent requests in the burst.
+    pub concurrency: u32,
+    /// Exact output tokens of each request (`min_tokens` = `max_tokens`, `ignore_eos`).
+    pub output_tokens: u32,
+    /// Prompt tokens of each request.
+    pub prompt_tokens: u32,
+}
+
+/// What a burst measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProbeResult {
+    /// The order it answers.
+    pub order: u64,
+    /// The worker probed.
+    pub worker: WorkerId,
+    /// Output tokens received in total.
+    pub output_tokens: u64,
+    /// Wall time from the first request sent to the last token received.
+    pub wall: Duration,
+    /// False if the burst failed (worker crashed, errors): nothing is learned.
+    pub ok: bool,
+}
+
+impl ProbeResult {
+    /// Total output tokens over wall time; zero for an unusable result.
+    pub fn throughput_tok_s(&self) -> f64 {
+        let secs = self.wall.as_secs_f64();
+        if self.ok && secs > 0.0 {
+            sanitize(self.output_tokens as f64 / secs)
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Events that drive weight strategies.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum WeightEvent<'a> {
+    /// A worker registered (its spec is in the [`Fleet`]).
+    Registered(WorkerId),
+    /// A worker's connection dropped.
+    Disconnected(WorkerId),
+    /// A worker reconnected with the same engine (no restart).
+    Reconnected(WorkerId),
+    /// A worker's engine restarted; `args_changed` when the launch arguments differ.
+    Restarted {
+        /// The worker.
+        worker: WorkerId,
+        /// Launch arguments differ from before the restart.
+        args_changed: bool,
+    },
+    /// A worker was deregistered for good.
+    Removed(WorkerId),
+    /// A request was sent to a worker.
+    Dispatched(WorkerId),
+    /// A request's first token arrived.
+    FirstToken(WorkerId),
+    /// A request completed.
+    Completed(WorkerId, &'a Completion),
+    /// A request failed (no token accounting).
+    Failed(WorkerId),
+    /// A probe burst finished.
+    Probe(&'a ProbeResult),
+    /// An administrator pinned a worker's weight.
+    Pin(WorkerId, f64),
+    /// An administrator cleared a pin.
+    Unpin(WorkerId),
+    /// An administrator asked for a fresh measurement.
+    Reprobe(WorkerId),
+    /// A node manager restarted; `keep_cache` false forgets that node's cached measurements.
+    NodeManagerRestart {
+        /// The node.
+        node: &'a str,
+        /// Whether cached probe results survived.
+        keep_cache: bool,
+    },
+    /// Ground-truth capacity of a worker, in tokens/s at load (only the lab can know it).
+    TrueCapacity(WorkerId, f64),
+    /// Periodic tick (hosts call it every few seconds).
+    Tick,
+}
+
+/// A weight strategy. Implementations never read a clock and never do I/O.
+pub trait WeightStrategy: Send + fmt::Debug {
+    /// The strategy's YAML name (`table`, `probe`, …).
+    fn name(&self) -> &'static str;
+
+    /// Feed one event; report which weights may have changed.
+    fn observe(&mut self, now: Time, event: WeightEvent<'_>, fleet: &Fleet) -> WeightChange;
+
+    /// The current weight of a worker; finite and positive.
+    fn weight(&self, worker: WorkerId, fleet: &Fleet) -> Weight;
+
+    /// Probe bursts the host should run now; default: none.
+    fn poll_probes(&mut self, _now: Time, _fleet: &Fleet, _out: &mut Vec<ProbeOrder>) {}
+
+    /// Probe cache and pins to persist across host restarts (probe strategy only).
+    fn export_state(&self) -> Option<PersistedProbeState> {
+        None
+    }
+
+    /// Restore what [`WeightStrategy::export_state`] returned.
+    fn import_state(&mut self, _state: PersistedProbeState) {}
+}
+
+/// Lower and upper bound of a measured weight.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Clamp {
+    /// Lower bound (> 0).
+    pub min: f64,
+    /// Upper bound (≥ min).
+    pub max: f64,
+}
+
+impl Clamp {
+    /// The source's clamp, [0.25, 8].
+    pub const SOURCE: Clamp = Clamp { min: 0.25, max: 8.0 };
+
+    /// Clamp a value; NaN maps to the lower bound.
+    pub fn apply(&self, v: f64) -> f64 {
+        if v.is_nan() {
+            self.min
+        } else {
+            v.clamp(self.min, self.max)
+        }
+    }
+}
+
+/// Replace NaN, infinities and negatives by zero.
+pub(crate) fn sanitize(v: f64) -> f64 {
+    if v.is_finite() && v > 0.0 { v } else { 0.0 }
+}
+
+/// Median of a small slice (sorted in place). Empty slice → None.
+pub(crate) fn median_in_place(values: &mut [f64]) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    Some(if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    })
+}
+
+/// `value / median(peer values)` clamped; the relative capacity used by probe, oracle and
+/// at-load strategies. `peers` includes `value` itself. A zero median falls back to 1.0.
+pub(crate) fn relative(value: f64, peers: &mut Vec<f64>, clamp: Clamp) -> f64 {
+    let value = sanitize(value);
+    match median_in_place(peers) {
+        Some(m) if m > 0.0 => clamp.apply(value / m),
+        _ => clamp.apply(1.0),
+    }
+}
+
+/// Grow a per-worker vector so `id` is a valid index.
+pub(crate) fn ensure_slot<T: Default>(v: &mut Vec<T>, id: WorkerId) -> &mut T {
+    if v.len() <= id.index() {
+        v.resize_with(id.index() + 1, T::default);
+    }
+    &mut v[id.index()]
+}
