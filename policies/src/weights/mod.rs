@@ -225,7 +225,7 @@ pub(crate) fn median_in_place(values: &mut [f64]) -> Option<f64> {
 
 /// `value / median(peer values)` clamped; the relative capacity used by probe, oracle and
 /// at-load strategies. `peers` includes `value` itself. A zero median falls back to 1.0.
-pub(crate) fn relative(value: f64, peers: &mut Vec<f64>, clamp: Clamp) -> f64 {
+pub(crate) fn relative(value: f64, peers: &mut [f64], clamp: Clamp) -> f64 {
     let value = sanitize(value);
     match median_in_place(peers) {
         Some(m) if m > 0.0 => clamp.apply(value / m),

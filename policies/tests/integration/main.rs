@@ -1,0 +1,13 @@
+//! Integration tests of `routelab-policies`: the source's calibration figures, the probe
+//! lifecycle, choosers, affinity, caps, typed errors, configuration errors and property-based
+//! invariants. One test binary; modules by theme.
+
+mod affinity;
+mod caps;
+mod choosers;
+mod common;
+mod config_errors;
+mod errors;
+mod invariants;
+mod probe_lifecycle;
+mod source_figures;

@@ -1,0 +1,966 @@
+//! Hardware profiles: what one worker (card(s) + host + engine + launch arguments + model)
+//! can do, as read from `scenarios/hardware/*.yaml`.
+//!
+//! Files are parsed into raw serde structs (`deny_unknown_fields`, every number wrapped in
+//! [`serde_saphyr::Spanned`] so that validation errors can point at a line and column), then
+//! validated into the plain domain type [`HardwareProfile`].
+//!
+//! The decode curve gives the *aggregate* output throughput (tokens/s summed over all running
+//! sequences) as a function of concurrency, either from measured points (interpolated
+//! piecewise-linearly, which is monotone because the points must be non-decreasing; linear from
+//! the origin below the first point; flat beyond the last point) or from a parametric saturating
+//! curve. Per-request speed is `aggregate(n) / n` and one engine step with `n` decoding
+//! sequences takes `n / aggregate(n)` seconds.
+
+use std::fmt;
+use std::path::Path;
+
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+/// Default prefill chunk (vLLM's chunked-prefill token budget per step is of this order).
+pub const DEFAULT_PREFILL_CHUNK_TOKENS: u32 = 512;
+/// The smallest context window a profile may declare: the probe prompt must fit.
+pub const MIN_CONTEXT_WINDOW: u32 = 1024;
+
+/// An error loading or validating a hardware profile. Every message names the file (origin),
+/// the field path and, when known, the line and column, and says what would be valid.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HardwareError {
+    /// The file could not be read.
+    #[error("{origin}: cannot read hardware profile: {source}")]
+    Io {
+        /// File name.
+        origin: String,
+        /// Underlying I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The YAML did not parse into the expected shape (syntax error, unknown field, wrong type).
+    #[error("{origin}{}: {}{message}", fmt_pos(*.line, *.column), fmt_field(.field))]
+    Parse {
+        /// File name.
+        origin: String,
+        /// Best-effort field path at the error position (e.g. `decode.points[2]`).
+        field: Option<String>,
+        /// 1-based line, when the parser gives it.
+        line: Option<u32>,
+        /// 1-based column, when the parser gives it.
+        column: Option<u32>,
+        /// The parser's message.
+        message: String,
+    },
+    /// A field parsed but its value is not acceptable.
+    #[error("{origin}{}: `{field}`: {problem}; valid: {expected}", fmt_pos(*.line, *.column))]
+    Invalid {
+        /// File name.
+        origin: String,
+        /// Field path, e.g. `decode.points[2].aggregate_tok_s`.
+        field: String,
+        /// 1-based line, when known.
+        line: Option<u32>,
+        /// 1-based column, when known.
+        column: Option<u32>,
+        /// What is wrong with the value.
+        problem: String,
+        /// What would be valid.
+        expected: String,
+    },
+}
+
+impl HardwareError {
+    /// The field path the error is about, when known.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            HardwareError::Io { .. } => None,
+            HardwareError::Parse { field, .. } => field.as_deref(),
+            HardwareError::Invalid { field, .. } => Some(field),
+        }
+    }
+
+    /// `(line, column)`, 1-based, when known.
+    pub fn position(&self) -> Option<(u32, u32)> {
+        match self {
+            HardwareError::Io { .. } => None,
+            HardwareError::Parse { line, column, .. }
+            | HardwareError::Invalid { line, column, .. } => Some(((*line)?, column.unwrap_or(1))),
+        }
+    }
+}
+
+fn fmt_pos(line: Option<u32>, column: Option<u32>) -> String {
+    match (line, column) {
+        (Some(l), Some(c)) => format!(":{l}:{c}"),
+        (Some(l), None) => format!(":{l}"),
+        _ => String::new(),
+    }
+}
+
+fn fmt_field(field: &Option<String>) -> String {
+    match field {
+        Some(f) => format!("at `{f}`: "),
+        None => String::new(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Raw (serde) structs
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProfile {
+    name: Spanned<String>,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    gpu_names: Vec<String>,
+    #[serde(default)]
+    sources: Vec<String>,
+    decode: Spanned<RawDecode>,
+    prefill_tok_s: Spanned<f64>,
+    #[serde(default)]
+    prefill_chunk_tokens: Option<Spanned<f64>>,
+    kv_capacity_tokens: Spanned<f64>,
+    max_running: Spanned<f64>,
+    context_window: Spanned<f64>,
+    #[serde(default)]
+    cold_start: Option<RawColdStart>,
+    #[serde(default)]
+    extrapolated: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDecode {
+    #[serde(default)]
+    points: Option<Vec<RawPoint>>,
+    #[serde(default)]
+    single_tok_s: Option<Spanned<f64>>,
+    #[serde(default)]
+    saturation_tok_s: Option<Spanned<f64>>,
+    #[serde(default)]
+    half_concurrency: Option<Spanned<f64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPoint {
+    concurrency: Spanned<f64>,
+    aggregate_tok_s: Spanned<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawColdStart {
+    speed_factor: Spanned<f64>,
+    warmup_tokens: Spanned<f64>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Domain types
+// ---------------------------------------------------------------------------------------------
+
+/// One measured point of the decode curve.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DecodePoint {
+    /// Number of concurrently decoding sequences (> 0).
+    pub concurrency: f64,
+    /// Aggregate output tokens/s over all of them.
+    pub aggregate_tok_s: f64,
+}
+
+/// Aggregate decode throughput as a function of concurrency.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum DecodeCurve {
+    /// Measured points, strictly increasing concurrency, non-decreasing aggregate.
+    /// Linear from the origin below the first point, piecewise-linear between points,
+    /// flat beyond the last one.
+    Points(Vec<DecodePoint>),
+    /// `agg(n) = single + (saturation - single) * (n - 1) / (n - 1 + half - 1)` for `n >= 1`
+    /// (`n * single` below 1): `agg(1) = single`, `agg(half)` is half-way to `saturation`,
+    /// `agg(inf) = saturation`.
+    Parametric {
+        /// Aggregate (= per-request) tokens/s at one sequence.
+        single_tok_s: f64,
+        /// Asymptotic aggregate tokens/s.
+        saturation_tok_s: f64,
+        /// Concurrency at which the aggregate is half-way from single to saturation (> 1).
+        half_concurrency: f64,
+    },
+}
+
+impl DecodeCurve {
+    /// Aggregate tokens/s at `concurrency` (0 for non-positive or NaN concurrency).
+    pub fn aggregate_tok_s(&self, concurrency: f64) -> f64 {
+        if concurrency.is_nan() || concurrency <= 0.0 {
+            return 0.0;
+        }
+        match self {
+            DecodeCurve::Points(points) => {
+                let first = points[0];
+                if concurrency <= first.concurrency {
+                    return first.aggregate_tok_s * concurrency / first.concurrency;
+                }
+                // index of the first point with concurrency >= c
+                let i = points.partition_point(|p| p.concurrency < concurrency);
+                if i >= points.len() {
+                    return points[points.len() - 1].aggregate_tok_s;
+                }
+                let (a, b) = (points[i - 1], points[i]);
+                let t = (concurrency - a.concurrency) / (b.concurrency - a.concurrency);
+                a.aggregate_tok_s + t * (b.aggregate_tok_s - a.aggregate_tok_s)
+            }
+            DecodeCurve::Parametric {
+                single_tok_s,
+                saturation_tok_s,
+                half_concurrency,
+            } => {
+                if concurrency < 1.0 {
+                    return single_tok_s * concurrency;
+                }
+                let x = concurrency - 1.0;
+                single_tok_s + (saturation_tok_s - single_tok_s) * x / (x + half_concurrency - 1.0)
+            }
+        }
+    }
+}
+
+/// Cold engine after (re)start: all rates are multiplied by `speed_factor` until
+/// `warmup_tokens` tokens of work (decode + prefill) have been done since ready.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ColdStart {
+    /// Rate multiplier while cold, in (0, 1].
+    pub speed_factor: f64,
+    /// Work (tokens) after which the engine is warm; 0 = no cold penalty.
+    pub warmup_tokens: f64,
+}
+
+impl Default for ColdStart {
+    fn default() -> Self {
+        ColdStart {
+            speed_factor: 1.0,
+            warmup_tokens: 0.0,
+        }
+    }
+}
+
+/// A validated hardware profile. Construct with [`HardwareProfile::from_yaml_str`] or
+/// [`HardwareProfile::load`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct HardwareProfile {
+    origin: String,
+    name: String,
+    description: String,
+    gpu_names: Vec<String>,
+    sources: Vec<String>,
+    decode: DecodeCurve,
+    prefill_tok_s: f64,
+    prefill_chunk_tokens: u32,
+    kv_capacity_tokens: u64,
+    max_running: u32,
+    context_window: u32,
+    cold_start: ColdStart,
+    extrapolated: Vec<String>,
+}
+
+impl HardwareProfile {
+    /// Reads and validates a profile file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, HardwareError> {
+        let path = path.as_ref();
+        let origin = path.display().to_string();
+        let src = std::fs::read_to_string(path).map_err(|source| HardwareError::Io {
+            origin: origin.clone(),
+            source,
+        })?;
+        Self::from_yaml_str(&src, &origin)
+    }
+
+    /// Parses and validates a profile from YAML text; `origin` names the file in errors.
+    pub fn from_yaml_str(src: &str, origin: &str) -> Result<Self, HardwareError> {
+        let raw: RawProfile = serde_saphyr::from_str(src).map_err(|e| {
+            let loc = e.location();
+            let line = loc.map(|l| to_u32(l.line())).filter(|&l| l > 0);
+            let column = loc.map(|l| to_u32(l.column())).filter(|_| line.is_some());
+            let mut message = strip_position(&first_line(&e.without_snippet().to_string()));
+            let mut field = line.and_then(|l| yaml_path_at(src, l, column.unwrap_or(1)));
+            if let Some(missing) = message
+                .strip_prefix("missing field `")
+                .and_then(|m| m.split('`').next())
+            {
+                // the position is at the end of the mapping that lacks the field
+                let parent = field
+                    .as_deref()
+                    .and_then(|f| f.rsplit_once('.').map(|(p, _)| p.to_string()));
+                field = Some(match parent {
+                    Some(p) => format!("{p}.{missing}"),
+                    None => missing.to_string(),
+                });
+            }
+            if let Some(hint) = field
+                .as_deref()
+                .and_then(expected_for)
+                .filter(|_| !message.contains("expected"))
+            {
+                message.push_str("; valid: ");
+                message.push_str(hint);
+            }
+            HardwareError::Parse {
+                origin: origin.to_string(),
+                field,
+                line,
+                column,
+                message,
+            }
+        })?;
+        validate(raw, origin)
+    }
+
+    /// Where the profile came from (file path or the origin given to `from_yaml_str`).
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+    /// Profile name, e.g. `rtx-pro-6000-27b`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Free-text description.
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+    /// GPU names as a worker would report them at registration (one entry per card).
+    pub fn gpu_names(&self) -> &[String] {
+        &self.gpu_names
+    }
+    /// Where the numbers came from.
+    pub fn sources(&self) -> &[String] {
+        &self.sources
+    }
+    /// The decode curve.
+    pub fn decode(&self) -> &DecodeCurve {
+        &self.decode
+    }
+    /// Prefill (prompt processing) tokens/s when nothing decodes.
+    pub fn prefill_tok_s(&self) -> f64 {
+        self.prefill_tok_s
+    }
+    /// Prefill tokens processed per engine step alongside the decoders.
+    pub fn prefill_chunk_tokens(&self) -> u32 {
+        self.prefill_chunk_tokens
+    }
+    /// KV-cache capacity in tokens.
+    pub fn kv_capacity_tokens(&self) -> u64 {
+        self.kv_capacity_tokens
+    }
+    /// The engine's limit on running sequences (vLLM `max_num_seqs`).
+    pub fn max_running(&self) -> u32 {
+        self.max_running
+    }
+    /// Context window (max prompt + output tokens of one request).
+    pub fn context_window(&self) -> u32 {
+        self.context_window
+    }
+    /// Cold-start penalty.
+    pub fn cold_start(&self) -> ColdStart {
+        self.cold_start
+    }
+    /// Which numbers are extrapolated rather than read from a source.
+    pub fn extrapolated(&self) -> &[String] {
+        &self.extrapolated
+    }
+
+    /// Aggregate decode tokens/s at `concurrency` decoding sequences.
+    pub fn aggregate_tok_s(&self, concurrency: f64) -> f64 {
+        self.decode.aggregate_tok_s(concurrency)
+    }
+
+    /// Tokens/s seen by each of `n` concurrently decoding sequences (`aggregate(n) / n`;
+    /// the single-sequence figure for `n <= 0`).
+    pub fn per_request_tok_s(&self, n: f64) -> f64 {
+        if n.is_nan() || n <= 0.0 {
+            return self.decode.aggregate_tok_s(1.0);
+        }
+        self.decode.aggregate_tok_s(n) / n
+    }
+
+    /// Duration in seconds of one decode step with `n` decoding sequences (`n / aggregate(n)`;
+    /// 0 for `n <= 0`).
+    pub fn step_time_s(&self, n: f64) -> f64 {
+        if n.is_nan() || n <= 0.0 {
+            return 0.0;
+        }
+        n / self.decode.aggregate_tok_s(n)
+    }
+}
+
+impl fmt::Display for HardwareProfile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} ({}; {:.0} tok/s at 1, {:.0} tok/s aggregate at 16)",
+            self.name,
+            if self.gpu_names.is_empty() {
+                "unknown GPU".to_string()
+            } else {
+                self.gpu_names.join(" + ")
+            },
+            self.aggregate_tok_s(1.0),
+            self.aggregate_tok_s(16.0)
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation
+// ---------------------------------------------------------------------------------------------
+
+struct Ctx<'a> {
+    origin: &'a str,
+}
+
+impl Ctx<'_> {
+    fn err<T>(
+        &self,
+        field: impl Into<String>,
+        value: &Spanned<T>,
+        problem: impl Into<String>,
+        expected: impl Into<String>,
+    ) -> HardwareError {
+        let loc = value.referenced;
+        let line = Some(to_u32(loc.line())).filter(|&l| l > 0);
+        HardwareError::Invalid {
+            origin: self.origin.to_string(),
+            field: field.into(),
+            line,
+            column: line.map(|_| to_u32(loc.column())),
+            problem: problem.into(),
+            expected: expected.into(),
+        }
+    }
+
+    /// A finite number > 0.
+    fn positive(&self, field: &str, v: &Spanned<f64>) -> Result<f64, HardwareError> {
+        if v.value.is_finite() && v.value > 0.0 {
+            Ok(v.value)
+        } else {
+            Err(self.err(
+                field,
+                v,
+                format!("{} is not allowed", v.value),
+                "a finite number greater than 0",
+            ))
+        }
+    }
+
+    /// A whole number in `min..=max`.
+    fn integer(
+        &self,
+        field: &str,
+        v: &Spanned<f64>,
+        min: u64,
+        max: u64,
+    ) -> Result<u64, HardwareError> {
+        let x = v.value;
+        if x.is_finite() && x.fract() == 0.0 && x >= min as f64 && x <= max as f64 {
+            Ok(x as u64)
+        } else {
+            Err(self.err(
+                field,
+                v,
+                format!("{x} is not allowed"),
+                format!("a whole number from {min} to {max}"),
+            ))
+        }
+    }
+}
+
+fn validate(raw: RawProfile, origin: &str) -> Result<HardwareProfile, HardwareError> {
+    let cx = Ctx { origin };
+    let name = raw.name.value.trim().to_string();
+    if name.is_empty() {
+        return Err(cx.err("name", &raw.name, "empty name", "a non-empty profile name"));
+    }
+
+    let decode = validate_decode(&cx, &raw.decode)?;
+    let prefill_tok_s = cx.positive("prefill_tok_s", &raw.prefill_tok_s)?;
+    let prefill_chunk_tokens = match &raw.prefill_chunk_tokens {
+        Some(v) => cx.integer("prefill_chunk_tokens", v, 1, u32::MAX as u64)? as u32,
+        None => DEFAULT_PREFILL_CHUNK_TOKENS,
+    };
+    let kv_capacity_tokens =
+        cx.integer("kv_capacity_tokens", &raw.kv_capacity_tokens, 1, 1 << 40)?;
+    let max_running = cx.integer("max_running", &raw.max_running, 1, 1 << 20)? as u32;
+    let context_window = cx.integer(
+        "context_window",
+        &raw.context_window,
+        MIN_CONTEXT_WINDOW as u64,
+        u32::MAX as u64,
+    )? as u32;
+    if (context_window as u64) > kv_capacity_tokens {
+        return Err(cx.err(
+            "context_window",
+            &raw.context_window,
+            format!(
+                "{context_window} tokens do not fit in kv_capacity_tokens = {kv_capacity_tokens} \
+                 (a request of the full window could never be admitted)"
+            ),
+            format!("at most kv_capacity_tokens ({kv_capacity_tokens})"),
+        ));
+    }
+    let cold_start = match &raw.cold_start {
+        None => ColdStart::default(),
+        Some(c) => {
+            let speed_factor = cx.positive("cold_start.speed_factor", &c.speed_factor)?;
+            if speed_factor > 1.0 {
+                return Err(cx.err(
+                    "cold_start.speed_factor",
+                    &c.speed_factor,
+                    format!("{speed_factor} would make a cold engine faster than a warm one"),
+                    "a number in (0, 1]",
+                ));
+            }
+            let w = &c.warmup_tokens;
+            if !(w.value.is_finite() && w.value >= 0.0) {
+                return Err(cx.err(
+                    "cold_start.warmup_tokens",
+                    w,
+                    format!("{} is not allowed", w.value),
+                    "a finite number of tokens >= 0 (0 = no cold penalty)",
+                ));
+            }
+            ColdStart {
+                speed_factor,
+                warmup_tokens: w.value,
+            }
+        }
+    };
+
+    Ok(HardwareProfile {
+        origin: origin.to_string(),
+        name,
+        description: raw.description.unwrap_or_default(),
+        gpu_names: raw.gpu_names,
+        sources: raw.sources,
+        decode,
+        prefill_tok_s,
+        prefill_chunk_tokens,
+        kv_capacity_tokens,
+        max_running,
+        context_window,
+        cold_start,
+        extrapolated: raw.extrapolated,
+    })
+}
+
+fn validate_decode(cx: &Ctx<'_>, d: &Spanned<RawDecode>) -> Result<DecodeCurve, HardwareError> {
+    let raw = &d.value;
+    let any_param = raw.single_tok_s.is_some()
+        || raw.saturation_tok_s.is_some()
+        || raw.half_concurrency.is_some();
+    let both = "either `points: [{concurrency, aggregate_tok_s}, ...]` or all of \
+                `single_tok_s`, `saturation_tok_s`, `half_concurrency`";
+    match (&raw.points, any_param) {
+        (Some(_), true) => Err(cx.err(
+            "decode",
+            d,
+            "both points and a parametric curve given",
+            both,
+        )),
+        (None, false) => Err(cx.err("decode", d, "no decode curve given", both)),
+        (Some(points), false) => {
+            if points.is_empty() {
+                return Err(cx.err("decode.points", d, "empty list", "at least one point"));
+            }
+            let mut out: Vec<DecodePoint> = Vec::with_capacity(points.len());
+            for (i, p) in points.iter().enumerate() {
+                let cf = format!("decode.points[{i}].concurrency");
+                let af = format!("decode.points[{i}].aggregate_tok_s");
+                let c = cx.positive(&cf, &p.concurrency)?;
+                let a = cx.positive(&af, &p.aggregate_tok_s)?;
+                if let Some(prev) = out.last() {
+                    if c <= prev.concurrency {
+                        return Err(cx.err(
+                            cf,
+                            &p.concurrency,
+                            format!(
+                                "concurrency {c} is not greater than the previous point's {}",
+                                prev.concurrency
+                            ),
+                            "strictly increasing concurrency, no duplicates",
+                        ));
+                    }
+                    if a < prev.aggregate_tok_s {
+                        return Err(cx.err(
+                            af,
+                            &p.aggregate_tok_s,
+                            format!(
+                                "aggregate {a} tok/s is below the previous point's {} \
+                                 (at concurrency {})",
+                                prev.aggregate_tok_s, prev.concurrency
+                            ),
+                            "aggregate throughput non-decreasing in concurrency \
+                             (per-request speed may fall, the total may not)",
+                        ));
+                    }
+                }
+                out.push(DecodePoint {
+                    concurrency: c,
+                    aggregate_tok_s: a,
+                });
+            }
+            Ok(DecodeCurve::Points(out))
+        }
+        (None, true) => {
+            let get = |name: &str, v: &Option<Spanned<f64>>| -> Result<f64, HardwareError> {
+                match v {
+                    Some(v) => cx.positive(&format!("decode.{name}"), v),
+                    None => Err(cx.err(
+                        format!("decode.{name}"),
+                        d,
+                        "missing",
+                        format!("{both}; `{name}` is required by the parametric form"),
+                    )),
+                }
+            };
+            let single = get("single_tok_s", &raw.single_tok_s)?;
+            let sat = get("saturation_tok_s", &raw.saturation_tok_s)?;
+            let half = get("half_concurrency", &raw.half_concurrency)?;
+            if sat < single {
+                let v = raw.saturation_tok_s.as_ref().expect("checked above");
+                return Err(cx.err(
+                    "decode.saturation_tok_s",
+                    v,
+                    format!("{sat} is below single_tok_s = {single}"),
+                    "saturation_tok_s >= single_tok_s (aggregate never falls with concurrency)",
+                ));
+            }
+            if half <= 1.0 {
+                let v = raw.half_concurrency.as_ref().expect("checked above");
+                return Err(cx.err(
+                    "decode.half_concurrency",
+                    v,
+                    format!("{half} is not above 1"),
+                    "a concurrency greater than 1",
+                ));
+            }
+            Ok(DecodeCurve::Parametric {
+                single_tok_s: single,
+                saturation_tok_s: sat,
+                half_concurrency: half,
+            })
+        }
+    }
+}
+
+/// Drops a trailing ` at line L, column C` (we print the position in front).
+fn strip_position(s: &str) -> String {
+    match s.rfind(" at line ") {
+        Some(i) if s[i..].contains(", column ") => s[..i].to_string(),
+        _ => s.to_string(),
+    }
+}
+
+/// What a field accepts, for parser errors (by the last component of the path).
+fn expected_for(field: &str) -> Option<&'static str> {
+    let leaf = field.rsplit('.').next().unwrap_or(field);
+    let leaf = leaf.split('[').next().unwrap_or(leaf);
+    Some(match leaf {
+        "name" | "description" => "a string",
+        "gpu_names" | "sources" | "extrapolated" => "a list of strings",
+        "decode" => {
+            "a mapping with either `points: [{concurrency, aggregate_tok_s}, ...]` or \
+             `single_tok_s`, `saturation_tok_s`, `half_concurrency`"
+        }
+        "points" => "a list of `{ concurrency: N, aggregate_tok_s: X }`",
+        "concurrency" | "half_concurrency" => "a number of concurrent sequences > 0",
+        "aggregate_tok_s" | "single_tok_s" | "saturation_tok_s" | "prefill_tok_s" => {
+            "tokens per second, a number > 0"
+        }
+        "prefill_chunk_tokens" | "kv_capacity_tokens" | "max_running" => "a whole number >= 1",
+        "context_window" => "a whole number of tokens >= 1024",
+        "cold_start" => "`{ speed_factor: (0, 1], warmup_tokens: >= 0 }`",
+        "speed_factor" => "a number in (0, 1]",
+        "warmup_tokens" => "a number of tokens >= 0",
+        _ => {
+            "the fields name, description, gpu_names, sources, decode, prefill_tok_s, \
+             prefill_chunk_tokens, kv_capacity_tokens, max_running, context_window, \
+             cold_start, extrapolated"
+        }
+    })
+}
+
+fn to_u32(x: u64) -> u32 {
+    u32::try_from(x).unwrap_or(u32::MAX)
+}
+
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or("").trim().to_string()
+}
+
+/// Best-effort reconstruction of the field path at `line`/`column` of a block-style YAML
+/// document (one-line flow mappings are handled too), e.g. `decode.points[2].concurrency`.
+fn yaml_path_at(src: &str, line: u32, column: u32) -> Option<String> {
+    let lines: Vec<&str> = src.lines().collect();
+    let idx = usize::try_from(line).ok()?.checked_sub(1)?;
+    let here = *lines.get(idx)?;
+    let indent = |s: &str| s.len() - s.trim_start().len();
+    let is_item = |s: &str| s.trim_start().starts_with("- ") || s.trim() == "-";
+    let is_blank = |s: &str| {
+        let t = s.trim();
+        t.is_empty() || t.starts_with('#')
+    };
+    // key of a `key: ...` line (after an optional `- `), if any
+    let key_of = |s: &str| -> Option<String> {
+        let t = s.trim_start().trim_start_matches('-').trim_start();
+        let (k, _) = t.split_once(':')?;
+        (!k.is_empty() && !k.contains(['{', '[', ' ', '"', '\''])).then(|| k.to_string())
+    };
+    // innermost first
+    let mut parts: Vec<String> = Vec::new();
+    let col = usize::try_from(column)
+        .unwrap_or(1)
+        .saturating_sub(1)
+        .min(here.len());
+    if let Some(open) = here.get(..col).and_then(|h| h.rfind('{')) {
+        // extend to the end of the word under the column (errors point at a key's start)
+        let end = here[col..]
+            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .map_or(here.len(), |e| col + e);
+        let seg = &here[open + 1..end];
+        let k = seg.rsplit(',').next().unwrap_or("");
+        let k = k.split(':').next().unwrap_or("").trim();
+        if !k.is_empty() {
+            parts.push(k.to_string());
+        }
+    }
+    if let Some(k) = key_of(here) {
+        parts.push(k);
+    }
+    // Either we are inside a mapping whose keys sit at `key_col`, or inside a sequence item
+    // whose dash sits at `seq_indent` (then `count` counts earlier sibling items).
+    let mut key_col = indent(here);
+    let mut seq: Option<(usize, usize)> = is_item(here).then(|| (indent(here), 0));
+    for l in lines[..idx].iter().rev() {
+        if is_blank(l) {
+            continue;
+        }
+        let ind = indent(l);
+        let item = is_item(l);
+        if let Some((si, count)) = seq {
+            if ind > si {
+                continue;
+            }
+            if ind == si && item {
+                seq = Some((si, count + 1));
+                continue;
+            }
+            parts.push(format!("[{count}]"));
+            seq = None;
+            // this line is the key whose value is the sequence
+            if let Some(k) = key_of(l) {
+                parts.push(k);
+            }
+            key_col = ind;
+            if item {
+                seq = Some((ind, 0));
+            }
+            continue;
+        }
+        if ind >= key_col {
+            continue;
+        }
+        if item && ind + 2 == key_col {
+            // `- first_key: ...` of the item our mapping belongs to
+            seq = Some((ind, 0));
+            continue;
+        }
+        if let Some(k) = key_of(l) {
+            parts.push(k);
+        }
+        key_col = ind;
+        if item {
+            seq = Some((ind, 0));
+        }
+    }
+    if let Some((_, count)) = seq {
+        parts.push(format!("[{count}]"));
+    }
+    if parts.is_empty() {
+        return None;
+    }
+    let mut s = String::new();
+    for p in parts.iter().rev() {
+        if !p.starts_with('[') && !s.is_empty() {
+            s.push('.');
+        }
+        s.push_str(p);
+    }
+    Some(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "\
+name: test
+gpu_names: [\"RTX 4090\", \"RTX 4090\"]
+decode:
+  points:
+    - { concurrency: 1, aggregate_tok_s: 100 }
+    - { concurrency: 8, aggregate_tok_s: 400 }
+    - { concurrency: 32, aggregate_tok_s: 800 }
+prefill_tok_s: 4000
+kv_capacity_tokens: 100000
+max_running: 64
+context_window: 32768
+cold_start: { speed_factor: 0.3, warmup_tokens: 2000 }
+";
+
+    #[test]
+    fn parses_good_profile() {
+        let p = HardwareProfile::from_yaml_str(GOOD, "good.yaml").unwrap();
+        assert_eq!(p.name(), "test");
+        assert_eq!(p.prefill_chunk_tokens(), 512);
+        assert_eq!(p.max_running(), 64);
+        assert_eq!(p.gpu_names().len(), 2);
+        assert!((p.aggregate_tok_s(1.0) - 100.0).abs() < 1e-9);
+        assert!((p.aggregate_tok_s(8.0) - 400.0).abs() < 1e-9);
+        assert!((p.aggregate_tok_s(100.0) - 800.0).abs() < 1e-9);
+        assert!((p.aggregate_tok_s(0.5) - 50.0).abs() < 1e-9);
+        assert!((p.per_request_tok_s(8.0) - 50.0).abs() < 1e-9);
+        assert!((p.step_time_s(8.0) - 0.02).abs() < 1e-12);
+        assert_eq!(p.step_time_s(0.0), 0.0);
+    }
+
+    #[test]
+    fn interpolation_is_monotone() {
+        let p = HardwareProfile::from_yaml_str(GOOD, "good.yaml").unwrap();
+        let mut prev = 0.0;
+        for i in 0..4000 {
+            let c = i as f64 * 0.01;
+            let a = p.aggregate_tok_s(c);
+            assert!(a >= prev - 1e-12, "not monotone at {c}: {a} < {prev}");
+            assert!(a.is_finite());
+            prev = a;
+        }
+        let par = DecodeCurve::Parametric {
+            single_tok_s: 30.0,
+            saturation_tok_s: 40.0,
+            half_concurrency: 4.0,
+        };
+        assert!((par.aggregate_tok_s(1.0) - 30.0).abs() < 1e-12);
+        assert!((par.aggregate_tok_s(4.0) - 35.0).abs() < 1e-12);
+        let mut prev = 0.0;
+        for i in 0..4000 {
+            let a = par.aggregate_tok_s(i as f64 * 0.05);
+            assert!(a >= prev - 1e-12 && a <= 40.0);
+            prev = a;
+        }
+    }
+
+    fn err_of(src: &str) -> HardwareError {
+        HardwareProfile::from_yaml_str(src, "bad.yaml").unwrap_err()
+    }
+
+    #[test]
+    fn rejects_decreasing_aggregate_with_field_and_line() {
+        let e = err_of(&GOOD.replace("aggregate_tok_s: 800", "aggregate_tok_s: 300"));
+        let msg = e.to_string();
+        assert_eq!(e.field(), Some("decode.points[2].aggregate_tok_s"));
+        assert_eq!(e.position().map(|p| p.0), Some(7), "{msg}");
+        assert!(msg.starts_with("bad.yaml:7:"), "{msg}");
+        assert!(msg.contains("non-decreasing"), "{msg}");
+    }
+
+    #[test]
+    fn rejects_duplicate_concurrency() {
+        let e = err_of(&GOOD.replace("concurrency: 32", "concurrency: 8"));
+        assert_eq!(e.field(), Some("decode.points[2].concurrency"));
+        assert!(e.to_string().contains("strictly increasing"), "{e}");
+    }
+
+    #[test]
+    fn rejects_bad_numbers() {
+        for (from, to, field) in [
+            ("prefill_tok_s: 4000", "prefill_tok_s: -1", "prefill_tok_s"),
+            (
+                "prefill_tok_s: 4000",
+                "prefill_tok_s: .nan",
+                "prefill_tok_s",
+            ),
+            (
+                "kv_capacity_tokens: 100000",
+                "kv_capacity_tokens: 0",
+                "kv_capacity_tokens",
+            ),
+            ("max_running: 64", "max_running: 0", "max_running"),
+            (
+                "context_window: 32768",
+                "context_window: 512",
+                "context_window",
+            ),
+            (
+                "context_window: 32768",
+                "context_window: 200000",
+                "context_window",
+            ),
+            (
+                "aggregate_tok_s: 100",
+                "aggregate_tok_s: 0",
+                "decode.points[0].aggregate_tok_s",
+            ),
+            (
+                "speed_factor: 0.3",
+                "speed_factor: 1.5",
+                "cold_start.speed_factor",
+            ),
+        ] {
+            let e = err_of(&GOOD.replace(from, to));
+            assert_eq!(e.field(), Some(field), "{to}: {e}");
+            assert!(e.position().is_some(), "{to}: {e}");
+            assert!(e.to_string().contains("valid:"), "{e}");
+        }
+    }
+
+    #[test]
+    fn rejects_unknown_field_with_line() {
+        let e = err_of(&GOOD.replace("max_running: 64", "max_running: 64\nmax_runing: 3"));
+        let msg = e.to_string();
+        assert!(matches!(e, HardwareError::Parse { .. }), "{msg}");
+        assert!(msg.contains("max_runing"), "{msg}");
+        assert!(msg.starts_with("bad.yaml:11:"), "{msg}");
+        let e = err_of(&GOOD.replace("concurrency: 8,", "concurency: 8,"));
+        let msg = e.to_string();
+        assert!(msg.contains("concurency"), "{msg}");
+        assert!(msg.starts_with("bad.yaml:6:"), "{msg}");
+        assert_eq!(e.field(), Some("decode.points[1].concurency"), "{msg}");
+    }
+
+    #[test]
+    fn parametric_profile() {
+        let src = "name: mac\ndecode:\n  single_tok_s: 30\n  saturation_tok_s: 40\n  half_concurrency: 4\n\
+                   prefill_tok_s: 300\nkv_capacity_tokens: 100000\nmax_running: 8\ncontext_window: 32768\n";
+        let p = HardwareProfile::from_yaml_str(src, "mac.yaml").unwrap();
+        assert!((p.per_request_tok_s(1.0) - 30.0).abs() < 1e-9);
+        let e = err_of(&src.replace("half_concurrency: 4", "half_concurrency: 1"));
+        assert_eq!(e.field(), Some("decode.half_concurrency"));
+        let e = err_of(&src.replace("  half_concurrency: 4\n", ""));
+        assert_eq!(e.field(), Some("decode.half_concurrency"), "{e}");
+    }
+
+    #[test]
+    fn missing_and_mistyped_fields_name_the_field() {
+        let e = err_of(&GOOD.replace("prefill_tok_s: 4000\n", ""));
+        assert_eq!(e.field(), Some("prefill_tok_s"), "{e}");
+        assert!(e.to_string().contains("missing field"), "{e}");
+        let e = err_of(&GOOD.replace("prefill_tok_s: 4000", "prefill_tok_s: fast"));
+        assert_eq!(e.field(), Some("prefill_tok_s"), "{e}");
+        assert!(e.to_string().starts_with("bad.yaml:8:"), "{e}");
+        assert!(e.to_string().contains("valid: tokens per second"), "{e}");
+        let e = err_of(&GOOD.replace("speed_factor: 0.3, ", ""));
+        assert_eq!(e.field(), Some("cold_start.speed_factor"), "{e}");
+    }
+}

@@ -1,0 +1,1199 @@
+//! Scenario files: a fleet, its traffic, lifecycle events and the policies to compare.
+//!
+//! Parsed in two steps, like every input of routelab: serde structs that mirror the YAML
+//! (`Raw*`, unknown fields rejected), then validation into domain types ([`Scenario`]). Every
+//! error names the file, the line and column, the field path and what would be valid.
+//!
+//! ```yaml
+//! name: seed/sixteen-at-once
+//! seed: 1
+//! model: gemma-27b
+//! fleet:
+//!   - { name: pair, profile: rtx4090x2-27b }
+//!   - { name: pro6000, profile: rtx-pro-6000-27b, rtt_ms: 2 }
+//! traffic:
+//!   - burst: { at_s: 60, size: 16, prompt: { fixed: 200 }, output: { fixed: 256 } }
+//! events:
+//!   - { at_s: 600, worker: pro6000, action: restart, launch_args: "--max-model-len 65536" }
+//! policies: [seed-v1, seed-v3, { preset: seed-v3, chooser: { kind: sed, ties: higher-weight } }]
+//! ```
+
+use crate::derive_seed;
+use crate::engine::{Action, LifecycleEvent, SimSetup, Slo, WorkerSetup};
+use crate::hardware::HardwareProfile;
+use crate::traffic::{
+    BadRowPolicy, Burst, BurstConfig, ClosedLoop, ClosedLoopConfig, Conversations,
+    ConversationsConfig, Diurnal, DiurnalConfig, DurationDist, LengthDist, LongPromptMix,
+    LongPromptMixConfig, Merge, OnOff, OnOffConfig, Poisson, PoissonConfig, ReplayOptions,
+    TraceFormat, TraceReplay, TrafficError, TrafficSource, Until,
+};
+use crate::worker::EngineOverrides;
+use routelab_policies::{PolicyConfig, RawPolicy, WorkerSpec};
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Where in a file something is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Located {
+    /// The file.
+    pub file: PathBuf,
+    /// 1-based line, if known.
+    pub line: Option<u64>,
+    /// 1-based column, if known.
+    pub column: Option<u64>,
+}
+
+impl fmt::Display for Located {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(l) = self.line {
+            write!(f, ":{l}")?;
+            if let Some(c) = self.column {
+                write!(f, ":{c}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An invalid scenario.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScenarioError {
+    /// The file could not be read.
+    #[error("{file}: cannot read: {source}")]
+    Io {
+        /// The file.
+        file: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The YAML does not match the scenario format (syntax, a typo in a field, a wrong type).
+    #[error("{at}: {message}")]
+    Parse {
+        /// Where.
+        at: Located,
+        /// The parser's message.
+        message: String,
+    },
+    /// A value is out of range, inconsistent, or refers to something that does not exist.
+    #[error("{at}: {field}: {message}")]
+    Invalid {
+        /// Where.
+        at: Located,
+        /// Field path, e.g. `fleet[2].profile`.
+        field: String,
+        /// What is wrong and what would be valid.
+        message: String,
+    },
+}
+
+impl ScenarioError {
+    /// The field path, for `Invalid` errors.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            ScenarioError::Invalid { field, .. } => Some(field),
+            _ => None,
+        }
+    }
+}
+
+// ----- raw ------------------------------------------------------------------------------------
+
+/// A scenario as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawScenario {
+    /// Display name (default: the file stem).
+    pub name: Option<String>,
+    /// What the scenario shows.
+    pub description: Option<String>,
+    /// Root seed (default 1).
+    pub seed: Option<u64>,
+    /// Model name every request asks for (default `model`).
+    pub model: Option<String>,
+    /// Directory of hardware profiles (default: the nearest `hardware/` beside or above the file).
+    pub hardware_dir: Option<String>,
+    /// The workers.
+    pub fleet: Vec<Spanned<RawWorker>>,
+    /// Traffic sources, merged by time.
+    pub traffic: Vec<Spanned<RawTraffic>>,
+    /// Lifecycle events.
+    #[serde(default)]
+    pub events: Vec<Spanned<RawEvent>>,
+    /// Policies to run (default: every preset).
+    #[serde(default)]
+    pub policies: Vec<Spanned<RawPolicyEntry>>,
+    /// Service-level objective.
+    pub slo: Option<RawSlo>,
+    /// Router tick period, s (default 1).
+    pub tick_s: Option<f64>,
+    /// Timeline sampling period, s (default 10; 0 disables).
+    pub timeline_s: Option<f64>,
+    /// Hard stop, s (default: none).
+    pub max_duration_s: Option<f64>,
+    /// Re-routes of a request whose worker failed before its first token (default 2).
+    pub max_retries: Option<u32>,
+    /// Concurrency at which the oracle reads true capacity (default 16, the probe's).
+    pub oracle_concurrency: Option<f64>,
+}
+
+/// One worker entry (or `count` identical ones).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawWorker {
+    /// Name (with `-1`, `-2`, … appended when `count` > 1).
+    pub name: String,
+    /// Hardware profile name (a file `<name>.yaml` in the hardware directory).
+    pub profile: String,
+    /// How many identical workers.
+    pub count: Option<u32>,
+    /// Node name (default: the worker name).
+    pub node: Option<String>,
+    /// GPU names announced to the router (default: the profile's).
+    pub gpu_names: Option<Vec<String>>,
+    /// Context window (default: the profile's).
+    pub context_window: Option<u32>,
+    /// Launch arguments.
+    pub launch_args: Option<String>,
+    /// Round trip to the gateway, ms.
+    pub rtt_ms: Option<f64>,
+    /// Degraded node: every rate × this.
+    pub speed_factor: Option<f64>,
+    /// Start with a cold engine.
+    pub start_cold: Option<bool>,
+    /// Registration time, s.
+    pub register_at_s: Option<f64>,
+    /// Engine's max running sequences (default: the profile's).
+    pub max_running: Option<u32>,
+    /// KV capacity in tokens (default: the profile's).
+    pub kv_capacity_tokens: Option<u64>,
+    /// Noise.
+    pub noise: Option<RawNoise>,
+}
+
+/// Seeded noise of a worker.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawNoise {
+    /// Coefficient of variation of each request's work.
+    pub request_cv: Option<f64>,
+    /// Coefficient of variation of the engine speed per epoch.
+    pub epoch_cv: Option<f64>,
+    /// Epoch length, s.
+    pub epoch_s: Option<f64>,
+}
+
+/// A duration distribution in seconds.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum RawSeconds {
+    /// Always this long.
+    Fixed(f64),
+    /// Uniform between min and max.
+    Uniform {
+        /// Shortest.
+        min: f64,
+        /// Longest.
+        max: f64,
+    },
+    /// Exponential with this mean.
+    Exponential {
+        /// Mean.
+        mean: f64,
+    },
+}
+
+/// One traffic source.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum RawTraffic {
+    /// N requests at one instant, optionally repeated.
+    Burst {
+        /// When, s.
+        at_s: Option<f64>,
+        /// Requests per burst.
+        size: u32,
+        /// Bursts.
+        repeats: Option<u32>,
+        /// Period between bursts, s.
+        period_s: Option<f64>,
+        /// Prompt tokens.
+        prompt: LengthDist,
+        /// Output tokens.
+        output: LengthDist,
+    },
+    /// Poisson arrivals.
+    Poisson {
+        /// Start, s.
+        start_s: Option<f64>,
+        /// Mean rate, requests/s.
+        rate_per_s: f64,
+        /// Stop after, s.
+        duration_s: Option<f64>,
+        /// Stop after this many.
+        count: Option<u64>,
+        /// Prompt tokens.
+        prompt: LengthDist,
+        /// Output tokens.
+        output: LengthDist,
+    },
+    /// Sinusoidal rate.
+    Diurnal {
+        /// Start, s.
+        start_s: Option<f64>,
+        /// Lowest rate.
+        min_rate_per_s: f64,
+        /// Highest rate.
+        max_rate_per_s: f64,
+        /// Period, s.
+        period_s: f64,
+        /// Phase, s.
+        phase_s: Option<f64>,
+        /// Stop after, s.
+        duration_s: Option<f64>,
+        /// Stop after this many.
+        count: Option<u64>,
+        /// Prompt tokens.
+        prompt: LengthDist,
+        /// Output tokens.
+        output: LengthDist,
+    },
+    /// Sparse bursts with idle gaps.
+    OnOff {
+        /// Start, s.
+        start_s: Option<f64>,
+        /// Requests per burst.
+        burst_size: LengthDist,
+        /// A burst's requests spread over this window, s.
+        window_s: f64,
+        /// Idle gap between bursts, s.
+        gap_s: RawSeconds,
+        /// Stop after, s.
+        duration_s: Option<f64>,
+        /// Stop after this many.
+        count: Option<u64>,
+        /// Prompt tokens.
+        prompt: LengthDist,
+        /// Output tokens.
+        output: LengthDist,
+    },
+    /// Users who wait for an answer and think before the next request.
+    ClosedLoop {
+        /// Start, s.
+        start_s: Option<f64>,
+        /// Users.
+        users: u32,
+        /// Users start spread over this ramp, s.
+        ramp_s: Option<f64>,
+        /// Think time, s.
+        think_s: RawSeconds,
+        /// Stop after, s.
+        duration_s: Option<f64>,
+        /// Stop after this many.
+        count: Option<u64>,
+        /// Prompt tokens.
+        prompt: LengthDist,
+        /// Output tokens.
+        output: LengthDist,
+    },
+    /// Multi-turn conversations with growing shared prefixes.
+    Conversations {
+        /// Start, s.
+        start_s: Option<f64>,
+        /// Conversation start rate.
+        rate_per_s: f64,
+        /// Number of conversations.
+        conversations: u64,
+        /// Turns per conversation.
+        turns: LengthDist,
+        /// New user tokens per turn.
+        user_tokens: LengthDist,
+        /// Output tokens per turn.
+        output: LengthDist,
+        /// Think time between turns, s.
+        think_s: RawSeconds,
+        /// Shared system prompt, tokens.
+        system_prompt_tokens: Option<u32>,
+        /// Conversation ends when the prompt would exceed this.
+        max_prompt_tokens: Option<u32>,
+    },
+    /// A mix of long and short prompts.
+    LongPromptMix {
+        /// Start, s.
+        start_s: Option<f64>,
+        /// Rate.
+        rate_per_s: f64,
+        /// Stop after, s.
+        duration_s: Option<f64>,
+        /// Stop after this many.
+        count: Option<u64>,
+        /// Fraction of long prompts.
+        long_fraction: f64,
+        /// Long prompt tokens.
+        long_prompt: LengthDist,
+        /// Short prompt tokens.
+        short_prompt: LengthDist,
+        /// Output tokens.
+        output: LengthDist,
+    },
+    /// Replay of a trace file.
+    Trace {
+        /// Path, relative to the scenario file.
+        path: String,
+        /// `azure` or `mooncake` (default: from the extension).
+        format: Option<String>,
+        /// Multiply inter-arrival times.
+        time_scale: Option<f64>,
+        /// Multiply the rate.
+        rate_scale: Option<f64>,
+        /// At most this many rows.
+        limit: Option<u64>,
+        /// Skip this many rows first.
+        skip_rows: Option<u64>,
+        /// Shift all arrivals, s.
+        start_offset_s: Option<f64>,
+        /// `error` (default) or `skip` (counted, never silent).
+        on_bad_row: Option<String>,
+    },
+}
+
+/// A lifecycle event as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawEvent {
+    /// When, s.
+    pub at_s: f64,
+    /// Worker name.
+    pub worker: String,
+    /// What happens.
+    pub action: String,
+    /// restart: new launch arguments.
+    pub launch_args: Option<String>,
+    /// restart: engine start-up time, s (default 60).
+    pub ready_after_s: Option<f64>,
+    /// restart: registration delay after ready, s (default 5).
+    pub register_after_s: Option<f64>,
+    /// restart: the new engine is cold (default true).
+    pub cold: Option<bool>,
+    /// node-manager-restart: keep the probe cache (default true).
+    pub keep_cache: Option<bool>,
+    /// pin: the weight.
+    pub weight: Option<f64>,
+    /// degrade: speed factor.
+    pub speed_factor: Option<f64>,
+}
+
+/// A policy: a preset/composition name or a full definition.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RawPolicyEntry {
+    /// `seed-v3`, `at-load/sed`, …
+    Name(String),
+    /// A full policy.
+    Full(RawPolicy),
+}
+
+/// SLO as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSlo {
+    /// TTFT bound, s.
+    pub ttft_s: Option<f64>,
+    /// TPOT bound, s.
+    pub tpot_s: Option<f64>,
+}
+
+// ----- validated ------------------------------------------------------------------------------
+
+/// One validated traffic source.
+#[derive(Debug, Clone)]
+pub enum TrafficSpec {
+    /// Burst.
+    Burst(BurstConfig),
+    /// Poisson.
+    Poisson(PoissonConfig),
+    /// Diurnal.
+    Diurnal(DiurnalConfig),
+    /// On/off.
+    OnOff(OnOffConfig),
+    /// Closed loop.
+    ClosedLoop(ClosedLoopConfig),
+    /// Conversations.
+    Conversations(ConversationsConfig),
+    /// Long-prompt mix.
+    LongPromptMix(LongPromptMixConfig),
+    /// Trace replay.
+    Trace {
+        /// Resolved path.
+        path: PathBuf,
+        /// Format.
+        format: TraceFormat,
+        /// Options.
+        options: ReplayOptions,
+    },
+}
+
+/// A validated scenario.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// Display name.
+    pub name: String,
+    /// Description.
+    pub description: String,
+    /// The file it came from.
+    pub path: PathBuf,
+    /// Fleet, events and settings (its `seed` is the scenario's default seed).
+    pub setup: SimSetup,
+    /// Traffic sources.
+    pub traffic: Vec<TrafficSpec>,
+    /// Policies to run.
+    pub policies: Vec<PolicyConfig>,
+}
+
+impl Scenario {
+    /// Load and validate a scenario file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Scenario, ScenarioError> {
+        let path = path.as_ref();
+        let src = std::fs::read_to_string(path).map_err(|source| ScenarioError::Io {
+            file: path.to_path_buf(),
+            source,
+        })?;
+        Scenario::from_yaml(&src, path)
+    }
+
+    /// Validate scenario text; `path` names it in errors and anchors relative paths.
+    pub fn from_yaml(src: &str, path: &Path) -> Result<Scenario, ScenarioError> {
+        let raw: RawScenario = serde_saphyr::from_str(src).map_err(|e| parse_error(path, &e))?;
+        Validator {
+            path,
+            profiles: HashMap::new(),
+        }
+        .scenario(raw)
+    }
+
+    /// The merged traffic of this scenario for a given seed.
+    pub fn traffic_source(&self, seed: u64) -> Result<Box<dyn TrafficSource>, TrafficError> {
+        let mut sources: Vec<Box<dyn TrafficSource>> = Vec::with_capacity(self.traffic.len());
+        for (i, t) in self.traffic.iter().enumerate() {
+            let s = derive_seed(seed, 100 + i as u64);
+            sources.push(match t.clone() {
+                TrafficSpec::Burst(c) => Box::new(Burst::new(c, s)?),
+                TrafficSpec::Poisson(c) => Box::new(Poisson::new(c, s)?),
+                TrafficSpec::Diurnal(c) => Box::new(Diurnal::new(c, s)?),
+                TrafficSpec::OnOff(c) => Box::new(OnOff::new(c, s)?),
+                TrafficSpec::ClosedLoop(c) => Box::new(ClosedLoop::new(c, s)?),
+                TrafficSpec::Conversations(c) => Box::new(Conversations::new(c, s)?),
+                TrafficSpec::LongPromptMix(c) => Box::new(LongPromptMix::new(c, s)?),
+                TrafficSpec::Trace {
+                    path,
+                    format,
+                    options,
+                } => Box::new(TraceReplay::open(path, format, options)?),
+            });
+        }
+        Ok(if sources.len() == 1 {
+            sources.pop().expect("one source")
+        } else {
+            Box::new(Merge::new(sources))
+        })
+    }
+
+    /// The setup with another seed.
+    pub fn setup_for_seed(&self, seed: u64) -> SimSetup {
+        SimSetup {
+            seed,
+            ..self.setup.clone()
+        }
+    }
+}
+
+fn parse_error(path: &Path, e: &serde_saphyr::Error) -> ScenarioError {
+    let loc = e.location();
+    ScenarioError::Parse {
+        at: Located {
+            file: path.to_path_buf(),
+            line: loc.map(|l| l.line()).filter(|l| *l > 0),
+            column: loc.map(|l| l.column()).filter(|c| *c > 0),
+        },
+        message: e.to_string(),
+    }
+}
+
+struct Validator<'p> {
+    path: &'p Path,
+    profiles: HashMap<String, Arc<HardwareProfile>>,
+}
+
+const NS: f64 = 1e9;
+
+impl Validator<'_> {
+    fn at(&self, loc: Option<&serde_saphyr::Location>) -> Located {
+        Located {
+            file: self.path.to_path_buf(),
+            line: loc.map(|l| l.line()).filter(|l| *l > 0),
+            column: loc.map(|l| l.column()).filter(|c| *c > 0),
+        }
+    }
+
+    fn invalid(
+        &self,
+        loc: Option<&serde_saphyr::Location>,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) -> ScenarioError {
+        ScenarioError::Invalid {
+            at: self.at(loc),
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    fn secs(
+        &self,
+        loc: &serde_saphyr::Location,
+        field: &str,
+        v: Option<f64>,
+        default: f64,
+    ) -> Result<u64, ScenarioError> {
+        let v = v.unwrap_or(default);
+        if v.is_finite() && v >= 0.0 {
+            Ok((v * NS).round() as u64)
+        } else {
+            Err(self.invalid(
+                Some(loc),
+                field,
+                format!("{v} is not valid; expected a finite number of seconds >= 0"),
+            ))
+        }
+    }
+
+    fn positive(
+        &self,
+        loc: &serde_saphyr::Location,
+        field: &str,
+        v: f64,
+    ) -> Result<f64, ScenarioError> {
+        if v.is_finite() && v > 0.0 {
+            Ok(v)
+        } else {
+            Err(self.invalid(
+                Some(loc),
+                field,
+                format!("{v} is not valid; expected a finite number > 0"),
+            ))
+        }
+    }
+
+    fn hardware_dir(&self, raw: &Option<String>) -> PathBuf {
+        let base = self.path.parent().unwrap_or(Path::new("."));
+        if let Some(d) = raw {
+            return base.join(d);
+        }
+        let mut dir = Some(base);
+        while let Some(d) = dir {
+            let candidate = d.join("hardware");
+            if candidate.is_dir() {
+                return candidate;
+            }
+            let candidate = d.join("scenarios").join("hardware");
+            if candidate.is_dir() {
+                return candidate;
+            }
+            dir = d.parent();
+        }
+        base.join("hardware")
+    }
+
+    fn profile(
+        &mut self,
+        dir: &Path,
+        name: &str,
+        loc: &serde_saphyr::Location,
+        field: &str,
+    ) -> Result<Arc<HardwareProfile>, ScenarioError> {
+        if let Some(p) = self.profiles.get(name) {
+            return Ok(p.clone());
+        }
+        let file = dir.join(format!("{name}.yaml"));
+        if !file.is_file() {
+            let mut known: Vec<String> = std::fs::read_dir(dir)
+                .map(|rd| {
+                    rd.filter_map(|e| e.ok())
+                        .filter_map(|e| {
+                            let p = e.path();
+                            (p.extension()? == "yaml")
+                                .then(|| p.file_stem()?.to_str().map(String::from))?
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            known.sort();
+            return Err(self.invalid(
+                Some(loc),
+                field,
+                format!(
+                    "no hardware profile `{name}` (looked for {}); available: {}",
+                    file.display(),
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    }
+                ),
+            ));
+        }
+        let p = Arc::new(HardwareProfile::load(&file).map_err(|e| {
+            self.invalid(Some(loc), field, format!("profile `{name}` is invalid: {e}"))
+        })?);
+        self.profiles.insert(name.to_string(), p.clone());
+        Ok(p)
+    }
+
+    fn scenario(mut self, raw: RawScenario) -> Result<Scenario, ScenarioError> {
+        let name = match raw.name {
+            Some(n) if n.trim().is_empty() => {
+                return Err(self.invalid(None, "name", "must not be empty"));
+            }
+            Some(n) => n,
+            None => self
+                .path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or("scenario")
+                .to_string(),
+        };
+        let model = raw.model.unwrap_or_else(|| "model".to_string());
+        let hw_dir = self.hardware_dir(&raw.hardware_dir);
+        if raw.fleet.is_empty() {
+            return Err(self.invalid(None, "fleet", "is empty; a scenario needs at least one worker"));
+        }
+        let mut workers: Vec<WorkerSetup> = Vec::new();
+        let mut names: HashMap<String, usize> = HashMap::new();
+        for (i, w) in raw.fleet.iter().enumerate() {
+            let loc = &w.referenced;
+            let f = |s: &str| format!("fleet[{i}].{s}");
+            let w = &w.value;
+            if w.name.trim().is_empty() {
+                return Err(self.invalid(Some(loc), f("name"), "must not be empty"));
+            }
+            let profile = self.profile(&hw_dir, &w.profile, loc, &f("profile"))?;
+            let count = w.count.unwrap_or(1);
+            if count == 0 || count > 100_000 {
+                return Err(self.invalid(
+                    Some(loc),
+                    f("count"),
+                    format!("{count} is not valid; expected 1 to 100000"),
+                ));
+            }
+            let context_window = w.context_window.unwrap_or(profile.context_window());
+            if context_window < 1024 {
+                return Err(self.invalid(
+                    Some(loc),
+                    f("context_window"),
+                    format!("{context_window} is too small; expected at least 1024 tokens (the probe prompt must fit)"),
+                ));
+            }
+            let noise = w.noise.as_ref();
+            let overrides = EngineOverrides {
+                speed_factor: w.speed_factor.unwrap_or(1.0),
+                request_noise_cv: noise.and_then(|n| n.request_cv).unwrap_or(0.0),
+                epoch_noise_cv: noise.and_then(|n| n.epoch_cv).unwrap_or(0.0),
+                epoch_s: noise.and_then(|n| n.epoch_s).unwrap_or(60.0),
+                max_running: w.max_running,
+                kv_capacity_tokens: w.kv_capacity_tokens,
+                prefill_chunk_tokens: None,
+                start_cold: w.start_cold.unwrap_or(false),
+            };
+            overrides
+                .validate()
+                .map_err(|m| self.invalid(Some(loc), format!("fleet[{i}]"), m))?;
+            let rtt_ns = self.secs(loc, &f("rtt_ms"), w.rtt_ms.map(|ms| ms / 1000.0), 0.0)?;
+            let register_at = self.secs(loc, &f("register_at_s"), w.register_at_s, 0.0)?;
+            let gpu_names = w
+                .gpu_names
+                .clone()
+                .unwrap_or_else(|| profile.gpu_names().to_vec());
+            for k in 0..count {
+                let wname = if count == 1 {
+                    w.name.clone()
+                } else {
+                    format!("{}-{}", w.name, k + 1)
+                };
+                if names.insert(wname.clone(), workers.len()).is_some() {
+                    return Err(self.invalid(
+                        Some(loc),
+                        f("name"),
+                        format!("`{wname}` is used twice; worker names must be unique"),
+                    ));
+                }
+                let node = match (&w.node, count) {
+                    (Some(n), 1) => n.clone(),
+                    (Some(n), _) => format!("{n}-{}", k + 1),
+                    (None, _) => wname.clone(),
+                };
+                workers.push(WorkerSetup {
+                    spec: WorkerSpec {
+                        name: wname,
+                        node,
+                        model: model.clone(),
+                        gpu_names: gpu_names.clone(),
+                        context_window,
+                        launch_args: w.launch_args.clone().unwrap_or_default(),
+                    },
+                    profile: profile.clone(),
+                    overrides: overrides.clone(),
+                    rtt_ns,
+                    register_at,
+                });
+            }
+        }
+
+        if raw.traffic.is_empty() {
+            return Err(self.invalid(None, "traffic", "is empty; give at least one source (burst, poisson, diurnal, on_off, closed_loop, conversations, long_prompt_mix, trace)"));
+        }
+        let mut traffic = Vec::new();
+        for (i, t) in raw.traffic.iter().enumerate() {
+            traffic.push(self.traffic(i, t)?);
+        }
+
+        let mut events = Vec::new();
+        for (i, e) in raw.events.iter().enumerate() {
+            events.push(self.event(i, e, &names)?);
+        }
+
+        let mut policies = Vec::new();
+        for (i, p) in raw.policies.iter().enumerate() {
+            let cfg = match &p.value {
+                RawPolicyEntry::Name(n) => PolicyConfig::from_name(n),
+                RawPolicyEntry::Full(r) => PolicyConfig::from_raw(r),
+            }
+            .map_err(|e| {
+                let field = format!("policies[{i}]");
+                let e = e.within(&field);
+                self.invalid(Some(&p.referenced), e.field().to_string(), strip_field(&e))
+            })?;
+            if policies.iter().any(|q: &PolicyConfig| q.name == cfg.name) {
+                return Err(self.invalid(
+                    Some(&p.referenced),
+                    format!("policies[{i}]"),
+                    format!("policy `{}` is listed twice; give one a `name`", cfg.name),
+                ));
+            }
+            policies.push(cfg);
+        }
+        if policies.is_empty() {
+            policies = routelab_policies::PRESETS
+                .iter()
+                .map(|p| PolicyConfig::preset(p.name).expect("presets are valid"))
+                .collect();
+        }
+
+        let none = serde_saphyr::Location::UNKNOWN;
+        let mut setup = SimSetup::new(model, workers, raw.seed.unwrap_or(1));
+        setup.events = events;
+        setup.tick_ns = self.secs(&none, "tick_s", raw.tick_s, 1.0)?.max(1_000_000);
+        setup.timeline_ns = self.secs(&none, "timeline_s", raw.timeline_s, 10.0)?;
+        if let Some(d) = raw.max_duration_s {
+            setup.max_time_ns = self.secs(&none, "max_duration_s", Some(d), 0.0)?;
+        }
+        if let Some(r) = raw.max_retries {
+            setup.max_retries = r;
+        }
+        if let Some(c) = raw.oracle_concurrency {
+            setup.oracle_concurrency = self.positive(&none, "oracle_concurrency", c)?;
+        }
+        if let Some(slo) = raw.slo {
+            if let Some(t) = slo.ttft_s {
+                setup.slo.ttft_s = self.positive(&none, "slo.ttft_s", t)?;
+            }
+            if let Some(t) = slo.tpot_s {
+                setup.slo.tpot_s = self.positive(&none, "slo.tpot_s", t)?;
+            }
+        } else {
+            setup.slo = Slo::default();
+        }
+        Ok(Scenario {
+            name,
+            description: raw.description.unwrap_or_default(),
+            path: self.path.to_path_buf(),
+            setup,
+            traffic,
+            policies,
+        })
+    }
+
+    fn until(
+        &self,
+        loc: &serde_saphyr::Location,
+        field: &str,
+        duration_s: Option<f64>,
+        count: Option<u64>,
+    ) -> Result<Until, ScenarioError> {
+        if duration_s.is_none() && count.is_none() {
+            return Err(self.invalid(
+                Some(loc),
+                field,
+                "sets neither `duration_s` nor `count`; give at least one so the source ends",
+            ));
+        }
+        Ok(Until {
+            duration: duration_s
+                .map(|d| self.secs(loc, &format!("{field}.duration_s"), Some(d), 0.0))
+                .transpose()?,
+            count,
+        })
+    }
+
+    fn seconds_dist(
+        &self,
+        loc: &serde_saphyr::Location,
+        field: &str,
+        d: RawSeconds,
+    ) -> Result<DurationDist, ScenarioError> {
+        let s = |v: f64| self.secs(loc, field, Some(v), 0.0);
+        Ok(match d {
+            RawSeconds::Fixed(v) => DurationDist::Fixed(s(v)?),
+            RawSeconds::Uniform { min, max } => {
+                if min > max {
+                    return Err(self.invalid(
+                        Some(loc),
+                        field,
+                        format!("uniform min {min} > max {max}; expected min <= max"),
+                    ));
+                }
+                DurationDist::Uniform {
+                    min: s(min)?,
+                    max: s(max)?,
+                }
+            }
+            RawSeconds::Exponential { mean } => DurationDist::Exponential { mean: s(mean)? },
+        })
+    }
+
+    fn traffic(&self, i: usize, t: &Spanned<RawTraffic>) -> Result<TrafficSpec, ScenarioError> {
+        let loc = &t.referenced;
+        let f = |s: &str| format!("traffic[{i}].{s}");
+        let spec = match &t.value {
+            RawTraffic::Burst {
+                at_s,
+                size,
+                repeats,
+                period_s,
+                prompt,
+                output,
+            } => TrafficSpec::Burst(BurstConfig {
+                at: self.secs(loc, &f("burst.at_s"), *at_s, 0.0)?,
+                size: *size,
+                repeats: repeats.unwrap_or(1),
+                period: self.secs(loc, &f("burst.period_s"), *period_s, 0.0)?,
+                prompt: *prompt,
+                output: *output,
+            }),
+            RawTraffic::Poisson {
+                start_s,
+                rate_per_s,
+                duration_s,
+                count,
+                prompt,
+                output,
+            } => TrafficSpec::Poisson(PoissonConfig {
+                start: self.secs(loc, &f("poisson.start_s"), *start_s, 0.0)?,
+                rate_per_s: *rate_per_s,
+                until: self.until(loc, &f("poisson"), *duration_s, *count)?,
+                prompt: *prompt,
+                output: *output,
+            }),
+            RawTraffic::Diurnal {
+                start_s,
+                min_rate_per_s,
+                max_rate_per_s,
+                period_s,
+                phase_s,
+                duration_s,
+                count,
+                prompt,
+                output,
+            } => TrafficSpec::Diurnal(DiurnalConfig {
+                start: self.secs(loc, &f("diurnal.start_s"), *start_s, 0.0)?,
+                min_rate_per_s: *min_rate_per_s,
+                max_rate_per_s: *max_rate_per_s,
+                period: self.secs(loc, &f("diurnal.period_s"), Some(*period_s), 0.0)?,
+                phase: self.secs(loc, &f("diurnal.phase_s"), *phase_s, 0.0)?,
+                until: self.until(loc, &f("diurnal"), *duration_s, *count)?,
+                prompt: *prompt,
+                output: *output,
+            }),
+            RawTraffic::OnOff {
+                start_s,
+                burst_size,
+                window_s,
+                gap_s,
+                duration_s,
+                count,
+                prompt,
+                output,
+            } => TrafficSpec::OnOff(OnOffConfig {
+                start: self.secs(loc, &f("on_off.start_s"), *start_s, 0.0)?,
+                burst_size: *burst_size,
+                window: self.secs(loc, &f("on_off.window_s"), Some(*window_s), 0.0)?,
+                gap: self.seconds_dist(loc, &f("on_off.gap_s"), *gap_s)?,
+                until: self.until(loc, &f("on_off"), *duration_s, *count)?,
+                prompt: *prompt,
+                output: *output,
+            }),
+            RawTraffic::ClosedLoop {
+                start_s,
+                users,
+                ramp_s,
+                think_s,
+                duration_s,
+                count,
+                prompt,
+                output,
+            } => TrafficSpec::ClosedLoop(ClosedLoopConfig {
+                start: self.secs(loc, &f("closed_loop.start_s"), *start_s, 0.0)?,
+                users: *users,
+                ramp: self.secs(loc, &f("closed_loop.ramp_s"), *ramp_s, 0.0)?,
+                think: self.seconds_dist(loc, &f("closed_loop.think_s"), *think_s)?,
+                until: self.until(loc, &f("closed_loop"), *duration_s, *count)?,
+                prompt: *prompt,
+                output: *output,
+            }),
+            RawTraffic::Conversations {
+                start_s,
+                rate_per_s,
+                conversations,
+                turns,
+                user_tokens,
+                output,
+                think_s,
+                system_prompt_tokens,
+                max_prompt_tokens,
+            } => TrafficSpec::Conversations(ConversationsConfig {
+                start: self.secs(loc, &f("conversations.start_s"), *start_s, 0.0)?,
+                rate_per_s: *rate_per_s,
+                conversations: *conversations,
+                turns: *turns,
+                user_tokens: *user_tokens,
+                output: *output,
+                think: self.seconds_dist(loc, &f("conversations.think_s"), *think_s)?,
+                system_prompt_tokens: system_prompt_tokens.unwrap_or(0),
+                system_prompt_id: 0,
+                max_prompt_tokens: *max_prompt_tokens,
+            }),
+            RawTraffic::LongPromptMix {
+                start_s,
+                rate_per_s,
+                duration_s,
+                count,
+                long_fraction,
+                long_prompt,
+                short_prompt,
+                output,
+            } => TrafficSpec::LongPromptMix(LongPromptMixConfig {
+                start: self.secs(loc, &f("long_prompt_mix.start_s"), *start_s, 0.0)?,
+                rate_per_s: *rate_per_s,
+                until: self.until(loc, &f("long_prompt_mix"), *duration_s, *count)?,
+                long_fraction: *long_fraction,
+                long_prompt: *long_prompt,
+                short_prompt: *short_prompt,
+                output: *output,
+            }),
+            RawTraffic::Trace {
+                path,
+                format,
+                time_scale,
+                rate_scale,
+                limit,
+                skip_rows,
+                start_offset_s,
+                on_bad_row,
+            } => {
+                let base = self.path.parent().unwrap_or(Path::new("."));
+                let resolved = base.join(path);
+                let format = match format.as_deref() {
+                    Some("azure") => TraceFormat::AzureCsv,
+                    Some("mooncake") => TraceFormat::MooncakeJsonl,
+                    Some(other) => {
+                        return Err(self.invalid(
+                            Some(loc),
+                            f("trace.format"),
+                            format!("unknown format `{other}`; valid: azure, mooncake"),
+                        ));
+                    }
+                    None => TraceFormat::from_path(&resolved).ok_or_else(|| {
+                        self.invalid(
+                            Some(loc),
+                            f("trace.format"),
+                            "cannot tell the format from the extension; set `format: azure` (CSV) or `format: mooncake` (JSONL)",
+                        )
+                    })?,
+                };
+                if !resolved.is_file() {
+                    return Err(self.invalid(
+                        Some(loc),
+                        f("trace.path"),
+                        format!("no such file: {}", resolved.display()),
+                    ));
+                }
+                let on_bad_row = match on_bad_row.as_deref() {
+                    None | Some("error") => BadRowPolicy::Error,
+                    Some("skip") => BadRowPolicy::Skip,
+                    Some(other) => {
+                        return Err(self.invalid(
+                            Some(loc),
+                            f("trace.on_bad_row"),
+                            format!("unknown policy `{other}`; valid: error, skip"),
+                        ));
+                    }
+                };
+                let options = ReplayOptions {
+                    time_scale: time_scale.unwrap_or(1.0),
+                    rate_scale: rate_scale.unwrap_or(1.0),
+                    limit: *limit,
+                    skip_rows: skip_rows.unwrap_or(0),
+                    start_offset: self.secs(loc, &f("trace.start_offset_s"), *start_offset_s, 0.0)?,
+                    on_bad_row,
+                };
+                options
+                    .validate()
+                    .map_err(|e| self.invalid(Some(loc), f("trace"), e.to_string()))?;
+                TrafficSpec::Trace {
+                    path: resolved,
+                    format,
+                    options,
+                }
+            }
+        };
+        // Let each generator check its own parameters now, not at run time.
+        let probe = Scenario {
+            name: String::new(),
+            description: String::new(),
+            path: PathBuf::new(),
+            setup: SimSetup::new("", Vec::new(), 0),
+            traffic: vec![spec.clone()],
+            policies: Vec::new(),
+        };
+        if !matches!(spec, TrafficSpec::Trace { .. })
+            && let Err(e) = probe.traffic_source(0)
+        {
+            return Err(self.invalid(Some(loc), format!("traffic[{i}]"), e.to_string()));
+        }
+        Ok(spec)
+    }
+
+    fn event(
+        &self,
+        i: usize,
+        e: &Spanned<RawEvent>,
+        names: &HashMap<String, usize>,
+    ) -> Result<LifecycleEvent, ScenarioError> {
+        let loc = &e.referenced;
+        let f = |s: &str| format!("events[{i}].{s}");
+        let r = &e.value;
+        let at = self.secs(loc, &f("at_s"), Some(r.at_s), 0.0)?;
+        let Some(&worker) = names.get(&r.worker) else {
+            let mut known: Vec<&str> = names.keys().map(String::as_str).collect();
+            known.sort_unstable();
+            return Err(self.invalid(
+                Some(loc),
+                f("worker"),
+                format!("no worker `{}`; workers: {}", r.worker, known.join(", ")),
+            ));
+        };
+        const ACTIONS: &str = "restart, crash, disconnect, reconnect, node-manager-restart, pin, unpin, reprobe, degrade, remove";
+        let allowed: &[&str] = match r.action.as_str() {
+            "restart" => &["launch_args", "ready_after_s", "register_after_s", "cold"],
+            "node-manager-restart" => &["keep_cache"],
+            "pin" => &["weight"],
+            "degrade" => &["speed_factor"],
+            "crash" | "disconnect" | "reconnect" | "unpin" | "reprobe" | "remove" => &[],
+            other => {
+                return Err(self.invalid(
+                    Some(loc),
+                    f("action"),
+                    format!("unknown action `{other}`; valid: {ACTIONS}"),
+                ));
+            }
+        };
+        let set = [
+            ("launch_args", r.launch_args.is_some()),
+            ("ready_after_s", r.ready_after_s.is_some()),
+            ("register_after_s", r.register_after_s.is_some()),
+            ("cold", r.cold.is_some()),
+            ("keep_cache", r.keep_cache.is_some()),
+            ("weight", r.weight.is_some()),
+            ("speed_factor", r.speed_factor.is_some()),
+        ];
+        if let Some((name, _)) = set.iter().find(|(n, s)| *s && !allowed.contains(n)) {
+            return Err(self.invalid(
+                Some(loc),
+                f(name),
+                format!(
+                    "does not apply to action `{}`; its fields: {}",
+                    r.action,
+                    if allowed.is_empty() {
+                        "(none)".to_string()
+                    } else {
+                        allowed.join(", ")
+                    }
+                ),
+            ));
+        }
+        let action = match r.action.as_str() {
+            "restart" => Action::Restart {
+                launch_args: r.launch_args.clone(),
+                ready_after_ns: self.secs(loc, &f("ready_after_s"), r.ready_after_s, 60.0)?,
+                register_after_ns: self.secs(
+                    loc,
+                    &f("register_after_s"),
+                    r.register_after_s,
+                    5.0,
+                )?,
+                cold: r.cold.unwrap_or(true),
+            },
+            "crash" => Action::Crash,
+            "disconnect" => Action::Disconnect,
+            "reconnect" => Action::Reconnect,
+            "node-manager-restart" => Action::NodeManagerRestart {
+                keep_cache: r.keep_cache.unwrap_or(true),
+            },
+            "pin" => {
+                let w = r.weight.ok_or_else(|| {
+                    self.invalid(Some(loc), f("weight"), "`pin` needs a weight > 0")
+                })?;
+                Action::Pin(self.positive(loc, &f("weight"), w)?)
+            }
+            "unpin" => Action::Unpin,
+            "reprobe" => Action::Reprobe,
+            "degrade" => {
+                let s = r.speed_factor.ok_or_else(|| {
+                    self.invalid(
+                        Some(loc),
+                        f("speed_factor"),
+                        "`degrade` needs a speed_factor > 0 (1.0 = healthy)",
+                    )
+                })?;
+                Action::SetSpeed(self.positive(loc, &f("speed_factor"), s)?)
+            }
+            _ => Action::Remove,
+        };
+        Ok(LifecycleEvent {
+            at,
+            worker,
+            action,
+        })
+    }
+}
+
+/// The message of a policy error without its field prefix (the scenario error carries it).
+fn strip_field(e: &routelab_policies::ConfigError) -> String {
+    let s = e.to_string();
+    let prefix = format!("{}: ", e.field());
+    s.strip_prefix(&prefix).map(str::to_string).unwrap_or(s)
+}

@@ -1,0 +1,91 @@
+//! Traffic: synthetic request generators, trace replay and trace statistics.
+//!
+//! Every source implements [`TrafficSource`]: an open-loop stream of [`Arrival`]s in
+//! non-decreasing time order, plus [`TrafficSource::on_complete`] through which closed-loop
+//! and multi-turn sources hand back follow-up requests. Time is `u64` nanoseconds.
+//!
+//! Synthetic generators ([`Burst`], [`Poisson`], [`Diurnal`], [`OnOff`], [`ClosedLoop`],
+//! [`Conversations`], [`LongPromptMix`]) are built from a plain config struct and a `u64` seed
+//! and own a [`SourceRng`]: the same config and seed always give the same stream. [`Merge`]
+//! layers sources. [`TraceReplay`] streams Azure 2023 CSV and Mooncake JSONL traces line by
+//! line, and [`TraceStats`] summarises any source in one pass.
+
+mod closed_loop;
+mod conversations;
+mod dist;
+mod error;
+mod hash;
+mod merge;
+mod open_loop;
+mod stats;
+mod trace;
+
+pub use closed_loop::{ClosedLoop, ClosedLoopConfig};
+pub use conversations::{Conversations, ConversationsConfig};
+pub use dist::{DurationDist, LengthDist, SourceRng, Until};
+pub use error::TrafficError;
+pub use hash::{blocks_for_tokens, chain_block_hash, splitmix64, BLOCK_TOKENS, CHAIN_ROOT};
+pub use merge::Merge;
+pub use open_loop::{
+    Burst, BurstConfig, Diurnal, DiurnalConfig, LongPromptMix, LongPromptMixConfig, OnOff,
+    OnOffConfig, Poisson, PoissonConfig,
+};
+pub use stats::{LengthStats, PrefixReuse, TraceStats};
+pub use trace::{BadRowPolicy, ReplayOptions, TraceFormat, TraceReplay, MAX_SKIPPED_EXAMPLES};
+
+/// One request entering the gateway.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Arrival {
+    /// Arrival time, ns.
+    pub at: u64,
+    /// Prompt length, tokens.
+    pub prompt_tokens: u32,
+    /// Output length, tokens (≥ 1).
+    pub output_tokens: u32,
+    /// Hashes of the prompt's 512-token blocks ([`BLOCK_TOKENS`]); hash `i` identifies the whole
+    /// prefix up to and including block `i`. Empty = no prefix information.
+    pub prefix_blocks: Vec<u64>,
+    /// Source-specific id (sequence number, user, conversation or trace line), handed back to
+    /// [`TrafficSource::on_complete`].
+    pub tag: u64,
+}
+
+impl Arrival {
+    /// An arrival without prefix information (does not allocate).
+    #[inline]
+    #[must_use]
+    pub const fn new(at: u64, prompt_tokens: u32, output_tokens: u32, tag: u64) -> Self {
+        Self { at, prompt_tokens, output_tokens, prefix_blocks: Vec::new(), tag }
+    }
+}
+
+/// A stream of requests.
+pub trait TrafficSource: Send {
+    /// Next open-loop arrival in non-decreasing time order, or `Ok(None)` when exhausted.
+    ///
+    /// This stream must not depend on completions (so it can be read ahead, e.g. by [`Merge`]).
+    ///
+    /// # Errors
+    /// Trace sources report unreadable files and invalid rows.
+    fn next_arrival(&mut self) -> Result<Option<Arrival>, TrafficError>;
+
+    /// A request of this source with `tag` completed (or failed) at `now`; closed-loop and
+    /// multi-turn sources answer with the follow-up arrival (`at >= now`).
+    fn on_complete(&mut self, now: u64, tag: u64) -> Option<Arrival> {
+        let _ = (now, tag);
+        None
+    }
+}
+
+impl<T: TrafficSource + ?Sized> TrafficSource for Box<T> {
+    fn next_arrival(&mut self) -> Result<Option<Arrival>, TrafficError> {
+        (**self).next_arrival()
+    }
+
+    fn on_complete(&mut self, now: u64, tag: u64) -> Option<Arrival> {
+        (**self).on_complete(now, tag)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,154 @@
+//! Errors of traffic generators and trace readers.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong while configuring a traffic source or reading a trace.
+///
+/// Row-level variants ([`TrafficError::is_row_error`]) name the file, the 1-based line, the
+/// column / JSON field and what would have been valid; with
+/// [`BadRowPolicy::Skip`](super::BadRowPolicy::Skip) they are counted and skipped instead.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TrafficError {
+    /// A generator configuration value is out of range.
+    #[error("invalid {generator} configuration: `{field}` {problem}")]
+    InvalidConfig {
+        /// Generator (or option set) being configured, e.g. `Poisson`.
+        generator: &'static str,
+        /// Offending field.
+        field: &'static str,
+        /// What is wrong and what would be valid.
+        problem: String,
+    },
+    /// The trace file could not be opened or read.
+    #[error("cannot read trace {path}: {source}")]
+    Io {
+        /// Trace file.
+        path: PathBuf,
+        /// Underlying I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The CSV header is missing or lacks a required column (never skippable).
+    #[error("{path}:{line}: bad header: {problem}")]
+    BadHeader {
+        /// Trace file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: u64,
+        /// What is wrong and what was expected.
+        problem: String,
+    },
+    /// A row has a missing or invalid value.
+    #[error("{path}:{line}: field `{field}`: {problem}")]
+    BadRow {
+        /// Trace file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: u64,
+        /// Column (CSV) or key (JSON) at fault.
+        field: String,
+        /// What is wrong and what would be valid.
+        problem: String,
+    },
+    /// A JSON line is not a valid JSON object.
+    #[error(
+        "{path}:{line}: invalid JSON ({detail}); expected one object per line like \
+         {{\"timestamp\": <ms >= 0>, \"input_length\": <int >= 0>, \"output_length\": <int >= 1>, \
+         \"hash_ids\": [<int>, ...]}}"
+    )]
+    BadJson {
+        /// Trace file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: u64,
+        /// Parser message (includes the column within the line).
+        detail: String,
+    },
+    /// A row's timestamp is earlier than the previous accepted row's.
+    #[error(
+        "{path}:{line}: field `{field}`: timestamp `{value}` is {behind_ns} ns earlier than the \
+         previous row (line {prev_line}); timestamps must be non-decreasing (trace sorted by time)"
+    )]
+    Unsorted {
+        /// Trace file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: u64,
+        /// Timestamp column / key.
+        field: &'static str,
+        /// The offending timestamp as written.
+        value: String,
+        /// How far back it goes.
+        behind_ns: u64,
+        /// Line of the previous accepted row.
+        prev_line: u64,
+    },
+    /// `hash_ids` does not have one entry per 512-token block of the prompt.
+    #[error(
+        "{path}:{line}: field `hash_ids`: has {found} entries, inconsistent with input_length \
+         {input_length}: expected ceil({input_length}/512) = {expected} block ids"
+    )]
+    HashIdsLength {
+        /// Trace file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: u64,
+        /// `input_length` of the row.
+        input_length: u64,
+        /// Number of ids present.
+        found: usize,
+        /// Number of ids expected.
+        expected: u64,
+    },
+    /// A [`Merge`](super::Merge) could not encode a source's tag.
+    #[error(
+        "tag {tag} of merged source #{source_index} is too large to encode among {sources} \
+         sources; expected tags < u64::MAX / {sources}"
+    )]
+    TagOverflow {
+        /// The inner tag.
+        tag: u64,
+        /// Index of the source within the merge.
+        source_index: usize,
+        /// Number of merged sources.
+        sources: usize,
+    },
+}
+
+impl TrafficError {
+    /// True for errors about a single trace row (those [`BadRowPolicy::Skip`] skips).
+    ///
+    /// [`BadRowPolicy::Skip`]: super::BadRowPolicy::Skip
+    #[must_use]
+    pub const fn is_row_error(&self) -> bool {
+        matches!(
+            self,
+            Self::BadRow { .. }
+                | Self::BadJson { .. }
+                | Self::Unsorted { .. }
+                | Self::HashIdsLength { .. }
+        )
+    }
+
+    /// The 1-based trace line this error is about, if any.
+    #[must_use]
+    pub const fn line(&self) -> Option<u64> {
+        match self {
+            Self::BadHeader { line, .. }
+            | Self::BadRow { line, .. }
+            | Self::BadJson { line, .. }
+            | Self::Unsorted { line, .. }
+            | Self::HashIdsLength { line, .. } => Some(*line),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn config(
+        generator: &'static str,
+        field: &'static str,
+        problem: impl Into<String>,
+    ) -> Self {
+        Self::InvalidConfig { generator, field, problem: problem.into() }
+    }
+}

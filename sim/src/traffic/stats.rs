@@ -1,0 +1,259 @@
+//! One-pass summary statistics of a trace (or of any traffic source).
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::trace::{ReplayOptions, TraceFormat, TraceReplay};
+use super::{Arrival, TrafficError, TrafficSource};
+
+/// Exact summary of a token-length column.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct LengthStats {
+    /// Arithmetic mean.
+    pub mean: f64,
+    /// Smallest value.
+    pub min: u32,
+    /// Median (nearest rank).
+    pub p50: u32,
+    /// 99th percentile (nearest rank).
+    pub p99: u32,
+    /// Largest value.
+    pub max: u32,
+}
+
+/// Prefix-block reuse with an unbounded cache.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct PrefixReuse {
+    /// Requests carrying prefix blocks.
+    pub requests: u64,
+    /// Block references over all requests.
+    pub blocks_referenced: u64,
+    /// Distinct block hashes.
+    pub distinct_blocks: u64,
+    /// References to a block hash seen in an earlier request (same whole prefix).
+    pub reused_blocks: u64,
+    /// `reused_blocks / blocks_referenced`.
+    pub reuse_fraction: f64,
+}
+
+/// Summary of a trace, computed in one streaming pass.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct TraceStats {
+    /// Replayed rows (arrivals).
+    pub rows: u64,
+    /// Invalid rows skipped (with [`BadRowPolicy::Skip`](super::BadRowPolicy::Skip)).
+    pub skipped_rows: u64,
+    /// First arrival time, ns.
+    pub first_at: u64,
+    /// Last arrival time, ns.
+    pub last_at: u64,
+    /// `last_at - first_at`, ns.
+    pub span_ns: u64,
+    /// `rows / span` in requests per second (None when the span is 0).
+    pub mean_rate_per_s: Option<f64>,
+    /// Prompt tokens.
+    pub prompt: LengthStats,
+    /// Output tokens.
+    pub output: LengthStats,
+    /// Prefix reuse, when any arrival carried prefix blocks.
+    pub prefix: Option<PrefixReuse>,
+}
+
+impl TraceStats {
+    /// Drain `source`'s open-loop arrivals and summarise them. Memory: one counter per distinct
+    /// length (exact quantiles) plus one `u64` per distinct prefix block.
+    ///
+    /// # Errors
+    /// The first error of the source.
+    pub fn from_source(source: &mut dyn TrafficSource) -> Result<Self, TrafficError> {
+        let mut acc = Accumulator::default();
+        while let Some(a) = source.next_arrival()? {
+            acc.add(&a);
+        }
+        Ok(acc.finish())
+    }
+
+    /// Stream the trace at `path` once and summarise it; skipped rows are reported.
+    ///
+    /// # Errors
+    /// As [`TraceReplay::open`] and [`TraceReplay::next_arrival`](TrafficSource::next_arrival).
+    pub fn of_trace(
+        path: impl AsRef<Path>,
+        format: TraceFormat,
+        options: ReplayOptions,
+    ) -> Result<Self, TrafficError> {
+        let mut replay = TraceReplay::open(path, format, options)?;
+        let mut stats = Self::from_source(&mut replay)?;
+        stats.skipped_rows = replay.skipped_rows();
+        Ok(stats)
+    }
+}
+
+impl fmt::Display for TraceStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "rows          {}", self.rows)?;
+        if self.skipped_rows > 0 {
+            writeln!(f, "skipped rows  {}", self.skipped_rows)?;
+        }
+        writeln!(f, "span          {:.3} s", self.span_ns as f64 / 1e9)?;
+        match self.mean_rate_per_s {
+            Some(r) => writeln!(f, "mean rate     {r:.3} req/s")?,
+            None => writeln!(f, "mean rate     n/a (zero span)")?,
+        }
+        for (name, s) in [("prompt", &self.prompt), ("output", &self.output)] {
+            writeln!(
+                f,
+                "{name:<13} mean {:.1} / min {} / p50 {} / p99 {} / max {}",
+                s.mean, s.min, s.p50, s.p99, s.max
+            )?;
+        }
+        match &self.prefix {
+            Some(p) => writeln!(
+                f,
+                "prefix reuse  {:.2} % ({} of {} block references; {} distinct blocks)",
+                100.0 * p.reuse_fraction,
+                p.reused_blocks,
+                p.blocks_referenced,
+                p.distinct_blocks
+            ),
+            None => writeln!(f, "prefix reuse  n/a (no prefix information)"),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Accumulator {
+    rows: u64,
+    first: Option<u64>,
+    last: u64,
+    prompt: Counts,
+    output: Counts,
+    seen: HashSet<u64>,
+    prefix: PrefixReuse,
+}
+
+impl Accumulator {
+    fn add(&mut self, a: &Arrival) {
+        self.rows += 1;
+        self.first.get_or_insert(a.at);
+        self.last = self.last.max(a.at);
+        self.prompt.add(a.prompt_tokens);
+        self.output.add(a.output_tokens);
+        if !a.prefix_blocks.is_empty() {
+            self.prefix.requests += 1;
+            self.prefix.blocks_referenced += a.prefix_blocks.len() as u64;
+            // Blocks already known before this request (a request's own blocks are distinct).
+            let reused = a.prefix_blocks.iter().filter(|h| self.seen.contains(h)).count();
+            self.prefix.reused_blocks += reused as u64;
+            self.seen.extend(a.prefix_blocks.iter().copied());
+        }
+    }
+
+    fn finish(self) -> TraceStats {
+        let first = self.first.unwrap_or(0);
+        let span_ns = self.last - first;
+        let prefix = (self.prefix.requests > 0).then(|| PrefixReuse {
+            distinct_blocks: self.seen.len() as u64,
+            reuse_fraction: self.prefix.reused_blocks as f64
+                / self.prefix.blocks_referenced as f64,
+            ..self.prefix
+        });
+        TraceStats {
+            rows: self.rows,
+            skipped_rows: 0,
+            first_at: first,
+            last_at: self.last,
+            span_ns,
+            mean_rate_per_s: (span_ns > 0).then(|| self.rows as f64 / (span_ns as f64 / 1e9)),
+            prompt: self.prompt.summary(),
+            output: self.output.summary(),
+            prefix,
+        }
+    }
+}
+
+/// Exact value → count table (bounded by the number of distinct lengths).
+#[derive(Default)]
+struct Counts {
+    n: u64,
+    sum: u128,
+    table: BTreeMap<u32, u64>,
+}
+
+impl Counts {
+    fn add(&mut self, v: u32) {
+        self.n += 1;
+        self.sum += u128::from(v);
+        *self.table.entry(v).or_default() += 1;
+    }
+
+    /// Nearest-rank quantile: the smallest value with at least `ceil(q·n)` values ≤ it.
+    fn quantile(&self, q: f64) -> u32 {
+        let rank = ((q * self.n as f64).ceil() as u64).clamp(1, self.n.max(1));
+        let mut seen = 0;
+        for (&v, &c) in &self.table {
+            seen += c;
+            if seen >= rank {
+                return v;
+            }
+        }
+        0
+    }
+
+    fn summary(&self) -> LengthStats {
+        if self.n == 0 {
+            return LengthStats::default();
+        }
+        LengthStats {
+            mean: self.sum as f64 / self.n as f64,
+            min: self.table.keys().next().copied().unwrap_or(0),
+            p50: self.quantile(0.5),
+            p99: self.quantile(0.99),
+            max: self.table.keys().next_back().copied().unwrap_or(0),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_quantiles_are_nearest_rank() {
+        let mut c = Counts::default();
+        for v in 1..=100 {
+            c.add(v);
+        }
+        assert_eq!(c.quantile(0.5), 50);
+        assert_eq!(c.quantile(0.99), 99);
+        assert_eq!(c.quantile(1.0), 100);
+        assert_eq!(c.quantile(0.0), 1);
+        let s = c.summary();
+        assert!((s.mean - 50.5).abs() < 1e-12);
+        assert_eq!((s.min, s.max), (1, 100));
+    }
+
+    #[test]
+    fn reuse_counts_only_earlier_requests() {
+        let mut acc = Accumulator::default();
+        let mk = |at, blocks: &[u64]| Arrival {
+            at,
+            prompt_tokens: 1,
+            output_tokens: 1,
+            prefix_blocks: blocks.to_vec(),
+            tag: 0,
+        };
+        acc.add(&mk(0, &[1, 2, 3]));
+        acc.add(&mk(1_000_000_000, &[1, 2, 4]));
+        acc.add(&mk(2_000_000_000, &[]));
+        let s = acc.finish();
+        let p = s.prefix.unwrap();
+        assert_eq!((p.requests, p.blocks_referenced, p.reused_blocks, p.distinct_blocks), (2, 6, 2, 4));
+        assert!((p.reuse_fraction - 1.0 / 3.0).abs() < 1e-12);
+        assert_eq!(s.mean_rate_per_s, Some(1.5));
+        assert!(s.to_string().contains("33.33 %"));
+    }
+}

@@ -1,0 +1,845 @@
+//! Streaming replay of public request traces (Azure LLM 2023 CSV, Mooncake JSONL).
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::hash::{blocks_for_tokens, chain_in_place};
+use super::{Arrival, TrafficError, TrafficSource};
+
+/// Supported trace formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TraceFormat {
+    /// Azure LLM inference trace 2023: CSV with header `TIMESTAMP,ContextTokens,GeneratedTokens`
+    /// (columns found by name, case-insensitive, any order, extra columns ignored).
+    /// `TIMESTAMP` is `YYYY-MM-DD HH:MM:SS[.fraction]` (a `T` separator and a trailing `Z` or
+    /// `±HH:MM` offset are accepted too) or a plain number of seconds. No prefix information.
+    AzureCsv,
+    /// Mooncake JSON Lines: `{"timestamp": ms, "input_length", "output_length", "hash_ids"}`;
+    /// other keys are ignored. `hash_ids` (one id per 512-token block) are remapped to prefix
+    /// hashes: block i's hash is the chain hash of ids `0..=i`.
+    MooncakeJsonl,
+}
+
+impl TraceFormat {
+    /// Guess the format from the file extension (`.csv`, `.jsonl` / `.json`).
+    #[must_use]
+    pub fn from_path(path: &Path) -> Option<Self> {
+        let ext = path.extension()?.to_str()?.to_ascii_lowercase();
+        match ext.as_str() {
+            "csv" => Some(Self::AzureCsv),
+            "jsonl" | "json" | "ndjson" => Some(Self::MooncakeJsonl),
+            _ => None,
+        }
+    }
+}
+
+/// What to do with an invalid row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BadRowPolicy {
+    /// Stop with the row's error.
+    #[default]
+    Error,
+    /// Skip the row; it is counted in [`TraceReplay::skipped_rows`] and the first few errors are
+    /// kept in [`TraceReplay::skipped_examples`].
+    Skip,
+}
+
+/// How a trace is replayed.
+///
+/// Arrival time of a row = `start_offset + (t_row − t_first) · time_scale / rate_scale`, where
+/// `t_first` is the timestamp of the first replayed row.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReplayOptions {
+    /// Multiplies inter-arrival times (2.0 = half the rate). Finite, > 0.
+    pub time_scale: f64,
+    /// Multiplies the arrival rate (2.0 = inter-arrival times halved). Finite, > 0.
+    pub rate_scale: f64,
+    /// Replay at most this many rows (after `skip_rows`; skipped bad rows do not count).
+    pub limit: Option<u64>,
+    /// Leave out this many leading data rows (unvalidated) before replaying.
+    pub skip_rows: u64,
+    /// Simulated time of the first replayed row, ns.
+    pub start_offset: u64,
+    /// Error out on, or skip and count, invalid rows.
+    pub on_bad_row: BadRowPolicy,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        Self {
+            time_scale: 1.0,
+            rate_scale: 1.0,
+            limit: None,
+            skip_rows: 0,
+            start_offset: 0,
+            on_bad_row: BadRowPolicy::Error,
+        }
+    }
+}
+
+impl ReplayOptions {
+    /// Check the scales.
+    ///
+    /// # Errors
+    /// [`TrafficError::InvalidConfig`] when a scale is not a finite positive number.
+    pub fn validate(&self) -> Result<(), TrafficError> {
+        for (field, v) in [("time_scale", self.time_scale), ("rate_scale", self.rate_scale)] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(TrafficError::config(
+                    "ReplayOptions",
+                    field,
+                    format!("is {v}; expected a finite factor > 0"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn factor(&self) -> f64 {
+        self.time_scale / self.rate_scale
+    }
+}
+
+/// How many skipped-row errors [`TraceReplay`] keeps as examples.
+pub const MAX_SKIPPED_EXAMPLES: usize = 16;
+
+/// Streaming trace replayer: reads one line at a time (memory independent of the file length)
+/// and yields one [`Arrival`] per valid row; the arrival's `tag` is the row's 1-based line
+/// number. Rows must be sorted by time; an earlier timestamp than the previous row is an error
+/// ([`TrafficError::Unsorted`]). Output lengths must be ≥ 1; prompt lengths ≥ 0.
+pub struct TraceReplay {
+    reader: Box<dyn BufRead + Send>,
+    buf: Vec<u8>,
+    st: ParseState,
+    factor: f64,
+    limit: u64,
+    start_offset: u64,
+    policy: BadRowPolicy,
+    emitted: u64,
+    skipped: u64,
+    examples: Vec<TrafficError>,
+    finished: bool,
+}
+
+impl std::fmt::Debug for TraceReplay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TraceReplay")
+            .field("path", &self.st.path)
+            .field("format", &self.st.format)
+            .field("line", &self.st.line)
+            .field("emitted", &self.emitted)
+            .field("skipped", &self.skipped)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TraceReplay {
+    /// Open `path` for streaming replay.
+    ///
+    /// # Errors
+    /// [`TrafficError::Io`] when the file cannot be opened, [`TrafficError::InvalidConfig`] for
+    /// bad options.
+    pub fn open(
+        path: impl AsRef<Path>,
+        format: TraceFormat,
+        options: ReplayOptions,
+    ) -> Result<Self, TrafficError> {
+        let path = path.as_ref();
+        let file = File::open(path)
+            .map_err(|source| TrafficError::Io { path: path.to_path_buf(), source })?;
+        Self::from_reader(BufReader::with_capacity(1 << 16, file), path, format, options)
+    }
+
+    /// Replay from any buffered reader; `name` is used as the file name in errors.
+    ///
+    /// # Errors
+    /// [`TrafficError::InvalidConfig`] for bad options.
+    pub fn from_reader(
+        reader: impl BufRead + Send + 'static,
+        name: impl Into<PathBuf>,
+        format: TraceFormat,
+        options: ReplayOptions,
+    ) -> Result<Self, TrafficError> {
+        options.validate()?;
+        Ok(Self {
+            reader: Box::new(reader),
+            buf: Vec::with_capacity(256),
+            st: ParseState {
+                path: name.into(),
+                format,
+                line: 0,
+                columns: None,
+                data_rows: 0,
+                skip_rows: options.skip_rows,
+                first: None,
+                prev: None,
+            },
+            factor: options.factor(),
+            limit: options.limit.unwrap_or(u64::MAX),
+            start_offset: options.start_offset,
+            policy: options.on_bad_row,
+            emitted: 0,
+            skipped: 0,
+            examples: Vec::new(),
+            finished: false,
+        })
+    }
+
+    /// The trace's file name.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.st.path
+    }
+
+    /// The trace's format.
+    #[must_use]
+    pub const fn format(&self) -> TraceFormat {
+        self.st.format
+    }
+
+    /// Rows replayed so far.
+    #[must_use]
+    pub const fn rows_emitted(&self) -> u64 {
+        self.emitted
+    }
+
+    /// Invalid rows skipped so far (always 0 with [`BadRowPolicy::Error`]).
+    #[must_use]
+    pub const fn skipped_rows(&self) -> u64 {
+        self.skipped
+    }
+
+    /// The errors of the first [`MAX_SKIPPED_EXAMPLES`] skipped rows.
+    #[must_use]
+    pub fn skipped_examples(&self) -> &[TrafficError] {
+        &self.examples
+    }
+
+    /// Lines read so far.
+    #[must_use]
+    pub const fn lines_read(&self) -> u64 {
+        self.st.line
+    }
+
+    #[inline]
+    fn scale(&self, delta_ns: u64) -> u64 {
+        if self.factor == 1.0 {
+            delta_ns
+        } else {
+            (delta_ns as f64 * self.factor).round() as u64 // saturating
+        }
+    }
+}
+
+impl TrafficSource for TraceReplay {
+    fn next_arrival(&mut self) -> Result<Option<Arrival>, TrafficError> {
+        loop {
+            if self.finished || self.emitted >= self.limit {
+                return Ok(None);
+            }
+            self.buf.clear();
+            if let Err(source) = self.reader.read_until(b'\n', &mut self.buf) {
+                self.finished = true;
+                return Err(TrafficError::Io { path: self.st.path.clone(), source });
+            }
+            if self.buf.is_empty() {
+                self.finished = true;
+                return Ok(None);
+            }
+            match self.st.process(&self.buf) {
+                Ok(None) => {}
+                Ok(Some(row)) => {
+                    let first = *self.st.first.get_or_insert(row.ts);
+                    let delta = u64::try_from(row.ts - first).unwrap_or(0);
+                    let at = self.start_offset.saturating_add(self.scale(delta));
+                    self.emitted += 1;
+                    return Ok(Some(Arrival {
+                        at,
+                        prompt_tokens: row.prompt,
+                        output_tokens: row.output,
+                        prefix_blocks: row.blocks,
+                        tag: self.st.line,
+                    }));
+                }
+                Err(e) if e.is_row_error() && self.policy == BadRowPolicy::Skip => {
+                    self.skipped += 1;
+                    if self.examples.len() < MAX_SKIPPED_EXAMPLES {
+                        self.examples.push(e);
+                    }
+                }
+                Err(e) => {
+                    self.finished = true;
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+struct Row {
+    /// Timestamp, ns (absolute for Azure, relative for Mooncake).
+    ts: i64,
+    prompt: u32,
+    output: u32,
+    blocks: Vec<u64>,
+}
+
+#[derive(Debug)]
+struct CsvColumns {
+    names: Vec<String>,
+    ts: usize,
+    prompt: usize,
+    output: usize,
+}
+
+struct ParseState {
+    path: PathBuf,
+    format: TraceFormat,
+    line: u64,
+    columns: Option<CsvColumns>,
+    data_rows: u64,
+    skip_rows: u64,
+    /// Timestamp of the first accepted row.
+    first: Option<i64>,
+    /// Timestamp and line of the last accepted row.
+    prev: Option<(i64, u64)>,
+}
+
+const AZURE_HEADER: &str = "TIMESTAMP,ContextTokens,GeneratedTokens";
+
+impl ParseState {
+    fn bad(&self, field: &str, problem: impl Into<String>) -> TrafficError {
+        TrafficError::BadRow {
+            path: self.path.clone(),
+            line: self.line,
+            field: field.to_owned(),
+            problem: problem.into(),
+        }
+    }
+
+    /// Consume one physical line. `Ok(None)` for blank lines, the header and `skip_rows` rows.
+    fn process(&mut self, raw: &[u8]) -> Result<Option<Row>, TrafficError> {
+        self.line += 1;
+        let text = match std::str::from_utf8(raw) {
+            Ok(t) => t.trim(),
+            Err(e) => {
+                let problem = format!("line is not valid UTF-8 ({e}); expected a UTF-8 text row");
+                return Err(if self.format == TraceFormat::AzureCsv && self.columns.is_none() {
+                    TrafficError::BadHeader { path: self.path.clone(), line: self.line, problem }
+                } else {
+                    self.bad("<line>", problem)
+                });
+            }
+        };
+        if text.is_empty() {
+            return Ok(None);
+        }
+        if self.format == TraceFormat::AzureCsv && self.columns.is_none() {
+            self.columns = Some(self.parse_header(text)?);
+            return Ok(None);
+        }
+        if self.data_rows < self.skip_rows {
+            self.data_rows += 1;
+            return Ok(None);
+        }
+        self.data_rows += 1;
+        let row = match self.format {
+            TraceFormat::AzureCsv => self.parse_csv_row(text)?,
+            TraceFormat::MooncakeJsonl => self.parse_json_row(text)?,
+        };
+        if let Some((prev, prev_line)) = self.prev
+            && row.ts < prev
+        {
+            let (field, value) = match (&self.format, &self.columns) {
+                (TraceFormat::AzureCsv, Some(c)) => (
+                    "TIMESTAMP",
+                    text.split(',').nth(c.ts).unwrap_or_default().trim().to_owned(),
+                ),
+                _ => ("timestamp", format!("{} ms", row.ts as f64 / 1e6)),
+            };
+            return Err(TrafficError::Unsorted {
+                path: self.path.clone(),
+                line: self.line,
+                field,
+                value,
+                behind_ns: prev.abs_diff(row.ts),
+                prev_line,
+            });
+        }
+        self.prev = Some((row.ts, self.line));
+        Ok(Some(row))
+    }
+
+    fn parse_header(&self, text: &str) -> Result<CsvColumns, TrafficError> {
+        let names: Vec<String> = text.split(',').map(|s| unquote(s).to_owned()).collect();
+        let find = |want: &str| names.iter().position(|n| n.eq_ignore_ascii_case(want));
+        let mut missing = Vec::new();
+        let mut get = |want: &'static str| {
+            find(want).unwrap_or_else(|| {
+                missing.push(want);
+                0
+            })
+        };
+        let (ts, prompt, output) = (get("TIMESTAMP"), get("ContextTokens"), get("GeneratedTokens"));
+        if !missing.is_empty() {
+            return Err(TrafficError::BadHeader {
+                path: self.path.clone(),
+                line: self.line,
+                problem: format!(
+                    "missing column(s) {}; expected a header like `{AZURE_HEADER}`, found `{text}`",
+                    missing.iter().map(|m| format!("`{m}`")).collect::<Vec<_>>().join(", ")
+                ),
+            });
+        }
+        Ok(CsvColumns { names, ts, prompt, output })
+    }
+
+    fn parse_csv_row(&self, text: &str) -> Result<Row, TrafficError> {
+        let Some(cols) = &self.columns else { unreachable!("header parsed first") };
+        let (mut ts, mut prompt, mut output) = (None, None, None);
+        let mut n = 0;
+        for (i, field) in text.split(',').enumerate() {
+            n = i + 1;
+            if i == cols.ts {
+                ts = Some(field);
+            } else if i == cols.prompt {
+                prompt = Some(field);
+            } else if i == cols.output {
+                output = Some(field);
+            }
+        }
+        if n != cols.names.len() {
+            let field = cols.names.get(n).map_or("<row>", String::as_str);
+            return Err(self.bad(
+                field,
+                format!(
+                    "row has {n} column(s) but the header has {}; expected `{}`",
+                    cols.names.len(),
+                    cols.names.join(",")
+                ),
+            ));
+        }
+        let (Some(ts), Some(prompt), Some(output)) = (ts, prompt, output) else {
+            unreachable!("all columns present when the count matches the header")
+        };
+        let ts_text = unquote(ts);
+        let ts = parse_timestamp(ts_text).ok_or_else(|| {
+            self.bad(
+                &cols.names[cols.ts],
+                format!(
+                    "`{ts_text}` is not a timestamp; expected `YYYY-MM-DD HH:MM:SS[.fraction]` \
+                     (e.g. `2023-11-16 18:17:03.9799600`) or seconds as a number"
+                ),
+            )
+        })?;
+        let prompt = parse_count(unquote(prompt), 0)
+            .map_err(|p| self.bad(&cols.names[cols.prompt], p))?;
+        let output = parse_count(unquote(output), 1)
+            .map_err(|p| self.bad(&cols.names[cols.output], p))?;
+        Ok(Row { ts, prompt, output, blocks: Vec::new() })
+    }
+
+    fn parse_json_row(&self, text: &str) -> Result<Row, TrafficError> {
+        let raw: MooncakeRow = serde_json::from_str(text).map_err(|e| TrafficError::BadJson {
+            path: self.path.clone(),
+            line: self.line,
+            detail: e.to_string(),
+        })?;
+        let ts = json_timestamp_ns(raw.timestamp.as_ref()).map_err(|p| self.bad("timestamp", p))?;
+        let prompt = json_count(raw.input_length.as_ref(), 0)
+            .map_err(|p| self.bad("input_length", p))?;
+        let output = json_count(raw.output_length.as_ref(), 1)
+            .map_err(|p| self.bad("output_length", p))?;
+        let Some(HashIds(mut blocks)) = raw.hash_ids else {
+            return Err(self.bad(
+                "hash_ids",
+                "is missing; expected a list of ceil(input_length/512) integer block ids",
+            ));
+        };
+        let expected = blocks_for_tokens(u64::from(prompt));
+        if blocks.len() as u64 != expected {
+            return Err(TrafficError::HashIdsLength {
+                path: self.path.clone(),
+                line: self.line,
+                input_length: u64::from(prompt),
+                found: blocks.len(),
+                expected,
+            });
+        }
+        chain_in_place(&mut blocks);
+        Ok(Row { ts, prompt, output, blocks })
+    }
+}
+
+fn unquote(s: &str) -> &str {
+    let s = s.trim();
+    s.strip_prefix('"').and_then(|r| r.strip_suffix('"')).unwrap_or(s).trim()
+}
+
+/// Parse a token count `>= min` that fits in `u32`; the error says what would be valid.
+fn parse_count(s: &str, min: u32) -> Result<u32, String> {
+    let expect = format!("expected an integer >= {min}");
+    if s.is_empty() {
+        return Err(format!("is empty; {expect}"));
+    }
+    if let Some(rest) = s.strip_prefix('-')
+        && rest.parse::<f64>().is_ok()
+    {
+        return Err(format!("is negative ({s}); {expect}"));
+    }
+    let v: u64 = s.parse().map_err(|_| format!("`{s}` is not a non-negative integer; {expect}"))?;
+    check_count(v, min, &expect)
+}
+
+fn check_count(v: u64, min: u32, expect: &str) -> Result<u32, String> {
+    if v < u64::from(min) {
+        let what = if v == 0 { "zero length" } else { "too small" };
+        return Err(format!("is {v} ({what}); {expect}"));
+    }
+    u32::try_from(v).map_err(|_| format!("is {v}, too large; expected at most {}", u32::MAX))
+}
+
+fn json_count(v: Option<&Value>, min: u32) -> Result<u32, String> {
+    let expect = format!("expected an integer >= {min}");
+    match v {
+        None => Err(format!("is missing; {expect}")),
+        Some(Value::Number(n)) => {
+            if let Some(u) = n.as_u64() {
+                check_count(u, min, &expect)
+            } else if n.as_i64().is_some() || n.as_f64().is_some_and(|f| f < 0.0) {
+                Err(format!("is negative ({n}); {expect}"))
+            } else {
+                Err(format!("is {n}, not an integer; {expect}"))
+            }
+        }
+        Some(other) => Err(format!("is {other}, not a number; {expect}")),
+    }
+}
+
+fn json_timestamp_ns(v: Option<&Value>) -> Result<i64, String> {
+    const EXPECT: &str = "expected milliseconds >= 0 as a number";
+    let Some(v) = v else { return Err(format!("is missing; {EXPECT}")) };
+    let Value::Number(n) = v else { return Err(format!("is {v}, not a number; {EXPECT}")) };
+    if let Some(ms) = n.as_u64() {
+        return ms
+            .checked_mul(1_000_000)
+            .and_then(|ns| i64::try_from(ns).ok())
+            .ok_or_else(|| format!("is {ms}, too large; {EXPECT} below 9.2e12"));
+    }
+    match n.as_f64() {
+        Some(ms) if ms < 0.0 => Err(format!("is negative ({n}); {EXPECT}")),
+        Some(ms) if ms * 1e6 < 9.2e18 => Ok((ms * 1e6).round() as i64),
+        _ => Err(format!("is {n}, out of range; {EXPECT}")),
+    }
+}
+
+#[derive(Deserialize)]
+struct MooncakeRow {
+    timestamp: Option<Value>,
+    input_length: Option<Value>,
+    output_length: Option<Value>,
+    hash_ids: Option<HashIds>,
+}
+
+/// `hash_ids` with an error message that names the field.
+struct HashIds(Vec<u64>);
+
+impl<'de> Deserialize<'de> for HashIds {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = HashIds;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("field `hash_ids` to be a list of integer block ids >= 0")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<HashIds, A::Error> {
+                let mut ids = Vec::with_capacity(seq.size_hint().unwrap_or(16));
+                while let Some(n) = seq.next_element::<serde_json::Number>()? {
+                    let Some(id) = n.as_u64() else {
+                        return Err(serde::de::Error::custom(format!(
+                            "field `hash_ids`: element {} is {n}; expected an integer block id >= 0",
+                            ids.len()
+                        )));
+                    };
+                    ids.push(id);
+                }
+                Ok(HashIds(ids))
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// Parse `YYYY-MM-DD[ T]HH:MM:SS[.f…][Z|±HH:MM]` (naive = UTC) or a plain number of seconds
+/// into nanoseconds since the Unix epoch.
+pub(crate) fn parse_timestamp(s: &str) -> Option<i64> {
+    let b = s.as_bytes();
+    if b.len() >= 19 && b[4] == b'-' {
+        parse_datetime(b)
+    } else {
+        let secs: f64 = s.parse().ok()?;
+        (secs.is_finite() && secs.abs() < 9.2e9).then(|| (secs * 1e9).round() as i64)
+    }
+}
+
+fn digits(b: &[u8]) -> Option<i64> {
+    if b.is_empty() || !b.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(b.iter().fold(0, |acc, d| acc * 10 + i64::from(d - b'0')))
+}
+
+fn parse_datetime(b: &[u8]) -> Option<i64> {
+    if b[7] != b'-' || !matches!(b[10], b' ' | b'T') || b[13] != b':' || b[16] != b':' {
+        return None;
+    }
+    let (y, mo, d) = (digits(&b[0..4])?, digits(&b[5..7])?, digits(&b[8..10])?);
+    let (h, mi, sec) = (digits(&b[11..13])?, digits(&b[14..16])?, digits(&b[17..19])?);
+    if !(1..=12).contains(&mo) || d < 1 || d > days_in_month(y, mo) || h > 23 || mi > 59 || sec > 59
+    {
+        return None;
+    }
+    let mut rest = &b[19..];
+    let mut frac_ns = 0;
+    if let Some(r) = rest.strip_prefix(b".") {
+        let n = r.iter().take_while(|c| c.is_ascii_digit()).count();
+        if n == 0 {
+            return None;
+        }
+        let (f, r) = r.split_at(n);
+        let used = &f[..n.min(9)];
+        frac_ns = digits(used)? * 10_i64.pow(9 - used.len() as u32);
+        rest = r;
+    }
+    let offset_s = match rest {
+        [] | [b'Z'] => 0,
+        [sign @ (b'+' | b'-'), hh @ .., ] => {
+            let (oh, om) = match hh {
+                [a, b2, b':', c, d2] | [a, b2, c, d2] => {
+                    (digits(&[*a, *b2])?, digits(&[*c, *d2])?)
+                }
+                [a, b2] => (digits(&[*a, *b2])?, 0),
+                _ => return None,
+            };
+            let off = oh * 3600 + om * 60;
+            if *sign == b'+' { off } else { -off }
+        }
+        _ => return None,
+    };
+    let days = days_from_civil(y, mo, d);
+    let secs = days * 86_400 + h * 3600 + mi * 60 + sec - offset_s;
+    secs.checked_mul(1_000_000_000)?.checked_add(frac_ns)
+}
+
+const fn is_leap(y: i64) -> bool {
+    (y % 4 == 0 && y % 100 != 0) || y % 400 == 0
+}
+
+const fn days_in_month(y: i64, m: i64) -> i64 {
+    match m {
+        2 if is_leap(y) => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm).
+const fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = if y >= 0 { y } else { y - 399 } / 400;
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Cursor;
+
+    fn replay(text: &str, format: TraceFormat, opts: ReplayOptions) -> TraceReplay {
+        TraceReplay::from_reader(Cursor::new(text.to_owned()), "mem.trace", format, opts).unwrap()
+    }
+
+    fn drain(r: &mut TraceReplay) -> Result<Vec<Arrival>, TrafficError> {
+        let mut v = Vec::new();
+        while let Some(a) = r.next_arrival()? {
+            v.push(a);
+        }
+        Ok(v)
+    }
+
+    #[test]
+    fn timestamps() {
+        assert_eq!(parse_timestamp("1970-01-01 00:00:00"), Some(0));
+        assert_eq!(parse_timestamp("1970-01-02 00:00:01.5"), Some(86_401_500_000_000));
+        let a = parse_timestamp("2023-11-16 18:17:03.9799600").unwrap();
+        let b = parse_timestamp("2023-11-16 18:17:04.0319600").unwrap();
+        assert_eq!(b - a, 52_000_000);
+        // 2023-11-16T18:17:03Z = 1700158623
+        assert_eq!(parse_timestamp("2023-11-16T18:17:03Z"), Some(1_700_158_623_000_000_000));
+        assert_eq!(
+            parse_timestamp("2024-05-10 00:00:00.009930+00:00"),
+            Some(1_715_299_200_009_930_000)
+        );
+        assert_eq!(
+            parse_timestamp("2024-05-10 02:00:00+02:00"),
+            parse_timestamp("2024-05-10 00:00:00")
+        );
+        assert_eq!(parse_timestamp("2024-02-29 00:00:00").map(|_| ()), Some(()));
+        assert_eq!(parse_timestamp("12.5"), Some(12_500_000_000));
+        for bad in ["2023-02-29 00:00:00", "2023-13-01 00:00:00", "2023-11-16 24:00:00", "x", "",
+            "2023-11-16 18:17:03.", "2023-11-16 18:17:03 junk", "2023/11/16 18:17:03"]
+        {
+            assert_eq!(parse_timestamp(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn csv_basic_and_scaling() {
+        let text = "TIMESTAMP,ContextTokens,GeneratedTokens\n\
+                    2023-11-16 18:17:03.0,10,1\r\n\
+                    2023-11-16 18:17:04.0,20,2\n\
+                    \n\
+                    2023-11-16 18:17:06.0,30,3\n";
+        let v = drain(&mut replay(text, TraceFormat::AzureCsv, ReplayOptions::default())).unwrap();
+        let at: Vec<u64> = v.iter().map(|a| a.at).collect();
+        assert_eq!(at, [0, 1_000_000_000, 3_000_000_000]);
+        assert_eq!(v[2].prompt_tokens, 30);
+        assert_eq!(v[2].output_tokens, 3);
+        assert_eq!(v[2].tag, 5);
+        let opts = ReplayOptions {
+            time_scale: 3.0,
+            rate_scale: 2.0,
+            start_offset: 7,
+            skip_rows: 1,
+            limit: Some(1),
+            ..ReplayOptions::default()
+        };
+        let v = drain(&mut replay(text, TraceFormat::AzureCsv, opts)).unwrap();
+        assert_eq!(v.len(), 1);
+        assert_eq!((v[0].at, v[0].prompt_tokens), (7, 20));
+        let opts = ReplayOptions { skip_rows: 1, time_scale: 3.0, rate_scale: 2.0, ..Default::default() };
+        let v = drain(&mut replay(text, TraceFormat::AzureCsv, opts)).unwrap();
+        assert_eq!(v[1].at, 3_000_000_000);
+    }
+
+    #[test]
+    fn csv_reordered_columns_and_header_errors() {
+        let text = "GeneratedTokens,extra,TIMESTAMP,ContextTokens\n5,x,2023-11-16 18:17:03,9\n";
+        let v = drain(&mut replay(text, TraceFormat::AzureCsv, ReplayOptions::default())).unwrap();
+        assert_eq!((v[0].prompt_tokens, v[0].output_tokens), (9, 5));
+        let mut r = replay("time,ContextTokens\n1,2\n", TraceFormat::AzureCsv, ReplayOptions::default());
+        let e = r.next_arrival().unwrap_err().to_string();
+        assert!(e.contains("mem.trace:1") && e.contains("`TIMESTAMP`") && e.contains("`GeneratedTokens`"), "{e}");
+    }
+
+    #[test]
+    fn csv_row_errors() {
+        let cases = [
+            ("2023-11-16 18:17:03,5", "GeneratedTokens", "2 column"),
+            ("2023-11-16 18:17:03,-5,3", "ContextTokens", "negative"),
+            ("2023-11-16 18:17:03,abc,3", "ContextTokens", "not a non-negative integer"),
+            ("2023-11-16 18:17:03,5,0", "GeneratedTokens", "zero length"),
+            ("yesterday,5,1", "TIMESTAMP", "not a timestamp"),
+            ("2023-11-16 18:17:03,5,99999999999", "GeneratedTokens", "too large"),
+        ];
+        for (row, field, what) in cases {
+            let text = format!("TIMESTAMP,ContextTokens,GeneratedTokens\n{row}\n");
+            let e = drain(&mut replay(&text, TraceFormat::AzureCsv, ReplayOptions::default()))
+                .unwrap_err();
+            assert!(e.is_row_error());
+            assert_eq!(e.line(), Some(2));
+            let m = e.to_string();
+            assert!(m.starts_with("mem.trace:2: ") && m.contains(field) && m.contains(what), "{m}");
+        }
+    }
+
+    #[test]
+    fn unsorted_and_skip() {
+        let text = "TIMESTAMP,ContextTokens,GeneratedTokens\n\
+                    2023-11-16 18:17:05,1,1\n\
+                    2023-11-16 18:17:04,1,1\n\
+                    2023-11-16 18:17:06,1,1\n";
+        let e = drain(&mut replay(text, TraceFormat::AzureCsv, ReplayOptions::default())).unwrap_err();
+        let m = e.to_string();
+        assert!(m.contains("mem.trace:3") && m.contains("TIMESTAMP") && m.contains("line 2") && m.contains("non-decreasing"), "{m}");
+        let mut r = replay(
+            text,
+            TraceFormat::AzureCsv,
+            ReplayOptions { on_bad_row: BadRowPolicy::Skip, ..Default::default() },
+        );
+        let v = drain(&mut r).unwrap();
+        assert_eq!(v.len(), 2);
+        assert_eq!(v[1].at, 1_000_000_000);
+        assert_eq!(r.skipped_rows(), 1);
+        assert_eq!(r.skipped_examples()[0].line(), Some(3));
+    }
+
+    #[test]
+    fn mooncake_rows() {
+        let text = r#"{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}
+{"timestamp": 3000, "input_length": 512, "output_length": 5, "hash_ids": [0], "extra": true}
+{"timestamp": 3000, "input_length": 1100, "output_length": 5, "hash_ids": [0, 1, 7]}
+"#;
+        let v = drain(&mut replay(text, TraceFormat::MooncakeJsonl, ReplayOptions::default())).unwrap();
+        assert_eq!(v.len(), 3);
+        assert_eq!(v[1].at, 3_000_000_000);
+        assert_eq!(v[0].prefix_blocks[0], v[1].prefix_blocks[0]);
+        assert_eq!(v[0].prefix_blocks[..2], v[2].prefix_blocks[..2]);
+        assert_eq!(v[2].prefix_blocks.len(), 3);
+    }
+
+    #[test]
+    fn mooncake_errors() {
+        let cases = [
+            (r#"{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0]}"#, "ceil(600/512) = 2"),
+            (r#"{"timestamp": 0, "input_length": -1, "output_length": 5, "hash_ids": []}"#, "`input_length`: is negative"),
+            (r#"{"timestamp": 0, "input_length": 1, "output_length": 0, "hash_ids": [0]}"#, "`output_length`: is 0 (zero length)"),
+            (r#"{"timestamp": "x", "input_length": 1, "output_length": 1, "hash_ids": [0]}"#, "`timestamp`: is \"x\", not a number"),
+            (r#"{"timestamp": 0, "input_length": 1, "output_length": 1}"#, "`hash_ids`: is missing"),
+            (r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [-3]}"#, "`hash_ids`: element 0 is -3"),
+            (r#"{"timestamp": 0, "input_length": 1,"#, "invalid JSON"),
+            (r#"{"timestamp": 0, "input_length": 1.5, "output_length": 1, "hash_ids": [0]}"#, "not an integer"),
+        ];
+        for (row, what) in cases {
+            let e = drain(&mut replay(row, TraceFormat::MooncakeJsonl, ReplayOptions::default()))
+                .unwrap_err();
+            let m = e.to_string();
+            assert!(m.starts_with("mem.trace:1: ") && m.contains(what), "{what} :: {m}");
+        }
+    }
+
+    #[test]
+    fn options_are_validated() {
+        for (t, r) in [(0.0, 1.0), (1.0, -1.0), (f64::NAN, 1.0), (1.0, f64::INFINITY)] {
+            let o = ReplayOptions { time_scale: t, rate_scale: r, ..Default::default() };
+            assert!(TraceReplay::from_reader(Cursor::new(""), "x", TraceFormat::AzureCsv, o).is_err());
+        }
+        let e = TraceReplay::open("/nonexistent/x.csv", TraceFormat::AzureCsv, ReplayOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/nonexistent/x.csv"), "{e}");
+    }
+
+    #[test]
+    fn format_from_path() {
+        assert_eq!(TraceFormat::from_path(Path::new("a/b.CSV")), Some(TraceFormat::AzureCsv));
+        assert_eq!(TraceFormat::from_path(Path::new("t.jsonl")), Some(TraceFormat::MooncakeJsonl));
+        assert_eq!(TraceFormat::from_path(Path::new("t.txt")), None);
+    }
+}

@@ -1,0 +1,1000 @@
+//! One simulated inference engine (vLLM-like), as a fluid, event-driven model.
+//!
+//! No per-token events: between two events every rate is constant, and the model only
+//! computes when the next thing happens.
+//!
+//! # Model
+//!
+//! * **Admission.** [`EngineModel::admit`] hands a sequence to the engine. It runs at once if
+//!   the running set has room (`max_running`) and its KV reservation (prompt + output tokens)
+//!   fits in `kv_capacity_tokens` next to the running ones; otherwise it waits, FIFO, inside the
+//!   engine (a request larger than the whole KV cache runs alone once the engine is empty).
+//! * **Prefix cache.** An LRU of 512-token blocks with `kv_capacity_tokens / 512` entries. When
+//!   a sequence starts, its leading blocks found in the cache are its cached prefix (capped at
+//!   `prompt - 1`: at least one token is always computed); only the rest is prefilled. At the
+//!   end of its prefill all its blocks are inserted / touched.
+//! * **Chunked prefill, processor-shared decode.** One engine step decodes one token for each
+//!   of the `n` decoding sequences and processes a chunk `c = min(prefill_chunk_tokens, queued
+//!   prefill tokens)` of the FIFO prefill queue, so a step lasts `step_time_s(n) + c /
+//!   prefill_tok_s`. Each decoding sequence therefore advances at `1 / step` tokens/s
+//!   (processor sharing; with no prefill that is `per_request_tok_s(n)`), the prefill queue at
+//!   `c / step` tokens/s (the full `prefill_tok_s` when nothing decodes). The first token of a
+//!   sequence is emitted when its prefill ends; it completes after `output_tokens` further
+//!   decode steps' worth of service (so one sequence alone completes at
+//!   `prefill + T / per_request_tok_s(1)`).
+//! * **Speed multipliers** (all rates): the node's `speed_factor` (degraded node), the cold
+//!   penalty (`cold_start.speed_factor` until `cold_start.warmup_tokens` of decode + prefill work
+//!   have been done since ready), and an epoch factor, lognormal with mean 1, redrawn every
+//!   `epoch_s` of simulated time (a pure function of the seed and the epoch index). Per-request
+//!   noise multiplies one request's token work (prefill and decode) by a lognormal factor.
+//!
+//! Internally a decode "service clock" `V` (tokens received by every decoding sequence so far)
+//! and a min-heap of finish values `V_start + work` give the next completion in O(log n); the
+//! prefill queue uses the same idea with cumulative prefilled tokens.
+//!
+//! # Driving it
+//!
+//! ```text
+//! engine.admit(now, seq, prompt, output, &prefix_blocks);      // or any other mutation
+//! if let Some(t) = engine.next_event_time() { schedule(t, engine.generation()) }
+//! ...
+//! on wake-up(t, generation):
+//!     if generation != engine.generation() { ignore; }          // stale
+//!     engine.advance_to(t, &mut outputs);                        // FirstToken / Completed
+//!     reschedule at engine.next_event_time()
+//! ```
+//!
+//! `next_event_time` may also be an internal rate change (warm-up finished, new noise epoch,
+//! engine ready) at which `advance_to` emits nothing. Network round trips are the caller's.
+//! Every mutating call takes `now` and `now` must never go backwards.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
+
+use rand::SeedableRng;
+use rand::rngs::Xoshiro256PlusPlus;
+use rand_distr::{Distribution, LogNormal};
+
+use crate::hardware::HardwareProfile;
+
+/// Prefix-cache block size in tokens.
+pub const BLOCK_TOKENS: u32 = 512;
+
+const NS_PER_S: f64 = 1e9;
+/// Tolerance (tokens) when comparing fluid positions against finish marks.
+const EPS_TOKENS: f64 = 1e-6;
+
+/// Per-worker settings on top of the hardware profile.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineOverrides {
+    /// Multiplies every rate (degraded node < 1). Default 1.
+    pub speed_factor: f64,
+    /// Coefficient of variation of the per-request lognormal work multiplier. Default 0.
+    pub request_noise_cv: f64,
+    /// Coefficient of variation of the per-epoch lognormal engine speed factor. Default 0.
+    pub epoch_noise_cv: f64,
+    /// Length of a noise epoch in seconds. Default 60.
+    pub epoch_s: f64,
+    /// Replaces the profile's `max_running`.
+    pub max_running: Option<u32>,
+    /// Replaces the profile's `kv_capacity_tokens`.
+    pub kv_capacity_tokens: Option<u64>,
+    /// Replaces the profile's `prefill_chunk_tokens`.
+    pub prefill_chunk_tokens: Option<u32>,
+    /// Start the engine cold (as if it had just been started) instead of warm.
+    pub start_cold: bool,
+}
+
+impl Default for EngineOverrides {
+    fn default() -> Self {
+        EngineOverrides {
+            speed_factor: 1.0,
+            request_noise_cv: 0.0,
+            epoch_noise_cv: 0.0,
+            epoch_s: 60.0,
+            max_running: None,
+            kv_capacity_tokens: None,
+            prefill_chunk_tokens: None,
+            start_cold: false,
+        }
+    }
+}
+
+impl EngineOverrides {
+    /// Checks the values; the message names the field and what is valid.
+    pub fn validate(&self) -> Result<(), String> {
+        let pos = |name: &str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(format!("{name} = {v}: must be a finite number > 0"))
+            }
+        };
+        let nonneg = |name: &str, v: f64| {
+            if v.is_finite() && v >= 0.0 {
+                Ok(())
+            } else {
+                Err(format!("{name} = {v}: must be a finite number >= 0"))
+            }
+        };
+        pos("speed_factor", self.speed_factor)?;
+        nonneg("request_noise_cv", self.request_noise_cv)?;
+        nonneg("epoch_noise_cv", self.epoch_noise_cv)?;
+        pos("epoch_s", self.epoch_s)?;
+        if self.max_running == Some(0) {
+            return Err("max_running = 0: must be at least 1".into());
+        }
+        if self.kv_capacity_tokens == Some(0) {
+            return Err("kv_capacity_tokens = 0: must be at least 1".into());
+        }
+        if self.prefill_chunk_tokens == Some(0) {
+            return Err("prefill_chunk_tokens = 0: must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// What [`EngineModel::admit`] learned at admission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdmitInfo {
+    /// Prompt tokens found in the engine's prefix cache, if the sequence started at once;
+    /// `None` if it waits inside the engine (the figure then comes with
+    /// [`EngineOutput::FirstToken`]).
+    pub cached_tokens: Option<u32>,
+}
+
+impl AdmitInfo {
+    /// Whether the sequence has to wait inside the engine (running set or KV full).
+    pub fn waits(&self) -> bool {
+        self.cached_tokens.is_none()
+    }
+}
+
+/// Something that happened to a sequence inside the engine.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum EngineOutput {
+    /// Prefill finished: the first output token is out.
+    FirstToken {
+        /// Sequence id given at admission.
+        seq: u64,
+        /// Time (ns).
+        at: u64,
+        /// Prompt tokens that came from the engine's prefix cache.
+        cached_tokens: u32,
+    },
+    /// All output tokens are out.
+    Completed(Completion),
+}
+
+impl EngineOutput {
+    /// The sequence id.
+    pub fn seq(&self) -> u64 {
+        match self {
+            EngineOutput::FirstToken { seq, .. } => *seq,
+            EngineOutput::Completed(c) => c.seq,
+        }
+    }
+
+    /// When it happened (ns).
+    pub fn at(&self) -> u64 {
+        match self {
+            EngineOutput::FirstToken { at, .. } => *at,
+            EngineOutput::Completed(c) => c.at,
+        }
+    }
+
+    fn rank(&self) -> u8 {
+        match self {
+            EngineOutput::FirstToken { .. } => 0,
+            EngineOutput::Completed(_) => 1,
+        }
+    }
+}
+
+/// A finished sequence, with its timeline inside the engine (all times ns).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// Sequence id given at admission.
+    pub seq: u64,
+    /// Completion time.
+    pub at: u64,
+    /// When it was handed to the engine.
+    pub admitted_at: u64,
+    /// When it left the engine's waiting queue.
+    pub started_at: u64,
+    /// When its first token came out (prefill end).
+    pub first_token_at: u64,
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Output tokens.
+    pub output_tokens: u32,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Free,
+    Waiting,
+    Prefill,
+    Decode,
+}
+
+#[derive(Debug, Clone)]
+struct Slot {
+    seq: u64,
+    phase: Phase,
+    prompt: u32,
+    output: u32,
+    cached: u32,
+    /// Per-request work multiplier (noise).
+    noise: f64,
+    /// Cumulative prefill mark at which this sequence's prefill ends.
+    prefill_end: f64,
+    admitted_at: u64,
+    started_at: u64,
+    first_token_at: u64,
+    /// Prefix block hashes (capacity reused across requests).
+    blocks: Vec<u64>,
+}
+
+impl Slot {
+    fn kv_tokens(&self) -> u64 {
+        u64::from(self.prompt) + u64::from(self.output)
+    }
+}
+
+/// Min-heap entry: smallest finish first, ties by sequence id.
+#[derive(Debug, Clone, Copy)]
+struct DecodeKey {
+    finish: f64,
+    seq: u64,
+    slot: u32,
+}
+
+impl PartialEq for DecodeKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for DecodeKey {}
+impl PartialOrd for DecodeKey {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for DecodeKey {
+    fn cmp(&self, other: &Self) -> Ordering {
+        // reversed: BinaryHeap is a max-heap
+        other
+            .finish
+            .total_cmp(&self.finish)
+            .then_with(|| other.seq.cmp(&self.seq))
+    }
+}
+
+/// One simulated inference engine. See the [module documentation](self).
+#[derive(Debug, Clone)]
+pub struct EngineModel {
+    profile: Arc<HardwareProfile>,
+    // --- configuration
+    /// `step_time_s(n)` for `n = 0..=max_running`.
+    step_time: Vec<f64>,
+    prefill_tok_s: f64,
+    chunk: f64,
+    max_running: u32,
+    kv_capacity: u64,
+    speed_factor: f64,
+    cold_factor: f64,
+    warmup_tokens: f64,
+    request_noise: Option<LogNormal<f64>>,
+    epoch_noise: Option<LogNormal<f64>>,
+    epoch_ns: u64,
+    seed: u64,
+    rng: Xoshiro256PlusPlus,
+    // --- lifecycle
+    /// Work starts at this time; `u64::MAX` = down (crashed).
+    ready_at: u64,
+    warm: bool,
+    work_since_ready: f64,
+    busy_ns: u64,
+    // --- fluid state, valid at `t0`
+    t0: u64,
+    v: f64,
+    q: f64,
+    q_tail: f64,
+    rate_v: f64,
+    rate_q: f64,
+    epoch_idx: u64,
+    epoch_factor: f64,
+    // --- sequences
+    n_decoding: u32,
+    running: u32,
+    kv_used: u64,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    waiting: VecDeque<u32>,
+    prefill: VecDeque<u32>,
+    decode: BinaryHeap<DecodeKey>,
+    cache: PrefixCache,
+    // --- driver interface
+    generation: u64,
+    next_event: Option<u64>,
+    deferred: Vec<EngineOutput>,
+}
+
+impl EngineModel {
+    /// A warm engine (cold if `overrides.start_cold`), ready at time 0.
+    ///
+    /// # Panics
+    /// If `overrides` fail [`EngineOverrides::validate`].
+    pub fn new(profile: Arc<HardwareProfile>, overrides: EngineOverrides, seed: u64) -> Self {
+        if let Err(e) = overrides.validate() {
+            panic!("invalid engine overrides for {}: {e}", profile.name());
+        }
+        let max_running = overrides.max_running.unwrap_or(profile.max_running());
+        let kv_capacity = overrides
+            .kv_capacity_tokens
+            .unwrap_or(profile.kv_capacity_tokens());
+        let chunk = overrides
+            .prefill_chunk_tokens
+            .unwrap_or(profile.prefill_chunk_tokens());
+        let step_time = (0..=max_running)
+            .map(|n| profile.step_time_s(f64::from(n)))
+            .collect();
+        let cold = profile.cold_start();
+        let lognormal =
+            |cv: f64| (cv > 0.0).then(|| LogNormal::from_mean_cv(1.0, cv).expect("validated cv"));
+        let cache_blocks = usize::try_from(kv_capacity / u64::from(BLOCK_TOKENS)).unwrap_or(0);
+        let mut engine = EngineModel {
+            prefill_tok_s: profile.prefill_tok_s(),
+            profile,
+            step_time,
+            chunk: f64::from(chunk),
+            max_running,
+            kv_capacity,
+            speed_factor: overrides.speed_factor,
+            cold_factor: cold.speed_factor,
+            warmup_tokens: cold.warmup_tokens,
+            request_noise: lognormal(overrides.request_noise_cv),
+            epoch_noise: lognormal(overrides.epoch_noise_cv),
+            epoch_ns: ((overrides.epoch_s * NS_PER_S) as u64).max(1),
+            seed,
+            rng: Xoshiro256PlusPlus::seed_from_u64(seed),
+            ready_at: 0,
+            warm: !overrides.start_cold || cold.warmup_tokens <= 0.0,
+            work_since_ready: 0.0,
+            busy_ns: 0,
+            t0: 0,
+            v: 0.0,
+            q: 0.0,
+            q_tail: 0.0,
+            rate_v: 0.0,
+            rate_q: 0.0,
+            epoch_idx: u64::MAX,
+            epoch_factor: 1.0,
+            n_decoding: 0,
+            running: 0,
+            kv_used: 0,
+            slots: Vec::new(),
+            free: Vec::new(),
+            waiting: VecDeque::new(),
+            prefill: VecDeque::new(),
+            decode: BinaryHeap::new(),
+            cache: PrefixCache::new(cache_blocks),
+            generation: 0,
+            next_event: None,
+            deferred: Vec::new(),
+        };
+        engine.refresh();
+        engine
+    }
+
+    /// The hardware profile.
+    pub fn profile(&self) -> &Arc<HardwareProfile> {
+        &self.profile
+    }
+
+    /// Hands a sequence to the engine at `now` (ns). `seq` is the caller's id (unique among the
+    /// sequences in this engine), `prefix` the 512-token prefix block hashes of the prompt
+    /// (hash `i` identifies the whole prefix up to block `i`; may be empty).
+    pub fn admit(
+        &mut self,
+        now: u64,
+        seq: u64,
+        prompt_tokens: u32,
+        output_tokens: u32,
+        prefix: &[u64],
+    ) -> AdmitInfo {
+        self.catch_up(now);
+        let noise = match &self.request_noise {
+            Some(d) => d.sample(&mut self.rng),
+            None => 1.0,
+        };
+        let h = match self.free.pop() {
+            Some(h) => h,
+            None => {
+                self.slots.push(Slot {
+                    seq: 0,
+                    phase: Phase::Free,
+                    prompt: 0,
+                    output: 0,
+                    cached: 0,
+                    noise: 1.0,
+                    prefill_end: 0.0,
+                    admitted_at: 0,
+                    started_at: 0,
+                    first_token_at: 0,
+                    blocks: Vec::new(),
+                });
+                u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 sequences in flight")
+            }
+        };
+        let s = &mut self.slots[h as usize];
+        s.seq = seq;
+        s.phase = Phase::Waiting;
+        s.prompt = prompt_tokens;
+        s.output = output_tokens;
+        s.cached = 0;
+        s.noise = noise;
+        s.admitted_at = now;
+        s.blocks.clear();
+        s.blocks.extend_from_slice(prefix);
+        self.waiting.push_back(h);
+        self.start_waiting(now);
+        let s = &self.slots[h as usize];
+        let info = AdmitInfo {
+            cached_tokens: (s.phase != Phase::Waiting).then_some(s.cached),
+        };
+        self.refresh();
+        info
+    }
+
+    /// The absolute time (ns) of the next first token, completion or internal rate change, if
+    /// anything is pending. Valid until the next mutating call (see [`Self::generation`]).
+    pub fn next_event_time(&self) -> Option<u64> {
+        self.next_event
+    }
+
+    /// Moves the engine to `now` and appends everything that happened at or before `now`, in
+    /// time order (ties by sequence id, a sequence's first token before its completion).
+    pub fn advance_to(&mut self, now: u64, out: &mut Vec<EngineOutput>) {
+        out.append(&mut self.deferred);
+        self.run_until(now, out);
+    }
+
+    /// Bumped on every change of rates or pending events; a wake-up scheduled under an older
+    /// generation is stale.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Sequences in the engine (running + waiting).
+    pub fn in_flight(&self) -> u32 {
+        self.running + self.waiting.len() as u32
+    }
+
+    /// Sequences in the running set (prefilling or decoding).
+    pub fn running(&self) -> u32 {
+        self.running
+    }
+
+    /// Sequences currently decoding.
+    pub fn decoding(&self) -> u32 {
+        self.n_decoding
+    }
+
+    /// Sequences waiting inside the engine for room.
+    pub fn waiting(&self) -> u32 {
+        self.waiting.len() as u32
+    }
+
+    /// KV tokens reserved by the running set.
+    pub fn kv_used_tokens(&self) -> u64 {
+        self.kv_used
+    }
+
+    /// Effective running-set limit.
+    pub fn max_running(&self) -> u32 {
+        self.max_running
+    }
+
+    /// Effective KV capacity (tokens).
+    pub fn kv_capacity_tokens(&self) -> u64 {
+        self.kv_capacity
+    }
+
+    /// Whether the cold-start penalty is over.
+    pub fn is_warm(&self) -> bool {
+        self.warm
+    }
+
+    /// Whether the engine serves at `now` (ready and not crashed).
+    pub fn is_up(&self, now: u64) -> bool {
+        now >= self.ready_at
+    }
+
+    /// Blocks currently in the prefix cache.
+    pub fn cached_blocks(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// The prompt tokens the engine would serve from its prefix cache right now
+    /// (without touching the cache), for comparison with the router's belief.
+    pub fn peek_cached_tokens(&self, prompt_tokens: u32, prefix: &[u64]) -> u32 {
+        self.cached_for(prompt_tokens, prefix)
+    }
+
+    /// Nanoseconds during which the engine had running sequences and was up, up to the last
+    /// time it was moved to (the last event or call).
+    pub fn busy_ns(&self) -> u64 {
+        self.busy_ns
+    }
+
+    /// Current overall speed multiplier (node factor × cold factor × epoch factor; 0 if not up).
+    pub fn speed_multiplier(&self) -> f64 {
+        self.speed_at(self.t0)
+    }
+
+    /// The node's speed factor (1.0 healthy, below 1 degraded).
+    pub fn speed_factor(&self) -> f64 {
+        self.speed_factor
+    }
+
+    /// From `now` on, every rate is multiplied by `factor` (a node degrades or recovers).
+    /// Non-finite or non-positive factors are ignored.
+    pub fn set_speed_factor(&mut self, now: u64, factor: f64) {
+        if !(factor.is_finite() && factor > 0.0) {
+            return;
+        }
+        self.catch_up(now);
+        self.speed_factor = factor;
+        self.refresh();
+    }
+
+    /// Restarts the engine at `now`: every in-flight sequence fails (their ids are returned,
+    /// sorted), the prefix cache is emptied, and the engine serves again from `ready_at`, cold
+    /// if `cold` (and the profile has a cold penalty). Outputs that happened before `now` are
+    /// kept for the next [`Self::advance_to`].
+    pub fn restart(&mut self, now: u64, ready_at: u64, cold: bool) -> Vec<u64> {
+        self.catch_up(now);
+        let mut failed: Vec<u64> = self
+            .slots
+            .iter()
+            .filter(|s| s.phase != Phase::Free)
+            .map(|s| s.seq)
+            .collect();
+        failed.sort_unstable();
+        self.free.clear();
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            s.phase = Phase::Free;
+            s.blocks.clear();
+            self.free.push(i as u32);
+        }
+        self.free.reverse();
+        self.waiting.clear();
+        self.prefill.clear();
+        self.decode.clear();
+        self.cache.clear();
+        self.running = 0;
+        self.n_decoding = 0;
+        self.kv_used = 0;
+        self.v = 0.0;
+        self.q = 0.0;
+        self.q_tail = 0.0;
+        self.ready_at = ready_at.max(now);
+        self.warm = !cold || self.warmup_tokens <= 0.0;
+        self.work_since_ready = 0.0;
+        self.refresh();
+        failed
+    }
+
+    /// Crashes the engine at `now`: in-flight sequences fail (ids returned, sorted), the cache
+    /// is lost, and it stays down until [`Self::restart`].
+    pub fn crash(&mut self, now: u64) -> Vec<u64> {
+        self.restart(now, u64::MAX, true)
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // internals
+    // -----------------------------------------------------------------------------------------
+
+    /// Processes events up to `now` (buffering outputs) and moves the fluid state to `now`.
+    fn catch_up(&mut self, now: u64) {
+        debug_assert!(now >= self.t0, "time went backwards: {now} < {}", self.t0);
+        let mut buf = std::mem::take(&mut self.deferred);
+        self.run_until(now, &mut buf);
+        self.deferred = buf;
+        self.move_to(now);
+    }
+
+    fn run_until(&mut self, now: u64, out: &mut Vec<EngineOutput>) {
+        while let Some(te) = self.next_event {
+            if te > now {
+                break;
+            }
+            self.step_at(te, out);
+        }
+    }
+
+    /// Moves the fluid state to `t` under the current rates.
+    fn move_to(&mut self, t: u64) {
+        if t <= self.t0 {
+            return;
+        }
+        let dt_ns = t - self.t0;
+        let dt = dt_ns as f64 / NS_PER_S;
+        let dv = self.rate_v * dt;
+        // the queue cannot drain below empty (event times are rounded up to whole ns)
+        let dq = (self.rate_q * dt).min((self.q_tail - self.q).max(0.0));
+        self.v += dv;
+        self.q += dq;
+        if !self.warm {
+            self.work_since_ready += dv * f64::from(self.n_decoding) + dq;
+        }
+        if self.running > 0 && self.ready_at <= self.t0 {
+            self.busy_ns += dt_ns;
+        }
+        self.t0 = t;
+    }
+
+    /// Processes everything due at `te` (the current next event).
+    fn step_at(&mut self, te: u64, out: &mut Vec<EngineOutput>) {
+        self.move_to(te);
+        let first = out.len();
+        // prefill completions, FIFO
+        while let Some(&h) = self.prefill.front() {
+            let end = self.slots[h as usize].prefill_end;
+            if end > self.q + EPS_TOKENS {
+                break;
+            }
+            self.q = self.q.max(end);
+            self.prefill.pop_front();
+            self.finish_prefill(h, te, out);
+        }
+        // decode completions
+        while let Some(&top) = self.decode.peek() {
+            if top.finish > self.v + EPS_TOKENS {
+                break;
+            }
+            self.v = self.v.max(top.finish);
+            self.decode.pop();
+            self.n_decoding -= 1;
+            self.complete(top.slot, te, out);
+        }
+        out[first..].sort_unstable_by_key(|o| (o.seq(), o.rank()));
+        self.start_waiting(te);
+        self.refresh();
+    }
+
+    fn finish_prefill(&mut self, h: u32, now: u64, out: &mut Vec<EngineOutput>) {
+        let s = &mut self.slots[h as usize];
+        s.first_token_at = now;
+        if !s.blocks.is_empty() {
+            self.cache.insert_all(&s.blocks);
+        }
+        if s.output == 0 {
+            self.complete(h, now, out);
+            return;
+        }
+        out.push(EngineOutput::FirstToken {
+            seq: s.seq,
+            at: now,
+            cached_tokens: s.cached,
+        });
+        s.phase = Phase::Decode;
+        let finish = self.v + f64::from(s.output) * s.noise;
+        self.decode.push(DecodeKey {
+            finish,
+            seq: s.seq,
+            slot: h,
+        });
+        self.n_decoding += 1;
+    }
+
+    fn complete(&mut self, h: u32, now: u64, out: &mut Vec<EngineOutput>) {
+        let s = &mut self.slots[h as usize];
+        out.push(EngineOutput::Completed(Completion {
+            seq: s.seq,
+            at: now,
+            admitted_at: s.admitted_at,
+            started_at: s.started_at,
+            first_token_at: s.first_token_at,
+            prompt_tokens: s.prompt,
+            output_tokens: s.output,
+            cached_tokens: s.cached,
+        }));
+        s.phase = Phase::Free;
+        s.blocks.clear();
+        self.running -= 1;
+        self.kv_used -= s.kv_tokens();
+        self.free.push(h);
+    }
+
+    fn cached_for(&self, prompt: u32, prefix: &[u64]) -> u32 {
+        if prefix.is_empty() || prompt == 0 {
+            return 0;
+        }
+        let blocks = self.cache.leading_hits(prefix) as u64;
+        (blocks * u64::from(BLOCK_TOKENS)).min(u64::from(prompt - 1)) as u32
+    }
+
+    /// Moves sequences from the waiting queue into the running set while they fit.
+    fn start_waiting(&mut self, now: u64) {
+        while let Some(&h) = self.waiting.front() {
+            let kv = self.slots[h as usize].kv_tokens();
+            let fits = self.running == 0
+                || (self.running < self.max_running && self.kv_used + kv <= self.kv_capacity);
+            if !fits {
+                break;
+            }
+            self.waiting.pop_front();
+            let cached = {
+                let s = &self.slots[h as usize];
+                self.cached_for(s.prompt, &s.blocks)
+            };
+            let s = &mut self.slots[h as usize];
+            s.cached = cached;
+            s.started_at = now;
+            s.phase = Phase::Prefill;
+            let work = f64::from((s.prompt - cached).max(1)) * s.noise;
+            if self.prefill.is_empty() {
+                // re-base the prefill clock while nothing is queued
+                self.q = 0.0;
+                self.q_tail = 0.0;
+            }
+            self.q_tail += work;
+            s.prefill_end = self.q_tail;
+            self.prefill.push_back(h);
+            self.running += 1;
+            self.kv_used += kv;
+        }
+    }
+
+    fn speed_at(&self, t: u64) -> f64 {
+        if t < self.ready_at {
+            return 0.0;
+        }
+        let cold = if self.warm { 1.0 } else { self.cold_factor };
+        self.speed_factor * cold * self.epoch_factor
+    }
+
+    fn epoch_factor_for(&self, idx: u64) -> f64 {
+        match &self.epoch_noise {
+            None => 1.0,
+            Some(d) => {
+                let mut rng =
+                    Xoshiro256PlusPlus::seed_from_u64(splitmix(self.seed ^ splitmix(idx ^ 0xE90C)));
+                d.sample(&mut rng)
+            }
+        }
+    }
+
+    /// Recomputes rates and the next event after any change at `t0`; bumps the generation.
+    fn refresh(&mut self) {
+        let t = self.t0;
+        if self.n_decoding == 0 {
+            self.v = 0.0; // re-base the decode clock (the heap is empty)
+        }
+        if !self.warm && self.work_since_ready >= self.warmup_tokens - EPS_TOKENS {
+            self.warm = true;
+        }
+        if self.epoch_noise.is_some() {
+            let idx = t / self.epoch_ns;
+            if idx != self.epoch_idx {
+                self.epoch_idx = idx;
+                self.epoch_factor = self.epoch_factor_for(idx);
+            }
+        }
+        let speed = self.speed_at(t);
+        let n = self.n_decoding;
+        let queued = (self.q_tail - self.q).max(0.0);
+        let c = if self.prefill.is_empty() {
+            0.0
+        } else {
+            self.chunk.min(queued).max(EPS_TOKENS)
+        };
+        let step = self.step_time[n as usize] + c / self.prefill_tok_s;
+        if step > 0.0 && speed > 0.0 {
+            self.rate_v = if n > 0 { speed / step } else { 0.0 };
+            self.rate_q = if c > 0.0 { speed * c / step } else { 0.0 };
+        } else {
+            self.rate_v = 0.0;
+            self.rate_q = 0.0;
+        }
+        self.generation += 1;
+        self.next_event = self.compute_next();
+    }
+
+    fn compute_next(&self) -> Option<u64> {
+        let t = self.t0;
+        let at = |dt_s: f64| -> u64 {
+            let ns = (dt_s.max(0.0) * NS_PER_S).ceil();
+            t.saturating_add(if ns >= u64::MAX as f64 {
+                u64::MAX
+            } else {
+                ns as u64
+            })
+        };
+        let mut best: Option<u64> = None;
+        let mut consider = |x: u64| best = Some(best.map_or(x, |b: u64| b.min(x)));
+        let busy = self.running > 0;
+        if busy && self.ready_at > t && self.ready_at != u64::MAX {
+            consider(self.ready_at);
+        }
+        if let Some(top) = self.decode.peek()
+            && self.rate_v > 0.0
+        {
+            consider(at((top.finish - self.v) / self.rate_v));
+        }
+        if let Some(&h) = self.prefill.front()
+            && self.rate_q > 0.0
+        {
+            consider(at(
+                (self.slots[h as usize].prefill_end - self.q) / self.rate_q
+            ));
+        }
+        if !self.warm {
+            let work_rate = self.rate_v * f64::from(self.n_decoding) + self.rate_q;
+            if work_rate > 0.0 {
+                consider(at((self.warmup_tokens - self.work_since_ready) / work_rate));
+            }
+        }
+        if busy && self.epoch_noise.is_some() && self.ready_at <= t {
+            consider(
+                (t / self.epoch_ns)
+                    .saturating_add(1)
+                    .saturating_mul(self.epoch_ns),
+            );
+        }
+        best
+    }
+}
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prefix cache
+// ---------------------------------------------------------------------------------------------
+
+/// Hasher for u64 keys that may be small sequential integers (trace block ids).
+#[derive(Default, Clone, Copy)]
+struct MixHasher(u64);
+
+impl Hasher for MixHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        let p = u128::from(x ^ self.0) * 0x9E37_79B9_7F4A_7C15_u128;
+        self.0 = (p as u64) ^ ((p >> 64) as u64);
+    }
+}
+
+const NIL: u32 = u32::MAX;
+
+#[derive(Debug, Clone, Copy)]
+struct LruNode {
+    hash: u64,
+    prev: u32,
+    next: u32,
+}
+
+/// LRU set of block hashes; allocation-free once it has filled up.
+#[derive(Debug, Clone)]
+struct PrefixCache {
+    cap: usize,
+    map: HashMap<u64, u32, BuildHasherDefault<MixHasher>>,
+    nodes: Vec<LruNode>,
+    /// Most recently used.
+    head: u32,
+    /// Least recently used.
+    tail: u32,
+}
+
+impl PrefixCache {
+    fn new(cap: usize) -> Self {
+        PrefixCache {
+            cap,
+            // twice the entries so that tombstones are cleaned by in-place rehashing
+            map: HashMap::with_capacity_and_hasher(
+                cap.min(1 << 22).saturating_mul(2),
+                BuildHasherDefault::default(),
+            ),
+            nodes: Vec::new(),
+            head: NIL,
+            tail: NIL,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    fn clear(&mut self) {
+        self.map.clear();
+        self.nodes.clear();
+        self.head = NIL;
+        self.tail = NIL;
+    }
+
+    fn leading_hits(&self, blocks: &[u64]) -> usize {
+        blocks
+            .iter()
+            .take_while(|h| self.map.contains_key(h))
+            .count()
+    }
+
+    fn unlink(&mut self, i: u32) {
+        let LruNode { prev, next, .. } = self.nodes[i as usize];
+        if prev == NIL {
+            self.head = next;
+        } else {
+            self.nodes[prev as usize].next = next;
+        }
+        if next == NIL {
+            self.tail = prev;
+        } else {
+            self.nodes[next as usize].prev = prev;
+        }
+    }
+
+    fn push_front(&mut self, i: u32) {
+        self.nodes[i as usize].prev = NIL;
+        self.nodes[i as usize].next = self.head;
+        if self.head != NIL {
+            self.nodes[self.head as usize].prev = i;
+        }
+        self.head = i;
+        if self.tail == NIL {
+            self.tail = i;
+        }
+    }
+
+    fn insert_all(&mut self, blocks: &[u64]) {
+        if self.cap == 0 {
+            return;
+        }
+        for &h in blocks {
+            if let Some(&i) = self.map.get(&h) {
+                if self.head != i {
+                    self.unlink(i);
+                    self.push_front(i);
+                }
+                continue;
+            }
+            let i = if self.nodes.len() < self.cap {
+                self.nodes.push(LruNode {
+                    hash: h,
+                    prev: NIL,
+                    next: NIL,
+                });
+                (self.nodes.len() - 1) as u32
+            } else {
+                let i = self.tail;
+                self.unlink(i);
+                let old = self.nodes[i as usize].hash;
+                self.map.remove(&old);
+                self.nodes[i as usize].hash = h;
+                i
+            };
+            self.map.insert(h, i);
+            self.push_front(i);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

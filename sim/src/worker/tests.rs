@@ -1,0 +1,491 @@
+use super::*;
+use proptest::prelude::*;
+
+const S: u64 = 1_000_000_000;
+
+fn profile_with(extra: &str, prefill: f64, max_running: u32, kv: u64) -> Arc<HardwareProfile> {
+    let src = format!(
+        "name: t\ndecode:\n  points:\n    - {{ concurrency: 1, aggregate_tok_s: 100 }}\n    \
+         - {{ concurrency: 8, aggregate_tok_s: 400 }}\n    - {{ concurrency: 32, aggregate_tok_s: 800 }}\n\
+         prefill_tok_s: {prefill}\nkv_capacity_tokens: {kv}\nmax_running: {max_running}\n\
+         context_window: 1024\n{extra}"
+    );
+    Arc::new(HardwareProfile::from_yaml_str(&src, "test.yaml").unwrap())
+}
+
+fn profile() -> Arc<HardwareProfile> {
+    profile_with("", 1000.0, 64, 100_000)
+}
+
+fn engine(p: &Arc<HardwareProfile>) -> EngineModel {
+    EngineModel::new(p.clone(), EngineOverrides::default(), 1)
+}
+
+fn drain(e: &mut EngineModel) -> Vec<EngineOutput> {
+    let mut out = Vec::new();
+    let mut guard = 0;
+    while let Some(t) = e.next_event_time() {
+        e.advance_to(t, &mut out);
+        guard += 1;
+        assert!(guard < 100_000, "does not settle");
+    }
+    out
+}
+
+fn completions(out: &[EngineOutput]) -> Vec<Completion> {
+    out.iter()
+        .filter_map(|o| match o {
+            EngineOutput::Completed(c) => Some(*c),
+            _ => None,
+        })
+        .collect()
+}
+
+fn close_ns(got: u64, want_s: f64) -> bool {
+    (got as f64 / S as f64 - want_s).abs() < 2e-6
+}
+
+#[test]
+fn single_sequence_alone() {
+    let p = profile();
+    let mut e = engine(&p);
+    let info = e.admit(0, 7, 500, 200, &[]);
+    assert_eq!(info.cached_tokens, Some(0));
+    assert_eq!((e.running(), e.waiting(), e.in_flight()), (1, 0, 1));
+    let out = drain(&mut e);
+    assert_eq!(out.len(), 2);
+    let prefill = 500.0 / 1000.0;
+    match out[0] {
+        EngineOutput::FirstToken { seq, at, .. } => {
+            assert_eq!(seq, 7);
+            assert!(close_ns(at, prefill), "{at}");
+        }
+        _ => panic!("first token first"),
+    }
+    let c = completions(&out)[0];
+    assert!(close_ns(c.at, prefill + 200.0 / 100.0), "{}", c.at);
+    assert_eq!(e.in_flight(), 0);
+    assert!(e.next_event_time().is_none());
+    assert!(close_ns(e.busy_ns(), 2.5));
+}
+
+#[test]
+fn equal_sequences_finish_together_at_the_shared_rate() {
+    // prefill negligible: all start decoding together
+    let p = profile_with("", 1e12, 64, 100_000);
+    for n in [2u64, 8, 20] {
+        let mut e = engine(&p);
+        for s in 0..n {
+            e.admit(0, s, 10, 300, &[]);
+        }
+        let cs = completions(&drain(&mut e));
+        assert_eq!(cs.len() as u64, n);
+        let per = p.per_request_tok_s(n as f64);
+        for c in &cs {
+            assert!(
+                close_ns(c.at, 300.0 / per),
+                "n={n}: {} vs {}",
+                c.at,
+                300.0 / per
+            );
+        }
+        // ties by sequence id
+        let seqs: Vec<u64> = cs.iter().map(|c| c.seq).collect();
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    }
+}
+
+#[test]
+fn shorter_sequence_leaves_and_the_other_speeds_up() {
+    let p = profile_with("", 1e12, 64, 100_000);
+    let mut e = engine(&p);
+    e.admit(0, 1, 10, 100, &[]);
+    e.admit(0, 2, 10, 300, &[]);
+    let cs = completions(&drain(&mut e));
+    let per2 = p.per_request_tok_s(2.0);
+    let per1 = p.per_request_tok_s(1.0);
+    let t1 = 100.0 / per2;
+    assert!(close_ns(cs[0].at, t1));
+    assert!(close_ns(cs[1].at, t1 + 200.0 / per1));
+}
+
+#[test]
+fn prefill_competes_with_decode() {
+    let p = profile();
+    let mut e = engine(&p);
+    e.admit(0, 1, 10, 1000, &[]);
+    let mut out = Vec::new();
+    e.advance_to(S, &mut out);
+    // seq 1 decodes alone at 100 tok/s; a 2048-token prompt arrives
+    e.admit(S, 2, 2048, 10, &[]);
+    out.clear();
+    let mut first2 = None;
+    while let Some(t) = e.next_event_time() {
+        e.advance_to(t, &mut out);
+        for o in out.drain(..) {
+            if let EngineOutput::FirstToken { seq: 2, at, .. } = o {
+                first2 = Some(at);
+            }
+        }
+        if first2.is_some() {
+            break;
+        }
+    }
+    // step = 1/100 + 512/1000 s for 512 prefill tokens => 4 steps
+    let want = 1.0 + 4.0 * (0.01 + 0.512);
+    assert!(close_ns(first2.unwrap(), want), "{first2:?} vs {want}");
+}
+
+#[test]
+fn fifo_waiting_when_max_running_reached() {
+    let p = profile_with("", 1e12, 2, 100_000);
+    let mut e = engine(&p);
+    assert!(!e.admit(0, 1, 10, 100, &[]).waits());
+    assert!(!e.admit(0, 2, 10, 200, &[]).waits());
+    assert!(e.admit(0, 3, 10, 50, &[]).waits());
+    assert!(e.admit(0, 4, 10, 10, &[]).waits());
+    assert_eq!((e.running(), e.waiting(), e.in_flight()), (2, 2, 4));
+    let out = drain(&mut e);
+    let cs = completions(&out);
+    let order: Vec<u64> = cs.iter().map(|c| c.seq).collect();
+    // 1 finishes first; 3 starts then; 4 starts when the next one finishes
+    assert_eq!(cs[0].seq, 1);
+    let c3 = cs.iter().find(|c| c.seq == 3).unwrap();
+    let c4 = cs.iter().find(|c| c.seq == 4).unwrap();
+    assert_eq!(c3.started_at, cs[0].at, "{order:?}");
+    assert!(c4.started_at > c3.started_at);
+    assert_eq!(c4.admitted_at, 0);
+    // outputs in time order
+    assert!(out.windows(2).all(|w| w[0].at() <= w[1].at()));
+}
+
+#[test]
+fn kv_capacity_limits_the_running_set() {
+    let p = profile_with("", 1e12, 64, 100_000);
+    let o = EngineOverrides {
+        kv_capacity_tokens: Some(1000),
+        ..EngineOverrides::default()
+    };
+    let mut e = EngineModel::new(p, o, 1);
+    assert!(!e.admit(0, 1, 300, 200, &[]).waits());
+    assert!(!e.admit(0, 2, 300, 200, &[]).waits());
+    assert!(e.admit(0, 3, 1, 1, &[]).waits()); // 1002 > 1000
+    assert_eq!(e.kv_used_tokens(), 1000);
+    // larger than the whole cache: runs alone once the engine is empty
+    assert!(e.admit(0, 4, 3000, 10, &[]).waits());
+    let cs = completions(&drain(&mut e));
+    assert_eq!(cs.len(), 4);
+    let c4 = cs.iter().find(|c| c.seq == 4).unwrap();
+    assert!(
+        cs.iter()
+            .filter(|c| c.seq != 4)
+            .all(|c| c.at <= c4.started_at)
+    );
+}
+
+#[test]
+fn cached_prefix_skips_prefill() {
+    let p = profile();
+    let mut e = engine(&p);
+    let blocks = [11, 12, 13];
+    assert_eq!(e.admit(0, 1, 1536, 1, &blocks).cached_tokens, Some(0));
+    drain(&mut e);
+    assert_eq!(e.cached_blocks(), 3);
+    assert_eq!(e.peek_cached_tokens(1600, &[11, 12, 99]), 1024);
+    // same prefix, longer prompt: only 64 tokens to prefill
+    let t0 = 100 * S;
+    let mut out = Vec::new();
+    e.advance_to(t0, &mut out);
+    let info = e.admit(t0, 2, 1600, 1, &[11, 12, 13, 14]);
+    assert_eq!(info.cached_tokens, Some(1536));
+    let out = drain(&mut e);
+    match out[0] {
+        EngineOutput::FirstToken {
+            seq: 2,
+            at,
+            cached_tokens: 1536,
+        } => assert!(close_ns(at - t0, 64.0 / 1000.0)),
+        o => panic!("{o:?}"),
+    }
+    // the identical prompt: capped at prompt - 1
+    let t1 = 200 * S;
+    e.advance_to(t1, &mut Vec::new());
+    assert_eq!(e.admit(t1, 3, 1536, 1, &blocks).cached_tokens, Some(1535));
+    // a different first block: nothing cached even if later blocks match
+    assert_eq!(
+        e.admit(t1, 4, 1536, 1, &[99, 12, 13]).cached_tokens,
+        Some(0)
+    );
+    drain(&mut e);
+}
+
+#[test]
+fn prefix_cache_is_lru_bounded() {
+    // 2 blocks of capacity
+    let p = profile_with("", 1e12, 64, 1024);
+    let mut e = engine(&p);
+    for (i, b) in [1u64, 2, 3].iter().enumerate() {
+        e.admit(i as u64 * S, i as u64, 600, 1, &[*b]);
+        drain(&mut e);
+    }
+    assert_eq!(e.cached_blocks(), 2);
+    assert_eq!(e.peek_cached_tokens(600, &[1]), 0);
+    assert_eq!(e.peek_cached_tokens(600, &[2]), 512);
+    assert_eq!(e.peek_cached_tokens(600, &[3]), 512);
+}
+
+#[test]
+fn restart_fails_in_flight_and_comes_back_cold() {
+    let p = profile_with(
+        "cold_start: { speed_factor: 0.5, warmup_tokens: 100 }\n",
+        1e12,
+        2,
+        100_000,
+    );
+    let mut e = engine(&p);
+    assert!(e.is_warm());
+    e.admit(0, 1, 10, 100, &[5]);
+    e.admit(0, 2, 10, 100, &[]);
+    e.admit(0, 3, 10, 100, &[]);
+    let mut out = Vec::new();
+    e.advance_to(S / 10, &mut out);
+    let failed = e.restart(S / 10, 2 * S, true);
+    assert_eq!(failed, vec![1, 2, 3]);
+    assert_eq!(e.in_flight(), 0);
+    assert_eq!(e.cached_blocks(), 0);
+    assert!(!e.is_warm() && !e.is_up(S));
+    // admitted before ready: waits for ready, then runs at half speed for 100 tokens
+    e.admit(S, 4, 10, 200, &[]);
+    let cs = completions(&drain(&mut e));
+    assert_eq!(cs.len(), 1);
+    // from t = 2 s: 10 prefill tokens + 90 decode tokens at 50 tok/s, then 110 at 100 tok/s
+    assert!(close_ns(cs[0].at, 2.0 + 1.8 + 1.1), "{}", cs[0].at);
+    assert!(e.is_warm());
+    let failed = e.crash(10 * S);
+    assert!(failed.is_empty());
+    assert!(!e.is_up(11 * S));
+}
+
+#[test]
+fn zero_output_completes_at_prefill_end() {
+    let p = profile();
+    let mut e = engine(&p);
+    e.admit(0, 1, 100, 0, &[]);
+    let out = drain(&mut e);
+    assert_eq!(out.len(), 1);
+    assert!(close_ns(out[0].at(), 0.1));
+}
+
+#[test]
+fn stale_generation_and_deferred_outputs() {
+    let p = profile();
+    let mut e = engine(&p);
+    e.admit(0, 1, 100, 10, &[]);
+    let g = e.generation();
+    let t = e.next_event_time().unwrap();
+    // a late admission after that event, without advancing first: outputs are kept
+    e.admit(t + S, 2, 100, 10, &[]);
+    assert_ne!(e.generation(), g);
+    let mut out = Vec::new();
+    e.advance_to(t + S, &mut out);
+    assert!(matches!(out[0], EngineOutput::FirstToken { seq: 1, .. }));
+    assert_eq!(out[0].at(), t);
+    let rest = drain(&mut e);
+    assert_eq!(completions(&out).len() + completions(&rest).len(), 2);
+}
+
+#[test]
+fn degraded_node_is_slower() {
+    let p = profile_with("", 1e12, 64, 100_000);
+    let o = EngineOverrides {
+        speed_factor: 0.5,
+        ..EngineOverrides::default()
+    };
+    let mut e = EngineModel::new(p.clone(), o, 1);
+    e.admit(0, 1, 10, 100, &[]);
+    let cs = completions(&drain(&mut e));
+    assert!(close_ns(cs[0].at, 2.0));
+}
+
+fn burst_tok_s(e: &mut EngineModel, start: u64) -> f64 {
+    e.advance_to(start, &mut Vec::new());
+    for s in 0..16 {
+        e.admit(start, start + s, 64, 128, &[]);
+    }
+    let end = drain(e).iter().map(|o| o.at()).max().unwrap();
+    2048.0 / ((end - start) as f64 / S as f64)
+}
+
+#[test]
+fn noise_is_seeded() {
+    let p = profile();
+    let o = EngineOverrides {
+        request_noise_cv: 0.2,
+        epoch_noise_cv: 0.06,
+        epoch_s: 60.0,
+        ..EngineOverrides::default()
+    };
+    let run = |seed| {
+        let mut e = EngineModel::new(p.clone(), o.clone(), seed);
+        (0..5u64)
+            .map(|i| burst_tok_s(&mut e, i * 120 * S))
+            .collect::<Vec<f64>>()
+    };
+    let a = run(1);
+    assert_eq!(a, run(1));
+    assert_ne!(a, run(2));
+    // repeated probes differ (epoch noise) but stay near the noiseless figure
+    let mut clean = engine(&p);
+    let base = burst_tok_s(&mut clean, 0);
+    assert!(a.windows(2).any(|w| w[0] != w[1]), "{a:?}");
+    for x in &a {
+        assert!((x / base - 1.0).abs() < 0.4, "{x} vs {base}");
+    }
+}
+
+#[test]
+fn steady_state_does_not_grow() {
+    let p = profile();
+    let mut e = engine(&p);
+    let mut out = Vec::new();
+    let mut t = 0;
+    for i in 0..20_000u64 {
+        t += S / 2;
+        e.advance_to(t, &mut out);
+        out.clear();
+        let prefix = [i % 300, 1_000 + i % 7];
+        e.admit(t, i, 200, 20, &prefix);
+    }
+    assert!(e.slots.len() < 20, "slab grew to {}", e.slots.len());
+    assert!(e.cache.len() <= e.cache.cap);
+}
+
+#[derive(Debug, Clone)]
+struct Arrival {
+    gap_ms: u64,
+    prompt: u32,
+    output: u32,
+    prefix: Vec<u64>,
+}
+
+fn arrival() -> impl Strategy<Value = Arrival> {
+    (
+        0u64..2_000,
+        0u32..3_000,
+        0u32..300,
+        proptest::collection::vec(0u64..6, 0..4),
+    )
+        .prop_map(|(gap_ms, prompt, output, prefix)| Arrival {
+            gap_ms,
+            prompt,
+            output,
+            prefix,
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn random_admissions_complete_once_in_order(
+        arrivals in proptest::collection::vec(arrival(), 1..60),
+        max_running in 1u32..10,
+        kv in 2_000u64..20_000,
+        noise in prop_oneof![Just(0.0), 0.0f64..0.5],
+        seed in any::<u64>(),
+        cold in any::<bool>(),
+    ) {
+        let p = profile_with(
+            "cold_start: { speed_factor: 0.3, warmup_tokens: 500 }\n",
+            2000.0,
+            max_running,
+            kv.max(1024),
+        );
+        let o = EngineOverrides {
+            request_noise_cv: noise,
+            epoch_noise_cv: noise / 4.0,
+            epoch_s: 1.0,
+            start_cold: cold,
+            ..EngineOverrides::default()
+        };
+        let mut e = EngineModel::new(p, o, seed);
+        let mut out = Vec::new();
+        let mut t = 0u64;
+        for (i, a) in arrivals.iter().enumerate() {
+            t += a.gap_ms * 1_000_000;
+            // deliver the events before the next arrival, as the event engine would
+            while let Some(te) = e.next_event_time() {
+                if te > t { break; }
+                e.advance_to(te, &mut out);
+            }
+            e.advance_to(t, &mut out);
+            let info = e.admit(t, i as u64, a.prompt, a.output, &a.prefix);
+            if let Some(c) = info.cached_tokens {
+                prop_assert!(c < a.prompt.max(1));
+            }
+            prop_assert!(e.speed_multiplier().is_finite());
+        }
+        let mut guard = 0;
+        while let Some(te) = e.next_event_time() {
+            e.advance_to(te, &mut out);
+            guard += 1;
+            prop_assert!(guard < 1_000_000);
+        }
+        prop_assert_eq!(e.in_flight(), 0);
+        prop_assert!(out.windows(2).all(|w| w[0].at() <= w[1].at()));
+        let mut done = vec![0u32; arrivals.len()];
+        let mut first = vec![None; arrivals.len()];
+        for o in &out {
+            match o {
+                EngineOutput::FirstToken { seq, at, .. } => {
+                    prop_assert!(first[*seq as usize].is_none());
+                    first[*seq as usize] = Some(*at);
+                }
+                EngineOutput::Completed(c) => {
+                    done[c.seq as usize] += 1;
+                    prop_assert!(c.admitted_at <= c.started_at);
+                    prop_assert!(c.started_at <= c.first_token_at);
+                    prop_assert!(c.first_token_at <= c.at);
+                    if c.output_tokens > 0 {
+                        prop_assert_eq!(first[c.seq as usize], Some(c.first_token_at));
+                    }
+                }
+            }
+        }
+        prop_assert!(done.iter().all(|&d| d == 1), "{:?}", done);
+    }
+}
+
+/// `cargo test -p routelab-sim --release -- --ignored engine_throughput --nocapture`
+#[test]
+#[ignore = "timing, run in release"]
+fn engine_throughput() {
+    let p = profile_with("", 8000.0, 64, 200_000);
+    let mut e = engine(&p);
+    let mut out = Vec::with_capacity(1024);
+    let n = 2_000_000u64;
+    let start = std::time::Instant::now();
+    let mut t = 0;
+    let mut completed = 0u64;
+    for i in 0..n {
+        t += S / 8; // ~8 req/s on one engine, well below saturation
+        while let Some(te) = e.next_event_time() {
+            if te > t {
+                break;
+            }
+            e.advance_to(te, &mut out);
+        }
+        completed += out
+            .iter()
+            .filter(|o| matches!(o, EngineOutput::Completed(_)))
+            .count() as u64;
+        out.clear();
+        let prefix = [i % 1000];
+        e.admit(t, i, 300, 60, if i % 2 == 0 { &prefix } else { &[] });
+    }
+    let el = start.elapsed();
+    println!(
+        "{n} admissions, {completed} completions, in flight {} : {:.0} ns per request",
+        e.in_flight(),
+        el.as_nanos() as f64 / n as f64
+    );
+}

@@ -1,0 +1,4 @@
+//! Integration tests of routelab-sim.
+mod calibration;
+mod traffic;
+mod engine;
