@@ -183,6 +183,10 @@ impl Router {
         });
         self.rebuild_model(model);
         self.feed(now, WeightEvent::Registered(id));
+        // A strategy may report no change on registration (`equal`): the cap and weight must
+        // still be applied, or the worker stays uncapped.
+        self.refresh_weight(id);
+        self.recount_free(model.0);
         id
     }
 

@@ -74,7 +74,13 @@ impl Histogram {
     /// An empty histogram.
     #[must_use]
     pub const fn new() -> Self {
-        Self { counts: Vec::new(), count: 0, sum: 0, min: 0, max: 0 }
+        Self {
+            counts: Vec::new(),
+            count: 0,
+            sum: 0,
+            min: 0,
+            max: 0,
+        }
     }
 
     /// Record one value (ns).
@@ -133,13 +139,21 @@ impl Histogram {
     /// Smallest recorded value (exact), ns.
     #[must_use]
     pub const fn min(&self) -> Option<u64> {
-        if self.count == 0 { None } else { Some(self.min) }
+        if self.count == 0 {
+            None
+        } else {
+            Some(self.min)
+        }
     }
 
     /// Largest recorded value (exact), ns.
     #[must_use]
     pub const fn max(&self) -> Option<u64> {
-        if self.count == 0 { None } else { Some(self.max) }
+        if self.count == 0 {
+            None
+        } else {
+            Some(self.max)
+        }
     }
 
     /// Exact mean, ns.
@@ -221,10 +235,14 @@ impl Histogram {
 
     /// Non-empty buckets as `(lowest value, highest value, count)`, ascending, ns.
     pub fn buckets(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
-        self.counts.iter().enumerate().filter(|(_, c)| **c > 0).map(|(i, &c)| {
-            let (lo, w) = bucket_bounds(i);
-            (lo, lo + (w - 1), c)
-        })
+        self.counts
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| **c > 0)
+            .map(|(i, &c)| {
+                let (lo, w) = bucket_bounds(i);
+                (lo, lo + (w - 1), c)
+            })
     }
 
     /// Counters allocated (memory is `8 ×` this many bytes, at most 3 776 counters).
@@ -261,7 +279,10 @@ mod tests {
             assert_eq!(bucket_index(lo + (w - 1)), i);
             if w > 1 {
                 // Exact buckets (width 1) need no bound.
-                assert!((lo as f64 + w as f64) / lo as f64 <= 1.0 + 1.0 / 64.0 + 1e-12, "growth at {i}");
+                assert!(
+                    (lo as f64 + w as f64) / lo as f64 <= 1.0 + 1.0 / 64.0 + 1e-12,
+                    "growth at {i}"
+                );
             }
             prev_end = lo.wrapping_add(w);
         }
@@ -272,7 +293,9 @@ mod tests {
     #[test]
     fn quantiles_within_one_percent_on_random_data() {
         let mut rng = rand::rngs::Xoshiro256PlusPlus::seed_from_u64(42);
-        let qs = [0.0, 0.001, 0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999, 0.9999, 1.0];
+        let qs = [
+            0.0, 0.001, 0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999, 0.9999, 1.0,
+        ];
         // Log-uniform over 1 µs .. 1 day, and a narrow lognormal-ish cluster.
         let datasets: [Vec<u64>; 2] = [
             (0..200_000)
@@ -281,7 +304,9 @@ mod tests {
                     (US as f64 * x.exp()) as u64
                 })
                 .collect(),
-            (0..50_000).map(|_| 40_000_000 + rng.random_range(0..5_000_000u64)).collect(),
+            (0..50_000)
+                .map(|_| 40_000_000 + rng.random_range(0..5_000_000u64))
+                .collect(),
         ];
         for data in datasets {
             let mut h = Histogram::new();
@@ -292,7 +317,10 @@ mod tests {
                 let (got, want) = (h.quantile(q).unwrap(), exact(&sorted, q));
                 let err = (got as f64 - want as f64).abs() / want as f64;
                 assert!(err <= 0.01, "q={q}: got {got}, exact {want}, err {err}");
-                assert!(err <= Histogram::MAX_RELATIVE_ERROR + 1e-12, "q={q}: err {err}");
+                assert!(
+                    err <= Histogram::MAX_RELATIVE_ERROR + 1e-12,
+                    "q={q}: err {err}"
+                );
             }
             let mean = data.iter().map(|&v| u128::from(v)).sum::<u128>() as f64 / data.len() as f64;
             assert!((h.mean().unwrap() - mean).abs() <= mean * 1e-12);
@@ -328,7 +356,11 @@ mod tests {
         let (mut a, mut b, mut all) = (Histogram::new(), Histogram::new(), Histogram::new());
         for i in 0..10_000 {
             let v = rng.random_range(0..DAY);
-            if i % 3 == 0 { a.record(v) } else { b.record(v) }
+            if i % 3 == 0 {
+                a.record(v)
+            } else {
+                b.record(v)
+            }
             all.record(v);
         }
         let mut m = a.clone();

@@ -24,14 +24,14 @@ pub use closed_loop::{ClosedLoop, ClosedLoopConfig};
 pub use conversations::{Conversations, ConversationsConfig};
 pub use dist::{DurationDist, LengthDist, SourceRng, Until};
 pub use error::TrafficError;
-pub use hash::{blocks_for_tokens, chain_block_hash, splitmix64, BLOCK_TOKENS, CHAIN_ROOT};
+pub use hash::{BLOCK_TOKENS, CHAIN_ROOT, blocks_for_tokens, chain_block_hash, splitmix64};
 pub use merge::Merge;
 pub use open_loop::{
     Burst, BurstConfig, Diurnal, DiurnalConfig, LongPromptMix, LongPromptMixConfig, OnOff,
     OnOffConfig, Poisson, PoissonConfig,
 };
 pub use stats::{LengthStats, PrefixReuse, TraceStats};
-pub use trace::{BadRowPolicy, ReplayOptions, TraceFormat, TraceReplay, MAX_SKIPPED_EXAMPLES};
+pub use trace::{BadRowPolicy, MAX_SKIPPED_EXAMPLES, ReplayOptions, TraceFormat, TraceReplay};
 
 /// One request entering the gateway.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -55,7 +55,13 @@ impl Arrival {
     #[inline]
     #[must_use]
     pub const fn new(at: u64, prompt_tokens: u32, output_tokens: u32, tag: u64) -> Self {
-        Self { at, prompt_tokens, output_tokens, prefix_blocks: Vec::new(), tag }
+        Self {
+            at,
+            prompt_tokens,
+            output_tokens,
+            prefix_blocks: Vec::new(),
+            tag,
+        }
     }
 }
 

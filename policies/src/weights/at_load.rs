@@ -257,7 +257,13 @@ impl WeightStrategy for AtLoadWeights {
             WeightEvent::Registered(id) | WeightEvent::Restarted { worker: id, .. } => {
                 // A restarted engine is a new machine as far as speed goes.
                 *ensure_slot(&mut self.workers, id) = WorkerAtLoad::fresh(now);
-                WeightChange::One(id)
+                if self.config.prior.is_some() && matches!(event, WeightEvent::Registered(_)) {
+                    // Unmeasured peers' prior weights are relative to the model's priors, which
+                    // a newcomer moves.
+                    WeightChange::All
+                } else {
+                    WeightChange::One(id)
+                }
             }
             WeightEvent::Dispatched(id) | WeightEvent::Failed(id) => {
                 let n = fleet.get(id).map_or(0, |w| w.in_flight);

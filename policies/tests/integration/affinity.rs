@@ -120,11 +120,17 @@ fn the_allowance_grows_with_prompt_length() {
     let d = next_turn(&mut s, 500, 1);
     assert!(!d.affinity_kept);
     assert_eq!(d.worker, s.other);
-    // A 24,000-token turn: allowance min(2 + 6, 8) = 8 keeps even 11 / 1.34 = 8.2 vs 0.
-    let mut s = scene(capacity(), true, 11, 0);
+    // Holder 10 / 1.34 = 7.5 vs an idle pair: beyond 4.0 for 8,000 tokens, but a 24,000-token
+    // turn has the largest allowance, min(2 + 6, 8) = 8, and stays.
+    let mut s = scene(capacity(), true, 10, 0);
+    assert!(!next_turn(&mut s, PROMPT_TOKENS, 1).affinity_kept);
+    let mut s = scene(capacity(), true, 10, 0);
     let d = next_turn(&mut s, 24_000, 1);
     assert!(d.affinity_kept);
     assert_eq!(d.worker, s.holder);
+    // 11 / 1.34 = 8.2 exceeds even the largest allowance.
+    let mut s = scene(capacity(), true, 11, 0);
+    assert!(!next_turn(&mut s, 24_000, 1).affinity_kept);
 }
 
 #[test]

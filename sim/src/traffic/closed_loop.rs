@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::dist::{rng_from_seed, DurationDist, LengthDist, SourceRng, Until};
+use super::dist::{DurationDist, LengthDist, SourceRng, Until, rng_from_seed};
 use super::{Arrival, TrafficError, TrafficSource};
 
 /// `users` users; user `i` sends its first request at `start + ramp · i / users`, then after
@@ -52,7 +52,11 @@ impl ClosedLoop {
     pub fn new(cfg: ClosedLoopConfig, seed: u64) -> Result<Self, TrafficError> {
         const G: &str = "ClosedLoop";
         if cfg.users == 0 {
-            return Err(TrafficError::config(G, "users", "is 0; expected >= 1 users"));
+            return Err(TrafficError::config(
+                G,
+                "users",
+                "is 0; expected >= 1 users",
+            ));
         }
         cfg.think.validate(G, "think")?;
         cfg.until.validate(G)?;

@@ -4,8 +4,8 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::dist::{check_rate, rng_from_seed, DurationDist, LengthDist, SourceRng};
-use super::hash::{chain_block_hash, splitmix64, BLOCK_TOKENS, CHAIN_ROOT};
+use super::dist::{DurationDist, LengthDist, SourceRng, check_rate, rng_from_seed};
+use super::hash::{BLOCK_TOKENS, CHAIN_ROOT, chain_block_hash, splitmix64};
 use super::open_loop::PoissonClock;
 use super::{Arrival, TrafficError, TrafficSource};
 
@@ -83,7 +83,11 @@ impl Conversations {
         const G: &str = "Conversations";
         check_rate(G, "rate_per_s", cfg.rate_per_s, false)?;
         if cfg.conversations == 0 {
-            return Err(TrafficError::config(G, "conversations", "is 0; expected >= 1"));
+            return Err(TrafficError::config(
+                G,
+                "conversations",
+                "is 0; expected >= 1",
+            ));
         }
         cfg.turns.validate(G, "turns")?;
         cfg.user_tokens.validate(G, "user_tokens")?;
@@ -147,7 +151,10 @@ impl Conversations {
         out.extend_from_slice(&full[..n_full]);
         if fill != 0 {
             let prev = out.last().copied().unwrap_or(CHAIN_ROOT);
-            out.push(chain_block_hash(prev, self.block_key(conv, n_full as u64, fill)));
+            out.push(chain_block_hash(
+                prev,
+                self.block_key(conv, n_full as u64, fill),
+            ));
         }
         out
     }
@@ -173,10 +180,23 @@ impl TrafficSource for Conversations {
             let prompt = prompt as u32; // fits() bounds it by u32::MAX
             let mut full = Vec::new();
             let blocks = self.blocks(id, &mut full, prompt);
-            self.active
-                .insert(id, Conv { turns_left: turns - 1, prompt, output, full });
+            self.active.insert(
+                id,
+                Conv {
+                    turns_left: turns - 1,
+                    prompt,
+                    output,
+                    full,
+                },
+            );
             self.turns_sent += 1;
-            return Ok(Some(Arrival { at, prompt_tokens: prompt, output_tokens: output, prefix_blocks: blocks, tag: id }));
+            return Ok(Some(Arrival {
+                at,
+                prompt_tokens: prompt,
+                output_tokens: output,
+                prefix_blocks: blocks,
+                tag: id,
+            }));
         }
         Ok(None)
     }
@@ -201,6 +221,12 @@ impl TrafficSource for Conversations {
         conv.output = output;
         self.active.insert(tag, conv);
         self.turns_sent += 1;
-        Some(Arrival { at, prompt_tokens: prompt, output_tokens: output, prefix_blocks: blocks, tag })
+        Some(Arrival {
+            at,
+            prompt_tokens: prompt,
+            output_tokens: output,
+            prefix_blocks: blocks,
+            tag,
+        })
     }
 }

@@ -53,16 +53,19 @@ impl LengthDist {
     ///
     /// # Errors
     /// [`TrafficError::InvalidConfig`] when a parameter is out of range.
-    pub fn validate(&self, generator: &'static str, field: &'static str) -> Result<(), TrafficError> {
+    pub fn validate(
+        &self,
+        generator: &'static str,
+        field: &'static str,
+    ) -> Result<(), TrafficError> {
         let bad = |p: String| Err(TrafficError::config(generator, field, p));
         match *self {
             Self::Fixed(0) => bad("is fixed(0); expected a token count >= 1".into()),
-            Self::Uniform { min, max } if min == 0 || min > max => {
-                bad(format!("is uniform{{min: {min}, max: {max}}}; expected 1 <= min <= max"))
-            }
+            Self::Uniform { min, max } if min == 0 || min > max => bad(format!(
+                "is uniform{{min: {min}, max: {max}}}; expected 1 <= min <= max"
+            )),
             Self::LogNormal { median, sigma, max }
-                if !(median.is_finite() && median >= 1.0)
-                    || !(sigma.is_finite() && sigma >= 0.0)
+                if !(median.is_finite() && median >= 1.0 && sigma.is_finite() && sigma >= 0.0)
                     || max == 0 =>
             {
                 bad(format!(
@@ -70,9 +73,9 @@ impl LengthDist {
                      finite median >= 1, finite sigma >= 0, max >= 1"
                 ))
             }
-            Self::Exponential { mean } if !(mean.is_finite() && mean > 0.0) => {
-                bad(format!("is exponential{{mean: {mean}}}; expected a finite mean > 0"))
-            }
+            Self::Exponential { mean } if !(mean.is_finite() && mean > 0.0) => bad(format!(
+                "is exponential{{mean: {mean}}}; expected a finite mean > 0"
+            )),
             _ => Ok(()),
         }
     }
@@ -128,7 +131,11 @@ impl DurationDist {
     ///
     /// # Errors
     /// [`TrafficError::InvalidConfig`] when `min > max`.
-    pub fn validate(&self, generator: &'static str, field: &'static str) -> Result<(), TrafficError> {
+    pub fn validate(
+        &self,
+        generator: &'static str,
+        field: &'static str,
+    ) -> Result<(), TrafficError> {
         match *self {
             Self::Uniform { min, max } if min > max => Err(TrafficError::config(
                 generator,
@@ -154,7 +161,11 @@ impl DurationDist {
             Self::Exponential { mean: 0 } => 0,
             Self::Exponential { mean } => {
                 let v = (mean as f64 * exp1(rng)).round();
-                if v >= u64::MAX as f64 { u64::MAX } else { v as u64 }
+                if v >= u64::MAX as f64 {
+                    u64::MAX
+                } else {
+                    v as u64
+                }
             }
         }
     }
@@ -175,13 +186,19 @@ impl Until {
     /// Stop after `ns` nanoseconds.
     #[must_use]
     pub const fn duration(ns: u64) -> Self {
-        Self { duration: Some(ns), count: None }
+        Self {
+            duration: Some(ns),
+            count: None,
+        }
     }
 
     /// Stop after `n` arrivals.
     #[must_use]
     pub const fn count(n: u64) -> Self {
-        Self { duration: None, count: Some(n) }
+        Self {
+            duration: None,
+            count: Some(n),
+        }
     }
 
     pub(crate) fn validate(&self, generator: &'static str) -> Result<(), TrafficError> {
@@ -231,7 +248,11 @@ mod tests {
     #[test]
     fn lengths_are_at_least_one_and_clamped() {
         let mut rng = rng_from_seed(1);
-        let ln = LengthDist::LogNormal { median: 2.0, sigma: 3.0, max: 50 };
+        let ln = LengthDist::LogNormal {
+            median: 2.0,
+            sigma: 3.0,
+            max: 50,
+        };
         let ex = LengthDist::Exponential { mean: 0.3 };
         let un = LengthDist::Uniform { min: 3, max: 5 };
         for _ in 0..10_000 {
@@ -244,7 +265,11 @@ mod tests {
     #[test]
     fn lognormal_median_is_close() {
         let mut rng = rng_from_seed(2);
-        let d = LengthDist::LogNormal { median: 1000.0, sigma: 1.0, max: u32::MAX };
+        let d = LengthDist::LogNormal {
+            median: 1000.0,
+            sigma: 1.0,
+            max: u32::MAX,
+        };
         let mut v: Vec<u32> = (0..20_001).map(|_| d.sample(&mut rng)).collect();
         v.sort_unstable();
         let med = f64::from(v[10_000]);
@@ -264,15 +289,38 @@ mod tests {
     #[test]
     fn invalid_configs_are_rejected() {
         assert!(LengthDist::Fixed(0).validate("T", "prompt").is_err());
-        assert!(LengthDist::Uniform { min: 5, max: 4 }.validate("T", "prompt").is_err());
-        assert!(LengthDist::Uniform { min: 0, max: 4 }.validate("T", "prompt").is_err());
-        let e = LengthDist::LogNormal { median: 0.5, sigma: 1.0, max: 10 }
-            .validate("Poisson", "prompt")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("Poisson") && e.contains("prompt") && e.contains("median >= 1"), "{e}");
-        assert!(LengthDist::Exponential { mean: f64::NAN }.validate("T", "o").is_err());
-        assert!(DurationDist::Uniform { min: 2, max: 1 }.validate("T", "gap").is_err());
+        assert!(
+            LengthDist::Uniform { min: 5, max: 4 }
+                .validate("T", "prompt")
+                .is_err()
+        );
+        assert!(
+            LengthDist::Uniform { min: 0, max: 4 }
+                .validate("T", "prompt")
+                .is_err()
+        );
+        let e = LengthDist::LogNormal {
+            median: 0.5,
+            sigma: 1.0,
+            max: 10,
+        }
+        .validate("Poisson", "prompt")
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("Poisson") && e.contains("prompt") && e.contains("median >= 1"),
+            "{e}"
+        );
+        assert!(
+            LengthDist::Exponential { mean: f64::NAN }
+                .validate("T", "o")
+                .is_err()
+        );
+        assert!(
+            DurationDist::Uniform { min: 2, max: 1 }
+                .validate("T", "gap")
+                .is_err()
+        );
         assert!(Until::default().validate("T").is_err());
         assert!(check_rate("T", "rate", -1.0, true).is_err());
         assert!(check_rate("T", "rate", 0.0, false).is_err());

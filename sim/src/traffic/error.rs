@@ -67,8 +67,9 @@ pub enum TrafficError {
     },
     /// A row's timestamp is earlier than the previous accepted row's.
     #[error(
-        "{path}:{line}: field `{field}`: timestamp `{value}` is {behind_ns} ns earlier than the \
-         previous row (line {prev_line}); timestamps must be non-decreasing (trace sorted by time)"
+        "{path}:{line}: field `{field}`: timestamp `{value}` is {behind_s:.6} s earlier than the \
+         previous row (line {prev_line}); timestamps must be non-decreasing (trace sorted by time)",
+        behind_s = *.behind_ns as f64 / 1e9
     )]
     Unsorted {
         /// Trace file.
@@ -149,6 +150,10 @@ impl TrafficError {
         field: &'static str,
         problem: impl Into<String>,
     ) -> Self {
-        Self::InvalidConfig { generator, field, problem: problem.into() }
+        Self::InvalidConfig {
+            generator,
+            field,
+            problem: problem.into(),
+        }
     }
 }

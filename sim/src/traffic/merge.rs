@@ -24,7 +24,9 @@ pub struct Merge {
 
 impl std::fmt::Debug for Merge {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Merge").field("sources", &self.sources.len()).finish_non_exhaustive()
+        f.debug_struct("Merge")
+            .field("sources", &self.sources.len())
+            .finish_non_exhaustive()
     }
 }
 
@@ -66,7 +68,12 @@ impl Merge {
 impl TrafficSource for Merge {
     fn next_arrival(&mut self) -> Result<Option<Arrival>, TrafficError> {
         let mut best: Option<(u64, usize)> = None;
-        for (i, (src, head)) in self.sources.iter_mut().zip(self.heads.iter_mut()).enumerate() {
+        for (i, (src, head)) in self
+            .sources
+            .iter_mut()
+            .zip(self.heads.iter_mut())
+            .enumerate()
+        {
             if matches!(head, Head::Empty) {
                 *head = match src.next_arrival()? {
                     Some(a) => Head::Ready(a),

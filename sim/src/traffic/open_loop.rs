@@ -3,7 +3,7 @@
 use rand::RngExt;
 use serde::{Deserialize, Serialize};
 
-use super::dist::{check_rate, exp1, rng_from_seed, DurationDist, LengthDist, SourceRng, Until};
+use super::dist::{DurationDist, LengthDist, SourceRng, Until, check_rate, exp1, rng_from_seed};
 use super::{Arrival, TrafficError, TrafficSource};
 
 const NS_PER_S: f64 = 1e9;
@@ -12,13 +12,16 @@ const NS_PER_S: f64 = 1e9;
 /// rounding bias.
 #[derive(Debug, Clone)]
 pub(crate) struct PoissonClock {
-    t_ns: f64,
+    pub(crate) t_ns: f64,
     mean_gap_ns: f64,
 }
 
 impl PoissonClock {
     pub(crate) fn new(start: u64, rate_per_s: f64) -> Self {
-        Self { t_ns: start as f64, mean_gap_ns: NS_PER_S / rate_per_s }
+        Self {
+            t_ns: start as f64,
+            mean_gap_ns: NS_PER_S / rate_per_s,
+        }
     }
 
     #[inline]
@@ -79,17 +82,35 @@ impl Burst {
     pub fn new(cfg: BurstConfig, seed: u64) -> Result<Self, TrafficError> {
         const G: &str = "Burst";
         if cfg.size == 0 {
-            return Err(TrafficError::config(G, "size", "is 0; expected >= 1 requests per burst"));
+            return Err(TrafficError::config(
+                G,
+                "size",
+                "is 0; expected >= 1 requests per burst",
+            ));
         }
         if cfg.repeats == 0 {
-            return Err(TrafficError::config(G, "repeats", "is 0; expected >= 1 bursts"));
+            return Err(TrafficError::config(
+                G,
+                "repeats",
+                "is 0; expected >= 1 bursts",
+            ));
         }
         if cfg.repeats > 1 && cfg.period == 0 {
-            return Err(TrafficError::config(G, "period", "is 0 with repeats > 1; expected > 0 ns"));
+            return Err(TrafficError::config(
+                G,
+                "period",
+                "is 0 with repeats > 1; expected > 0 ns",
+            ));
         }
         cfg.prompt.validate(G, "prompt")?;
         cfg.output.validate(G, "output")?;
-        Ok(Self { cfg, rng: rng_from_seed(seed), burst: 0, in_burst: 0, seq: 0 })
+        Ok(Self {
+            cfg,
+            rng: rng_from_seed(seed),
+            burst: 0,
+            in_burst: 0,
+            seq: 0,
+        })
     }
 }
 
@@ -228,6 +249,11 @@ pub struct Diurnal {
     end: u64,
     seq: u64,
     omega: f64,
+    /// `(cos, sin)` of the cycle angle at clock time `phase_t`, advanced by small-angle
+    /// rotations between exact recomputations (cheaper than `cos` per thinning candidate).
+    phase_t: f64,
+    cos_sin: (f64, f64),
+    rotations: u32,
 }
 
 impl Diurnal {
@@ -250,7 +276,11 @@ impl Diurnal {
             ));
         }
         if cfg.period == 0 {
-            return Err(TrafficError::config(G, "period", "is 0; expected a cycle length > 0 ns"));
+            return Err(TrafficError::config(
+                G,
+                "period",
+                "is 0; expected a cycle length > 0 ns",
+            ));
         }
         cfg.until.validate(G)?;
         cfg.prompt.validate(G, "prompt")?;
@@ -259,6 +289,9 @@ impl Diurnal {
             clock: PoissonClock::new(cfg.start, cfg.max_rate_per_s),
             end: cfg.until.end(cfg.start),
             omega: std::f64::consts::TAU / cfg.period as f64,
+            phase_t: f64::NEG_INFINITY,
+            cos_sin: (1.0, 0.0),
+            rotations: 0,
             rng: rng_from_seed(seed),
             cfg,
             seq: 0,
@@ -274,19 +307,45 @@ impl Diurnal {
     }
 }
 
+impl Diurnal {
+    /// `cos` of the cycle angle at clock time `t_ns` (non-decreasing between calls).
+    #[inline]
+    fn cos_at(&mut self, t_ns: f64) -> f64 {
+        const SMALL: f64 = 1e-3;
+        let d = (t_ns - self.phase_t) * self.omega;
+        if d < SMALL && self.rotations < 256 {
+            // Rotate by d: Taylor terms up to d^5, error < d^6/720 < 2e-21.
+            let d2 = d * d;
+            let cd = 1.0 - d2 * (0.5 - d2 / 24.0);
+            let sd = d * (1.0 - d2 / 6.0 * (1.0 - d2 / 20.0));
+            let (c, s) = self.cos_sin;
+            self.cos_sin = (c * cd - s * sd, s * cd + c * sd);
+            self.rotations += 1;
+        } else {
+            let x = (t_ns - self.cfg.start as f64 + self.cfg.phase as f64) * self.omega;
+            let (s, c) = x.sin_cos();
+            self.cos_sin = (c, s);
+            self.rotations = 0;
+        }
+        self.phase_t = t_ns;
+        self.cos_sin.0
+    }
+}
+
 impl TrafficSource for Diurnal {
     fn next_arrival(&mut self) -> Result<Option<Arrival>, TrafficError> {
         if self.seq >= self.cfg.until.max_count() {
             return Ok(None);
         }
-        let max = self.cfg.max_rate_per_s;
+        let (lo, hi) = (self.cfg.min_rate_per_s, self.cfg.max_rate_per_s);
         let at = loop {
             let t = self.clock.advance(&mut self.rng);
             if t >= self.end {
                 self.seq = u64::MAX;
                 return Ok(None);
             }
-            if self.rng.random::<f64>() * max < self.rate_at(t) {
+            let u = self.rng.random::<f64>() * hi;
+            if u < lo || u < lo + (hi - lo) * 0.5 * (1.0 - self.cos_at(self.clock.t_ns)) {
                 break t;
             }
         };
@@ -372,8 +431,10 @@ impl TrafficSource for OnOff {
         if self.remaining == 0 {
             if self.started {
                 let gap = self.cfg.gap.sample(&mut self.rng);
-                self.burst_start =
-                    self.burst_start.saturating_add(self.cfg.window).saturating_add(gap);
+                self.burst_start = self
+                    .burst_start
+                    .saturating_add(self.cfg.window)
+                    .saturating_add(gap);
             }
             self.started = true;
             self.remaining = self.cfg.burst_size.sample(&mut self.rng);
@@ -474,7 +535,11 @@ impl TrafficSource for LongPromptMix {
             return Ok(None);
         }
         let long = self.rng.random::<f64>() < self.cfg.long_fraction;
-        let prompt = if long { &self.cfg.long_prompt } else { &self.cfg.short_prompt };
+        let prompt = if long {
+            &self.cfg.long_prompt
+        } else {
+            &self.cfg.short_prompt
+        };
         let prompt = prompt.sample(&mut self.rng);
         let a = Arrival::new(at, prompt, self.cfg.output.sample(&mut self.rng), self.seq);
         self.seq += 1;

@@ -146,7 +146,11 @@ impl Accumulator {
             self.prefix.requests += 1;
             self.prefix.blocks_referenced += a.prefix_blocks.len() as u64;
             // Blocks already known before this request (a request's own blocks are distinct).
-            let reused = a.prefix_blocks.iter().filter(|h| self.seen.contains(h)).count();
+            let reused = a
+                .prefix_blocks
+                .iter()
+                .filter(|h| self.seen.contains(h))
+                .count();
             self.prefix.reused_blocks += reused as u64;
             self.seen.extend(a.prefix_blocks.iter().copied());
         }
@@ -157,8 +161,7 @@ impl Accumulator {
         let span_ns = self.last - first;
         let prefix = (self.prefix.requests > 0).then(|| PrefixReuse {
             distinct_blocks: self.seen.len() as u64,
-            reuse_fraction: self.prefix.reused_blocks as f64
-                / self.prefix.blocks_referenced as f64,
+            reuse_fraction: self.prefix.reused_blocks as f64 / self.prefix.blocks_referenced as f64,
             ..self.prefix
         });
         TraceStats {
@@ -251,7 +254,15 @@ mod tests {
         acc.add(&mk(2_000_000_000, &[]));
         let s = acc.finish();
         let p = s.prefix.unwrap();
-        assert_eq!((p.requests, p.blocks_referenced, p.reused_blocks, p.distinct_blocks), (2, 6, 2, 4));
+        assert_eq!(
+            (
+                p.requests,
+                p.blocks_referenced,
+                p.reused_blocks,
+                p.distinct_blocks
+            ),
+            (2, 6, 2, 4)
+        );
         assert!((p.reuse_fraction - 1.0 / 3.0).abs() < 1e-12);
         assert_eq!(s.mean_rate_per_s, Some(1.5));
         assert!(s.to_string().contains("33.33 %"));

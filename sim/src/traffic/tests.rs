@@ -17,12 +17,29 @@ fn sorted(v: &[Arrival]) -> bool {
 }
 
 fn lens() -> (LengthDist, LengthDist) {
-    (LengthDist::LogNormal { median: 1000.0, sigma: 1.0, max: 32_000 }, LengthDist::Exponential { mean: 200.0 })
+    (
+        LengthDist::LogNormal {
+            median: 1000.0,
+            sigma: 1.0,
+            max: 32_000,
+        },
+        LengthDist::Exponential { mean: 200.0 },
+    )
 }
 
 fn poisson(rate: f64, until: Until, seed: u64) -> Poisson {
     let (prompt, output) = lens();
-    Poisson::new(PoissonConfig { start: 0, rate_per_s: rate, until, prompt, output }, seed).unwrap()
+    Poisson::new(
+        PoissonConfig {
+            start: 0,
+            rate_per_s: rate,
+            until,
+            prompt,
+            output,
+        },
+        seed,
+    )
+    .unwrap()
 }
 
 #[test]
@@ -35,9 +52,15 @@ fn poisson_rate_and_stop_conditions() {
     let v = drain(&mut poisson(10.0, Until::duration(100 * S), 7));
     assert!(v.iter().all(|a| a.at < 100 * S));
     assert!((900..1100).contains(&v.len()), "{}", v.len());
-    assert!(v.iter().all(|a| a.prefix_blocks.is_empty() && a.output_tokens >= 1));
+    assert!(
+        v.iter()
+            .all(|a| a.prefix_blocks.is_empty() && a.output_tokens >= 1)
+    );
     assert!(v.iter().enumerate().all(|(i, a)| a.tag == i as u64));
-    let both = Until { duration: Some(100 * S), count: Some(5) };
+    let both = Until {
+        duration: Some(100 * S),
+        count: Some(5),
+    };
     assert_eq!(drain(&mut poisson(10.0, both, 7)).len(), 5);
 }
 
@@ -57,8 +80,20 @@ fn burst_repeats() {
     .unwrap();
     let at: Vec<u64> = drain(&mut b).iter().map(|a| a.at).collect();
     assert_eq!(at, [5, 5, 5, 15, 15, 15]);
-    let bad = BurstConfig { at: 0, size: 1, repeats: 2, period: 0, prompt: LengthDist::Fixed(1), output: LengthDist::Fixed(1) };
-    assert!(Burst::new(bad, 1).unwrap_err().to_string().contains("period"));
+    let bad = BurstConfig {
+        at: 0,
+        size: 1,
+        repeats: 2,
+        period: 0,
+        prompt: LengthDist::Fixed(1),
+        output: LengthDist::Fixed(1),
+    };
+    assert!(
+        Burst::new(bad, 1)
+            .unwrap_err()
+            .to_string()
+            .contains("period")
+    );
 }
 
 fn diurnal(seed: u64) -> Diurnal {
@@ -87,9 +122,19 @@ fn diurnal_follows_the_sinusoid() {
     let v = drain(&mut diurnal(3));
     assert!(sorted(&v));
     // Expected count = mean rate 11/s × 1000 s.
-    assert!((v.len() as f64 / 11_000.0 - 1.0).abs() < 0.05, "{}", v.len());
-    let trough = v.iter().filter(|a| a.at < 100 * S || a.at >= 900 * S).count();
-    let peak = v.iter().filter(|a| (400 * S..600 * S).contains(&a.at)).count();
+    assert!(
+        (v.len() as f64 / 11_000.0 - 1.0).abs() < 0.05,
+        "{}",
+        v.len()
+    );
+    let trough = v
+        .iter()
+        .filter(|a| a.at < 100 * S || a.at >= 900 * S)
+        .count();
+    let peak = v
+        .iter()
+        .filter(|a| (400 * S..600 * S).contains(&a.at))
+        .count();
     assert!(peak > 4 * trough, "peak {peak} trough {trough}");
 }
 
@@ -117,7 +162,10 @@ fn onoff_bursts_and_gaps() {
     assert!(sorted(&v));
     for (b, chunk) in v.chunks(20).enumerate() {
         let lo = 10 + b as u64 * 61 * S;
-        assert!(chunk.iter().all(|a| (lo..=lo + S).contains(&a.at)), "burst {b}");
+        assert!(
+            chunk.iter().all(|a| (lo..=lo + S).contains(&a.at)),
+            "burst {b}"
+        );
     }
 }
 
@@ -142,7 +190,10 @@ fn closed(users: u32, until: Until, seed: u64) -> ClosedLoop {
 fn closed_loop_follow_up_only_after_completion() {
     let mut c = closed(4, Until::count(10), 1);
     let first = drain(&mut c);
-    assert_eq!(first.iter().map(|a| (a.at, a.tag)).collect::<Vec<_>>(), [(0, 0), (S, 1), (2 * S, 2), (3 * S, 3)]);
+    assert_eq!(
+        first.iter().map(|a| (a.at, a.tag)).collect::<Vec<_>>(),
+        [(0, 0), (S, 1), (2 * S, 2), (3 * S, 3)]
+    );
     assert_eq!(c.in_flight(), 4);
     // Nothing more without completions.
     assert!(c.next_arrival().unwrap().is_none());
@@ -199,7 +250,10 @@ fn conversation_prefixes_grow_and_share() {
     assert!(sorted(&firsts));
     // Two full system-prompt blocks shared by every conversation, the third is not.
     for a in &firsts {
-        assert_eq!(a.prefix_blocks.len() as u64, blocks_for_tokens(u64::from(a.prompt_tokens)));
+        assert_eq!(
+            a.prefix_blocks.len() as u64,
+            blocks_for_tokens(u64::from(a.prompt_tokens))
+        );
         assert_eq!(a.prefix_blocks[..2], firsts[0].prefix_blocks[..2]);
     }
     assert_ne!(firsts[0].prefix_blocks[2], firsts[1].prefix_blocks[2]);
@@ -213,7 +267,7 @@ fn conversation_prefixes_grow_and_share() {
         assert!(next.prompt_tokens > prev.prompt_tokens + prev.output_tokens);
         let full = (prev.prompt_tokens / BLOCK_TOKENS) as usize;
         assert_eq!(next.prefix_blocks[..full], prev.prefix_blocks[..full]);
-        if prev.prompt_tokens % BLOCK_TOKENS != 0 {
+        if !prev.prompt_tokens.is_multiple_of(BLOCK_TOKENS) {
             // The previously partial block got more tokens: different content, new hash.
             assert_ne!(next.prefix_blocks[full], prev.prefix_blocks[full]);
         }
@@ -266,7 +320,10 @@ fn long_prompt_mix_fraction() {
             rate_per_s: 100.0,
             until: Until::count(20_000),
             long_fraction: 0.1,
-            long_prompt: LengthDist::Uniform { min: 50_000, max: 100_000 },
+            long_prompt: LengthDist::Uniform {
+                min: 50_000,
+                max: 100_000,
+            },
             short_prompt: LengthDist::Uniform { min: 10, max: 2000 },
             output: LengthDist::Fixed(10),
         },
@@ -281,7 +338,14 @@ fn long_prompt_mix_fraction() {
 #[test]
 fn merge_orders_by_time_and_routes_completions() {
     let b = Burst::new(
-        BurstConfig { at: 0, size: 2, repeats: 3, period: S, prompt: LengthDist::Fixed(1), output: LengthDist::Fixed(1) },
+        BurstConfig {
+            at: 0,
+            size: 2,
+            repeats: 3,
+            period: S,
+            prompt: LengthDist::Fixed(1),
+            output: LengthDist::Fixed(1),
+        },
         1,
     )
     .unwrap();
@@ -308,7 +372,20 @@ fn determinism_of_every_generator() {
     let makers: [(&str, Make); 8] = [
         ("burst", |s| {
             let (prompt, output) = lens();
-            Box::new(Burst::new(BurstConfig { at: 0, size: 50, repeats: 2, period: S, prompt, output }, s).unwrap())
+            Box::new(
+                Burst::new(
+                    BurstConfig {
+                        at: 0,
+                        size: 50,
+                        repeats: 2,
+                        period: S,
+                        prompt,
+                        output,
+                    },
+                    s,
+                )
+                .unwrap(),
+            )
         }),
         ("poisson", |s| Box::new(poisson(5.0, Until::count(200), s))),
         ("diurnal", |s| Box::new(diurnal(s))),
@@ -323,7 +400,10 @@ fn determinism_of_every_generator() {
                         rate_per_s: 5.0,
                         until: Until::count(200),
                         long_fraction: 0.5,
-                        long_prompt: LengthDist::Uniform { min: 10_000, max: 20_000 },
+                        long_prompt: LengthDist::Uniform {
+                            min: 10_000,
+                            max: 20_000,
+                        },
                         short_prompt: LengthDist::Uniform { min: 1, max: 100 },
                         output: LengthDist::Fixed(3),
                     },
@@ -332,7 +412,12 @@ fn determinism_of_every_generator() {
                 .unwrap(),
             )
         }),
-        ("merge", |s| Box::new(Merge::new(vec![Box::new(poisson(5.0, Until::count(100), s)), Box::new(conversations(s, 0))]))),
+        ("merge", |s| {
+            Box::new(Merge::new(vec![
+                Box::new(poisson(5.0, Until::count(100), s)),
+                Box::new(conversations(s, 0)),
+            ]))
+        }),
     ];
     // Drain open-loop arrivals and answer every arrival with a completion 1 s later, so
     // closed-loop follow-ups are part of the compared sequence.
@@ -352,25 +437,64 @@ fn determinism_of_every_generator() {
     for (name, make) in makers {
         let a = run(make, 11);
         assert!(!a.is_empty(), "{name}");
-        assert_eq!(a, run(make, 11), "{name}: same seed must give the same stream");
-        assert_ne!(a, run(make, 12), "{name}: a different seed must change the stream");
+        assert_eq!(
+            a,
+            run(make, 11),
+            "{name}: same seed must give the same stream"
+        );
+        assert_ne!(
+            a,
+            run(make, 12),
+            "{name}: a different seed must change the stream"
+        );
     }
 }
 
 #[test]
 fn invalid_configs_name_the_field() {
     let (prompt, output) = lens();
-    let e = Poisson::new(PoissonConfig { start: 0, rate_per_s: 0.0, until: Until::count(1), prompt, output }, 0)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("Poisson") && e.contains("rate_per_s") && e.contains("> 0"), "{e}");
-    let e = Poisson::new(PoissonConfig { start: 0, rate_per_s: 1.0, until: Until::default(), prompt, output }, 0)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("until"), "{e}");
-    assert!(ClosedLoop::new(
-        ClosedLoopConfig { start: 0, users: 0, ramp: 0, think: DurationDist::Fixed(0), until: Until::count(1), prompt, output },
-        0
+    let e = Poisson::new(
+        PoissonConfig {
+            start: 0,
+            rate_per_s: 0.0,
+            until: Until::count(1),
+            prompt,
+            output,
+        },
+        0,
     )
-    .is_err());
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("Poisson") && e.contains("rate_per_s") && e.contains("> 0"),
+        "{e}"
+    );
+    let e = Poisson::new(
+        PoissonConfig {
+            start: 0,
+            rate_per_s: 1.0,
+            until: Until::default(),
+            prompt,
+            output,
+        },
+        0,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("until"), "{e}");
+    assert!(
+        ClosedLoop::new(
+            ClosedLoopConfig {
+                start: 0,
+                users: 0,
+                ramp: 0,
+                think: DurationDist::Fixed(0),
+                until: Until::count(1),
+                prompt,
+                output
+            },
+            0
+        )
+        .is_err()
+    );
 }

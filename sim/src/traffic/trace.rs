@@ -90,7 +90,10 @@ impl ReplayOptions {
     /// # Errors
     /// [`TrafficError::InvalidConfig`] when a scale is not a finite positive number.
     pub fn validate(&self) -> Result<(), TrafficError> {
-        for (field, v) in [("time_scale", self.time_scale), ("rate_scale", self.rate_scale)] {
+        for (field, v) in [
+            ("time_scale", self.time_scale),
+            ("rate_scale", self.rate_scale),
+        ] {
             if !(v.is_finite() && v > 0.0) {
                 return Err(TrafficError::config(
                     "ReplayOptions",
@@ -152,9 +155,16 @@ impl TraceReplay {
         options: ReplayOptions,
     ) -> Result<Self, TrafficError> {
         let path = path.as_ref();
-        let file = File::open(path)
-            .map_err(|source| TrafficError::Io { path: path.to_path_buf(), source })?;
-        Self::from_reader(BufReader::with_capacity(1 << 16, file), path, format, options)
+        let file = File::open(path).map_err(|source| TrafficError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_reader(
+            BufReader::with_capacity(1 << 16, file),
+            path,
+            format,
+            options,
+        )
     }
 
     /// Replay from any buffered reader; `name` is used as the file name in errors.
@@ -247,7 +257,10 @@ impl TrafficSource for TraceReplay {
             self.buf.clear();
             if let Err(source) = self.reader.read_until(b'\n', &mut self.buf) {
                 self.finished = true;
-                return Err(TrafficError::Io { path: self.st.path.clone(), source });
+                return Err(TrafficError::Io {
+                    path: self.st.path.clone(),
+                    source,
+                });
             }
             if self.buf.is_empty() {
                 self.finished = true;
@@ -333,11 +346,17 @@ impl ParseState {
             Ok(t) => t.trim(),
             Err(e) => {
                 let problem = format!("line is not valid UTF-8 ({e}); expected a UTF-8 text row");
-                return Err(if self.format == TraceFormat::AzureCsv && self.columns.is_none() {
-                    TrafficError::BadHeader { path: self.path.clone(), line: self.line, problem }
-                } else {
-                    self.bad("<line>", problem)
-                });
+                return Err(
+                    if self.format == TraceFormat::AzureCsv && self.columns.is_none() {
+                        TrafficError::BadHeader {
+                            path: self.path.clone(),
+                            line: self.line,
+                            problem,
+                        }
+                    } else {
+                        self.bad("<line>", problem)
+                    },
+                );
             }
         };
         if text.is_empty() {
@@ -362,7 +381,11 @@ impl ParseState {
             let (field, value) = match (&self.format, &self.columns) {
                 (TraceFormat::AzureCsv, Some(c)) => (
                     "TIMESTAMP",
-                    text.split(',').nth(c.ts).unwrap_or_default().trim().to_owned(),
+                    text.split(',')
+                        .nth(c.ts)
+                        .unwrap_or_default()
+                        .trim()
+                        .to_owned(),
                 ),
                 _ => ("timestamp", format!("{} ms", row.ts as f64 / 1e6)),
             };
@@ -389,22 +412,37 @@ impl ParseState {
                 0
             })
         };
-        let (ts, prompt, output) = (get("TIMESTAMP"), get("ContextTokens"), get("GeneratedTokens"));
+        let (ts, prompt, output) = (
+            get("TIMESTAMP"),
+            get("ContextTokens"),
+            get("GeneratedTokens"),
+        );
         if !missing.is_empty() {
             return Err(TrafficError::BadHeader {
                 path: self.path.clone(),
                 line: self.line,
                 problem: format!(
                     "missing column(s) {}; expected a header like `{AZURE_HEADER}`, found `{text}`",
-                    missing.iter().map(|m| format!("`{m}`")).collect::<Vec<_>>().join(", ")
+                    missing
+                        .iter()
+                        .map(|m| format!("`{m}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
             });
         }
-        Ok(CsvColumns { names, ts, prompt, output })
+        Ok(CsvColumns {
+            names,
+            ts,
+            prompt,
+            output,
+        })
     }
 
     fn parse_csv_row(&self, text: &str) -> Result<Row, TrafficError> {
-        let Some(cols) = &self.columns else { unreachable!("header parsed first") };
+        let Some(cols) = &self.columns else {
+            unreachable!("header parsed first")
+        };
         let (mut ts, mut prompt, mut output) = (None, None, None);
         let mut n = 0;
         for (i, field) in text.split(',').enumerate() {
@@ -441,24 +479,36 @@ impl ParseState {
                 ),
             )
         })?;
-        let prompt = parse_count(unquote(prompt), 0)
-            .map_err(|p| self.bad(&cols.names[cols.prompt], p))?;
-        let output = parse_count(unquote(output), 1)
-            .map_err(|p| self.bad(&cols.names[cols.output], p))?;
-        Ok(Row { ts, prompt, output, blocks: Vec::new() })
+        let prompt =
+            parse_count(unquote(prompt), 0).map_err(|p| self.bad(&cols.names[cols.prompt], p))?;
+        let output =
+            parse_count(unquote(output), 1).map_err(|p| self.bad(&cols.names[cols.output], p))?;
+        Ok(Row {
+            ts,
+            prompt,
+            output,
+            blocks: Vec::new(),
+        })
     }
 
     fn parse_json_row(&self, text: &str) -> Result<Row, TrafficError> {
-        let raw: MooncakeRow = serde_json::from_str(text).map_err(|e| TrafficError::BadJson {
-            path: self.path.clone(),
-            line: self.line,
-            detail: e.to_string(),
+        let raw: MooncakeRow = serde_json::from_str(text).map_err(|e| {
+            // serde_json's location names "line 1" of the single line it was given.
+            let msg = e.to_string();
+            let msg = msg
+                .rsplit_once(" at line ")
+                .map_or(msg.as_str(), |(m, _)| m);
+            TrafficError::BadJson {
+                path: self.path.clone(),
+                line: self.line,
+                detail: format!("{msg} at column {}", e.column()),
+            }
         })?;
         let ts = json_timestamp_ns(raw.timestamp.as_ref()).map_err(|p| self.bad("timestamp", p))?;
-        let prompt = json_count(raw.input_length.as_ref(), 0)
-            .map_err(|p| self.bad("input_length", p))?;
-        let output = json_count(raw.output_length.as_ref(), 1)
-            .map_err(|p| self.bad("output_length", p))?;
+        let prompt =
+            json_count(raw.input_length.as_ref(), 0).map_err(|p| self.bad("input_length", p))?;
+        let output =
+            json_count(raw.output_length.as_ref(), 1).map_err(|p| self.bad("output_length", p))?;
         let Some(HashIds(mut blocks)) = raw.hash_ids else {
             return Err(self.bad(
                 "hash_ids",
@@ -476,13 +526,21 @@ impl ParseState {
             });
         }
         chain_in_place(&mut blocks);
-        Ok(Row { ts, prompt, output, blocks })
+        Ok(Row {
+            ts,
+            prompt,
+            output,
+            blocks,
+        })
     }
 }
 
 fn unquote(s: &str) -> &str {
     let s = s.trim();
-    s.strip_prefix('"').and_then(|r| r.strip_suffix('"')).unwrap_or(s).trim()
+    s.strip_prefix('"')
+        .and_then(|r| r.strip_suffix('"'))
+        .unwrap_or(s)
+        .trim()
 }
 
 /// Parse a token count `>= min` that fits in `u32`; the error says what would be valid.
@@ -496,7 +554,9 @@ fn parse_count(s: &str, min: u32) -> Result<u32, String> {
     {
         return Err(format!("is negative ({s}); {expect}"));
     }
-    let v: u64 = s.parse().map_err(|_| format!("`{s}` is not a non-negative integer; {expect}"))?;
+    let v: u64 = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a non-negative integer; {expect}"))?;
     check_count(v, min, &expect)
 }
 
@@ -527,8 +587,12 @@ fn json_count(v: Option<&Value>, min: u32) -> Result<u32, String> {
 
 fn json_timestamp_ns(v: Option<&Value>) -> Result<i64, String> {
     const EXPECT: &str = "expected milliseconds >= 0 as a number";
-    let Some(v) = v else { return Err(format!("is missing; {EXPECT}")) };
-    let Value::Number(n) = v else { return Err(format!("is {v}, not a number; {EXPECT}")) };
+    let Some(v) = v else {
+        return Err(format!("is missing; {EXPECT}"));
+    };
+    let Value::Number(n) = v else {
+        return Err(format!("is {v}, not a number; {EXPECT}"));
+    };
     if let Some(ms) = n.as_u64() {
         return ms
             .checked_mul(1_000_000)
@@ -561,7 +625,10 @@ impl<'de> Deserialize<'de> for HashIds {
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("field `hash_ids` to be a list of integer block ids >= 0")
             }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<HashIds, A::Error> {
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<HashIds, A::Error> {
                 let mut ids = Vec::with_capacity(seq.size_hint().unwrap_or(16));
                 while let Some(n) = seq.next_element::<serde_json::Number>()? {
                     let Some(id) = n.as_u64() else {
@@ -605,7 +672,11 @@ fn parse_datetime(b: &[u8]) -> Option<i64> {
         return None;
     }
     let (y, mo, d) = (digits(&b[0..4])?, digits(&b[5..7])?, digits(&b[8..10])?);
-    let (h, mi, sec) = (digits(&b[11..13])?, digits(&b[14..16])?, digits(&b[17..19])?);
+    let (h, mi, sec) = (
+        digits(&b[11..13])?,
+        digits(&b[14..16])?,
+        digits(&b[17..19])?,
+    );
     if !(1..=12).contains(&mo) || d < 1 || d > days_in_month(y, mo) || h > 23 || mi > 59 || sec > 59
     {
         return None;
@@ -624,11 +695,9 @@ fn parse_datetime(b: &[u8]) -> Option<i64> {
     }
     let offset_s = match rest {
         [] | [b'Z'] => 0,
-        [sign @ (b'+' | b'-'), hh @ .., ] => {
+        [sign @ (b'+' | b'-'), hh @ ..] => {
             let (oh, om) = match hh {
-                [a, b2, b':', c, d2] | [a, b2, c, d2] => {
-                    (digits(&[*a, *b2])?, digits(&[*c, *d2])?)
-                }
+                [a, b2, b':', c, d2] | [a, b2, c, d2] => (digits(&[*a, *b2])?, digits(&[*c, *d2])?),
                 [a, b2] => (digits(&[*a, *b2])?, 0),
                 _ => return None,
             };
@@ -686,12 +755,18 @@ mod tests {
     #[test]
     fn timestamps() {
         assert_eq!(parse_timestamp("1970-01-01 00:00:00"), Some(0));
-        assert_eq!(parse_timestamp("1970-01-02 00:00:01.5"), Some(86_401_500_000_000));
+        assert_eq!(
+            parse_timestamp("1970-01-02 00:00:01.5"),
+            Some(86_401_500_000_000)
+        );
         let a = parse_timestamp("2023-11-16 18:17:03.9799600").unwrap();
         let b = parse_timestamp("2023-11-16 18:17:04.0319600").unwrap();
         assert_eq!(b - a, 52_000_000);
         // 2023-11-16T18:17:03Z = 1700158623
-        assert_eq!(parse_timestamp("2023-11-16T18:17:03Z"), Some(1_700_158_623_000_000_000));
+        assert_eq!(
+            parse_timestamp("2023-11-16T18:17:03Z"),
+            Some(1_700_158_623_000_000_000)
+        );
         assert_eq!(
             parse_timestamp("2024-05-10 00:00:00.009930+00:00"),
             Some(1_715_299_200_009_930_000)
@@ -702,9 +777,16 @@ mod tests {
         );
         assert_eq!(parse_timestamp("2024-02-29 00:00:00").map(|_| ()), Some(()));
         assert_eq!(parse_timestamp("12.5"), Some(12_500_000_000));
-        for bad in ["2023-02-29 00:00:00", "2023-13-01 00:00:00", "2023-11-16 24:00:00", "x", "",
-            "2023-11-16 18:17:03.", "2023-11-16 18:17:03 junk", "2023/11/16 18:17:03"]
-        {
+        for bad in [
+            "2023-02-29 00:00:00",
+            "2023-13-01 00:00:00",
+            "2023-11-16 24:00:00",
+            "x",
+            "",
+            "2023-11-16 18:17:03.",
+            "2023-11-16 18:17:03 junk",
+            "2023/11/16 18:17:03",
+        ] {
             assert_eq!(parse_timestamp(bad), None, "{bad}");
         }
     }
@@ -716,7 +798,12 @@ mod tests {
                     2023-11-16 18:17:04.0,20,2\n\
                     \n\
                     2023-11-16 18:17:06.0,30,3\n";
-        let v = drain(&mut replay(text, TraceFormat::AzureCsv, ReplayOptions::default())).unwrap();
+        let v = drain(&mut replay(
+            text,
+            TraceFormat::AzureCsv,
+            ReplayOptions::default(),
+        ))
+        .unwrap();
         let at: Vec<u64> = v.iter().map(|a| a.at).collect();
         assert_eq!(at, [0, 1_000_000_000, 3_000_000_000]);
         assert_eq!(v[2].prompt_tokens, 30);
@@ -733,7 +820,12 @@ mod tests {
         let v = drain(&mut replay(text, TraceFormat::AzureCsv, opts)).unwrap();
         assert_eq!(v.len(), 1);
         assert_eq!((v[0].at, v[0].prompt_tokens), (7, 20));
-        let opts = ReplayOptions { skip_rows: 1, time_scale: 3.0, rate_scale: 2.0, ..Default::default() };
+        let opts = ReplayOptions {
+            skip_rows: 1,
+            time_scale: 3.0,
+            rate_scale: 2.0,
+            ..Default::default()
+        };
         let v = drain(&mut replay(text, TraceFormat::AzureCsv, opts)).unwrap();
         assert_eq!(v[1].at, 3_000_000_000);
     }
@@ -741,11 +833,25 @@ mod tests {
     #[test]
     fn csv_reordered_columns_and_header_errors() {
         let text = "GeneratedTokens,extra,TIMESTAMP,ContextTokens\n5,x,2023-11-16 18:17:03,9\n";
-        let v = drain(&mut replay(text, TraceFormat::AzureCsv, ReplayOptions::default())).unwrap();
+        let v = drain(&mut replay(
+            text,
+            TraceFormat::AzureCsv,
+            ReplayOptions::default(),
+        ))
+        .unwrap();
         assert_eq!((v[0].prompt_tokens, v[0].output_tokens), (9, 5));
-        let mut r = replay("time,ContextTokens\n1,2\n", TraceFormat::AzureCsv, ReplayOptions::default());
+        let mut r = replay(
+            "time,ContextTokens\n1,2\n",
+            TraceFormat::AzureCsv,
+            ReplayOptions::default(),
+        );
         let e = r.next_arrival().unwrap_err().to_string();
-        assert!(e.contains("mem.trace:1") && e.contains("`TIMESTAMP`") && e.contains("`GeneratedTokens`"), "{e}");
+        assert!(
+            e.contains("mem.trace:1")
+                && e.contains("`TIMESTAMP`")
+                && e.contains("`GeneratedTokens`"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -753,19 +859,34 @@ mod tests {
         let cases = [
             ("2023-11-16 18:17:03,5", "GeneratedTokens", "2 column"),
             ("2023-11-16 18:17:03,-5,3", "ContextTokens", "negative"),
-            ("2023-11-16 18:17:03,abc,3", "ContextTokens", "not a non-negative integer"),
+            (
+                "2023-11-16 18:17:03,abc,3",
+                "ContextTokens",
+                "not a non-negative integer",
+            ),
             ("2023-11-16 18:17:03,5,0", "GeneratedTokens", "zero length"),
             ("yesterday,5,1", "TIMESTAMP", "not a timestamp"),
-            ("2023-11-16 18:17:03,5,99999999999", "GeneratedTokens", "too large"),
+            (
+                "2023-11-16 18:17:03,5,99999999999",
+                "GeneratedTokens",
+                "too large",
+            ),
         ];
         for (row, field, what) in cases {
             let text = format!("TIMESTAMP,ContextTokens,GeneratedTokens\n{row}\n");
-            let e = drain(&mut replay(&text, TraceFormat::AzureCsv, ReplayOptions::default()))
-                .unwrap_err();
+            let e = drain(&mut replay(
+                &text,
+                TraceFormat::AzureCsv,
+                ReplayOptions::default(),
+            ))
+            .unwrap_err();
             assert!(e.is_row_error());
             assert_eq!(e.line(), Some(2));
             let m = e.to_string();
-            assert!(m.starts_with("mem.trace:2: ") && m.contains(field) && m.contains(what), "{m}");
+            assert!(
+                m.starts_with("mem.trace:2: ") && m.contains(field) && m.contains(what),
+                "{m}"
+            );
         }
     }
 
@@ -775,13 +896,27 @@ mod tests {
                     2023-11-16 18:17:05,1,1\n\
                     2023-11-16 18:17:04,1,1\n\
                     2023-11-16 18:17:06,1,1\n";
-        let e = drain(&mut replay(text, TraceFormat::AzureCsv, ReplayOptions::default())).unwrap_err();
+        let e = drain(&mut replay(
+            text,
+            TraceFormat::AzureCsv,
+            ReplayOptions::default(),
+        ))
+        .unwrap_err();
         let m = e.to_string();
-        assert!(m.contains("mem.trace:3") && m.contains("TIMESTAMP") && m.contains("line 2") && m.contains("non-decreasing"), "{m}");
+        assert!(
+            m.contains("mem.trace:3")
+                && m.contains("TIMESTAMP")
+                && m.contains("line 2")
+                && m.contains("non-decreasing"),
+            "{m}"
+        );
         let mut r = replay(
             text,
             TraceFormat::AzureCsv,
-            ReplayOptions { on_bad_row: BadRowPolicy::Skip, ..Default::default() },
+            ReplayOptions {
+                on_bad_row: BadRowPolicy::Skip,
+                ..Default::default()
+            },
         );
         let v = drain(&mut r).unwrap();
         assert_eq!(v.len(), 2);
@@ -796,7 +931,12 @@ mod tests {
 {"timestamp": 3000, "input_length": 512, "output_length": 5, "hash_ids": [0], "extra": true}
 {"timestamp": 3000, "input_length": 1100, "output_length": 5, "hash_ids": [0, 1, 7]}
 "#;
-        let v = drain(&mut replay(text, TraceFormat::MooncakeJsonl, ReplayOptions::default())).unwrap();
+        let v = drain(&mut replay(
+            text,
+            TraceFormat::MooncakeJsonl,
+            ReplayOptions::default(),
+        ))
+        .unwrap();
         assert_eq!(v.len(), 3);
         assert_eq!(v[1].at, 3_000_000_000);
         assert_eq!(v[0].prefix_blocks[0], v[1].prefix_blocks[0]);
@@ -807,39 +947,88 @@ mod tests {
     #[test]
     fn mooncake_errors() {
         let cases = [
-            (r#"{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0]}"#, "ceil(600/512) = 2"),
-            (r#"{"timestamp": 0, "input_length": -1, "output_length": 5, "hash_ids": []}"#, "`input_length`: is negative"),
-            (r#"{"timestamp": 0, "input_length": 1, "output_length": 0, "hash_ids": [0]}"#, "`output_length`: is 0 (zero length)"),
-            (r#"{"timestamp": "x", "input_length": 1, "output_length": 1, "hash_ids": [0]}"#, "`timestamp`: is \"x\", not a number"),
-            (r#"{"timestamp": 0, "input_length": 1, "output_length": 1}"#, "`hash_ids`: is missing"),
-            (r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [-3]}"#, "`hash_ids`: element 0 is -3"),
+            (
+                r#"{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0]}"#,
+                "ceil(600/512) = 2",
+            ),
+            (
+                r#"{"timestamp": 0, "input_length": -1, "output_length": 5, "hash_ids": []}"#,
+                "`input_length`: is negative",
+            ),
+            (
+                r#"{"timestamp": 0, "input_length": 1, "output_length": 0, "hash_ids": [0]}"#,
+                "`output_length`: is 0 (zero length)",
+            ),
+            (
+                r#"{"timestamp": "x", "input_length": 1, "output_length": 1, "hash_ids": [0]}"#,
+                "`timestamp`: is \"x\", not a number",
+            ),
+            (
+                r#"{"timestamp": 0, "input_length": 1, "output_length": 1}"#,
+                "`hash_ids`: is missing",
+            ),
+            (
+                r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [-3]}"#,
+                "`hash_ids`: element 0 is -3",
+            ),
             (r#"{"timestamp": 0, "input_length": 1,"#, "invalid JSON"),
-            (r#"{"timestamp": 0, "input_length": 1.5, "output_length": 1, "hash_ids": [0]}"#, "not an integer"),
+            (
+                r#"{"timestamp": 0, "input_length": 1.5, "output_length": 1, "hash_ids": [0]}"#,
+                "not an integer",
+            ),
         ];
         for (row, what) in cases {
-            let e = drain(&mut replay(row, TraceFormat::MooncakeJsonl, ReplayOptions::default()))
-                .unwrap_err();
+            let e = drain(&mut replay(
+                row,
+                TraceFormat::MooncakeJsonl,
+                ReplayOptions::default(),
+            ))
+            .unwrap_err();
             let m = e.to_string();
-            assert!(m.starts_with("mem.trace:1: ") && m.contains(what), "{what} :: {m}");
+            assert!(
+                m.starts_with("mem.trace:1: ") && m.contains(what),
+                "{what} :: {m}"
+            );
         }
     }
 
     #[test]
     fn options_are_validated() {
-        for (t, r) in [(0.0, 1.0), (1.0, -1.0), (f64::NAN, 1.0), (1.0, f64::INFINITY)] {
-            let o = ReplayOptions { time_scale: t, rate_scale: r, ..Default::default() };
-            assert!(TraceReplay::from_reader(Cursor::new(""), "x", TraceFormat::AzureCsv, o).is_err());
+        for (t, r) in [
+            (0.0, 1.0),
+            (1.0, -1.0),
+            (f64::NAN, 1.0),
+            (1.0, f64::INFINITY),
+        ] {
+            let o = ReplayOptions {
+                time_scale: t,
+                rate_scale: r,
+                ..Default::default()
+            };
+            assert!(
+                TraceReplay::from_reader(Cursor::new(""), "x", TraceFormat::AzureCsv, o).is_err()
+            );
         }
-        let e = TraceReplay::open("/nonexistent/x.csv", TraceFormat::AzureCsv, ReplayOptions::default())
-            .unwrap_err()
-            .to_string();
+        let e = TraceReplay::open(
+            "/nonexistent/x.csv",
+            TraceFormat::AzureCsv,
+            ReplayOptions::default(),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("/nonexistent/x.csv"), "{e}");
     }
 
     #[test]
     fn format_from_path() {
-        assert_eq!(TraceFormat::from_path(Path::new("a/b.CSV")), Some(TraceFormat::AzureCsv));
-        assert_eq!(TraceFormat::from_path(Path::new("t.jsonl")), Some(TraceFormat::MooncakeJsonl));
+        assert_eq!(
+            TraceFormat::from_path(Path::new("a/b.CSV")),
+            Some(TraceFormat::AzureCsv)
+        );
+        assert_eq!(
+            TraceFormat::from_path(Path::new("t.jsonl")),
+            Some(TraceFormat::MooncakeJsonl)
+        );
         assert_eq!(TraceFormat::from_path(Path::new("t.txt")), None);
     }
 }

@@ -1,26 +1,164 @@
-//! The event engine on the source's case studies and on queueing theory.
+//! The event engine on the source's case studies, on queueing theory, and on determinism.
 
-use routelab_sim::{Scenario, run};
+use routelab_policies::PolicyConfig;
+use routelab_sim::{RequestRecord, RunMetrics, Scenario, run};
 use std::path::PathBuf;
 
-fn scenarios() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scenarios")
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn load(rel: &str) -> Scenario {
+    Scenario::load(root().join(rel)).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn run_policy(sc: &Scenario, policy: &PolicyConfig) -> RunMetrics {
+    let mut t = sc.traffic_source(sc.setup.seed).unwrap();
+    run(&sc.setup, policy, &mut *t, None).unwrap()
+}
+
+fn run_named(sc: &Scenario, name: &str) -> RunMetrics {
+    let p = sc
+        .policies
+        .iter()
+        .find(|p| p.name == name)
+        .unwrap_or_else(|| panic!("policy {name} not in scenario"));
+    run_policy(sc, p)
+}
+
+fn worker<'a>(m: &'a RunMetrics, name: &str) -> &'a routelab_sim::WorkerTotals {
+    m.workers.iter().find(|w| w.name == name).unwrap()
 }
 
 #[test]
-fn sixteen_at_once_smoke() {
-    let sc = Scenario::load(scenarios().join("seed/sixteen-at-once.yaml")).unwrap();
-    for p in &sc.policies {
-        let mut t = sc.traffic_source(sc.setup.seed).unwrap();
-        let m = run(&sc.setup, p, &mut *t, None).unwrap();
-        eprintln!(
-            "{}: completed {} e2e max {:?} workers {:?} probes {} gpu_s {:.2}",
-            p.name,
-            m.completed,
-            m.e2e.quantile_secs(1.0),
-            m.workers.iter().map(|w| (w.name.clone(), w.requests, w.final_weight)).collect::<Vec<_>>(),
-            m.probe_bursts,
-            m.probe_gpu_s
-        );
-    }
+fn sixteen_at_once_splits_12_4_under_v1_and_favours_the_pro_6000_under_v3() {
+    let sc = load("../scenarios/seed/sixteen-at-once.yaml");
+    let v1 = run_named(&sc, "seed-v1");
+    assert_eq!(worker(&v1, "pair").requests, 12);
+    assert_eq!(worker(&v1, "pro6000").requests, 4);
+    let v3 = run_named(&sc, "seed-v3");
+    assert!(worker(&v3, "pro6000").requests > 8, "{:?}", v3.workers);
+    assert_eq!(v3.completed, 16);
+    let (e1, e3) = (v1.e2e.quantile_secs(1.0).unwrap(), v3.e2e.quantile_secs(1.0).unwrap());
+    assert!(e3 < e1, "v3 batch {e3:.2} s should finish before v1 {e1:.2} s");
+    // Probes: warm-up + measurement per worker, ~2 s of GPU each on the PRO 6000.
+    assert_eq!(v3.probe_bursts, 4);
+    assert_eq!(v3.probe_measurements, 2);
+    assert!((worker(&v3, "pro6000").final_weight - 1.37).abs() < 0.02);
+}
+
+#[test]
+fn cold_probe_flips_the_weights_and_warm_up_fixes_it() {
+    let sc = load("../scenarios/seed/cold-restart.yaml");
+    let cold = run_named(&sc, "seed-v3-cold");
+    // 275 / median(275, 453) = 0.755; ±15 % on the 275 tok/s reading.
+    let w = worker(&cold, "pro6000").final_weight;
+    assert!((0.68..=0.83).contains(&w), "cold PRO 6000 weight {w}");
+    assert!(worker(&cold, "pair").final_weight > 1.0);
+    assert!(worker(&cold, "pair").requests > worker(&cold, "pro6000").requests);
+    let warm = run_named(&sc, "seed-v3");
+    // Within 10 % of the warm 992 tok/s: weight 1.31 ..= 1.41.
+    let w = worker(&warm, "pro6000").final_weight;
+    assert!((1.30..=1.42).contains(&w), "warm PRO 6000 weight {w}");
+    assert!(worker(&warm, "pro6000").requests > worker(&warm, "pair").requests);
+}
+
+#[test]
+fn live_correction_fails_on_sparse_bursts() {
+    let sc = load("../scenarios/seed/live-sparse.yaml");
+    let v2 = run_named(&sc, "seed-v2");
+    let (a, b) = (
+        worker(&v2, "pair").final_weight,
+        worker(&v2, "pro6000").final_weight,
+    );
+    assert!((a - b).abs() < 0.1, "live weights {a} vs {b} should end (wrongly) equal");
+    // The probe, on the same traffic, does tell the machines apart.
+    let v3 = run_named(&sc, "seed-v3");
+    assert!(worker(&v3, "pro6000").final_weight > 2.0 * worker(&v3, "pair").final_weight);
+}
+
+#[test]
+fn live_correction_separates_a_degraded_4090() {
+    let sc = load("../scenarios/seed/identical-4090s.yaml");
+    let v1 = run_named(&sc, "seed-v1");
+    assert_eq!(
+        worker(&v1, "healthy").final_weight,
+        worker(&v1, "degraded").final_weight
+    );
+    let v2 = run_named(&sc, "seed-v2");
+    let (h, d) = (
+        worker(&v2, "healthy").final_weight,
+        worker(&v2, "degraded").final_weight,
+    );
+    assert!(h > 1.5 * d, "live weights healthy {h} vs degraded {d}");
+    let at_load = run_named(&sc, "at-load/p2c:higher-weight/capacity/flat");
+    let (h, d) = (
+        worker(&at_load, "healthy").final_weight,
+        worker(&at_load, "degraded").final_weight,
+    );
+    assert!(h > 1.5 * d, "at-load weights healthy {h} vs degraded {d}");
+    assert_eq!(at_load.probe_bursts, 0, "at-load costs no probe");
+}
+
+#[test]
+fn quiet_hours_ties_to_the_higher_weight_lower_latency() {
+    let sc = load("../scenarios/seed/quiet-hours-gpu-mac.yaml");
+    let coin = run_named(&sc, "probe/p2c:first/capacity/flat");
+    let higher = run_named(&sc, "probe/p2c:higher-weight/capacity/flat");
+    let (c, h) = (coin.e2e.mean_secs().unwrap(), higher.e2e.mean_secs().unwrap());
+    assert!(h < 0.8 * c, "higher-weight mean {h:.2} s vs coin toss {c:.2} s");
+    assert!(worker(&higher, "pro6000").requests > 4 * worker(&higher, "mac").requests);
+}
+
+/// M/G/1 processor sharing: mean response = E[S] / (1 - rho), whatever the service distribution.
+#[test]
+fn single_worker_matches_processor_sharing_theory() {
+    let sc = load("tests/data/mm1-ps.yaml");
+    let mut rows: Vec<RequestRecord> = Vec::new();
+    let mut t = sc.traffic_source(sc.setup.seed).unwrap();
+    let m = run(&sc.setup, &sc.policies[0], &mut *t, Some(&mut rows)).unwrap();
+    assert_eq!(m.completed, 300_000);
+    // Exact E[S] of the lengths drawn (rounded exponential), at 1000 tok/s.
+    let mean_s = rows.iter().map(|r| f64::from(r.output_tokens)).sum::<f64>() / rows.len() as f64 / 1000.0;
+    let span = m.last_completion_ns as f64 / 1e9;
+    let rate = rows.len() as f64 / span;
+    let rho = rate * mean_s;
+    let expected = mean_s / (1.0 - rho);
+    let got = rows.iter().map(|r| r.e2e_s).sum::<f64>() / rows.len() as f64;
+    let err = (got - expected).abs() / expected;
+    eprintln!("M/G/1-PS: simulated {got:.4} s, theory {expected:.4} s, rho {rho:.3}, error {:.2} %", err * 100.0);
+    assert!(
+        err < 0.02,
+        "mean response {got:.4} s vs E[S]/(1-rho) = {expected:.4} s (rho {rho:.3}): {:.2} %",
+        err * 100.0
+    );
+}
+
+fn rows_of(sc: &Scenario, policy: &PolicyConfig) -> String {
+    let mut rows: Vec<RequestRecord> = Vec::new();
+    let mut t = sc.traffic_source(sc.setup.seed).unwrap();
+    run(&sc.setup, policy, &mut *t, Some(&mut rows)).unwrap();
+    rows.iter().map(|r| format!("{r:?}\n")).collect()
+}
+
+#[test]
+fn same_seed_same_rows_on_any_number_of_threads() {
+    let sc = load("../scenarios/seed/quiet-hours-gpu-mac.yaml");
+    let sequential: Vec<String> = sc.policies.iter().map(|p| rows_of(&sc, p)).collect();
+    let parallel: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = sc
+            .policies
+            .iter()
+            .map(|p| s.spawn(|| rows_of(&sc, p)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(sequential, parallel);
+    assert!(sequential[0].lines().count() > 100);
+    // A different seed gives different traffic and different rows.
+    let reseeded = Scenario {
+        setup: sc.setup_for_seed(99),
+        ..sc.clone()
+    };
+    assert_ne!(sequential[0], rows_of(&reseeded, &sc.policies[0]));
 }

@@ -38,7 +38,9 @@ fn mooncake() -> PathBuf {
 }
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
 }
 
 fn drain(src: &mut dyn TrafficSource) -> Result<Vec<Arrival>, TrafficError> {
@@ -68,9 +70,17 @@ fn azure_code_matches_readme() {
     assert!(close(s.mean_rate_per_s.unwrap(), 2.57, 0.02), "{s}");
     assert!(close(s.span_ns as f64 / 1e9, 3_436.0, 0.001), "{s}");
     assert!(close(s.prompt.mean, 2_048.0, 0.005), "{s}");
-    assert_eq!((s.prompt.p50, s.prompt.p99, s.prompt.max), (1_469, 7_436, 7_437), "{s}");
+    assert_eq!(
+        (s.prompt.p50, s.prompt.p99, s.prompt.max),
+        (1_469, 7_436, 7_437),
+        "{s}"
+    );
     assert!(close(s.output.mean, 28.0, 0.02), "{s}");
-    assert_eq!((s.output.p50, s.output.p99, s.output.max), (13, 252, 1_899), "{s}");
+    assert_eq!(
+        (s.output.p50, s.output.p99, s.output.max),
+        (13, 252, 1_899),
+        "{s}"
+    );
     assert!(s.prefix.is_none());
 }
 
@@ -80,9 +90,17 @@ fn azure_conv_matches_readme() {
     assert_eq!(s.rows, 19_366);
     assert!(close(s.mean_rate_per_s.unwrap(), 5.53, 0.02), "{s}");
     assert!(close(s.prompt.mean, 1_155.0, 0.005), "{s}");
-    assert_eq!((s.prompt.p50, s.prompt.p99, s.prompt.max), (1_020, 4_142, 14_050), "{s}");
+    assert_eq!(
+        (s.prompt.p50, s.prompt.p99, s.prompt.max),
+        (1_020, 4_142, 14_050),
+        "{s}"
+    );
     assert!(close(s.output.mean, 211.0, 0.005), "{s}");
-    assert_eq!((s.output.p50, s.output.p99, s.output.max), (129, 601, 1_000), "{s}");
+    assert_eq!(
+        (s.output.p50, s.output.p99, s.output.max),
+        (129, 601, 1_000),
+        "{s}"
+    );
     assert!(s.prompt.min >= 1 && s.output.min >= 1);
 }
 
@@ -93,9 +111,17 @@ fn mooncake_matches_readme() {
     assert!(close(s.mean_rate_per_s.unwrap(), 3.40, 0.02), "{s}");
     assert_eq!(s.span_ns, 3_536_999 * 1_000_000);
     assert!(close(s.prompt.mean, 12_035.0, 0.001), "{s}");
-    assert_eq!((s.prompt.p50, s.prompt.p99, s.prompt.max), (6_909, 85_401, 126_195), "{s}");
+    assert_eq!(
+        (s.prompt.p50, s.prompt.p99, s.prompt.max),
+        (6_909, 85_401, 126_195),
+        "{s}"
+    );
     assert!(close(s.output.mean, 343.0, 0.005), "{s}");
-    assert_eq!((s.output.p50, s.output.p99, s.output.max), (350, 1_120, 2_000), "{s}");
+    assert_eq!(
+        (s.output.p50, s.output.p99, s.output.max),
+        (350, 1_120, 2_000),
+        "{s}"
+    );
     let p = s.prefix.unwrap();
     assert_eq!(p.requests, 12_031);
     assert_eq!(p.blocks_referenced, 288_500);
@@ -105,12 +131,18 @@ fn mooncake_matches_readme() {
 
 #[test]
 fn mooncake_prefix_hashes_share_block_zero_and_are_prefix_ids() {
-    let opts = ReplayOptions { limit: Some(2_000), ..ReplayOptions::default() };
+    let opts = ReplayOptions {
+        limit: Some(2_000),
+        ..ReplayOptions::default()
+    };
     let mut r = TraceReplay::open(mooncake(), TraceFormat::MooncakeJsonl, opts).unwrap();
     let v = drain(&mut r).unwrap();
     assert_eq!(v.len(), 2_000);
     let b0 = v[0].prefix_blocks[0];
-    assert!(v.iter().all(|a| a.prefix_blocks[0] == b0), "every request starts with block 0");
+    assert!(
+        v.iter().all(|a| a.prefix_blocks[0] == b0),
+        "every request starts with block 0"
+    );
     for a in &v {
         assert_eq!(a.prefix_blocks.len() as u32, a.prompt_tokens.div_ceil(512));
     }
@@ -129,15 +161,30 @@ fn replay_limit_offset_and_scaling() {
     let base = |o: ReplayOptions| {
         drain(&mut TraceReplay::open(code_csv(), TraceFormat::AzureCsv, o).unwrap()).unwrap()
     };
-    let plain = base(ReplayOptions { limit: Some(1_000), ..Default::default() });
+    let plain = base(ReplayOptions {
+        limit: Some(1_000),
+        ..Default::default()
+    });
     assert_eq!(plain.len(), 1_000);
     assert_eq!(plain[0].at, 0);
     assert_eq!(plain[1].at, 52_000_000); // 18:17:03.9799600 -> 18:17:04.0319600
     assert_eq!(plain[0].tag, 2, "tag = line number");
 
-    let slow = base(ReplayOptions { limit: Some(1_000), time_scale: 2.0, ..Default::default() });
-    let fast = base(ReplayOptions { limit: Some(1_000), rate_scale: 4.0, ..Default::default() });
-    let shifted = base(ReplayOptions { limit: Some(1_000), start_offset: 5 * S, ..Default::default() });
+    let slow = base(ReplayOptions {
+        limit: Some(1_000),
+        time_scale: 2.0,
+        ..Default::default()
+    });
+    let fast = base(ReplayOptions {
+        limit: Some(1_000),
+        rate_scale: 4.0,
+        ..Default::default()
+    });
+    let shifted = base(ReplayOptions {
+        limit: Some(1_000),
+        start_offset: 5 * S,
+        ..Default::default()
+    });
     for i in 0..1_000 {
         assert_eq!(slow[i].at, plain[i].at * 2);
         assert!(fast[i].at.abs_diff(plain[i].at / 4) <= 1);
@@ -145,16 +192,27 @@ fn replay_limit_offset_and_scaling() {
         assert_eq!(slow[i].prompt_tokens, plain[i].prompt_tokens);
     }
     // The whole trace at 4× rate: mean rate ×4.
-    let opts = ReplayOptions { rate_scale: 4.0, ..Default::default() };
+    let opts = ReplayOptions {
+        rate_scale: 4.0,
+        ..Default::default()
+    };
     let s = TraceStats::of_trace(conv_csv(), TraceFormat::AzureCsv, opts).unwrap();
     assert!(close(s.mean_rate_per_s.unwrap(), 4.0 * 5.53, 0.02), "{s}");
     // skip_rows starts later in the file; arrival times restart at the offset.
-    let skipped = base(ReplayOptions { skip_rows: 10, limit: Some(5), ..Default::default() });
+    let skipped = base(ReplayOptions {
+        skip_rows: 10,
+        limit: Some(5),
+        ..Default::default()
+    });
     assert_eq!(skipped[0].at, 0);
     assert_eq!(skipped[0].prompt_tokens, plain[10].prompt_tokens);
     assert_eq!(skipped[4].at, plain[14].at - plain[10].at);
     // Mooncake timestamps are milliseconds.
-    let opts = ReplayOptions { limit: Some(12_031), time_scale: 0.5, ..Default::default() };
+    let opts = ReplayOptions {
+        limit: Some(12_031),
+        time_scale: 0.5,
+        ..Default::default()
+    };
     let s = TraceStats::of_trace(mooncake(), TraceFormat::MooncakeJsonl, opts).unwrap();
     assert_eq!(s.span_ns, 3_536_999 * 500_000);
 }
@@ -173,34 +231,66 @@ fn first_error(name: &str, format: TraceFormat) -> String {
 #[test]
 fn bad_rows_name_file_line_and_field() {
     let m = first_error("azure_malformed.csv", TraceFormat::AzureCsv);
-    assert!(m.contains(":3:") && m.contains("GeneratedTokens") && m.contains("2 column"), "{m}");
+    assert!(
+        m.contains(":3:") && m.contains("GeneratedTokens") && m.contains("2 column"),
+        "{m}"
+    );
     let m = first_error("azure_negative.csv", TraceFormat::AzureCsv);
-    assert!(m.contains(":3:") && m.contains("`ContextTokens`") && m.contains("negative"), "{m}");
+    assert!(
+        m.contains(":3:") && m.contains("`ContextTokens`") && m.contains("negative"),
+        "{m}"
+    );
     assert!(m.contains("expected an integer >= 0"), "{m}");
     let m = first_error("azure_unsorted.csv", TraceFormat::AzureCsv);
-    assert!(m.contains(":4:") && m.contains("TIMESTAMP") && m.contains("non-decreasing"), "{m}");
+    assert!(
+        m.contains(":4:") && m.contains("TIMESTAMP") && m.contains("non-decreasing"),
+        "{m}"
+    );
     assert!(m.contains("line 3"), "{m}");
     let m = first_error("mooncake_bad_json.jsonl", TraceFormat::MooncakeJsonl);
-    assert!(m.contains(":2:") && m.contains("invalid JSON") && m.contains("column"), "{m}");
+    assert!(
+        m.contains(":2:") && m.contains("invalid JSON") && m.contains("column"),
+        "{m}"
+    );
     let m = first_error("mooncake_hash_len.jsonl", TraceFormat::MooncakeJsonl);
-    assert!(m.contains(":2:") && m.contains("hash_ids") && m.contains("ceil(2290/512) = 5"), "{m}");
+    assert!(
+        m.contains(":2:") && m.contains("hash_ids") && m.contains("ceil(2290/512) = 5"),
+        "{m}"
+    );
 }
 
 #[test]
 fn skip_policy_counts_bad_rows() {
-    let skip = ReplayOptions { on_bad_row: BadRowPolicy::Skip, ..ReplayOptions::default() };
-    let mut r =
-        TraceReplay::open(fixture("azure_mixed_bad.csv"), TraceFormat::AzureCsv, skip.clone())
-            .unwrap();
+    let skip = ReplayOptions {
+        on_bad_row: BadRowPolicy::Skip,
+        ..ReplayOptions::default()
+    };
+    let mut r = TraceReplay::open(
+        fixture("azure_mixed_bad.csv"),
+        TraceFormat::AzureCsv,
+        skip.clone(),
+    )
+    .unwrap();
     let v = drain(&mut r).unwrap();
-    assert_eq!(v.iter().map(|a| a.tag).collect::<Vec<_>>(), [2, 4, 7, 11, 12]);
+    assert_eq!(
+        v.iter().map(|a| a.tag).collect::<Vec<_>>(),
+        [2, 4, 7, 11, 12]
+    );
     assert_eq!(r.skipped_rows(), 5);
-    let lines: Vec<u64> = r.skipped_examples().iter().filter_map(TrafficError::line).collect();
+    let lines: Vec<u64> = r
+        .skipped_examples()
+        .iter()
+        .filter_map(TrafficError::line)
+        .collect();
     assert_eq!(lines, [3, 5, 6, 9, 10]);
     assert_eq!(v[4].at, 8 * S);
 
-    let s = TraceStats::of_trace(fixture("mooncake_mixed_bad.jsonl"), TraceFormat::MooncakeJsonl, skip)
-        .unwrap();
+    let s = TraceStats::of_trace(
+        fixture("mooncake_mixed_bad.jsonl"),
+        TraceFormat::MooncakeJsonl,
+        skip,
+    )
+    .unwrap();
     assert_eq!((s.rows, s.skipped_rows), (3, 4));
     assert!(s.to_string().contains("skipped rows  4"));
     // Without skipping, the first bad row stops the replay.
@@ -215,8 +305,12 @@ fn skip_policy_counts_bad_rows() {
 
 #[test]
 fn missing_file_is_an_io_error_naming_it() {
-    let e = TraceReplay::open(fixture("nope.csv"), TraceFormat::AzureCsv, ReplayOptions::default())
-        .unwrap_err();
+    let e = TraceReplay::open(
+        fixture("nope.csv"),
+        TraceFormat::AzureCsv,
+        ReplayOptions::default(),
+    )
+    .unwrap_err();
     assert!(matches!(e, TrafficError::Io { .. }));
     assert!(e.to_string().contains("nope.csv"));
 }
@@ -255,7 +349,13 @@ fn run_closed(src: &mut dyn TrafficSource, service: u64, max: usize) -> Vec<(Arr
 fn merged_scenario_with_closed_loop_and_conversations() {
     let lengths = (LengthDist::Fixed(100), LengthDist::Fixed(10));
     let poisson = Poisson::new(
-        PoissonConfig { start: 0, rate_per_s: 2.0, until: Until::duration(60 * S), prompt: lengths.0, output: lengths.1 },
+        PoissonConfig {
+            start: 0,
+            rate_per_s: 2.0,
+            until: Until::duration(60 * S),
+            prompt: lengths.0,
+            output: lengths.1,
+        },
         1,
     )
     .unwrap();
@@ -278,7 +378,11 @@ fn merged_scenario_with_closed_loop_and_conversations() {
             rate_per_s: 0.5,
             conversations: 10,
             turns: LengthDist::Uniform { min: 2, max: 5 },
-            user_tokens: LengthDist::LogNormal { median: 300.0, sigma: 0.5, max: 4_000 },
+            user_tokens: LengthDist::LogNormal {
+                median: 300.0,
+                sigma: 0.5,
+                max: 4_000,
+            },
             output: LengthDist::Uniform { min: 50, max: 500 },
             think: DurationDist::Uniform { min: S, max: 5 * S },
             system_prompt_tokens: 1_024,
@@ -312,7 +416,14 @@ fn merged_scenario_with_closed_loop_and_conversations() {
             assert_eq!(w[1].prefix_blocks[..full], w[0].prefix_blocks[..full]);
         }
         // The 1,024-token system prompt = 2 blocks shared by all conversations.
-        assert_eq!(turns[0].prefix_blocks[..2], out.iter().find(|(a, _)| a.tag % 3 == 2).unwrap().0.prefix_blocks[..2]);
+        assert_eq!(
+            turns[0].prefix_blocks[..2],
+            out.iter()
+                .find(|(a, _)| a.tag % 3 == 2)
+                .unwrap()
+                .0
+                .prefix_blocks[..2]
+        );
     }
 }
 
@@ -341,21 +452,44 @@ fn poisson_mean_rate_over_100k_arrivals() {
 #[ignore = "performance check; meaningful in --release only"]
 fn generator_throughput() {
     const N: u64 = 20_000_000;
-    let prompt = LengthDist::LogNormal { median: 1_000.0, sigma: 1.0, max: 32_000 };
+    let prompt = LengthDist::LogNormal {
+        median: 1_000.0,
+        sigma: 1.0,
+        max: 32_000,
+    };
     let output = LengthDist::Uniform { min: 1, max: 1_000 };
     let sources: Vec<(&str, Box<dyn TrafficSource>)> = vec![
         (
             "poisson",
             Box::new(
-                Poisson::new(PoissonConfig { start: 0, rate_per_s: 1_000.0, until: Until::count(N), prompt, output }, 1)
-                    .unwrap(),
+                Poisson::new(
+                    PoissonConfig {
+                        start: 0,
+                        rate_per_s: 1_000.0,
+                        until: Until::count(N),
+                        prompt,
+                        output,
+                    },
+                    1,
+                )
+                .unwrap(),
             ),
         ),
         (
             "burst",
             Box::new(
-                Burst::new(BurstConfig { at: 0, size: 1_000, repeats: (N / 1_000) as u32, period: S, prompt, output }, 1)
-                    .unwrap(),
+                Burst::new(
+                    BurstConfig {
+                        at: 0,
+                        size: 1_000,
+                        repeats: (N / 1_000) as u32,
+                        period: S,
+                        prompt,
+                        output,
+                    },
+                    1,
+                )
+                .unwrap(),
             ),
         ),
         (
@@ -404,7 +538,10 @@ fn generator_throughput() {
                         rate_per_s: 1_000.0,
                         until: Until::count(N),
                         long_fraction: 0.05,
-                        long_prompt: LengthDist::Uniform { min: 30_000, max: 120_000 },
+                        long_prompt: LengthDist::Uniform {
+                            min: 30_000,
+                            max: 120_000,
+                        },
                         short_prompt: prompt,
                         output,
                     },
