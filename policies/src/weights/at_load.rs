@@ -12,7 +12,10 @@
 //! a throughput-to-load ratio above its weight ratio, so it is given more until the speeds meet.
 //! The per-concurrency curve is kept as well (reported, and usable for derived caps).
 
-use super::{Clamp, TableConfig, WeightChange, WeightEvent, WeightStrategy, ensure_slot, relative};
+use super::{
+    Clamp, TableConfig, WeightChange, WeightEvent, WeightStrategy, ensure_slot, relative_to,
+    sorted_by_model, sorted_median,
+};
 use crate::time::Time;
 use crate::worker::{Fleet, Provenance, Weight, WorkerId};
 use std::time::Duration;
@@ -210,6 +213,8 @@ impl AtLoadWeights {
         }
     }
 
+    /// Re-derive every weight: measured where the evidence suffices, else the prior relative to
+    /// the model's priors (when a prior is configured), else unmeasured.
     fn rederive(&mut self, now: Time, fleet: &Fleet) {
         let estimates: Vec<Option<f64>> = fleet
             .iter()
@@ -221,25 +226,37 @@ impl AtLoadWeights {
                 }
             })
             .collect();
-        let mut peers = Vec::new();
+        let measured = sorted_by_model(fleet, |id| estimates[id.index()]);
+        let priors = self
+            .config
+            .prior
+            .as_ref()
+            .map(|_| sorted_by_model(fleet, |id| Some(self.prior(fleet, id))));
         for (id, info) in fleet.iter() {
             if self.workers.get(id.index()).is_none() {
                 continue;
             }
-            let weight = match estimates[id.index()] {
-                Some(tp) => {
-                    peers.clear();
-                    peers.extend(
-                        fleet
-                            .active_peers(info.model)
-                            .filter_map(|(p, _)| estimates[p.index()]),
-                    );
+            let weight = match (estimates[id.index()], &priors) {
+                (Some(tp), _) => Some(Weight {
+                    value: relative_to(
+                        tp,
+                        measured.get(&info.model).and_then(|v| sorted_median(v, None)),
+                        self.config.clamp,
+                    ),
+                    provenance: Provenance::Measured,
+                }),
+                (None, Some(priors)) => {
+                    let own = self.prior(fleet, id);
                     Some(Weight {
-                        value: relative(tp, &mut peers, self.config.clamp),
-                        provenance: Provenance::Measured,
+                        value: relative_to(
+                            own,
+                            priors.get(&info.model).and_then(|v| sorted_median(v, None)).or(Some(own)),
+                            self.config.clamp,
+                        ),
+                        provenance: Provenance::Table,
                     })
                 }
-                None => None,
+                (None, None) => None,
             };
             self.workers[id.index()].weight = weight;
         }
@@ -257,9 +274,11 @@ impl WeightStrategy for AtLoadWeights {
             WeightEvent::Registered(id) | WeightEvent::Restarted { worker: id, .. } => {
                 // A restarted engine is a new machine as far as speed goes.
                 *ensure_slot(&mut self.workers, id) = WorkerAtLoad::fresh(now);
-                if self.config.prior.is_some() && matches!(event, WeightEvent::Registered(_)) {
-                    // Unmeasured peers' prior weights are relative to the model's priors, which
-                    // a newcomer moves.
+                if self.config.prior.is_some() {
+                    // Unmeasured peers' prior weights are relative to the model's active
+                    // workers' priors, which a newcomer (or a restarted, once-disconnected
+                    // worker) moves.
+                    self.rederive(now, fleet);
                     WeightChange::All
                 } else {
                     WeightChange::One(id)
@@ -312,25 +331,11 @@ impl WeightStrategy for AtLoadWeights {
         }
     }
 
-    fn weight(&self, worker: WorkerId, fleet: &Fleet) -> Weight {
-        if let Some(w) = self.workers.get(worker.index()).and_then(|w| w.weight) {
-            return w;
-        }
-        // No evidence yet: the prior, relative to the same model's priors.
-        let Some(info) = fleet.get(worker) else {
-            return Weight::UNMEASURED;
-        };
-        if self.config.prior.is_none() {
-            return Weight::UNMEASURED;
-        }
-        let mut peers: Vec<f64> = fleet
-            .active_peers(info.model)
-            .map(|(p, _)| self.prior(fleet, p))
-            .collect();
-        Weight {
-            value: relative(self.prior(fleet, worker), &mut peers, self.config.clamp),
-            provenance: Provenance::Table,
-        }
+    fn weight(&self, worker: WorkerId, _fleet: &Fleet) -> Weight {
+        self.workers
+            .get(worker.index())
+            .and_then(|w| w.weight)
+            .unwrap_or(Weight::UNMEASURED)
     }
 }
 

@@ -135,19 +135,17 @@ impl LiveWeights {
                 Some(w.speeds.median()? * w.busy_fraction(now))
             })
             .collect();
-        let mut others = Vec::new();
+        let sorted = super::sorted_by_model(fleet, |id| scores[id.index()]);
         for (id, info) in fleet.iter() {
             let Some(score) = scores[id.index()] else {
                 continue;
             };
-            others.clear();
-            others.extend(
-                fleet
-                    .active_peers(info.model)
-                    .filter(|(p, _)| *p != id)
-                    .filter_map(|(p, _)| scores[p.index()]),
-            );
-            let rel = match super::median_in_place(&mut others) {
+            // Median of the *other* workers of the same model: leave this one's score out.
+            let rel = sorted.get(&info.model).and_then(|v| {
+                let me = v.partition_point(|x| *x < score);
+                super::sorted_median(v, Some(me))
+            });
+            let rel = match rel {
                 Some(m) if m > 0.0 => score / m,
                 _ => 1.0,
             };

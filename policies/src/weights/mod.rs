@@ -15,7 +15,8 @@ pub use probe::{PersistedProbeState, ProbeCacheEntry, ProbeConfig, ProbePin, Pro
 pub use simple::{EqualWeights, OracleWeights, TableConfig, TableWeights};
 
 use crate::time::Time;
-use crate::worker::{Fleet, Weight, WorkerId};
+use crate::worker::{Fleet, ModelId, Weight, WorkerId};
+use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -209,26 +210,48 @@ pub(crate) fn sanitize(v: f64) -> f64 {
     if v.is_finite() && v > 0.0 { v } else { 0.0 }
 }
 
-/// Median of a small slice (sorted in place). Empty slice → None.
-pub(crate) fn median_in_place(values: &mut [f64]) -> Option<f64> {
-    if values.is_empty() {
+/// Per model, the values of its active workers that have one, sorted. Computing this once per
+/// re-derivation keeps a fleet-wide update O(n log n) instead of O(n² log n).
+pub(crate) fn sorted_by_model(
+    fleet: &Fleet,
+    value: impl Fn(WorkerId) -> Option<f64>,
+) -> HashMap<ModelId, Vec<f64>> {
+    let mut by_model: HashMap<ModelId, Vec<f64>> = HashMap::new();
+    for (id, info) in fleet.iter() {
+        if info.is_active()
+            && let Some(v) = value(id)
+        {
+            by_model.entry(info.model).or_default().push(sanitize(v));
+        }
+    }
+    for v in by_model.values_mut() {
+        v.sort_by(f64::total_cmp);
+    }
+    by_model
+}
+
+/// Median of a sorted slice, optionally with the element at index `skip` left out.
+pub(crate) fn sorted_median(sorted: &[f64], skip: Option<usize>) -> Option<f64> {
+    let n = sorted.len() - usize::from(skip.is_some() && !sorted.is_empty());
+    if n == 0 {
         return None;
     }
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
+    let at = |k: usize| match skip {
+        Some(r) if k >= r => sorted[k + 1],
+        _ => sorted[k],
+    };
     Some(if n % 2 == 1 {
-        values[n / 2]
+        at(n / 2)
     } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
+        (at(n / 2 - 1) + at(n / 2)) / 2.0
     })
 }
 
-/// `value / median(peer values)` clamped; the relative capacity used by probe, oracle and
-/// at-load strategies. `peers` includes `value` itself. A zero median falls back to 1.0.
-pub(crate) fn relative(value: f64, peers: &mut [f64], clamp: Clamp) -> f64 {
-    let value = sanitize(value);
-    match median_in_place(peers) {
-        Some(m) if m > 0.0 => clamp.apply(value / m),
+/// `value / median` clamped: the relative capacity used by probe, oracle and at-load. A missing
+/// or zero median falls back to 1.0.
+pub(crate) fn relative_to(value: f64, median: Option<f64>, clamp: Clamp) -> f64 {
+    match median {
+        Some(m) if m > 0.0 => clamp.apply(sanitize(value) / m),
         _ => clamp.apply(1.0),
     }
 }

@@ -3,7 +3,7 @@
 
 use super::{
     Clamp, ProbeOrder, ProbePhase, WeightChange, WeightEvent, WeightStrategy, ensure_slot,
-    relative,
+    relative_to, sorted_by_model, sorted_median,
 };
 use crate::time::Time;
 use crate::worker::{Fleet, Provenance, Weight, WorkerId};
@@ -173,17 +173,10 @@ impl ProbeWeights {
     }
 
     fn recompute(&mut self, fleet: &Fleet) {
-        let mut per_model: HashMap<u32, Vec<f64>> = HashMap::new();
-        for (id, info) in fleet.iter() {
-            if !info.is_active() {
-                continue;
-            }
-            if let Some(tp) = self.workers.get(id.index()).and_then(|w| w.throughput) {
-                per_model.entry(info.model.0).or_default().push(tp);
-            }
-        }
+        let measured = sorted_by_model(fleet, |id| {
+            self.workers.get(id.index()).and_then(|w| w.throughput)
+        });
         self.weights.clear();
-        let mut peers = Vec::new();
         for (id, info) in fleet.iter() {
             let pinned = Self::pin_key(fleet, id).and_then(|k| self.pins.get(&k).copied());
             let w = if let Some(p) = pinned {
@@ -192,13 +185,13 @@ impl ProbeWeights {
                     provenance: Provenance::Pinned,
                 }
             } else if let Some(tp) = self.workers.get(id.index()).and_then(|w| w.throughput) {
-                peers.clear();
-                peers.extend_from_slice(per_model.get(&info.model.0).map_or(&[][..], |v| v));
-                if peers.is_empty() {
-                    peers.push(tp);
-                }
+                // An inactive worker's own figure is not among its model's; then it is the median.
+                let median = measured
+                    .get(&info.model)
+                    .and_then(|v| sorted_median(v, None))
+                    .or(Some(tp));
                 Weight {
-                    value: relative(tp, &mut peers, self.config.clamp),
+                    value: relative_to(tp, median, self.config.clamp),
                     provenance: Provenance::Measured,
                 }
             } else {
@@ -218,7 +211,9 @@ impl ProbeWeights {
         if order != r.order {
             return false;
         }
-        if !r.ok {
+        // A burst with no tokens or no wall time measured nothing (its throughput is reported
+        // as zero): retry it like a failure rather than caching "measured at 0 tok/s".
+        if !r.ok || r.throughput_tok_s() <= 0.0 {
             slot.pending = Pending::Due { warmed: false };
             slot.not_before = now + self.config.retry_after;
             return false;
@@ -396,10 +391,13 @@ impl WeightStrategy for ProbeWeights {
 
     fn import_state(&mut self, state: PersistedProbeState) {
         for e in state.cache {
-            self.cache.insert(
-                (e.node, e.model, e.launch_args),
-                (super::sanitize(e.throughput_tok_s), e.measured_at),
-            );
+            // A corrupt (NaN, negative, zero) throughput is no measurement: skip it rather than
+            // cache "measured at 0 tok/s", which would pin the worker at the clamp's minimum.
+            let tp = super::sanitize(e.throughput_tok_s);
+            if tp > 0.0 {
+                self.cache
+                    .insert((e.node, e.model, e.launch_args), (tp, e.measured_at));
+            }
         }
         for p in state.pins {
             if p.weight.is_finite() && p.weight > 0.0 {

@@ -1,6 +1,9 @@
 //! Weight strategies that need no measurement: `table` (v1), `equal`, `oracle`.
 
-use super::{Clamp, WeightChange, WeightEvent, WeightStrategy, ensure_slot, relative, sanitize};
+use super::{
+    Clamp, WeightChange, WeightEvent, WeightStrategy, ensure_slot, relative_to, sanitize,
+    sorted_by_model, sorted_median,
+};
 use crate::time::Time;
 use crate::worker::{Fleet, Provenance, Weight, WorkerId};
 
@@ -163,27 +166,23 @@ impl OracleWeights {
     }
 
     fn recompute(&mut self, fleet: &Fleet) {
-        let mut peers = Vec::new();
-        self.weights.clear();
-        for (id, info) in fleet.iter() {
-            let cap = self.capacity.get(id.index()).copied().unwrap_or(0.0);
-            let w = if cap > 0.0 {
-                peers.clear();
-                peers.extend(
-                    fleet
-                        .active_peers(info.model)
-                        .map(|(p, _)| self.capacity.get(p.index()).copied().unwrap_or(0.0))
-                        .filter(|c| *c > 0.0),
-                );
-                Weight {
-                    value: relative(cap, &mut peers, self.clamp),
+        let capacity = |id: WorkerId| self.capacity.get(id.index()).copied().filter(|c| *c > 0.0);
+        let known = sorted_by_model(fleet, capacity);
+        let weights = fleet
+            .iter()
+            .map(|(id, info)| match capacity(id) {
+                Some(cap) => Weight {
+                    value: relative_to(
+                        cap,
+                        known.get(&info.model).and_then(|v| sorted_median(v, None)).or(Some(cap)),
+                        self.clamp,
+                    ),
                     provenance: Provenance::Oracle,
-                }
-            } else {
-                Weight::UNMEASURED
-            };
-            self.weights.push(w);
-        }
+                },
+                None => Weight::UNMEASURED,
+            })
+            .collect();
+        self.weights = weights;
     }
 }
 

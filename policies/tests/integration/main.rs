@@ -10,4 +10,5 @@ mod config_errors;
 mod errors;
 mod invariants;
 mod probe_lifecycle;
+mod regressions;
 mod source_figures;

@@ -1,0 +1,120 @@
+//! Regression tests for bugs fixed in `policies/src` while writing this suite.
+
+use crate::common::*;
+use routelab_policies::weights::{
+    AtLoadConfig, PersistedProbeState, ProbeCacheEntry, ProbeConfig, ProbeWeights, TableConfig,
+};
+use routelab_policies::{
+    Cap, Chooser, PolicyConfig, ProbePhase, Provenance, RouteError, Router, Time, TieRule,
+    WeightEvent, WeightStrategy, WeightsConfig,
+};
+use std::time::Duration;
+
+/// `equal` weights report no change on registration, so the router never applied the cap:
+/// every worker stayed uncapped under `equal/…/flat:N`.
+#[test]
+fn equal_weights_still_get_their_cap() {
+    let mut router = Router::new(policy("equal/p2c/capacity/flat:3"));
+    let a = router.register(Time::ZERO, spec("a", &["RTX 4090"]));
+    let b = router.register(Time::ZERO, spec("b", &["RTX 4090"]));
+    assert_eq!((router.cap(a), router.cap(b)), (Some(3), Some(3)));
+    let m = model(&router);
+    let mut rng = rng(1);
+    for _ in 0..6 {
+        router.route(Time::ZERO, &req(m, 500, &[]), &mut rng).unwrap();
+    }
+    assert!(matches!(
+        router.route(Time::ZERO, &req(m, 500, &[]), &mut rng),
+        Err(RouteError::AllAtCap { .. })
+    ));
+}
+
+/// `at-load` with a table prior: an unmeasured worker's weight is its prior relative to its
+/// peers' priors, so a newcomer changes everyone's weight; the strategy reported only the
+/// newcomer, leaving the router routing (and capping) with stale weights.
+#[test]
+fn at_load_prior_weights_follow_newcomers() {
+    let config = PolicyConfig {
+        name: "at-load-prior".into(),
+        weights: WeightsConfig::AtLoad(AtLoadConfig {
+            prior: Some(TableConfig::default()),
+            ..AtLoadConfig::default()
+        }),
+        chooser: Chooser::P2c {
+            ties: TieRule::HigherWeight,
+        },
+        affinity: routelab_policies::Affinity::None,
+        cap: Cap::Weighted(24),
+    };
+    let mut router = Router::new(config);
+    let pair = router.register(Time::ZERO, spec("pair", &["RTX 4090", "RTX 4090"]));
+    assert_eq!(w(&router, pair), 1.0);
+    assert_eq!(router.cap(pair), Some(24));
+    let h100 = router.register(Time::ZERO, spec("h100", &["H100", "H100"]));
+    // Priors 3.5 and 7.0, median 5.25.
+    assert_near(w(&router, pair), 3.5 / 5.25, 1e-9);
+    assert_near(w(&router, h100), 7.0 / 5.25, 1e-9);
+    assert_eq!(router.cap(pair), Some(16), "the router must use the weight it reports");
+    assert_eq!(router.cap(h100), Some(32));
+    // Restarting a worker that had disconnected brings it back among the peers.
+    router.disconnect(secs(1.0), h100).unwrap();
+    assert_eq!(router.cap(pair), Some(24));
+    router.restart(secs(2.0), h100, "").unwrap();
+    assert_eq!(router.cap(pair), Some(16));
+}
+
+/// A probe result with zero wall time or zero tokens has no throughput (reported as 0): it was
+/// cached as "measured at 0 tok/s" — the clamp's minimum for 6 h, marked Measured.
+#[test]
+fn an_empty_or_instant_probe_result_is_not_a_measurement() {
+    for (tokens, wall) in [(2048u64, Duration::ZERO), (0, Duration::from_secs(2))] {
+        let (mut router, pair, pro) = source_fleet(policy("seed-v3-cold"));
+        run_probes(&mut router, secs(1.0), |id, _| if id == pair { 453.0 } else { 980.0 });
+        router.reprobe(secs(10.0), pro).unwrap();
+        let order = poll(&mut router, secs(10.0))[0];
+        assert_eq!((order.worker, order.phase), (pro, ProbePhase::Measure));
+        router.probe_result(
+            secs(10.0),
+            &routelab_policies::ProbeResult {
+                order: order.id,
+                worker: pro,
+                output_tokens: tokens,
+                wall,
+                ok: true,
+            },
+        );
+        // The previous measurement stands, and the burst is retried after `retry_after`.
+        assert_near(w(&router, pro), 1.37, 0.01);
+        assert_eq!(router.weight(pro).unwrap().provenance, Provenance::Measured);
+        assert!(poll(&mut router, secs(20.0)).is_empty());
+        assert_eq!(poll(&mut router, secs(71.0)).len(), 1);
+    }
+}
+
+/// Persisted cache entries with a corrupt throughput were imported as "measured at 0".
+#[test]
+fn corrupt_persisted_throughputs_are_not_imported() {
+    let (router, pair, pro) = source_fleet(policy("seed-v3"));
+    let entry = |node: &str, tp: f64| ProbeCacheEntry {
+        node: node.into(),
+        model: MODEL.into(),
+        launch_args: String::new(),
+        throughput_tok_s: tp,
+        measured_at: Time::ZERO,
+    };
+    let mut probe = ProbeWeights::new(ProbeConfig::default());
+    probe.import_state(PersistedProbeState {
+        cache: vec![entry("pair", f64::NAN), entry("pro6000", 980.0)],
+        pins: Vec::new(),
+    });
+    let fleet = router.fleet();
+    probe.observe(secs(1.0), WeightEvent::Registered(pair), fleet);
+    probe.observe(secs(1.0), WeightEvent::Registered(pro), fleet);
+    assert!(probe.weight(pair, fleet).is_unmeasured());
+    assert_eq!(probe.weight(pro, fleet).provenance, Provenance::Measured);
+    let mut orders = Vec::new();
+    probe.poll_probes(secs(1.0), fleet, &mut orders);
+    assert_eq!(orders.len(), 1);
+    assert_eq!(orders[0].worker, pair);
+    assert_eq!(probe.export_state().unwrap().cache.len(), 1);
+}
