@@ -1,1 +1,146 @@
-fn main(){}
+//! One routing decision of `seed-v3` (filters + capacity-unit prefix affinity + p2c with ties to
+//! the higher weight, flat cap 24) over 8, 64 and 1,024 measured workers, without a prefix and
+//! with a 64-block prefix.
+//!
+//! Each iteration is **route + complete** of one request, so the fleet stays in a steady state
+//! (every worker keeps 2 background requests in flight; the prefix index stays full, with a mix of
+//! recurring conversations that hit and new ones that miss and evict).
+//!
+//! ```text
+//! cargo bench --bench policy_decision -- --warm-up-time 1 --measurement-time 3
+//! ```
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::{RngExt, SeedableRng};
+use routelab_policies::{
+    Completion, PolicyConfig, ProbeResult, RouteRequest, Router, Time, WorkerSpec,
+};
+use std::hint::black_box;
+use std::time::Duration;
+
+const MODEL: &str = "gemma-27b";
+const BLOCKS: usize = 64;
+const PROMPTS: usize = 4_096;
+
+/// `seed-v3` over `n` workers, every one measured by the probe, 2 requests in flight each.
+fn fleet(n: usize, rng: &mut Xoshiro256PlusPlus) -> Router {
+    let mut router = Router::new(PolicyConfig::preset("seed-v3").expect("preset"));
+    let gpus: [&[&str]; 4] = [
+        &["RTX 4090", "RTX 4090"],
+        &["RTX PRO 6000"],
+        &["H100"],
+        &["Apple M2 Ultra"],
+    ];
+    for i in 0..n {
+        router.register(
+            Time::ZERO,
+            WorkerSpec {
+                name: format!("w{i}"),
+                node: format!("node{i}"),
+                model: MODEL.into(),
+                gpu_names: gpus[i % 4].iter().map(|g| g.to_string()).collect(),
+                context_window: [32_768, 131_072][i % 2],
+                launch_args: String::new(),
+            },
+        );
+    }
+    let now = Time::from_secs_f64(1.0);
+    let mut orders = Vec::new();
+    loop {
+        orders.clear();
+        router.poll_probes(now, &mut orders);
+        if orders.is_empty() {
+            break;
+        }
+        for o in &orders {
+            let tok_s = 250.0 + 90.0 * f64::from(o.worker.0 % 11);
+            let tokens = u64::from(o.concurrency) * u64::from(o.output_tokens);
+            router.probe_result(
+                now,
+                &ProbeResult {
+                    order: o.id,
+                    worker: o.worker,
+                    output_tokens: tokens,
+                    wall: Duration::from_secs_f64(tokens as f64 / tok_s),
+                    ok: true,
+                },
+            );
+        }
+    }
+    let model = router.model_id(MODEL).expect("model");
+    for _ in 0..2 * n {
+        let req = RouteRequest {
+            model,
+            context_tokens: 1_000,
+            prefix: &[],
+        };
+        router.route(now, &req, rng).expect("room");
+    }
+    router
+}
+
+/// 64-block chain-hash prompts: half from 300 recurring conversations, half new ones.
+fn prompts(rng: &mut Xoshiro256PlusPlus) -> Vec<Vec<u64>> {
+    (0..PROMPTS)
+        .map(|i| {
+            let conv = if rng.random_bool(0.5) {
+                rng.random_range(0..300u64)
+            } else {
+                1_000 + i as u64
+            };
+            let mut h = conv.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            (0..BLOCKS)
+                .map(|b| {
+                    h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3).rotate_left(23);
+                    h
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn decision(c: &mut Criterion) {
+    let mut group = c.benchmark_group("seed-v3 route+complete");
+    for n in [8usize, 64, 1_024] {
+        for with_prefix in [false, true] {
+            let mut rng = Xoshiro256PlusPlus::seed_from_u64(42);
+            let mut router = fleet(n, &mut rng);
+            let prompts = prompts(&mut rng);
+            let model = router.model_id(MODEL).expect("model");
+            let now = Time::from_secs_f64(10.0);
+            let done = Completion {
+                prompt_tokens: 8_000,
+                output_tokens: 128,
+                dispatched_at: now,
+                first_token_at: now,
+                completed_at: now,
+            };
+            let step = |router: &mut Router, i: usize, rng: &mut Xoshiro256PlusPlus| {
+                let req = RouteRequest {
+                    model,
+                    context_tokens: 8_000,
+                    prefix: if with_prefix { &prompts[i % PROMPTS] } else { &[] },
+                };
+                let d = router.route(now, black_box(&req), rng).expect("room");
+                router.complete(now, black_box(d.worker), &done);
+            };
+            // Fill the prefix index and reach steady state before measuring.
+            for i in 0..4 * PROMPTS {
+                step(&mut router, i, &mut rng);
+            }
+            let id = BenchmarkId::new(if with_prefix { "64-block prefix" } else { "no prefix" }, n);
+            let mut i = 0usize;
+            group.bench_function(id, |b| {
+                b.iter(|| {
+                    step(&mut router, i, &mut rng);
+                    i = i.wrapping_add(1);
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, decision);
+criterion_main!(benches);

@@ -5,6 +5,7 @@
 mod commands;
 
 use clap::{Parser, Subcommand};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// Discrete-event simulator and routing-policy lab for LLM inference gateways.
@@ -19,6 +20,35 @@ struct Cli {
 enum Command {
     /// List every policy part, variant and preset with a one-line description.
     Policies,
+    /// Check scenario files without running them (exit 2 if any is invalid).
+    Validate {
+        /// Scenario YAML files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Inspect a trace file.
+    Trace {
+        #[command(subcommand)]
+        command: TraceCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum TraceCommand {
+    /// Rate, prompt/output lengths and prefix reuse, in one streaming pass.
+    Stats {
+        /// Azure 2023 CSV or Mooncake JSONL trace.
+        file: PathBuf,
+        /// `azure` or `mooncake` (default: from the extension).
+        #[arg(long)]
+        format: Option<String>,
+        /// Read at most this many rows.
+        #[arg(long)]
+        limit: Option<u64>,
+        /// Skip malformed rows (they are counted) instead of stopping at the first.
+        #[arg(long)]
+        skip_bad_rows: bool,
+    },
 }
 
 /// Exit code for bad input (the scenario, the policy name, a trace).
@@ -28,6 +58,26 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Policies => commands::policies::run(&mut std::io::stdout().lock()),
+        Command::Validate { files } => commands::validate::run(
+            &files,
+            &mut std::io::stdout().lock(),
+            &mut std::io::stderr().lock(),
+        ),
+        Command::Trace {
+            command:
+                TraceCommand::Stats {
+                    file,
+                    format,
+                    limit,
+                    skip_bad_rows,
+                },
+        } => commands::trace::stats(
+            &file,
+            format.as_deref(),
+            limit,
+            skip_bad_rows,
+            &mut std::io::stdout().lock(),
+        ),
     };
     match result {
         Ok(code) => code,

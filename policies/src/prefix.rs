@@ -61,7 +61,15 @@ impl PrefixIndex {
     /// An index remembering at most `capacity` blocks (0 disables it).
     pub fn new(capacity: usize) -> Self {
         PrefixIndex {
-            map: HashMap::with_capacity_and_hasher(capacity, BuildHasherDefault::default()),
+            // Twice the entries: evictions leave tombstones in the (SwissTable) map, and when
+            // they use up its spare room it rehashes — in place only while it is at most half
+            // full, otherwise by allocating a table twice the size, on the request path (a
+            // 4 MB allocation and a full rehash for the default 65,536 blocks). At 2x the map
+            // is never more than half full, so it never grows after construction.
+            map: HashMap::with_capacity_and_hasher(
+                capacity.saturating_mul(2),
+                BuildHasherDefault::default(),
+            ),
             nodes: Vec::with_capacity(capacity),
             head: NIL,
             tail: NIL,

@@ -5,7 +5,10 @@ use crate::config::{Affinity, AffinityUnits, Cap, PolicyConfig};
 use crate::error::{AdminError, RouteError};
 use crate::prefix::PrefixIndex;
 use crate::time::Time;
-use crate::weights::{Completion, ProbeOrder, ProbeResult, WeightChange, WeightEvent, WeightStrategy};
+use crate::weights::{
+    Completion, PersistedProbeState, ProbeOrder, ProbeResult, WeightChange, WeightEvent,
+    WeightStrategy,
+};
 use crate::worker::{Fleet, ModelId, Weight, WorkerId, WorkerInfo, WorkerSpec, WorkerState};
 use rand::{Rng, RngExt};
 use std::collections::{HashMap, VecDeque};
@@ -118,6 +121,14 @@ impl Router {
     /// The weight strategy (for reports: curves, throughputs).
     pub fn strategy(&self) -> &dyn WeightStrategy {
         self.strategy.as_ref()
+    }
+
+    /// Restore the weight strategy's durable state (probe cache and pins), as saved from
+    /// [`WeightStrategy::export_state`] by a host that restarted. Call it before registering
+    /// workers: a worker registered afterwards adopts a fresh cached measurement (no new probe)
+    /// and its pin. Strategies without durable state ignore it.
+    pub fn import_state(&mut self, state: PersistedProbeState) {
+        self.strategy.import_state(state);
     }
 
     /// The router's prefix index.
@@ -768,4 +779,60 @@ fn two_choices<R: Rng + ?Sized>(
     } else {
         break_tie(ties, (a, ha.weight), (b, hb.weight), rng)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::worker::Provenance;
+    use std::time::Duration;
+
+    fn spec(name: &str) -> WorkerSpec {
+        WorkerSpec {
+            name: name.into(),
+            node: name.into(),
+            model: "m".into(),
+            gpu_names: vec![],
+            context_window: 8192,
+            launch_args: "--a".into(),
+        }
+    }
+
+    #[test]
+    fn imported_state_restores_pins_and_cached_measurements() {
+        let mut first = Router::new(PolicyConfig::preset("seed-v3").unwrap());
+        let a = first.register(Time::ZERO, spec("a"));
+        let b = first.register(Time::ZERO, spec("b"));
+        let mut orders = Vec::new();
+        // Warm-up then measurement for both workers.
+        for _ in 0..2 {
+            orders.clear();
+            first.poll_probes(Time::ZERO, &mut orders);
+            for o in &orders {
+                let tokens = if o.worker == a { 1_000 } else { 500 };
+                let r = ProbeResult {
+                    order: o.id,
+                    worker: o.worker,
+                    output_tokens: tokens,
+                    wall: Duration::from_secs(1),
+                    ok: true,
+                };
+                first.probe_result(Time::ZERO, &r);
+            }
+        }
+        first.pin(Time::ZERO, b, 2.5).unwrap();
+        let saved = first.strategy().export_state().unwrap();
+
+        let mut second = Router::new(PolicyConfig::preset("seed-v3").unwrap());
+        second.import_state(saved);
+        let a2 = second.register(Time::from_nanos(1), spec("a"));
+        let b2 = second.register(Time::from_nanos(1), spec("b"));
+        assert_eq!(second.weight(a2).unwrap().provenance, Provenance::Measured);
+        let pinned = second.weight(b2).unwrap();
+        assert_eq!((pinned.value, pinned.provenance), (2.5, Provenance::Pinned));
+        // The cached measurement means no new probe is ordered.
+        orders.clear();
+        second.poll_probes(Time::from_nanos(2), &mut orders);
+        assert!(orders.iter().all(|o| o.worker != a2), "{orders:?}");
+    }
 }

@@ -19,11 +19,14 @@ thread_local! {
     // `const` initialisation with a `Drop`-free type: touching it never allocates (no lazy
     // init, no destructor registration), so the allocator can use it without recursion.
     static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+    // Size of the largest allocation seen, to tell what allocated when the count is not zero.
+    static LARGEST: Cell<usize> = const { Cell::new(0) };
 }
 
-fn count() {
+fn count(size: usize) {
     // `try_with`: allocations during thread teardown must not panic.
     let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+    let _ = LARGEST.try_with(|c| c.set(c.get().max(size)));
 }
 
 /// Forwards to the system allocator and counts allocations on the current thread.
@@ -34,19 +37,19 @@ struct Counting;
 // methods are `unsafe fn`s whose callers uphold the layout/pointer contracts we pass through.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count();
+        count(layout.size());
         // SAFETY: same contract as ours, forwarded.
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count();
+        count(layout.size());
         // SAFETY: same contract as ours, forwarded.
         unsafe { System.alloc_zeroed(layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count();
+        count(new_size);
         // SAFETY: `ptr` was allocated by `System` through us with `layout`.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -182,9 +185,15 @@ fn check(config: PolicyConfig) {
     drop(std::hint::black_box(vec![1u8; 16]));
     assert_eq!(allocations() - before, 1);
 
+    LARGEST.with(|c| c.set(0));
     let without = steady_state(&mut router, &measured, false, &mut rng, 1_000.0);
     let with = steady_state(&mut router, &measured, true, &mut rng, 2_000.0);
-    assert_eq!((without, with), (0, 0), "{name}: allocations without / with a 64-block prefix");
+    assert_eq!(
+        (without, with),
+        (0, 0),
+        "{name}: allocations without / with a 64-block prefix (largest: {} bytes)",
+        LARGEST.with(Cell::get)
+    );
     assert!(router.prefix_index().len() <= router.prefix_index().capacity());
 }
 

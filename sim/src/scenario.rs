@@ -468,7 +468,16 @@ impl Scenario {
 
     /// Validate scenario text; `path` names it in errors and anchors relative paths.
     pub fn from_yaml(src: &str, path: &Path) -> Result<Scenario, ScenarioError> {
-        let raw: RawScenario = serde_saphyr::from_str(src).map_err(|e| parse_error(path, &e))?;
+        // serde_path_to_error records where in the document a type error happened.
+        let mut field = String::new();
+        let raw: RawScenario = serde_saphyr::with_deserializer_from_str(src, |de| {
+            serde_path_to_error::deserialize(de).map_err(|e| {
+                // `Spanned` wraps list items in a `value` field the user never wrote.
+                field = e.path().to_string().replace(".value", "");
+                e.into_inner()
+            })
+        })
+        .map_err(|e| parse_error(path, &field, &e))?;
         Validator {
             path,
             profiles: HashMap::new(),
@@ -512,15 +521,32 @@ impl Scenario {
     }
 }
 
-fn parse_error(path: &Path, e: &serde_saphyr::Error) -> ScenarioError {
+/// A YAML or type error: the file, line and column, the field path, the parser's message and
+/// its source snippet (with the file's name in place of the parser's `<input>`).
+pub(crate) fn parse_error(path: &Path, field: &str, e: &serde_saphyr::Error) -> ScenarioError {
     let loc = e.location();
+    let text = e.to_string();
+    // The parser repeats the position in its first line ("error: line L column C: ..."): drop it.
+    let text = match text
+        .strip_prefix("error: line ")
+        .and_then(|rest| rest.split_once(": "))
+    {
+        Some((_, message)) => message.to_string(),
+        None => text,
+    };
+    let text = text.replace("<input>", &path.display().to_string());
+    let message = if field.is_empty() || field == "." {
+        text
+    } else {
+        format!("{field}: {text}")
+    };
     ScenarioError::Parse {
         at: Located {
             file: path.to_path_buf(),
             line: loc.map(|l| l.line()).filter(|l| *l > 0),
             column: loc.map(|l| l.column()).filter(|c| *c > 0),
         },
-        message: e.to_string(),
+        message,
     }
 }
 
