@@ -232,6 +232,22 @@ pub struct WorkerTotals {
     pub final_provenance: Provenance,
     /// Probe bursts it served.
     pub probe_bursts: u64,
+    /// Sum of its completed requests' TTFT, s.
+    pub ttft_sum_s: f64,
+    /// Sum of its completed requests' end-to-end latency, s.
+    pub e2e_sum_s: f64,
+}
+
+impl WorkerTotals {
+    /// Mean TTFT of its completed requests, s.
+    pub fn mean_ttft_s(&self) -> Option<f64> {
+        (self.completed > 0).then(|| self.ttft_sum_s / self.completed as f64)
+    }
+
+    /// Mean end-to-end latency of its completed requests, s.
+    pub fn mean_e2e_s(&self) -> Option<f64> {
+        (self.completed > 0).then(|| self.e2e_sum_s / self.completed as f64)
+    }
 }
 
 /// What a run measured.
@@ -479,6 +495,8 @@ impl<'a> Sim<'a> {
                         final_weight: 1.0,
                         final_provenance: Provenance::Default,
                         probe_bursts: 0,
+                        ttft_sum_s: 0.0,
+                        e2e_sum_s: 0.0,
                     },
                     interval_dispatched: 0,
                     interval_tokens: 0,
@@ -936,6 +954,8 @@ impl<'a> Sim<'a> {
                 let w = &mut self.workers[worker as usize];
                 w.totals.completed += 1;
                 w.totals.output_tokens += u64::from(r.output);
+                w.totals.ttft_sum_s += ttft;
+                w.totals.e2e_sum_s += e2e;
                 w.interval_tokens += u64::from(r.output);
                 if let Some(id) = w.id {
                     self.router.complete(Time::from_nanos(self.now), id, &c);

@@ -1,0 +1,2 @@
+//! Integration tests of the `routelab` lab: the bundled case studies and the command line.
+mod case_studies;
