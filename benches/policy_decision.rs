@@ -80,11 +80,18 @@ fn fleet(n: usize, rng: &mut Xoshiro256PlusPlus) -> Router {
     router
 }
 
-/// 64-block chain-hash prompts: half from 300 recurring conversations, half new ones.
+/// 64-block chain-hash prompts: from 300 recurring conversations (whose blocks the index holds)
+/// or new ones (which miss and evict 64 blocks each); new ones are half the prompts, or the
+/// share in `ROUTELAB_BENCH_NEW_SHARE` (0 to 1).
 fn prompts(rng: &mut Xoshiro256PlusPlus) -> Vec<Vec<u64>> {
+    let new_share = std::env::var("ROUTELAB_BENCH_NEW_SHARE")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|v| (0.0..=1.0).contains(v))
+        .unwrap_or(0.5);
     (0..PROMPTS)
         .map(|i| {
-            let conv = if rng.random_bool(0.5) {
+            let conv = if !rng.random_bool(new_share) {
                 rng.random_range(0..300u64)
             } else {
                 1_000 + i as u64
@@ -120,7 +127,11 @@ fn decision(c: &mut Criterion) {
                 let req = RouteRequest {
                     model,
                     context_tokens: 8_000,
-                    prefix: if with_prefix { &prompts[i % PROMPTS] } else { &[] },
+                    prefix: if with_prefix {
+                        &prompts[i % PROMPTS]
+                    } else {
+                        &[]
+                    },
                 };
                 let d = router.route(now, black_box(&req), rng).expect("room");
                 router.complete(now, black_box(d.worker), &done);
@@ -129,7 +140,14 @@ fn decision(c: &mut Criterion) {
             for i in 0..4 * PROMPTS {
                 step(&mut router, i, &mut rng);
             }
-            let id = BenchmarkId::new(if with_prefix { "64-block prefix" } else { "no prefix" }, n);
+            let id = BenchmarkId::new(
+                if with_prefix {
+                    "64-block prefix"
+                } else {
+                    "no prefix"
+                },
+                n,
+            );
             let mut i = 0usize;
             group.bench_function(id, |b| {
                 b.iter(|| {

@@ -225,7 +225,12 @@ impl Router {
 
     /// The worker's engine restarted, possibly with other launch arguments. Its in-flight
     /// requests are lost: the host reports each with [`Router::fail`].
-    pub fn restart(&mut self, now: Time, id: WorkerId, launch_args: &str) -> Result<(), AdminError> {
+    pub fn restart(
+        &mut self,
+        now: Time,
+        id: WorkerId,
+        launch_args: &str,
+    ) -> Result<(), AdminError> {
         self.set_state(id, WorkerState::Up)?;
         let info = &mut self.fleet.workers[id.index()];
         let args_changed = info.spec.launch_args != launch_args;
@@ -317,6 +322,41 @@ impl Router {
         rng: &mut R,
     ) -> Result<Decision, RouteError> {
         let decision = self.choose(req, rng)?;
+        self.dispatch(now, decision.worker, req.prefix);
+        Ok(decision)
+    }
+
+    /// [`Router::route`] among the eligible workers other than `exclude`: for a host that
+    /// retries a request on another worker after one failed before the first byte. The
+    /// excluded workers count as full for this one decision, so every chooser, the prefix
+    /// affinity and the cap logic skip them; when no other worker can take the request the
+    /// answer is [`RouteError::AllAtCap`]. Allocates only when `exclude` is not empty.
+    pub fn route_excluding<R: Rng + ?Sized>(
+        &mut self,
+        now: Time,
+        req: &RouteRequest<'_>,
+        exclude: &[WorkerId],
+        rng: &mut R,
+    ) -> Result<Decision, RouteError> {
+        if exclude.is_empty() || self.models.get(req.model.0 as usize).is_none() {
+            return self.route(now, req, rng);
+        }
+        let saved: Vec<(usize, u32)> = exclude
+            .iter()
+            .filter(|id| id.index() < self.hot.len())
+            .map(|id| (id.index(), self.hot[id.index()].in_flight))
+            .collect();
+        for &(i, _) in &saved {
+            self.hot[i].in_flight = self.hot[i].cap;
+        }
+        self.recount_free(req.model.0);
+        let outcome = self.choose(req, rng);
+        // Reverse order restores the true count even when an id is listed twice.
+        for &(i, in_flight) in saved.iter().rev() {
+            self.hot[i].in_flight = in_flight;
+        }
+        self.recount_free(req.model.0);
+        let decision = outcome?;
         self.dispatch(now, decision.worker, req.prefix);
         Ok(decision)
     }
@@ -500,7 +540,11 @@ impl Router {
                                 // Reservoir sampling over the tied candidates.
                                 crate::TieRule::Random => rng.random_range(0..equal) == 0,
                             };
-                            if keep_new { Some((pos, s, x.weight)) } else { Some(b) }
+                            if keep_new {
+                                Some((pos, s, x.weight))
+                            } else {
+                                Some(b)
+                            }
                         }
                         b => b,
                     };
@@ -785,6 +829,7 @@ fn two_choices<R: Rng + ?Sized>(
 mod tests {
     use super::*;
     use crate::worker::Provenance;
+    use rand::SeedableRng;
     use std::time::Duration;
 
     fn spec(name: &str) -> WorkerSpec {
@@ -834,5 +879,42 @@ mod tests {
         orders.clear();
         second.poll_probes(Time::from_nanos(2), &mut orders);
         assert!(orders.iter().all(|o| o.worker != a2), "{orders:?}");
+    }
+
+    #[test]
+    fn route_excluding_skips_the_excluded_and_restores_counts() {
+        let mut r = Router::new(
+            PolicyConfig::from_name("equal/p2c:higher-weight/no-affinity/flat:2").unwrap(),
+        );
+        let a = r.register(Time::ZERO, spec("a"));
+        let b = r.register(Time::ZERO, spec("b"));
+        let model = r.model_id("m").unwrap();
+        let req = RouteRequest {
+            model,
+            context_tokens: 10,
+            prefix: &[],
+        };
+        let mut rng = rand::rngs::Xoshiro256PlusPlus::seed_from_u64(3);
+        for _ in 0..2 {
+            let d = r
+                .route_excluding(Time::ZERO, &req, &[a, a], &mut rng)
+                .unwrap();
+            assert_eq!(d.worker, b);
+        }
+        assert_eq!(
+            (
+                r.fleet().get(a).unwrap().in_flight,
+                r.fleet().get(b).unwrap().in_flight
+            ),
+            (0, 2)
+        );
+        // b is full and a excluded: nothing can take it.
+        assert!(matches!(
+            r.route_excluding(Time::ZERO, &req, &[a], &mut rng),
+            Err(RouteError::AllAtCap { .. })
+        ));
+        // Without the exclusion a still takes requests: the counts were restored.
+        assert_eq!(r.route(Time::ZERO, &req, &mut rng).unwrap().worker, a);
+        assert_eq!(r.fleet().get(a).unwrap().in_flight, 1);
     }
 }

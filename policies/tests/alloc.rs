@@ -5,9 +5,9 @@
 //! measured workers, background load and a warm prefix index must then route and complete
 //! 10,000 requests, with and without a 64-block prefix, without a single allocation.
 
+use rand::RngExt;
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
-use rand::RngExt;
 use routelab_policies::{
     Affinity, Completion, PolicyConfig, ProbeResult, RouteRequest, Router, Time, WorkerSpec,
 };
@@ -113,7 +113,12 @@ fn warm_router(config: PolicyConfig, rng: &mut Xoshiro256PlusPlus) -> Router {
             );
         }
     }
-    assert!(router.fleet().iter().all(|(id, _)| !router.weight(id).unwrap().is_unmeasured()));
+    assert!(
+        router
+            .fleet()
+            .iter()
+            .all(|(id, _)| !router.weight(id).unwrap().is_unmeasured())
+    );
     let model = router.model_id(MODEL).unwrap();
     for _ in 0..2 * WORKERS {
         let req = RouteRequest {
@@ -147,7 +152,13 @@ fn prefixes(n: usize, rng: &mut Xoshiro256PlusPlus, fresh_from: u64) -> Vec<Vec<
 }
 
 /// Route then complete each request; returns the allocations counted meanwhile.
-fn steady_state(router: &mut Router, prompts: &[Vec<u64>], with_prefix: bool, rng: &mut Xoshiro256PlusPlus, t0: f64) -> u64 {
+fn steady_state(
+    router: &mut Router,
+    prompts: &[Vec<u64>],
+    with_prefix: bool,
+    rng: &mut Xoshiro256PlusPlus,
+    t0: f64,
+) -> u64 {
     let model = router.model_id(MODEL).unwrap();
     let before = allocations();
     for (i, p) in prompts.iter().enumerate() {

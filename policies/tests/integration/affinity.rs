@@ -21,7 +21,11 @@ struct Scene {
 /// PRO 6000 pinned at 1.34 and pair at 0.66; `holder` holds the conversation's prefix.
 fn scene(config: PolicyConfig, holder_is_pro: bool, holder_n: u32, other_n: u32) -> Scene {
     let (mut router, pair, pro) = pinned_source_fleet(config);
-    let (holder, other) = if holder_is_pro { (pro, pair) } else { (pair, pro) };
+    let (holder, other) = if holder_is_pro {
+        (pro, pair)
+    } else {
+        (pair, pro)
+    };
     let m = model(&router);
     let mut rng = rng(9);
     let prefix = blocks(42, BLOCKS);
@@ -29,20 +33,31 @@ fn scene(config: PolicyConfig, holder_is_pro: bool, holder_n: u32, other_n: u32)
 
     router.disconnect(t, holder).unwrap();
     for _ in 0..other_n {
-        assert_eq!(router.route(t, &req(m, 500, &[]), &mut rng).unwrap().worker, other);
+        assert_eq!(
+            router.route(t, &req(m, 500, &[]), &mut rng).unwrap().worker,
+            other
+        );
     }
     router.reconnect(t, holder).unwrap();
     router.disconnect(t, other).unwrap();
-    let first = router.route(t, &req(m, PROMPT_TOKENS, &prefix), &mut rng).unwrap();
+    let first = router
+        .route(t, &req(m, PROMPT_TOKENS, &prefix), &mut rng)
+        .unwrap();
     assert_eq!(first.worker, holder);
     for _ in 1..holder_n {
-        assert_eq!(router.route(t, &req(m, 500, &[]), &mut rng).unwrap().worker, holder);
+        assert_eq!(
+            router.route(t, &req(m, 500, &[]), &mut rng).unwrap().worker,
+            holder
+        );
     }
     router.reconnect(t, other).unwrap();
 
     assert_eq!(router.fleet().get(holder).unwrap().in_flight, holder_n);
     assert_eq!(router.fleet().get(other).unwrap().in_flight, other_n);
-    assert_eq!(router.prefix_index().longest(&prefix), Some((holder, BLOCKS)));
+    assert_eq!(
+        router.prefix_index().longest(&prefix),
+        Some((holder, BLOCKS))
+    );
     Scene {
         router,
         holder,
@@ -143,5 +158,8 @@ fn a_holder_that_cannot_take_the_request_is_not_kept() {
     assert!(!d.affinity_kept);
     assert_eq!(d.believed_cached_blocks, 0);
     // The other worker now holds it.
-    assert_eq!(s.router.prefix_index().longest(&s.prefix), Some((s.other, BLOCKS)));
+    assert_eq!(
+        s.router.prefix_index().longest(&s.prefix),
+        Some((s.other, BLOCKS))
+    );
 }

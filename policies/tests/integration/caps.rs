@@ -11,9 +11,17 @@ fn flat_cap_rejects_the_twenty_fifth_request() {
     let m = model(&router);
     let mut rng = rng(2);
     for _ in 0..24 {
-        assert_eq!(router.route(Time::ZERO, &req(m, 500, &[]), &mut rng).unwrap().worker, only);
+        assert_eq!(
+            router
+                .route(Time::ZERO, &req(m, 500, &[]), &mut rng)
+                .unwrap()
+                .worker,
+            only
+        );
     }
-    let err = router.route(Time::ZERO, &req(m, 500, &[]), &mut rng).unwrap_err();
+    let err = router
+        .route(Time::ZERO, &req(m, 500, &[]), &mut rng)
+        .unwrap_err();
     assert_eq!(
         err,
         RouteError::AllAtCap {
@@ -31,17 +39,25 @@ fn queued_requests_are_released_in_fifo_order() {
     let m = model(&router);
     let mut rng = rng(2);
     for _ in 0..24 {
-        router.route(Time::ZERO, &req(m, 500, &[]), &mut rng).unwrap();
+        router
+            .route(Time::ZERO, &req(m, 500, &[]), &mut rng)
+            .unwrap();
     }
     let conv = blocks(7, 8);
     for ticket in 100..104u64 {
         let prefix: &[u64] = if ticket == 101 { &conv } else { &[] };
         let r = req(m, 500, prefix);
-        assert!(matches!(router.route(Time::ZERO, &r, &mut rng), Err(RouteError::AllAtCap { .. })));
+        assert!(matches!(
+            router.route(Time::ZERO, &r, &mut rng),
+            Err(RouteError::AllAtCap { .. })
+        ));
         router.enqueue(ticket, &r);
     }
     assert_eq!(router.queued(), 4);
-    assert!(router.dispatch_queued(Time::ZERO, &mut rng).is_none(), "still full");
+    assert!(
+        router.dispatch_queued(Time::ZERO, &mut rng).is_none(),
+        "still full"
+    );
     assert!(router.cancel(102));
     assert!(!router.cancel(102));
 
@@ -49,10 +65,15 @@ fn queued_requests_are_released_in_fifo_order() {
     for i in 0..3 {
         let now = secs(f64::from(i + 1));
         router.complete(now, only, &completion(now));
-        let (ticket, outcome) = router.dispatch_queued(now, &mut rng).expect("a slot is free");
+        let (ticket, outcome) = router
+            .dispatch_queued(now, &mut rng)
+            .expect("a slot is free");
         assert_eq!(outcome.unwrap().worker, only);
         released.push(ticket);
-        assert!(router.dispatch_queued(now, &mut rng).is_none(), "one slot, one request");
+        assert!(
+            router.dispatch_queued(now, &mut rng).is_none(),
+            "one slot, one request"
+        );
         assert_eq!(router.fleet().get(only).unwrap().in_flight, 24);
     }
     assert_eq!(released, vec![100, 101, 103]);
@@ -70,7 +91,9 @@ fn weighted_cap_scales_with_weight() {
     let m = model(&router);
     let mut rng = rng(4);
     for _ in 0..48 {
-        router.route(Time::ZERO, &req(m, 500, &[]), &mut rng).unwrap();
+        router
+            .route(Time::ZERO, &req(m, 500, &[]), &mut rng)
+            .unwrap();
     }
     assert_eq!(router.fleet().get(pro).unwrap().in_flight, 32);
     assert_eq!(router.fleet().get(pair).unwrap().in_flight, 16);
@@ -85,10 +108,19 @@ fn weighted_cap_scales_with_weight() {
     for i in 0..8 {
         let now = secs(2.0 + f64::from(i));
         router.complete(now, pro, &completion(now));
-        assert!(router.route(now, &req(m, 500, &[]), &mut rng).is_err(), "{i}");
+        assert!(
+            router.route(now, &req(m, 500, &[]), &mut rng).is_err(),
+            "{i}"
+        );
     }
     router.complete(secs(20.0), pro, &completion(secs(20.0)));
-    assert_eq!(router.route(secs(20.0), &req(m, 500, &[]), &mut rng).unwrap().worker, pro);
+    assert_eq!(
+        router
+            .route(secs(20.0), &req(m, 500, &[]), &mut rng)
+            .unwrap()
+            .worker,
+        pro
+    );
 }
 
 #[test]
@@ -102,7 +134,9 @@ fn flat_cap_applies_to_every_weight_strategy_from_registration() {
         let m = model(&router);
         let mut rng = rng(1);
         for _ in 0..2 {
-            router.route(Time::ZERO, &req(m, 500, &[]), &mut rng).unwrap();
+            router
+                .route(Time::ZERO, &req(m, 500, &[]), &mut rng)
+                .unwrap();
         }
         assert!(
             matches!(

@@ -1,7 +1,7 @@
 //! Choosers: ties on a quiet network, SED vs P2C, eligibility of every chooser, WRR ratios.
 
 use crate::common::*;
-use routelab_policies::{Chooser, Router, Time, TieRule, WorkerId, WorkerState};
+use routelab_policies::{Chooser, Router, TieRule, Time, WorkerId, WorkerState};
 
 /// Route `n` requests one at a time, completing each before the next; returns (pair, pro).
 fn quiet_network(router: &mut Router, pair: WorkerId, pro: WorkerId, n: u32) -> (u32, u32) {
@@ -33,14 +33,22 @@ fn quiet_network_ties_go_to_the_higher_weight() {
 #[test]
 fn quiet_network_ties_first_or_random_split_the_traffic() {
     for ties in [TieRule::First, TieRule::Random] {
-        for chooser in [Chooser::P2c { ties }, Chooser::Jsq { ties: TieRule::Random }] {
+        for chooser in [
+            Chooser::P2c { ties },
+            Chooser::Jsq {
+                ties: TieRule::Random,
+            },
+        ] {
             if matches!(chooser, Chooser::Jsq { .. }) && ties == TieRule::First {
                 continue; // jsq:first is a deterministic scan: always the first candidate
             }
             let (mut router, pair, pro) =
                 pinned_source_fleet(with_chooser(policy("seed-v3"), chooser));
             let (to_pair, to_pro) = quiet_network(&mut router, pair, pro, 1_000);
-            assert!(to_pair >= 300 && to_pro >= 300, "{chooser:?}: {to_pair} / {to_pro}");
+            assert!(
+                to_pair >= 300 && to_pro >= 300,
+                "{chooser:?}: {to_pair} / {to_pro}"
+            );
         }
     }
 }
@@ -48,8 +56,18 @@ fn quiet_network_ties_first_or_random_split_the_traffic() {
 #[test]
 fn sed_counts_the_request_being_placed() {
     for (chooser, want_fast) in [
-        (Chooser::P2c { ties: TieRule::HigherWeight }, false),
-        (Chooser::Sed { ties: TieRule::HigherWeight }, true),
+        (
+            Chooser::P2c {
+                ties: TieRule::HigherWeight,
+            },
+            false,
+        ),
+        (
+            Chooser::Sed {
+                ties: TieRule::HigherWeight,
+            },
+            true,
+        ),
     ] {
         for seed in 0..50 {
             let mut router = Router::new(with_chooser(policy("seed-v3"), chooser));
@@ -60,11 +78,15 @@ fn sed_counts_the_request_being_placed() {
             let m = model(&router);
             let mut rng = rng(seed);
             // Idle fleet: both choosers send the first request to the weight-4 worker.
-            let first = router.route(Time::ZERO, &req(m, 500, &[]), &mut rng).unwrap();
+            let first = router
+                .route(Time::ZERO, &req(m, 500, &[]), &mut rng)
+                .unwrap();
             assert_eq!(first.worker, fast, "{chooser:?}");
             // Idle weight-1 worker vs weight-4 worker holding one request:
             // p2c compares 0/1 = 0 < 1/4; sed compares (0+1)/1 = 1 > (1+1)/4 = 0.5.
-            let d = router.route(Time::ZERO, &req(m, 500, &[]), &mut rng).unwrap();
+            let d = router
+                .route(Time::ZERO, &req(m, 500, &[]), &mut rng)
+                .unwrap();
             let want = if want_fast { fast } else { slow };
             assert_eq!(d.worker, want, "{chooser:?} seed {seed}");
         }
@@ -115,7 +137,11 @@ fn every_chooser_routes_only_to_eligible_workers() {
             let d = router
                 .route(t, &req(m, 16_000, &[]), &mut rng)
                 .unwrap_or_else(|e| panic!("{chooser:?} request {i}: {e}"));
-            assert!(eligible.contains(&d.worker), "{chooser:?} picked {}", d.worker);
+            assert!(
+                eligible.contains(&d.worker),
+                "{chooser:?} picked {}",
+                d.worker
+            );
         }
         for id in eligible {
             assert_eq!(router.fleet().get(id).unwrap().in_flight, 4, "{chooser:?}");
@@ -133,7 +159,10 @@ fn every_chooser_routes_only_to_eligible_workers() {
         for id in [gone, draining, removed, other] {
             assert_eq!(router.fleet().get(id).unwrap().in_flight, 0, "{chooser:?}");
         }
-        assert_eq!(router.fleet().get(gone).unwrap().state, WorkerState::Disconnected);
+        assert_eq!(
+            router.fleet().get(gone).unwrap().state,
+            WorkerState::Disconnected
+        );
     }
 }
 

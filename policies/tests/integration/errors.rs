@@ -5,8 +5,14 @@ use routelab_policies::{AdminError, ModelId, RouteError, Router, Time, WorkerId}
 
 fn two_windows() -> (Router, WorkerId, WorkerId) {
     let mut router = Router::new(policy("seed-v3"));
-    let small = router.register(Time::ZERO, spec_full("small", "n1", MODEL, &["RTX 4090"], 8_192, ""));
-    let big = router.register(Time::ZERO, spec_full("big", "n2", MODEL, &["H100"], 32_768, ""));
+    let small = router.register(
+        Time::ZERO,
+        spec_full("small", "n1", MODEL, &["RTX 4090"], 8_192, ""),
+    );
+    let big = router.register(
+        Time::ZERO,
+        spec_full("big", "n2", MODEL, &["H100"], 32_768, ""),
+    );
     (router, small, big)
 }
 
@@ -25,7 +31,9 @@ fn unknown_model_is_no_worker_for_model() {
 fn prompt_beyond_every_window_names_the_largest() {
     let (mut router, _, _) = two_windows();
     let m = model(&router);
-    let err = router.route(Time::ZERO, &req(m, 40_000, &[]), &mut rng(1)).unwrap_err();
+    let err = router
+        .route(Time::ZERO, &req(m, 40_000, &[]), &mut rng(1))
+        .unwrap_err();
     assert_eq!(
         err,
         RouteError::PromptTooLong {
@@ -37,7 +45,11 @@ fn prompt_beyond_every_window_names_the_largest() {
     let msg = err.to_string();
     assert!(msg.contains("40000") && msg.contains("32768"), "{msg}");
     // Exactly the window fits.
-    assert!(router.route(Time::ZERO, &req(m, 32_768, &[]), &mut rng(1)).is_ok());
+    assert!(
+        router
+            .route(Time::ZERO, &req(m, 32_768, &[]), &mut rng(1))
+            .is_ok()
+    );
 }
 
 #[test]
@@ -46,7 +58,9 @@ fn all_disconnected_is_no_healthy_worker() {
     router.disconnect(Time::ZERO, small).unwrap();
     router.disconnect(Time::ZERO, big).unwrap();
     let m = model(&router);
-    let err = router.route(Time::ZERO, &req(m, 500, &[]), &mut rng(1)).unwrap_err();
+    let err = router
+        .route(Time::ZERO, &req(m, 500, &[]), &mut rng(1))
+        .unwrap_err();
     assert_eq!(
         err,
         RouteError::NoHealthyWorker {
@@ -68,7 +82,9 @@ fn all_disconnected_is_no_healthy_worker() {
 
 #[test]
 fn all_at_cap_is_429() {
-    let err = RouteError::AllAtCap { model: MODEL.into() };
+    let err = RouteError::AllAtCap {
+        model: MODEL.into(),
+    };
     assert_eq!(err.http_status(), 429);
 }
 
@@ -82,12 +98,27 @@ fn admin_errors_are_typed() {
         }
     }
     let ghost = WorkerId(1_000);
-    assert_eq!(router.pin(Time::ZERO, ghost, 1.0), Err(AdminError::UnknownWorker(ghost)));
-    assert_eq!(router.reprobe(Time::ZERO, ghost), Err(AdminError::UnknownWorker(ghost)));
+    assert_eq!(
+        router.pin(Time::ZERO, ghost, 1.0),
+        Err(AdminError::UnknownWorker(ghost))
+    );
+    assert_eq!(
+        router.reprobe(Time::ZERO, ghost),
+        Err(AdminError::UnknownWorker(ghost))
+    );
     router.remove(Time::ZERO, big).unwrap();
-    assert_eq!(router.remove(Time::ZERO, big), Err(AdminError::UnknownWorker(big)));
-    assert_eq!(router.reconnect(Time::ZERO, big), Err(AdminError::UnknownWorker(big)));
-    assert_eq!(router.restart(Time::ZERO, big, ""), Err(AdminError::UnknownWorker(big)));
+    assert_eq!(
+        router.remove(Time::ZERO, big),
+        Err(AdminError::UnknownWorker(big))
+    );
+    assert_eq!(
+        router.reconnect(Time::ZERO, big),
+        Err(AdminError::UnknownWorker(big))
+    );
+    assert_eq!(
+        router.restart(Time::ZERO, big, ""),
+        Err(AdminError::UnknownWorker(big))
+    );
     // Host calls about unknown ids on the request path are ignored, not panics.
     router.complete(Time::ZERO, ghost, &completion(secs(3.0)));
     router.fail(Time::ZERO, ghost);

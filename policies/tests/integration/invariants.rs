@@ -13,8 +13,8 @@ use rand::rngs::Xoshiro256PlusPlus;
 use routelab_policies::weights::{AtLoadConfig, LiveConfig, ProbeConfig, TableConfig};
 use routelab_policies::{
     Affinity, AffinityUnits, Allowance, Cap, Chooser, Clamp, Completion, Decision, ModelId,
-    PolicyConfig, ProbeOrder, ProbeResult, Provenance, RouteError, RouteRequest, Router, Time,
-    TieRule, WeightsConfig, WorkerId, WorkerState,
+    PolicyConfig, ProbeOrder, ProbeResult, Provenance, RouteError, RouteRequest, Router, TieRule,
+    Time, WeightsConfig, WorkerId, WorkerState,
 };
 use std::time::Duration;
 
@@ -42,9 +42,19 @@ struct Reg {
 #[derive(Debug, Clone)]
 enum Op {
     Register(Reg),
-    Route { model: u8, tokens: u32, conv: u8, len: u8 },
-    Complete { pick: u16, ttft_ms: u32 },
-    Fail { pick: u16 },
+    Route {
+        model: u8,
+        tokens: u32,
+        conv: u8,
+        len: u8,
+    },
+    Complete {
+        pick: u16,
+        ttft_ms: u32,
+    },
+    Fail {
+        pick: u16,
+    },
     Disconnect(u8),
     Reconnect(u8),
     Drain(u8),
@@ -54,11 +64,18 @@ enum Op {
     Unpin(u8),
     Reprobe(u8),
     Poll,
-    Answer { pick: u16, kind: u8, tok_s: f64 },
+    Answer {
+        pick: u16,
+        kind: u8,
+        tok_s: f64,
+    },
     TrueCapacity(u8, f64),
     NodeManagerRestart(u8, bool),
     Tick(u64),
-    Queue { model: u8, tokens: u32 },
+    Queue {
+        model: u8,
+        tokens: u32,
+    },
 }
 
 fn any_clamp() -> impl Strategy<Value = Clamp> {
@@ -76,16 +93,23 @@ fn any_weights() -> impl Strategy<Value = WeightsConfig> {
                 ..LiveConfig::default()
             })
         }),
-        (any_clamp(), any::<bool>(), 1u64..30_000, 1u64..30_000, 1u64..600).prop_map(
-            |(clamp, warmup, ttl, period, retry)| WeightsConfig::Probe(ProbeConfig {
-                warmup,
-                cache_ttl: Duration::from_secs(ttl),
-                reprobe_period: Duration::from_secs(period),
-                retry_after: Duration::from_secs(retry),
-                clamp,
-                ..ProbeConfig::default()
-            })
-        ),
+        (
+            any_clamp(),
+            any::<bool>(),
+            1u64..30_000,
+            1u64..30_000,
+            1u64..600
+        )
+            .prop_map(|(clamp, warmup, ttl, period, retry)| WeightsConfig::Probe(
+                ProbeConfig {
+                    warmup,
+                    cache_ttl: Duration::from_secs(ttl),
+                    reprobe_period: Duration::from_secs(period),
+                    retry_after: Duration::from_secs(retry),
+                    clamp,
+                    ..ProbeConfig::default()
+                }
+            )),
         any_clamp().prop_map(WeightsConfig::Oracle),
         Just(WeightsConfig::Equal),
         (any_clamp(), any::<bool>(), 0.0f64..8.0, 1u64..120).prop_map(
@@ -101,7 +125,11 @@ fn any_weights() -> impl Strategy<Value = WeightsConfig> {
 }
 
 fn any_ties() -> impl Strategy<Value = TieRule> {
-    prop_oneof![Just(TieRule::First), Just(TieRule::Random), Just(TieRule::HigherWeight)]
+    prop_oneof![
+        Just(TieRule::First),
+        Just(TieRule::Random),
+        Just(TieRule::HigherWeight)
+    ]
 }
 
 fn any_chooser() -> impl Strategy<Value = Chooser> {
@@ -119,17 +147,28 @@ fn any_chooser() -> impl Strategy<Value = Chooser> {
 fn any_affinity() -> impl Strategy<Value = Affinity> {
     prop_oneof![
         Just(Affinity::None),
-        (any::<bool>(), 0.0f64..4.0, 0.0f64..1.0, 0.0f64..10.0, 1usize..256).prop_map(
-            |(raw, base, per_1k_tokens, extra, index_blocks)| Affinity::Prefix {
-                units: if raw { AffinityUnits::Raw } else { AffinityUnits::Capacity },
-                allowance: Allowance {
-                    base,
-                    per_1k_tokens,
-                    max: base + extra,
-                },
-                index_blocks,
-            }
-        ),
+        (
+            any::<bool>(),
+            0.0f64..4.0,
+            0.0f64..1.0,
+            0.0f64..10.0,
+            1usize..256
+        )
+            .prop_map(
+                |(raw, base, per_1k_tokens, extra, index_blocks)| Affinity::Prefix {
+                    units: if raw {
+                        AffinityUnits::Raw
+                    } else {
+                        AffinityUnits::Capacity
+                    },
+                    allowance: Allowance {
+                        base,
+                        per_1k_tokens,
+                        max: base + extra,
+                    },
+                    index_blocks,
+                }
+            ),
     ]
 }
 
@@ -332,12 +371,18 @@ impl Sim {
                 conv,
                 len,
             } => {
-                let prefix = if conv == 0 { Vec::new() } else { blocks(u64::from(conv), usize::from(len)) };
+                let prefix = if conv == 0 {
+                    Vec::new()
+                } else {
+                    blocks(u64::from(conv), usize::from(len))
+                };
                 self.route(self.model(model), tokens, &prefix);
             }
             Op::Complete { pick, ttft_ms } => {
                 if !self.in_flight.is_empty() {
-                    let (id, at) = self.in_flight.swap_remove(usize::from(pick) % self.in_flight.len());
+                    let (id, at) = self
+                        .in_flight
+                        .swap_remove(usize::from(pick) % self.in_flight.len());
                     let first = (at + Duration::from_millis(u64::from(ttft_ms))).min(self.now);
                     let c = Completion {
                         prompt_tokens: 100,
@@ -352,7 +397,9 @@ impl Sim {
             }
             Op::Fail { pick } => {
                 if !self.in_flight.is_empty() {
-                    let (id, _) = self.in_flight.swap_remove(usize::from(pick) % self.in_flight.len());
+                    let (id, _) = self
+                        .in_flight
+                        .swap_remove(usize::from(pick) % self.in_flight.len());
                     self.router.fail(self.now, id);
                 }
             }
@@ -389,7 +436,10 @@ impl Sim {
             Op::Pin(i, v) => {
                 if let Some(id) = self.worker(i) {
                     let r = self.router.pin(self.now, id, v);
-                    if v.is_finite() && v > 0.0 && self.router.fleet().get(id).unwrap().state != WorkerState::Removed {
+                    if v.is_finite()
+                        && v > 0.0
+                        && self.router.fleet().get(id).unwrap().state != WorkerState::Removed
+                    {
                         assert!(r.is_ok(), "pin {v}: {r:?}");
                     } else {
                         assert!(r.is_err(), "pin {v} accepted");
@@ -411,7 +461,12 @@ impl Sim {
                 self.router.poll_probes(self.now, &mut out);
                 for o in &out {
                     assert!(o.concurrency > 0 && o.output_tokens > 0);
-                    assert!(self.router.fleet().get(o.worker).is_some_and(|w| w.is_active()));
+                    assert!(
+                        self.router
+                            .fleet()
+                            .get(o.worker)
+                            .is_some_and(|w| w.is_active())
+                    );
                 }
                 self.orders.extend_from_slice(&out);
                 self.seen.push(Seen::Orders(out));
@@ -420,7 +475,11 @@ impl Sim {
                 if !self.orders.is_empty() {
                     let i = usize::from(pick) % self.orders.len();
                     // Usually consume the order; sometimes answer it twice (a late duplicate).
-                    let o = if kind == 7 { self.orders[i] } else { self.orders.swap_remove(i) };
+                    let o = if kind == 7 {
+                        self.orders[i]
+                    } else {
+                        self.orders.swap_remove(i)
+                    };
                     let (output_tokens, wall, ok) = match kind {
                         0 => (0, Duration::from_secs(2), true),
                         1 => (2048, Duration::ZERO, true),
@@ -428,7 +487,11 @@ impl Sim {
                         3 => (u64::MAX, Duration::from_secs(2), true),
                         4 => (2048, Duration::from_secs(2), false),
                         _ => {
-                            let secs = if tok_s.is_finite() && tok_s > 0.0 { (2048.0 / tok_s).min(1e9) } else { 1.0 };
+                            let secs = if tok_s.is_finite() && tok_s > 0.0 {
+                                (2048.0 / tok_s).min(1e9)
+                            } else {
+                                1.0
+                            };
                             (2048, Duration::from_secs_f64(secs), true)
                         }
                     };
@@ -448,7 +511,8 @@ impl Sim {
                 }
             }
             Op::NodeManagerRestart(n, keep) => {
-                self.router.node_manager_restart(self.now, &format!("node{n}"), keep);
+                self.router
+                    .node_manager_restart(self.now, &format!("node{n}"), keep);
             }
             Op::Tick(dt) => {
                 self.now = self.now + Duration::from_nanos(dt);
@@ -458,12 +522,22 @@ impl Sim {
                 let m = self.model(model);
                 let ticket = self.next_ticket;
                 self.next_ticket += 1;
-                self.router.enqueue(ticket, &RouteRequest { model: m, context_tokens: tokens, prefix: &[] });
+                self.router.enqueue(
+                    ticket,
+                    &RouteRequest {
+                        model: m,
+                        context_tokens: tokens,
+                        prefix: &[],
+                    },
+                );
                 let eligible: Vec<(u64, ModelId, u32)> = Vec::new();
                 let _ = eligible;
                 let out = self.router.dispatch_queued(self.now, &mut self.rng);
                 if let Some((_, Ok(d))) = &out {
-                    assert_eq!(self.router.fleet().get(d.worker).unwrap().state, WorkerState::Up);
+                    assert_eq!(
+                        self.router.fleet().get(d.worker).unwrap().state,
+                        WorkerState::Up
+                    );
                     self.in_flight.push((d.worker, self.now));
                 }
                 self.seen.push(Seen::Queued(out));
@@ -507,7 +581,11 @@ impl Sim {
                 Cap::Flat(n) => n,
                 Cap::Weighted(n) => ((f64::from(n) * w.value).round() as u32).max(1),
             };
-            assert_eq!(cap, want, "{id} ({:?}): cap {cap} with weight {w:?}", info.state);
+            assert_eq!(
+                cap, want,
+                "{id} ({:?}): cap {cap} with weight {w:?}",
+                info.state
+            );
         }
     }
 }

@@ -36,11 +36,16 @@ fn a_reconnect_costs_no_probe() {
 #[test]
 fn restart_with_other_arguments_is_a_new_machine() {
     let (mut router, _pair, pro) = measured("seed-v3");
-    router.restart(secs(100.0), pro, "--max-model-len 65536").unwrap();
+    router
+        .restart(secs(100.0), pro, "--max-model-len 65536")
+        .unwrap();
     assert_eq!(router.weight(pro).unwrap().provenance, Provenance::Default);
     let orders = poll(&mut router, secs(100.0));
     assert_eq!(orders.len(), 1, "{orders:?}");
-    assert_eq!((orders[0].worker, orders[0].phase), (pro, ProbePhase::Warmup));
+    assert_eq!(
+        (orders[0].worker, orders[0].phase),
+        (pro, ProbePhase::Warmup)
+    );
 }
 
 #[test]
@@ -52,7 +57,10 @@ fn restart_with_the_same_arguments_within_the_ttl_reuses_the_cache() {
     assert_eq!(router.weight(pro).unwrap(), before);
     // Beyond the 6 h TTL the cache no longer answers.
     router.restart(secs(6.0 * HOUR + 10.0), pro, "").unwrap();
-    assert_eq!(for_worker(&poll(&mut router, secs(6.0 * HOUR + 10.0)), pro).len(), 1);
+    assert_eq!(
+        for_worker(&poll(&mut router, secs(6.0 * HOUR + 10.0)), pro).len(),
+        1
+    );
 }
 
 #[test]
@@ -61,7 +69,10 @@ fn a_pin_survives_restarts_until_unpinned() {
     router.pin(secs(10.0), pro, 2.5).unwrap();
     let pinned = router.weight(pro).unwrap();
     assert_eq!((pinned.value, pinned.provenance), (2.5, Provenance::Pinned));
-    assert_eq!(router.weight(pair).unwrap().provenance, Provenance::Measured);
+    assert_eq!(
+        router.weight(pair).unwrap().provenance,
+        Provenance::Measured
+    );
 
     router.restart(secs(20.0), pro, "--other").unwrap();
     assert_eq!(router.weight(pro).unwrap(), pinned);
@@ -86,7 +97,10 @@ fn unpinning_a_never_measured_worker_falls_back_to_default() {
     router.pin(Time::ZERO, pro, 0.5).unwrap();
     assert_eq!(router.weight(pro).unwrap().provenance, Provenance::Pinned);
     router.unpin(Time::ZERO, pro).unwrap();
-    assert_eq!(router.weight(pro).unwrap(), routelab_policies::Weight::UNMEASURED);
+    assert_eq!(
+        router.weight(pro).unwrap(),
+        routelab_policies::Weight::UNMEASURED
+    );
 }
 
 #[test]
@@ -99,7 +113,9 @@ fn not_yet_measured_is_distinct_from_measured_low() {
         assert!(wt.is_unmeasured());
         assert_eq!(wt.provenance, Provenance::Default);
     }
-    run_probes(&mut router, secs(1.0), |id, _| if id == slow { 10.0 } else { 1_000.0 });
+    run_probes(&mut router, secs(1.0), |id, _| {
+        if id == slow { 10.0 } else { 1_000.0 }
+    });
     let low = router.weight(slow).unwrap();
     assert!(!low.is_unmeasured());
     assert_eq!((low.value, low.provenance), (0.25, Provenance::Measured));
@@ -114,7 +130,9 @@ fn no_periodic_reprobe_while_a_request_is_in_flight() {
     let m = model(&router);
     let mut rng = rng(7);
     // seed-v3 sends an idle-fleet request to the higher weight: the PRO 6000.
-    let d = router.route(secs(10.0), &req(m, 500, &[]), &mut rng).unwrap();
+    let d = router
+        .route(secs(10.0), &req(m, 500, &[]), &mut rng)
+        .unwrap();
     assert_eq!(d.worker, pro);
     let late = secs(6.0 * HOUR + 60.0);
     let orders = poll(&mut router, late);
@@ -136,7 +154,9 @@ fn on_demand_reprobe_runs_even_when_busy() {
     let m = model(&router);
     let mut rng = rng(3);
     for _ in 0..4 {
-        router.route(secs(10.0), &req(m, 500, &[]), &mut rng).unwrap();
+        router
+            .route(secs(10.0), &req(m, 500, &[]), &mut rng)
+            .unwrap();
     }
     assert!(router.fleet().get(pro).unwrap().in_flight > 0);
     assert!(poll(&mut router, secs(11.0)).is_empty());
@@ -159,7 +179,10 @@ fn node_manager_restart_keeps_a_bad_cached_value_unless_the_cache_is_dropped() {
     assert_near(w(&router, pair), 1.24, 0.01);
 
     router.node_manager_restart(secs(600.0), "pro6000", true);
-    assert!(poll(&mut router, secs(600.0)).is_empty(), "the cache answers");
+    assert!(
+        poll(&mut router, secs(600.0)).is_empty(),
+        "the cache answers"
+    );
     assert_near(w(&router, pro), 0.76, 0.01);
 
     router.node_manager_restart(secs(700.0), "pro6000", false);
@@ -177,7 +200,10 @@ fn the_warmup_burst_is_discarded() {
     assert_eq!(first.len(), 1);
     assert_eq!(first[0].phase, ProbePhase::Warmup);
     router.probe_result(secs(3.0), &burst(&first[0], 275.0));
-    assert_eq!(router.weight(pro).unwrap(), routelab_policies::Weight::UNMEASURED);
+    assert_eq!(
+        router.weight(pro).unwrap(),
+        routelab_policies::Weight::UNMEASURED
+    );
     let second = for_worker(&poll(&mut router, secs(3.0)), pro);
     assert_eq!(second.len(), 1);
     assert_eq!(second[0].phase, ProbePhase::Measure);

@@ -5,7 +5,7 @@ use routelab_policies::weights::{
     AtLoadConfig, PersistedProbeState, ProbeCacheEntry, ProbeConfig, ProbeWeights, TableConfig,
 };
 use routelab_policies::{
-    Cap, Chooser, PolicyConfig, ProbePhase, Provenance, RouteError, Router, Time, TieRule,
+    Cap, Chooser, PolicyConfig, ProbePhase, Provenance, RouteError, Router, TieRule, Time,
     WeightEvent, WeightStrategy, WeightsConfig,
 };
 use std::time::Duration;
@@ -21,7 +21,9 @@ fn equal_weights_still_get_their_cap() {
     let m = model(&router);
     let mut rng = rng(1);
     for _ in 0..6 {
-        router.route(Time::ZERO, &req(m, 500, &[]), &mut rng).unwrap();
+        router
+            .route(Time::ZERO, &req(m, 500, &[]), &mut rng)
+            .unwrap();
     }
     assert!(matches!(
         router.route(Time::ZERO, &req(m, 500, &[]), &mut rng),
@@ -54,7 +56,11 @@ fn at_load_prior_weights_follow_newcomers() {
     // Priors 3.5 and 7.0, median 5.25.
     assert_near(w(&router, pair), 3.5 / 5.25, 1e-9);
     assert_near(w(&router, h100), 7.0 / 5.25, 1e-9);
-    assert_eq!(router.cap(pair), Some(16), "the router must use the weight it reports");
+    assert_eq!(
+        router.cap(pair),
+        Some(16),
+        "the router must use the weight it reports"
+    );
     assert_eq!(router.cap(h100), Some(32));
     // Restarting a worker that had disconnected brings it back among the peers.
     router.disconnect(secs(1.0), h100).unwrap();
@@ -69,7 +75,9 @@ fn at_load_prior_weights_follow_newcomers() {
 fn an_empty_or_instant_probe_result_is_not_a_measurement() {
     for (tokens, wall) in [(2048u64, Duration::ZERO), (0, Duration::from_secs(2))] {
         let (mut router, pair, pro) = source_fleet(policy("seed-v3-cold"));
-        run_probes(&mut router, secs(1.0), |id, _| if id == pair { 453.0 } else { 980.0 });
+        run_probes(&mut router, secs(1.0), |id, _| {
+            if id == pair { 453.0 } else { 980.0 }
+        });
         router.reprobe(secs(10.0), pro).unwrap();
         let order = poll(&mut router, secs(10.0))[0];
         assert_eq!((order.worker, order.phase), (pro, ProbePhase::Measure));

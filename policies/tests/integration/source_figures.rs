@@ -9,7 +9,9 @@ fn sixteen_at_once(router: &mut Router, pair: WorkerId, pro: WorkerId, seed: u64
     let mut rng = rng(seed);
     let (mut to_pair, mut to_pro) = (0, 0);
     for _ in 0..16 {
-        let d = router.route(Time::ZERO, &req(m, 500, &[]), &mut rng).unwrap();
+        let d = router
+            .route(Time::ZERO, &req(m, 500, &[]), &mut rng)
+            .unwrap();
         if d.worker == pair {
             to_pair += 1;
         } else {
@@ -29,7 +31,11 @@ fn table_weights_send_twelve_of_sixteen_to_the_slower_pair() {
         assert_eq!(w(&router, pro), 1.0);
         // Unknown card: the table's 1.0 is a placeholder, not knowledge.
         assert_eq!(router.weight(pro).unwrap().provenance, Provenance::Default);
-        assert_eq!(sixteen_at_once(&mut router, pair, pro, seed), (12, 4), "seed {seed}");
+        assert_eq!(
+            sixteen_at_once(&mut router, pair, pro, seed),
+            (12, 4),
+            "seed {seed}"
+        );
     }
 }
 
@@ -38,7 +44,11 @@ fn pinned_probe_weights_send_eleven_of_sixteen_to_the_pro_6000() {
     for seed in 0..200 {
         let (mut router, pair, pro) = pinned_source_fleet(policy("seed-v3"));
         assert_eq!(router.weight(pro).unwrap().provenance, Provenance::Pinned);
-        assert_eq!(sixteen_at_once(&mut router, pair, pro, seed), (5, 11), "seed {seed}");
+        assert_eq!(
+            sixteen_at_once(&mut router, pair, pro, seed),
+            (5, 11),
+            "seed {seed}"
+        );
     }
 }
 
@@ -72,10 +82,20 @@ fn probed(preset: &str, pair_tok_s: f64, pro_tok_s: f64) -> (Router, WorkerId, W
         ProbePhase::Measure if id == pair => pair_tok_s,
         ProbePhase::Measure => pro_tok_s,
     });
-    let warmups = orders.iter().filter(|o| o.phase == ProbePhase::Warmup).count();
-    let measures = orders.iter().filter(|o| o.phase == ProbePhase::Measure).count();
+    let warmups = orders
+        .iter()
+        .filter(|o| o.phase == ProbePhase::Warmup)
+        .count();
+    let measures = orders
+        .iter()
+        .filter(|o| o.phase == ProbePhase::Measure)
+        .count();
     assert_eq!(measures, 2, "{orders:?}");
-    assert_eq!(warmups, if preset == "seed-v3-cold" { 0 } else { 2 }, "{orders:?}");
+    assert_eq!(
+        warmups,
+        if preset == "seed-v3-cold" { 0 } else { 2 },
+        "{orders:?}"
+    );
     for o in &orders {
         assert_eq!((o.concurrency, o.output_tokens), (16, 128));
     }
@@ -85,9 +105,9 @@ fn probed(preset: &str, pair_tok_s: f64, pro_tok_s: f64) -> (Router, WorkerId, W
 #[test]
 fn probe_weights_reproduce_the_source() {
     let cases = [
-        (992.0, 453.0, 1.37, 0.63),  // first measurement
-        (275.0, 453.0, 0.76, 1.24),  // the cold PRO 6000
-        (980.0, 479.0, 1.34, 0.66),  // with the warm-up
+        (992.0, 453.0, 1.37, 0.63), // first measurement
+        (275.0, 453.0, 0.76, 1.24), // the cold PRO 6000
+        (980.0, 479.0, 1.34, 0.66), // with the warm-up
     ];
     for (pro_tp, pair_tp, pro_w, pair_w) in cases {
         for preset in ["seed-v3", "seed-v3-cold"] {
