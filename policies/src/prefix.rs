@@ -1,90 +1,121 @@
 //! The router's own, bounded record of which worker recently served which prompt prefix.
 //!
 //! Keys are prefix-block hashes: hash `i` of a request identifies its whole prompt prefix up to
-//! and including block `i` (a chain hash), so equal hashes mean equal prefixes. The map is an
-//! LRU over blocks with a fixed capacity allocated up front: recording and looking up never
-//! allocate. It is an approximation of the engines' caches — it forgets by its own LRU, not by
-//! theirs — and the simulator measures how far it is from the truth.
+//! and including block `i` (a chain hash), so equal hashes mean equal prefixes.
+//!
+//! Two choices keep a decision with a 64-block prompt well under a microsecond:
+//!
+//! - **Sparse recording.** Only the blocks at *checkpoints* are recorded: indices 0, 1, 3, then
+//!   every 8th (7, 15, 23, …) and the prompt's last block. A 64-block prompt records 11 blocks
+//!   instead of 64, and a lookup binary-searches the same checkpoints (4 probes). The price is
+//!   granularity: beyond the 8th block a match is found to the nearest checkpoint (within 8
+//!   blocks, 4,096 tokens) unless it ends exactly at the earlier prompt's last block — which is
+//!   what the next turn of a conversation shares.
+//! - **A flat open-addressing table with CLOCK eviction.** Each probe touches one 16-byte slot
+//!   (linear probing over a power-of-two table sized at twice the capacity); recency is a
+//!   "referenced" bit swept by a clock hand over a ring of keys, not a linked list. Everything is
+//!   allocated up front: recording and looking up never allocate.
+//!
+//! It is an approximation of the engines' caches — it forgets by its own clock, not theirs — and
+//! the simulator measures how far it is from the truth.
 
 use crate::worker::WorkerId;
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
-/// Block hashes are already well mixed; one multiply spreads any that are not.
-#[derive(Default, Clone, Copy)]
-pub(crate) struct BlockHasher(u64);
+/// Key stored for a block hash of 0 (0 marks an empty slot).
+const ZERO_KEY: u64 = 0x9E37_79B9_7F4A_7C15;
 
-impl Hasher for BlockHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (v ^ (v >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-const NIL: u32 = u32::MAX;
-
-#[derive(Debug, Clone, Copy)]
-struct Node {
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
     key: u64,
-    worker: WorkerId,
-    prev: u32,
-    next: u32,
+    worker: u32,
+    referenced: bool,
 }
 
-/// Bounded LRU map from prefix-block hash to the worker that last served it.
+/// Bounded map from prefix-block hash to the worker that last served it.
 #[derive(Clone)]
 pub struct PrefixIndex {
-    map: HashMap<u64, u32, BuildHasherDefault<BlockHasher>>,
-    nodes: Vec<Node>,
-    head: u32, // most recent
-    tail: u32, // least recent
+    slots: Vec<Slot>,
+    mask: usize,
+    /// Keys in insertion order; the clock hand sweeps it to choose a victim.
+    ring: Vec<u64>,
+    hand: usize,
+    len: usize,
     capacity: usize,
 }
 
 impl std::fmt::Debug for PrefixIndex {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PrefixIndex")
-            .field("len", &self.nodes.len())
+            .field("len", &self.len)
             .field("capacity", &self.capacity)
             .finish()
     }
 }
 
+/// Index of the `k`-th checkpoint: 0, 1, 3, 7, 15, 23, 31, … (then every 8th).
+#[inline]
+fn checkpoint(k: usize) -> usize {
+    match k {
+        0 => 0,
+        1 => 1,
+        2 => 3,
+        _ => 8 * (k - 2) - 1,
+    }
+}
+
+/// Number of checkpoints below `n` blocks, counting the last block `n - 1` as one.
+#[inline]
+fn checkpoints(n: usize) -> usize {
+    if n == 0 {
+        return 0;
+    }
+    let last = n - 1;
+    // Regular checkpoints <= last.
+    let regular = match last {
+        0 => 1,
+        1 | 2 => 2,
+        3..=6 => 3,
+        _ => 3 + (last + 1) / 8,
+    };
+    if checkpoint(regular - 1) == last {
+        regular
+    } else {
+        regular + 1
+    }
+}
+
+/// Block index of the `k`-th of the `m` checkpoints of an `n`-block prompt.
+#[inline]
+fn position(k: usize, m: usize, n: usize) -> usize {
+    if k + 1 == m { n - 1 } else { checkpoint(k) }
+}
+
 impl PrefixIndex {
     /// An index remembering at most `capacity` blocks (0 disables it).
     pub fn new(capacity: usize) -> Self {
+        let slots = if capacity == 0 {
+            0
+        } else {
+            (capacity * 2).next_power_of_two()
+        };
         PrefixIndex {
-            // Twice the entries: evictions leave tombstones in the (SwissTable) map, and when
-            // they use up its spare room it rehashes — in place only while it is at most half
-            // full, otherwise by allocating a table twice the size, on the request path (a
-            // 4 MB allocation and a full rehash for the default 65,536 blocks). At 2x the map
-            // is never more than half full, so it never grows after construction.
-            map: HashMap::with_capacity_and_hasher(
-                capacity.saturating_mul(2),
-                BuildHasherDefault::default(),
-            ),
-            nodes: Vec::with_capacity(capacity),
-            head: NIL,
-            tail: NIL,
+            slots: vec![Slot::default(); slots],
+            mask: slots.saturating_sub(1),
+            ring: Vec::with_capacity(capacity),
+            hand: 0,
+            len: 0,
             capacity,
         }
     }
 
     /// Blocks remembered.
     pub fn len(&self) -> usize {
-        self.nodes.len()
+        self.len
     }
 
     /// True when nothing is remembered.
     pub fn is_empty(&self) -> bool {
-        self.nodes.is_empty()
+        self.len == 0
     }
 
     /// Most blocks it will remember.
@@ -93,22 +124,23 @@ impl PrefixIndex {
     }
 
     /// The worker that last served the longest remembered prefix of `blocks`, and how many
-    /// leading blocks that prefix has.
-    ///
-    /// Recording touches a request's blocks deepest-first, so a remembered block's ancestors are
-    /// always more recent than it and evicted later: the remembered blocks of any prompt form a
-    /// prefix, which makes a binary search exact.
+    /// leading blocks that prefix has (see the module notes on checkpoint granularity).
     pub fn longest(&self, blocks: &[u64]) -> Option<(WorkerId, usize)> {
-        if blocks.is_empty() || self.nodes.is_empty() {
+        if blocks.is_empty() || self.len == 0 {
             return None;
         }
-        let (mut lo, mut hi) = (0usize, blocks.len()); // blocks[..lo] known present
+        let n = blocks.len();
+        let m = checkpoints(n);
+        // Checkpoints are recorded together, ancestors refreshed whenever a descendant is, so
+        // presence is (nearly) prefix-closed and a binary search finds the deepest.
+        let (mut lo, mut hi) = (0usize, m);
         let mut found = None;
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            match self.map.get(&blocks[mid]) {
-                Some(&idx) => {
-                    found = Some((self.nodes[idx as usize].worker, mid + 1));
+            let pos = position(mid, m, n);
+            match self.find(blocks[pos]) {
+                Some(i) => {
+                    found = Some((WorkerId(self.slots[i].worker), pos + 1));
                     lo = mid + 1;
                 }
                 None => hi = mid,
@@ -117,101 +149,139 @@ impl PrefixIndex {
         found
     }
 
-    /// Remember that `worker` now holds every block of `blocks`.
+    /// Remember that `worker` now holds the prefix `blocks`.
     pub fn record(&mut self, blocks: &[u64], worker: WorkerId) {
-        if self.capacity == 0 {
+        if self.capacity == 0 || blocks.is_empty() {
             return;
         }
-        for &key in blocks.iter().rev() {
-            match self.map.get(&key) {
-                Some(&idx) => {
-                    self.nodes[idx as usize].worker = worker;
-                    self.move_to_front(idx);
-                }
-                None => {
-                    let idx = if self.nodes.len() < self.capacity {
-                        self.nodes.push(Node {
-                            key,
-                            worker,
-                            prev: NIL,
-                            next: NIL,
-                        });
-                        (self.nodes.len() - 1) as u32
-                    } else {
-                        let idx = self.tail;
-                        self.unlink(idx);
-                        let old = self.nodes[idx as usize].key;
-                        self.map.remove(&old);
-                        self.nodes[idx as usize].key = key;
-                        self.nodes[idx as usize].worker = worker;
-                        idx
-                    };
-                    self.map.insert(key, idx);
-                    self.push_front(idx);
-                }
-            }
+        let n = blocks.len();
+        let m = checkpoints(n);
+        for k in 0..m {
+            self.upsert(blocks[position(k, m, n)], worker.0);
         }
     }
 
     /// Forget every block held by `worker` (its engine restarted or crashed).
     pub fn forget_worker(&mut self, worker: WorkerId) {
-        // Rare: rebuild without the worker's blocks, keeping recency order.
-        let mut order = Vec::with_capacity(self.nodes.len());
-        let mut cur = self.tail;
-        while cur != NIL {
-            let n = self.nodes[cur as usize];
-            if n.worker != worker {
-                order.push((n.key, n.worker));
+        // Rare: drop the worker's keys and rebuild the ring in clock order.
+        let mut kept = Vec::with_capacity(self.ring.len());
+        let n = self.ring.len();
+        for step in 0..n {
+            let key = self.ring[(self.hand + step) % n];
+            if let Some(i) = self.find(key) {
+                if self.slots[i].worker == worker.0 {
+                    self.remove_at(i);
+                    self.len -= 1;
+                } else {
+                    kept.push(key);
+                }
             }
-            cur = n.prev;
         }
-        self.map.clear();
-        self.nodes.clear();
-        self.head = NIL;
-        self.tail = NIL;
-        for (key, w) in order {
-            self.nodes.push(Node {
-                key,
-                worker: w,
-                prev: NIL,
-                next: NIL,
-            });
-            let idx = (self.nodes.len() - 1) as u32;
-            self.map.insert(key, idx);
-            self.push_front(idx);
+        self.ring = kept;
+        self.ring.reserve_exact(self.capacity.saturating_sub(self.ring.len()));
+        self.hand = 0;
+    }
+
+    #[inline]
+    fn home(&self, key: u64) -> usize {
+        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize & self.mask
+    }
+
+    #[inline]
+    fn find(&self, key: u64) -> Option<usize> {
+        let key = if key == 0 { ZERO_KEY } else { key };
+        let mut i = self.home(key);
+        loop {
+            let s = &self.slots[i];
+            if s.key == key {
+                return Some(i);
+            }
+            if s.key == 0 {
+                return None;
+            }
+            i = (i + 1) & self.mask;
         }
     }
 
-    fn unlink(&mut self, idx: u32) {
-        let Node { prev, next, .. } = self.nodes[idx as usize];
-        if prev != NIL {
-            self.nodes[prev as usize].next = next;
+    fn upsert(&mut self, key: u64, worker: u32) {
+        let key = if key == 0 { ZERO_KEY } else { key };
+        let mut i = self.home(key);
+        loop {
+            let s = &mut self.slots[i];
+            if s.key == key {
+                s.worker = worker;
+                s.referenced = true;
+                return;
+            }
+            if s.key == 0 {
+                break;
+            }
+            i = (i + 1) & self.mask;
+        }
+        // A new block: make room first (which may move slots), then insert.
+        if self.len == self.capacity {
+            self.evict_one();
+        }
+        let mut i = self.home(key);
+        while self.slots[i].key != 0 {
+            i = (i + 1) & self.mask;
+        }
+        self.slots[i] = Slot {
+            key,
+            worker,
+            referenced: false,
+        };
+        self.len += 1;
+        if self.ring.len() < self.capacity {
+            self.ring.push(key);
         } else {
-            self.head = next;
-        }
-        if next != NIL {
-            self.nodes[next as usize].prev = prev;
-        } else {
-            self.tail = prev;
+            // The hand stands just past the victim's place in the ring: reuse it.
+            let at = (self.hand + self.ring.len() - 1) % self.ring.len();
+            self.ring[at] = key;
         }
     }
 
-    fn push_front(&mut self, idx: u32) {
-        self.nodes[idx as usize].prev = NIL;
-        self.nodes[idx as usize].next = self.head;
-        if self.head != NIL {
-            self.nodes[self.head as usize].prev = idx;
-        }
-        self.head = idx;
-        if self.tail == NIL {
-            self.tail = idx;
+    /// CLOCK: sweep the ring, giving referenced blocks a second chance, remove the first other.
+    fn evict_one(&mut self) {
+        let n = self.ring.len();
+        loop {
+            let key = self.ring[self.hand];
+            self.hand = (self.hand + 1) % n;
+            match self.find(key) {
+                Some(i) if self.slots[i].referenced => self.slots[i].referenced = false,
+                Some(i) => {
+                    self.remove_at(i);
+                    self.len -= 1;
+                    return;
+                }
+                // Defensive: a ring entry whose block is gone is a free place.
+                None => return,
+            }
         }
     }
 
-    fn move_to_front(&mut self, idx: u32) {
-        if self.head != idx {
-            self.unlink(idx);
-            self.push_front(idx);
+    /// Backward-shift deletion for linear probing (no tombstones).
+    fn remove_at(&mut self, mut hole: usize) {
+        self.slots[hole] = Slot::default();
+        let mut j = hole;
+        loop {
+            j = (j + 1) & self.mask;
+            let s = self.slots[j];
+            if s.key == 0 {
+                return;
+            }
+            let home = self.home(s.key);
+            // Entry at j may move into the hole unless its home lies cyclically in (hole, j].
+            let stays = if hole <= j {
+                hole < home && home <= j
+            } else {
+                hole < home || home <= j
+            };
+            if !stays {
+                self.slots[hole] = s;
+                self.slots[j] = Slot::default();
+                hole = j;
+            }
         }
     }
 }
@@ -221,20 +291,79 @@ mod tests {
     use super::*;
 
     #[test]
-    fn longest_prefix_and_eviction_keep_prefixes_closed() {
+    fn checkpoints_are_0_1_3_then_every_8th_and_the_last() {
+        let list = |n: usize| {
+            let m = checkpoints(n);
+            (0..m).map(|k| position(k, m, n)).collect::<Vec<_>>()
+        };
+        assert_eq!(list(1), vec![0]);
+        assert_eq!(list(2), vec![0, 1]);
+        assert_eq!(list(3), vec![0, 1, 2]);
+        assert_eq!(list(4), vec![0, 1, 3]);
+        assert_eq!(list(5), vec![0, 1, 3, 4]);
+        assert_eq!(list(8), vec![0, 1, 3, 7]);
+        assert_eq!(list(9), vec![0, 1, 3, 7, 8]);
+        assert_eq!(list(16), vec![0, 1, 3, 7, 15]);
+        assert_eq!(list(64), vec![0, 1, 3, 7, 15, 23, 31, 39, 47, 55, 63]);
+        for n in 1..300 {
+            let l = list(n);
+            assert!(l.windows(2).all(|w| w[0] < w[1]), "{n}: {l:?}");
+            assert_eq!(*l.last().unwrap(), n - 1);
+        }
+    }
+
+    #[test]
+    fn longest_prefix_with_checkpoint_granularity() {
+        let mut p = PrefixIndex::new(64);
+        let chain: Vec<u64> = (1..=20).collect();
+        p.record(&chain[..12], WorkerId(7));
+        // The same prompt, and a longer one extending it, match to its last block.
+        assert_eq!(p.longest(&chain[..12]), Some((WorkerId(7), 12)));
+        assert_eq!(p.longest(&chain), Some((WorkerId(7), 8)));
+        assert_eq!(p.longest(&chain[..2]), Some((WorkerId(7), 2)));
+        assert_eq!(p.longest(&[1, 99, 98, 97]), Some((WorkerId(7), 1)));
+        assert_eq!(p.longest(&[99]), None);
+        // Hash 0 is a valid block hash.
+        p.record(&[0], WorkerId(3));
+        assert_eq!(p.longest(&[0, 5]), Some((WorkerId(3), 1)));
+    }
+
+    #[test]
+    fn clock_eviction_keeps_the_size_bounded_and_referenced_blocks_longer() {
         let mut p = PrefixIndex::new(4);
-        p.record(&[1, 2, 3], WorkerId(7));
-        assert_eq!(p.longest(&[1, 2, 3, 4]), Some((WorkerId(7), 3)));
-        assert_eq!(p.longest(&[1, 9]), Some((WorkerId(7), 1)));
-        assert_eq!(p.longest(&[9]), None);
-        // Two more blocks evict the deepest, least recent ones first.
+        p.record(&[1, 2], WorkerId(1)); // records 1, 2
+        p.record(&[1, 2], WorkerId(1)); // both referenced now
         p.record(&[10, 11], WorkerId(2));
         assert_eq!(p.len(), 4);
-        assert_eq!(p.longest(&[1, 2, 3]), Some((WorkerId(7), 2)));
-        assert_eq!(p.longest(&[10, 11]), Some((WorkerId(2), 2)));
-        p.forget_worker(WorkerId(2));
-        assert_eq!(p.longest(&[10, 11]), None);
-        assert_eq!(p.longest(&[1, 2]), Some((WorkerId(7), 2)));
+        p.record(&[20], WorkerId(3)); // evicts an unreferenced block: 10
+        assert_eq!(p.len(), 4);
+        assert_eq!(p.longest(&[1, 2]), Some((WorkerId(1), 2)));
+        assert_eq!(p.longest(&[20]), Some((WorkerId(3), 1)));
+        assert_eq!(p.longest(&[10]), None);
+        for k in 100..1_000u64 {
+            p.record(&[k], WorkerId(4));
+            assert!(p.len() <= 4);
+        }
+        assert_eq!(p.longest(&[999]), Some((WorkerId(4), 1)));
+    }
+
+    #[test]
+    fn forget_worker_and_deletion_keep_probing_correct() {
+        let mut p = PrefixIndex::new(256);
+        for k in 1..=200u64 {
+            p.record(&[k], WorkerId((k % 3) as u32));
+        }
+        p.forget_worker(WorkerId(1));
+        for k in 1..=200u64 {
+            let expected = (k % 3 != 1).then_some((WorkerId((k % 3) as u32), 1));
+            assert_eq!(p.longest(&[k]), expected, "block {k}");
+        }
+        // Still bounded and usable after the rebuild.
+        for k in 1_000..2_000u64 {
+            p.record(&[k], WorkerId(9));
+        }
+        assert_eq!(p.len(), 256);
+        assert_eq!(p.longest(&[1_999]), Some((WorkerId(9), 1)));
     }
 
     #[test]

@@ -476,12 +476,13 @@ impl Router {
         let hot = &self.hot;
         let chooser = self.config.chooser;
 
+        // One lookup serves both the affinity rule and the believed-cached figure.
+        let remembered = self.prefix.longest(req.prefix);
         // Prefix affinity: keep the holder unless it is much busier than the freest candidate.
         if let Affinity::Prefix {
             units, allowance, ..
         } = self.config.affinity
-            && !req.prefix.is_empty()
-            && let Some((holder, blocks)) = self.prefix.longest(req.prefix)
+            && let Some((holder, blocks)) = remembered
         {
             let h = hot[holder.index()];
             if h.routable
@@ -592,7 +593,7 @@ impl Router {
             });
         };
         let worker = WorkerId(entry.members[pos]);
-        let believed = match self.prefix.longest(req.prefix) {
+        let believed = match remembered {
             Some((w, b)) if w == worker => b as u32,
             _ => 0,
         };
