@@ -27,7 +27,9 @@ fn peak_rss_mb() -> Option<f64> {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let path = args.next().ok_or("usage: sim_throughput SCENARIO [REQUESTS]")?;
+    let path = args
+        .next()
+        .ok_or("usage: sim_throughput SCENARIO [REQUESTS]")?;
     let requests: Option<u64> = args.next().map(|s| s.parse()).transpose()?;
     let mut sc = Scenario::load(&path)?;
     if let Some(n) = requests {

@@ -534,7 +534,10 @@ fn positive(field: &str, v: Option<f64>, default: f64) -> Result<f64, ConfigErro
     match v {
         None => Ok(default),
         Some(x) if x.is_finite() && x > 0.0 => Ok(x),
-        Some(x) => Err(invalid(field, format!("{x} is not valid; expected a finite number > 0"))),
+        Some(x) => Err(invalid(
+            field,
+            format!("{x} is not valid; expected a finite number > 0"),
+        )),
     }
 }
 
@@ -542,18 +545,28 @@ fn non_negative(field: &str, v: Option<f64>, default: f64) -> Result<f64, Config
     match v {
         None => Ok(default),
         Some(x) if x.is_finite() && x >= 0.0 => Ok(x),
-        Some(x) => Err(invalid(field, format!("{x} is not valid; expected a finite number >= 0"))),
+        Some(x) => Err(invalid(
+            field,
+            format!("{x} is not valid; expected a finite number >= 0"),
+        )),
     }
 }
 
 fn seconds(field: &str, v: Option<f64>, default: Duration) -> Result<Duration, ConfigError> {
-    Ok(Duration::from_secs_f64(positive(field, v, default.as_secs_f64())?))
+    Ok(Duration::from_secs_f64(positive(
+        field,
+        v,
+        default.as_secs_f64(),
+    )?))
 }
 
 fn count(field: &str, v: Option<u32>, default: u32) -> Result<u32, ConfigError> {
     match v {
         None => Ok(default),
-        Some(0) => Err(invalid(field, "0 is not valid; expected a whole number >= 1")),
+        Some(0) => Err(invalid(
+            field,
+            "0 is not valid; expected a whole number >= 1",
+        )),
         Some(n) => Ok(n),
     }
 }
@@ -563,9 +576,17 @@ fn clamp(v: Option<[f64; 2]>) -> Result<Clamp, ConfigError> {
         None => Ok(Clamp::SOURCE),
         Some([min, max]) => {
             if !(min.is_finite() && max.is_finite() && min > 0.0) {
-                Err(invalid("clamp", format!("[{min}, {max}] is not valid; expected [min, max] with finite 0 < min <= max")))
+                Err(invalid(
+                    "clamp",
+                    format!(
+                        "[{min}, {max}] is not valid; expected [min, max] with finite 0 < min <= max"
+                    ),
+                ))
             } else if min > max {
-                Err(invalid("clamp", format!("[{min}, {max}] is inverted: min must be <= max")))
+                Err(invalid(
+                    "clamp",
+                    format!("[{min}, {max}] is inverted: min must be <= max"),
+                ))
             } else {
                 Ok(Clamp { min, max })
             }
@@ -573,11 +594,17 @@ fn clamp(v: Option<[f64; 2]>) -> Result<Clamp, ConfigError> {
     }
 }
 
-fn table(t: &Option<BTreeMap<String, f64>>, unknown: Option<f64>) -> Result<TableConfig, ConfigError> {
+fn table(
+    t: &Option<BTreeMap<String, f64>>,
+    unknown: Option<f64>,
+) -> Result<TableConfig, ConfigError> {
     let mut cfg = TableConfig::default();
     if let Some(t) = t {
         if t.is_empty() {
-            return Err(invalid("table", "the table is empty; give at least one `GPU name: weight` entry, or omit `table` for the source's table"));
+            return Err(invalid(
+                "table",
+                "the table is empty; give at least one `GPU name: weight` entry, or omit `table` for the source's table",
+            ));
         }
         cfg.entries = Vec::with_capacity(t.len());
         for (name, w) in t {
@@ -598,9 +625,24 @@ impl RawWeights {
         macro_rules! seen {
             ($($f:ident),*) => { $( if self.$f.is_some() { v.push(stringify!($f)); } )* };
         }
-        seen!(table, unknown, clamp, interval_s, min_requests, concurrency, output_tokens,
-              prompt_tokens, warmup, cache_ttl_s, reprobe_period_s, retry_after_s,
-              time_constant_s, min_samples, update_interval_s, prior);
+        seen!(
+            table,
+            unknown,
+            clamp,
+            interval_s,
+            min_requests,
+            concurrency,
+            output_tokens,
+            prompt_tokens,
+            warmup,
+            cache_ttl_s,
+            reprobe_period_s,
+            retry_after_s,
+            time_constant_s,
+            min_samples,
+            update_interval_s,
+            prior
+        );
         v
     }
 
@@ -609,12 +651,27 @@ impl RawWeights {
         let allowed: &[&str] = match self.kind.as_str() {
             "table" => &["table", "unknown"],
             "live" => &["table", "unknown", "clamp", "interval_s", "min_requests"],
-            "probe" => &["clamp", "concurrency", "output_tokens", "prompt_tokens", "warmup",
-                         "cache_ttl_s", "reprobe_period_s", "retry_after_s"],
+            "probe" => &[
+                "clamp",
+                "concurrency",
+                "output_tokens",
+                "prompt_tokens",
+                "warmup",
+                "cache_ttl_s",
+                "reprobe_period_s",
+                "retry_after_s",
+            ],
             "oracle" => &["clamp"],
             "equal" => &[],
-            "at-load" => &["table", "unknown", "clamp", "time_constant_s", "min_samples",
-                           "update_interval_s", "prior"],
+            "at-load" => &[
+                "table",
+                "unknown",
+                "clamp",
+                "time_constant_s",
+                "min_samples",
+                "update_interval_s",
+                "prior",
+            ],
             other => {
                 return Err(ConfigError::UnknownName {
                     field: "kind".into(),
@@ -625,11 +682,18 @@ impl RawWeights {
             }
         };
         if let Some(f) = self.set_fields().into_iter().find(|f| !allowed.contains(f)) {
-            return Err(invalid(f, format!(
-                "does not apply to kind `{}`; its fields are: {}",
-                self.kind,
-                if allowed.is_empty() { "(none)".to_string() } else { allowed.join(", ") }
-            )));
+            return Err(invalid(
+                f,
+                format!(
+                    "does not apply to kind `{}`; its fields are: {}",
+                    self.kind,
+                    if allowed.is_empty() {
+                        "(none)".to_string()
+                    } else {
+                        allowed.join(", ")
+                    }
+                ),
+            ));
         }
         Ok(match self.kind.as_str() {
             "table" => WeightsConfig::Table(table(&self.table, self.unknown)?),
@@ -650,7 +714,11 @@ impl RawWeights {
                     prompt_tokens: count("prompt_tokens", self.prompt_tokens, d.prompt_tokens)?,
                     warmup: self.warmup.unwrap_or(d.warmup),
                     cache_ttl: seconds("cache_ttl_s", self.cache_ttl_s, d.cache_ttl)?,
-                    reprobe_period: seconds("reprobe_period_s", self.reprobe_period_s, d.reprobe_period)?,
+                    reprobe_period: seconds(
+                        "reprobe_period_s",
+                        self.reprobe_period_s,
+                        d.reprobe_period,
+                    )?,
                     clamp: clamp(self.clamp)?,
                     retry_after: seconds("retry_after_s", self.retry_after_s, d.retry_after)?,
                 })
@@ -677,9 +745,17 @@ impl RawWeights {
                     }
                 };
                 WeightsConfig::AtLoad(AtLoadConfig {
-                    time_constant: seconds("time_constant_s", self.time_constant_s, d.time_constant)?,
+                    time_constant: seconds(
+                        "time_constant_s",
+                        self.time_constant_s,
+                        d.time_constant,
+                    )?,
                     min_samples: non_negative("min_samples", self.min_samples, d.min_samples)?,
-                    update_interval: seconds("update_interval_s", self.update_interval_s, d.update_interval)?,
+                    update_interval: seconds(
+                        "update_interval_s",
+                        self.update_interval_s,
+                        d.update_interval,
+                    )?,
                     prior,
                     clamp: clamp(self.clamp)?,
                 })
@@ -700,14 +776,21 @@ impl RawChooser {
                 valid: TieRule::NAMES.join(", "),
             })?,
         };
-        let chooser = Chooser::from_name(&self.kind, ties).ok_or_else(|| ConfigError::UnknownName {
-            field: "kind".into(),
-            what: "chooser",
-            got: self.kind.clone(),
-            valid: Chooser::NAMES.join(", "),
-        })?;
+        let chooser =
+            Chooser::from_name(&self.kind, ties).ok_or_else(|| ConfigError::UnknownName {
+                field: "kind".into(),
+                what: "chooser",
+                got: self.kind.clone(),
+                valid: Chooser::NAMES.join(", "),
+            })?;
         if self.ties.is_some() && chooser.ties().is_none() {
-            return Err(invalid("ties", format!("`{}` does not compare scores; ties apply to p2c, sed, jsq, least-request", self.kind)));
+            return Err(invalid(
+                "ties",
+                format!(
+                    "`{}` does not compare scores; ties apply to p2c, sed, jsq, least-request",
+                    self.kind
+                ),
+            ));
         }
         match (chooser, self.bias) {
             (Chooser::LeastRequest { ties, .. }, Some(b)) => {
@@ -731,25 +814,53 @@ impl RawAffinity {
         })?;
         match base {
             Affinity::None => {
-                if self.base.is_some() || self.per_1k_tokens.is_some() || self.max.is_some() || self.index_blocks.is_some() {
-                    return Err(invalid("kind", "`none` takes no parameters (base, per_1k_tokens, max, index_blocks)"));
+                if self.base.is_some()
+                    || self.per_1k_tokens.is_some()
+                    || self.max.is_some()
+                    || self.index_blocks.is_some()
+                {
+                    return Err(invalid(
+                        "kind",
+                        "`none` takes no parameters (base, per_1k_tokens, max, index_blocks)",
+                    ));
                 }
                 Ok(Affinity::None)
             }
-            Affinity::Prefix { units, allowance, index_blocks } => {
+            Affinity::Prefix {
+                units,
+                allowance,
+                index_blocks,
+            } => {
                 let allowance = Allowance {
                     base: non_negative("base", self.base, allowance.base)?,
-                    per_1k_tokens: non_negative("per_1k_tokens", self.per_1k_tokens, allowance.per_1k_tokens)?,
+                    per_1k_tokens: non_negative(
+                        "per_1k_tokens",
+                        self.per_1k_tokens,
+                        allowance.per_1k_tokens,
+                    )?,
                     max: non_negative("max", self.max, allowance.max)?,
                 };
                 if allowance.max < allowance.base {
-                    return Err(invalid("max", format!("{} is below base {}: max must be >= base", allowance.max, allowance.base)));
+                    return Err(invalid(
+                        "max",
+                        format!(
+                            "{} is below base {}: max must be >= base",
+                            allowance.max, allowance.base
+                        ),
+                    ));
                 }
                 let index_blocks = self.index_blocks.unwrap_or(index_blocks);
                 if index_blocks == 0 || index_blocks > 1 << 26 {
-                    return Err(invalid("index_blocks", format!("{index_blocks} is not valid; expected 1 to 67108864")));
+                    return Err(invalid(
+                        "index_blocks",
+                        format!("{index_blocks} is not valid; expected 1 to 67108864"),
+                    ));
                 }
-                Ok(Affinity::Prefix { units, allowance, index_blocks })
+                Ok(Affinity::Prefix {
+                    units,
+                    allowance,
+                    index_blocks,
+                })
             }
         }
     }
@@ -783,17 +894,39 @@ mod tests {
     fn presets_are_as_designed() {
         let v1 = PolicyConfig::preset("seed-v1").unwrap();
         assert_eq!(v1.weights.name(), "table");
-        assert_eq!(v1.chooser, Chooser::P2c { ties: TieRule::First });
+        assert_eq!(
+            v1.chooser,
+            Chooser::P2c {
+                ties: TieRule::First
+            }
+        );
         assert_eq!(v1.affinity.name(), "raw");
         assert_eq!(v1.cap, Cap::Flat(24));
         let cold = PolicyConfig::preset("seed-v3-cold").unwrap();
-        assert!(matches!(cold.weights, WeightsConfig::Probe(ProbeConfig { warmup: false, .. })));
+        assert!(matches!(
+            cold.weights,
+            WeightsConfig::Probe(ProbeConfig { warmup: false, .. })
+        ));
         let v3 = PolicyConfig::preset("seed-v3").unwrap();
-        assert!(matches!(v3.weights, WeightsConfig::Probe(ProbeConfig { warmup: true, .. })));
-        assert_eq!(v3.chooser, Chooser::P2c { ties: TieRule::HigherWeight });
+        assert!(matches!(
+            v3.weights,
+            WeightsConfig::Probe(ProbeConfig { warmup: true, .. })
+        ));
+        assert_eq!(
+            v3.chooser,
+            Chooser::P2c {
+                ties: TieRule::HigherWeight
+            }
+        );
         assert_eq!(v3.affinity.name(), "capacity");
-        assert_eq!(PolicyConfig::preset("seed-next").unwrap().cap, Cap::Weighted(24));
-        assert_eq!(PolicyConfig::preset("seed-v2").unwrap().weights.name(), "live");
+        assert_eq!(
+            PolicyConfig::preset("seed-next").unwrap().cap,
+            Cap::Weighted(24)
+        );
+        assert_eq!(
+            PolicyConfig::preset("seed-v2").unwrap().weights.name(),
+            "live"
+        );
         for p in PRESETS {
             assert!(PolicyConfig::preset(p.name).is_ok());
         }
@@ -803,14 +936,22 @@ mod tests {
     fn unknown_preset_lists_the_valid_ones() {
         let e = PolicyConfig::from_name("seed-v4").unwrap_err();
         let msg = e.to_string();
-        assert!(msg.contains("seed-v4") && msg.contains("seed-v3-cold"), "{msg}");
+        assert!(
+            msg.contains("seed-v4") && msg.contains("seed-v3-cold"),
+            "{msg}"
+        );
     }
 
     #[test]
     fn compositions_parse() {
         let p = PolicyConfig::from_name("at-load/sed/capacity/weighted:16").unwrap();
         assert_eq!(p.weights.name(), "at-load");
-        assert_eq!(p.chooser, Chooser::Sed { ties: TieRule::HigherWeight });
+        assert_eq!(
+            p.chooser,
+            Chooser::Sed {
+                ties: TieRule::HigherWeight
+            }
+        );
         assert_eq!(p.cap, Cap::Weighted(16));
         let p = PolicyConfig::from_name("probe/p2c:random/no-affinity/none").unwrap();
         assert_eq!(p.affinity, Affinity::None);

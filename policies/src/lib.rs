@@ -65,4 +65,6 @@ pub use weights::{
     Clamp, Completion, ProbeOrder, ProbePhase, ProbeResult, WeightChange, WeightEvent,
     WeightStrategy,
 };
-pub use worker::{Fleet, ModelId, Provenance, Weight, WorkerId, WorkerInfo, WorkerSpec, WorkerState};
+pub use worker::{
+    Fleet, ModelId, Provenance, Weight, WorkerId, WorkerInfo, WorkerSpec, WorkerState,
+};

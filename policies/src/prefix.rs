@@ -178,7 +178,8 @@ impl PrefixIndex {
             }
         }
         self.ring = kept;
-        self.ring.reserve_exact(self.capacity.saturating_sub(self.ring.len()));
+        self.ring
+            .reserve_exact(self.capacity.saturating_sub(self.ring.len()));
         self.hand = 0;
     }
 

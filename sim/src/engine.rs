@@ -8,9 +8,9 @@
 
 use crate::histogram::Histogram;
 use crate::traffic::{Arrival, TrafficError, TrafficSource};
+use crate::worker::EngineOverrides;
 use crate::worker::{EngineModel, EngineOutput};
 use crate::{HardwareProfile, derive_seed};
-use crate::worker::EngineOverrides;
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use routelab_policies::{
@@ -306,7 +306,10 @@ pub struct RunMetrics {
 impl RunMetrics {
     /// Output tokens per second from first arrival to last completion.
     pub fn output_tok_s(&self) -> f64 {
-        let span = self.last_completion_ns.saturating_sub(self.first_arrival_ns) as f64 / 1e9;
+        let span = self
+            .last_completion_ns
+            .saturating_sub(self.first_arrival_ns) as f64
+            / 1e9;
         if span > 0.0 {
             self.output_tokens as f64 / span
         } else {
@@ -836,7 +839,8 @@ impl<'a> Sim<'a> {
         }
         let (prompt, output) = (r.prompt, r.output);
         let w = &mut self.workers[worker as usize];
-        w.engine.admit(self.now, u64::from(req), prompt, output, &r.prefix);
+        w.engine
+            .admit(self.now, u64::from(req), prompt, output, &r.prefix);
         self.reschedule(worker);
     }
 
@@ -1112,10 +1116,8 @@ impl<'a> Sim<'a> {
         let w = &self.workers[worker as usize];
         let Some(id) = w.id else { return };
         let setup = &self.setup.workers[worker as usize];
-        let cap = setup
-            .profile
-            .aggregate_tok_s(self.setup.oracle_concurrency)
-            * w.engine.speed_factor();
+        let cap =
+            setup.profile.aggregate_tok_s(self.setup.oracle_concurrency) * w.engine.speed_factor();
         self.router
             .set_true_capacity(Time::from_nanos(self.now), id, cap);
     }
@@ -1285,11 +1287,7 @@ impl<'a> Sim<'a> {
                 Some(id) => {
                     let info = self.router.fleet().get(id);
                     let wt = self.router.weight(id).unwrap_or_default();
-                    (
-                        info.map_or(0, |i| i.in_flight),
-                        wt.value,
-                        wt.provenance,
-                    )
+                    (info.map_or(0, |i| i.in_flight), wt.value, wt.provenance)
                 }
                 None => (0, 0.0, Provenance::Default),
             };

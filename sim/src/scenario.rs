@@ -395,7 +395,7 @@ pub enum RawPolicyEntry {
     /// `seed-v3`, `at-load/sed`, …
     Name(String),
     /// A full policy.
-    Full(RawPolicy),
+    Full(Box<RawPolicy>),
 }
 
 /// SLO as written.
@@ -674,7 +674,11 @@ impl Validator<'_> {
             ));
         }
         let p = Arc::new(HardwareProfile::load(&file).map_err(|e| {
-            self.invalid(Some(loc), field, format!("profile `{name}` is invalid: {e}"))
+            self.invalid(
+                Some(loc),
+                field,
+                format!("profile `{name}` is invalid: {e}"),
+            )
         })?);
         self.profiles.insert(name.to_string(), p.clone());
         Ok(p)
@@ -696,7 +700,11 @@ impl Validator<'_> {
         let model = raw.model.unwrap_or_else(|| "model".to_string());
         let hw_dir = self.hardware_dir(&raw.hardware_dir);
         if raw.fleet.is_empty() {
-            return Err(self.invalid(None, "fleet", "is empty; a scenario needs at least one worker"));
+            return Err(self.invalid(
+                None,
+                "fleet",
+                "is empty; a scenario needs at least one worker",
+            ));
         }
         let mut workers: Vec<WorkerSetup> = Vec::new();
         let mut names: HashMap<String, usize> = HashMap::new();
@@ -1083,7 +1091,12 @@ impl Validator<'_> {
                     rate_scale: rate_scale.unwrap_or(1.0),
                     limit: *limit,
                     skip_rows: skip_rows.unwrap_or(0),
-                    start_offset: self.secs(loc, &f("trace.start_offset_s"), *start_offset_s, 0.0)?,
+                    start_offset: self.secs(
+                        loc,
+                        &f("trace.start_offset_s"),
+                        *start_offset_s,
+                        0.0,
+                    )?,
                     on_bad_row,
                 };
                 options
@@ -1209,11 +1222,7 @@ impl Validator<'_> {
             }
             _ => Action::Remove,
         };
-        Ok(LifecycleEvent {
-            at,
-            worker,
-            action,
-        })
+        Ok(LifecycleEvent { at, worker, action })
     }
 }
 

@@ -5,19 +5,46 @@ use std::io::Write;
 use std::process::ExitCode;
 
 const WEIGHTS: &[(&str, &str)] = &[
-    ("table", "v1: weight from a GPU-name table (RTX 4090 1.75, RTX 5090 2.5, H100 3.5; sum over cards; unknown 1.0)"),
-    ("live", "v2: every 3 min, median per-request speed x busy fraction / median of peers, blended with the table"),
-    ("probe", "v3: 16 x 128-token burst; throughput / median of the model's workers, clamped [0.25, 8]; warm-up, 6 h cache, pins"),
-    ("oracle", "lab only: the simulator's true capacity, relative to the median (the best any estimator could do)"),
+    (
+        "table",
+        "v1: weight from a GPU-name table (RTX 4090 1.75, RTX 5090 2.5, H100 3.5; sum over cards; unknown 1.0)",
+    ),
+    (
+        "live",
+        "v2: every 3 min, median per-request speed x busy fraction / median of peers, blended with the table",
+    ),
+    (
+        "probe",
+        "v3: 16 x 128-token burst; throughput / median of the model's workers, clamped [0.25, 8]; warm-up, 6 h cache, pins",
+    ),
+    (
+        "oracle",
+        "lab only: the simulator's true capacity, relative to the median (the best any estimator could do)",
+    ),
     ("equal", "every worker 1.0: plain least-loaded balancing"),
-    ("at-load", "ours: capacity measured passively from live traffic while the worker is busy; no GPU cost, reacts in minutes"),
+    (
+        "at-load",
+        "ours: capacity measured passively from live traffic while the worker is busy; no GPU cost, reacts in minutes",
+    ),
 ];
 
 const CHOOSERS: &[(&str, &str)] = &[
-    ("p2c", "power of two choices on in_flight / weight; ties: first | random | higher-weight"),
-    ("sed", "shortest expected delay: p2c on (in_flight + 1) / weight, the load after adding the request"),
-    ("jsq", "join the shortest queue: full scan on in_flight / weight"),
-    ("least-request", "Envoy's least-request: p2c on weight / (active + 1)^bias"),
+    (
+        "p2c",
+        "power of two choices on in_flight / weight; ties: first | random | higher-weight",
+    ),
+    (
+        "sed",
+        "shortest expected delay: p2c on (in_flight + 1) / weight, the load after adding the request",
+    ),
+    (
+        "jsq",
+        "join the shortest queue: full scan on in_flight / weight",
+    ),
+    (
+        "least-request",
+        "Envoy's least-request: p2c on weight / (active + 1)^bias",
+    ),
     ("wrr", "smooth weighted round-robin (ignores load)"),
     ("random", "uniform random among eligible workers"),
     ("round-robin", "plain round-robin among eligible workers"),
@@ -25,14 +52,26 @@ const CHOOSERS: &[(&str, &str)] = &[
 
 const AFFINITIES: &[(&str, &str)] = &[
     ("none", "ignore prompt prefixes"),
-    ("raw", "keep the prefix holder unless its raw in-flight count exceeds the freest's by an allowance growing with prompt length"),
-    ("capacity", "the same rule in in_flight / weight units, the unit of the main choice"),
+    (
+        "raw",
+        "keep the prefix holder unless its raw in-flight count exceeds the freest's by an allowance growing with prompt length",
+    ),
+    (
+        "capacity",
+        "the same rule in in_flight / weight units, the unit of the main choice",
+    ),
 ];
 
 const CAPS: &[(&str, &str)] = &[
     ("none", "no per-worker concurrency cap"),
-    ("flat", "the same cap for every worker (default 24); requests queue FIFO at the gateway when all are full"),
-    ("weighted", "the cap scaled by weight (24 x weight, at least 1)"),
+    (
+        "flat",
+        "the same cap for every worker (default 24); requests queue FIFO at the gateway when all are full",
+    ),
+    (
+        "weighted",
+        "the cap scaled by weight (24 x weight, at least 1)",
+    ),
 ];
 
 /// Print the catalogue.
@@ -72,7 +111,9 @@ mod tests {
 
     #[test]
     fn every_crate_name_is_described() {
-        let names = |rows: &[(&str, &str)]| rows.iter().map(|r| r.0).collect::<Vec<_>>();
+        fn names(rows: &[(&'static str, &'static str)]) -> Vec<&'static str> {
+            rows.iter().map(|r| r.0).collect()
+        }
         assert_eq!(names(WEIGHTS), WeightsConfig::NAMES);
         assert_eq!(names(CHOOSERS), Chooser::NAMES);
         assert_eq!(names(AFFINITIES), Affinity::NAMES);

@@ -6,7 +6,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// Validate every file; print one line per file (and every error); exit 2 if any is invalid.
-pub fn run(files: &[PathBuf], out: &mut impl Write, err: &mut impl Write) -> anyhow::Result<ExitCode> {
+pub fn run(
+    files: &[PathBuf],
+    out: &mut impl Write,
+    err: &mut impl Write,
+) -> anyhow::Result<ExitCode> {
     let mut bad = 0usize;
     for f in files {
         match Scenario::load(f) {

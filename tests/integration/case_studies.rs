@@ -6,7 +6,9 @@ use routelab_sim::{RunMetrics, Scenario, WorkerTotals, run};
 use std::path::PathBuf;
 
 fn load(rel: &str) -> Scenario {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scenarios").join(rel);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("scenarios")
+        .join(rel);
     Scenario::load(&path).unwrap_or_else(|e| panic!("{e}"))
 }
 
@@ -34,8 +36,16 @@ fn burst_probe_weights_and_cost() {
     let v3 = run_named(&sc, "seed-v3");
     let (pro, pair) = (worker(&v3, "pro6000"), worker(&v3, "pair"));
     // 1.37 / 0.63 from 992 / 453, moved a little by the seeded per-epoch engine noise.
-    assert!((1.25..=1.45).contains(&pro.final_weight), "{}", pro.final_weight);
-    assert!((0.55..=0.75).contains(&pair.final_weight), "{}", pair.final_weight);
+    assert!(
+        (1.25..=1.45).contains(&pro.final_weight),
+        "{}",
+        pro.final_weight
+    );
+    assert!(
+        (0.55..=0.75).contains(&pair.final_weight),
+        "{}",
+        pair.final_weight
+    );
     // Three measurements per worker (registration + two on demand), each warm-up + measure.
     assert_eq!(v3.probe_measurements, 6);
     assert_eq!(v3.probe_bursts, 12);
@@ -72,7 +82,10 @@ fn distant_node_carries_its_round_trip_in_the_probe() {
     let (near, far) = (worker(&v3, "near"), worker(&v3, "far"));
     let ratio = far.final_weight / near.final_weight;
     // A ~2.1 s burst plus 0.25 s of round trip: ~0.89.
-    assert!((0.85..0.95).contains(&ratio), "far/near weight ratio {ratio}");
+    assert!(
+        (0.85..0.95).contains(&ratio),
+        "far/near weight ratio {ratio}"
+    );
     let oracle = run_named(&sc, "oracle/p2c:higher-weight/capacity/flat");
     assert_eq!(
         worker(&oracle, "near").final_weight,
@@ -103,12 +116,20 @@ fn trace_scenarios_replay_whole_and_rank_the_estimators() {
         let v3 = run_named(&sc, "seed-v3");
         let oracle = run_named(&sc, "oracle/sed/capacity/weighted:24");
         for m in [&v1, &v3, &oracle] {
-            assert_eq!(m.requests, rows, "{file}: every trace row becomes a request");
+            assert_eq!(
+                m.requests, rows,
+                "{file}: every trace row becomes a request"
+            );
             assert_eq!(m.completed + m.failed + m.rejected, rows);
         }
         // Measured weights never lose to the GPU-name table on the tail, and the oracle bounds both.
         let p99 = |m: &RunMetrics| m.e2e.quantile_secs(0.99).unwrap();
-        assert!(p99(&v3) <= p99(&v1) * 1.02, "{file}: v3 p99 {} vs v1 {}", p99(&v3), p99(&v1));
+        assert!(
+            p99(&v3) <= p99(&v1) * 1.02,
+            "{file}: v3 p99 {} vs v1 {}",
+            p99(&v3),
+            p99(&v1)
+        );
         assert!(mean_e2e(&oracle) <= mean_e2e(&v3) * 1.02, "{file}");
     }
 }

@@ -139,7 +139,11 @@ impl WorkerAtLoad {
     fn area_at(&self, t: u64) -> f64 {
         let n = self.checkpoints.len();
         // Oldest entry sits right after head once the ring wrapped.
-        let oldest = if n < CHECKPOINTS { 0 } else { (self.head + 1) % n };
+        let oldest = if n < CHECKPOINTS {
+            0
+        } else {
+            (self.head + 1) % n
+        };
         let at = |i: usize| self.checkpoints[(oldest + i) % n];
         // Last checkpoint with at <= t.
         let (mut lo, mut hi) = (0usize, n);
@@ -187,7 +191,9 @@ impl AtLoadWeights {
         let w = self.workers.get(worker.index())?;
         let mut d = w.overall;
         d.decay_to(now, self.tau());
-        (d.weight >= self.config.min_samples).then(|| d.mean()).flatten()
+        (d.weight >= self.config.min_samples)
+            .then(|| d.mean())
+            .flatten()
     }
 
     /// The measured curve: (bucket's lower concurrency, aggregate tok/s, effective samples).
@@ -240,7 +246,9 @@ impl AtLoadWeights {
                 (Some(tp), _) => Some(Weight {
                     value: relative_to(
                         tp,
-                        measured.get(&info.model).and_then(|v| sorted_median(v, None)),
+                        measured
+                            .get(&info.model)
+                            .and_then(|v| sorted_median(v, None)),
                         self.config.clamp,
                     ),
                     provenance: Provenance::Measured,
@@ -250,7 +258,10 @@ impl AtLoadWeights {
                     Some(Weight {
                         value: relative_to(
                             own,
-                            priors.get(&info.model).and_then(|v| sorted_median(v, None)).or(Some(own)),
+                            priors
+                                .get(&info.model)
+                                .and_then(|v| sorted_median(v, None))
+                                .or(Some(own)),
                             self.config.clamp,
                         ),
                         provenance: Provenance::Table,
@@ -323,7 +334,9 @@ impl WeightStrategy for AtLoadWeights {
                     WeightChange::None
                 }
             }
-            WeightEvent::Removed(_) | WeightEvent::Disconnected(_) | WeightEvent::Reconnected(_) => {
+            WeightEvent::Removed(_)
+            | WeightEvent::Disconnected(_)
+            | WeightEvent::Reconnected(_) => {
                 self.rederive(now, fleet);
                 WeightChange::All
             }

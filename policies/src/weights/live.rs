@@ -101,7 +101,9 @@ impl WorkerLive {
         if total <= 0.0 {
             return 0.0;
         }
-        let open = self.busy_since.map_or(Duration::ZERO, |s| now.saturating_since(s));
+        let open = self
+            .busy_since
+            .map_or(Duration::ZERO, |s| now.saturating_since(s));
         ((self.busy + open).as_secs_f64() / total).clamp(0.0, 1.0)
     }
 }
@@ -150,7 +152,8 @@ impl LiveWeights {
                 _ => 1.0,
             };
             let w = &mut self.workers[id.index()];
-            let alpha = (f64::from(w.requests) / f64::from(self.config.min_requests.max(1))).min(1.0);
+            let alpha =
+                (f64::from(w.requests) / f64::from(self.config.min_requests.max(1))).min(1.0);
             let blended = alpha * rel + (1.0 - alpha) * w.first_card;
             w.weight = Some(Weight {
                 value: self.config.clamp.apply(blended),
@@ -226,9 +229,9 @@ impl WeightStrategy for LiveWeights {
     fn weight(&self, worker: WorkerId, fleet: &Fleet) -> Weight {
         match self.workers.get(worker.index()).and_then(|w| w.weight) {
             Some(w) => w,
-            None => fleet
-                .get(worker)
-                .map_or(Weight::UNMEASURED, |w| self.config.table.worker(&w.spec.gpu_names)),
+            None => fleet.get(worker).map_or(Weight::UNMEASURED, |w| {
+                self.config.table.worker(&w.spec.gpu_names)
+            }),
         }
     }
 }

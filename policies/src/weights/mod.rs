@@ -193,7 +193,10 @@ pub struct Clamp {
 
 impl Clamp {
     /// The source's clamp, [0.25, 8].
-    pub const SOURCE: Clamp = Clamp { min: 0.25, max: 8.0 };
+    pub const SOURCE: Clamp = Clamp {
+        min: 0.25,
+        max: 8.0,
+    };
 
     /// Clamp a value; NaN maps to the lower bound.
     pub fn apply(&self, v: f64) -> f64 {

@@ -174,7 +174,10 @@ impl OracleWeights {
                 Some(cap) => Weight {
                     value: relative_to(
                         cap,
-                        known.get(&info.model).and_then(|v| sorted_median(v, None)).or(Some(cap)),
+                        known
+                            .get(&info.model)
+                            .and_then(|v| sorted_median(v, None))
+                            .or(Some(cap)),
                         self.clamp,
                     ),
                     provenance: Provenance::Oracle,

@@ -39,8 +39,14 @@ fn sixteen_at_once_splits_12_4_under_v1_and_favours_the_pro_6000_under_v3() {
     let v3 = run_named(&sc, "seed-v3");
     assert!(worker(&v3, "pro6000").requests > 8, "{:?}", v3.workers);
     assert_eq!(v3.completed, 16);
-    let (e1, e3) = (v1.e2e.quantile_secs(1.0).unwrap(), v3.e2e.quantile_secs(1.0).unwrap());
-    assert!(e3 < e1, "v3 batch {e3:.2} s should finish before v1 {e1:.2} s");
+    let (e1, e3) = (
+        v1.e2e.quantile_secs(1.0).unwrap(),
+        v3.e2e.quantile_secs(1.0).unwrap(),
+    );
+    assert!(
+        e3 < e1,
+        "v3 batch {e3:.2} s should finish before v1 {e1:.2} s"
+    );
     // Probes: warm-up + measurement per worker, ~2 s of GPU each on the PRO 6000.
     assert_eq!(v3.probe_bursts, 4);
     assert_eq!(v3.probe_measurements, 2);
@@ -71,7 +77,10 @@ fn live_correction_fails_on_sparse_bursts() {
         worker(&v2, "pair").final_weight,
         worker(&v2, "pro6000").final_weight,
     );
-    assert!((a - b).abs() < 0.1, "live weights {a} vs {b} should end (wrongly) equal");
+    assert!(
+        (a - b).abs() < 0.1,
+        "live weights {a} vs {b} should end (wrongly) equal"
+    );
     // The probe, on the same traffic, does tell the machines apart.
     let v3 = run_named(&sc, "seed-v3");
     assert!(worker(&v3, "pro6000").final_weight > 2.0 * worker(&v3, "pair").final_weight);
@@ -105,8 +114,14 @@ fn quiet_hours_ties_to_the_higher_weight_lower_latency() {
     let sc = load("../scenarios/seed/quiet-hours-gpu-mac.yaml");
     let coin = run_named(&sc, "probe/p2c:first/capacity/flat");
     let higher = run_named(&sc, "probe/p2c:higher-weight/capacity/flat");
-    let (c, h) = (coin.e2e.mean_secs().unwrap(), higher.e2e.mean_secs().unwrap());
-    assert!(h < 0.8 * c, "higher-weight mean {h:.2} s vs coin toss {c:.2} s");
+    let (c, h) = (
+        coin.e2e.mean_secs().unwrap(),
+        higher.e2e.mean_secs().unwrap(),
+    );
+    assert!(
+        h < 0.8 * c,
+        "higher-weight mean {h:.2} s vs coin toss {c:.2} s"
+    );
     assert!(worker(&higher, "pro6000").requests > 4 * worker(&higher, "mac").requests);
 }
 
@@ -119,14 +134,18 @@ fn single_worker_matches_processor_sharing_theory() {
     let m = run(&sc.setup, &sc.policies[0], &mut *t, Some(&mut rows)).unwrap();
     assert_eq!(m.completed, 300_000);
     // Exact E[S] of the lengths drawn (rounded exponential), at 1000 tok/s.
-    let mean_s = rows.iter().map(|r| f64::from(r.output_tokens)).sum::<f64>() / rows.len() as f64 / 1000.0;
+    let mean_s =
+        rows.iter().map(|r| f64::from(r.output_tokens)).sum::<f64>() / rows.len() as f64 / 1000.0;
     let span = m.last_completion_ns as f64 / 1e9;
     let rate = rows.len() as f64 / span;
     let rho = rate * mean_s;
     let expected = mean_s / (1.0 - rho);
     let got = rows.iter().map(|r| r.e2e_s).sum::<f64>() / rows.len() as f64;
     let err = (got - expected).abs() / expected;
-    eprintln!("M/G/1-PS: simulated {got:.4} s, theory {expected:.4} s, rho {rho:.3}, error {:.2} %", err * 100.0);
+    eprintln!(
+        "M/G/1-PS: simulated {got:.4} s, theory {expected:.4} s, rho {rho:.3}, error {:.2} %",
+        err * 100.0
+    );
     assert!(
         err < 0.02,
         "mean response {got:.4} s vs E[S]/(1-rho) = {expected:.4} s (rho {rho:.3}): {:.2} %",

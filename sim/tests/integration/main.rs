@@ -1,4 +1,4 @@
 //! Integration tests of routelab-sim.
 mod calibration;
-mod traffic;
 mod engine;
+mod traffic;
