@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod commands;
+mod lab;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -25,6 +26,21 @@ enum Command {
         /// Scenario YAML files.
         #[arg(required = true)]
         files: Vec<PathBuf>,
+    },
+    /// The routing-quality regression gate: run the CI suite, compare with the baselines.
+    Check {
+        /// Suite directory (holds suite.yaml).
+        #[arg(long, default_value = "scenarios/ci")]
+        suite: PathBuf,
+        /// Baselines directory.
+        #[arg(long, default_value = "baselines")]
+        baselines: PathBuf,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "table")]
+        format: commands::check::Format,
+        /// Rewrite the baselines after an intended change and print what moved.
+        #[arg(long)]
+        update: bool,
     },
     /// Inspect a trace file.
     Trace {
@@ -58,6 +74,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Policies => commands::policies::run(&mut std::io::stdout().lock()),
+        Command::Check {
+            suite,
+            baselines,
+            format,
+            update,
+        } => commands::check::run(&suite, &baselines, format, update, &mut std::io::stdout().lock()),
         Command::Validate { files } => commands::validate::run(
             &files,
             &mut std::io::stdout().lock(),

@@ -1,1 +1,298 @@
+//! # routelab-gateway
+//!
+//! An OpenAI-compatible reverse proxy for LLM inference workers that routes with
+//! [`routelab_policies`] — the very crate the `routelab` simulator runs — so a policy measured in
+//! the lab is the policy in production.
+//!
+//! - `POST /v1/chat/completions`, `POST /v1/completions`: the body is parsed just enough to route
+//!   (model, messages/prompt, max_tokens, stream; see [`prompt`]) and forwarded unchanged;
+//!   SSE streams are passed through frame by frame.
+//! - `GET /v1/models`: the union of the workers' models.
+//! - `GET /metrics`: Prometheus text ([`metrics`]); `GET /health`: the gateway itself.
+//! - `/admin/...`: workers, drain, pins, re-probe, behind a bearer token ([`admin`]).
+//!
+//! Background tasks run the burst probe ([`probe`]) and the health checks ([`health`]); the
+//! probe cache and pins are persisted atomically in a state file ([`persist`]).
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), String> {
+//! let config = routelab_gateway::GatewayConfig::load("gateway.yaml".as_ref())?;
+//! let gateway = routelab_gateway::start(config).await?;
+//! println!("listening on {}", gateway.local_addr());
+//! gateway.shutdown().await;
+//! # Ok(()) }
+//! ```
 #![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod health;
+pub mod metrics;
+pub mod persist;
+pub mod probe;
+pub mod prompt;
+pub mod proxy;
+mod state;
+pub mod upstream;
+
+pub use config::{GatewayConfig, PolicySpec, WorkerConfig};
+
+use crate::state::{Settings, Shared, state_name};
+use axum::Router as HttpRouter;
+use axum::extract::State;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use routelab_policies::{Router, WorkerId};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// Write one structured log line to stderr: `ts=<unix s> event=<event> key=value ...`
+/// (logfmt; values with spaces or quotes are quoted).
+pub fn log(event: &str, fields: &[(&str, &str)]) {
+    use std::fmt::Write as _;
+    let ts = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    let mut line = format!("ts={ts:.3} event={event}");
+    for (k, v) in fields {
+        if v.is_empty() {
+            continue;
+        }
+        if v.contains(|c: char| c.is_whitespace() || c == '"' || c == '=') {
+            let _ = write!(line, " {k}={v:?}");
+        } else {
+            let _ = write!(line, " {k}={v}");
+        }
+    }
+    eprintln!("{line}");
+}
+
+/// Write the probe cache and pins to the state file (if configured), atomically.
+pub(crate) async fn persist_state(s: &Arc<Shared>) {
+    let Some(path) = s.settings.state_file.clone() else {
+        return;
+    };
+    let _serialise = s.persist_lock.lock().await;
+    let Some(state) = s.core().router.strategy().export_state() else {
+        return;
+    };
+    let bytes = persist::encode(&state, &s.clock);
+    let shown = path.display().to_string();
+    match tokio::task::spawn_blocking(move || persist::write_atomic(&path, &bytes)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => log(
+            "state_write_failed",
+            &[("path", &shown), ("error", &e.to_string())],
+        ),
+        Err(e) => log(
+            "state_write_failed",
+            &[("path", &shown), ("error", &e.to_string())],
+        ),
+    }
+}
+
+/// A running gateway. Dropping it (or [`RunningGateway::kill`]) stops everything at once,
+/// without a graceful shutdown — as a `SIGKILL` would, short of the process exit.
+pub struct RunningGateway {
+    addr: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+    server: Option<JoinHandle<()>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl RunningGateway {
+    /// Where it listens.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stop accepting, let in-flight requests finish, stop the background tasks.
+    pub async fn shutdown(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(server) = self.server.take() {
+            let _ = server.await;
+        }
+        // Drop aborts the background tasks.
+    }
+
+    /// Stop at once, without a graceful shutdown.
+    pub fn kill(self) {}
+
+    /// Wait until the server stops (it stops only on [`RunningGateway::shutdown`] or an error).
+    pub async fn wait(&mut self) {
+        if let Some(server) = self.server.as_mut() {
+            let _ = server.await;
+            self.server = None;
+        }
+    }
+}
+
+impl Drop for RunningGateway {
+    fn drop(&mut self) {
+        if let Some(server) = &self.server {
+            server.abort();
+        }
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Build the router, restore the state file, register the configured workers.
+fn build(config: &GatewayConfig, settings: Settings) -> Result<Arc<Shared>, String> {
+    let policy = config.policy.build()?;
+    let clock = clock::Clock::new();
+    let mut router = Router::new(policy);
+    if let Some(path) = &config.state_file
+        && let Some(state) = persist::load(path, &clock)?
+    {
+        log(
+            "state_loaded",
+            &[
+                ("path", &path.display().to_string()),
+                ("cached", &state.cache.len().to_string()),
+                ("pins", &state.pins.len().to_string()),
+            ],
+        );
+        router.import_state(state);
+    }
+    let client = upstream::client(
+        config::secs(
+            "upstream.connect_timeout_s",
+            config.upstream.connect_timeout_s,
+        )?,
+        config.upstream.max_idle_per_worker,
+    );
+    let shared = Arc::new(Shared::new(settings, clock, router, config.seed, client));
+    {
+        let mut core = shared.core();
+        let now = shared.clock.now();
+        for w in &config.workers {
+            core.add_worker(now, w.clone())?;
+        }
+    }
+    Ok(shared)
+}
+
+/// The HTTP routes.
+fn app(shared: Arc<Shared>) -> HttpRouter {
+    let admin_routes = HttpRouter::new()
+        .route("/admin/workers", get(admin::list).post(admin::add))
+        .route(
+            "/admin/workers/{name}",
+            axum::routing::delete(admin::remove),
+        )
+        .route("/admin/workers/{name}/drain", post(admin::drain))
+        .route("/admin/workers/{name}/pin", post(admin::pin))
+        .route("/admin/workers/{name}/unpin", post(admin::unpin))
+        .route("/admin/workers/{name}/reprobe", post(admin::reprobe))
+        .route_layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            admin::require_token,
+        ));
+    HttpRouter::new()
+        .route("/v1/chat/completions", post(proxy::chat))
+        .route("/v1/completions", post(proxy::completions))
+        .route("/v1/models", get(proxy::models))
+        .route("/metrics", get(metrics_handler))
+        .route("/health", get(|| async { "ok\n" }))
+        .merge(admin_routes)
+        .with_state(shared)
+}
+
+async fn metrics_handler(State(s): State<Arc<Shared>>) -> axum::response::Response {
+    let text = {
+        let core = s.core();
+        let rows: Vec<metrics::WorkerRow<'_>> = core
+            .workers
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| !w.removed)
+            .map(|(i, w)| {
+                let id = WorkerId(i as u32);
+                let info = core.router.fleet().get(id).expect("registered");
+                let weight = core.router.weight(id).unwrap_or_default();
+                metrics::WorkerRow {
+                    name: &w.cfg.name,
+                    model: &w.cfg.model,
+                    state: state_name(info.state),
+                    in_flight: info.in_flight,
+                    weight: weight.value,
+                    provenance: weight.provenance.as_str(),
+                    cap: core.router.cap(id).filter(|&c| c != u32::MAX),
+                    probe_tok_s: w.probe_tok_s,
+                    metrics: &w.metrics,
+                }
+            })
+            .collect();
+        metrics::render(&rows, core.router.queued(), &s.global)
+    };
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// Bind `config.listen` and start.
+pub async fn start(config: GatewayConfig) -> Result<RunningGateway, String> {
+    let listener = TcpListener::bind(&config.listen)
+        .await
+        .map_err(|e| format!("listen {}: {e}", config.listen))?;
+    start_on(config, listener).await
+}
+
+/// Start on an already bound listener (tests bind port 0).
+pub async fn start_on(
+    config: GatewayConfig,
+    listener: TcpListener,
+) -> Result<RunningGateway, String> {
+    config.validate()?;
+    let settings = Settings::from_config(&config)?;
+    let shared = build(&config, settings)?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let (tx, rx) = oneshot::channel::<()>();
+    let app = app(shared.clone());
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let server = tokio::spawn(async move {
+        let r = axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = rx.await;
+            })
+            .await;
+        if let Err(e) = r {
+            log("server_error", &[("error", &e.to_string())]);
+        }
+    });
+    let mut tasks = vec![tokio::spawn(probe::run(shared.clone()))];
+    if shared.ejection_enabled() {
+        tasks.push(tokio::spawn(health::run(shared.clone())));
+    }
+    log(
+        "started",
+        &[
+            ("listen", &addr.to_string()),
+            ("policy", &shared.core().router.config().name.clone()),
+            ("workers", &config.workers.len().to_string()),
+        ],
+    );
+    Ok(RunningGateway {
+        addr,
+        shutdown: Some(tx),
+        server: Some(server),
+        tasks,
+    })
+}

@@ -1,1 +1,85 @@
-fn main(){}
+//! `routelab-gateway --config gateway.yaml`
+#![forbid(unsafe_code)]
+
+use clap::Parser;
+use std::path::PathBuf;
+
+/// OpenAI-compatible LLM gateway routing with routelab-policies.
+#[derive(Parser)]
+#[command(version, about)]
+struct Args {
+    /// The YAML configuration (see gateway/examples/gateway.yaml).
+    #[arg(long, short)]
+    config: PathBuf,
+    /// Check the configuration and exit.
+    #[arg(long)]
+    check: bool,
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let config = match routelab_gateway::GatewayConfig::load(&args.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    if args.check {
+        println!(
+            "{}: ok ({} workers)",
+            args.config.display(),
+            config.workers.len()
+        );
+        return std::process::ExitCode::SUCCESS;
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    rt.block_on(async move {
+        let mut gateway = match routelab_gateway::start(config).await {
+            Ok(g) => g,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return std::process::ExitCode::FAILURE;
+            }
+        };
+        tokio::select! {
+            _ = shutdown_signal() => {
+                routelab_gateway::log("shutting_down", &[]);
+                gateway.shutdown().await;
+            }
+            _ = gateway.wait() => {}
+        }
+        std::process::ExitCode::SUCCESS
+    })
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(t) => t,
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

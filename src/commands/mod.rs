@@ -1,4 +1,5 @@
 //! One module per subcommand.
+pub mod check;
 pub mod policies;
 pub mod trace;
 pub mod validate;

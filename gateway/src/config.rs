@@ -1,0 +1,328 @@
+//! The gateway's YAML configuration.
+//!
+//! ```yaml
+//! listen: 127.0.0.1:8080
+//! policy: seed-v3              # a preset / composition name, or a full policy mapping
+//! seed: 1                      # routing RNG seed
+//! state_file: gateway-state.json
+//! admin_token: change-me
+//! workers:
+//!   - name: pair
+//!     base_url: http://127.0.0.1:8001
+//!     node: node-a
+//!     model: gemma-27b
+//!     gpu_names: [RTX 4090, RTX 4090]
+//!     context_window: 32768
+//!     launch_args: "--max-model-len 32768"
+//! ```
+//!
+//! See `gateway/examples/gateway.yaml` for every field with its default.
+
+use routelab_policies::{PolicyConfig, RawPolicy, WorkerSpec};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// Address to listen on (`host:port`); port 0 picks a free port.
+    #[serde(default = "default_listen")]
+    pub listen: String,
+    /// The routing policy.
+    #[serde(default = "default_policy")]
+    pub policy: PolicySpec,
+    /// Seed of the routing RNG (`Xoshiro256PlusPlus`).
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    /// Where the probe cache and pins are persisted (JSON); none: not persisted.
+    #[serde(default)]
+    pub state_file: Option<PathBuf>,
+    /// Bearer token of the admin API; none: the admin API answers 401 to everyone.
+    #[serde(default)]
+    pub admin_token: Option<String>,
+    /// Largest accepted request body, in bytes (413 above).
+    #[serde(default = "default_max_body")]
+    pub max_body_bytes: usize,
+    /// How long a request may wait in the gateway's queue when every worker is at its cap
+    /// before it is answered 429.
+    #[serde(default = "default_queue_timeout")]
+    pub queue_timeout_s: f64,
+    /// Retries on another worker when a worker fails before the first response byte.
+    #[serde(default = "default_retries")]
+    pub retries: u32,
+    /// Upstream (worker) connection settings.
+    #[serde(default)]
+    pub upstream: UpstreamConfig,
+    /// Active health checks.
+    #[serde(default)]
+    pub health: HealthConfig,
+    /// Burst-probe runner.
+    #[serde(default)]
+    pub probe: ProbeRunnerConfig,
+    /// Workers known at start (more can be added with the admin API).
+    #[serde(default)]
+    pub workers: Vec<WorkerConfig>,
+}
+
+/// A policy: a name (`seed-v3`, `probe/sed/capacity/weighted:24`) or a full mapping with
+/// `preset`, `weights`, `chooser`, `affinity`, `cap` (as in the simulator's scenarios).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum PolicySpec {
+    /// A preset or composition name.
+    Name(String),
+    /// A full policy.
+    Full(Box<RawPolicy>),
+}
+
+impl PolicySpec {
+    /// Validate into a policy.
+    pub fn build(&self) -> Result<PolicyConfig, String> {
+        match self {
+            PolicySpec::Name(n) => PolicyConfig::from_name(n).map_err(|e| format!("policy: {e}")),
+            PolicySpec::Full(raw) => {
+                PolicyConfig::from_raw(raw).map_err(|e| format!("policy: {}", e.within("policy")))
+            }
+        }
+    }
+}
+
+/// Upstream connection settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamConfig {
+    /// TCP connect timeout.
+    pub connect_timeout_s: f64,
+    /// Longest wait for a worker's response headers (a slow prefill counts here).
+    pub response_timeout_s: f64,
+    /// Idle keep-alive connections kept per worker.
+    pub max_idle_per_worker: usize,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        UpstreamConfig {
+            connect_timeout_s: 2.0,
+            response_timeout_s: 300.0,
+            max_idle_per_worker: 256,
+        }
+    }
+}
+
+/// Active health checks.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthConfig {
+    /// Seconds between checks; 0 disables active checks.
+    pub interval_s: f64,
+    /// Path appended to the worker's base URL (`/health`, or `/v1/models`).
+    pub path: String,
+    /// Timeout of one check.
+    pub timeout_s: f64,
+    /// Consecutive failures (checks or requests failing before the first byte) before the
+    /// worker is ejected (`Router::disconnect`). A refused connection ejects at once.
+    pub unhealthy_after: u32,
+    /// Consecutive successful checks before an ejected worker is re-admitted.
+    pub healthy_after: u32,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            interval_s: 5.0,
+            path: "/health".into(),
+            timeout_s: 2.0,
+            unhealthy_after: 3,
+            healthy_after: 1,
+        }
+    }
+}
+
+/// The burst-probe runner (the probe's shape itself is the policy's).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProbeRunnerConfig {
+    /// How often the router is asked for probe orders (and ticked).
+    pub poll_interval_s: f64,
+    /// Timeout of one probe request; a burst with a timed-out request is a failed burst.
+    pub request_timeout_s: f64,
+}
+
+impl Default for ProbeRunnerConfig {
+    fn default() -> Self {
+        ProbeRunnerConfig {
+            poll_interval_s: 1.0,
+            request_timeout_s: 120.0,
+        }
+    }
+}
+
+/// One worker.
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// Unique name.
+    pub name: String,
+    /// Server root, e.g. `http://10.0.0.5:8000`; request paths (`/v1/chat/completions`) are
+    /// appended to it.
+    pub base_url: String,
+    /// The machine; probe cache and pins are keyed on (node, model). Default: the name.
+    #[serde(default)]
+    pub node: Option<String>,
+    /// The model it serves.
+    pub model: String,
+    /// One entry per GPU.
+    #[serde(default)]
+    pub gpu_names: Vec<String>,
+    /// Largest context (prompt + max_tokens) the engine accepts, in tokens.
+    pub context_window: u32,
+    /// Engine launch arguments (a change is a new machine for the probe cache).
+    #[serde(default)]
+    pub launch_args: String,
+}
+
+impl WorkerConfig {
+    /// Check the fields a router cannot.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.name.trim().is_empty() {
+            return Err("workers[].name must not be empty".into());
+        }
+        if self.model.trim().is_empty() {
+            return Err(format!("worker `{}`: model must not be empty", self.name));
+        }
+        if self.context_window == 0 {
+            return Err(format!(
+                "worker `{}`: context_window must be > 0",
+                self.name
+            ));
+        }
+        crate::upstream::BaseUrl::parse(&self.base_url)
+            .map_err(|e| format!("worker `{}`: base_url: {e}", self.name))?;
+        Ok(())
+    }
+
+    /// The policy crate's view of the worker.
+    pub fn spec(&self) -> WorkerSpec {
+        WorkerSpec {
+            name: self.name.clone(),
+            node: self.node.clone().unwrap_or_else(|| self.name.clone()),
+            model: self.model.clone(),
+            gpu_names: self.gpu_names.clone(),
+            context_window: self.context_window,
+            launch_args: self.launch_args.clone(),
+        }
+    }
+}
+
+fn default_listen() -> String {
+    "127.0.0.1:8080".into()
+}
+fn default_policy() -> PolicySpec {
+    PolicySpec::Name("seed-v3".into())
+}
+fn default_seed() -> u64 {
+    1
+}
+fn default_max_body() -> usize {
+    4 * 1024 * 1024
+}
+fn default_queue_timeout() -> f64 {
+    30.0
+}
+fn default_retries() -> u32 {
+    2
+}
+
+/// Seconds (validated finite and ≥ 0) as a duration.
+pub(crate) fn secs(field: &str, v: f64) -> Result<Duration, String> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(Duration::from_secs_f64(v))
+    } else {
+        Err(format!("{field}: must be a number of seconds ≥ 0, got {v}"))
+    }
+}
+
+impl GatewayConfig {
+    /// Parse YAML text; `origin` names the file in errors.
+    pub fn from_yaml(text: &str, origin: &str) -> Result<GatewayConfig, String> {
+        let cfg: GatewayConfig =
+            serde_saphyr::from_str(text).map_err(|e| format!("{origin}: {e}"))?;
+        cfg.validate().map_err(|e| format!("{origin}: {e}"))?;
+        Ok(cfg)
+    }
+
+    /// Read and parse a YAML file.
+    pub fn load(path: &Path) -> Result<GatewayConfig, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+        GatewayConfig::from_yaml(&text, &path.display().to_string())
+    }
+
+    /// Check everything that does not need the network.
+    pub fn validate(&self) -> Result<(), String> {
+        self.policy.build()?;
+        secs("queue_timeout_s", self.queue_timeout_s)?;
+        secs(
+            "upstream.connect_timeout_s",
+            self.upstream.connect_timeout_s,
+        )?;
+        secs(
+            "upstream.response_timeout_s",
+            self.upstream.response_timeout_s,
+        )?;
+        secs("health.interval_s", self.health.interval_s)?;
+        secs("health.timeout_s", self.health.timeout_s)?;
+        secs("probe.poll_interval_s", self.probe.poll_interval_s)?;
+        secs("probe.request_timeout_s", self.probe.request_timeout_s)?;
+        if self.probe.poll_interval_s <= 0.0 {
+            return Err("probe.poll_interval_s: must be > 0".into());
+        }
+        if self.max_body_bytes == 0 {
+            return Err("max_body_bytes: must be > 0".into());
+        }
+        if !self.health.path.starts_with('/') {
+            return Err("health.path: must start with `/`".into());
+        }
+        let mut names = std::collections::HashSet::new();
+        for w in &self.workers {
+            w.validate()?;
+            if !names.insert(w.name.as_str()) {
+                return Err(format!("workers: duplicate name `{}`", w.name));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_config_is_valid() {
+        let c = GatewayConfig::from_yaml(include_str!("../examples/gateway.yaml"), "gateway.yaml")
+            .unwrap();
+        assert_eq!(c.workers.len(), 2);
+        assert_eq!(c.policy.build().unwrap().name, "seed-v3+probe+weighted");
+        assert_eq!(c.workers[0].spec().node, "node-a");
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = GatewayConfig::from_yaml("policy: nope\n", "g.yaml").unwrap_err();
+        assert!(e.starts_with("g.yaml: policy:"), "{e}");
+        let e = GatewayConfig::from_yaml("listen: x\nbogus: 1\n", "g.yaml").unwrap_err();
+        assert!(e.contains("bogus"), "{e}");
+        let w = "workers:\n  - {name: a, base_url: https://h, model: m, context_window: 9}\n";
+        let e = GatewayConfig::from_yaml(w, "g.yaml").unwrap_err();
+        assert!(e.contains("plain http"), "{e}");
+        let w = "workers:\n  - {name: a, base_url: http://h, model: m, context_window: 9}\n  - {name: a, base_url: http://h, model: m, context_window: 9}\n";
+        assert!(
+            GatewayConfig::from_yaml(w, "g.yaml")
+                .unwrap_err()
+                .contains("duplicate")
+        );
+    }
+}

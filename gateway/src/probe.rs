@@ -1,0 +1,173 @@
+//! The burst probe over HTTP.
+//!
+//! Every `probe.poll_interval_s` the router is ticked and asked for probe orders; each order is a
+//! burst of `concurrency` concurrent non-streaming chat requests with `max_tokens` =
+//! `min_tokens` = T and `ignore_eos: true`, sent straight to the worker: not routed, not counted
+//! in the router's load counters nor in the request metrics. Throughput = total output tokens
+//! (from `usage`, else T per request) ÷ wall time from the first request sent to the last
+//! response received. Any error or non-2xx answer makes the burst `ok: false`. Warm-up orders
+//! are ordinary orders: the policy crate sequences them.
+
+use crate::state::Shared;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Uri;
+use routelab_policies::{ProbeOrder, ProbePhase, ProbeResult};
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
+use tokio::task::JoinSet;
+
+struct Job {
+    order: ProbeOrder,
+    uri: Uri,
+    model: String,
+    name: String,
+}
+
+/// The probe loop; runs until aborted (its bursts are aborted with it).
+pub(crate) async fn run(s: Arc<Shared>) {
+    let mut ticker = tokio::time::interval(s.settings.probe_poll);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut orders = Vec::new();
+    let mut bursts = JoinSet::new();
+    loop {
+        ticker.tick().await;
+        while bursts.try_join_next().is_some() {}
+        let jobs: Vec<Job> = {
+            let mut core = s.core();
+            let now = s.clock.now();
+            core.router.tick(now);
+            orders.clear();
+            core.router.poll_probes(now, &mut orders);
+            orders
+                .iter()
+                .filter_map(|o| {
+                    let w = core.workers.get(o.worker.index())?;
+                    Some(Job {
+                        order: *o,
+                        uri: w.base.join("/v1/chat/completions"),
+                        model: w.cfg.model.clone(),
+                        name: w.cfg.name.clone(),
+                    })
+                })
+                .collect()
+        };
+        for job in jobs {
+            bursts.spawn(burst(s.clone(), job));
+        }
+    }
+}
+
+fn probe_body(model: &str, prompt_tokens: u32, tokens: u32) -> Bytes {
+    const PHRASE: &str = "Describe the sea at dawn. ";
+    let want = (prompt_tokens as usize * 4).max(PHRASE.len());
+    let content: String = PHRASE.chars().cycle().take(want).collect();
+    let body = serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": tokens,
+        "min_tokens": tokens,
+        "ignore_eos": true,
+        "stream": false,
+        "temperature": 0,
+    });
+    Bytes::from(serde_json::to_vec(&body).expect("json"))
+}
+
+async fn one(s: Arc<Shared>, uri: Uri, body: Bytes, tokens: u32) -> Result<u64, String> {
+    let req = hyper::Request::post(uri)
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(body))
+        .expect("valid request");
+    let work = async {
+        let resp = s
+            .client
+            .request(req)
+            .await
+            .map_err(|e| crate::proxy::error_chain(&e))?;
+        let status = resp.status();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(format!("status {status}"));
+        }
+        let v: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|e| format!("bad JSON: {e}"))?;
+        Ok(v.pointer("/usage/completion_tokens")
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(u64::from(tokens)))
+    };
+    tokio::time::timeout(s.settings.probe_timeout, work)
+        .await
+        .map_err(|_| "timed out".to_string())?
+}
+
+async fn burst(s: Arc<Shared>, job: Job) {
+    let o = job.order;
+    let body = probe_body(&job.model, o.prompt_tokens, o.output_tokens);
+    let start = Instant::now();
+    let mut set = JoinSet::new();
+    for _ in 0..o.concurrency.max(1) {
+        set.spawn(one(
+            s.clone(),
+            job.uri.clone(),
+            body.clone(),
+            o.output_tokens,
+        ));
+    }
+    let mut tokens = 0u64;
+    let mut error = None;
+    while let Some(r) = set.join_next().await {
+        match r {
+            Ok(Ok(n)) => tokens += n,
+            Ok(Err(e)) => error = Some(e),
+            Err(e) => error = Some(e.to_string()),
+        }
+    }
+    let wall = start.elapsed();
+    let result = ProbeResult {
+        order: o.id,
+        worker: o.worker,
+        output_tokens: tokens,
+        wall,
+        ok: error.is_none(),
+    };
+    let tp = result.throughput_tok_s();
+    {
+        let mut core = s.core();
+        let now = s.clock.now();
+        core.router.probe_result(now, &result);
+        if let Some(w) = core.workers.get_mut(o.worker.index()) {
+            if result.ok {
+                w.metrics.probes_ok.fetch_add(1, Relaxed);
+                if o.phase == ProbePhase::Measure {
+                    w.probe_tok_s = Some(tp);
+                }
+            } else {
+                w.metrics.probes_failed.fetch_add(1, Relaxed);
+            }
+        }
+        core.pump(now);
+    }
+    let phase = match o.phase {
+        ProbePhase::Warmup => "warmup",
+        ProbePhase::Measure => "measure",
+    };
+    crate::log(
+        "probe",
+        &[
+            ("worker", &job.name),
+            ("phase", phase),
+            ("ok", &result.ok.to_string()),
+            ("tok_s", &format!("{tp:.1}")),
+            ("wall_ms", &wall.as_millis().to_string()),
+            ("error", error.as_deref().unwrap_or("")),
+        ],
+    );
+    crate::persist_state(&s).await;
+}

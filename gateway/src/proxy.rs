@@ -1,0 +1,537 @@
+//! The OpenAI-compatible request path: parse, route (or queue), forward, stream back.
+
+use crate::error::ApiError;
+use crate::prompt::{self, Endpoint};
+use crate::state::{Flight, QueueTicket, Shared};
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::{Bytes, BytesMut};
+use http_body::Frame;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use routelab_policies::{Decision, RouteError, RouteRequest, WorkerId};
+use serde::Deserialize;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+/// `POST /v1/chat/completions`
+pub(crate) async fn chat(State(s): State<Arc<Shared>>, req: Request) -> Response {
+    handle(s, req, Endpoint::Chat)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `POST /v1/completions`
+pub(crate) async fn completions(State(s): State<Arc<Shared>>, req: Request) -> Response {
+    handle(s, req, Endpoint::Completions)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `GET /v1/models`: the union of the (not removed) workers' models.
+pub(crate) async fn models(State(s): State<Arc<Shared>>) -> Response {
+    let mut names: Vec<String> = {
+        let core = s.core();
+        core.workers
+            .iter()
+            .filter(|w| !w.removed)
+            .map(|w| w.cfg.model.clone())
+            .collect()
+    };
+    names.sort_unstable();
+    names.dedup();
+    let data: Vec<serde_json::Value> = names
+        .into_iter()
+        .map(|id| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "routelab"}))
+        .collect();
+    axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
+}
+
+fn too_large(max: usize) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "invalid_request_error",
+        "request_too_large",
+        format!("the request body is larger than the gateway's limit of {max} bytes"),
+    )
+}
+
+async fn handle(s: Arc<Shared>, req: Request, ep: Endpoint) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    let max = s.settings.max_body;
+    let (parts, body) = req.into_parts();
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(too_large(max));
+    }
+    let bytes = match Limited::new(body, max).collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => return Err(too_large(max)),
+        Err(e) => {
+            return Err(ApiError::bad_request(
+                format!("could not read the request body: {e}"),
+                None,
+            ));
+        }
+    };
+    let parsed =
+        prompt::parse(&bytes, ep).map_err(|b| ApiError::bad_request(b.message, b.param))?;
+    let prefix = prompt::prefix_hashes(parsed.prompt.as_bytes());
+    let context_tokens = parsed
+        .prompt_tokens
+        .saturating_add(parsed.max_tokens.unwrap_or(0));
+    let Some(model) = s.core().router.model_id(&parsed.model) else {
+        return Err(ApiError {
+            param: Some("model"),
+            ..ApiError::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "model_not_found",
+                format!(
+                    "The model `{}` does not exist or no worker serves it",
+                    parsed.model
+                ),
+            )
+        });
+    };
+    let route_req = RouteRequest {
+        model,
+        context_tokens,
+        prefix: &prefix,
+    };
+
+    let mut tried: Vec<WorkerId> = Vec::new();
+    let mut last_error = String::from("no worker answered");
+    for attempt in 0..=s.settings.retries {
+        let decision = if attempt == 0 {
+            admit(&s, &route_req).await?
+        } else {
+            let now = s.clock.now();
+            let mut guard = s.core();
+            let core = &mut *guard;
+            match core
+                .router
+                .route_excluding(now, &route_req, &tried, &mut core.rng)
+            {
+                Ok(d) => {
+                    s.global.retries.fetch_add(1, Relaxed);
+                    d
+                }
+                Err(_) => break,
+            }
+        };
+        let dispatched_at = s.clock.now();
+        let (uri, metrics, name) = {
+            let core = s.core();
+            let w = &core.workers[decision.worker.index()];
+            (
+                w.base.join(ep.path()),
+                w.metrics.clone(),
+                w.cfg.name.clone(),
+            )
+        };
+        metrics.requests.fetch_add(1, Relaxed);
+        tried.push(decision.worker);
+        let mut flight = Flight {
+            shared: s.clone(),
+            worker: decision.worker,
+            metrics,
+            arrived,
+            dispatched_at,
+            first_token_at: None,
+            prompt_tokens: parsed.prompt_tokens,
+            finished: false,
+        };
+        let mut up = hyper::Request::post(uri);
+        if let Some(h) = up.headers_mut() {
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            if let Some(a) = parts.headers.get(header::ACCEPT) {
+                h.insert(header::ACCEPT, a.clone());
+            }
+        }
+        let up = up
+            .body(Full::new(bytes.clone()))
+            .expect("method, URI and headers are valid");
+        match tokio::time::timeout(s.settings.response_timeout, s.client.request(up)).await {
+            Err(_) => {
+                flight.fail(false);
+                last_error = format!("worker `{name}` did not answer within the response timeout");
+            }
+            Ok(Err(e)) => {
+                let hard = e.is_connect();
+                flight.fail(hard);
+                last_error = format!("worker `{name}`: {}", error_chain(&e));
+            }
+            Ok(Ok(r)) if r.status().is_server_error() => {
+                flight.fail(false);
+                last_error = format!("worker `{name}` answered {}", r.status());
+            }
+            Ok(Ok(r)) => return Ok(respond(&s, flight, r).await),
+        }
+        crate::log(
+            "upstream_error",
+            &[
+                ("worker", &name),
+                ("attempt", &attempt.to_string()),
+                ("error", &last_error),
+            ],
+        );
+    }
+    Err(ApiError::upstream(last_error))
+}
+
+/// An error with its sources (hyper's own message is terse: "client error (Connect)").
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// Route, or wait in the FIFO queue when every eligible worker is at its cap.
+async fn admit(s: &Arc<Shared>, req: &RouteRequest<'_>) -> Result<Decision, ApiError> {
+    let mut ticket = {
+        let now = s.clock.now();
+        let mut guard = s.core();
+        let core = &mut *guard;
+        match core.router.route(now, req, &mut core.rng) {
+            Ok(d) => return Ok(d),
+            Err(RouteError::AllAtCap { .. }) => {
+                let (ticket, rx) = core.enqueue(req);
+                QueueTicket {
+                    shared: s.clone(),
+                    ticket,
+                    rx,
+                    armed: true,
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    s.global.queued_total.fetch_add(1, Relaxed);
+    let waited = tokio::time::timeout(s.settings.queue_timeout, &mut ticket.rx).await;
+    let outcome = match waited {
+        Ok(Ok(outcome)) => Some(outcome),
+        Ok(Err(_)) => None,
+        Err(_) => {
+            let mut core = s.core();
+            if core.cancel(ticket.ticket) {
+                None
+            } else {
+                // Dispatched just as the timeout fired.
+                ticket.rx.try_recv().ok()
+            }
+        }
+    };
+    ticket.armed = false;
+    match outcome {
+        Some(Ok(d)) => Ok(d),
+        Some(Err(e)) => Err(e.into()),
+        None => {
+            s.global.queue_timeouts.fetch_add(1, Relaxed);
+            let secs = s.settings.queue_timeout.as_secs_f64();
+            Err(ApiError {
+                retry_after_s: Some(1),
+                ..ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "rate_limit_error",
+                    "queue_timeout",
+                    format!(
+                        "every worker for this model is at its concurrency cap; the request waited {secs:.1}s in the gateway's queue"
+                    ),
+                )
+            })
+        }
+    }
+}
+
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+];
+
+fn copy_headers(from: &HeaderMap, to: &mut HeaderMap) {
+    for (k, v) in from {
+        if !HOP_BY_HOP.contains(&k.as_str()) {
+            to.append(k.clone(), v.clone());
+        }
+    }
+}
+
+/// Pass the worker's answer to the client: SSE frame by frame, anything else buffered (a
+/// non-streaming completion is small, and buffering lets a broken body become a clean 502).
+async fn respond(s: &Arc<Shared>, mut flight: Flight, r: hyper::Response<Incoming>) -> Response {
+    let (parts, mut body) = r.into_parts();
+    let is_sse = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    let mut out = Response::new(Body::empty());
+    *out.status_mut() = parts.status;
+    copy_headers(&parts.headers, out.headers_mut());
+    if is_sse && parts.status.is_success() {
+        *out.body_mut() = Body::new(SseBody {
+            inner: body,
+            flight,
+            scan: SseScan::default(),
+            done: false,
+        });
+        return out;
+    }
+    let mut buf = BytesMut::new();
+    let read = tokio::time::timeout(s.settings.response_timeout, async {
+        while let Some(frame) = body.frame().await {
+            let frame = frame?;
+            if let Ok(d) = frame.into_data() {
+                if !d.is_empty() {
+                    flight.first_byte();
+                }
+                buf.extend_from_slice(&d);
+            }
+        }
+        Ok::<(), hyper::Error>(())
+    })
+    .await;
+    match read {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            flight.fail(false);
+            return ApiError::upstream(format!("the worker's response broke: {}", error_chain(&e)))
+                .into_response();
+        }
+        Err(_) => {
+            flight.fail(false);
+            return ApiError::upstream(
+                "the worker's response did not finish within the response timeout",
+            )
+            .into_response();
+        }
+    }
+    if parts.status.is_success() {
+        flight.complete(output_tokens_of_json(&buf));
+    } else {
+        // The worker refused the request (4xx): the client's fault, not the worker's.
+        flight.abandon();
+    }
+    *out.body_mut() = Body::from(buf.freeze());
+    out
+}
+
+#[derive(Deserialize)]
+struct UsageOnly {
+    usage: Option<Usage>,
+}
+
+#[derive(Deserialize)]
+struct Usage {
+    completion_tokens: Option<u32>,
+}
+
+#[derive(Deserialize)]
+struct ChoicesOnly {
+    #[serde(default)]
+    choices: Vec<serde_json::Value>,
+}
+
+/// Output tokens of a non-streaming response: `usage.completion_tokens`, else the text's
+/// bytes / 4.
+fn output_tokens_of_json(body: &[u8]) -> u32 {
+    if let Ok(UsageOnly {
+        usage: Some(Usage {
+            completion_tokens: Some(n),
+        }),
+    }) = serde_json::from_slice(body)
+    {
+        return n;
+    }
+    let Ok(c) = serde_json::from_slice::<ChoicesOnly>(body) else {
+        return 0;
+    };
+    let bytes: usize = c
+        .choices
+        .iter()
+        .map(|ch| {
+            ch.get("text")
+                .or_else(|| ch.get("message").and_then(|m| m.get("content")))
+                .and_then(serde_json::Value::as_str)
+                .map_or(0, str::len)
+        })
+        .sum();
+    prompt::estimate_tokens(bytes)
+}
+
+/// Counts SSE `data:` events and picks up a final `usage`.
+#[derive(Debug, Default)]
+pub(crate) struct SseScan {
+    carry: Vec<u8>,
+    data_events: u32,
+    usage: Option<u32>,
+}
+
+/// Longest partial line kept between chunks.
+const MAX_CARRY: usize = 1 << 20;
+
+impl SseScan {
+    pub fn feed(&mut self, mut chunk: &[u8]) {
+        while let Some(pos) = chunk.iter().position(|&b| b == b'\n') {
+            if self.carry.is_empty() {
+                self.line(&chunk[..pos]);
+            } else {
+                let mut line = std::mem::take(&mut self.carry);
+                line.extend_from_slice(&chunk[..pos]);
+                self.line(&line);
+                line.clear();
+                self.carry = line;
+            }
+            chunk = &chunk[pos + 1..];
+        }
+        if self.carry.len() + chunk.len() <= MAX_CARRY {
+            self.carry.extend_from_slice(chunk);
+        } else {
+            self.carry.clear();
+        }
+    }
+
+    fn line(&mut self, line: &[u8]) {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(payload) = line.strip_prefix(b"data:") else {
+            return;
+        };
+        let payload = payload.trim_ascii();
+        if payload == b"[DONE]" {
+            return;
+        }
+        self.data_events += 1;
+        if payload
+            .windows(b"\"completion_tokens\"".len())
+            .any(|w| w == b"\"completion_tokens\"")
+            && let Ok(UsageOnly {
+                usage:
+                    Some(Usage {
+                        completion_tokens: Some(n),
+                    }),
+            }) = serde_json::from_slice(payload)
+        {
+            self.usage = Some(n);
+        }
+    }
+
+    /// The final `usage.completion_tokens` if the stream had one, else the data events.
+    pub fn output_tokens(&self) -> u32 {
+        self.usage.unwrap_or(self.data_events)
+    }
+}
+
+/// A worker's SSE stream, passed through frame by frame as it arrives. The first frame is the
+/// request's first token for the router; the end completes it; a broken upstream stream ends
+/// with an SSE error event (`data: {"error": {...}}`), never a silent truncation. Dropped
+/// early (client gone), it frees the worker's slot and the upstream connection closes.
+struct SseBody {
+    inner: Incoming,
+    flight: Flight,
+    scan: SseScan,
+    done: bool,
+}
+
+impl http_body::Body for SseBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = &mut *self;
+        if this.done {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(d) = frame.data_ref()
+                    && !d.is_empty()
+                {
+                    this.flight.first_byte();
+                    this.scan.feed(d);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.done = true;
+                this.flight.fail(false);
+                let name = {
+                    let core = this.flight.shared.core();
+                    core.workers[this.flight.worker.index()].cfg.name.clone()
+                };
+                let chain = error_chain(&e);
+                crate::log("stream_broken", &[("worker", &name), ("error", &chain)]);
+                let err = ApiError::upstream(format!(
+                    "the worker's stream broke after the first byte: {chain}"
+                ));
+                Poll::Ready(Some(Ok(Frame::data(err.sse_event()))))
+            }
+            Poll::Ready(None) => {
+                this.done = true;
+                this.flight.complete(this.scan.output_tokens());
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_scan_counts_events_across_chunk_boundaries() {
+        let mut s = SseScan::default();
+        s.feed(b"data: {\"a\":1}\n\ndata: {\"b\"");
+        s.feed(b":2}\n\nda");
+        s.feed(b"ta: [DONE]\n\n");
+        assert_eq!(s.output_tokens(), 2);
+        s.feed(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":17}}\r\n\r\n");
+        assert_eq!(s.output_tokens(), 17);
+    }
+
+    #[test]
+    fn json_output_tokens() {
+        assert_eq!(
+            output_tokens_of_json(br#"{"usage":{"completion_tokens":9}}"#),
+            9
+        );
+        assert_eq!(
+            output_tokens_of_json(br#"{"choices":[{"message":{"content":"12345678"}}]}"#),
+            2
+        );
+        assert_eq!(output_tokens_of_json(b"nope"), 0);
+    }
+}

@@ -1,0 +1,398 @@
+//! The gateway's shared state: one [`Router`] behind a `std::sync::Mutex`.
+//!
+//! **Why one `std::sync::Mutex`**: a routing decision, a completion or a queue dispatch takes
+//! well under a microsecond and never awaits, so the lock is held for about as long as an
+//! uncontended atomic round trip costs on a busy gateway; an async mutex would add a future
+//! and a wake-up per request for nothing, and sharding would split the fleet's view of load.
+//! The lock is never held across an `.await`, never held while doing I/O, and every critical
+//! section is bounded (the longest is a queue pump, bounded by the queue length).
+
+use crate::clock::Clock;
+use crate::config::{GatewayConfig, HealthConfig, WorkerConfig, secs};
+use crate::metrics::{GlobalMetrics, WorkerMetrics};
+use crate::upstream::{BaseUrl, HttpClient};
+use rand::SeedableRng;
+use rand::rngs::Xoshiro256PlusPlus;
+use routelab_policies::{Completion, Decision, RouteError, Router, Time, WorkerId, WorkerState};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// Settings resolved from the configuration.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub max_body: usize,
+    pub queue_timeout: Duration,
+    pub retries: u32,
+    pub response_timeout: Duration,
+    pub health: HealthConfig,
+    pub health_interval: Duration,
+    pub health_timeout: Duration,
+    pub probe_poll: Duration,
+    pub probe_timeout: Duration,
+    pub state_file: Option<PathBuf>,
+    pub admin_token: Option<String>,
+}
+
+impl Settings {
+    pub fn from_config(c: &GatewayConfig) -> Result<Settings, String> {
+        Ok(Settings {
+            max_body: c.max_body_bytes,
+            queue_timeout: secs("queue_timeout_s", c.queue_timeout_s)?,
+            retries: c.retries,
+            response_timeout: secs("upstream.response_timeout_s", c.upstream.response_timeout_s)?,
+            health: c.health.clone(),
+            health_interval: secs("health.interval_s", c.health.interval_s)?,
+            health_timeout: secs("health.timeout_s", c.health.timeout_s)?,
+            probe_poll: secs("probe.poll_interval_s", c.probe.poll_interval_s)?,
+            probe_timeout: secs("probe.request_timeout_s", c.probe.request_timeout_s)?,
+            state_file: c.state_file.clone(),
+            admin_token: c.admin_token.clone().filter(|t| !t.is_empty()),
+        })
+    }
+}
+
+/// Everything the handlers and background tasks share.
+pub(crate) struct Shared {
+    pub settings: Settings,
+    pub clock: Clock,
+    core: Mutex<Core>,
+    pub client: HttpClient,
+    pub global: GlobalMetrics,
+    /// Serialises state-file writes (snapshot and write happen under it, so the newest
+    /// snapshot is always the last one written).
+    pub persist_lock: tokio::sync::Mutex<()>,
+}
+
+impl Shared {
+    pub fn new(
+        settings: Settings,
+        clock: Clock,
+        router: Router,
+        seed: u64,
+        client: HttpClient,
+    ) -> Shared {
+        Shared {
+            settings,
+            clock,
+            core: Mutex::new(Core {
+                router,
+                rng: Xoshiro256PlusPlus::seed_from_u64(seed),
+                workers: Vec::new(),
+                by_name: HashMap::new(),
+                waiters: HashMap::new(),
+                next_ticket: 1,
+            }),
+            client,
+            global: GlobalMetrics::default(),
+            persist_lock: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The router and its companions. A panic while holding the lock cannot leave the router
+    /// half-updated in a way that matters more than refusing all traffic would, so a poisoned
+    /// lock is recovered.
+    pub fn core(&self) -> MutexGuard<'_, Core> {
+        self.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Passive ejection and active health checks are on only when health checks run (someone
+    /// must re-admit an ejected worker).
+    pub fn ejection_enabled(&self) -> bool {
+        !self.settings.health_interval.is_zero()
+    }
+}
+
+/// The gateway's own record of a worker, indexed by [`WorkerId`] like the router's fleet.
+#[derive(Debug)]
+pub(crate) struct WorkerRt {
+    pub cfg: WorkerConfig,
+    pub base: BaseUrl,
+    pub metrics: Arc<WorkerMetrics>,
+    pub consecutive_failures: u32,
+    pub consecutive_successes: u32,
+    /// Disconnected by the gateway's health logic (re-admitted by a successful check).
+    pub ejected: bool,
+    /// Drained by an administrator (health logic leaves it alone).
+    pub drained: bool,
+    pub removed: bool,
+    /// Last measured burst throughput, tok/s.
+    pub probe_tok_s: Option<f64>,
+}
+
+/// The router and what must change with it atomically.
+pub(crate) struct Core {
+    pub router: Router,
+    pub rng: Xoshiro256PlusPlus,
+    pub workers: Vec<WorkerRt>,
+    pub by_name: HashMap<String, WorkerId>,
+    waiters: HashMap<u64, oneshot::Sender<Result<Decision, RouteError>>>,
+    next_ticket: u64,
+}
+
+/// Router state as a name.
+pub(crate) fn state_name(s: WorkerState) -> &'static str {
+    match s {
+        WorkerState::Up => "up",
+        WorkerState::Draining => "draining",
+        WorkerState::Disconnected => "disconnected",
+        WorkerState::Removed => "removed",
+        _ => "unknown",
+    }
+}
+
+impl Core {
+    /// Register a worker (names are unique among workers not removed).
+    pub fn add_worker(&mut self, now: Time, cfg: WorkerConfig) -> Result<WorkerId, String> {
+        cfg.validate()?;
+        if self.by_name.contains_key(&cfg.name) {
+            return Err(format!("a worker named `{}` already exists", cfg.name));
+        }
+        let base = BaseUrl::parse(&cfg.base_url)?;
+        let id = self.router.register(now, cfg.spec());
+        debug_assert_eq!(id.index(), self.workers.len());
+        self.by_name.insert(cfg.name.clone(), id);
+        // A cached measurement adopted at registration counts as the last probe.
+        let probe_tok_s = self.router.strategy().export_state().and_then(|s| {
+            let spec = cfg.spec();
+            s.cache
+                .into_iter()
+                .find(|e| {
+                    e.node == spec.node
+                        && e.model == spec.model
+                        && e.launch_args == spec.launch_args
+                })
+                .map(|e| e.throughput_tok_s)
+        });
+        self.workers.push(WorkerRt {
+            cfg,
+            base,
+            metrics: Arc::new(WorkerMetrics::default()),
+            consecutive_failures: 0,
+            consecutive_successes: 0,
+            ejected: false,
+            drained: false,
+            removed: false,
+            probe_tok_s,
+        });
+        self.pump(now);
+        Ok(id)
+    }
+
+    /// Deregister a worker.
+    pub fn remove_worker(&mut self, now: Time, id: WorkerId) {
+        if self.router.remove(now, id).is_ok() {
+            let w = &mut self.workers[id.index()];
+            w.removed = true;
+            self.by_name.remove(&w.cfg.name);
+        }
+    }
+
+    /// A live worker by name.
+    pub fn lookup(&self, name: &str) -> Option<WorkerId> {
+        self.by_name.get(name).copied()
+    }
+
+    /// Free a request's slot and hand it to the queue.
+    pub fn release(&mut self, now: Time, id: WorkerId, completion: Option<&Completion>) {
+        match completion {
+            Some(c) => self.router.complete(now, id, c),
+            None => self.router.fail(now, id),
+        }
+        self.pump(now);
+    }
+
+    /// Dispatch queued requests while workers have room.
+    pub fn pump(&mut self, now: Time) {
+        // Bounded: each iteration removes one queued request.
+        while let Some((ticket, outcome)) = self.router.dispatch_queued(now, &mut self.rng) {
+            let undelivered = match self.waiters.remove(&ticket) {
+                Some(tx) => tx.send(outcome).err(),
+                None => Some(outcome),
+            };
+            // Nobody is waiting any more: give the slot back.
+            if let Some(Ok(d)) = undelivered {
+                self.router.fail(now, d.worker);
+            }
+        }
+    }
+
+    /// Queue a request that found every worker at its cap.
+    pub fn enqueue(
+        &mut self,
+        req: &routelab_policies::RouteRequest<'_>,
+    ) -> (u64, oneshot::Receiver<Result<Decision, RouteError>>) {
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        self.router.enqueue(ticket, req);
+        let (tx, rx) = oneshot::channel();
+        self.waiters.insert(ticket, tx);
+        (ticket, rx)
+    }
+
+    /// Take a request out of the queue; false if it was already dispatched.
+    pub fn cancel(&mut self, ticket: u64) -> bool {
+        self.waiters.remove(&ticket);
+        self.router.cancel(ticket)
+    }
+
+    /// A request or check against the worker failed; eject it after enough in a row (at once
+    /// for a `hard` failure such as a refused connection). True if it was ejected now.
+    pub fn note_failure(&mut self, now: Time, id: WorkerId, hard: bool, s: &Shared) -> bool {
+        let unhealthy_after = s.settings.health.unhealthy_after.max(1);
+        let Some(w) = self.workers.get_mut(id.index()) else {
+            return false;
+        };
+        w.consecutive_successes = 0;
+        w.consecutive_failures = w.consecutive_failures.saturating_add(1);
+        let up = self
+            .router
+            .fleet()
+            .get(id)
+            .is_some_and(|i| i.state == WorkerState::Up);
+        if s.ejection_enabled()
+            && up
+            && !w.drained
+            && !w.removed
+            && (hard || w.consecutive_failures >= unhealthy_after)
+            && self.router.disconnect(now, id).is_ok()
+        {
+            w.ejected = true;
+            crate::log(
+                "worker_ejected",
+                &[
+                    ("worker", &w.cfg.name),
+                    ("failures", &w.consecutive_failures.to_string()),
+                ],
+            );
+            return true;
+        }
+        false
+    }
+
+    /// A request or check against the worker succeeded; re-admit an ejected worker after
+    /// enough successful checks in a row (`check`: an active health check).
+    pub fn note_success(&mut self, now: Time, id: WorkerId, check: bool, s: &Shared) {
+        let healthy_after = s.settings.health.healthy_after.max(1);
+        let Some(w) = self.workers.get_mut(id.index()) else {
+            return;
+        };
+        w.consecutive_failures = 0;
+        if !(check && w.ejected) {
+            return;
+        }
+        w.consecutive_successes = w.consecutive_successes.saturating_add(1);
+        if w.consecutive_successes >= healthy_after && !w.removed {
+            w.ejected = false;
+            w.consecutive_successes = 0;
+            let name = w.cfg.name.clone();
+            if self.router.reconnect(now, id).is_ok() {
+                crate::log("worker_readmitted", &[("worker", &name)]);
+                self.pump(now);
+            }
+        }
+    }
+}
+
+/// A place in the gateway's queue; leaving it (drop) without a decision cancels it.
+pub(crate) struct QueueTicket {
+    pub shared: Arc<Shared>,
+    pub ticket: u64,
+    pub rx: oneshot::Receiver<Result<Decision, RouteError>>,
+    pub armed: bool,
+}
+
+impl Drop for QueueTicket {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let mut core = self.shared.core();
+        if !core.cancel(self.ticket) {
+            // Dispatched between the timeout and now: give the slot back.
+            if let Ok(Ok(d)) = self.rx.try_recv() {
+                let now = self.shared.clock.now();
+                core.release(now, d.worker, None);
+            }
+        }
+    }
+}
+
+/// One request dispatched to a worker. Dropping it unfinished (the client went away) frees the
+/// worker's slot.
+pub(crate) struct Flight {
+    pub shared: Arc<Shared>,
+    pub worker: WorkerId,
+    pub metrics: Arc<WorkerMetrics>,
+    pub arrived: Instant,
+    pub dispatched_at: Time,
+    pub first_token_at: Option<Time>,
+    pub prompt_tokens: u32,
+    pub finished: bool,
+}
+
+impl Flight {
+    /// The first body byte arrived from the worker.
+    pub fn first_byte(&mut self) {
+        if self.first_token_at.is_some() {
+            return;
+        }
+        self.metrics.ttft.observe(self.arrived.elapsed());
+        let now = self.shared.clock.now();
+        self.first_token_at = Some(now);
+        self.shared.core().router.first_token(now, self.worker);
+    }
+
+    /// The response ended normally.
+    pub fn complete(&mut self, output_tokens: u32) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        self.metrics.e2e.observe(self.arrived.elapsed());
+        let now = self.shared.clock.now();
+        let c = Completion {
+            prompt_tokens: self.prompt_tokens,
+            output_tokens,
+            dispatched_at: self.dispatched_at,
+            first_token_at: self.first_token_at.unwrap_or(now),
+            completed_at: now,
+        };
+        let mut core = self.shared.core();
+        core.release(now, self.worker, Some(&c));
+        core.note_success(now, self.worker, false, &self.shared);
+    }
+
+    /// The worker failed the request (`hard`: the connection could not be made).
+    pub fn fail(&mut self, hard: bool) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        self.metrics
+            .errors
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let now = self.shared.clock.now();
+        let mut core = self.shared.core();
+        core.release(now, self.worker, None);
+        core.note_failure(now, self.worker, hard, &self.shared);
+    }
+
+    /// The request ended without a worker fault worth counting (client gone, client error).
+    pub fn abandon(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        let now = self.shared.clock.now();
+        self.shared.core().release(now, self.worker, None);
+    }
+}
+
+impl Drop for Flight {
+    fn drop(&mut self) {
+        self.abandon();
+    }
+}

@@ -1,0 +1,200 @@
+//! A tiny fake OpenAI worker: streams N tokens at a configurable per-request speed, honours
+//! max_tokens / min_tokens / ignore_eos / stream, reports usage, can fail (500, die
+//! mid-stream, unhealthy), can hold customer requests until released, and counts requests.
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+pub const MODE_OK: u32 = 0;
+pub const MODE_500: u32 = 1;
+pub const MODE_DIE: u32 = 2;
+
+pub struct FakeState {
+    /// Per-request tokens/s (f64 bits); 0 = as fast as possible.
+    speed_bits: AtomicU64,
+    /// Tokens generated when the request allows an early stop.
+    pub natural_len: AtomicU32,
+    pub mode: AtomicU32,
+    /// MODE_DIE: data chunks sent before the connection is dropped.
+    pub die_after: AtomicU32,
+    pub healthy: AtomicBool,
+    /// Customer requests wait here until released (probe requests never do).
+    pub hold: AtomicBool,
+    release: Notify,
+    /// Customer requests received (probe requests excluded).
+    pub requests: AtomicU64,
+    /// Probe requests received (ignore_eos: true).
+    pub probe_requests: AtomicU64,
+    /// Responses fully sent.
+    pub finished: AtomicU64,
+}
+
+impl FakeState {
+    fn speed(&self) -> f64 {
+        f64::from_bits(self.speed_bits.load(SeqCst))
+    }
+    pub fn release(&self) {
+        self.hold.store(false, SeqCst);
+        self.release.notify_waiters();
+    }
+}
+
+pub struct FakeWorker {
+    pub url: String,
+    pub state: Arc<FakeState>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeWorker {
+    fn drop(&mut self) {
+        self.state.release();
+        self.task.abort();
+    }
+}
+
+impl FakeWorker {
+    pub async fn start(tok_s: f64) -> FakeWorker {
+        let state = Arc::new(FakeState {
+            speed_bits: AtomicU64::new(tok_s.to_bits()),
+            natural_len: AtomicU32::new(8),
+            mode: AtomicU32::new(MODE_OK),
+            die_after: AtomicU32::new(3),
+            healthy: AtomicBool::new(true),
+            hold: AtomicBool::new(false),
+            release: Notify::new(),
+            requests: AtomicU64::new(0),
+            probe_requests: AtomicU64::new(0),
+            finished: AtomicU64::new(0),
+        });
+        let app = Router::new()
+            .route("/v1/chat/completions", post(generate))
+            .route("/v1/completions", post(generate))
+            .route("/health", get(health))
+            .route(
+                "/v1/models",
+                get(|| async { axum::Json(json!({"object": "list", "data": []})) }),
+            )
+            .with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        FakeWorker { url, state, task }
+    }
+
+    pub fn requests(&self) -> u64 {
+        self.state.requests.load(SeqCst)
+    }
+    pub fn probe_requests(&self) -> u64 {
+        self.state.probe_requests.load(SeqCst)
+    }
+}
+
+async fn health(State(st): State<Arc<FakeState>>) -> StatusCode {
+    if st.healthy.load(SeqCst) {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+fn chunk(i: u32) -> Bytes {
+    Bytes::from(format!(
+        "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t{i} \"}}}}]}}\n\n"
+    ))
+}
+
+async fn generate(State(st): State<Arc<FakeState>>, body: Bytes) -> Response {
+    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let ignore_eos = v["ignore_eos"].as_bool().unwrap_or(false);
+    let max_tokens = v["max_tokens"].as_u64().unwrap_or(16) as u32;
+    let min_tokens = (v["min_tokens"].as_u64().unwrap_or(0) as u32).min(max_tokens);
+    let stream = v["stream"].as_bool().unwrap_or(false);
+    let n = if ignore_eos {
+        max_tokens
+    } else {
+        max_tokens.min(st.natural_len.load(SeqCst)).max(min_tokens)
+    };
+    if ignore_eos {
+        st.probe_requests.fetch_add(1, SeqCst);
+    } else {
+        st.requests.fetch_add(1, SeqCst);
+    }
+    let mode = st.mode.load(SeqCst);
+    if mode == MODE_500 {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "engine exploded").into_response();
+    }
+    if !ignore_eos && st.hold.load(SeqCst) {
+        let released = st.release.notified();
+        tokio::pin!(released);
+        released.as_mut().enable();
+        if st.hold.load(SeqCst) {
+            let _ = tokio::time::timeout(Duration::from_secs(20), released).await;
+        }
+    }
+    let speed = st.speed();
+    let start = Instant::now();
+    let at = move |i: u32| {
+        if speed > 0.0 {
+            start + Duration::from_secs_f64(f64::from(i) / speed)
+        } else {
+            start
+        }
+    };
+    let prompt_tokens = (body.len() / 4) as u32;
+    if !stream {
+        tokio::time::sleep_until(at(n)).await;
+        st.finished.fetch_add(1, SeqCst);
+        let text: String = (0..n).map(|i| format!("t{i} ")).collect();
+        return axum::Json(json!({
+            "id": "c", "object": "chat.completion",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+        }))
+        .into_response();
+    }
+    let die_after = (mode == MODE_DIE).then(|| st.die_after.load(SeqCst));
+    let st2 = st.clone();
+    let events = futures_util::stream::unfold(0u32, move |i| {
+        let st = st2.clone();
+        async move {
+            if die_after == Some(i) {
+                // Give the previous chunks time to leave, then die.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                return Some((Err(std::io::Error::other("worker died")), u32::MAX));
+            }
+            if i == u32::MAX || i > n + 1 {
+                return None;
+            }
+            if i < n {
+                tokio::time::sleep_until(at(i + 1)).await;
+                Some((Ok(chunk(i)), i + 1))
+            } else if i == n {
+                let usage = format!(
+                    "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{{\"prompt_tokens\":{prompt_tokens},\"completion_tokens\":{n},\"total_tokens\":{}}}}}\n\n",
+                    prompt_tokens + n
+                );
+                Some((Ok(Bytes::from(usage)), i + 1))
+            } else {
+                st.finished.fetch_add(1, SeqCst);
+                Some((Ok(Bytes::from_static(b"data: [DONE]\n\n")), i + 1))
+            }
+        }
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(events))
+        .unwrap()
+}
