@@ -1,1 +1,43 @@
-//! placeholder
+//! # routelab-reports
+//!
+//! Everything routelab writes for people and scripts, built from the simulator's result types
+//! only (`routelab-sim`):
+//!
+//! - [`write_run`]: `summary.json`, `requests.csv`, `timeline.csv`, charts (SVG + PNG) and a
+//!   self-contained `report.html` for `routelab run`; [`write_perf`] for wall-clock figures.
+//! - [`write_compare`]: `compare.json`, `compare.csv`, `compare_seeds.csv`, charts and
+//!   `report.html` for `routelab compare` (mean and 95 % interval across seeds, winners);
+//!   [`findings_markdown`] for `docs/findings.md`.
+//! - [`write_sweep`]: `sweep.csv` and a chart for `routelab sweep`.
+//! - [`run_table`], [`summary_table`], [`compare_table`], [`sweep_table`]: aligned plain-text
+//!   tables for the terminal.
+//!
+//! **Determinism**: every file except `perf.json` is a pure function of the inputs — no
+//! timestamps, no hash-map order, figures rounded to 6 significant digits (JSON) or fixed
+//! decimals (CSV), NaN written as `null` / an empty cell. Charts use the bundled DejaVu Sans
+//! through plotters' `ab_glyph` backend, so no system font library is involved.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod chart;
+mod compare;
+mod error;
+mod html;
+mod num;
+mod run;
+pub mod stats;
+pub mod summary;
+mod sweep;
+mod text;
+
+pub use compare::{
+    CompareFile, MetricStats, PolicySeeds, PolicyStats, ScenarioComparison, ScenarioStats, SeedRun,
+    Winner, compare_file, compare_table, findings_markdown, write_compare,
+};
+pub use error::ReportError;
+pub use run::{
+    PerfInfo, PerfRun, PolicyRun, RunEntry, RunMeta, SummaryFile, Written, run_table, summary_file,
+    summary_table, write_perf, write_run,
+};
+pub use summary::{Better, METRICS, Metric, Quantiles, RunSummary, WorkerSummary};
+pub use sweep::{SweepRow, sweep_table, write_sweep};

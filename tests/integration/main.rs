@@ -1,2 +1,3 @@
 //! Integration tests of the `routelab` lab: the bundled case studies and the command line.
 mod case_studies;
+mod cli;

@@ -1,0 +1,877 @@
+//! Outputs of `routelab run`: `summary.json`, `requests.csv`, `timeline.csv`, charts (SVG and
+//! PNG) and `report.html`, all byte-identical for identical inputs; `perf.json` for wall-clock
+//! figures.
+
+use crate::chart::{self, BarGroup, BarPanel, Figure, Legend, LinePanel, Panel, Series};
+use crate::error::ReportError;
+use crate::html::{Cell, Page, best_indices, esc, table};
+use crate::num::{fmt_fixed, fmt_pct, fmt_sig, r6};
+use crate::summary::{RunSummary, WorkerSummary};
+use crate::text::TextTable;
+use routelab_sim::{RequestRecord, RunMetrics, Scenario};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// What was run: shown in the report and `summary.json`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunMeta {
+    /// Scenario name (`seed/sixteen-at-once`).
+    pub scenario: String,
+    /// Root seed of the run.
+    pub seed: u64,
+    /// One-line description of the scenario.
+    pub description: String,
+    /// The scenario file, as the user named it.
+    pub scenario_path: String,
+}
+
+impl RunMeta {
+    /// From a loaded scenario and the seed actually used.
+    pub fn from_scenario(scenario: &Scenario, seed: u64) -> RunMeta {
+        RunMeta {
+            scenario: scenario.name.clone(),
+            seed,
+            description: scenario.description.clone(),
+            scenario_path: scenario.path.display().to_string(),
+        }
+    }
+}
+
+/// One policy's run.
+#[derive(Debug, Clone)]
+pub struct PolicyRun {
+    /// Display name (usually `metrics.policy`).
+    pub policy: String,
+    /// What the simulator measured.
+    pub metrics: RunMetrics,
+    /// Per-request rows, when they were recorded.
+    pub requests: Option<Vec<RequestRecord>>,
+}
+
+impl PolicyRun {
+    /// Named after `metrics.policy`.
+    pub fn new(metrics: RunMetrics, requests: Option<Vec<RequestRecord>>) -> PolicyRun {
+        PolicyRun {
+            policy: metrics.policy.clone(),
+            metrics,
+            requests,
+        }
+    }
+
+    /// The scalar summary, under this run's display name.
+    pub fn summary(&self) -> RunSummary {
+        RunSummary {
+            policy: self.policy.clone(),
+            ..RunSummary::from_metrics(&self.metrics)
+        }
+    }
+}
+
+/// The files a writer produced, in the order written.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Written {
+    /// Paths (inside the output directory).
+    pub files: Vec<PathBuf>,
+}
+
+impl Written {
+    fn push(&mut self, p: PathBuf) {
+        self.files.push(p);
+    }
+}
+
+/// `summary.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SummaryFile {
+    /// Scenario name.
+    pub scenario: String,
+    /// Root seed.
+    pub seed: u64,
+    /// Scenario description.
+    pub description: String,
+    /// Scenario file.
+    pub scenario_path: String,
+    /// One entry per policy, in run order.
+    pub runs: Vec<RunEntry>,
+}
+
+/// One policy in `summary.json`: the scalar summary and the per-worker rows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunEntry {
+    /// Scalar metrics (flattened into the entry).
+    #[serde(flatten)]
+    pub summary: RunSummary,
+    /// Per-worker totals, in fleet order.
+    pub workers: Vec<WorkerSummary>,
+}
+
+/// Build the content of `summary.json`.
+pub fn summary_file(meta: &RunMeta, runs: &[PolicyRun]) -> SummaryFile {
+    SummaryFile {
+        scenario: meta.scenario.clone(),
+        seed: meta.seed,
+        description: meta.description.clone(),
+        scenario_path: meta.scenario_path.clone(),
+        runs: runs
+            .iter()
+            .map(|r| RunEntry {
+                summary: r.summary(),
+                workers: WorkerSummary::from_metrics(&r.metrics),
+            })
+            .collect(),
+    }
+}
+
+pub(crate) fn create_dir(dir: &Path) -> Result<(), ReportError> {
+    std::fs::create_dir_all(dir).map_err(|source| ReportError::CreateDir {
+        dir: dir.to_path_buf(),
+        source,
+    })
+}
+
+pub(crate) fn write_file(path: &Path, bytes: impl AsRef<[u8]>) -> Result<(), ReportError> {
+    std::fs::write(path, bytes).map_err(|source| ReportError::Write {
+        file: path.to_path_buf(),
+        source,
+    })
+}
+
+pub(crate) fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), ReportError> {
+    let mut s = serde_json::to_string_pretty(value).map_err(|source| ReportError::Json {
+        file: path.to_path_buf(),
+        source,
+    })?;
+    s.push('\n');
+    write_file(path, s)
+}
+
+/// Write CSV rows (all strings) to `path`.
+pub(crate) fn write_csv(
+    path: &Path,
+    header: &[&str],
+    rows: impl IntoIterator<Item = Vec<String>>,
+) -> Result<(), ReportError> {
+    let err = |source| ReportError::Csv {
+        file: path.to_path_buf(),
+        source,
+    };
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.write_record(header).map_err(err)?;
+    for r in rows {
+        w.write_record(&r).map_err(err)?;
+    }
+    let bytes = w.into_inner().map_err(|e| ReportError::Write {
+        file: path.to_path_buf(),
+        source: e.into_error(),
+    })?;
+    write_file(path, bytes)
+}
+
+/// Write every output of `routelab run` into `dir` (created if missing): `summary.json`,
+/// `requests.csv`, `timeline.csv`, `ttft_cdf`, `e2e_cdf`, `share`, `weights` and `in_flight`
+/// charts as `.svg` and `.png`, and `report.html`. Identical inputs give identical bytes.
+pub fn write_run(dir: &Path, meta: &RunMeta, runs: &[PolicyRun]) -> Result<Written, ReportError> {
+    create_dir(dir)?;
+    let mut out = Written::default();
+
+    let summary = summary_file(meta, runs);
+    let p = dir.join("summary.json");
+    write_json(&p, &summary)?;
+    out.push(p);
+
+    let p = dir.join("requests.csv");
+    write_csv(&p, REQUEST_HEADER, request_rows(runs))?;
+    out.push(p);
+
+    let p = dir.join("timeline.csv");
+    write_csv(&p, TIMELINE_HEADER, timeline_rows(runs))?;
+    out.push(p);
+
+    let mut charts = Vec::new();
+    for (stem, fig, caption) in run_figures(runs) {
+        let r = chart::render(&fig, dir, stem)?;
+        out.push(r.svg_path.clone());
+        out.push(r.png_path.clone());
+        charts.push((r, caption));
+    }
+
+    let p = dir.join("report.html");
+    write_file(&p, run_html(meta, runs, &summary, &charts))?;
+    out.push(p);
+    Ok(out)
+}
+
+const REQUEST_HEADER: &[&str] = &[
+    "policy",
+    "id",
+    "arrival_s",
+    "worker",
+    "status",
+    "prompt_tokens",
+    "output_tokens",
+    "cached_tokens",
+    "believed_cached_tokens",
+    "affinity_kept",
+    "queue_s",
+    "ttft_s",
+    "e2e_s",
+    "tpot_s",
+];
+
+fn request_rows(runs: &[PolicyRun]) -> impl Iterator<Item = Vec<String>> + '_ {
+    runs.iter().flat_map(|r| {
+        r.requests.iter().flatten().map(move |q| {
+            vec![
+                r.policy.clone(),
+                q.id.to_string(),
+                fmt_fixed(q.arrival_s, 6),
+                q.worker.clone(),
+                q.status.to_string(),
+                q.prompt_tokens.to_string(),
+                q.output_tokens.to_string(),
+                q.cached_tokens.to_string(),
+                q.believed_cached_tokens.to_string(),
+                q.affinity_kept.to_string(),
+                fmt_fixed(q.queue_s, 6),
+                fmt_fixed(q.ttft_s, 6),
+                fmt_fixed(q.e2e_s, 6),
+                fmt_fixed(q.tpot_s, 6),
+            ]
+        })
+    })
+}
+
+const TIMELINE_HEADER: &[&str] = &[
+    "policy",
+    "t_s",
+    "worker",
+    "in_flight",
+    "running",
+    "waiting",
+    "weight",
+    "provenance",
+    "dispatched",
+    "output_tokens",
+];
+
+fn timeline_rows(runs: &[PolicyRun]) -> impl Iterator<Item = Vec<String>> + '_ {
+    runs.iter().flat_map(|r| {
+        r.metrics.timeline.iter().map(move |t| {
+            let name = r
+                .metrics
+                .workers
+                .get(t.worker)
+                .map_or_else(|| t.worker.to_string(), |w| w.name.clone());
+            vec![
+                r.policy.clone(),
+                fmt_fixed(t.t_s, 3),
+                name,
+                t.in_flight.to_string(),
+                t.running.to_string(),
+                t.waiting.to_string(),
+                fmt_fixed(t.weight, 4),
+                t.provenance.as_str().to_string(),
+                t.dispatched.to_string(),
+                t.output_tokens.to_string(),
+            ]
+        })
+    })
+}
+
+/// Most workers drawn in a share chart / a timeline chart.
+const MAX_SHARE_WORKERS: usize = 32;
+const MAX_LINE_WORKERS: usize = 12;
+/// Most points per timeline series (longer series are bucketed).
+const MAX_POINTS: usize = 600;
+
+/// Indices of the `limit` workers with the most dispatches over all runs, in fleet order.
+fn busiest_workers(runs: &[PolicyRun], limit: usize) -> Vec<usize> {
+    let n = runs
+        .iter()
+        .map(|r| r.metrics.workers.len())
+        .max()
+        .unwrap_or(0);
+    let mut idx: Vec<(u64, usize)> = (0..n)
+        .map(|i| {
+            let total = runs
+                .iter()
+                .filter_map(|r| r.metrics.workers.get(i))
+                .map(|w| w.requests)
+                .sum();
+            (total, i)
+        })
+        .collect();
+    idx.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut keep: Vec<usize> = idx.into_iter().take(limit).map(|p| p.1).collect();
+    keep.sort_unstable();
+    keep
+}
+
+fn worker_name(runs: &[PolicyRun], i: usize) -> String {
+    runs.iter()
+        .find_map(|r| r.metrics.workers.get(i).map(|w| w.name.clone()))
+        .unwrap_or_else(|| format!("worker {i}"))
+}
+
+fn subset_note(shown: usize, total: usize) -> String {
+    if shown < total {
+        format!(" ({shown} of {total} workers, most requests)")
+    } else {
+        String::new()
+    }
+}
+
+fn cdf_figure(
+    title: &str,
+    axis: &str,
+    runs: &[PolicyRun],
+    hist: fn(&RunMetrics) -> &routelab_sim::histogram::Histogram,
+) -> Figure {
+    let series: Vec<Series> = runs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| Series {
+            name: r.policy.clone(),
+            color: chart::color(i),
+            points: chart::cdf_points(hist(&r.metrics)),
+        })
+        .collect();
+    latency_cdf_figure(title, axis, series)
+}
+
+/// A CDF figure of latency series, with a log x axis when the values span ≥ 20×.
+pub(crate) fn latency_cdf_figure(title: &str, axis: &str, series: Vec<Series>) -> Figure {
+    let xs = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.0))
+        .filter(|x| x.is_finite() && *x > 0.0);
+    let (lo, hi) = xs.fold((f64::INFINITY, 0.0f64), |(a, b), x| (a.min(x), b.max(x)));
+    let log = hi > 0.0 && lo.is_finite() && hi / lo >= 20.0;
+    let mut p = LinePanel::new(
+        "",
+        &if log {
+            format!("{axis} (s, log scale)")
+        } else {
+            format!("{axis} (s)")
+        },
+        "requests at or below (CDF)",
+    );
+    p.x_log = log;
+    p.y_range = Some((0.0, 1.0));
+    p.y_percent = true;
+    p.legend = Legend::LowerRight;
+    if !log && hi > 0.0 {
+        p.x_range = Some((0.0, chart::nice_max(hi)));
+    }
+    p.series = series;
+    Figure::new(title, vec![Panel::Lines(p)])
+}
+
+fn share_figure(runs: &[PolicyRun]) -> Figure {
+    let n = runs
+        .iter()
+        .map(|r| r.metrics.workers.len())
+        .max()
+        .unwrap_or(0);
+    let keep = busiest_workers(runs, MAX_SHARE_WORKERS);
+    let groups = runs
+        .iter()
+        .enumerate()
+        .map(|(j, r)| {
+            let total: u64 = r.metrics.workers.iter().map(|w| w.requests).sum();
+            BarGroup {
+                name: r.policy.clone(),
+                color: chart::color(j),
+                values: keep
+                    .iter()
+                    .map(|&i| {
+                        r.metrics.workers.get(i).map(|w| {
+                            if total == 0 {
+                                0.0
+                            } else {
+                                w.requests as f64 / total as f64
+                            }
+                        })
+                    })
+                    .collect(),
+                errors: vec![None; keep.len()],
+            }
+        })
+        .collect();
+    let panel = BarPanel {
+        title: String::new(),
+        x_label: "worker".into(),
+        y_label: "share of requests".into(),
+        categories: keep.iter().map(|&i| worker_name(runs, i)).collect(),
+        groups,
+        y_percent: true,
+        color_by_category: false,
+    };
+    Figure::new(
+        format!("Traffic share per worker{}", subset_note(keep.len(), n)),
+        vec![Panel::Bars(panel)],
+    )
+}
+
+/// Per worker, the (t, value) series of a run's timeline, bucketed to ≤ MAX_POINTS points
+/// (`peak`: the bucket's maximum, else its last value).
+fn timeline_series(
+    m: &RunMetrics,
+    worker: usize,
+    value: fn(&routelab_sim::TimelineRow) -> f64,
+    peak: bool,
+) -> Vec<(f64, f64)> {
+    let rows: Vec<&routelab_sim::TimelineRow> =
+        m.timeline.iter().filter(|t| t.worker == worker).collect();
+    let k = rows.len().div_ceil(MAX_POINTS).max(1);
+    rows.chunks(k)
+        .map(|c| {
+            let last = c[c.len() - 1];
+            let v = if peak {
+                c.iter().map(|t| value(t)).fold(f64::NEG_INFINITY, f64::max)
+            } else {
+                value(last)
+            };
+            (last.t_s, v)
+        })
+        .collect()
+}
+
+fn timeline_figure(
+    title: &str,
+    y_label: &str,
+    runs: &[PolicyRun],
+    value: fn(&routelab_sim::TimelineRow) -> f64,
+    peak: bool,
+) -> Figure {
+    let n = runs
+        .iter()
+        .map(|r| r.metrics.workers.len())
+        .max()
+        .unwrap_or(0);
+    let keep = busiest_workers(runs, MAX_LINE_WORKERS);
+    let mut panels: Vec<LinePanel> = runs
+        .iter()
+        .map(|r| {
+            let mut p = LinePanel::new(r.policy.clone(), "simulated time (s)", y_label);
+            p.step = true;
+            p.legend = Legend::None;
+            p.series = keep
+                .iter()
+                .enumerate()
+                .map(|(k, &i)| Series {
+                    name: worker_name(runs, i),
+                    color: chart::color(k),
+                    points: timeline_series(&r.metrics, i, value, peak),
+                })
+                .collect();
+            p
+        })
+        .collect();
+    // Same axes on every panel so they compare at a glance.
+    let pts = || {
+        panels
+            .iter()
+            .flat_map(|p| p.series.iter().flat_map(|s| s.points.iter().copied()))
+    };
+    let (x0, x1) = pts().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), (x, _)| {
+        (a.min(x), b.max(x))
+    });
+    let y1 = pts().map(|p| p.1).fold(0.0f64, f64::max);
+    if x0.is_finite() {
+        let x1 = if x1 > x0 { x1 } else { x0 + 1.0 };
+        for p in &mut panels {
+            p.x_range = Some((x0, x1));
+            p.y_range = Some((0.0, chart::nice_max(y1)));
+        }
+    }
+    let mut fig = Figure::new(
+        format!("{title}{}", subset_note(keep.len(), n)),
+        panels.into_iter().map(Panel::Lines).collect(),
+    );
+    fig.legend = keep
+        .iter()
+        .enumerate()
+        .map(|(k, &i)| (worker_name(runs, i), chart::color(k)))
+        .collect();
+    fig
+}
+
+fn run_figures(runs: &[PolicyRun]) -> Vec<(&'static str, Figure, String)> {
+    vec![
+        (
+            "ttft_cdf",
+            cdf_figure("Time to first token: CDF per policy", "time to first token", runs, |m| {
+                &m.ttft
+            }),
+            "Time to first token, cumulative distribution per policy (from the latency histograms, ≤ 0.8 % error).".into(),
+        ),
+        (
+            "e2e_cdf",
+            cdf_figure("End-to-end latency: CDF per policy", "end-to-end latency", runs, |m| {
+                &m.e2e
+            }),
+            "End-to-end latency, cumulative distribution per policy.".into(),
+        ),
+        (
+            "share",
+            share_figure(runs),
+            "Fraction of all dispatches each worker received, per policy.".into(),
+        ),
+        (
+            "weights",
+            timeline_figure("Weight over time per worker", "weight", runs, |t| t.weight, false),
+            "The router's weight of each worker at each timeline sample, one panel per policy.".into(),
+        ),
+        (
+            "in_flight",
+            timeline_figure(
+                "Requests in flight over time per worker",
+                "requests in flight",
+                runs,
+                |t| f64::from(t.in_flight),
+                true,
+            ),
+            "Customer requests in flight on each worker (router's count; peak per plotted interval), one panel per policy.".into(),
+        ),
+    ]
+}
+
+fn run_html(
+    meta: &RunMeta,
+    runs: &[PolicyRun],
+    summary: &SummaryFile,
+    charts: &[(chart::Rendered, String)],
+) -> String {
+    let mut page = Page::new(&format!("routelab run: {}", meta.scenario));
+    page.el("h1", None, &format!("routelab run: {}", meta.scenario));
+    if !meta.description.is_empty() {
+        page.el("p", Some("desc"), &meta.description);
+    }
+    page.raw(&format!(
+        "<p class=\"meta\">seed {} · scenario file <code>{}</code> · {} {}</p>",
+        meta.seed,
+        esc(&meta.scenario_path),
+        runs.len(),
+        if runs.len() == 1 {
+            "policy"
+        } else {
+            "policies"
+        }
+    ));
+    page.el("h2", None, "Summary");
+    let entries: Vec<&RunSummary> = summary.runs.iter().map(|e| &e.summary).collect();
+    page.raw(&summary_html(&entries));
+    page.el(
+        "p",
+        Some("note"),
+        "Latencies in seconds (TTFT: time to first token; e2e: end to end; quantiles from \
+         histograms with ≤ 0.8 % error). Output tok/s from the first arrival to the last \
+         completion. SLO: share of requests meeting both the TTFT and the TPOT bound. \
+         Best value per column highlighted.",
+    );
+    page.el("h2", None, "Workers");
+    page.raw(&workers_html(summary));
+    page.el("h2", None, "Charts");
+    for (r, caption) in charts {
+        page.figure(&r.svg, caption);
+    }
+    page.el("h2", None, "Data");
+    page.raw(
+        "<p class=\"meta\"><a href=\"summary.json\">summary.json</a> · \
+         <a href=\"requests.csv\">requests.csv</a> · <a href=\"timeline.csv\">timeline.csv</a> \
+         · every chart also as <code>.svg</code> and <code>.png</code> beside this file.</p>",
+    );
+    page.finish()
+}
+
+/// (header, lower is better (None: no highlight), value, display)
+type Col = (
+    &'static str,
+    Option<bool>,
+    fn(&RunSummary) -> Option<f64>,
+    fn(Option<f64>) -> String,
+);
+
+fn count(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.0}"))
+}
+fn secs(v: Option<f64>) -> String {
+    fmt_sig(v, 3)
+}
+
+const SUMMARY_COLS: &[Col] = &[
+    ("requests", None, |s| Some(s.requests as f64), count),
+    (
+        "completed",
+        Some(false),
+        |s| Some(s.completed as f64),
+        count,
+    ),
+    ("failed", Some(true), |s| Some(s.failed as f64), count),
+    ("rejected", Some(true), |s| Some(s.rejected as f64), count),
+    ("TTFT mean", Some(true), |s| s.ttft_s.mean, secs),
+    ("TTFT p50", Some(true), |s| s.ttft_s.p50, secs),
+    ("TTFT p90", Some(true), |s| s.ttft_s.p90, secs),
+    ("TTFT p99", Some(true), |s| s.ttft_s.p99, secs),
+    ("e2e mean", Some(true), |s| s.e2e_s.mean, secs),
+    ("e2e p50", Some(true), |s| s.e2e_s.p50, secs),
+    ("e2e p90", Some(true), |s| s.e2e_s.p90, secs),
+    ("e2e p99", Some(true), |s| s.e2e_s.p99, secs),
+    (
+        "output tok/s",
+        Some(false),
+        |s| s.output_tok_s,
+        |v| fmt_sig(v, 3),
+    ),
+    ("probe GPU-s", Some(true), |s| s.probe_gpu_s, secs),
+    (
+        "prefix hit",
+        Some(false),
+        |s| s.prefix_hit_fraction,
+        fmt_pct,
+    ),
+    ("SLO", Some(false), |s| s.slo_attainment, fmt_pct),
+];
+
+fn summary_html(runs: &[&RunSummary]) -> String {
+    let mut header = vec![("policy", true)];
+    header.extend(SUMMARY_COLS.iter().map(|c| (c.0, false)));
+    let best: Vec<Vec<usize>> = SUMMARY_COLS
+        .iter()
+        .map(|c| match c.1 {
+            Some(lower) => {
+                let vals: Vec<Option<f64>> = runs.iter().map(|r| (c.2)(r)).collect();
+                best_indices(&vals, lower)
+            }
+            None => Vec::new(),
+        })
+        .collect();
+    let rows: Vec<(bool, Vec<Cell>)> = runs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let mut cells = vec![Cell::text(&r.policy)];
+            for (k, c) in SUMMARY_COLS.iter().enumerate() {
+                cells.push(Cell::num((c.3)((c.2)(r))).best(best[k].contains(&i)));
+            }
+            (false, cells)
+        })
+        .collect();
+    table(&header, &rows)
+}
+
+fn workers_html(summary: &SummaryFile) -> String {
+    let header = [
+        ("policy", true),
+        ("worker", true),
+        ("requests", false),
+        ("share", false),
+        ("completed", false),
+        ("failed", false),
+        ("output tokens", false),
+        ("final weight", false),
+        ("provenance", true),
+        ("probe bursts", false),
+    ];
+    let mut rows = Vec::new();
+    for e in &summary.runs {
+        for (k, w) in e.workers.iter().enumerate() {
+            rows.push((
+                k == 0,
+                vec![
+                    Cell::text(if k == 0 {
+                        e.summary.policy.as_str()
+                    } else {
+                        ""
+                    }),
+                    Cell::text(&w.id),
+                    Cell::num(w.requests.to_string()),
+                    Cell::num(fmt_pct(w.share)),
+                    Cell::num(w.completed.to_string()),
+                    Cell::num(w.failed.to_string()),
+                    Cell::num(w.output_tokens.to_string()),
+                    Cell::num(fmt_sig(w.weight, 3)),
+                    Cell::text(&w.provenance),
+                    Cell::num(w.probe_bursts.to_string()),
+                ],
+            ));
+        }
+    }
+    table(&header, &rows)
+}
+
+/// An aligned plain-text table of scalar summaries, one row per policy.
+pub fn summary_table(runs: &[RunSummary]) -> String {
+    let mut cols: Vec<(&str, bool)> = vec![("policy", false)];
+    cols.extend(
+        [
+            "req",
+            "done",
+            "fail",
+            "TTFT mean",
+            "p50",
+            "p99",
+            "e2e mean",
+            "p50",
+            "p99",
+            "tok/s",
+            "probe GPU-s",
+            "prefix",
+            "SLO",
+        ]
+        .iter()
+        .map(|c| (*c, true)),
+    );
+    let mut t = TextTable::new(&cols);
+    for s in runs {
+        t.row(vec![
+            s.policy.clone(),
+            s.requests.to_string(),
+            s.completed.to_string(),
+            s.failed.to_string(),
+            secs(s.ttft_s.mean),
+            secs(s.ttft_s.p50),
+            secs(s.ttft_s.p99),
+            secs(s.e2e_s.mean),
+            secs(s.e2e_s.p50),
+            secs(s.e2e_s.p99),
+            fmt_sig(s.output_tok_s, 3),
+            secs(s.probe_gpu_s),
+            fmt_pct(s.prefix_hit_fraction),
+            fmt_pct(s.slo_attainment),
+        ]);
+    }
+    t.render()
+}
+
+/// Most worker rows in the terminal table.
+const MAX_TERMINAL_WORKERS: usize = 20;
+
+/// The terminal view of a run: the policy table (latencies in seconds), then per policy each
+/// worker's share of requests and final weight (the 20 busiest workers at most).
+pub fn run_table(runs: &[PolicyRun]) -> String {
+    let summaries: Vec<RunSummary> = runs.iter().map(PolicyRun::summary).collect();
+    let mut out = summary_table(&summaries);
+    out.push_str("latencies in seconds; tok/s: output tokens per second\n");
+    let n = runs
+        .iter()
+        .map(|r| r.metrics.workers.len())
+        .max()
+        .unwrap_or(0);
+    if n == 0 {
+        return out;
+    }
+    let keep = busiest_workers(runs, MAX_TERMINAL_WORKERS);
+    let mut t = TextTable::new(&[
+        ("policy", false),
+        ("worker", false),
+        ("requests", true),
+        ("share", true),
+        ("failed", true),
+        ("weight", true),
+        ("provenance", false),
+    ]);
+    for r in runs {
+        let rows = WorkerSummary::from_metrics(&r.metrics);
+        for (k, &i) in keep.iter().enumerate() {
+            let Some(w) = rows.get(i) else { continue };
+            t.row(vec![
+                if k == 0 {
+                    r.policy.clone()
+                } else {
+                    String::new()
+                },
+                w.id.clone(),
+                w.requests.to_string(),
+                fmt_pct(w.share),
+                w.failed.to_string(),
+                fmt_sig(w.weight, 3),
+                w.provenance.clone(),
+            ]);
+        }
+    }
+    out.push('\n');
+    out.push_str(&t.render());
+    if keep.len() < n {
+        out.push_str(&format!(
+            "({} of {n} workers shown: those with the most requests)\n",
+            keep.len()
+        ));
+    }
+    out
+}
+
+/// Wall-clock figures of a command, kept apart from the deterministic outputs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PerfInfo {
+    /// Whole command, wall seconds.
+    pub total_wall_s: f64,
+    /// Worker threads used.
+    pub threads: usize,
+    /// Per simulation.
+    pub runs: Vec<PerfRun>,
+}
+
+/// Wall-clock figures of one simulation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PerfRun {
+    /// Scenario name.
+    pub scenario: String,
+    /// Policy.
+    pub policy: String,
+    /// Seed.
+    pub seed: u64,
+    /// Wall seconds.
+    pub wall_s: f64,
+    /// Events the simulator processed.
+    pub sim_events: u64,
+    /// Simulated seconds.
+    pub simulated_s: f64,
+}
+
+#[derive(Serialize)]
+struct PerfOut<'a> {
+    total_wall_s: Option<f64>,
+    threads: usize,
+    runs: Vec<PerfRunOut<'a>>,
+}
+
+#[derive(Serialize)]
+struct PerfRunOut<'a> {
+    scenario: &'a str,
+    policy: &'a str,
+    seed: u64,
+    wall_s: Option<f64>,
+    sim_events: u64,
+    events_per_s: Option<f64>,
+    simulated_s: Option<f64>,
+    speedup: Option<f64>,
+}
+
+/// Write `perf.json` (wall-clock figures, not reproducible) into `dir`; returns its path.
+pub fn write_perf(dir: &Path, perf: &PerfInfo) -> Result<PathBuf, ReportError> {
+    create_dir(dir)?;
+    let p = dir.join("perf.json");
+    let ratio = |a: f64, b: f64| if b > 0.0 { r6(a / b) } else { None };
+    let out = PerfOut {
+        total_wall_s: r6(perf.total_wall_s),
+        threads: perf.threads,
+        runs: perf
+            .runs
+            .iter()
+            .map(|r| PerfRunOut {
+                scenario: &r.scenario,
+                policy: &r.policy,
+                seed: r.seed,
+                wall_s: r6(r.wall_s),
+                sim_events: r.sim_events,
+                events_per_s: ratio(r.sim_events as f64, r.wall_s),
+                simulated_s: r6(r.simulated_s),
+                speedup: ratio(r.simulated_s, r.wall_s),
+            })
+            .collect(),
+    };
+    write_json(&p, &out)?;
+    Ok(p)
+}

@@ -1,0 +1,102 @@
+//! Mean and 95 % confidence interval across seeds (Student's t).
+
+use serde::{Deserialize, Serialize};
+
+/// Two-sided 97.5 % quantiles of Student's t for 1..=30 degrees of freedom.
+const T975: [f64; 30] = [
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+    2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+    2.052, 2.048, 2.045, 2.042,
+];
+
+/// t(0.975, df): exact table up to 30, then the usual coarse steps, 1.96 in the limit.
+pub fn t975(df: usize) -> Option<f64> {
+    match df {
+        0 => None,
+        1..=30 => Some(T975[df - 1]),
+        31..=40 => Some(2.021),
+        41..=60 => Some(2.000),
+        61..=120 => Some(1.980),
+        _ => Some(1.960),
+    }
+}
+
+/// Mean and 95 % interval of a sample (e.g. one metric across seeds).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Interval {
+    /// Number of values.
+    pub n: usize,
+    /// Sample mean.
+    pub mean: f64,
+    /// Sample standard deviation (`None` for one value).
+    pub sd: Option<f64>,
+    /// Half-width of the 95 % interval, `t(0.975, n-1) · sd / √n` (`None` for one value).
+    pub half_width: Option<f64>,
+}
+
+impl Interval {
+    /// Of the finite values of `xs`; `None` when there are none.
+    pub fn of(xs: impl IntoIterator<Item = f64>) -> Option<Interval> {
+        let xs: Vec<f64> = xs.into_iter().filter(|x| x.is_finite()).collect();
+        let n = xs.len();
+        if n == 0 {
+            return None;
+        }
+        let mean = xs.iter().sum::<f64>() / n as f64;
+        if n == 1 {
+            return Some(Interval {
+                n,
+                mean,
+                sd: None,
+                half_width: None,
+            });
+        }
+        let var = xs.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1) as f64;
+        let sd = var.sqrt();
+        let t = t975(n - 1).unwrap_or(1.96);
+        Some(Interval {
+            n,
+            mean,
+            sd: Some(sd),
+            half_width: Some(t * sd / (n as f64).sqrt()),
+        })
+    }
+
+    /// Lower end (the mean when the width is unknown).
+    pub fn low(&self) -> f64 {
+        self.mean - self.half_width.unwrap_or(0.0)
+    }
+
+    /// Upper end (the mean when the width is unknown).
+    pub fn high(&self) -> f64 {
+        self.mean + self.half_width.unwrap_or(0.0)
+    }
+
+    /// Whether the two intervals overlap (single values overlap only when equal).
+    pub fn overlaps(&self, other: &Interval) -> bool {
+        self.low() <= other.high() && other.low() <= self.high()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interval_matches_hand_computation() {
+        // 1, 2, 3: mean 2, sd 1, t(0.975, 2) = 4.303 → half-width 4.303/√3 = 2.4843.
+        let i = Interval::of([1.0, 2.0, 3.0]).unwrap();
+        assert_eq!(i.n, 3);
+        assert!((i.mean - 2.0).abs() < 1e-12);
+        assert!((i.sd.unwrap() - 1.0).abs() < 1e-12);
+        assert!((i.half_width.unwrap() - 4.303 / 3f64.sqrt()).abs() < 1e-9);
+        let one = Interval::of([5.0, f64::NAN]).unwrap();
+        assert_eq!((one.n, one.half_width), (1, None));
+        assert_eq!(one.low(), 5.0);
+        assert!(Interval::of([f64::NAN]).is_none());
+        assert!(i.overlaps(&one) == (5.0 <= i.high()));
+        assert_eq!(t975(0), None);
+        assert_eq!(t975(1), Some(12.706));
+        assert_eq!(t975(1000), Some(1.96));
+    }
+}

@@ -1,0 +1,177 @@
+//! The command line: exit codes, messages, determinism of the gate, snapshots of the output.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn routelab(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_routelab"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("the binary runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("routelab-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn repo(rel: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(rel)
+        .display()
+        .to_string()
+}
+
+#[test]
+fn policies_lists_every_part_and_preset() {
+    let o = routelab(&["policies"]);
+    assert!(o.status.success());
+    insta::assert_snapshot!(String::from_utf8_lossy(&o.stdout));
+}
+
+#[test]
+fn validate_gives_four_distinct_located_messages_and_exit_2() {
+    let dir = scratch("validate");
+    let good = std::fs::read_to_string(repo("scenarios/seed/sixteen-at-once.yaml")).unwrap();
+    let good = good.replace("name: seed/sixteen-at-once", "name: t\nhardware_dir: HW");
+    let good = good.replace("HW", &repo("scenarios/hardware"));
+    let cases = [
+        ("typo.yaml", good.replace("seed: 1", "sede: 1")),
+        ("type.yaml", good.replace("size: 16", "size: sixteen")),
+        ("profile.yaml", good.replace("rtx-pro-6000-27b", "rtx-pro-9000-27b")),
+        (
+            "value.yaml",
+            good.replace("profile: rtx4090x2-27b }", "profile: rtx4090x2-27b, rtt_ms: -5 }"),
+        ),
+    ];
+    let mut files = Vec::new();
+    for (name, body) in &cases {
+        let f = dir.join(name);
+        std::fs::write(&f, body).unwrap();
+        files.push(f.display().to_string());
+    }
+    let mut args = vec!["validate"];
+    args.extend(files.iter().map(String::as_str));
+    let o = routelab(&args);
+    assert_eq!(o.status.code(), Some(2));
+    let t = text(&o);
+    let errors: Vec<&str> = t.lines().filter(|l| l.starts_with("error: ")).collect();
+    assert_eq!(errors.len(), 4, "{t}");
+    // Each names its file with a line and column, and what is wrong.
+    assert!(errors[0].contains("typo.yaml:") && errors[0].contains("unknown field `sede`"));
+    assert!(errors[1].contains("type.yaml:") && errors[1].contains("traffic[0].burst.size"));
+    assert!(
+        errors[2].contains("profile.yaml:")
+            && errors[2].contains("fleet[1].profile")
+            && errors[2].contains("rtx-pro-6000-27b"),
+        "lists the available profiles: {}",
+        errors[2]
+    );
+    assert!(errors[3].contains("value.yaml:") && errors[3].contains("fleet[0].rtt_ms"));
+    for e in &errors {
+        let loc = e.trim_start_matches("error: ").split(": ").next().unwrap();
+        let mut parts = loc.rsplit(':');
+        let (col, line) = (parts.next().unwrap(), parts.next().unwrap());
+        assert!(
+            col.parse::<u32>().is_ok() && line.parse::<u32>().is_ok(),
+            "line and column in {e}"
+        );
+    }
+}
+
+#[test]
+fn trace_stats_matches_the_published_figures() {
+    let o = routelab(&[
+        "trace",
+        "stats",
+        &repo("../shared/data/traces/azure_llm_2023/AzureLLMInferenceTrace_code.csv"),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let t = text(&o);
+    assert!(t.contains("rows          8819"), "{t}");
+    assert!(t.contains("2.567 req/s"), "{t}");
+}
+
+fn small_suite(dir: &Path) {
+    std::fs::write(
+        dir.join("suite.yaml"),
+        format!(
+            "seeds: [1, 2]\nscenarios: [{}]\ninvariants:\n  - {{ scenario: seed/sixteen-at-once, policy: seed-v3, metric: e2e_max_s, op: \"<\", than: seed-v1 }}\n",
+            repo("scenarios/seed/sixteen-at-once.yaml")
+        ),
+    )
+    .unwrap();
+}
+
+#[test]
+fn the_gate_is_deterministic_bites_on_regressions_and_rejects_bad_baselines() {
+    let dir = scratch("check");
+    small_suite(&dir);
+    let base = dir.join("baselines");
+    let (suite, baselines) = (dir.display().to_string(), base.display().to_string());
+    let check = |extra: &[&str]| {
+        let mut args = vec!["check", "--suite", &suite, "--baselines", &baselines];
+        args.extend_from_slice(extra);
+        routelab(&args)
+    };
+    let o = check(&["--update"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let file = base.join("seed__sixteen-at-once.json");
+    assert!(file.exists());
+
+    // Unchanged tree: exit 0, identical output twice.
+    let (a, b) = (check(&[]), check(&[]));
+    assert!(a.status.success(), "{}", text(&a));
+    assert_eq!(a.stdout, b.stdout);
+    assert!(text(&a).contains("0 regression(s)"));
+
+    // A baseline better than reality: the gate bites and names scenario, policy and metric.
+    let original = std::fs::read_to_string(&file).unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&original).unwrap();
+    let stat = &mut json["policies"]["seed-v3"]["e2e_mean_s"];
+    let mean = stat["mean"].as_f64().unwrap();
+    stat["mean"] = serde_json::json!(mean * 0.5);
+    std::fs::write(&file, serde_json::to_string_pretty(&json).unwrap()).unwrap();
+    let o = check(&[]);
+    assert_eq!(o.status.code(), Some(1));
+    let t = text(&o);
+    assert!(
+        t.contains("REGRESSION: scenario seed/sixteen-at-once policy seed-v3 metric e2e_mean_s"),
+        "{t}"
+    );
+    // Markdown and JSON formats carry the same verdict.
+    let md = check(&["--format", "markdown"]);
+    assert!(text(&md).contains("| seed/sixteen-at-once | seed-v3 | e2e_mean_s |"));
+    let js = check(&["--format", "json"]);
+    assert!(text(&js).contains("\"status\": \"REGRESSION\""));
+
+    // A malformed baseline: exit 2 with the file and the place.
+    std::fs::write(&file, "{ \"scenario\": \"seed/sixteen-at-once\", \"seeds\": [1, 2],\n  \"policies\": { \"seed-v1\": 7 } }").unwrap();
+    let o = check(&[]);
+    assert_eq!(o.status.code(), Some(2));
+    let t = text(&o);
+    assert!(t.contains("seed__sixteen-at-once.json") && t.contains("policies.seed-v1") && t.contains("line 2"), "{t}");
+
+    // A baseline naming an unknown policy, and one for a scenario not in the suite.
+    let bad_policy = original.replace("\"seed-v1\"", "\"seed-v9\"");
+    std::fs::write(&file, bad_policy).unwrap();
+    let o = check(&[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("policies.seed-v9: unknown policy"), "{}", text(&o));
+    std::fs::write(&file, &original).unwrap();
+    std::fs::write(base.join("seed__nowhere.json"), &original).unwrap();
+    let o = check(&[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("seed__nowhere.json: names a scenario that is not in the suite"));
+}
