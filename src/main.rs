@@ -21,6 +21,58 @@ struct Cli {
 enum Command {
     /// List every policy part, variant and preset with a one-line description.
     Policies,
+    /// Run every policy of a scenario once; write summary.json, CSVs, charts and report.html.
+    Run {
+        /// Scenario YAML file.
+        scenario: PathBuf,
+        /// Policy (preset or composition); repeat for several. Default: the scenario's list.
+        #[arg(long = "policy")]
+        policies: Vec<String>,
+        /// Seed (default: the scenario's).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Output directory (default: out/<scenario name>/).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Do not write requests.csv (for very large runs).
+        #[arg(long)]
+        no_requests: bool,
+    },
+    /// Every policy on every scenario over several seeds: mean and 95 % interval, one report.
+    Compare {
+        /// Scenario YAML files.
+        #[arg(required = true)]
+        scenarios: Vec<PathBuf>,
+        /// Policy; repeat for several. Default: each scenario's own list.
+        #[arg(long = "policy")]
+        policies: Vec<String>,
+        /// Seeds per policy.
+        #[arg(long, default_value_t = 5)]
+        seeds: u64,
+        /// Output directory.
+        #[arg(long, default_value = "out/compare")]
+        out: PathBuf,
+        /// Also write the Markdown findings table to this file (e.g. docs/findings.md).
+        #[arg(long)]
+        findings: Option<PathBuf>,
+    },
+    /// Run a parameter grid in parallel: --set path.to.field=v1,v2 (several make a grid).
+    Sweep {
+        /// Scenario YAML file.
+        scenario: PathBuf,
+        /// `path=v1,v2,...`, e.g. traffic[0].poisson.rate_per_s=1,2,4.
+        #[arg(long, required = true)]
+        set: Vec<String>,
+        /// Policy; repeat for several. Default: the scenario's list.
+        #[arg(long = "policy")]
+        policies: Vec<String>,
+        /// Seed (default: the scenario's).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Output directory (default: out/<scenario name>/sweep/).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Check scenario files without running them (exit 2 if any is invalid).
     Validate {
         /// Scenario YAML files.
@@ -74,6 +126,54 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Policies => commands::policies::run(&mut std::io::stdout().lock()),
+        Command::Run {
+            scenario,
+            policies,
+            seed,
+            out,
+            no_requests,
+        } => commands::run::run(
+            &commands::run::RunArgs {
+                scenario,
+                policies,
+                seed,
+                out,
+                no_requests,
+            },
+            &mut std::io::stdout().lock(),
+        ),
+        Command::Compare {
+            scenarios,
+            policies,
+            seeds,
+            out,
+            findings,
+        } => commands::compare::run(
+            &commands::compare::CompareArgs {
+                scenarios,
+                policies,
+                seeds,
+                out,
+                findings,
+            },
+            &mut std::io::stdout().lock(),
+        ),
+        Command::Sweep {
+            scenario,
+            set,
+            policies,
+            seed,
+            out,
+        } => commands::sweep::run(
+            &commands::sweep::SweepArgs {
+                scenario,
+                set,
+                policies,
+                seed,
+                out,
+            },
+            &mut std::io::stdout().lock(),
+        ),
         Command::Check {
             suite,
             baselines,

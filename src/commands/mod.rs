@@ -1,5 +1,8 @@
 //! One module per subcommand.
 pub mod check;
+pub mod compare;
 pub mod policies;
+pub mod run;
+pub mod sweep;
 pub mod trace;
 pub mod validate;

@@ -1,0 +1,96 @@
+//! `routelab run SCENARIO`: every policy once on one seed; summary, CSVs, charts, report.
+
+use crate::lab::{Job, run_all};
+use anyhow::Context;
+use routelab_policies::PolicyConfig;
+use routelab_reports::{PerfInfo, PerfRun, PolicyRun, RunMeta, run_table, write_perf, write_run};
+use routelab_sim::Scenario;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// Options of `routelab run`.
+#[derive(Debug)]
+pub struct RunArgs {
+    /// Scenario file.
+    pub scenario: PathBuf,
+    /// Policies (presets or compositions); empty: the scenario's own list.
+    pub policies: Vec<String>,
+    /// Seed (default: the scenario's).
+    pub seed: Option<u64>,
+    /// Output directory (default `out/<scenario name>/`).
+    pub out: Option<PathBuf>,
+    /// Skip `requests.csv` (large runs).
+    pub no_requests: bool,
+}
+
+/// The policies to run: the command line's, else the scenario's.
+pub fn policies_for(scenario: &Scenario, names: &[String]) -> anyhow::Result<Vec<PolicyConfig>> {
+    if names.is_empty() {
+        return Ok(scenario.policies.clone());
+    }
+    names
+        .iter()
+        .map(|n| PolicyConfig::from_name(n).with_context(|| format!("--policy {n}")))
+        .collect()
+}
+
+/// Default output directory of a scenario.
+pub fn default_out(scenario: &Scenario) -> PathBuf {
+    Path::new("out").join(&scenario.name)
+}
+
+/// Run it.
+pub fn run(args: &RunArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
+    let scenario = Scenario::load(&args.scenario)?;
+    let policies = policies_for(&scenario, &args.policies)?;
+    let seed = args.seed.unwrap_or(scenario.setup.seed);
+    let dir = args.out.clone().unwrap_or_else(|| default_out(&scenario));
+    let jobs: Vec<Job<'_>> = policies
+        .iter()
+        .map(|p| Job {
+            scenario: &scenario,
+            policy: p,
+            seed,
+            rows: !args.no_requests,
+        })
+        .collect();
+    let started = Instant::now();
+    let outcomes = run_all(&jobs, &|| {})?;
+    let total_wall_s = started.elapsed().as_secs_f64();
+    let perf = PerfInfo {
+        total_wall_s,
+        threads: rayon::current_num_threads(),
+        runs: outcomes
+            .iter()
+            .zip(&policies)
+            .map(|(o, p)| PerfRun {
+                scenario: scenario.name.clone(),
+                policy: p.name.clone(),
+                seed,
+                wall_s: o.wall_s,
+                sim_events: o.metrics.events,
+                simulated_s: o.metrics.end_ns as f64 / 1e9,
+            })
+            .collect(),
+    };
+    let requests: u64 = outcomes.iter().map(|o| o.metrics.requests).sum();
+    let runs: Vec<PolicyRun> = outcomes
+        .into_iter()
+        .map(|o| PolicyRun::new(o.metrics, o.rows))
+        .collect();
+    let meta = RunMeta::from_scenario(&scenario, seed);
+    write_run(&dir, &meta, &runs)?;
+    write_perf(&dir, &perf)?;
+    writeln!(out, "{} (seed {seed})", scenario.name)?;
+    write!(out, "{}", run_table(&runs))?;
+    writeln!(
+        out,
+        "\nsimulated {requests} requests in {total_wall_s:.2} s wall ({:.0} requests/s on {} threads)",
+        requests as f64 / total_wall_s.max(1e-9),
+        perf.threads
+    )?;
+    writeln!(out, "report: {}", dir.join("report.html").display())?;
+    Ok(ExitCode::SUCCESS)
+}
