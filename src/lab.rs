@@ -44,7 +44,8 @@ pub fn run_job(job: Job<'_>) -> anyhow::Result<Outcome> {
         &setup,
         job.policy,
         &mut *traffic,
-        rows.as_mut().map(|r| r as &mut dyn routelab_sim::RequestSink),
+        rows.as_mut()
+            .map(|r| r as &mut dyn routelab_sim::RequestSink),
     )
     .with_context(|| {
         format!(
@@ -63,10 +64,7 @@ pub fn run_job(job: Job<'_>) -> anyhow::Result<Outcome> {
 
 /// Run every job in parallel; results come back in the order of `jobs`. `progress` is called
 /// once per finished job (from worker threads).
-pub fn run_all(
-    jobs: &[Job<'_>],
-    progress: &(dyn Fn() + Sync),
-) -> anyhow::Result<Vec<Outcome>> {
+pub fn run_all(jobs: &[Job<'_>], progress: &(dyn Fn() + Sync)) -> anyhow::Result<Vec<Outcome>> {
     jobs.par_iter()
         .map(|j| {
             let r = run_job(*j);

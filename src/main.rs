@@ -179,7 +179,13 @@ fn main() -> ExitCode {
             baselines,
             format,
             update,
-        } => commands::check::run(&suite, &baselines, format, update, &mut std::io::stdout().lock()),
+        } => commands::check::run(
+            &suite,
+            &baselines,
+            format,
+            update,
+            &mut std::io::stdout().lock(),
+        ),
         Command::Validate { files } => commands::validate::run(
             &files,
             &mut std::io::stdout().lock(),

@@ -179,7 +179,7 @@ async fn handle(s: Arc<Shared>, req: Request, ep: Endpoint) -> Result<Response, 
                 flight.fail(false);
                 last_error = format!("worker `{name}` answered {}", r.status());
             }
-            Ok(Ok(r)) => return Ok(respond(&s, flight, r).await),
+            Ok(Ok(r)) => return Ok(respond(&s, flight, r, &name).await),
         }
         crate::log(
             "upstream_error",
@@ -282,9 +282,18 @@ fn copy_headers(from: &HeaderMap, to: &mut HeaderMap) {
     }
 }
 
+/// Response header naming the worker that served the request (set on every answer that came
+/// from a worker, streaming or not), so a client or a load generator can attribute it.
+pub const WORKER_HEADER: &str = "x-routelab-worker";
+
 /// Pass the worker's answer to the client: SSE frame by frame, anything else buffered (a
 /// non-streaming completion is small, and buffering lets a broken body become a clean 502).
-async fn respond(s: &Arc<Shared>, mut flight: Flight, r: hyper::Response<Incoming>) -> Response {
+async fn respond(
+    s: &Arc<Shared>,
+    mut flight: Flight,
+    r: hyper::Response<Incoming>,
+    worker: &str,
+) -> Response {
     let (parts, mut body) = r.into_parts();
     let is_sse = parts
         .headers
@@ -293,6 +302,9 @@ async fn respond(s: &Arc<Shared>, mut flight: Flight, r: hyper::Response<Incomin
     let mut out = Response::new(Body::empty());
     *out.status_mut() = parts.status;
     copy_headers(&parts.headers, out.headers_mut());
+    if let Ok(v) = HeaderValue::from_str(worker) {
+        out.headers_mut().insert(WORKER_HEADER, v);
+    }
     if is_sse && parts.status.is_success() {
         *out.body_mut() = Body::new(SseBody {
             inner: body,

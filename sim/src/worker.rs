@@ -236,6 +236,8 @@ struct Slot {
     admitted_at: u64,
     started_at: u64,
     first_token_at: u64,
+    /// Decode service clock `V` when this sequence started decoding.
+    decode_start: f64,
     /// Prefix block hashes (capacity reused across requests).
     blocks: Vec<u64>,
 }
@@ -427,6 +429,7 @@ impl EngineModel {
                     admitted_at: 0,
                     started_at: 0,
                     first_token_at: 0,
+                    decode_start: 0.0,
                     blocks: Vec::new(),
                 });
                 u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 sequences in flight")
@@ -469,6 +472,23 @@ impl EngineModel {
     /// generation is stale.
     pub fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// Decode progress of sequence `seq` at `now` (ns): the decode steps' worth of service it
+    /// has received since its first token, in `0..=output_tokens` (fractional; it completes
+    /// after `output_tokens` of them). `None` if `seq` is not decoding (waiting, prefilling,
+    /// finished or unknown). Read-only and allocation-free (a scan of the engine's slots);
+    /// exact for `now` between the last event processed and [`Self::next_event_time`], clamped
+    /// beyond it, so call [`Self::advance_to`] first. For hosts that pace a token stream.
+    pub fn decoded_tokens(&self, now: u64, seq: u64) -> Option<f64> {
+        let s = self
+            .slots
+            .iter()
+            .find(|s| s.seq == seq && s.phase == Phase::Decode)?;
+        let dt = now.saturating_sub(self.t0) as f64 / NS_PER_S;
+        let v = self.v + self.rate_v * dt;
+        let done = (v - s.decode_start) / s.noise;
+        Some(done.clamp(0.0, f64::from(s.output)))
     }
 
     /// Sequences in the engine (running + waiting).
@@ -685,6 +705,7 @@ impl EngineModel {
             cached_tokens: s.cached,
         });
         s.phase = Phase::Decode;
+        s.decode_start = self.v;
         let finish = self.v + f64::from(s.output) * s.noise;
         self.decode.push(DecodeKey {
             finish,

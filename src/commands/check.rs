@@ -65,7 +65,11 @@ fn metrics_of(m: &RunMetrics) -> Vec<(String, f64, Direction)> {
         ("queue_mean_s".to_string(), mean(&m.queue), Lower),
         ("output_tok_s".to_string(), m.output_tok_s(), Higher),
         ("slo_attainment".to_string(), m.slo_attainment(), Higher),
-        ("prefix_hit_fraction".to_string(), m.prefix_hit_fraction(), Higher),
+        (
+            "prefix_hit_fraction".to_string(),
+            m.prefix_hit_fraction(),
+            Higher,
+        ),
         ("probe_gpu_s".to_string(), m.probe_gpu_s, Lower),
     ];
     let total: u64 = m.workers.iter().map(|w| w.requests).sum();
@@ -133,17 +137,21 @@ struct Suite {
 
 fn load_suite(dir: &Path) -> anyhow::Result<Suite> {
     let file = dir.join("suite.yaml");
-    let text =
-        std::fs::read_to_string(&file).with_context(|| format!("{}: cannot read", file.display()))?;
+    let text = std::fs::read_to_string(&file)
+        .with_context(|| format!("{}: cannot read", file.display()))?;
     let raw: RawSuite = serde_saphyr::from_str(&text).map_err(|e| {
         anyhow::anyhow!(
             "{}: {}",
             file.display(),
-            e.to_string().replace("<input>", &file.display().to_string())
+            e.to_string()
+                .replace("<input>", &file.display().to_string())
         )
     })?;
     if raw.seeds.is_empty() {
-        bail!("{}: seeds: is empty; give at least one seed", file.display());
+        bail!(
+            "{}: seeds: is empty; give at least one seed",
+            file.display()
+        );
     }
     let mut scenarios = Vec::new();
     for (i, s) in raw.scenarios.iter().enumerate() {
@@ -165,12 +173,20 @@ fn load_suite(dir: &Path) -> anyhow::Result<Suite> {
             bail!(
                 "{at}.scenario: unknown scenario `{}`; suite scenarios: {}",
                 inv.scenario,
-                scenarios.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
+                scenarios
+                    .iter()
+                    .map(|s| s.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
         };
         let known = |p: &str| sc.policies.iter().any(|q| q.name == p);
         if inv.policy != "*" && !known(&inv.policy) {
-            bail!("{at}.policy: `{}` is not a policy of {}", inv.policy, sc.name);
+            bail!(
+                "{at}.policy: `{}` is not a policy of {}",
+                inv.policy,
+                sc.name
+            );
         }
         if let Some(t) = &inv.than
             && !known(t)
@@ -181,7 +197,10 @@ fn load_suite(dir: &Path) -> anyhow::Result<Suite> {
             bail!("{at}: give exactly one of `than` (a policy) or `value` (a number)");
         }
         if !["<", "<=", "==", ">=", ">"].contains(&inv.op.as_str()) {
-            bail!("{at}.op: `{}` is not valid; expected one of <, <=, ==, >=, >", inv.op);
+            bail!(
+                "{at}.op: `{}` is not valid; expected one of <, <=, ==, >=, >",
+                inv.op
+            );
         }
     }
     Ok(Suite {
@@ -401,7 +420,9 @@ fn render(rows: &[Row], invariants: &[InvariantRow], format: Format) -> String {
                     r.status
                 );
             }
-            s.push_str("\n| scenario | invariant | left | right | holds |\n|---|---|---|---|---|\n");
+            s.push_str(
+                "\n| scenario | invariant | left | right | holds |\n|---|---|---|---|---|\n",
+            );
             for i in invariants {
                 let _ = writeln!(
                     s,
@@ -437,7 +458,7 @@ fn render(rows: &[Row], invariants: &[InvariantRow], format: Format) -> String {
             }
             let line = |s: &mut String, c: &[String]| {
                 for (i, (v, w)) in c.iter().zip(width).enumerate() {
-                    if i >= 3 && i <= 6 {
+                    if (3..=6).contains(&i) {
                         let _ = write!(s, "{v:>w$}  ");
                     } else {
                         let _ = write!(s, "{v:<w$}  ");
@@ -486,9 +507,8 @@ pub fn run(
         let text = std::fs::read_to_string(&file)
             .with_context(|| format!("{}: cannot read", file.display()))?;
         let mut de = serde_json::Deserializer::from_str(&text);
-        let b: Baseline = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-            anyhow::anyhow!("{}: {}: {}", file.display(), e.path(), e.inner())
-        })?;
+        let b: Baseline = serde_path_to_error::deserialize(&mut de)
+            .map_err(|e| anyhow::anyhow!("{}: {}: {}", file.display(), e.path(), e.inner()))?;
         if b.scenario != sc.name {
             bail!(
                 "{}: scenario: `{}` does not match the suite's scenario `{}` for this file",
@@ -497,17 +517,29 @@ pub fn run(
                 sc.name
             );
         }
-        if let Some(p) = b.policies.keys().find(|p| !sc.policies.iter().any(|q| &&q.name == p)) {
+        if let Some(p) = b
+            .policies
+            .keys()
+            .find(|p| !sc.policies.iter().any(|q| &&q.name == p))
+        {
             bail!(
                 "{}: policies.{p}: unknown policy for scenario {}; its policies: {}",
                 file.display(),
                 sc.name,
-                sc.policies.iter().map(|q| q.name.as_str()).collect::<Vec<_>>().join(", ")
+                sc.policies
+                    .iter()
+                    .map(|q| q.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
         }
         baselines.insert(sc.name.clone(), b);
     }
-    for entry in std::fs::read_dir(baselines_dir).into_iter().flatten().flatten() {
+    for entry in std::fs::read_dir(baselines_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
         let path = entry.path();
         if path.extension().is_some_and(|e| e == "json")
             && !suite
@@ -575,7 +607,8 @@ pub fn run(
             let file = baseline_file(baselines_dir, name);
             let mut text = serde_json::to_string_pretty(b)?;
             text.push('\n');
-            std::fs::write(&file, text).with_context(|| format!("{}: cannot write", file.display()))?;
+            std::fs::write(&file, text)
+                .with_context(|| format!("{}: cannot write", file.display()))?;
         }
         let moved: Vec<&Row> = rows.iter().filter(|r| r.status != "ok").collect();
         writeln!(

@@ -44,7 +44,10 @@ pub fn progress(len: u64, what: &str) -> Option<indicatif::ProgressBar> {
 
 /// Run it.
 pub fn run(args: &CompareArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
-    anyhow::ensure!(args.seeds >= 1, "--seeds: 0 is not valid; expected 1 or more");
+    anyhow::ensure!(
+        args.seeds >= 1,
+        "--seeds: 0 is not valid; expected 1 or more"
+    );
     let scenarios: Vec<Scenario> = args
         .scenarios
         .iter()

@@ -48,7 +48,9 @@ fn parse_path(path: &str) -> anyhow::Result<Vec<Step>> {
             steps.push(Step::Key(key.to_string()));
         }
         while let Some(r) = rest.strip_prefix('[') {
-            let end = r.find(']').with_context(|| format!("`{path}`: missing `]`"))?;
+            let end = r
+                .find(']')
+                .with_context(|| format!("`{path}`: missing `]`"))?;
             let idx = r[..end]
                 .parse()
                 .with_context(|| format!("`{path}`: `{}` is not an index", &r[..end]))?;
@@ -80,9 +82,9 @@ fn set_path(doc: &mut Value, steps: &[Step], value: Value, path: &str) -> anyhow
                     .as_array_mut()
                     .with_context(|| format!("`{path}`: [{n}] is not inside a list"))?;
                 let len = list.len();
-                let item = list
-                    .get_mut(*n)
-                    .with_context(|| format!("`{path}`: index {n} is out of range (the list has {len})"))?;
+                let item = list.get_mut(*n).with_context(|| {
+                    format!("`{path}`: index {n} is out of range (the list has {len})")
+                })?;
                 if last {
                     *item = value;
                     return Ok(());
@@ -100,7 +102,10 @@ fn scalar(v: &str) -> Value {
 
 /// Run it.
 pub fn run(args: &SweepArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
-    anyhow::ensure!(!args.set.is_empty(), "give at least one --set path=v1,v2,...");
+    anyhow::ensure!(
+        !args.set.is_empty(),
+        "give at least one --set path=v1,v2,..."
+    );
     let text = std::fs::read_to_string(&args.scenario)
         .with_context(|| format!("{}: cannot read", args.scenario.display()))?;
     // Validate the base scenario first, for located errors.
@@ -226,7 +231,12 @@ mod tests {
         )
         .unwrap();
         assert_eq!(doc["traffic"][0]["poisson"]["rate_per_s"], 2.5);
-        let err = set_path(&mut doc, &parse_path("traffic[3].x").unwrap(), scalar("1"), "p");
+        let err = set_path(
+            &mut doc,
+            &parse_path("traffic[3].x").unwrap(),
+            scalar("1"),
+            "p",
+        );
         assert!(err.unwrap_err().to_string().contains("out of range"));
         assert!(parse_path("a[x]").is_err());
     }

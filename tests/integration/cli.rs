@@ -49,10 +49,16 @@ fn validate_gives_four_distinct_located_messages_and_exit_2() {
     let cases = [
         ("typo.yaml", good.replace("seed: 1", "sede: 1")),
         ("type.yaml", good.replace("size: 16", "size: sixteen")),
-        ("profile.yaml", good.replace("rtx-pro-6000-27b", "rtx-pro-9000-27b")),
+        (
+            "profile.yaml",
+            good.replace("rtx-pro-6000-27b", "rtx-pro-9000-27b"),
+        ),
         (
             "value.yaml",
-            good.replace("profile: rtx4090x2-27b }", "profile: rtx4090x2-27b, rtt_ms: -5 }"),
+            good.replace(
+                "profile: rtx4090x2-27b }",
+                "profile: rtx4090x2-27b, rtt_ms: -5 }",
+            ),
         ),
     ];
     let mut files = Vec::new();
@@ -161,14 +167,23 @@ fn the_gate_is_deterministic_bites_on_regressions_and_rejects_bad_baselines() {
     let o = check(&[]);
     assert_eq!(o.status.code(), Some(2));
     let t = text(&o);
-    assert!(t.contains("seed__sixteen-at-once.json") && t.contains("policies.seed-v1") && t.contains("line 2"), "{t}");
+    assert!(
+        t.contains("seed__sixteen-at-once.json")
+            && t.contains("policies.seed-v1")
+            && t.contains("line 2"),
+        "{t}"
+    );
 
     // A baseline naming an unknown policy, and one for a scenario not in the suite.
     let bad_policy = original.replace("\"seed-v1\"", "\"seed-v9\"");
     std::fs::write(&file, bad_policy).unwrap();
     let o = check(&[]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(text(&o).contains("policies.seed-v9: unknown policy"), "{}", text(&o));
+    assert!(
+        text(&o).contains("policies.seed-v9: unknown policy"),
+        "{}",
+        text(&o)
+    );
     std::fs::write(&file, &original).unwrap();
     std::fs::write(base.join("seed__nowhere.json"), &original).unwrap();
     let o = check(&[]);

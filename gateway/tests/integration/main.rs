@@ -767,3 +767,45 @@ async fn completions_models_and_the_admin_lifecycle() {
     assert_openai_error(&r, 503);
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_name_the_worker_that_served_them() {
+    let a = FakeWorker::start(0.0).await;
+    let gw = start(&config(
+        "seed-v1",
+        "",
+        &[worker("alpha", &a.url, "m1", &[], 8192)],
+    ))
+    .await;
+    let base = format!("http://{}", gw.local_addr());
+    let c = client();
+    for stream in [false, true] {
+        let r = send(
+            &c,
+            Method::POST,
+            &format!("{base}/v1/chat/completions"),
+            None,
+            chat_body("m1", "hi", 3, stream),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        assert_eq!(
+            r.headers
+                .get(routelab_gateway::proxy::WORKER_HEADER)
+                .map(|v| v.to_str().unwrap()),
+            Some("alpha"),
+            "stream: {stream}"
+        );
+    }
+    // errors produced by the gateway itself name no worker
+    let r = send(
+        &c,
+        Method::POST,
+        &format!("{base}/v1/chat/completions"),
+        None,
+        chat_body("nope", "hi", 3, false),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert!(r.headers.get("x-routelab-worker").is_none());
+}

@@ -489,3 +489,31 @@ fn engine_throughput() {
         el.as_nanos() as f64 / n as f64
     );
 }
+
+#[test]
+fn decoded_tokens_tracks_decode_progress() {
+    let p = profile();
+    let mut e = engine(&p);
+    e.admit(0, 7, 500, 200, &[]);
+    // prefilling: not decoding yet
+    assert_eq!(e.decoded_tokens(S / 4, 7), None);
+    assert_eq!(e.decoded_tokens(0, 99), None);
+    let mut out = Vec::new();
+    let first = e.next_event_time().unwrap();
+    e.advance_to(first, &mut out);
+    assert!(matches!(out[0], EngineOutput::FirstToken { seq: 7, .. }));
+    assert_eq!(e.decoded_tokens(first, 7), Some(0.0));
+    // alone at 100 tok/s: 1 s later, 100 decode steps
+    let d = e.decoded_tokens(first + S, 7).unwrap();
+    assert!((d - 100.0).abs() < 1e-3, "{d}");
+    // a second sequence joins at 1 s: progress so far is unchanged by the admission
+    let t1 = first + S;
+    e.admit(t1, 8, 1, 50, &[]);
+    let d1 = e.decoded_tokens(t1, 7).unwrap();
+    assert!((d1 - 100.0).abs() < 1e-3, "{d1}");
+    // clamped at the output length far in the future
+    assert_eq!(e.decoded_tokens(first + 1000 * S, 7), Some(200.0));
+    let out = drain(&mut e);
+    assert_eq!(completions(&out).len(), 2);
+    assert_eq!(e.decoded_tokens(first + 1000 * S, 7), None);
+}
