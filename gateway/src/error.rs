@@ -133,10 +133,37 @@ impl From<RouteError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut r = (self.status, axum::Json(self.body())).into_response();
+        if self.status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The body was not read: the connection cannot carry another request, so say so
+            // and keep clients from reusing it (they would see a truncated response).
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         if let Some(s) = self.retry_after_s {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
         r
+    }
+}
+
+#[cfg(test)]
+mod connection_close_tests {
+    use super::*;
+
+    /// Regression: a 413 is sent without reading the body; a client that reused the connection
+    /// saw `IncompleteMessage` on its next request.
+    #[test]
+    fn payload_too_large_closes_the_connection() {
+        let r = ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            "request_too_large",
+            "too big".to_string(),
+        )
+        .into_response();
+        assert_eq!(r.headers()[header::CONNECTION], "close");
+        let ok = ApiError::bad_request("bad".to_string(), None).into_response();
+        assert!(ok.headers().get(header::CONNECTION).is_none());
     }
 }
