@@ -396,7 +396,13 @@ impl PolicyConfig {
             parts.push(cfg.weights.name().into());
         }
         if let Some(c) = &raw.chooser {
-            cfg.chooser = c.validate().map_err(|e| e.within("chooser"))?;
+            // A chooser without `ties` keeps the base preset's rule (seed-v3's fix must not be
+            // dropped silently), else the composition default, higher-weight.
+            let default_ties = match (&raw.preset, cfg.chooser.ties()) {
+                (Some(_), Some(t)) => t,
+                _ => TieRule::HigherWeight,
+            };
+            cfg.chooser = c.validate(default_ties).map_err(|e| e.within("chooser"))?;
             parts.push(cfg.chooser.name().into());
         }
         if let Some(a) = &raw.affinity {
@@ -765,10 +771,11 @@ impl RawWeights {
 }
 
 impl RawChooser {
-    /// Validate into a [`Chooser`].
-    pub fn validate(&self) -> Result<Chooser, ConfigError> {
+    /// Validate into a [`Chooser`]; `default_ties` applies when `ties` is not given (the base
+    /// preset's rule, else `higher-weight`, as in command-line compositions).
+    pub fn validate(&self, default_ties: TieRule) -> Result<Chooser, ConfigError> {
         let ties = match self.ties.as_deref() {
-            None => TieRule::First,
+            None => default_ties,
             Some(t) => TieRule::parse(t).ok_or_else(|| ConfigError::UnknownName {
                 field: "ties".into(),
                 what: "tie rule",

@@ -55,6 +55,8 @@ struct ModelEntry {
     windows: Vec<u32>,
     /// Members below their cap.
     free: u32,
+    /// Largest window among the model's registered (not removed) workers, connected or not.
+    largest_registered_window: u32,
     /// Round-robin cursor.
     cursor: usize,
 }
@@ -217,7 +219,14 @@ impl Router {
     }
 
     /// Stop sending new requests; in-flight ones finish.
+    ///
+    /// Only a connected worker can drain: draining a disconnected one changes nothing (it takes
+    /// no requests already, and must not become an active peer again by being drained).
     pub fn drain(&mut self, now: Time, id: WorkerId) -> Result<(), AdminError> {
+        self.check(id)?;
+        if self.fleet.workers[id.index()].state != WorkerState::Up {
+            return Ok(());
+        }
         self.set_state(id, WorkerState::Draining)?;
         self.feed(now, WeightEvent::Tick);
         Ok(())
@@ -462,9 +471,16 @@ impl Router {
         }
         let k = entry.windows.partition_point(|&w| w >= req.context_tokens);
         if k == 0 {
+            // A worker that could hold it exists but is not connected now: that is a transient
+            // 503, not a 400 the client would never retry.
+            if entry.largest_registered_window >= req.context_tokens {
+                return Err(RouteError::NoHealthyWorker {
+                    model: entry.name.clone(),
+                });
+            }
             return Err(RouteError::PromptTooLong {
                 tokens: req.context_tokens,
-                largest_window: entry.windows[0],
+                largest_window: entry.largest_registered_window,
             });
         }
         if entry.free == 0 {
@@ -709,6 +725,13 @@ impl Router {
             .map(|&i| hot[i as usize].context_window)
             .collect();
         entry.cursor = 0;
+        entry.largest_registered_window = (0..hot.len())
+            .filter(|&i| {
+                hot[i].model == model.0 && self.fleet.workers[i].state != WorkerState::Removed
+            })
+            .map(|i| hot[i].context_window)
+            .max()
+            .unwrap_or(0);
         self.recount_free(model.0);
     }
 

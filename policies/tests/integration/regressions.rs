@@ -126,3 +126,89 @@ fn corrupt_persisted_throughputs_are_not_imported() {
     assert_eq!(orders[0].worker, pair);
     assert_eq!(probe.export_state().unwrap().cache.len(), 1);
 }
+
+/// A YAML chooser without `ties` on top of `seed-v3` silently dropped the preset's
+/// higher-weight tie rule (it defaulted to `first`), unlike command-line compositions.
+#[test]
+fn a_yaml_chooser_keeps_the_presets_tie_rule() {
+    let raw: routelab_policies::RawPolicy =
+        serde_saphyr::from_str("preset: seed-v3\nchooser: { kind: sed }\n").unwrap();
+    let p = PolicyConfig::from_raw(&raw).unwrap();
+    assert_eq!(
+        p.chooser,
+        Chooser::Sed {
+            ties: TieRule::HigherWeight
+        }
+    );
+    let raw: routelab_policies::RawPolicy =
+        serde_saphyr::from_str("preset: seed-v1\nchooser: { kind: sed }\n").unwrap();
+    let p = PolicyConfig::from_raw(&raw).unwrap();
+    assert_eq!(
+        p.chooser,
+        Chooser::Sed {
+            ties: TieRule::First
+        }
+    );
+    let raw: routelab_policies::RawPolicy =
+        serde_saphyr::from_str("weights: { kind: equal }\nchooser: { kind: jsq }\n").unwrap();
+    let p = PolicyConfig::from_raw(&raw).unwrap();
+    assert_eq!(
+        p.chooser,
+        Chooser::Jsq {
+            ties: TieRule::HigherWeight
+        }
+    );
+}
+
+/// The only worker whose window could hold a long prompt is disconnected: that is a transient
+/// 503, not a 400 "prompt too long" that a client would never retry.
+#[test]
+fn a_disconnected_large_window_is_not_prompt_too_long() {
+    let mut router = Router::new(policy("seed-v1"));
+    let small = router.register(
+        Time::ZERO,
+        spec_full("small", "small", MODEL, &["RTX 4090"], 8_192, ""),
+    );
+    let large = router.register(
+        Time::ZERO,
+        spec_full("large", "large", MODEL, &["H100"], 131_072, ""),
+    );
+    let m = model(&router);
+    let mut rng = rng(1);
+    router.disconnect(Time::ZERO, large).unwrap();
+    let e = router
+        .route(Time::ZERO, &req(m, 50_000, &[]), &mut rng)
+        .unwrap_err();
+    assert!(matches!(e, RouteError::NoHealthyWorker { .. }), "{e:?}");
+    assert_eq!(e.http_status(), 503);
+    // Beyond every registered window it is a 400 naming the largest one.
+    let e = router
+        .route(Time::ZERO, &req(m, 200_000, &[]), &mut rng)
+        .unwrap_err();
+    assert_eq!(
+        e,
+        RouteError::PromptTooLong {
+            tokens: 200_000,
+            largest_window: 131_072
+        }
+    );
+    let _ = small;
+}
+
+/// Draining a disconnected worker made it an active peer again (its state became Draining)
+/// while the weight strategy was not told; now it is a no-op.
+#[test]
+fn draining_a_disconnected_worker_changes_nothing() {
+    let (mut router, pair, pro) = source_fleet(policy("seed-v1"));
+    router.disconnect(Time::ZERO, pro).unwrap();
+    router.drain(Time::ZERO, pro).unwrap();
+    assert_eq!(
+        router.fleet().get(pro).unwrap().state,
+        routelab_policies::WorkerState::Disconnected
+    );
+    router.drain(Time::ZERO, pair).unwrap();
+    assert_eq!(
+        router.fleet().get(pair).unwrap().state,
+        routelab_policies::WorkerState::Draining
+    );
+}
