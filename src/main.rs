@@ -73,6 +73,53 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Serve an OpenAI-compatible engine that streams in real time following a hardware profile.
+    Emulate {
+        /// Hardware profile YAML (scenarios/hardware/<name>.yaml).
+        #[arg(long)]
+        profile: PathBuf,
+        /// Port (0: any free port).
+        #[arg(long, default_value_t = 8001)]
+        port: u16,
+        /// Address to bind.
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        /// Model name it serves (default: the profile's).
+        #[arg(long)]
+        model: Option<String>,
+        /// Round trip to the gateway, ms.
+        #[arg(long, default_value_t = 0.0)]
+        rtt_ms: f64,
+        /// Model time runs this many times faster than wall time.
+        #[arg(long, default_value_t = 1.0)]
+        speedup: f64,
+        /// Start with a cold engine.
+        #[arg(long)]
+        cold: bool,
+        /// Degraded node: every rate x this.
+        #[arg(long, default_value_t = 1.0)]
+        speed_factor: f64,
+    },
+    /// Play a scenario's traffic in real time against a running gateway; write summary.json.
+    Realtime {
+        /// Scenario YAML file.
+        scenario: PathBuf,
+        /// Gateway base URL, e.g. http://127.0.0.1:8080.
+        #[arg(long)]
+        gateway: String,
+        /// Scenario time runs this many times faster than wall time.
+        #[arg(long, default_value_t = 1.0)]
+        speedup: f64,
+        /// Seed (default: the scenario's).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Output directory (default: out/<scenario name>/realtime/).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Gateway admin token, to read final weights.
+        #[arg(long)]
+        admin_token: Option<String>,
+    },
     /// Check scenario files without running them (exit 2 if any is invalid).
     Validate {
         /// Scenario YAML files.
@@ -171,6 +218,46 @@ fn main() -> ExitCode {
                 policies,
                 seed,
                 out,
+            },
+            &mut std::io::stdout().lock(),
+        ),
+        Command::Emulate {
+            profile,
+            port,
+            host,
+            model,
+            rtt_ms,
+            speedup,
+            cold,
+            speed_factor,
+        } => commands::emulate::run(
+            &commands::emulate::EmulateArgs {
+                profile,
+                port,
+                host,
+                model,
+                rtt_ms,
+                speedup,
+                cold,
+                speed_factor,
+            },
+            &mut std::io::stdout().lock(),
+        ),
+        Command::Realtime {
+            scenario,
+            gateway,
+            speedup,
+            seed,
+            out,
+            admin_token,
+        } => commands::realtime::run(
+            &commands::realtime::RealtimeArgs {
+                scenario,
+                gateway,
+                speedup,
+                seed,
+                out,
+                admin_token,
             },
             &mut std::io::stdout().lock(),
         ),

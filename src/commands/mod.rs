@@ -1,7 +1,9 @@
 //! One module per subcommand.
 pub mod check;
 pub mod compare;
+pub mod emulate;
 pub mod policies;
+pub mod realtime;
 pub mod run;
 pub mod sweep;
 pub mod trace;

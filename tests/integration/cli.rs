@@ -190,3 +190,116 @@ fn the_gate_is_deterministic_bites_on_regressions_and_rejects_bad_baselines() {
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o).contains("seed__nowhere.json: names a scenario that is not in the suite"));
 }
+
+fn run_with_threads(threads: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_routelab"))
+        .args(args)
+        .env("RAYON_NUM_THREADS", threads)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("the binary runs")
+}
+
+/// Every file but perf.json, as (name, bytes), sorted by name.
+fn outputs(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap() != "perf.json")
+        .map(|p| {
+            (
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                std::fs::read(&p).unwrap(),
+            )
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn outputs_are_byte_identical_on_one_and_two_threads() {
+    let dir = scratch("threads");
+    let scenario = repo("scenarios/seed/burst-probe.yaml");
+    for (cmd, extra) in [("run", vec![]), ("compare", vec!["--seeds", "2"])] {
+        let mut got = Vec::new();
+        for threads in ["1", "2"] {
+            let out = dir.join(format!("{cmd}-{threads}"));
+            let out_s = out.display().to_string();
+            let mut args = vec![cmd, scenario.as_str(), "--out", out_s.as_str()];
+            args.extend(extra.iter().copied());
+            let o = run_with_threads(threads, &args);
+            assert!(o.status.success(), "{}", text(&o));
+            assert!(out.join("perf.json").exists());
+            got.push(outputs(&out));
+        }
+        assert!(
+            got[0].len() >= 5,
+            "{cmd}: {:?}",
+            got[0].iter().map(|f| &f.0).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            got[0].iter().map(|f| &f.0).collect::<Vec<_>>(),
+            got[1].iter().map(|f| &f.0).collect::<Vec<_>>()
+        );
+        for (a, b) in got[0].iter().zip(&got[1]) {
+            assert!(a.1 == b.1, "{cmd}: {} differs between 1 and 2 threads", a.0);
+        }
+    }
+    // The run wrote the whole report.
+    let names: Vec<String> = outputs(&dir.join("run-1"))
+        .into_iter()
+        .map(|f| f.0)
+        .collect();
+    for f in [
+        "summary.json",
+        "requests.csv",
+        "timeline.csv",
+        "report.html",
+        "e2e_cdf.png",
+        "ttft_cdf.svg",
+        "share.png",
+        "weights.svg",
+        "in_flight.png",
+    ] {
+        assert!(names.iter().any(|n| n == f), "{f} missing from {names:?}");
+    }
+}
+
+#[test]
+fn sweep_runs_a_grid_and_rejects_bad_paths() {
+    let dir = scratch("sweep");
+    let out = dir.join("s").display().to_string();
+    let scenario = repo("scenarios/seed/identical-4090s.yaml");
+    let o = routelab(&[
+        "sweep",
+        &scenario,
+        "--set",
+        "traffic[0].poisson.rate_per_s=0.4,0.8",
+        "--set",
+        "fleet[1].speed_factor=0.5,1.0",
+        "--policy",
+        "seed-v1",
+        "--out",
+        &out,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let csv = std::fs::read_to_string(dir.join("s/sweep.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 1 + 4, "{csv}");
+    assert!(dir.join("s/sweep.png").exists());
+    let o = routelab(&[
+        "sweep",
+        &scenario,
+        "--set",
+        "traffic[7].poisson.rate_per_s=1",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("out of range"), "{}", text(&o));
+    let o = routelab(&["run", &scenario, "--policy", "seed-v9"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).contains("unknown preset `seed-v9`"),
+        "{}",
+        text(&o)
+    );
+}

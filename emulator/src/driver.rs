@@ -1,0 +1,418 @@
+//! The engine driver: one [`EngineModel`] advanced in real time by one OS thread per emulator.
+//!
+//! Why a thread and not a tokio timer: tokio's timer wheel has a 1 ms resolution, and at a
+//! speed-up of 10 a millisecond of lateness is 10 ms of model time on every first token and
+//! completion. A dedicated thread waiting on a [`Condvar`] with a timeout wakes within tens of
+//! microseconds of the model's next event. It is the only timer of an emulator: it admits
+//! requests (after half the round trip), advances the model to "now", paces the token streams
+//! (every `tick` of wall time while anything decodes) and publishes each stream's progress half
+//! a round trip later through a [`watch`] channel, which wakes the stream's HTTP body. There is
+//! no task or timer per token.
+//!
+//! Model time is `(wall time since the emulator started) × speedup`, in nanoseconds.
+
+use routelab_sim::EngineModel;
+use routelab_sim::worker::EngineOutput;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// Wall clock → model clock.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ModelClock {
+    start: Instant,
+    speedup: f64,
+}
+
+impl ModelClock {
+    pub fn new(speedup: f64) -> ModelClock {
+        ModelClock {
+            start: Instant::now(),
+            speedup,
+        }
+    }
+
+    /// Model time now, ns.
+    pub fn now_ns(&self) -> u64 {
+        (self.start.elapsed().as_nanos() as f64 * self.speedup) as u64
+    }
+
+    /// The wall instant at which the model clock reaches `ns` (a microsecond late rather than
+    /// early, so that a wake-up at that instant sees the event as due).
+    pub fn wall_at(&self, ns: u64) -> Instant {
+        let wall = (ns as f64 / self.speedup).ceil();
+        let wall = if wall >= 1e18 { 1e18 } else { wall };
+        self.start + Duration::from_nanos(wall as u64 + 1_000)
+    }
+}
+
+/// What a request's client may see so far (already delayed by half the round trip).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Progress {
+    /// Output tokens out (the first one at the first token, all of them at completion).
+    pub tokens: u32,
+    /// Model time of the first token (as produced by the engine), ns.
+    pub first_token_ns: Option<u64>,
+    /// All tokens are out.
+    pub done: bool,
+    /// Prompt tokens served from the engine's prefix cache.
+    pub cached_tokens: u32,
+    /// The engine went away (killed): the request cannot finish.
+    pub failed: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// On its way to the engine (half a round trip).
+    InTransit,
+    /// Waiting or prefilling inside the engine.
+    Engine,
+    /// Decoding: paced by the driver.
+    Decoding,
+    /// Completed inside the engine; the last delivery may still be on its way.
+    Finished,
+}
+
+struct Stream {
+    tx: watch::Sender<Progress>,
+    prompt: u32,
+    output: u32,
+    blocks: Vec<u64>,
+    phase: Phase,
+    /// Tokens produced so far (before the return delay).
+    produced: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Update {
+    First { at: u64, cached: u32 },
+    Tokens(u32),
+    Done { cached: u32 },
+}
+
+/// Counters for `/emulator/stats` and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DriverCounters {
+    /// Requests handed to the engine.
+    pub admitted: u64,
+    /// Requests whose last token came out.
+    pub completed: u64,
+}
+
+struct State {
+    engine: EngineModel,
+    stop: bool,
+    next_seq: u64,
+    /// Last model time handed to the engine.
+    engine_ns: u64,
+    /// (admission time, seq)
+    pending: BinaryHeap<Reverse<(u64, u64)>>,
+    streams: HashMap<u64, Stream>,
+    /// (delivery time, seq, update), in non-decreasing delivery time.
+    deliveries: VecDeque<(u64, u64, Update)>,
+    outputs: Vec<EngineOutput>,
+    counters: DriverCounters,
+}
+
+/// Shared between the driver thread, the HTTP handlers and the handle.
+pub(crate) struct Driver {
+    pub clock: ModelClock,
+    half_rtt_ns: u64,
+    tick: Duration,
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+/// A snapshot of the engine for `/emulator/stats`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EngineSnapshot {
+    /// Model time, s.
+    pub model_time_s: f64,
+    /// Sequences in the engine (running + waiting).
+    pub in_flight: u32,
+    /// Running (prefilling or decoding).
+    pub running: u32,
+    /// Decoding (past their first token).
+    pub decoding: u32,
+    /// Waiting inside the engine.
+    pub waiting: u32,
+    /// Requests on their way in (half a round trip) or streaming out.
+    pub streams: u32,
+    /// Whether the cold-start penalty is over.
+    pub warm: bool,
+    /// Counters.
+    pub counters: DriverCounters,
+}
+
+impl Driver {
+    pub fn new(engine: EngineModel, clock: ModelClock, half_rtt_ns: u64, tick: Duration) -> Self {
+        Driver {
+            clock,
+            half_rtt_ns,
+            tick,
+            state: Mutex::new(State {
+                engine,
+                stop: false,
+                next_seq: 1,
+                engine_ns: 0,
+                pending: BinaryHeap::new(),
+                streams: HashMap::new(),
+                deliveries: VecDeque::new(),
+                outputs: Vec::new(),
+                counters: DriverCounters::default(),
+            }),
+            cv: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Start the driver thread.
+    pub fn spawn(self: &Arc<Self>, name: &str) -> std::io::Result<std::thread::JoinHandle<()>> {
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name(format!("emulator-{name}"))
+            .spawn(move || me.run())
+    }
+
+    /// A request that arrived at model time `arrived_ns` (when the server received it, before
+    /// parsing) reaches the engine half a round trip later. Returns its progress channel, or
+    /// `None` if the engine is stopped.
+    pub fn submit(
+        &self,
+        arrived_ns: u64,
+        prompt: u32,
+        output: u32,
+        blocks: Vec<u64>,
+    ) -> Option<watch::Receiver<Progress>> {
+        let mut st = self.lock();
+        if st.stop {
+            return None;
+        }
+        let now = arrived_ns.max(st.engine_ns);
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        let (tx, rx) = watch::channel(Progress::default());
+        st.streams.insert(
+            seq,
+            Stream {
+                tx,
+                prompt,
+                output,
+                blocks,
+                phase: Phase::InTransit,
+                produced: 0,
+            },
+        );
+        st.pending.push(Reverse((now + self.half_rtt_ns, seq)));
+        drop(st);
+        self.cv.notify_one();
+        Some(rx)
+    }
+
+    /// Stop the thread; every unfinished request is marked failed.
+    pub fn stop(&self) {
+        let mut st = self.lock();
+        st.stop = true;
+        drop(st);
+        self.cv.notify_one();
+    }
+
+    pub fn snapshot(&self) -> EngineSnapshot {
+        let st = self.lock();
+        let now = self.clock.now_ns().max(st.engine_ns);
+        EngineSnapshot {
+            model_time_s: now as f64 / 1e9,
+            in_flight: st.engine.in_flight(),
+            running: st.engine.running(),
+            decoding: st.engine.decoding(),
+            waiting: st.engine.waiting(),
+            streams: st.streams.len() as u32,
+            warm: st.engine.is_warm(),
+            counters: st.counters,
+        }
+    }
+
+    fn run(&self) {
+        let mut st = self.lock();
+        loop {
+            if st.stop {
+                break;
+            }
+            let now = self.clock.now_ns().max(st.engine_ns);
+            self.process(&mut st, now);
+            match self.next_wakeup(&st) {
+                None => st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner()),
+                Some(at) => {
+                    let wait = at.saturating_duration_since(Instant::now());
+                    if !wait.is_zero() {
+                        st = self
+                            .cv
+                            .wait_timeout(st, wait)
+                            .unwrap_or_else(|p| p.into_inner())
+                            .0;
+                    }
+                }
+            }
+        }
+        for (_, s) in st.streams.drain() {
+            s.tx.send_modify(|p| p.failed = true);
+        }
+        st.pending.clear();
+        st.deliveries.clear();
+    }
+
+    fn next_wakeup(&self, st: &State) -> Option<Instant> {
+        let mut model: Option<u64> = st.engine.next_event_time();
+        let mut consider = |t: u64| model = Some(model.map_or(t, |m| m.min(t)));
+        if let Some(Reverse((t, _))) = st.pending.peek() {
+            consider(*t);
+        }
+        if let Some((t, _, _)) = st.deliveries.front() {
+            consider(*t);
+        }
+        let mut wall = model.map(|t| self.clock.wall_at(t));
+        if st.streams.values().any(|s| s.phase == Phase::Decoding) {
+            let tick = Instant::now() + self.tick;
+            wall = Some(wall.map_or(tick, |w| w.min(tick)));
+        }
+        wall
+    }
+
+    /// Everything due at or before `now`, in time order.
+    fn process(&self, st: &mut State, now: u64) {
+        let half = self.half_rtt_ns;
+        // admissions (each at its own time, after the engine's earlier events)
+        while let Some(&Reverse((at, seq))) = st.pending.peek() {
+            if at > now {
+                break;
+            }
+            st.pending.pop();
+            let at = at.max(st.engine_ns);
+            self.advance(st, at);
+            let State {
+                engine,
+                streams,
+                counters,
+                ..
+            } = &mut *st;
+            if let Some(s) = streams.get_mut(&seq) {
+                engine.admit(at, seq, s.prompt, s.output, &s.blocks);
+                s.phase = Phase::Engine;
+                counters.admitted += 1;
+            }
+        }
+        self.advance(st, now);
+        // pacing: tokens 2..T are spread over the T decode steps after the first token
+        let State {
+            engine,
+            streams,
+            deliveries,
+            ..
+        } = &mut *st;
+        for (&seq, s) in streams.iter_mut() {
+            if s.phase != Phase::Decoding {
+                continue;
+            }
+            if let Some(d) = engine.decoded_tokens(now, seq) {
+                let t = f64::from(s.output);
+                let n = (1.0 + (d * (t - 1.0) / t).floor()) as u32;
+                let n = n.min(s.output.saturating_sub(1)).max(1);
+                if n > s.produced {
+                    s.produced = n;
+                    deliveries.push_back((now + half, seq, Update::Tokens(n)));
+                }
+            }
+        }
+        // deliveries due
+        while let Some(&(at, seq, update)) = st.deliveries.front() {
+            if at > now {
+                break;
+            }
+            st.deliveries.pop_front();
+            let Some(s) = st.streams.get_mut(&seq) else {
+                continue;
+            };
+            let output = s.output;
+            let finished = matches!(update, Update::Done { .. });
+            s.tx.send_if_modified(|p| match update {
+                Update::First { at, cached } => {
+                    p.first_token_ns = Some(at);
+                    p.cached_tokens = cached;
+                    p.tokens = p.tokens.max(1);
+                    true
+                }
+                Update::Tokens(n) => {
+                    if n > p.tokens {
+                        p.tokens = n;
+                        true
+                    } else {
+                        false
+                    }
+                }
+                Update::Done { cached } => {
+                    p.tokens = output;
+                    p.cached_tokens = cached;
+                    p.done = true;
+                    true
+                }
+            });
+            if finished {
+                st.streams.remove(&seq);
+            }
+        }
+    }
+
+    /// Moves the engine to `t` and queues the deliveries of what happened.
+    fn advance(&self, st: &mut State, t: u64) {
+        let half = self.half_rtt_ns;
+        st.engine_ns = st.engine_ns.max(t);
+        let State {
+            engine,
+            outputs,
+            streams,
+            deliveries,
+            counters,
+            ..
+        } = st;
+        engine.advance_to(t, outputs);
+        for o in outputs.drain(..) {
+            let seq = o.seq();
+            let Some(s) = streams.get_mut(&seq) else {
+                continue;
+            };
+            match o {
+                EngineOutput::FirstToken {
+                    at, cached_tokens, ..
+                } => {
+                    s.phase = Phase::Decoding;
+                    s.produced = 1;
+                    deliveries.push_back((
+                        at + half,
+                        seq,
+                        Update::First {
+                            at,
+                            cached: cached_tokens,
+                        },
+                    ));
+                }
+                EngineOutput::Completed(c) => {
+                    s.phase = Phase::Finished;
+                    s.produced = s.output;
+                    counters.completed += 1;
+                    deliveries.push_back((
+                        c.at + half,
+                        seq,
+                        Update::Done {
+                            cached: c.cached_tokens,
+                        },
+                    ));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,100 @@
+//! One emulator per worker of a scenario, and a gateway configuration in front of them.
+
+use crate::server::{Emulator, EmulatorError, EmulatorOptions, serve};
+use routelab_gateway::{GatewayConfig, PolicySpec, WorkerConfig};
+use routelab_sim::{SimSetup, derive_seed};
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// The emulated workers of a scenario, each on its own loopback port.
+pub struct EmulatedFleet {
+    emulators: Vec<Option<Emulator>>,
+    workers: Vec<WorkerConfig>,
+    tick_s: f64,
+}
+
+/// Start one emulator per worker of `setup` on `127.0.0.1:0`: its hardware profile, overrides
+/// (speed factor, cold start, noise, limits), round trip and context window, the engine seed
+/// the simulator gives it (`derive_seed(seed, 1000 + i)`), all running `speedup` times faster
+/// than wall time. Lifecycle events and late registrations are not replayed.
+pub async fn start_fleet(setup: &SimSetup, speedup: f64) -> Result<EmulatedFleet, EmulatorError> {
+    let mut emulators = Vec::with_capacity(setup.workers.len());
+    let mut workers = Vec::with_capacity(setup.workers.len());
+    for (i, w) in setup.workers.iter().enumerate() {
+        let mut opts = EmulatorOptions::new(w.profile.clone());
+        opts.overrides = w.overrides.clone();
+        opts.model = w.spec.model.clone();
+        opts.rtt_ms = w.rtt_ns as f64 / 1e6;
+        opts.speedup = speedup;
+        opts.seed = derive_seed(setup.seed, 1000 + i as u64);
+        opts.context_window = Some(w.spec.context_window);
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let emu = serve(listener, opts).await?;
+        workers.push(WorkerConfig {
+            name: w.spec.name.clone(),
+            base_url: emu.base_url(),
+            node: Some(w.spec.node.clone()),
+            model: w.spec.model.clone(),
+            gpu_names: w.spec.gpu_names.clone(),
+            context_window: w.spec.context_window,
+            launch_args: w.spec.launch_args.clone(),
+        });
+        emulators.push(Some(emu));
+    }
+    Ok(EmulatedFleet {
+        emulators,
+        workers,
+        tick_s: setup.tick_ns as f64 / 1e9,
+    })
+}
+
+impl EmulatedFleet {
+    /// The workers as a gateway configures them (names, nodes, GPUs, context windows and
+    /// launch arguments as in the scenario; base URLs of the emulators).
+    pub fn workers(&self) -> &[WorkerConfig] {
+        &self.workers
+    }
+
+    /// The emulator of a worker, unless killed.
+    pub fn emulator(&self, name: &str) -> Option<&Emulator> {
+        let i = self.workers.iter().position(|w| w.name == name)?;
+        self.emulators[i].as_ref()
+    }
+
+    /// Crash a worker's emulator (see [`Emulator::kill`]); false if unknown or already dead.
+    pub fn kill(&mut self, name: &str) -> bool {
+        let Some(i) = self.workers.iter().position(|w| w.name == name) else {
+            return false;
+        };
+        match self.emulators[i].take() {
+            Some(e) => {
+                e.kill();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A gateway configuration for this fleet: `policy`, routing seed `seed`, listening on
+    /// `127.0.0.1:0`, and the router ticked / probes polled every scenario tick (`tick_s /
+    /// speedup` of wall time) as the simulator does. Everything else is the gateway's default;
+    /// note that the gateway's own time constants (probe cache TTL, re-probe period, live
+    /// cadence, timeouts) stay in wall time.
+    pub fn gateway_config(&self, policy: &str, seed: u64, speedup: f64) -> GatewayConfig {
+        let mut c = GatewayConfig::from_yaml("workers: []\n", "emulated-fleet")
+            .expect("the minimal gateway config is valid");
+        c.listen = "127.0.0.1:0".into();
+        c.policy = PolicySpec::Name(policy.to_string());
+        c.seed = seed;
+        c.probe.poll_interval_s = (self.tick_s / speedup).max(0.001);
+        c.workers = self.workers.clone();
+        c
+    }
+
+    /// Stop every emulator, letting in-flight requests finish for up to `grace`.
+    pub async fn shutdown(self, grace: Duration) {
+        for e in self.emulators.into_iter().flatten() {
+            e.shutdown(grace).await;
+        }
+    }
+}

@@ -1,0 +1,65 @@
+//! `routelab emulate --profile P --port N`: an OpenAI-compatible engine that streams tokens in
+//! real time following the simulator's hardware model (for the gateway and sim-to-real checks).
+
+use anyhow::Context;
+use routelab_emulator::{EmulatorOptions, serve};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Options of `routelab emulate`.
+#[derive(Debug)]
+pub struct EmulateArgs {
+    /// Hardware profile YAML.
+    pub profile: PathBuf,
+    /// Port on 127.0.0.1 (0: any free port).
+    pub port: u16,
+    /// Address to bind.
+    pub host: String,
+    /// Model name it serves.
+    pub model: Option<String>,
+    /// Round trip, ms of model time.
+    pub rtt_ms: f64,
+    /// Model time runs this many times faster than wall time.
+    pub speedup: f64,
+    /// Start with a cold engine.
+    pub cold: bool,
+    /// Degraded node: every rate × this.
+    pub speed_factor: f64,
+}
+
+/// Serve until Ctrl-C.
+pub fn run(args: &EmulateArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
+    let mut opts = EmulatorOptions::load(&args.profile)
+        .with_context(|| format!("--profile {}", args.profile.display()))?;
+    if let Some(m) = &args.model {
+        opts.model = m.clone();
+    }
+    opts.rtt_ms = args.rtt_ms;
+    opts.speedup = args.speedup;
+    opts.overrides.start_cold = args.cold;
+    opts.overrides.speed_factor = args.speed_factor;
+    opts.validate()?;
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+        let model = opts.model.clone();
+        let emulator = serve(listener, opts).await?;
+        writeln!(
+            out,
+            "emulating {} as model `{model}` on {} (speed-up x{}); Ctrl-C stops",
+            args.profile.display(),
+            emulator.base_url(),
+            args.speedup
+        )?;
+        out.flush()?;
+        tokio::signal::ctrl_c()
+            .await
+            .context("waiting for Ctrl-C")?;
+        emulator.shutdown(std::time::Duration::from_secs(2)).await;
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
