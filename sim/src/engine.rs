@@ -807,7 +807,12 @@ impl<'a> Sim<'a> {
         r.believed = (d.believed_cached_blocks * crate::worker::BLOCK_TOKENS).min(r.prompt);
         r.affinity_kept = d.affinity_kept;
         let epoch = r.epoch;
-        self.push(self.now + half, Ev::Admit { req, epoch });
+        if half == 0 {
+            // No network in between: the engine sees it now (one event fewer per request).
+            self.admit_now(req);
+        } else {
+            self.push(self.now + half, Ev::Admit { req, epoch });
+        }
     }
 
     fn reject(
@@ -830,13 +835,18 @@ impl<'a> Sim<'a> {
         traffic: &mut dyn TrafficSource,
         sink: &mut Option<&mut dyn RequestSink>,
     ) {
-        let r = &self.reqs[req as usize];
-        let worker = r.worker;
-        if !self.workers[worker as usize].up {
+        if !self.workers[self.reqs[req as usize].worker as usize].up {
             // The engine died while the request was on its way.
             self.fail(req, traffic, sink);
             return;
         }
+        self.admit_now(req);
+    }
+
+    /// Hand a request to its (running) engine at the current time.
+    fn admit_now(&mut self, req: u32) {
+        let r = &self.reqs[req as usize];
+        let worker = r.worker;
         let (prompt, output) = (r.prompt, r.output);
         let w = &mut self.workers[worker as usize];
         w.engine
