@@ -809,3 +809,101 @@ async fn answers_name_the_worker_that_served_them() {
     assert_eq!(r.status, StatusCode::NOT_FOUND);
     assert!(r.headers.get("x-routelab-worker").is_none());
 }
+
+/// The real binary, killed with SIGKILL (no destructor, no graceful shutdown runs) and started
+/// again from the same state file: the pin and the cached probe results are still there, and the
+/// restarted gateway sends no new probe burst.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_process_keeps_pins_and_probes_across_sigkill() {
+    let fast = FakeWorker::start(1000.0).await;
+    let slow = FakeWorker::start(250.0).await;
+    let dir = temp_dir("sigkill");
+    let state = dir.join("state.json");
+    let file = dir.join("gateway.yaml");
+    let free_port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let spawn = |port: u16| {
+        let yaml = config(
+            probe_policy(),
+            &format!(
+                "state_file: {}\nprobe: {{poll_interval_s: 0.05}}",
+                state.display()
+            ),
+            &[
+                worker("fast", &fast.url, "m", &[], 32768),
+                worker("slow", &slow.url, "m", &[], 32768),
+            ],
+        )
+        .replace("listen: 127.0.0.1:0", &format!("listen: 127.0.0.1:{port}"));
+        std::fs::write(&file, yaml).unwrap();
+        std::process::Command::new(env!("CARGO_BIN_EXE_routelab-gateway"))
+            .arg("--config")
+            .arg(&file)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("the gateway binary starts")
+    };
+    let c = client();
+    let port = free_port();
+    let mut child = spawn(port);
+    let base = format!("http://127.0.0.1:{port}");
+    // Connection refused until the process listens: poll without panicking.
+    let up = async |base: &str| {
+        let req = hyper::Request::get(format!("{base}/health"))
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        matches!(
+            tokio::time::timeout(Duration::from_secs(1), c.request(req)).await,
+            Ok(Ok(r)) if r.status() == StatusCode::OK
+        )
+    };
+    wait_for("the gateway to listen", SECS_10, async || up(&base).await).await;
+    wait_for("both workers measured", SECS_10, async || {
+        admin_worker(&c, &base, "fast").await["provenance"] == "measured"
+            && admin_worker(&c, &base, "slow").await["provenance"] == "measured"
+    })
+    .await;
+    let a = send(
+        &c,
+        Method::POST,
+        &format!("{base}/admin/workers/slow/pin"),
+        Some(TOKEN),
+        r#"{"weight": 2.5}"#,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    child.kill().expect("SIGKILL");
+    child.wait().unwrap();
+    let probes_before = (fast.probe_requests(), slow.probe_requests());
+
+    let port = free_port();
+    let mut child = spawn(port);
+    let base = format!("http://127.0.0.1:{port}");
+    wait_for("the restarted gateway to listen", SECS_10, async || {
+        up(&base).await
+    })
+    .await;
+    let s = admin_worker(&c, &base, "slow").await;
+    assert_eq!(
+        (s["weight"].as_f64(), s["provenance"].as_str()),
+        (Some(2.5), Some("pinned"))
+    );
+    assert_eq!(
+        admin_worker(&c, &base, "fast").await["provenance"],
+        "measured"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        (fast.probe_requests(), slow.probe_requests()),
+        probes_before
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
