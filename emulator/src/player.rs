@@ -23,7 +23,6 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use routelab_policies::Provenance;
-use routelab_sim::histogram::Histogram;
 use routelab_sim::traffic::{Arrival, TrafficSource};
 use routelab_sim::{RequestRecord, RunMetrics, Scenario, WorkerTotals};
 use std::collections::{BTreeMap, HashMap};
@@ -520,57 +519,20 @@ struct Accumulator {
     rows: Vec<PlayedRequest>,
 }
 
-fn totals(name: &str) -> WorkerTotals {
-    WorkerTotals {
-        name: name.to_string(),
-        requests: 0,
-        completed: 0,
-        output_tokens: 0,
-        failed: 0,
-        final_weight: 1.0,
-        final_provenance: Provenance::Default,
-        probe_bursts: 0,
-        ttft_sum_s: 0.0,
-        e2e_sum_s: 0.0,
-    }
-}
-
 impl Accumulator {
     fn new(policy: &str, setup: &routelab_sim::SimSetup) -> Accumulator {
-        let workers: Vec<WorkerTotals> =
-            setup.workers.iter().map(|w| totals(&w.spec.name)).collect();
+        let workers: Vec<WorkerTotals> = setup
+            .workers
+            .iter()
+            .map(|w| WorkerTotals::new(w.spec.name.clone()))
+            .collect();
         let index = workers
             .iter()
             .enumerate()
             .map(|(i, w)| (w.name.clone(), i))
             .collect();
         Accumulator {
-            m: RunMetrics {
-                policy: policy.to_string(),
-                requests: 0,
-                completed: 0,
-                failed: 0,
-                rejected: 0,
-                retried: 0,
-                ttft: Histogram::new(),
-                e2e: Histogram::new(),
-                tpot: Histogram::new(),
-                queue: Histogram::new(),
-                slo_met: 0,
-                output_tokens: 0,
-                prompt_tokens: 0,
-                cached_tokens: 0,
-                believed_cached_tokens: 0,
-                first_arrival_ns: u64::MAX,
-                last_completion_ns: 0,
-                probe_bursts: 0,
-                probe_measurements: 0,
-                probe_gpu_s: 0.0,
-                workers,
-                timeline: Vec::new(),
-                end_ns: 0,
-                events: 0,
-            },
+            m: RunMetrics::new(policy, workers),
             slo_ttft: setup.slo.ttft_s,
             slo_tpot: setup.slo.tpot_s,
             index,
@@ -582,7 +544,7 @@ impl Accumulator {
         if let Some(&i) = self.index.get(name) {
             return i;
         }
-        self.m.workers.push(totals(name));
+        self.m.workers.push(WorkerTotals::new(name));
         let i = self.m.workers.len() - 1;
         self.index.insert(name.to_string(), i);
         i

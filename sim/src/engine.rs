@@ -239,6 +239,22 @@ pub struct WorkerTotals {
 }
 
 impl WorkerTotals {
+    /// Nothing counted yet; weight 1.0, not yet measured.
+    pub fn new(name: impl Into<String>) -> WorkerTotals {
+        WorkerTotals {
+            name: name.into(),
+            requests: 0,
+            completed: 0,
+            output_tokens: 0,
+            failed: 0,
+            final_weight: 1.0,
+            final_provenance: Provenance::Default,
+            probe_bursts: 0,
+            ttft_sum_s: 0.0,
+            e2e_sum_s: 0.0,
+        }
+    }
+
     /// Mean TTFT of its completed requests, s.
     pub fn mean_ttft_s(&self) -> Option<f64> {
         (self.completed > 0).then(|| self.ttft_sum_s / self.completed as f64)
@@ -304,6 +320,36 @@ pub struct RunMetrics {
 }
 
 impl RunMetrics {
+    /// Empty metrics of a run of `policy` on the given workers.
+    pub fn new(policy: impl Into<String>, workers: Vec<WorkerTotals>) -> RunMetrics {
+        RunMetrics {
+            policy: policy.into(),
+            requests: 0,
+            completed: 0,
+            failed: 0,
+            rejected: 0,
+            retried: 0,
+            ttft: Histogram::new(),
+            e2e: Histogram::new(),
+            tpot: Histogram::new(),
+            queue: Histogram::new(),
+            slo_met: 0,
+            output_tokens: 0,
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            believed_cached_tokens: 0,
+            first_arrival_ns: u64::MAX,
+            last_completion_ns: 0,
+            probe_bursts: 0,
+            probe_measurements: 0,
+            probe_gpu_s: 0.0,
+            workers,
+            timeline: Vec::new(),
+            end_ns: 0,
+            events: 0,
+        }
+    }
+
     /// Output tokens per second from first arrival to last completion.
     pub fn output_tok_s(&self) -> f64 {
         let span = self
@@ -489,24 +535,12 @@ impl<'a> Sim<'a> {
                     pending_args: None,
                     wake_gen: u64::MAX,
                     wake_at: 0,
-                    totals: WorkerTotals {
-                        name: w.spec.name.clone(),
-                        requests: 0,
-                        completed: 0,
-                        output_tokens: 0,
-                        failed: 0,
-                        final_weight: 1.0,
-                        final_provenance: Provenance::Default,
-                        probe_bursts: 0,
-                        ttft_sum_s: 0.0,
-                        e2e_sum_s: 0.0,
-                    },
+                    totals: WorkerTotals::new(w.spec.name.clone()),
                     interval_dispatched: 0,
                     interval_tokens: 0,
                 }
             })
             .collect();
-        let hist = Histogram::new;
         Ok(Sim {
             setup,
             router: Router::new(policy.clone()),
@@ -526,32 +560,7 @@ impl<'a> Sim<'a> {
             orders: Vec::new(),
             outputs: Vec::new(),
             next_id: 0,
-            m: RunMetrics {
-                policy: policy.name.clone(),
-                requests: 0,
-                completed: 0,
-                failed: 0,
-                rejected: 0,
-                retried: 0,
-                ttft: hist(),
-                e2e: hist(),
-                tpot: hist(),
-                queue: hist(),
-                slo_met: 0,
-                output_tokens: 0,
-                prompt_tokens: 0,
-                cached_tokens: 0,
-                believed_cached_tokens: 0,
-                first_arrival_ns: u64::MAX,
-                last_completion_ns: 0,
-                probe_bursts: 0,
-                probe_measurements: 0,
-                probe_gpu_s: 0.0,
-                workers: Vec::new(),
-                timeline: Vec::new(),
-                end_ns: 0,
-                events: 0,
-            },
+            m: RunMetrics::new(policy.name.clone(), Vec::new()),
         })
     }
 
