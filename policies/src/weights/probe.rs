@@ -178,7 +178,12 @@ impl ProbeWeights {
         });
         self.weights.clear();
         for (id, info) in fleet.iter() {
-            let pinned = Self::pin_key(fleet, id).and_then(|k| self.pins.get(&k).copied());
+            // Pins are rare: skip building a key (two String clones) when there are none.
+            let pinned = if self.pins.is_empty() {
+                None
+            } else {
+                Self::pin_key(fleet, id).and_then(|k| self.pins.get(&k).copied())
+            };
             let w = if let Some(p) = pinned {
                 Weight {
                     value: self.config.clamp.apply(p),
