@@ -468,8 +468,10 @@ struct WorkerRt {
     rtt_half: u64,
     up: bool,
     pending_args: Option<String>,
-    wake_gen: u64,
-    wake_at: u64,
+    /// Identifies the live wake-up event; older ones in the queue are stale.
+    wake_token: u64,
+    /// Time of the live wake-up event, if one is queued.
+    wake_at: Option<u64>,
     totals: WorkerTotals,
     interval_dispatched: u64,
     interval_tokens: u64,
@@ -533,8 +535,8 @@ impl<'a> Sim<'a> {
                     rtt_half: w.rtt_ns / 2,
                     up: true,
                     pending_args: None,
-                    wake_gen: u64::MAX,
-                    wake_at: 0,
+                    wake_token: 0,
+                    wake_at: None,
                     totals: WorkerTotals::new(w.spec.name.clone()),
                     interval_dispatched: 0,
                     interval_tokens: 0,
@@ -632,8 +634,9 @@ impl<'a> Sim<'a> {
                     }
                 }
                 Ev::Wake { worker, epoch } => {
-                    let w = &self.workers[worker as usize];
-                    if w.wake_gen == epoch && w.wake_at == s.at {
+                    let w = &mut self.workers[worker as usize];
+                    if w.wake_token == epoch {
+                        w.wake_at = None;
                         self.wake(worker, traffic, sink);
                     }
                 }
@@ -863,14 +866,17 @@ impl<'a> Sim<'a> {
         self.reschedule(worker);
     }
 
+    /// Make sure a wake-up is queued no later than the engine's next event. A queued wake-up
+    /// that is earlier than needed is kept (it fires, finds nothing due, and re-schedules):
+    /// pushing only when the next event moves *earlier* keeps stale entries out of the queue.
     fn reschedule(&mut self, worker: u32) {
         let w = &mut self.workers[worker as usize];
         if let Some(t) = w.engine.next_event_time() {
-            let epoch = w.engine.generation();
             let t = t.max(self.now);
-            if epoch != w.wake_gen || t != w.wake_at {
-                w.wake_gen = epoch;
-                w.wake_at = t;
+            if w.wake_at.is_none_or(|at| t < at) {
+                w.wake_token += 1;
+                w.wake_at = Some(t);
+                let epoch = w.wake_token;
                 self.push(t, Ev::Wake { worker, epoch });
             }
         }
@@ -886,8 +892,6 @@ impl<'a> Sim<'a> {
         self.workers[worker as usize]
             .engine
             .advance_to(self.now, &mut outputs);
-        // Force a fresh wake-up to be scheduled even if time and generation look unchanged.
-        self.workers[worker as usize].wake_gen = u64::MAX;
         self.reschedule(worker);
         let half = self.workers[worker as usize].rtt_half;
         for out in outputs.drain(..) {
