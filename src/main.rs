@@ -22,104 +22,15 @@ enum Command {
     /// List every policy part, variant and preset with a one-line description.
     Policies,
     /// Run every policy of a scenario once; write summary.json, CSVs, charts and report.html.
-    Run {
-        /// Scenario YAML file.
-        scenario: PathBuf,
-        /// Policy (preset or composition); repeat for several. Default: the scenario's list.
-        #[arg(long = "policy")]
-        policies: Vec<String>,
-        /// Seed (default: the scenario's).
-        #[arg(long)]
-        seed: Option<u64>,
-        /// Output directory (default: out/<scenario name>/).
-        #[arg(long)]
-        out: Option<PathBuf>,
-        /// Do not write requests.csv (for very large runs).
-        #[arg(long)]
-        no_requests: bool,
-    },
+    Run(commands::run::RunArgs),
     /// Every policy on every scenario over several seeds: mean and 95 % interval, one report.
-    Compare {
-        /// Scenario YAML files.
-        #[arg(required = true)]
-        scenarios: Vec<PathBuf>,
-        /// Policy; repeat for several. Default: each scenario's own list.
-        #[arg(long = "policy")]
-        policies: Vec<String>,
-        /// Seeds per policy.
-        #[arg(long, default_value_t = 5)]
-        seeds: u64,
-        /// Output directory.
-        #[arg(long, default_value = "out/compare")]
-        out: PathBuf,
-        /// Also write the Markdown findings table to this file (e.g. docs/findings.md).
-        #[arg(long)]
-        findings: Option<PathBuf>,
-    },
+    Compare(commands::compare::CompareArgs),
     /// Run a parameter grid in parallel: --set path.to.field=v1,v2 (several make a grid).
-    Sweep {
-        /// Scenario YAML file.
-        scenario: PathBuf,
-        /// `path=v1,v2,...`, e.g. traffic[0].poisson.rate_per_s=1,2,4.
-        #[arg(long, required = true)]
-        set: Vec<String>,
-        /// Policy; repeat for several. Default: the scenario's list.
-        #[arg(long = "policy")]
-        policies: Vec<String>,
-        /// Seed (default: the scenario's).
-        #[arg(long)]
-        seed: Option<u64>,
-        /// Output directory (default: out/<scenario name>/sweep/).
-        #[arg(long)]
-        out: Option<PathBuf>,
-    },
+    Sweep(commands::sweep::SweepArgs),
     /// Serve an OpenAI-compatible engine that streams in real time following a hardware profile.
-    Emulate {
-        /// Hardware profile YAML (scenarios/hardware/<name>.yaml).
-        #[arg(long)]
-        profile: PathBuf,
-        /// Port (0: any free port).
-        #[arg(long, default_value_t = 8001)]
-        port: u16,
-        /// Address to bind.
-        #[arg(long, default_value = "127.0.0.1")]
-        host: String,
-        /// Model name it serves (default: the profile's).
-        #[arg(long)]
-        model: Option<String>,
-        /// Round trip to the gateway, ms.
-        #[arg(long, default_value_t = 0.0)]
-        rtt_ms: f64,
-        /// Model time runs this many times faster than wall time.
-        #[arg(long, default_value_t = 1.0)]
-        speedup: f64,
-        /// Start with a cold engine.
-        #[arg(long)]
-        cold: bool,
-        /// Degraded node: every rate x this.
-        #[arg(long, default_value_t = 1.0)]
-        speed_factor: f64,
-    },
+    Emulate(commands::emulate::EmulateArgs),
     /// Play a scenario's traffic in real time against a running gateway; write summary.json.
-    Realtime {
-        /// Scenario YAML file.
-        scenario: PathBuf,
-        /// Gateway base URL, e.g. http://127.0.0.1:8080.
-        #[arg(long)]
-        gateway: String,
-        /// Scenario time runs this many times faster than wall time.
-        #[arg(long, default_value_t = 1.0)]
-        speedup: f64,
-        /// Seed (default: the scenario's).
-        #[arg(long)]
-        seed: Option<u64>,
-        /// Output directory (default: out/<scenario name>/realtime/).
-        #[arg(long)]
-        out: Option<PathBuf>,
-        /// Gateway admin token, to read final weights.
-        #[arg(long)]
-        admin_token: Option<String>,
-    },
+    Realtime(commands::realtime::RealtimeArgs),
     /// Check scenario files without running them (exit 2 if any is invalid).
     Validate {
         /// Scenario YAML files.
@@ -173,94 +84,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Policies => commands::policies::run(&mut std::io::stdout().lock()),
-        Command::Run {
-            scenario,
-            policies,
-            seed,
-            out,
-            no_requests,
-        } => commands::run::run(
-            &commands::run::RunArgs {
-                scenario,
-                policies,
-                seed,
-                out,
-                no_requests,
-            },
-            &mut std::io::stdout().lock(),
-        ),
-        Command::Compare {
-            scenarios,
-            policies,
-            seeds,
-            out,
-            findings,
-        } => commands::compare::run(
-            &commands::compare::CompareArgs {
-                scenarios,
-                policies,
-                seeds,
-                out,
-                findings,
-            },
-            &mut std::io::stdout().lock(),
-        ),
-        Command::Sweep {
-            scenario,
-            set,
-            policies,
-            seed,
-            out,
-        } => commands::sweep::run(
-            &commands::sweep::SweepArgs {
-                scenario,
-                set,
-                policies,
-                seed,
-                out,
-            },
-            &mut std::io::stdout().lock(),
-        ),
-        Command::Emulate {
-            profile,
-            port,
-            host,
-            model,
-            rtt_ms,
-            speedup,
-            cold,
-            speed_factor,
-        } => commands::emulate::run(
-            &commands::emulate::EmulateArgs {
-                profile,
-                port,
-                host,
-                model,
-                rtt_ms,
-                speedup,
-                cold,
-                speed_factor,
-            },
-            &mut std::io::stdout().lock(),
-        ),
-        Command::Realtime {
-            scenario,
-            gateway,
-            speedup,
-            seed,
-            out,
-            admin_token,
-        } => commands::realtime::run(
-            &commands::realtime::RealtimeArgs {
-                scenario,
-                gateway,
-                speedup,
-                seed,
-                out,
-                admin_token,
-            },
-            &mut std::io::stdout().lock(),
-        ),
+        Command::Run(args) => commands::run::run(&args, &mut std::io::stdout().lock()),
+        Command::Compare(args) => commands::compare::run(&args, &mut std::io::stdout().lock()),
+        Command::Sweep(args) => commands::sweep::run(&args, &mut std::io::stdout().lock()),
+        Command::Emulate(args) => commands::emulate::run(&args, &mut std::io::stdout().lock()),
+        Command::Realtime(args) => commands::realtime::run(&args, &mut std::io::stdout().lock()),
         Command::Check {
             suite,
             baselines,

@@ -15,17 +15,22 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 /// Options of `routelab compare`.
-#[derive(Debug)]
+#[derive(Debug, clap::Args)]
 pub struct CompareArgs {
-    /// Scenario files.
+    /// Scenario YAML files.
+    #[arg(required = true)]
     pub scenarios: Vec<PathBuf>,
-    /// Policies; empty: each scenario's own list.
+    /// Policy; repeat for several. Default: each scenario's own list.
+    #[arg(long = "policy")]
     pub policies: Vec<String>,
-    /// Seeds per policy: the scenario's seed and the next ones.
+    /// Seeds per policy.
+    #[arg(long, default_value_t = 5)]
     pub seeds: u64,
     /// Output directory.
+    #[arg(long, default_value = "out/compare")]
     pub out: PathBuf,
-    /// Also write the Markdown findings table here.
+    /// Also write the Markdown findings table to this file (e.g. docs/findings.md).
+    #[arg(long)]
     pub findings: Option<PathBuf>,
 }
 

@@ -8,23 +8,31 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// Options of `routelab emulate`.
-#[derive(Debug)]
+#[derive(Debug, clap::Args)]
 pub struct EmulateArgs {
-    /// Hardware profile YAML.
+    /// Hardware profile YAML (scenarios/hardware/<name>.yaml).
+    #[arg(long)]
     pub profile: PathBuf,
-    /// Port on 127.0.0.1 (0: any free port).
+    /// Port (0: any free port).
+    #[arg(long, default_value_t = 8001)]
     pub port: u16,
     /// Address to bind.
+    #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
-    /// Model name it serves.
+    /// Model name it serves (default: the profile's).
+    #[arg(long)]
     pub model: Option<String>,
-    /// Round trip, ms of model time.
+    /// Round trip to the gateway, ms.
+    #[arg(long, default_value_t = 0.0)]
     pub rtt_ms: f64,
     /// Model time runs this many times faster than wall time.
+    #[arg(long, default_value_t = 1.0)]
     pub speedup: f64,
     /// Start with a cold engine.
+    #[arg(long)]
     pub cold: bool,
-    /// Degraded node: every rate × this.
+    /// Degraded node: every rate x this.
+    #[arg(long, default_value_t = 1.0)]
     pub speed_factor: f64,
 }
 

@@ -10,19 +10,24 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// Options of `routelab realtime`.
-#[derive(Debug)]
+#[derive(Debug, clap::Args)]
 pub struct RealtimeArgs {
-    /// Scenario file.
+    /// Scenario YAML file.
     pub scenario: PathBuf,
-    /// Gateway base URL.
+    /// Gateway base URL, e.g. http://127.0.0.1:8080.
+    #[arg(long)]
     pub gateway: String,
     /// Scenario time runs this many times faster than wall time.
+    #[arg(long, default_value_t = 1.0)]
     pub speedup: f64,
     /// Seed (default: the scenario's).
+    #[arg(long)]
     pub seed: Option<u64>,
-    /// Output directory (default `out/<scenario name>/realtime/`).
+    /// Output directory (default: out/<scenario name>/realtime/).
+    #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Gateway admin token (final weights and provenance).
+    /// Gateway admin token, to read final weights.
+    #[arg(long)]
     pub admin_token: Option<String>,
 }
 

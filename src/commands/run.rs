@@ -11,17 +11,21 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 /// Options of `routelab run`.
-#[derive(Debug)]
+#[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    /// Scenario file.
+    /// Scenario YAML file.
     pub scenario: PathBuf,
-    /// Policies (presets or compositions); empty: the scenario's own list.
+    /// Policy (preset or composition); repeat for several. Default: the scenario's list.
+    #[arg(long = "policy")]
     pub policies: Vec<String>,
     /// Seed (default: the scenario's).
+    #[arg(long)]
     pub seed: Option<u64>,
-    /// Output directory (default `out/<scenario name>/`).
+    /// Output directory (default: out/<scenario name>/).
+    #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Skip `requests.csv` (large runs).
+    /// Do not write requests.csv (for very large runs).
+    #[arg(long)]
     pub no_requests: bool,
 }
 

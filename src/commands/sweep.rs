@@ -13,17 +13,21 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// Options of `routelab sweep`.
-#[derive(Debug)]
+#[derive(Debug, clap::Args)]
 pub struct SweepArgs {
-    /// Scenario file.
+    /// Scenario YAML file.
     pub scenario: PathBuf,
-    /// `path=v1,v2,...` settings.
+    /// `path=v1,v2,...`, e.g. traffic[0].poisson.rate_per_s=1,2,4.
+    #[arg(long, required = true)]
     pub set: Vec<String>,
-    /// Policies; empty: the scenario's own list.
+    /// Policy; repeat for several. Default: the scenario's list.
+    #[arg(long = "policy")]
     pub policies: Vec<String>,
     /// Seed (default: the scenario's).
+    #[arg(long)]
     pub seed: Option<u64>,
-    /// Output directory (default `out/<scenario name>/sweep/`).
+    /// Output directory (default: out/<scenario name>/sweep/).
+    #[arg(long)]
     pub out: Option<PathBuf>,
 }
 

@@ -8,6 +8,21 @@ use super::{Arrival, TrafficError, TrafficSource};
 
 const NS_PER_S: f64 = 1e9;
 
+/// The next arrival of a generator at `at`: prompt drawn before output (the order every
+/// generator's stream depends on), tagged with the generator's running sequence number.
+#[inline]
+fn draw(
+    at: u64,
+    prompt: &LengthDist,
+    output: &LengthDist,
+    rng: &mut SourceRng,
+    seq: &mut u64,
+) -> Arrival {
+    let a = Arrival::new(at, prompt.sample(rng), output.sample(rng), *seq);
+    *seq += 1;
+    a
+}
+
 /// A homogeneous Poisson clock: absolute time kept in f64 ns so gaps do not accumulate
 /// rounding bias.
 #[derive(Debug, Clone)]
@@ -128,14 +143,13 @@ impl TrafficSource for Burst {
             self.in_burst = 0;
             self.burst += 1;
         }
-        let a = Arrival::new(
+        Ok(Some(draw(
             at,
-            self.cfg.prompt.sample(&mut self.rng),
-            self.cfg.output.sample(&mut self.rng),
-            self.seq,
-        );
-        self.seq += 1;
-        Ok(Some(a))
+            &self.cfg.prompt,
+            &self.cfg.output,
+            &mut self.rng,
+            &mut self.seq,
+        )))
     }
 }
 
@@ -200,14 +214,13 @@ impl TrafficSource for Poisson {
             self.seq = u64::MAX; // exhausted for good
             return Ok(None);
         }
-        let a = Arrival::new(
+        Ok(Some(draw(
             at,
-            self.cfg.prompt.sample(&mut self.rng),
-            self.cfg.output.sample(&mut self.rng),
-            self.seq,
-        );
-        self.seq += 1;
-        Ok(Some(a))
+            &self.cfg.prompt,
+            &self.cfg.output,
+            &mut self.rng,
+            &mut self.seq,
+        )))
     }
 }
 
@@ -349,14 +362,13 @@ impl TrafficSource for Diurnal {
                 break t;
             }
         };
-        let a = Arrival::new(
+        Ok(Some(draw(
             at,
-            self.cfg.prompt.sample(&mut self.rng),
-            self.cfg.output.sample(&mut self.rng),
-            self.seq,
-        );
-        self.seq += 1;
-        Ok(Some(a))
+            &self.cfg.prompt,
+            &self.cfg.output,
+            &mut self.rng,
+            &mut self.seq,
+        )))
     }
 }
 
@@ -450,14 +462,13 @@ impl TrafficSource for OnOff {
             self.seq = u64::MAX;
             return Ok(None);
         }
-        let a = Arrival::new(
+        Ok(Some(draw(
             at,
-            self.cfg.prompt.sample(&mut self.rng),
-            self.cfg.output.sample(&mut self.rng),
-            self.seq,
-        );
-        self.seq += 1;
-        Ok(Some(a))
+            &self.cfg.prompt,
+            &self.cfg.output,
+            &mut self.rng,
+            &mut self.seq,
+        )))
     }
 }
 
