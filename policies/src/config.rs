@@ -431,6 +431,29 @@ impl PolicyConfig {
     }
 }
 
+/// A policy as a scenario or the gateway's configuration writes it: a preset or composition
+/// name (`seed-v3`, `at-load/sed/capacity/weighted:24`), or a full definition. The one
+/// "name or full policy" entry of routelab, shared by the simulator and the gateway.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum PolicyEntry {
+    /// A preset or composition name.
+    Name(String),
+    /// A full policy.
+    Full(Box<RawPolicy>),
+}
+
+impl PolicyEntry {
+    /// Validate into a policy. Errors of a full definition name fields inside it (`weights.kind`);
+    /// the host prefixes where the entry sits (`policies[2]`, `policy`).
+    pub fn build(&self) -> Result<PolicyConfig, ConfigError> {
+        match self {
+            PolicyEntry::Name(n) => PolicyConfig::from_name(n),
+            PolicyEntry::Full(raw) => PolicyConfig::from_raw(raw),
+        }
+    }
+}
+
 // ----- raw (serde) side ----------------------------------------------------------------------
 
 /// A policy as written in YAML.

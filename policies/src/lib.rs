@@ -46,6 +46,7 @@
 mod chooser;
 mod config;
 mod error;
+pub mod located;
 mod prefix;
 mod router;
 mod time;
@@ -54,10 +55,11 @@ mod worker;
 
 pub use chooser::{Chooser, TieRule};
 pub use config::{
-    Affinity, AffinityUnits, Allowance, Cap, PRESETS, PolicyConfig, Preset, RawAffinity, RawCap,
-    RawChooser, RawPolicy, RawWeights, WeightsConfig,
+    Affinity, AffinityUnits, Allowance, Cap, PRESETS, PolicyConfig, PolicyEntry, Preset,
+    RawAffinity, RawCap, RawChooser, RawPolicy, RawWeights, WeightsConfig,
 };
 pub use error::{AdminError, ConfigError, RouteError};
+pub use located::InputError;
 pub use prefix::PrefixIndex;
 pub use router::{Decision, RouteRequest, Router};
 pub use time::Time;

@@ -1,0 +1,256 @@
+//! The one validation error of routelab: an input that is not valid, located.
+//!
+//! Every input a host reads — a scenario, a hardware profile, a policy, a CI suite, a baseline,
+//! the gateway's configuration — is parsed raw and then validated, and every failure of either
+//! step is an [`InputError`]: the file, the line and column where the parser or the validator
+//! knows them, the field path (`fleet[2].profile`), what is wrong and what would be valid.
+//! It lives in the lowest crate so that the simulator, the lab and the gateway share it.
+//!
+//! Rendering (one line, then the parser's source snippet when there is one):
+//!
+//! ```text
+//! scenarios/x.yaml:7:12: policies[0].preset: unknown preset `nope`; valid: seed-v1, seed-v2
+//! ```
+//!
+//! ```
+//! use routelab_policies::located::{parse_yaml, InputError};
+//! #[derive(serde::Deserialize, Debug)]
+//! #[serde(deny_unknown_fields)]
+//! struct Conf { rate: f64 }
+//! let err: InputError = parse_yaml::<Conf>("rate: 1\nrtae: 2\n", "conf.yaml").unwrap_err();
+//! assert_eq!(err.file, "conf.yaml");
+//! assert_eq!(err.line, Some(2));
+//! assert!(err.to_string().starts_with("conf.yaml:2:1: "));
+//! ```
+
+use std::fmt;
+
+use crate::error::ConfigError;
+
+/// An invalid input: where it is, which field, what is wrong, what would be valid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InputError {
+    /// The file (as the user named it), or a description of the input such as `<config>`.
+    pub file: String,
+    /// 1-based line, when known.
+    pub line: Option<u32>,
+    /// 1-based column, when known (only with a line).
+    pub column: Option<u32>,
+    /// Field path, e.g. `fleet[2].profile`; empty when the error is about the whole input.
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+    /// What would be valid, when the message does not already say it.
+    pub valid: Option<String>,
+    /// The parser's source excerpt (several lines), when it gives one.
+    pub snippet: Option<String>,
+}
+
+impl InputError {
+    /// An error about `field` of `file`, position unknown.
+    pub fn new(
+        file: impl Into<String>,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        InputError {
+            file: file.into(),
+            line: None,
+            column: None,
+            field: field.into(),
+            message: message.into(),
+            valid: None,
+            snippet: None,
+        }
+    }
+
+    /// The file could not be read.
+    pub fn unreadable(file: impl Into<String>, err: &std::io::Error) -> Self {
+        InputError::new(file, "", format!("cannot read: {err}"))
+    }
+
+    /// Set the 1-based position (a line of 0 means unknown).
+    pub fn at(mut self, line: Option<u32>, column: Option<u32>) -> Self {
+        self.line = line.filter(|l| *l > 0);
+        self.column = column.filter(|c| *c > 0 && self.line.is_some());
+        self
+    }
+
+    /// Say what would be valid.
+    pub fn valid(mut self, valid: impl Into<String>) -> Self {
+        self.valid = Some(valid.into());
+        self
+    }
+
+    /// A policy error found in `file` (the policy crate knows fields, not files).
+    pub fn from_config(file: impl Into<String>, e: &ConfigError) -> Self {
+        match e {
+            ConfigError::UnknownName {
+                field,
+                what,
+                got,
+                valid,
+            } => InputError::new(file, field.clone(), format!("unknown {what} `{got}`"))
+                .valid(valid.clone()),
+            ConfigError::Invalid { field, message } => {
+                InputError::new(file, field.clone(), message.clone())
+            }
+        }
+    }
+
+    /// Prefix the field path (e.g. with `policy` or `policies[2]`).
+    pub fn within(mut self, prefix: &str) -> Self {
+        self.field = if self.field.is_empty() {
+            prefix.to_string()
+        } else if self.field.starts_with('[') {
+            format!("{prefix}{}", self.field)
+        } else {
+            format!("{prefix}.{}", self.field)
+        };
+        self
+    }
+
+    /// `file:line:column` (as much of it as is known).
+    pub fn location(&self) -> String {
+        let mut s = self.file.clone();
+        if let Some(l) = self.line {
+            s.push_str(&format!(":{l}"));
+            if let Some(c) = self.column {
+                s.push_str(&format!(":{c}"));
+            }
+        }
+        s
+    }
+}
+
+impl fmt::Display for InputError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: ", self.location())?;
+        if !self.field.is_empty() {
+            write!(f, "{}: ", self.field)?;
+        }
+        f.write_str(&self.message)?;
+        if let Some(v) = &self.valid {
+            write!(f, "; valid: {v}")?;
+        }
+        if let Some(s) = &self.snippet {
+            write!(f, "\n{s}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for InputError {}
+
+/// Parse YAML text into a raw serde struct; on failure an [`InputError`] with the line, column
+/// and field path of the problem and the parser's snippet (with `file` in place of its
+/// `<input>`). [`serde_saphyr::Spanned`] wrappers do not show in field paths.
+pub fn parse_yaml<T: serde::de::DeserializeOwned>(src: &str, file: &str) -> Result<T, InputError> {
+    // serde_path_to_error records where in the document a type error happened.
+    let mut field = String::new();
+    serde_saphyr::with_deserializer_from_str(src, |de| {
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            // `Spanned` wraps values in a `value` field the user never wrote.
+            field = e.path().to_string().replace(".value", "");
+            e.into_inner()
+        })
+    })
+    .map_err(|e| yaml_error(file, &field, &e))
+}
+
+fn yaml_error(file: &str, field: &str, e: &serde_saphyr::Error) -> InputError {
+    let loc = e.location();
+    let to_u32 = |x: u64| u32::try_from(x).unwrap_or(u32::MAX);
+    let text = e.to_string();
+    // The parser repeats the position in its first line ("error: line L column C: ..."): drop it.
+    let text = match text
+        .strip_prefix("error: line ")
+        .and_then(|rest| rest.split_once(": "))
+    {
+        Some((_, message)) => message.to_string(),
+        None => text,
+    };
+    let text = text.replace("<input>", file);
+    let (message, snippet) = match text.split_once('\n') {
+        Some((first, rest)) => (first.to_string(), Some(rest.to_string())),
+        None => (text, None),
+    };
+    let field = if field == "." { "" } else { field };
+    let mut err = InputError::new(file, field, message).at(
+        loc.map(|l| to_u32(l.line())),
+        loc.map(|l| to_u32(l.column())),
+    );
+    err.snippet = snippet;
+    err
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Doc {
+        items: Vec<Item>,
+    }
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Item {
+        rate: f64,
+    }
+
+    #[test]
+    fn unknown_field_names_file_line_column_and_path() {
+        let e =
+            parse_yaml::<Doc>("items:\n  - { rate: 1 }\n  - { rat: 2 }\n", "d.yaml").unwrap_err();
+        assert_eq!(e.file, "d.yaml");
+        assert_eq!(e.line, Some(3));
+        assert_eq!(e.field, "items[1].rat");
+        assert!(e.message.contains("unknown field `rat`"), "{e}");
+        assert!(e.to_string().starts_with("d.yaml:3:"), "{e}");
+        assert!(!e.to_string().contains("<input>"));
+    }
+
+    #[test]
+    fn wrong_type_names_the_field() {
+        let e = parse_yaml::<Doc>("items:\n  - { rate: fast }\n", "d.yaml").unwrap_err();
+        assert_eq!(e.field, "items[0].rate");
+        assert_eq!(e.line, Some(2));
+    }
+
+    #[test]
+    fn renders_valid_and_prefix() {
+        let e = InputError::new("f.yaml", "kind", "unknown kind `x`")
+            .valid("a, b")
+            .at(Some(3), Some(4))
+            .within("policies[1]");
+        assert_eq!(
+            e.to_string(),
+            "f.yaml:3:4: policies[1].kind: unknown kind `x`; valid: a, b"
+        );
+        assert_eq!(
+            InputError::new("f", "", "m")
+                .at(Some(0), Some(2))
+                .to_string(),
+            "f: m"
+        );
+    }
+
+    #[test]
+    fn config_errors_keep_field_and_valid_list() {
+        let c = ConfigError::UnknownName {
+            field: "preset".into(),
+            what: "preset",
+            got: "nope".into(),
+            valid: "seed-v1".into(),
+        };
+        let e = InputError::from_config("s.yaml", &c).within("policies[0]");
+        assert_eq!(
+            e.to_string(),
+            "s.yaml: policies[0].preset: unknown preset `nope`; valid: seed-v1"
+        );
+    }
+}
