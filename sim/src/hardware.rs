@@ -15,6 +15,7 @@
 use std::fmt;
 use std::path::Path;
 
+use routelab_policies::located::{InputError, parse_yaml};
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
@@ -23,86 +24,10 @@ pub const DEFAULT_PREFILL_CHUNK_TOKENS: u32 = 512;
 /// The smallest context window a profile may declare: the probe prompt must fit.
 pub const MIN_CONTEXT_WINDOW: u32 = 1024;
 
-/// An error loading or validating a hardware profile. Every message names the file (origin),
-/// the field path and, when known, the line and column, and says what would be valid.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum HardwareError {
-    /// The file could not be read.
-    #[error("{origin}: cannot read hardware profile: {source}")]
-    Io {
-        /// File name.
-        origin: String,
-        /// Underlying I/O error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The YAML did not parse into the expected shape (syntax error, unknown field, wrong type).
-    #[error("{origin}{}: {}{message}", fmt_pos(*.line, *.column), fmt_field(.field))]
-    Parse {
-        /// File name.
-        origin: String,
-        /// Best-effort field path at the error position (e.g. `decode.points[2]`).
-        field: Option<String>,
-        /// 1-based line, when the parser gives it.
-        line: Option<u32>,
-        /// 1-based column, when the parser gives it.
-        column: Option<u32>,
-        /// The parser's message.
-        message: String,
-    },
-    /// A field parsed but its value is not acceptable.
-    #[error("{origin}{}: `{field}`: {problem}; valid: {expected}", fmt_pos(*.line, *.column))]
-    Invalid {
-        /// File name.
-        origin: String,
-        /// Field path, e.g. `decode.points[2].aggregate_tok_s`.
-        field: String,
-        /// 1-based line, when known.
-        line: Option<u32>,
-        /// 1-based column, when known.
-        column: Option<u32>,
-        /// What is wrong with the value.
-        problem: String,
-        /// What would be valid.
-        expected: String,
-    },
-}
-
-impl HardwareError {
-    /// The field path the error is about, when known.
-    pub fn field(&self) -> Option<&str> {
-        match self {
-            HardwareError::Io { .. } => None,
-            HardwareError::Parse { field, .. } => field.as_deref(),
-            HardwareError::Invalid { field, .. } => Some(field),
-        }
-    }
-
-    /// `(line, column)`, 1-based, when known.
-    pub fn position(&self) -> Option<(u32, u32)> {
-        match self {
-            HardwareError::Io { .. } => None,
-            HardwareError::Parse { line, column, .. }
-            | HardwareError::Invalid { line, column, .. } => Some(((*line)?, column.unwrap_or(1))),
-        }
-    }
-}
-
-fn fmt_pos(line: Option<u32>, column: Option<u32>) -> String {
-    match (line, column) {
-        (Some(l), Some(c)) => format!(":{l}:{c}"),
-        (Some(l), None) => format!(":{l}"),
-        _ => String::new(),
-    }
-}
-
-fn fmt_field(field: &Option<String>) -> String {
-    match field {
-        Some(f) => format!("at `{f}`: "),
-        None => String::new(),
-    }
-}
+/// An error loading or validating a hardware profile: the one located error of routelab
+/// ([`InputError`]), naming the file, the field path and, when known, the line and column, and
+/// saying what would be valid.
+pub type HardwareError = InputError;
 
 // ---------------------------------------------------------------------------------------------
 // Raw (serde) structs
@@ -271,49 +196,29 @@ impl HardwareProfile {
     pub fn load(path: impl AsRef<Path>) -> Result<Self, HardwareError> {
         let path = path.as_ref();
         let origin = path.display().to_string();
-        let src = std::fs::read_to_string(path).map_err(|source| HardwareError::Io {
-            origin: origin.clone(),
-            source,
-        })?;
+        let src = std::fs::read_to_string(path).map_err(|e| InputError::unreadable(&origin, &e))?;
         Self::from_yaml_str(&src, &origin)
     }
 
     /// Parses and validates a profile from YAML text; `origin` names the file in errors.
     pub fn from_yaml_str(src: &str, origin: &str) -> Result<Self, HardwareError> {
-        let raw: RawProfile = serde_saphyr::from_str(src).map_err(|e| {
-            let loc = e.location();
-            let line = loc.map(|l| to_u32(l.line())).filter(|&l| l > 0);
-            let column = loc.map(|l| to_u32(l.column())).filter(|_| line.is_some());
-            let mut message = strip_position(&first_line(&e.without_snippet().to_string()));
-            let mut field = line.and_then(|l| yaml_path_at(src, l, column.unwrap_or(1)));
-            if let Some(missing) = message
+        let raw: RawProfile = parse_yaml(src, origin).map_err(|mut e| {
+            if let Some(missing) = e
+                .message
                 .strip_prefix("missing field `")
                 .and_then(|m| m.split('`').next())
             {
-                // the position is at the end of the mapping that lacks the field
-                let parent = field
-                    .as_deref()
-                    .and_then(|f| f.rsplit_once('.').map(|(p, _)| p.to_string()));
-                field = Some(match parent {
-                    Some(p) => format!("{p}.{missing}"),
-                    None => missing.to_string(),
-                });
+                // the parser points at the mapping that lacks the field
+                e.field = if e.field.is_empty() {
+                    missing.to_string()
+                } else {
+                    format!("{}.{missing}", e.field)
+                };
             }
-            if let Some(hint) = field
-                .as_deref()
-                .and_then(expected_for)
-                .filter(|_| !message.contains("expected"))
-            {
-                message.push_str("; valid: ");
-                message.push_str(hint);
+            if let Some(hint) = expected_for(&e.field).filter(|_| !e.message.contains("expected")) {
+                e = e.valid(hint);
             }
-            HardwareError::Parse {
-                origin: origin.to_string(),
-                field,
-                line,
-                column,
-                message,
-            }
+            e
         })?;
         validate(raw, origin)
     }
@@ -429,15 +334,9 @@ impl Ctx<'_> {
         expected: impl Into<String>,
     ) -> HardwareError {
         let loc = value.referenced;
-        let line = Some(to_u32(loc.line())).filter(|&l| l > 0);
-        HardwareError::Invalid {
-            origin: self.origin.to_string(),
-            field: field.into(),
-            line,
-            column: line.map(|_| to_u32(loc.column())),
-            problem: problem.into(),
-            expected: expected.into(),
-        }
+        InputError::new(self.origin, field, problem)
+            .valid(expected)
+            .at(Some(to_u32(loc.line())), Some(to_u32(loc.column())))
     }
 
     /// A finite number > 0.
@@ -654,14 +553,6 @@ fn validate_decode(cx: &Ctx<'_>, d: &Spanned<RawDecode>) -> Result<DecodeCurve, 
     }
 }
 
-/// Drops a trailing ` at line L, column C` (we print the position in front).
-fn strip_position(s: &str) -> String {
-    match s.rfind(" at line ") {
-        Some(i) if s[i..].contains(", column ") => s[..i].to_string(),
-        _ => s.to_string(),
-    }
-}
-
 /// What a field accepts, for parser errors (by the last component of the path).
 fn expected_for(field: &str) -> Option<&'static str> {
     let leaf = field.rsplit('.').next().unwrap_or(field);
@@ -693,111 +584,6 @@ fn expected_for(field: &str) -> Option<&'static str> {
 
 fn to_u32(x: u64) -> u32 {
     u32::try_from(x).unwrap_or(u32::MAX)
-}
-
-fn first_line(s: &str) -> String {
-    s.lines().next().unwrap_or("").trim().to_string()
-}
-
-/// Best-effort reconstruction of the field path at `line`/`column` of a block-style YAML
-/// document (one-line flow mappings are handled too), e.g. `decode.points[2].concurrency`.
-fn yaml_path_at(src: &str, line: u32, column: u32) -> Option<String> {
-    let lines: Vec<&str> = src.lines().collect();
-    let idx = usize::try_from(line).ok()?.checked_sub(1)?;
-    let here = *lines.get(idx)?;
-    let indent = |s: &str| s.len() - s.trim_start().len();
-    let is_item = |s: &str| s.trim_start().starts_with("- ") || s.trim() == "-";
-    let is_blank = |s: &str| {
-        let t = s.trim();
-        t.is_empty() || t.starts_with('#')
-    };
-    // key of a `key: ...` line (after an optional `- `), if any
-    let key_of = |s: &str| -> Option<String> {
-        let t = s.trim_start().trim_start_matches('-').trim_start();
-        let (k, _) = t.split_once(':')?;
-        (!k.is_empty() && !k.contains(['{', '[', ' ', '"', '\''])).then(|| k.to_string())
-    };
-    // innermost first
-    let mut parts: Vec<String> = Vec::new();
-    let col = usize::try_from(column)
-        .unwrap_or(1)
-        .saturating_sub(1)
-        .min(here.len());
-    if let Some(open) = here.get(..col).and_then(|h| h.rfind('{')) {
-        // extend to the end of the word under the column (errors point at a key's start)
-        let end = here[col..]
-            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
-            .map_or(here.len(), |e| col + e);
-        let seg = &here[open + 1..end];
-        let k = seg.rsplit(',').next().unwrap_or("");
-        let k = k.split(':').next().unwrap_or("").trim();
-        if !k.is_empty() {
-            parts.push(k.to_string());
-        }
-    }
-    if let Some(k) = key_of(here) {
-        parts.push(k);
-    }
-    // Either we are inside a mapping whose keys sit at `key_col`, or inside a sequence item
-    // whose dash sits at `seq_indent` (then `count` counts earlier sibling items).
-    let mut key_col = indent(here);
-    let mut seq: Option<(usize, usize)> = is_item(here).then(|| (indent(here), 0));
-    for l in lines[..idx].iter().rev() {
-        if is_blank(l) {
-            continue;
-        }
-        let ind = indent(l);
-        let item = is_item(l);
-        if let Some((si, count)) = seq {
-            if ind > si {
-                continue;
-            }
-            if ind == si && item {
-                seq = Some((si, count + 1));
-                continue;
-            }
-            parts.push(format!("[{count}]"));
-            seq = None;
-            // this line is the key whose value is the sequence
-            if let Some(k) = key_of(l) {
-                parts.push(k);
-            }
-            key_col = ind;
-            if item {
-                seq = Some((ind, 0));
-            }
-            continue;
-        }
-        if ind >= key_col {
-            continue;
-        }
-        if item && ind + 2 == key_col {
-            // `- first_key: ...` of the item our mapping belongs to
-            seq = Some((ind, 0));
-            continue;
-        }
-        if let Some(k) = key_of(l) {
-            parts.push(k);
-        }
-        key_col = ind;
-        if item {
-            seq = Some((ind, 0));
-        }
-    }
-    if let Some((_, count)) = seq {
-        parts.push(format!("[{count}]"));
-    }
-    if parts.is_empty() {
-        return None;
-    }
-    let mut s = String::new();
-    for p in parts.iter().rev() {
-        if !p.starts_with('[') && !s.is_empty() {
-            s.push('.');
-        }
-        s.push_str(p);
-    }
-    Some(s)
 }
 
 #[cfg(test)]
@@ -869,8 +655,8 @@ cold_start: { speed_factor: 0.3, warmup_tokens: 2000 }
     fn rejects_decreasing_aggregate_with_field_and_line() {
         let e = err_of(&GOOD.replace("aggregate_tok_s: 800", "aggregate_tok_s: 300"));
         let msg = e.to_string();
-        assert_eq!(e.field(), Some("decode.points[2].aggregate_tok_s"));
-        assert_eq!(e.position().map(|p| p.0), Some(7), "{msg}");
+        assert_eq!(e.field, "decode.points[2].aggregate_tok_s");
+        assert_eq!(e.line, Some(7), "{msg}");
         assert!(msg.starts_with("bad.yaml:7:"), "{msg}");
         assert!(msg.contains("non-decreasing"), "{msg}");
     }
@@ -878,7 +664,7 @@ cold_start: { speed_factor: 0.3, warmup_tokens: 2000 }
     #[test]
     fn rejects_duplicate_concurrency() {
         let e = err_of(&GOOD.replace("concurrency: 32", "concurrency: 8"));
-        assert_eq!(e.field(), Some("decode.points[2].concurrency"));
+        assert_eq!(e.field, "decode.points[2].concurrency");
         assert!(e.to_string().contains("strictly increasing"), "{e}");
     }
 
@@ -919,8 +705,8 @@ cold_start: { speed_factor: 0.3, warmup_tokens: 2000 }
             ),
         ] {
             let e = err_of(&GOOD.replace(from, to));
-            assert_eq!(e.field(), Some(field), "{to}: {e}");
-            assert!(e.position().is_some(), "{to}: {e}");
+            assert_eq!(e.field, field, "{to}: {e}");
+            assert!(e.line.is_some(), "{to}: {e}");
             assert!(e.to_string().contains("valid:"), "{e}");
         }
     }
@@ -929,14 +715,14 @@ cold_start: { speed_factor: 0.3, warmup_tokens: 2000 }
     fn rejects_unknown_field_with_line() {
         let e = err_of(&GOOD.replace("max_running: 64", "max_running: 64\nmax_runing: 3"));
         let msg = e.to_string();
-        assert!(matches!(e, HardwareError::Parse { .. }), "{msg}");
+        assert!(e.message.contains("unknown field"), "{msg}");
         assert!(msg.contains("max_runing"), "{msg}");
         assert!(msg.starts_with("bad.yaml:11:"), "{msg}");
         let e = err_of(&GOOD.replace("concurrency: 8,", "concurency: 8,"));
         let msg = e.to_string();
         assert!(msg.contains("concurency"), "{msg}");
         assert!(msg.starts_with("bad.yaml:6:"), "{msg}");
-        assert_eq!(e.field(), Some("decode.points[1].concurency"), "{msg}");
+        assert_eq!(e.field, "decode.points[1].concurency", "{msg}");
     }
 
     #[test]
@@ -946,21 +732,21 @@ cold_start: { speed_factor: 0.3, warmup_tokens: 2000 }
         let p = HardwareProfile::from_yaml_str(src, "mac.yaml").unwrap();
         assert!((p.per_request_tok_s(1.0) - 30.0).abs() < 1e-9);
         let e = err_of(&src.replace("half_concurrency: 4", "half_concurrency: 1"));
-        assert_eq!(e.field(), Some("decode.half_concurrency"));
+        assert_eq!(e.field, "decode.half_concurrency");
         let e = err_of(&src.replace("  half_concurrency: 4\n", ""));
-        assert_eq!(e.field(), Some("decode.half_concurrency"), "{e}");
+        assert_eq!(e.field, "decode.half_concurrency", "{e}");
     }
 
     #[test]
     fn missing_and_mistyped_fields_name_the_field() {
         let e = err_of(&GOOD.replace("prefill_tok_s: 4000\n", ""));
-        assert_eq!(e.field(), Some("prefill_tok_s"), "{e}");
+        assert_eq!(e.field, "prefill_tok_s", "{e}");
         assert!(e.to_string().contains("missing field"), "{e}");
         let e = err_of(&GOOD.replace("prefill_tok_s: 4000", "prefill_tok_s: fast"));
-        assert_eq!(e.field(), Some("prefill_tok_s"), "{e}");
+        assert_eq!(e.field, "prefill_tok_s", "{e}");
         assert!(e.to_string().starts_with("bad.yaml:8:"), "{e}");
         assert!(e.to_string().contains("valid: tokens per second"), "{e}");
         let e = err_of(&GOOD.replace("speed_factor: 0.3, ", ""));
-        assert_eq!(e.field(), Some("cold_start.speed_factor"), "{e}");
+        assert_eq!(e.field, "cold_start.speed_factor", "{e}");
     }
 }

@@ -28,79 +28,17 @@ use crate::traffic::{
     TraceFormat, TraceReplay, TrafficError, TrafficSource, Until,
 };
 use crate::worker::EngineOverrides;
-use routelab_policies::{PolicyConfig, RawPolicy, WorkerSpec};
+use routelab_policies::located::{InputError, parse_yaml};
+use routelab_policies::{PolicyConfig, PolicyEntry, WorkerSpec};
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 use std::collections::HashMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// Where in a file something is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Located {
-    /// The file.
-    pub file: PathBuf,
-    /// 1-based line, if known.
-    pub line: Option<u64>,
-    /// 1-based column, if known.
-    pub column: Option<u64>,
-}
-
-impl fmt::Display for Located {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.file.display())?;
-        if let Some(l) = self.line {
-            write!(f, ":{l}")?;
-            if let Some(c) = self.column {
-                write!(f, ":{c}")?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// An invalid scenario.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ScenarioError {
-    /// The file could not be read.
-    #[error("{file}: cannot read: {source}")]
-    Io {
-        /// The file.
-        file: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The YAML does not match the scenario format (syntax, a typo in a field, a wrong type).
-    #[error("{at}: {message}")]
-    Parse {
-        /// Where.
-        at: Located,
-        /// The parser's message.
-        message: String,
-    },
-    /// A value is out of range, inconsistent, or refers to something that does not exist.
-    #[error("{at}: {field}: {message}")]
-    Invalid {
-        /// Where.
-        at: Located,
-        /// Field path, e.g. `fleet[2].profile`.
-        field: String,
-        /// What is wrong and what would be valid.
-        message: String,
-    },
-}
-
-impl ScenarioError {
-    /// The field path, for `Invalid` errors.
-    pub fn field(&self) -> Option<&str> {
-        match self {
-            ScenarioError::Invalid { field, .. } => Some(field),
-            _ => None,
-        }
-    }
-}
+/// An invalid scenario: the one located error of routelab ([`InputError`]), naming the file,
+/// the line and column, the field path and what would be valid.
+pub type ScenarioError = InputError;
 
 // ----- raw ------------------------------------------------------------------------------------
 
@@ -127,7 +65,7 @@ pub struct RawScenario {
     pub events: Vec<Spanned<RawEvent>>,
     /// Policies to run (default: every preset).
     #[serde(default)]
-    pub policies: Vec<Spanned<RawPolicyEntry>>,
+    pub policies: Vec<Spanned<PolicyEntry>>,
     /// Service-level objective.
     pub slo: Option<RawSlo>,
     /// Router tick period, s (default 1).
@@ -388,16 +326,6 @@ pub struct RawEvent {
     pub speed_factor: Option<f64>,
 }
 
-/// A policy: a preset/composition name or a full definition.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum RawPolicyEntry {
-    /// `seed-v3`, `at-load/sed`, …
-    Name(String),
-    /// A full policy.
-    Full(Box<RawPolicy>),
-}
-
 /// SLO as written.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -459,25 +387,14 @@ impl Scenario {
     /// Load and validate a scenario file.
     pub fn load(path: impl AsRef<Path>) -> Result<Scenario, ScenarioError> {
         let path = path.as_ref();
-        let src = std::fs::read_to_string(path).map_err(|source| ScenarioError::Io {
-            file: path.to_path_buf(),
-            source,
-        })?;
+        let src = std::fs::read_to_string(path)
+            .map_err(|e| InputError::unreadable(path.display().to_string(), &e))?;
         Scenario::from_yaml(&src, path)
     }
 
     /// Validate scenario text; `path` names it in errors and anchors relative paths.
     pub fn from_yaml(src: &str, path: &Path) -> Result<Scenario, ScenarioError> {
-        // serde_path_to_error records where in the document a type error happened.
-        let mut field = String::new();
-        let raw: RawScenario = serde_saphyr::with_deserializer_from_str(src, |de| {
-            serde_path_to_error::deserialize(de).map_err(|e| {
-                // `Spanned` wraps list items in a `value` field the user never wrote.
-                field = e.path().to_string().replace(".value", "");
-                e.into_inner()
-            })
-        })
-        .map_err(|e| parse_error(path, &field, &e))?;
+        let raw: RawScenario = parse_yaml(src, &path.display().to_string())?;
         Validator {
             path,
             profiles: HashMap::new(),
@@ -521,35 +438,6 @@ impl Scenario {
     }
 }
 
-/// A YAML or type error: the file, line and column, the field path, the parser's message and
-/// its source snippet (with the file's name in place of the parser's `<input>`).
-pub(crate) fn parse_error(path: &Path, field: &str, e: &serde_saphyr::Error) -> ScenarioError {
-    let loc = e.location();
-    let text = e.to_string();
-    // The parser repeats the position in its first line ("error: line L column C: ..."): drop it.
-    let text = match text
-        .strip_prefix("error: line ")
-        .and_then(|rest| rest.split_once(": "))
-    {
-        Some((_, message)) => message.to_string(),
-        None => text,
-    };
-    let text = text.replace("<input>", &path.display().to_string());
-    let message = if field.is_empty() || field == "." {
-        text
-    } else {
-        format!("{field}: {text}")
-    };
-    ScenarioError::Parse {
-        at: Located {
-            file: path.to_path_buf(),
-            line: loc.map(|l| l.line()).filter(|l| *l > 0),
-            column: loc.map(|l| l.column()).filter(|c| *c > 0),
-        },
-        message,
-    }
-}
-
 struct Validator<'p> {
     path: &'p Path,
     profiles: HashMap<String, Arc<HardwareProfile>>,
@@ -558,25 +446,17 @@ struct Validator<'p> {
 const NS: f64 = 1e9;
 
 impl Validator<'_> {
-    fn at(&self, loc: Option<&serde_saphyr::Location>) -> Located {
-        Located {
-            file: self.path.to_path_buf(),
-            line: loc.map(|l| l.line()).filter(|l| *l > 0),
-            column: loc.map(|l| l.column()).filter(|c| *c > 0),
-        }
-    }
-
     fn invalid(
         &self,
         loc: Option<&serde_saphyr::Location>,
         field: impl Into<String>,
         message: impl Into<String>,
     ) -> ScenarioError {
-        ScenarioError::Invalid {
-            at: self.at(loc),
-            field: field.into(),
-            message: message.into(),
-        }
+        let to_u32 = |x: u64| u32::try_from(x).unwrap_or(u32::MAX);
+        InputError::new(self.path.display().to_string(), field, message).at(
+            loc.map(|l| to_u32(l.line())),
+            loc.map(|l| to_u32(l.column())),
+        )
     }
 
     fn secs(
@@ -802,14 +682,11 @@ impl Validator<'_> {
 
         let mut policies = Vec::new();
         for (i, p) in raw.policies.iter().enumerate() {
-            let cfg = match &p.value {
-                RawPolicyEntry::Name(n) => PolicyConfig::from_name(n),
-                RawPolicyEntry::Full(r) => PolicyConfig::from_raw(r),
-            }
-            .map_err(|e| {
-                let field = format!("policies[{i}]");
-                let e = e.within(&field);
-                self.invalid(Some(&p.referenced), e.field().to_string(), strip_field(&e))
+            let cfg = p.value.build().map_err(|e| {
+                let at = self.invalid(Some(&p.referenced), "", "");
+                InputError::from_config(at.file, &e)
+                    .within(&format!("policies[{i}]"))
+                    .at(at.line, at.column)
             })?;
             if policies.iter().any(|q: &PolicyConfig| q.name == cfg.name) {
                 return Err(self.invalid(
@@ -1224,11 +1101,4 @@ impl Validator<'_> {
         };
         Ok(LifecycleEvent { at, worker, action })
     }
-}
-
-/// The message of a policy error without its field prefix (the scenario error carries it).
-fn strip_field(e: &routelab_policies::ConfigError) -> String {
-    let s = e.to_string();
-    let prefix = format!("{}: ", e.field());
-    s.strip_prefix(&prefix).map(str::to_string).unwrap_or(s)
 }
