@@ -143,6 +143,149 @@ impl fmt::Display for InputError {
 
 impl std::error::Error for InputError {}
 
+/// The value rules every input shares, said once: what a number must be, and the words that
+/// say so. A host attaches the field and position ([`Violation::at_field`]).
+pub mod rule {
+    use std::fmt;
+    use std::time::Duration;
+
+    /// The longest duration any input may give, in seconds (about 31 years): far beyond any
+    /// real timeout or simulated day, far below where `Duration` or integer nanoseconds
+    /// overflow.
+    pub const MAX_SECONDS: f64 = 1e9;
+    /// The shortest non-zero duration an input may give, in seconds (one microsecond): a
+    /// shorter period would make a timer loop spin.
+    pub const MIN_PERIOD_SECONDS: f64 = 1e-6;
+
+    /// A value that breaks a rule: what was given and what would be valid.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct Violation {
+        /// The value as given.
+        pub got: String,
+        /// What would be valid.
+        pub expected: String,
+    }
+
+    impl fmt::Display for Violation {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "{} is not valid; expected {}", self.got, self.expected)
+        }
+    }
+
+    impl Violation {
+        fn new(got: impl fmt::Display, expected: impl Into<String>) -> Self {
+            Violation {
+                got: got.to_string(),
+                expected: expected.into(),
+            }
+        }
+
+        /// As an [`InputError`](super::InputError) about `field` of `file`.
+        pub fn at_field(
+            &self,
+            file: impl Into<String>,
+            field: impl Into<String>,
+        ) -> super::InputError {
+            super::InputError::new(file, field, self.to_string())
+        }
+    }
+
+    /// A finite number > 0.
+    pub fn positive(x: f64) -> Result<f64, Violation> {
+        if x.is_finite() && x > 0.0 {
+            Ok(x)
+        } else {
+            Err(Violation::new(x, "a finite number > 0"))
+        }
+    }
+
+    /// A finite number >= 0.
+    pub fn non_negative(x: f64) -> Result<f64, Violation> {
+        if x.is_finite() && x >= 0.0 {
+            Ok(x)
+        } else {
+            Err(Violation::new(x, "a finite number >= 0"))
+        }
+    }
+
+    /// A whole number in `min..=max` (given as a float, as YAML numbers are read).
+    pub fn whole(x: f64, min: u64, max: u64) -> Result<u64, Violation> {
+        if x.is_finite() && x.fract() == 0.0 && x >= min as f64 && x <= max as f64 {
+            Ok(x as u64)
+        } else {
+            Err(Violation::new(
+                x,
+                format!("a whole number from {min} to {max}"),
+            ))
+        }
+    }
+
+    /// A count >= 1.
+    pub fn count(n: u32) -> Result<u32, Violation> {
+        if n >= 1 {
+            Ok(n)
+        } else {
+            Err(Violation::new(n, "a whole number >= 1"))
+        }
+    }
+
+    /// A number of seconds in `[0, MAX_SECONDS]` (0 allowed: "at once" or "off").
+    pub fn seconds(x: f64) -> Result<Duration, Violation> {
+        if x.is_finite() && (0.0..=MAX_SECONDS).contains(&x) {
+            Ok(Duration::from_secs_f64(x))
+        } else {
+            Err(Violation::new(
+                x,
+                format!("a finite number of seconds from 0 to {MAX_SECONDS:e}"),
+            ))
+        }
+    }
+
+    /// A period in seconds, in `[MIN_PERIOD_SECONDS, MAX_SECONDS]`.
+    pub fn period(x: f64) -> Result<Duration, Violation> {
+        if x.is_finite() && (MIN_PERIOD_SECONDS..=MAX_SECONDS).contains(&x) {
+            Ok(Duration::from_secs_f64(x))
+        } else {
+            Err(Violation::new(
+                x,
+                format!("a number of seconds from {MIN_PERIOD_SECONDS:e} to {MAX_SECONDS:e}"),
+            ))
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn rules_accept_and_refuse() {
+            assert_eq!(positive(2.5), Ok(2.5));
+            for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+                assert!(positive(bad).is_err(), "{bad}");
+            }
+            assert_eq!(non_negative(0.0), Ok(0.0));
+            assert!(non_negative(-0.1).is_err());
+            assert_eq!(whole(3.0, 1, 5), Ok(3));
+            for bad in [0.0, 6.0, 2.5, f64::NAN] {
+                assert!(whole(bad, 1, 5).is_err(), "{bad}");
+            }
+            assert!(count(0).is_err());
+            assert_eq!(seconds(0.0), Ok(Duration::ZERO));
+            // the values that made `Duration::from_secs_f64` panic are refused, not converted
+            for bad in [1e20, 1e300, -1.0, f64::NAN] {
+                assert!(seconds(bad).is_err(), "{bad}");
+                assert!(period(bad).is_err(), "{bad}");
+            }
+            assert!(period(1e-12).is_err());
+            assert_eq!(period(0.5), Ok(Duration::from_millis(500)));
+            assert_eq!(
+                positive(-1.0).unwrap_err().to_string(),
+                "-1 is not valid; expected a finite number > 0"
+            );
+        }
+    }
+}
+
 /// Parse YAML text into a raw serde struct; on failure an [`InputError`] with the line, column
 /// and field path of the problem and the parser's snippet (with `file` in place of its
 /// `<input>`). [`serde_saphyr::Spanned`] wrappers do not show in field paths.

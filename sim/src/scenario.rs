@@ -28,7 +28,7 @@ use crate::traffic::{
     TraceFormat, TraceReplay, TrafficError, TrafficSource, Until,
 };
 use crate::worker::EngineOverrides;
-use routelab_policies::located::{InputError, parse_yaml};
+use routelab_policies::located::{InputError, parse_yaml, rule};
 use routelab_policies::{PolicyConfig, PolicyEntry, WorkerSpec};
 use serde::Deserialize;
 use serde_saphyr::Spanned;
@@ -467,15 +467,10 @@ impl Validator<'_> {
         default: f64,
     ) -> Result<u64, ScenarioError> {
         let v = v.unwrap_or(default);
-        if v.is_finite() && v >= 0.0 {
-            Ok((v * NS).round() as u64)
-        } else {
-            Err(self.invalid(
-                Some(loc),
-                field,
-                format!("{v} is not valid; expected a finite number of seconds >= 0"),
-            ))
-        }
+        // The rule bounds the value; the conversion stays the simulator's own rounding.
+        rule::seconds(v)
+            .map(|_| (v * NS).round() as u64)
+            .map_err(|e| self.invalid(Some(loc), field, e.to_string()))
     }
 
     fn positive(
@@ -484,15 +479,7 @@ impl Validator<'_> {
         field: &str,
         v: f64,
     ) -> Result<f64, ScenarioError> {
-        if v.is_finite() && v > 0.0 {
-            Ok(v)
-        } else {
-            Err(self.invalid(
-                Some(loc),
-                field,
-                format!("{v} is not valid; expected a finite number > 0"),
-            ))
-        }
+        rule::positive(v).map_err(|e| self.invalid(Some(loc), field, e.to_string()))
     }
 
     fn hardware_dir(&self, raw: &Option<String>) -> PathBuf {

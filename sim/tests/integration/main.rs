@@ -2,3 +2,4 @@
 mod calibration;
 mod engine;
 mod traffic;
+mod validation;

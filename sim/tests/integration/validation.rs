@@ -1,0 +1,75 @@
+//! Scenario validation: every error is the one located error, naming file, line, field and
+//! what would be valid.
+
+use routelab_sim::Scenario;
+use std::path::Path;
+
+/// A scenario beside the bundled hardware profiles (so `profile:` names resolve).
+fn validate(body: &str) -> Result<Scenario, routelab_policies::InputError> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/seed/test-inline.yaml");
+    Scenario::from_yaml(body, &path)
+}
+
+const HEAD: &str = "seed: 1\nmodel: m\nfleet:\n  - { name: a, profile: rtx4090-27b }\n";
+
+#[test]
+fn a_valid_scenario_passes() {
+    let s = validate(&format!(
+        "{HEAD}traffic:\n  - poisson: {{ rate_per_s: 1, duration_s: 10, prompt: {{ fixed: 100 }}, output: {{ fixed: 10 }} }}\npolicies: [seed-v1]\n"
+    ));
+    assert!(s.is_ok(), "{}", s.unwrap_err());
+}
+
+#[test]
+fn huge_durations_are_refused_with_the_valid_range() {
+    // Regression: 1e20 seconds saturated the nanosecond conversion silently.
+    let e = validate(&format!(
+        "{HEAD}traffic:\n  - poisson: {{ rate_per_s: 1, duration_s: 1e20, prompt: {{ fixed: 100 }}, output: {{ fixed: 10 }} }}\npolicies: [seed-v1]\n"
+    ))
+    .unwrap_err();
+    assert_eq!(e.field, "traffic[0].poisson.duration_s", "{e}");
+    assert_eq!(e.line, Some(6), "{e}");
+    assert!(
+        e.to_string()
+            .contains("expected a finite number of seconds from 0 to"),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_unknown_preset_lists_the_valid_ones_at_its_line() {
+    let e = validate(&format!(
+        "{HEAD}traffic:\n  - burst: {{ at_s: 0, size: 2, prompt: {{ fixed: 100 }}, output: {{ fixed: 10 }} }}\npolicies: [seed-v1, nope]\n"
+    ))
+    .unwrap_err();
+    assert_eq!(e.field, "policies[1].preset");
+    assert_eq!(e.line, Some(7));
+    assert!(e.valid.as_deref().unwrap_or("").contains("seed-v3"), "{e}");
+    assert!(
+        e.to_string()
+            .ends_with("; valid: seed-v1, seed-v2, seed-v3-cold, seed-v3, seed-next"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_full_policy_error_names_the_field_inside_it() {
+    let e = validate(&format!(
+        "{HEAD}traffic:\n  - burst: {{ at_s: 0, size: 2, prompt: {{ fixed: 100 }}, output: {{ fixed: 10 }} }}\npolicies:\n  - {{ name: x, preset: seed-v3, weights: {{ kind: probe, clamp: [3, 1] }} }}\n"
+    ))
+    .unwrap_err();
+    assert_eq!(e.field, "policies[0].weights.clamp", "{e}");
+    assert_eq!(e.line, Some(8), "{e}");
+    assert!(e.message.contains("inverted"), "{e}");
+}
+
+#[test]
+fn a_missing_profile_lists_the_available_ones() {
+    let e = validate(
+        "seed: 1\nmodel: m\nfleet:\n  - { name: a, profile: no-such-profile }\ntraffic:\n  - burst: { at_s: 0, size: 2, prompt: { fixed: 100 }, output: { fixed: 10 } }\npolicies: [seed-v1]\n",
+    )
+    .unwrap_err();
+    assert_eq!(e.field, "fleet[0].profile");
+    assert!(e.message.contains("available: "), "{e}");
+    assert!(e.message.contains("rtx4090-27b"), "{e}");
+}
