@@ -28,6 +28,9 @@ use std::fmt;
 use crate::error::ConfigError;
 
 /// An invalid input: where it is, which field, what is wrong, what would be valid.
+///
+/// The rarely set parts are boxed so that the error stays small in every `Result` that carries
+/// it (clippy's `result_large_err`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct InputError {
@@ -42,9 +45,9 @@ pub struct InputError {
     /// What is wrong.
     pub message: String,
     /// What would be valid, when the message does not already say it.
-    pub valid: Option<String>,
+    pub valid: Option<Box<str>>,
     /// The parser's source excerpt (several lines), when it gives one.
-    pub snippet: Option<String>,
+    pub snippet: Option<Box<str>>,
 }
 
 impl InputError {
@@ -79,7 +82,7 @@ impl InputError {
 
     /// Say what would be valid.
     pub fn valid(mut self, valid: impl Into<String>) -> Self {
-        self.valid = Some(valid.into());
+        self.valid = Some(valid.into().into_boxed_str());
         self
     }
 
@@ -324,7 +327,7 @@ fn yaml_error(file: &str, field: &str, e: &serde_saphyr::Error) -> InputError {
         loc.map(|l| to_u32(l.line())),
         loc.map(|l| to_u32(l.column())),
     );
-    err.snippet = snippet;
+    err.snippet = snippet.map(String::into_boxed_str);
     err
 }
 
