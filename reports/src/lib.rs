@@ -39,12 +39,12 @@ pub use compare::{
     Winner, compare_file, compare_table, findings_markdown, write_compare,
 };
 pub use error::ReportError;
+pub use export::{Exporter, Format};
+pub use gate::{Gate, GateError, GateReport};
+pub use metric::{CATALOG, Direction, Metric, Unit};
 pub use run::{
     PerfInfo, PerfRun, PolicyRun, RunEntry, RunMeta, SummaryFile, Written, run_table, summary_file,
     summary_table, write_perf, write_run,
 };
-pub use export::{Exporter, Format};
-pub use gate::{Gate, GateError, GateReport};
-pub use metric::{CATALOG, Direction, Metric, Unit};
 pub use summary::{RunSummary, WorkerSummary};
 pub use sweep::{SweepRow, sweep_table, write_sweep};

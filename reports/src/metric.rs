@@ -532,7 +532,11 @@ mod tests {
     #[test]
     fn names_are_unique_and_keys_stable() {
         for (i, a) in CATALOG.iter().enumerate() {
-            assert!(CATALOG[i + 1..].iter().all(|b| b.name != a.name), "{}", a.name);
+            assert!(
+                CATALOG[i + 1..].iter().all(|b| b.name != a.name),
+                "{}",
+                a.name
+            );
             assert!(!a.name.contains(':'), "`:` separates per-worker keys");
             assert!(!a.description.is_empty(), "{}", a.name);
             assert_eq!(by_name(a.name).map(Metric::index), Some(i));
@@ -546,7 +550,11 @@ mod tests {
             }
         }
         for w in WORKER_METRICS {
-            assert!(by_name(w.name).is_none(), "{} clashes with a run metric", w.name);
+            assert!(
+                by_name(w.name).is_none(),
+                "{} clashes with a run metric",
+                w.name
+            );
         }
     }
 
@@ -573,7 +581,11 @@ mod tests {
             assert!(by_name(n).is_some(), "{n}");
         }
         for n in views::RANKED {
-            assert_ne!(view(n).direction, Direction::Neutral, "{n} cannot be ranked");
+            assert_ne!(
+                view(n).direction,
+                Direction::Neutral,
+                "{n} cannot be ranked"
+            );
         }
         assert!(views::COMPARE_KEY.iter().all(|k| views::RANKED.contains(k)));
     }
@@ -638,6 +650,10 @@ mod tests {
         assert_eq!(view("e2e_mean_s").reported(&m), Some(2.0));
         let mut big = run_that_completed(1);
         big.requests = 123_456_789;
-        assert_eq!(view("requests").reported(&big), Some(123_456_789.0), "counts exact");
+        assert_eq!(
+            view("requests").reported(&big),
+            Some(123_456_789.0),
+            "counts exact"
+        );
     }
 }

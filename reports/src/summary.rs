@@ -185,7 +185,9 @@ mod tests {
             "{json}"
         );
         assert!(
-            json.contains(r#""ttft_s":{"mean":null,"p50":null,"p90":null,"p99":null,"max":null},"e2e_s":"#),
+            json.contains(
+                r#""ttft_s":{"mean":null,"p50":null,"p90":null,"p99":null,"max":null},"e2e_s":"#
+            ),
             "{json}"
         );
         assert!(json.contains(r#""output_tok_s":null"#), "{json}");

@@ -80,9 +80,6 @@ mod tests {
             lines[0],
             "scenario,policy,metric,baseline,current,delta,tolerance,status"
         );
-        assert_eq!(
-            lines[2],
-            "s/a,p|q,ttft_p99_s,0.500000,,,2.00%,REGRESSION"
-        );
+        assert_eq!(lines[2], "s/a,p|q,ttft_p99_s,0.500000,,,2.00%,REGRESSION");
     }
 }

@@ -33,7 +33,9 @@ impl Exporter<GateReport> for Markdown {
                 r.status.as_str()
             )?;
         }
-        out.write_all(b"\n| scenario | invariant | left | right | holds |\n|---|---|---|---|---|\n")?;
+        out.write_all(
+            b"\n| scenario | invariant | left | right | holds |\n|---|---|---|---|---|\n",
+        )?;
         for i in &report.invariants {
             writeln!(
                 out,
@@ -57,8 +59,19 @@ mod tests {
     fn gate_markdown_lists_comparisons_then_invariants() {
         let s = export(Format::Markdown);
         assert!(s.starts_with("| scenario | policy | metric | baseline |"));
-        assert!(s.contains("| s/a | p\\|q | e2e_mean_s | 1.000000 | 1.500000 | +50.00% | 2.00% | REGRESSION |"), "{s}");
-        assert!(s.contains("| ttft_p99_s | 0.500000 | - | - | 2.00% | REGRESSION |"), "{s}");
-        assert!(s.ends_with("| s/a | p is fast | p e2e_max_s = 1.000000 | 2 | false |\n"), "{s}");
+        assert!(
+            s.contains(
+                "| s/a | p\\|q | e2e_mean_s | 1.000000 | 1.500000 | +50.00% | 2.00% | REGRESSION |"
+            ),
+            "{s}"
+        );
+        assert!(
+            s.contains("| ttft_p99_s | 0.500000 | - | - | 2.00% | REGRESSION |"),
+            "{s}"
+        );
+        assert!(
+            s.ends_with("| s/a | p is fast | p e2e_max_s = 1.000000 | 2 | false |\n"),
+            "{s}"
+        );
     }
 }

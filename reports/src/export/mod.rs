@@ -81,7 +81,13 @@ pub(crate) mod tests {
         };
         GateReport {
             comparisons: vec![
-                row("e2e_mean_s", Some(1.0), Some(1.5), Some(50.0), Verdict::Regression),
+                row(
+                    "e2e_mean_s",
+                    Some(1.0),
+                    Some(1.5),
+                    Some(50.0),
+                    Verdict::Regression,
+                ),
                 row("ttft_p99_s", Some(0.5), None, None, Verdict::Regression),
                 row("completed", None, Some(16.0), None, Verdict::NoBaseline),
             ],

@@ -161,6 +161,8 @@ mod gate_tests {
             lines[2],
             "s/a       p|q     ttft_p99_s  0.500000          -        -  2.00%  REGRESSION"
         );
-        assert!(s.ends_with("\ninvariants:\n  [FAILED] s/a: p is fast (p e2e_max_s = 1.000000 vs 2)\n"));
+        assert!(
+            s.ends_with("\ninvariants:\n  [FAILED] s/a: p is fast (p e2e_max_s = 1.000000 vs 2)\n")
+        );
     }
 }

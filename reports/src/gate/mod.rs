@@ -14,8 +14,8 @@ mod baseline;
 mod suite;
 
 pub use baseline::{
-    Baseline, Baselines, Stat, baseline_file, gate_values, load_baselines, measure,
-    parse_baseline, write_baselines,
+    Baseline, Baselines, Stat, baseline_file, gate_values, load_baselines, measure, parse_baseline,
+    write_baselines,
 };
 pub use suite::{Invariant, Op, Rhs, Suite};
 
@@ -489,8 +489,16 @@ mod tests {
         let r = g.report(&measured(&nothing));
         let e2e = row(&r, "e2e_mean_s");
         assert_eq!(e2e.status, Verdict::Regression, "missing is not 0 s");
-        assert_eq!((e2e.baseline, e2e.current, e2e.delta_pct), (Some(2.0), None, None));
-        for m in ["ttft_p99_s", "e2e_max_s", "output_tok_s", "prefix_hit_fraction"] {
+        assert_eq!(
+            (e2e.baseline, e2e.current, e2e.delta_pct),
+            (Some(2.0), None, None)
+        );
+        for m in [
+            "ttft_p99_s",
+            "e2e_max_s",
+            "output_tok_s",
+            "prefix_hit_fraction",
+        ] {
             assert_eq!(row(&r, m).status, Verdict::Regression, "{m}");
         }
         assert!(!r.passed());

@@ -121,7 +121,10 @@ pub struct Suite {
 
 fn at<T>(e: InputError, s: &Spanned<T>) -> InputError {
     let loc = s.referenced;
-    e.at(u32::try_from(loc.line()).ok(), u32::try_from(loc.column()).ok())
+    e.at(
+        u32::try_from(loc.line()).ok(),
+        u32::try_from(loc.column()).ok(),
+    )
 }
 
 fn list<'a>(items: impl IntoIterator<Item = &'a str>) -> String {
@@ -135,7 +138,11 @@ fn gate_keys() -> String {
         .filter(|m| m.gate)
         .map(|m| m.name.to_string())
         .collect();
-    keys.extend(WORKER_METRICS.iter().map(|w| format!("{}:<worker>", w.name)));
+    keys.extend(
+        WORKER_METRICS
+            .iter()
+            .map(|w| format!("{}:<worker>", w.name)),
+    );
     keys.join(", ")
 }
 
@@ -174,15 +181,13 @@ impl Suite {
                 || WORKER_METRICS.iter().any(|w| w.name == metric);
             if !known {
                 return Err(at(
-                    InputError::new(file, field, format!("unknown metric `{metric}`")).valid(
-                        list(
-                            CATALOG
-                                .iter()
-                                .filter(|m| m.gate)
-                                .map(|m| m.name)
-                                .chain(WORKER_METRICS.iter().map(|w| w.name)),
-                        ),
-                    ),
+                    InputError::new(file, field, format!("unknown metric `{metric}`")).valid(list(
+                        CATALOG
+                            .iter()
+                            .filter(|m| m.gate)
+                            .map(|m| m.name)
+                            .chain(WORKER_METRICS.iter().map(|w| w.name)),
+                    )),
                     tol,
                 ));
             }
@@ -341,7 +346,10 @@ mod tests {
         assert_eq!(e.field, "invariants[0].metric");
         assert_eq!(e.line, Some(4));
         assert!(e.valid.as_deref().unwrap().contains("e2e_max_s"), "{e}");
-        assert!(e.valid.as_deref().unwrap().contains("share:<worker>"), "{e}");
+        assert!(
+            e.valid.as_deref().unwrap().contains("share:<worker>"),
+            "{e}"
+        );
 
         let e = suite(&ok.replace("seed-v1", "seed-v9")).unwrap_err();
         assert_eq!(e.field, "invariants[0].than");
@@ -363,12 +371,19 @@ mod tests {
     fn bad_tolerances_and_seeds_are_rejected() {
         let dir = scenarios_dir();
         let base = "seeds: [1]\nscenarios: [../seed/sixteen-at-once.yaml]\n";
-        let e = Suite::from_yaml(&format!("{base}tolerances: {{ e2e_mean: 0.1 }}\n"), "s", &dir)
-            .unwrap_err();
+        let e = Suite::from_yaml(
+            &format!("{base}tolerances: {{ e2e_mean: 0.1 }}\n"),
+            "s",
+            &dir,
+        )
+        .unwrap_err();
         assert_eq!(e.field, "tolerances.e2e_mean");
         let e = Suite::from_yaml(&format!("{base}tolerances: {{ share: -1 }}\n"), "s", &dir)
             .unwrap_err();
-        assert!(e.message.contains("expected a relative tolerance >= 0"), "{e}");
+        assert!(
+            e.message.contains("expected a relative tolerance >= 0"),
+            "{e}"
+        );
         let e = Suite::from_yaml("seeds: []\nscenarios: []\n", "s", &dir).unwrap_err();
         assert_eq!(e.field, "seeds");
         let e = Suite::from_yaml("seeds: [1]\nscenarios: [nope.yaml]\n", "s", &dir).unwrap_err();

@@ -401,7 +401,10 @@ fn sweep_outputs() {
             // Scale a real summary so the chart has a shape (the writer does not care).
             let mut s = RunSummary::from_metrics(&m);
             let f = f64::from(size) / 16.0;
-            let (e2e, ttft) = (metric::by_name("e2e_mean_s").unwrap(), metric::by_name("ttft_p99_s").unwrap());
+            let (e2e, ttft) = (
+                metric::by_name("e2e_mean_s").unwrap(),
+                metric::by_name("ttft_p99_s").unwrap(),
+            );
             s.set(e2e, s.get(e2e).map(|v| v * f));
             s.set(
                 ttft,
