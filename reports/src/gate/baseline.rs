@@ -131,7 +131,7 @@ fn json_error(file: &str, e: &serde_path_to_error::Error<serde_json::Error>) -> 
 }
 
 /// Parse and validate one baseline file's text against its scenario.
-pub fn parse_baseline(text: &str, file: &str, scenario: &Scenario) -> Result<Baseline, InputError> {
+pub fn parse_baseline(text: &str, file: &str, scenario: &Scenario) -> Result<Baseline, GateError> {
     let mut de = serde_json::Deserializer::from_str(text);
     let b: Baseline =
         serde_path_to_error::deserialize(&mut de).map_err(|e| json_error(file, &e))?;
@@ -143,7 +143,8 @@ pub fn parse_baseline(text: &str, file: &str, scenario: &Scenario) -> Result<Bas
                 "`{}` does not match the suite's scenario `{}` for this file",
                 b.scenario, scenario.name
             ),
-        ));
+        )
+        .into());
     }
     let policies = || {
         scenario
@@ -160,14 +161,16 @@ pub fn parse_baseline(text: &str, file: &str, scenario: &Scenario) -> Result<Bas
                 format!("policies.{p}"),
                 format!("unknown policy for scenario {}", scenario.name),
             )
-            .valid(policies()));
+            .valid(policies())
+            .into());
         }
         if let Some(k) = metrics.keys().find(|k| direction_of_key(k).is_none()) {
             return Err(InputError::new(
                 file,
                 format!("policies.{p}.{k}"),
                 "unknown metric; `routelab check --update` writes only gate metrics",
-            ));
+            )
+            .into());
         }
     }
     Ok(b)
@@ -179,7 +182,7 @@ pub fn load_baselines(
     dir: &Path,
     scenarios: &[Scenario],
     suite_file: &str,
-) -> Result<Baselines, InputError> {
+) -> Result<Baselines, GateError> {
     let mut out = Baselines::new();
     for sc in scenarios {
         let path = baseline_file(dir, &sc.name);
@@ -203,7 +206,8 @@ pub fn load_baselines(
                 format!(
                     "names a scenario that is not in the suite ({suite_file}); remove it or add the scenario"
                 ),
-            ));
+            )
+            .into());
         }
     }
     Ok(out)
@@ -262,16 +266,22 @@ mod tests {
     fn bad_json_is_located() {
         let sc = scenario();
         let text = "{ \"scenario\": \"seed/sixteen-at-once\", \"seeds\": [1],\n  \"policies\": { \"seed-v1\": 7 } }";
-        let e = parse_baseline(text, "b.json", &sc).unwrap_err();
+        let e = parse_baseline(text, "b.json", &sc)
+            .map_err(|e| e.input().cloned().unwrap())
+            .unwrap_err();
         assert_eq!(e.field, "policies.seed-v1");
         assert_eq!(e.line, Some(2));
         assert!(e.column.is_some());
         assert!(e.message.starts_with("invalid type: integer `7`"), "{e}");
         assert!(!e.message.contains("at line"), "{e}");
         let text = "{ \"scenario\": \"seed/sixteen-at-once\", \"seeds\": [1], \"policies\": { \"seed-v1\": { \"e2e_mean\": { \"mean\": 1, \"spread\": 0, \"min\": 1, \"max\": 1 } } } }";
-        let e = parse_baseline(text, "b.json", &sc).unwrap_err();
+        let e = parse_baseline(text, "b.json", &sc)
+            .map_err(|e| e.input().cloned().unwrap())
+            .unwrap_err();
         assert_eq!(e.field, "policies.seed-v1.e2e_mean");
-        let e = parse_baseline(&text.replace("seed-v1", "seed-v9"), "b.json", &sc).unwrap_err();
+        let e = parse_baseline(&text.replace("seed-v1", "seed-v9"), "b.json", &sc)
+            .map_err(|e| e.input().cloned().unwrap())
+            .unwrap_err();
         assert_eq!(e.field, "policies.seed-v9");
         assert!(e.valid.as_deref().unwrap().contains("seed-v3"));
     }

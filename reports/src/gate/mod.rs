@@ -31,9 +31,9 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum GateError {
-    /// The suite or a baseline is not valid.
+    /// The suite or a baseline is not valid (boxed: the located error is large and rare).
     #[error(transparent)]
-    Input(#[from] InputError),
+    Input(Box<InputError>),
     /// A baseline could not be written.
     #[error("{file}: cannot write: {source}")]
     Write {
@@ -50,6 +50,22 @@ pub enum GateError {
         /// Why.
         source: serde_json::Error,
     },
+}
+
+impl From<InputError> for GateError {
+    fn from(e: InputError) -> GateError {
+        GateError::Input(Box::new(e))
+    }
+}
+
+impl GateError {
+    /// The located input error, when that is what this is.
+    pub fn input(&self) -> Option<&InputError> {
+        match self {
+            GateError::Input(e) => Some(e),
+            _ => None,
+        }
+    }
 }
 
 /// The verdict on one (scenario, policy, metric).

@@ -1,6 +1,7 @@
 //! The gate's suite (`suite.yaml`): scenarios, seeds, tolerances and quality invariants, parsed
 //! raw and then validated into a [`Suite`]; every failure is a located [`InputError`].
 
+use super::GateError;
 use crate::metric::{CATALOG, WORKER_METRICS, direction_of_key};
 use routelab_policies::InputError;
 use routelab_policies::located::parse_yaml;
@@ -148,7 +149,7 @@ fn gate_keys() -> String {
 
 impl Suite {
     /// Read and validate `dir/suite.yaml` (scenario paths are relative to `dir`).
-    pub fn load(dir: &Path) -> Result<Suite, InputError> {
+    pub fn load(dir: &Path) -> Result<Suite, GateError> {
         let path = dir.join("suite.yaml");
         let file = path.display().to_string();
         let text = std::fs::read_to_string(&path).map_err(|e| InputError::unreadable(&file, &e))?;
@@ -156,13 +157,14 @@ impl Suite {
     }
 
     /// Validate suite text; `file` names it in errors, `dir` anchors the scenario paths.
-    pub fn from_yaml(text: &str, file: &str, dir: &Path) -> Result<Suite, InputError> {
+    pub fn from_yaml(text: &str, file: &str, dir: &Path) -> Result<Suite, GateError> {
         let raw: RawSuite = parse_yaml(text, file)?;
         if raw.seeds.value.is_empty() {
             return Err(at(
                 InputError::new(file, "seeds", "is empty; give at least one seed"),
                 &raw.seeds,
-            ));
+            )
+            .into());
         }
         let mut scenarios = Vec::new();
         for (i, s) in raw.scenarios.iter().enumerate() {
@@ -189,7 +191,8 @@ impl Suite {
                             .chain(WORKER_METRICS.iter().map(|w| w.name)),
                     )),
                     tol,
-                ));
+                )
+                .into());
             }
             if !(tol.value.is_finite() && tol.value >= 0.0) {
                 return Err(at(
@@ -202,7 +205,8 @@ impl Suite {
                         ),
                     ),
                     tol,
-                ));
+                )
+                .into());
             }
             tolerances.insert(metric.clone(), tol.value);
         }
@@ -225,7 +229,7 @@ fn invariant(
     i: usize,
     spanned: &Spanned<RawInvariant>,
     scenarios: &[Scenario],
-) -> Result<Invariant, InputError> {
+) -> Result<Invariant, GateError> {
     let inv = &spanned.value;
     let field = |f: &str| format!("invariants[{i}].{f}");
     let Some(sc) = scenarios.iter().find(|s| s.name == inv.scenario.value) else {
@@ -237,7 +241,8 @@ fn invariant(
             )
             .valid(list(scenarios.iter().map(|s| s.name.as_str()))),
             &inv.scenario,
-        ));
+        )
+        .into());
     };
     let policies = || list(sc.policies.iter().map(|q| q.name.as_str()));
     let known = |p: &str| sc.policies.iter().any(|q| q.name == p);
@@ -250,7 +255,8 @@ fn invariant(
             )
             .valid(format!("*, {}", policies())),
             &inv.policy,
-        ));
+        )
+        .into());
     }
     if let Some(t) = &inv.than
         && !known(&t.value)
@@ -263,7 +269,8 @@ fn invariant(
             )
             .valid(policies()),
             t,
-        ));
+        )
+        .into());
     }
     let rhs = match (&inv.than, inv.value) {
         (Some(t), None) => Rhs::Policy(t.value.clone()),
@@ -276,7 +283,8 @@ fn invariant(
                     "give exactly one of `than` (a policy) or `value` (a number)",
                 ),
                 spanned,
-            ));
+            )
+            .into());
         }
     };
     let Some(op) = Op::ALL.into_iter().find(|o| o.as_str() == inv.op.value) else {
@@ -288,7 +296,8 @@ fn invariant(
             )
             .valid(list(Op::ALL.iter().map(|o| o.as_str()))),
             &inv.op,
-        ));
+        )
+        .into());
     };
     if direction_of_key(&inv.metric.value).is_none() {
         return Err(at(
@@ -299,7 +308,8 @@ fn invariant(
             )
             .valid(gate_keys()),
             &inv.metric,
-        ));
+        )
+        .into());
     }
     Ok(Invariant {
         scenario: sc.name.clone(),
@@ -315,11 +325,15 @@ fn invariant(
 mod tests {
     use super::*;
 
+    fn input(e: GateError) -> InputError {
+        e.input().cloned().expect("an input error")
+    }
+
     fn scenarios_dir() -> std::path::PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/ci")
     }
 
-    fn suite(invariant: &str) -> Result<Suite, InputError> {
+    fn suite(invariant: &str) -> Result<Suite, GateError> {
         let text = format!(
             "seeds: [1]\nscenarios: [../seed/sixteen-at-once.yaml]\ninvariants:\n  - {invariant}\n"
         );
@@ -342,7 +356,9 @@ mod tests {
         assert_eq!(s.invariants[0].op, Op::Lt);
         assert_eq!(s.invariants[0].rhs, Rhs::Policy("seed-v1".into()));
 
-        let e = suite(&ok.replace("e2e_max_s", "e2e_maxx")).unwrap_err();
+        let e = suite(&ok.replace("e2e_max_s", "e2e_maxx"))
+            .map_err(input)
+            .unwrap_err();
         assert_eq!(e.field, "invariants[0].metric");
         assert_eq!(e.line, Some(4));
         assert!(e.valid.as_deref().unwrap().contains("e2e_max_s"), "{e}");
@@ -351,18 +367,26 @@ mod tests {
             "{e}"
         );
 
-        let e = suite(&ok.replace("seed-v1", "seed-v9")).unwrap_err();
+        let e = suite(&ok.replace("seed-v1", "seed-v9"))
+            .map_err(input)
+            .unwrap_err();
         assert_eq!(e.field, "invariants[0].than");
         assert!(e.valid.as_deref().unwrap().contains("seed-v1"), "{e}");
 
-        let e = suite(&ok.replace("\"<\"", "\"=<\"")).unwrap_err();
+        let e = suite(&ok.replace("\"<\"", "\"=<\""))
+            .map_err(input)
+            .unwrap_err();
         assert_eq!(e.field, "invariants[0].op");
         assert_eq!(e.valid.as_deref(), Some("<, <=, ==, >=, >"));
 
-        let e = suite(&ok.replace("than: seed-v1", "than: seed-v1, value: 2")).unwrap_err();
+        let e = suite(&ok.replace("than: seed-v1", "than: seed-v1, value: 2"))
+            .map_err(input)
+            .unwrap_err();
         assert_eq!(e.field, "invariants[0]");
 
-        let e = suite(&ok.replace("seed/sixteen-at-once", "seed/nowhere")).unwrap_err();
+        let e = suite(&ok.replace("seed/sixteen-at-once", "seed/nowhere"))
+            .map_err(input)
+            .unwrap_err();
         assert_eq!(e.field, "invariants[0].scenario");
         assert!(e.to_string().starts_with("suite.yaml:4:"), "{e}");
     }
@@ -376,19 +400,27 @@ mod tests {
             "s",
             &dir,
         )
+        .map_err(input)
         .unwrap_err();
         assert_eq!(e.field, "tolerances.e2e_mean");
         let e = Suite::from_yaml(&format!("{base}tolerances: {{ share: -1 }}\n"), "s", &dir)
+            .map_err(input)
             .unwrap_err();
         assert!(
             e.message.contains("expected a relative tolerance >= 0"),
             "{e}"
         );
-        let e = Suite::from_yaml("seeds: []\nscenarios: []\n", "s", &dir).unwrap_err();
+        let e = Suite::from_yaml("seeds: []\nscenarios: []\n", "s", &dir)
+            .map_err(input)
+            .unwrap_err();
         assert_eq!(e.field, "seeds");
-        let e = Suite::from_yaml("seeds: [1]\nscenarios: [nope.yaml]\n", "s", &dir).unwrap_err();
+        let e = Suite::from_yaml("seeds: [1]\nscenarios: [nope.yaml]\n", "s", &dir)
+            .map_err(input)
+            .unwrap_err();
         assert_eq!((e.field.as_str(), e.line), ("scenarios[0]", Some(2)));
-        let e = Suite::from_yaml("seeds: [1]\nscenario: []\n", "s", &dir).unwrap_err();
+        let e = Suite::from_yaml("seeds: [1]\nscenario: []\n", "s", &dir)
+            .map_err(input)
+            .unwrap_err();
         assert!(e.message.contains("unknown field"), "{e}");
     }
 }
