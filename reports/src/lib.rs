@@ -36,7 +36,7 @@ mod sweep;
 
 pub use compare::{
     CompareFile, MetricStats, PolicySeeds, PolicyStats, ScenarioComparison, ScenarioStats, SeedRun,
-    Winner, compare_file, compare_table, findings_markdown, write_compare,
+    Winner, compare_file, compare_table, findings_document, findings_markdown, write_compare,
 };
 pub use error::ReportError;
 pub use export::{Exporter, Format};
