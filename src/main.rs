@@ -38,20 +38,7 @@ enum Command {
         files: Vec<PathBuf>,
     },
     /// The routing-quality regression gate: run the CI suite, compare with the baselines.
-    Check {
-        /// Suite directory (holds suite.yaml).
-        #[arg(long, default_value = "scenarios/ci")]
-        suite: PathBuf,
-        /// Baselines directory.
-        #[arg(long, default_value = "baselines")]
-        baselines: PathBuf,
-        /// Output format.
-        #[arg(long, value_enum, default_value = "table")]
-        format: commands::check::Format,
-        /// Rewrite the baselines after an intended change and print what moved.
-        #[arg(long)]
-        update: bool,
-    },
+    Check(commands::check::CheckArgs),
     /// Inspect a trace file.
     Trace {
         #[command(subcommand)]
@@ -89,17 +76,10 @@ fn main() -> ExitCode {
         Command::Sweep(args) => commands::sweep::run(&args, &mut std::io::stdout().lock()),
         Command::Emulate(args) => commands::emulate::run(&args, &mut std::io::stdout().lock()),
         Command::Realtime(args) => commands::realtime::run(&args, &mut std::io::stdout().lock()),
-        Command::Check {
-            suite,
-            baselines,
-            format,
-            update,
-        } => commands::check::run(
-            &suite,
-            &baselines,
-            format,
-            update,
+        Command::Check(args) => commands::check::run(
+            &args,
             &mut std::io::stdout().lock(),
+            &mut std::io::stderr().lock(),
         ),
         Command::Validate { files } => commands::validate::run(
             &files,

@@ -3,20 +3,25 @@
 
 use crate::chart::{self, BarGroup, BarPanel, Figure, Panel, Series};
 use crate::error::ReportError;
-use crate::html::{Cell, Page, best_indices, table};
-use crate::num::{fmt_pct, fmt_sig, r6, slug};
-use crate::run::{Written, create_dir, latency_cdf_figure, write_csv, write_file, write_json};
+use crate::export::csv::write_csv;
+use crate::export::html::{Cell, Page, best_indices, table};
+use crate::export::json::write_json;
+use crate::export::markdown::cell as md;
+use crate::export::table::TextTable;
+use crate::export::{create_dir, write_file};
+use crate::metric::{Direction, Metric, Unit, view, views};
+use crate::num::{fmt_sig, r6, slug};
+use crate::run::{Written, latency_cdf_figure};
 use crate::stats::Interval;
-use crate::summary::{Better, METRICS, Metric, RunSummary, summary_csv_fields, summary_csv_header};
-use crate::text::TextTable;
+use crate::summary::{RunSummary, summary_csv_header};
 use routelab_sim::RunMetrics;
 use routelab_sim::histogram::Histogram;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::fmt::Write as _;
 use std::path::Path;
 
 /// One seed of one policy.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SeedRun {
     /// Root seed.
     pub seed: u64,
@@ -53,10 +58,7 @@ impl PolicySeeds {
         }
         self.runs.push(SeedRun {
             seed,
-            summary: RunSummary {
-                policy: self.policy.clone(),
-                ..RunSummary::from_metrics(metrics)
-            },
+            summary: RunSummary::from_metrics(metrics).with_policy(self.policy.clone()),
         });
     }
 }
@@ -73,14 +75,14 @@ pub struct ScenarioComparison {
 }
 
 /// `compare.json`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CompareFile {
     /// Per scenario.
     pub scenarios: Vec<ScenarioStats>,
 }
 
 /// Statistics of one scenario.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ScenarioStats {
     /// Scenario name.
     pub scenario: String,
@@ -93,22 +95,22 @@ pub struct ScenarioStats {
 }
 
 /// Statistics of one policy across seeds.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PolicyStats {
     /// Policy name.
     pub policy: String,
     /// Seeds run.
     pub seeds: Vec<u64>,
-    /// Per metric, in [`METRICS`] order.
+    /// Per metric, in [`views::RANKED`] order.
     pub metrics: Vec<MetricStats>,
     /// The per-seed summaries.
     pub runs: Vec<SeedRun>,
 }
 
 /// Mean and 95 % interval (Student's t) of one metric across seeds.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct MetricStats {
-    /// Metric key (see [`METRICS`]).
+    /// Metric name (see [`views::RANKED`]).
     pub metric: String,
     /// Seeds with a value.
     pub n: usize,
@@ -123,7 +125,7 @@ pub struct MetricStats {
 }
 
 /// The best policy on one metric (by mean across seeds) and its margin over the runner-up.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Winner {
     /// Metric key.
     pub metric: String,
@@ -144,7 +146,12 @@ pub struct Winner {
 }
 
 fn interval(p: &PolicySeeds, m: &Metric) -> Option<Interval> {
-    Interval::of(p.runs.iter().filter_map(|r| m.value(&r.summary)))
+    Interval::of(p.runs.iter().filter_map(|r| r.summary.get(m)))
+}
+
+/// The metrics policies are ranked by, in report order.
+fn ranked() -> impl Iterator<Item = &'static Metric> {
+    views::RANKED.iter().map(|n| view(n))
 }
 
 fn winner(sc: &ScenarioComparison, m: &Metric) -> Option<Winner> {
@@ -157,9 +164,9 @@ fn winner(sc: &ScenarioComparison, m: &Metric) -> Option<Winner> {
     // Stable: equal means keep input order.
     ranked.sort_by(|a, b| {
         let ord = a.1.mean.total_cmp(&b.1.mean);
-        match m.better {
-            Better::Lower => ord,
-            Better::Higher => ord.reverse(),
+        match m.direction {
+            Direction::Higher => ord.reverse(),
+            _ => ord,
         }
     });
     let (wi, w) = *ranked.first()?;
@@ -168,14 +175,14 @@ fn winner(sc: &ScenarioComparison, m: &Metric) -> Option<Winner> {
         if r.mean == 0.0 {
             return None;
         }
-        let d = match m.better {
-            Better::Lower => r.mean - w.mean,
-            Better::Higher => w.mean - r.mean,
+        let d = match m.direction {
+            Direction::Higher => w.mean - r.mean,
+            _ => r.mean - w.mean,
         };
         r6(d / r.mean.abs() * 100.0)
     });
     Some(Winner {
-        metric: m.key.to_string(),
+        metric: m.name.to_string(),
         winner: sc.policies[wi].policy.clone(),
         winner_mean: r6(w.mean),
         runner_up: second.map(|(i, _)| sc.policies[*i].policy.clone()),
@@ -200,12 +207,11 @@ pub fn compare_file(scenarios: &[ScenarioComparison]) -> CompareFile {
                     .map(|p| PolicyStats {
                         policy: p.policy.clone(),
                         seeds: p.runs.iter().map(|r| r.seed).collect(),
-                        metrics: METRICS
-                            .iter()
+                        metrics: ranked()
                             .map(|m| {
                                 let iv = interval(p, m);
                                 MetricStats {
-                                    metric: m.key.to_string(),
+                                    metric: m.name.to_string(),
                                     n: iv.map_or(0, |i| i.n),
                                     mean: iv.and_then(|i| r6(i.mean)),
                                     sd: iv.and_then(|i| i.sd).and_then(r6),
@@ -219,45 +225,27 @@ pub fn compare_file(scenarios: &[ScenarioComparison]) -> CompareFile {
                         runs: p.runs.clone(),
                     })
                     .collect(),
-                winners: METRICS.iter().filter_map(|m| winner(sc, m)).collect(),
+                winners: ranked().filter_map(|m| winner(sc, m)).collect(),
             })
             .collect(),
     }
 }
 
-/// Metrics shown in the HTML table, the terminal table and the findings.
-const KEY_METRICS: &[&str] = &[
-    "ttft_mean_s",
-    "ttft_p99_s",
-    "e2e_mean_s",
-    "e2e_p50_s",
-    "e2e_p99_s",
-    "tpot_mean_s",
-    "output_tok_s",
-    "slo_attainment",
-    "prefix_hit_fraction",
-    "probe_gpu_s",
-    "failed",
-];
-
+/// Metrics shown in the HTML table, its winners and the findings.
 fn key_metrics() -> impl Iterator<Item = &'static Metric> {
-    KEY_METRICS.iter().filter_map(|k| Metric::by_key(k))
+    views::COMPARE_KEY.iter().map(|n| view(n))
 }
 
 /// A metric's label with its unit where the label does not already say it.
 fn column_label(m: &Metric) -> String {
     match m.unit {
-        "s" => format!("{} (s)", m.label),
+        Unit::Seconds => format!("{} (s)", m.label),
         _ => m.label.to_string(),
     }
 }
 
 fn fmt_metric(m: &Metric, v: Option<f64>) -> String {
-    match m.unit {
-        "fraction" => fmt_pct(v),
-        "tok/s" => fmt_sig(v, 3),
-        _ => fmt_sig(v, 3),
-    }
+    m.fmt_stat(v)
 }
 
 /// `mean ± half-width` (percent points for fractions).
@@ -267,7 +255,7 @@ fn fmt_interval(m: &Metric, iv: Option<Interval>) -> String {
     match iv.half_width {
         // Rounding noise of identical seeds is no spread.
         Some(h) if h <= iv.mean.abs() * 1e-9 => format!("{mean} ± 0"),
-        Some(h) if m.unit == "fraction" => format!("{mean} ± {:.1}", h * 100.0),
+        Some(h) if m.unit == Unit::Fraction => format!("{mean} ± {:.1}", h * 100.0),
         Some(h) => format!("{mean} ± {}", fmt_sig(Some(h), 2)),
         None => mean,
     }
@@ -291,18 +279,18 @@ pub fn write_compare(dir: &Path, scenarios: &[ScenarioComparison]) -> Result<Wri
     let mut rows = Vec::new();
     for (sc, st) in scenarios.iter().zip(&file.scenarios) {
         for ps in &st.policies {
-            for (m, ms) in METRICS.iter().zip(&ps.metrics) {
+            for (m, ms) in ranked().zip(&ps.metrics) {
                 let is_winner = st
                     .winners
                     .iter()
-                    .any(|w| w.metric == m.key && w.winner == ps.policy && !w.tie);
+                    .any(|w| w.metric == m.name && w.winner == ps.policy && !w.tie);
                 let o = |x: Option<f64>| x.map(|v| v.to_string()).unwrap_or_default();
                 rows.push(vec![
                     sc.scenario.clone(),
                     ps.policy.clone(),
-                    m.key.to_string(),
-                    m.unit.to_string(),
-                    format!("{:?}", m.better).to_lowercase(),
+                    m.name.to_string(),
+                    m.unit.as_str().to_string(),
+                    m.direction.as_str().to_string(),
                     ms.n.to_string(),
                     o(ms.mean),
                     o(ms.sd),
@@ -339,7 +327,7 @@ pub fn write_compare(dir: &Path, scenarios: &[ScenarioComparison]) -> Result<Wri
         sc.policies.iter().flat_map(move |p| {
             p.runs.iter().map(move |r| {
                 let mut row = vec![sc.scenario.clone(), p.policy.clone(), r.seed.to_string()];
-                row.extend(summary_csv_fields(&r.summary));
+                row.extend(r.summary.csv_fields());
                 row
             })
         })
@@ -370,7 +358,7 @@ fn bars_panel(sc: &ScenarioComparison, m: &Metric, title: &str) -> BarPanel {
     BarPanel {
         title: title.to_string(),
         x_label: "policy".into(),
-        y_label: format!("{} ({})", m.label, m.unit),
+        y_label: format!("{} ({})", m.label, m.unit.as_str()),
         categories: sc.policies.iter().map(|p| p.policy.clone()).collect(),
         groups: vec![BarGroup {
             name: m.label.to_string(),
@@ -392,18 +380,10 @@ fn seeds_note(sc: &ScenarioComparison) -> String {
 }
 
 fn bars_figure(sc: &ScenarioComparison) -> Figure {
-    let panels = vec![
-        Panel::Bars(bars_panel(
-            sc,
-            Metric::by_key("e2e_mean_s").expect("metric"),
-            "Mean end-to-end latency (mean across seeds, 95 % interval)",
-        )),
-        Panel::Bars(bars_panel(
-            sc,
-            Metric::by_key("ttft_p99_s").expect("metric"),
-            "p99 time to first token (mean across seeds, 95 % interval)",
-        )),
-    ];
+    let panels = views::COMPARE_BARS
+        .iter()
+        .map(|(n, title)| Panel::Bars(bars_panel(sc, view(n), title)))
+        .collect();
     Figure::new(format!("{}: {}", sc.scenario, seeds_note(sc)), panels)
 }
 
@@ -487,7 +467,7 @@ fn scenario_table_html(sc: &ScenarioComparison) -> String {
         .zip(&ivs)
         .map(|(m, col)| {
             let means: Vec<Option<f64>> = col.iter().map(|iv| iv.map(|i| i.mean)).collect();
-            best_indices(&means, m.better == Better::Lower)
+            best_indices(&means, m.direction == Direction::Lower)
         })
         .collect();
     let rows: Vec<(bool, Vec<Cell>)> = sc
@@ -527,7 +507,7 @@ fn winners_html(st: &ScenarioStats) -> String {
         .filter_map(|m| {
             st.winners
                 .iter()
-                .find(|w| w.metric == m.key)
+                .find(|w| w.metric == m.name)
                 .map(|w| (m, w))
         })
         .filter(|(_, w)| w.runner_up.is_some() && !w.tie)
@@ -569,11 +549,7 @@ fn fmt_margin(w: &Winner) -> String {
 /// An aligned plain-text table per scenario: key metrics as `mean ± half-width` across seeds,
 /// the best mean per column marked with `*`.
 pub fn compare_table(scenarios: &[ScenarioComparison]) -> String {
-    let metrics: Vec<&Metric> = KEY_METRICS
-        .iter()
-        .filter(|k| !matches!(**k, "e2e_p50_s" | "tpot_mean_s" | "prefix_hit_fraction"))
-        .filter_map(|k| Metric::by_key(k))
-        .collect();
+    let metrics: Vec<&Metric> = views::COMPARE_TERMINAL.iter().map(|n| view(n)).collect();
     let mut out = String::new();
     for (k, sc) in scenarios.iter().enumerate() {
         if k > 0 {
@@ -592,7 +568,7 @@ pub fn compare_table(scenarios: &[ScenarioComparison]) -> String {
             .zip(&ivs)
             .map(|(m, col)| {
                 let means: Vec<Option<f64>> = col.iter().map(|iv| iv.map(|i| i.mean)).collect();
-                best_indices(&means, m.better == Better::Lower)
+                best_indices(&means, m.direction == Direction::Lower)
             })
             .collect();
         for (i, p) in sc.policies.iter().enumerate() {
@@ -616,10 +592,6 @@ pub fn compare_table(scenarios: &[ScenarioComparison]) -> String {
     out
 }
 
-fn md(s: &str) -> String {
-    s.replace('|', "\\|")
-}
-
 /// A Markdown findings table (scenario | metric | winner | runner-up | margin % | intervals
 /// overlap) for `docs/findings.md`, over the key metrics; exact ties are left out. The margin
 /// is how much better the winner's mean is, in % of the runner-up's mean.
@@ -631,7 +603,7 @@ pub fn findings_markdown(scenarios: &[ScenarioComparison]) -> String {
     );
     for st in &file.scenarios {
         for m in key_metrics() {
-            let Some(w) = st.winners.iter().find(|w| w.metric == m.key) else {
+            let Some(w) = st.winners.iter().find(|w| w.metric == m.name) else {
                 continue;
             };
             let Some(runner) = &w.runner_up else { continue };
@@ -661,40 +633,47 @@ pub fn findings_markdown(scenarios: &[ScenarioComparison]) -> String {
     out
 }
 
+/// The whole findings document (`docs/findings.md`): a header saying how it was generated,
+/// then [`findings_markdown`].
+pub fn findings_document(
+    scenarios: &[&str],
+    seeds: u64,
+    comparisons: &[ScenarioComparison],
+) -> String {
+    format!(
+        "# Findings\n\nGenerated by `routelab compare` over {} with {seeds} seeds each; do not edit by hand.\n\
+         Each row: which policy wins the metric on the scenario (mean over the seeds), the runner-up,\n\
+         the margin, and whether their 95 % intervals overlap (if they do, the win is not established).\n\n{}",
+        scenarios
+            .iter()
+            .map(|s| format!("`{s}`"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        findings_markdown(comparisons)
+    )
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::summary::Quantiles;
 
     pub(crate) fn summary(policy: &str, e2e: f64, tok: f64) -> RunSummary {
-        let q = Quantiles {
-            mean: Some(e2e),
-            p50: Some(e2e),
-            p90: Some(e2e),
-            p99: Some(e2e * 2.0),
-            max: Some(e2e * 2.0),
-        };
-        RunSummary {
-            policy: policy.into(),
-            requests: 10,
-            completed: 10,
-            failed: 0,
-            rejected: 0,
-            retried: 0,
-            ttft_s: q,
-            e2e_s: q,
-            tpot_s: q,
-            queue_s: Quantiles::default(),
-            output_tokens: 100,
-            output_tok_s: Some(tok),
-            span_s: Some(10.0),
-            probe_gpu_s: Some(0.0),
-            probe_bursts: 0,
-            probe_measurements: 0,
-            prefix_hit_fraction: Some(0.0),
-            believed_prefix_hit_fraction: Some(0.0),
-            slo_attainment: Some(1.0),
+        let mut s = RunSummary::from_metrics(&RunMetrics::new(policy, vec![]));
+        for m in crate::metric::CATALOG {
+            let v = match m.name {
+                "requests" | "completed" => Some(10.0),
+                "output_tokens" => Some(100.0),
+                "output_tok_s" => Some(tok),
+                "span_s" => Some(10.0),
+                "slo_attainment" => Some(1.0),
+                n if n.starts_with("queue_") => None,
+                n if n.ends_with("_p99_s") || n.ends_with("_max_s") => Some(e2e * 2.0),
+                n if n.ends_with("_s") && !n.starts_with("probe") => Some(e2e),
+                _ => Some(0.0),
+            };
+            s.set(m, v);
         }
+        s
     }
 
     pub(crate) fn comparison() -> ScenarioComparison {
@@ -752,6 +731,10 @@ pub(crate) mod tests {
 
     #[test]
     fn findings_table_lists_untied_winners() {
+        let doc = findings_document(&["test/two"], 3, &[comparison()]);
+        assert!(doc.starts_with(
+            "# Findings\n\nGenerated by `routelab compare` over `test/two` with 3 seeds each;"
+        ));
         let md = findings_markdown(&[comparison()]);
         assert!(md.starts_with("| scenario | metric | winner | runner-up | margin % |"));
         assert!(md.contains("| test/two | e2e mean (s) | fast (1.10) | slow (2.20) | 50.0 | no |"));

@@ -11,6 +11,9 @@
 //! - [`write_sweep`]: `sweep.csv` and a chart for `routelab sweep`.
 //! - [`run_table`], [`summary_table`], [`compare_table`], [`sweep_table`]: aligned plain-text
 //!   tables for the terminal.
+//! - [`metric`]: the one metric catalog every output takes its metrics from.
+//! - [`gate`]: the routing-quality regression gate (suite, baselines, invariants, verdicts).
+//! - [`export`]: output formats (table, JSON, Markdown, CSV, HTML) behind [`Exporter`].
 //!
 //! **Determinism**: every file except `perf.json` is a pure function of the inputs — no
 //! timestamps, no hash-map order, figures rounded to 6 significant digits (JSON) or fixed
@@ -22,22 +25,26 @@
 mod chart;
 mod compare;
 mod error;
-mod html;
+pub mod export;
+pub mod gate;
+pub mod metric;
 mod num;
 mod run;
 pub mod stats;
 pub mod summary;
 mod sweep;
-mod text;
 
 pub use compare::{
     CompareFile, MetricStats, PolicySeeds, PolicyStats, ScenarioComparison, ScenarioStats, SeedRun,
-    Winner, compare_file, compare_table, findings_markdown, write_compare,
+    Winner, compare_file, compare_table, findings_document, findings_markdown, write_compare,
 };
 pub use error::ReportError;
+pub use export::{Exporter, Format};
+pub use gate::{Gate, GateError, GateReport};
+pub use metric::{CATALOG, Direction, Metric, Unit};
 pub use run::{
     PerfInfo, PerfRun, PolicyRun, RunEntry, RunMeta, SummaryFile, Written, run_table, summary_file,
     summary_table, write_perf, write_run,
 };
-pub use summary::{Better, METRICS, Metric, Quantiles, RunSummary, WorkerSummary};
+pub use summary::{RunSummary, WorkerSummary};
 pub use sweep::{SweepRow, sweep_table, write_sweep};

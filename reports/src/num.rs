@@ -17,11 +17,6 @@ pub(crate) fn r6(x: f64) -> Option<f64> {
     round_sig(x, 6)
 }
 
-/// [`r6`] of an optional value.
-pub(crate) fn r6o(x: Option<f64>) -> Option<f64> {
-    x.and_then(r6)
-}
-
 /// At least `sig` significant digits, fixed notation, no exponent: `0.0106`, `1.23`, `123`,
 /// `12345`. `-` for missing values.
 pub(crate) fn fmt_sig(x: Option<f64>, sig: i32) -> String {

@@ -4,10 +4,14 @@
 
 use crate::chart::{self, BarGroup, BarPanel, Figure, Legend, LinePanel, Panel, Series};
 use crate::error::ReportError;
-use crate::html::{Cell, Page, best_indices, esc, table};
+use crate::export::csv::write_csv;
+use crate::export::html::{Cell, Page, best_indices, esc, table};
+use crate::export::json::write_json;
+use crate::export::table::TextTable;
+use crate::export::{create_dir, write_file};
+use crate::metric::{Direction, share, view, views};
 use crate::num::{fmt_fixed, fmt_pct, fmt_sig, r6};
 use crate::summary::{RunSummary, WorkerSummary};
-use crate::text::TextTable;
 use routelab_sim::{RequestRecord, RunMetrics, Scenario};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -60,10 +64,7 @@ impl PolicyRun {
 
     /// The scalar summary, under this run's display name.
     pub fn summary(&self) -> RunSummary {
-        RunSummary {
-            policy: self.policy.clone(),
-            ..RunSummary::from_metrics(&self.metrics)
-        }
+        RunSummary::from_metrics(&self.metrics).with_policy(self.policy.clone())
     }
 }
 
@@ -81,7 +82,7 @@ impl Written {
 }
 
 /// `summary.json`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SummaryFile {
     /// Scenario name.
     pub scenario: String,
@@ -96,7 +97,7 @@ pub struct SummaryFile {
 }
 
 /// One policy in `summary.json`: the scalar summary and the per-worker rows.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RunEntry {
     /// Scalar metrics (flattened into the entry).
     #[serde(flatten)]
@@ -120,51 +121,6 @@ pub fn summary_file(meta: &RunMeta, runs: &[PolicyRun]) -> SummaryFile {
             })
             .collect(),
     }
-}
-
-pub(crate) fn create_dir(dir: &Path) -> Result<(), ReportError> {
-    std::fs::create_dir_all(dir).map_err(|source| ReportError::CreateDir {
-        dir: dir.to_path_buf(),
-        source,
-    })
-}
-
-pub(crate) fn write_file(path: &Path, bytes: impl AsRef<[u8]>) -> Result<(), ReportError> {
-    std::fs::write(path, bytes).map_err(|source| ReportError::Write {
-        file: path.to_path_buf(),
-        source,
-    })
-}
-
-pub(crate) fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), ReportError> {
-    let mut s = serde_json::to_string_pretty(value).map_err(|source| ReportError::Json {
-        file: path.to_path_buf(),
-        source,
-    })?;
-    s.push('\n');
-    write_file(path, s)
-}
-
-/// Write CSV rows (all strings) to `path`.
-pub(crate) fn write_csv(
-    path: &Path,
-    header: &[&str],
-    rows: impl IntoIterator<Item = Vec<String>>,
-) -> Result<(), ReportError> {
-    let err = |source| ReportError::Csv {
-        file: path.to_path_buf(),
-        source,
-    };
-    let mut w = csv::Writer::from_writer(Vec::new());
-    w.write_record(header).map_err(err)?;
-    for r in rows {
-        w.write_record(&r).map_err(err)?;
-    }
-    let bytes = w.into_inner().map_err(|e| ReportError::Write {
-        file: path.to_path_buf(),
-        source: e.into_error(),
-    })?;
-    write_file(path, bytes)
 }
 
 /// Write every output of `routelab run` into `dir` (created if missing): `summary.json`,
@@ -218,6 +174,18 @@ const REQUEST_HEADER: &[&str] = &[
     "tpot_s",
 ];
 
+/// The one place that reads a record's status (a `Status` enum's `as_str()` once the
+/// simulator's record types settle).
+fn status(q: &RequestRecord) -> &str {
+    q.status
+}
+
+/// The one place that reads a record's TPOT: not finite (absent) for a one-token output,
+/// written as an empty cell.
+fn tpot_s(q: &RequestRecord) -> f64 {
+    q.tpot_s
+}
+
 fn request_rows(runs: &[PolicyRun]) -> impl Iterator<Item = Vec<String>> + '_ {
     runs.iter().flat_map(|r| {
         r.requests.iter().flatten().map(move |q| {
@@ -226,7 +194,7 @@ fn request_rows(runs: &[PolicyRun]) -> impl Iterator<Item = Vec<String>> + '_ {
                 q.id.to_string(),
                 fmt_fixed(q.arrival_s, 6),
                 q.worker.clone(),
-                q.status.to_string(),
+                status(q).to_string(),
                 q.prompt_tokens.to_string(),
                 q.output_tokens.to_string(),
                 q.cached_tokens.to_string(),
@@ -235,7 +203,7 @@ fn request_rows(runs: &[PolicyRun]) -> impl Iterator<Item = Vec<String>> + '_ {
                 fmt_fixed(q.queue_s, 6),
                 fmt_fixed(q.ttft_s, 6),
                 fmt_fixed(q.e2e_s, 6),
-                fmt_fixed(q.tpot_s, 6),
+                fmt_fixed(tpot_s(q), 6),
             ]
         })
     })
@@ -377,25 +345,11 @@ fn share_figure(runs: &[PolicyRun]) -> Figure {
     let groups = runs
         .iter()
         .enumerate()
-        .map(|(j, r)| {
-            let total: u64 = r.metrics.workers.iter().map(|w| w.requests).sum();
-            BarGroup {
-                name: r.policy.clone(),
-                color: chart::color(j),
-                values: keep
-                    .iter()
-                    .map(|&i| {
-                        r.metrics.workers.get(i).map(|w| {
-                            if total == 0 {
-                                0.0
-                            } else {
-                                w.requests as f64 / total as f64
-                            }
-                        })
-                    })
-                    .collect(),
-                errors: vec![None; keep.len()],
-            }
+        .map(|(j, r)| BarGroup {
+            name: r.policy.clone(),
+            color: chart::color(j),
+            values: keep.iter().map(|&i| share(&r.metrics, i)).collect(),
+            errors: vec![None; keep.len()],
         })
         .collect();
     let panel = BarPanel {
@@ -585,66 +539,18 @@ fn run_html(
     page.finish()
 }
 
-/// (header, lower is better (None: no highlight), value, display)
-type Col = (
-    &'static str,
-    Option<bool>,
-    fn(&RunSummary) -> Option<f64>,
-    fn(Option<f64>) -> String,
-);
-
-fn count(v: Option<f64>) -> String {
-    v.map_or_else(|| "-".into(), |v| format!("{v:.0}"))
-}
-fn secs(v: Option<f64>) -> String {
-    fmt_sig(v, 3)
-}
-
-const SUMMARY_COLS: &[Col] = &[
-    ("requests", None, |s| Some(s.requests as f64), count),
-    (
-        "completed",
-        Some(false),
-        |s| Some(s.completed as f64),
-        count,
-    ),
-    ("failed", Some(true), |s| Some(s.failed as f64), count),
-    ("rejected", Some(true), |s| Some(s.rejected as f64), count),
-    ("TTFT mean", Some(true), |s| s.ttft_s.mean, secs),
-    ("TTFT p50", Some(true), |s| s.ttft_s.p50, secs),
-    ("TTFT p90", Some(true), |s| s.ttft_s.p90, secs),
-    ("TTFT p99", Some(true), |s| s.ttft_s.p99, secs),
-    ("e2e mean", Some(true), |s| s.e2e_s.mean, secs),
-    ("e2e p50", Some(true), |s| s.e2e_s.p50, secs),
-    ("e2e p90", Some(true), |s| s.e2e_s.p90, secs),
-    ("e2e p99", Some(true), |s| s.e2e_s.p99, secs),
-    (
-        "output tok/s",
-        Some(false),
-        |s| s.output_tok_s,
-        |v| fmt_sig(v, 3),
-    ),
-    ("probe GPU-s", Some(true), |s| s.probe_gpu_s, secs),
-    (
-        "prefix hit",
-        Some(false),
-        |s| s.prefix_hit_fraction,
-        fmt_pct,
-    ),
-    ("SLO", Some(false), |s| s.slo_attainment, fmt_pct),
-];
-
 fn summary_html(runs: &[&RunSummary]) -> String {
+    let cols: Vec<_> = views::RUN_HTML.iter().map(|(n, h)| (view(n), *h)).collect();
     let mut header = vec![("policy", true)];
-    header.extend(SUMMARY_COLS.iter().map(|c| (c.0, false)));
-    let best: Vec<Vec<usize>> = SUMMARY_COLS
+    header.extend(cols.iter().map(|c| (c.1, false)));
+    let best: Vec<Vec<usize>> = cols
         .iter()
-        .map(|c| match c.1 {
-            Some(lower) => {
-                let vals: Vec<Option<f64>> = runs.iter().map(|r| (c.2)(r)).collect();
-                best_indices(&vals, lower)
+        .map(|(m, _)| match m.direction {
+            Direction::Neutral => Vec::new(),
+            d => {
+                let vals: Vec<Option<f64>> = runs.iter().map(|r| r.get(m)).collect();
+                best_indices(&vals, d == Direction::Lower)
             }
-            None => Vec::new(),
         })
         .collect();
     let rows: Vec<(bool, Vec<Cell>)> = runs
@@ -652,8 +558,8 @@ fn summary_html(runs: &[&RunSummary]) -> String {
         .enumerate()
         .map(|(i, r)| {
             let mut cells = vec![Cell::text(&r.policy)];
-            for (k, c) in SUMMARY_COLS.iter().enumerate() {
-                cells.push(Cell::num((c.3)((c.2)(r))).best(best[k].contains(&i)));
+            for (k, (m, _)) in cols.iter().enumerate() {
+                cells.push(Cell::num(m.fmt_value(r.get(m))).best(best[k].contains(&i)));
             }
             (false, cells)
         })
@@ -704,43 +610,15 @@ fn workers_html(summary: &SummaryFile) -> String {
 /// An aligned plain-text table of scalar summaries, one row per policy.
 pub fn summary_table(runs: &[RunSummary]) -> String {
     let mut cols: Vec<(&str, bool)> = vec![("policy", false)];
-    cols.extend(
-        [
-            "req",
-            "done",
-            "fail",
-            "TTFT mean",
-            "p50",
-            "p99",
-            "e2e mean",
-            "p50",
-            "p99",
-            "tok/s",
-            "probe GPU-s",
-            "prefix",
-            "SLO",
-        ]
-        .iter()
-        .map(|c| (*c, true)),
-    );
+    cols.extend(views::RUN_TERMINAL.iter().map(|c| (c.1, true)));
     let mut t = TextTable::new(&cols);
     for s in runs {
-        t.row(vec![
-            s.policy.clone(),
-            s.requests.to_string(),
-            s.completed.to_string(),
-            s.failed.to_string(),
-            secs(s.ttft_s.mean),
-            secs(s.ttft_s.p50),
-            secs(s.ttft_s.p99),
-            secs(s.e2e_s.mean),
-            secs(s.e2e_s.p50),
-            secs(s.e2e_s.p99),
-            fmt_sig(s.output_tok_s, 3),
-            secs(s.probe_gpu_s),
-            fmt_pct(s.prefix_hit_fraction),
-            fmt_pct(s.slo_attainment),
-        ]);
+        let mut row = vec![s.policy.clone()];
+        row.extend(views::RUN_TERMINAL.iter().map(|(n, _)| {
+            let m = view(n);
+            m.fmt_value(s.get(m))
+        }));
+        t.row(row);
     }
     t.render()
 }

@@ -3,10 +3,12 @@
 
 use crate::chart::{self, Figure, Legend, LinePanel, Panel, Series};
 use crate::error::ReportError;
-use crate::num::{fmt_pct, fmt_sig};
-use crate::run::{Written, create_dir, write_csv};
-use crate::summary::{Metric, RunSummary, summary_csv_fields, summary_csv_header};
-use crate::text::TextTable;
+use crate::export::create_dir;
+use crate::export::csv::write_csv;
+use crate::export::table::TextTable;
+use crate::metric::{view, views};
+use crate::run::Written;
+use crate::summary::{RunSummary, summary_csv_header};
 use std::path::Path;
 
 /// One point of a sweep: the parameter values (in the order of the parameter names), the
@@ -54,7 +56,7 @@ pub fn write_sweep(
         rows.iter().map(|(vals, policy, s)| {
             let mut row = vals.clone();
             row.push(policy.clone());
-            row.extend(summary_csv_fields(s));
+            row.extend(s.csv_fields());
             row
         }),
     )?;
@@ -115,15 +117,10 @@ fn sweep_figure(params: &[String], rows: &[SweepRow]) -> Figure {
             lines.push(k);
         }
     }
-    let metrics = [
-        ("e2e_mean_s", "Mean end-to-end latency", "seconds"),
-        ("ttft_p99_s", "p99 time to first token", "seconds"),
-        ("output_tok_s", "Output throughput", "tokens/s"),
-    ];
-    let panels = metrics
+    let panels = views::SWEEP_CHART
         .iter()
         .map(|(k, title, unit)| {
-            let m = Metric::by_key(k).expect("metric");
+            let m = view(k);
             let mut p = LinePanel::new(*title, &x_name, unit);
             p.markers = true;
             p.x_log = log;
@@ -147,7 +144,7 @@ fn sweep_figure(params: &[String], rows: &[SweepRow]) -> Figure {
                         if &key(r) != line {
                             continue;
                         }
-                        let Some(v) = m.value(&r.2) else { continue };
+                        let Some(v) = r.2.get(m) else { continue };
                         match pts.iter_mut().find(|p| p.0 == *x) {
                             Some(p) => {
                                 p.1 += v;
@@ -182,33 +179,16 @@ fn sweep_figure(params: &[String], rows: &[SweepRow]) -> Figure {
 pub fn sweep_table(params: &[String], rows: &[SweepRow]) -> String {
     let mut cols: Vec<(&str, bool)> = params.iter().map(|p| (p.as_str(), false)).collect();
     cols.push(("policy", false));
-    for c in [
-        "req",
-        "fail",
-        "TTFT mean",
-        "TTFT p99",
-        "e2e mean",
-        "e2e p99",
-        "tok/s",
-        "SLO",
-    ] {
-        cols.push((c, true));
-    }
+    cols.extend(views::SWEEP_TERMINAL.iter().map(|c| (c.1, true)));
     let mut t = TextTable::new(&cols);
     for (vals, policy, s) in rows {
         let mut row = vals.clone();
         row.resize(params.len(), String::new());
         row.push(policy.clone());
-        row.extend([
-            s.requests.to_string(),
-            s.failed.to_string(),
-            fmt_sig(s.ttft_s.mean, 3),
-            fmt_sig(s.ttft_s.p99, 3),
-            fmt_sig(s.e2e_s.mean, 3),
-            fmt_sig(s.e2e_s.p99, 3),
-            fmt_sig(s.output_tok_s, 3),
-            fmt_pct(s.slo_attainment),
-        ]);
+        row.extend(views::SWEEP_TERMINAL.iter().map(|(n, _)| {
+            let m = view(n);
+            m.fmt_value(s.get(m))
+        }));
         t.row(row);
     }
     t.render()

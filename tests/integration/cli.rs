@@ -161,6 +161,12 @@ fn the_gate_is_deterministic_bites_on_regressions_and_rejects_bad_baselines() {
     assert!(text(&md).contains("| seed/sixteen-at-once | seed-v3 | e2e_mean_s |"));
     let js = check(&["--format", "json"]);
     assert!(text(&js).contains("\"status\": \"REGRESSION\""));
+    let csv = check(&["--format", "csv"]);
+    assert!(
+        String::from_utf8_lossy(&csv.stdout).contains("seed/sixteen-at-once,seed-v3,e2e_mean_s,"),
+        "{}",
+        text(&csv)
+    );
 
     // A malformed baseline: exit 2 with the file and the place.
     std::fs::write(&file, "{ \"scenario\": \"seed/sixteen-at-once\", \"seeds\": [1, 2],\n  \"policies\": { \"seed-v1\": 7 } }").unwrap();
@@ -168,10 +174,8 @@ fn the_gate_is_deterministic_bites_on_regressions_and_rejects_bad_baselines() {
     assert_eq!(o.status.code(), Some(2));
     let t = text(&o);
     assert!(
-        t.contains("seed__sixteen-at-once.json")
-            && t.contains("policies.seed-v1")
-            && t.contains("line 2"),
-        "{t}"
+        t.contains("seed__sixteen-at-once.json:2:") && t.contains(": policies.seed-v1: "),
+        "file, line, column and field: {t}"
     );
 
     // A baseline naming an unknown policy, and one for a scenario not in the suite.
@@ -302,4 +306,86 @@ fn sweep_runs_a_grid_and_rejects_bad_paths() {
         "{}",
         text(&o)
     );
+}
+
+#[test]
+fn check_json_prints_only_json_on_stdout() {
+    let dir = scratch("check-json");
+    small_suite(&dir);
+    let base = dir.join("baselines");
+    let (suite, baselines) = (dir.display().to_string(), base.display().to_string());
+    let check = |extra: &[&str]| {
+        let mut args = vec!["check", "--suite", &suite, "--baselines", &baselines];
+        args.extend_from_slice(extra);
+        routelab(&args)
+    };
+    // No baselines yet: every comparison is new, the gate fails, stdout still parses.
+    for (extra, code) in [
+        (&["--format", "json"][..], 1),
+        (&["--format", "json", "--update"][..], 0),
+        (&["--format", "json"][..], 0),
+    ] {
+        let o = check(extra);
+        assert_eq!(o.status.code(), Some(code), "{extra:?}: {}", text(&o));
+        let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+            panic!(
+                "{extra:?}: stdout is not one JSON document: {e}\n{}",
+                text(&o)
+            )
+        });
+        let rows = doc["comparisons"].as_array().unwrap();
+        assert!(rows.len() > 20, "{extra:?}");
+        assert_eq!(doc["invariants"].as_array().unwrap().len(), 1);
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("comparison(s)"),
+            "the verdict goes to stderr: {}",
+            text(&o)
+        );
+    }
+}
+
+#[test]
+fn a_scenario_that_completes_nothing_fails_the_gate_on_missing_latency() {
+    let dir = scratch("check-nothing");
+    let good = std::fs::read_to_string(repo("scenarios/seed/sixteen-at-once.yaml")).unwrap();
+    let good = good.replace(
+        "name: seed/sixteen-at-once",
+        &format!(
+            "name: t/nothing\nhardware_dir: {}",
+            repo("scenarios/hardware")
+        ),
+    );
+    let scenario = dir.join("nothing.yaml");
+    std::fs::write(&scenario, &good).unwrap();
+    std::fs::write(
+        dir.join("suite.yaml"),
+        "seeds: [1]\nscenarios: [nothing.yaml]\n",
+    )
+    .unwrap();
+    let base = dir.join("baselines");
+    let (suite, baselines) = (dir.display().to_string(), base.display().to_string());
+    let check = || routelab(&["check", "--suite", &suite, "--baselines", &baselines]);
+    let o = routelab(&[
+        "check",
+        "--suite",
+        &suite,
+        "--baselines",
+        &baselines,
+        "--update",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(check().status.success());
+
+    // Prompts longer than any context window: every request is rejected, nothing completes,
+    // so there is no latency at all — which is not 0 s.
+    std::fs::write(&scenario, good.replace("fixed: 200", "fixed: 10000000")).unwrap();
+    let o = check();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let t = text(&o);
+    assert!(
+        t.contains("REGRESSION: scenario t/nothing policy seed-v1 metric e2e_mean_s: ")
+            && t.contains(" -> - (-, tolerance"),
+        "{t}"
+    );
+    assert!(t.contains("metric ttft_p99_s"), "{t}");
 }

@@ -1,6 +1,7 @@
 //! End-to-end tests: run the simulator on the source's sixteen-at-once case and check every
 //! report file.
 
+use routelab_reports::metric;
 use routelab_reports::{
     PolicyRun, PolicySeeds, RunMeta, RunSummary, ScenarioComparison, SweepRow, compare_table,
     findings_markdown, run_table, summary_table, sweep_table, write_compare, write_run,
@@ -400,11 +401,16 @@ fn sweep_outputs() {
             // Scale a real summary so the chart has a shape (the writer does not care).
             let mut s = RunSummary::from_metrics(&m);
             let f = f64::from(size) / 16.0;
-            s.e2e_s.mean = s.e2e_s.mean.map(|v| v * f);
-            s.ttft_s.p99 = s
-                .ttft_s
-                .p99
-                .map(|v| v * f + rtt.parse::<f64>().unwrap() / 1000.0);
+            let (e2e, ttft) = (
+                metric::by_name("e2e_mean_s").unwrap(),
+                metric::by_name("ttft_p99_s").unwrap(),
+            );
+            s.set(e2e, s.get(e2e).map(|v| v * f));
+            s.set(
+                ttft,
+                s.get(ttft)
+                    .map(|v| v * f + rtt.parse::<f64>().unwrap() / 1000.0),
+            );
             rows.push((vec![size.to_string(), rtt.to_string()], m.policy.clone(), s));
         }
     }

@@ -1,6 +1,9 @@
 //! Self-contained HTML: inline CSS, inline SVG, no scripts, no external resources.
 
+use super::Exporter;
+use crate::gate::{GateReport, Verdict, fmt_delta, fmt6};
 use std::fmt::Write as _;
+use std::io;
 
 /// Escape text for HTML element content and attribute values.
 pub(crate) fn esc(s: &str) -> String {
@@ -205,6 +208,76 @@ pub(crate) fn best_indices(values: &[Option<f64>], lower_is_better: bool) -> Vec
         .collect()
 }
 
+/// The HTML exporter: a self-contained page.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Html;
+
+impl Exporter<GateReport> for Html {
+    /// The verdict, the comparisons (regressions highlighted) and the invariants.
+    fn export(&self, report: &GateReport, out: &mut dyn io::Write) -> io::Result<()> {
+        let mut page = Page::new("routelab check");
+        page.el("h1", None, "routelab check");
+        page.el("p", Some("meta"), report.summary().trim());
+        page.el("h2", None, "Comparisons");
+        let header = [
+            ("scenario", true),
+            ("policy", true),
+            ("metric", true),
+            ("baseline", false),
+            ("current", false),
+            ("delta", false),
+            ("tolerance", false),
+            ("status", true),
+        ];
+        let rows: Vec<(bool, Vec<Cell>)> = report
+            .comparisons
+            .iter()
+            .map(|r| {
+                (
+                    false,
+                    vec![
+                        Cell::text(&r.scenario),
+                        Cell::text(&r.policy),
+                        Cell::text(&r.metric),
+                        Cell::num(fmt6(r.baseline)),
+                        Cell::num(fmt6(r.current)),
+                        Cell::num(fmt_delta(r.delta_pct)),
+                        Cell::num(format!("{:.2}%", r.tolerance_pct)),
+                        Cell::text(r.status.as_str()).best(r.status == Verdict::Regression),
+                    ],
+                )
+            })
+            .collect();
+        page.raw(&table(&header, &rows));
+        page.el("h2", None, "Invariants");
+        let header = [
+            ("scenario", true),
+            ("invariant", true),
+            ("left", true),
+            ("right", true),
+            ("holds", true),
+        ];
+        let rows: Vec<(bool, Vec<Cell>)> = report
+            .invariants
+            .iter()
+            .map(|i| {
+                (
+                    false,
+                    vec![
+                        Cell::text(&i.scenario),
+                        Cell::text(&i.statement),
+                        Cell::text(&i.left),
+                        Cell::text(&i.right),
+                        Cell::text(if i.holds { "yes" } else { "NO" }).best(!i.holds),
+                    ],
+                )
+            })
+            .collect();
+        page.raw(&table(&header, &rows));
+        out.write_all(page.finish().as_bytes())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -230,5 +303,15 @@ mod tests {
         );
         assert!(best_indices(&[Some(1.0), Some(1.0)], true).is_empty());
         assert!(best_indices(&[Some(1.0), None], true).is_empty());
+    }
+
+    #[test]
+    fn gate_html_is_one_escaped_page() {
+        let s = crate::export::tests::export(crate::export::Format::Html);
+        assert!(s.starts_with("<!DOCTYPE html>"));
+        assert!(s.contains("<td class=\"l best\">REGRESSION</td>"), "{s}");
+        assert!(s.contains("<td class=\"l\">p|q</td>"));
+        assert!(s.contains("3 comparison(s): 2 regression(s)"));
+        assert!(!s.contains("<script"));
     }
 }

@@ -1,0 +1,109 @@
+//! Output formats, one module per format, behind one small interface: an [`Exporter`] writes a
+//! report to a byte sink. `routelab check --format …` picks one with [`Format::gate`]; the run,
+//! comparison and sweep writers use the same modules' helpers for their files.
+
+pub mod csv;
+pub(crate) mod html;
+pub mod json;
+pub mod markdown;
+pub(crate) mod table;
+
+use crate::error::ReportError;
+use crate::gate::GateReport;
+use std::io::{self, Write};
+use std::path::Path;
+
+/// Writes a report of type `R` in one format.
+pub trait Exporter<R: ?Sized> {
+    /// Write `report` to `out`.
+    fn export(&self, report: &R, out: &mut dyn Write) -> io::Result<()>;
+}
+
+/// The output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Format {
+    /// Aligned plain text for the terminal.
+    Table,
+    /// JSON.
+    Json,
+    /// Markdown tables.
+    Markdown,
+    /// CSV.
+    Csv,
+    /// A self-contained HTML page.
+    Html,
+}
+
+impl Format {
+    /// The exporter of a gate report in this format.
+    pub fn gate(self) -> &'static dyn Exporter<GateReport> {
+        match self {
+            Format::Table => &table::Table,
+            Format::Json => &json::Json,
+            Format::Markdown => &markdown::Markdown,
+            Format::Csv => &csv::Csv,
+            Format::Html => &html::Html,
+        }
+    }
+}
+
+pub(crate) fn create_dir(dir: &Path) -> Result<(), ReportError> {
+    std::fs::create_dir_all(dir).map_err(|source| ReportError::CreateDir {
+        dir: dir.to_path_buf(),
+        source,
+    })
+}
+
+pub(crate) fn write_file(path: &Path, bytes: impl AsRef<[u8]>) -> Result<(), ReportError> {
+    std::fs::write(path, bytes).map_err(|source| ReportError::Write {
+        file: path.to_path_buf(),
+        source,
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::gate::{Comparison, GateReport, InvariantResult, Verdict};
+
+    /// A small report with a regression, a missing value and a failed invariant.
+    pub(crate) fn report() -> GateReport {
+        let row = |metric: &str, baseline, current, delta, status| Comparison {
+            scenario: "s/a".into(),
+            policy: "p|q".into(),
+            metric: metric.into(),
+            baseline,
+            current,
+            delta_pct: delta,
+            tolerance_pct: 2.0,
+            status,
+        };
+        GateReport {
+            comparisons: vec![
+                row(
+                    "e2e_mean_s",
+                    Some(1.0),
+                    Some(1.5),
+                    Some(50.0),
+                    Verdict::Regression,
+                ),
+                row("ttft_p99_s", Some(0.5), None, None, Verdict::Regression),
+                row("completed", None, Some(16.0), None, Verdict::NoBaseline),
+            ],
+            invariants: vec![InvariantResult {
+                scenario: "s/a".into(),
+                statement: "p is fast".into(),
+                left: "p e2e_max_s = 1.000000".into(),
+                right: "2".into(),
+                holds: false,
+            }],
+        }
+    }
+
+    pub(crate) fn export(f: Format) -> String {
+        let mut out = Vec::new();
+        f.gate().export(&report(), &mut out).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+}

@@ -1,0 +1,659 @@
+//! The one metric catalog: every scalar routelab reports about a run, defined once.
+//!
+//! Each [`Metric`] is a name, a label, a unit, a [`Direction`], a description, how to read it
+//! from a [`RunMetrics`], and where it appears (its key in `summary.json`, whether it is a CSV
+//! column, whether the regression gate tracks it). `summary.json`, every CSV, the console and
+//! HTML tables, `compare`, `sweep` and `check` all take their metrics from [`CATALOG`]; the few
+//! outputs that show a hand-picked subset (a terminal table, the comparison ranking) name their
+//! columns in [`views`].
+//!
+//! **Missing is not zero**: a metric a run has no value for (no latency when nothing completed,
+//! no throughput over an empty span) reads as `None` — `null` in JSON, an empty CSV cell, `-`
+//! in a table — and the gate treats a missing value where its baseline had one as a
+//! regression.
+
+use crate::num::{fmt_pct, fmt_sig, r6};
+use routelab_sim::RunMetrics;
+use routelab_sim::histogram::Histogram;
+
+/// Which way is better.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Smaller is better (latency, failures, probe cost).
+    Lower,
+    /// Larger is better (throughput, SLO attainment, cache hits).
+    Higher,
+    /// Neither: reported when it moves, never ranked, never a regression (request counts,
+    /// traffic shares, weights).
+    Neutral,
+}
+
+impl Direction {
+    /// `lower`, `higher` or `neutral` (the `better` column of `compare.csv`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Lower => "lower",
+            Direction::Higher => "higher",
+            Direction::Neutral => "neutral",
+        }
+    }
+
+    /// Whether `a` is strictly better than `b` (never for a neutral metric).
+    pub fn is_better(self, a: f64, b: f64) -> bool {
+        match self {
+            Direction::Lower => a < b,
+            Direction::Higher => a > b,
+            Direction::Neutral => false,
+        }
+    }
+}
+
+/// Unit of a metric; counts are whole numbers and print without decimals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// Seconds.
+    Seconds,
+    /// Output tokens per second.
+    TokensPerSecond,
+    /// A fraction in [0, 1], printed as a percentage.
+    Fraction,
+    /// GPU-seconds.
+    GpuSeconds,
+    /// A count of requests.
+    Requests,
+    /// A count of tokens.
+    Tokens,
+    /// A count of probe bursts.
+    Bursts,
+    /// A router weight (dimensionless).
+    Weight,
+}
+
+impl Unit {
+    /// The unit as printed (`s`, `tok/s`, `fraction`, `GPU-s`, `requests`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unit::Seconds => "s",
+            Unit::TokensPerSecond => "tok/s",
+            Unit::Fraction => "fraction",
+            Unit::GpuSeconds => "GPU-s",
+            Unit::Requests => "requests",
+            Unit::Tokens => "tokens",
+            Unit::Bursts => "bursts",
+            Unit::Weight => "weight",
+        }
+    }
+
+    /// A whole-number count (never rounded, written as an integer).
+    pub fn is_count(self) -> bool {
+        matches!(self, Unit::Requests | Unit::Tokens | Unit::Bursts)
+    }
+}
+
+/// Where a metric sits in `summary.json` (and in every file that flattens a run summary).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JsonKey {
+    /// A top-level key of the run entry.
+    Top(&'static str),
+    /// A key inside an object of the run entry (`ttft_s.p50`); consecutive entries of the same
+    /// object are written together.
+    Nested(&'static str, &'static str),
+    /// Not in `summary.json` (the gate's `lost`).
+    Absent,
+}
+
+/// One metric of a run.
+#[derive(Debug, Clone, Copy)]
+pub struct Metric {
+    /// Stable name (`e2e_mean_s`): CSV column, gate and baseline key, `compare.json` key.
+    pub name: &'static str,
+    /// Human label (`e2e mean`).
+    pub label: &'static str,
+    /// Unit.
+    pub unit: Unit,
+    /// Which way is better.
+    pub direction: Direction,
+    /// One sentence for people.
+    pub description: &'static str,
+    /// Its place in `summary.json`.
+    pub json: JsonKey,
+    /// A column of the per-run CSVs (`compare_seeds.csv`, `sweep.csv`).
+    pub csv: bool,
+    /// Tracked by the regression gate (and so a key of `baselines/*.json`).
+    pub gate: bool,
+    read: fn(&RunMetrics) -> Option<f64>,
+}
+
+impl Metric {
+    /// The exact value in a run (`None`: the run has no value for it; never NaN).
+    pub fn read(&self, m: &RunMetrics) -> Option<f64> {
+        (self.read)(m).filter(|v| v.is_finite())
+    }
+
+    /// The value as reported in summaries: counts exact, everything else to 6 significant
+    /// digits.
+    pub fn reported(&self, m: &RunMetrics) -> Option<f64> {
+        let v = self.read(m)?;
+        if self.unit.is_count() { Some(v) } else { r6(v) }
+    }
+
+    /// A single run's value for a table: counts as integers, fractions as percentages, the
+    /// rest to 3 significant digits; `-` when missing.
+    pub fn fmt_value(&self, v: Option<f64>) -> String {
+        match v {
+            Some(v) if self.unit.is_count() => format!("{v:.0}"),
+            _ => self.fmt_stat(v),
+        }
+    }
+
+    /// An aggregate (e.g. a mean across seeds) for a table: fractions as percentages, the
+    /// rest to 3 significant digits; `-` when missing.
+    pub fn fmt_stat(&self, v: Option<f64>) -> String {
+        match self.unit {
+            Unit::Fraction => fmt_pct(v),
+            _ => fmt_sig(v, 3),
+        }
+    }
+
+    /// Position of this metric in [`CATALOG`].
+    pub fn index(&self) -> usize {
+        CATALOG
+            .iter()
+            .position(|m| m.name == self.name)
+            .expect("every Metric is a CATALOG entry")
+    }
+}
+
+/// Look a metric up by name.
+pub fn by_name(name: &str) -> Option<&'static Metric> {
+    CATALOG.iter().find(|m| m.name == name)
+}
+
+/// Look a metric of a view up; views name only catalog entries (a unit test checks it).
+pub(crate) fn view(name: &str) -> &'static Metric {
+    by_name(name).unwrap_or_else(|| panic!("view names unknown metric `{name}`"))
+}
+
+fn count(v: u64) -> Option<f64> {
+    Some(v as f64)
+}
+
+fn mean(h: &Histogram) -> Option<f64> {
+    h.mean_secs()
+}
+
+fn quantile(h: &Histogram, q: f64) -> Option<f64> {
+    h.quantile_secs(q)
+}
+
+/// First arrival to last completion, ns; 0 when nothing completed.
+fn span_ns(m: &RunMetrics) -> u64 {
+    m.last_completion_ns.saturating_sub(m.first_arrival_ns)
+}
+
+macro_rules! metric {
+    ($name:literal, $label:literal, $unit:ident, $dir:ident, $json:expr, csv: $csv:literal,
+     gate: $gate:literal, $desc:literal, |$m:ident| $e:expr) => {
+        Metric {
+            name: $name,
+            label: $label,
+            unit: Unit::$unit,
+            direction: Direction::$dir,
+            description: $desc,
+            json: $json,
+            csv: $csv,
+            gate: $gate,
+            read: |$m: &RunMetrics| $e,
+        }
+    };
+}
+
+use JsonKey::{Absent, Nested, Top};
+
+/// Every metric of a run, in `summary.json` order (CSV columns follow the same order).
+/// Adding a metric is adding one entry here.
+pub const CATALOG: &[Metric] = &[
+    metric!("requests", "requests", Requests, Neutral, Top("requests"), csv: true, gate: false,
+        "Customer requests that arrived.", |m| count(m.requests)),
+    metric!("completed", "completed", Requests, Higher, Top("completed"), csv: true, gate: true,
+        "Customer requests completed.", |m| count(m.completed)),
+    metric!("failed", "failed", Requests, Lower, Top("failed"), csv: true, gate: true,
+        "Failed: the worker crashed after the first token, or retries were exhausted.",
+        |m| count(m.failed)),
+    metric!("rejected", "rejected", Requests, Lower, Top("rejected"), csv: true, gate: true,
+        "Rejected by the router (no worker for the model, prompt too long).",
+        |m| count(m.rejected)),
+    metric!("lost", "lost", Requests, Lower, Absent, csv: false, gate: true,
+        "Requests neither completed, failed loudly nor rejected: must always be 0.",
+        |m| count(m.requests.saturating_sub(m.completed + m.failed + m.rejected))),
+    metric!("retried", "retried", Requests, Neutral, Top("retried"), csv: true, gate: false,
+        "Re-routed after their worker failed before the first token.", |m| count(m.retried)),
+    metric!("ttft_mean_s", "TTFT mean", Seconds, Lower, Nested("ttft_s", "mean"), csv: true,
+        gate: true, "Mean time to first token.", |m| mean(&m.ttft)),
+    metric!("ttft_p50_s", "TTFT p50", Seconds, Lower, Nested("ttft_s", "p50"), csv: true,
+        gate: true, "Median time to first token.", |m| quantile(&m.ttft, 0.5)),
+    metric!("ttft_p90_s", "TTFT p90", Seconds, Lower, Nested("ttft_s", "p90"), csv: true,
+        gate: false, "90th percentile of the time to first token.", |m| quantile(&m.ttft, 0.9)),
+    metric!("ttft_p99_s", "TTFT p99", Seconds, Lower, Nested("ttft_s", "p99"), csv: true,
+        gate: true, "99th percentile of the time to first token.",
+        |m| quantile(&m.ttft, 0.99)),
+    metric!("ttft_max_s", "TTFT max", Seconds, Lower, Nested("ttft_s", "max"), csv: false,
+        gate: false, "Largest time to first token.", |m| quantile(&m.ttft, 1.0)),
+    metric!("e2e_mean_s", "e2e mean", Seconds, Lower, Nested("e2e_s", "mean"), csv: true,
+        gate: true, "Mean end-to-end latency.", |m| mean(&m.e2e)),
+    metric!("e2e_p50_s", "e2e p50", Seconds, Lower, Nested("e2e_s", "p50"), csv: true,
+        gate: true, "Median end-to-end latency.", |m| quantile(&m.e2e, 0.5)),
+    metric!("e2e_p90_s", "e2e p90", Seconds, Lower, Nested("e2e_s", "p90"), csv: true,
+        gate: true, "90th percentile of the end-to-end latency.", |m| quantile(&m.e2e, 0.9)),
+    metric!("e2e_p99_s", "e2e p99", Seconds, Lower, Nested("e2e_s", "p99"), csv: true,
+        gate: true, "99th percentile of the end-to-end latency.", |m| quantile(&m.e2e, 0.99)),
+    metric!("e2e_max_s", "e2e max", Seconds, Lower, Nested("e2e_s", "max"), csv: false,
+        gate: true, "Largest end-to-end latency (when the last request finished).",
+        |m| quantile(&m.e2e, 1.0)),
+    metric!("tpot_mean_s", "TPOT mean", Seconds, Lower, Nested("tpot_s", "mean"), csv: true,
+        gate: false, "Mean time per output token after the first.", |m| mean(&m.tpot)),
+    metric!("tpot_p50_s", "TPOT p50", Seconds, Lower, Nested("tpot_s", "p50"), csv: true,
+        gate: true, "Median time per output token.", |m| quantile(&m.tpot, 0.5)),
+    metric!("tpot_p90_s", "TPOT p90", Seconds, Lower, Nested("tpot_s", "p90"), csv: true,
+        gate: false, "90th percentile of the time per output token.",
+        |m| quantile(&m.tpot, 0.9)),
+    metric!("tpot_p99_s", "TPOT p99", Seconds, Lower, Nested("tpot_s", "p99"), csv: true,
+        gate: true, "99th percentile of the time per output token.",
+        |m| quantile(&m.tpot, 0.99)),
+    metric!("tpot_max_s", "TPOT max", Seconds, Lower, Nested("tpot_s", "max"), csv: false,
+        gate: false, "Largest time per output token.", |m| quantile(&m.tpot, 1.0)),
+    metric!("queue_mean_s", "queue mean", Seconds, Lower, Nested("queue_s", "mean"),
+        csv: true, gate: true, "Mean time queued at the gateway.", |m| mean(&m.queue)),
+    metric!("queue_p50_s", "queue p50", Seconds, Lower, Nested("queue_s", "p50"), csv: false,
+        gate: false, "Median time queued at the gateway.", |m| quantile(&m.queue, 0.5)),
+    metric!("queue_p90_s", "queue p90", Seconds, Lower, Nested("queue_s", "p90"), csv: false,
+        gate: false, "90th percentile of the gateway queue time.",
+        |m| quantile(&m.queue, 0.9)),
+    metric!("queue_p99_s", "queue p99", Seconds, Lower, Nested("queue_s", "p99"), csv: true,
+        gate: false, "99th percentile of the gateway queue time.",
+        |m| quantile(&m.queue, 0.99)),
+    metric!("queue_max_s", "queue max", Seconds, Lower, Nested("queue_s", "max"), csv: false,
+        gate: false, "Longest gateway queue time.", |m| quantile(&m.queue, 1.0)),
+    metric!("output_tokens", "output tokens", Tokens, Higher, Top("output_tokens"), csv: true,
+        gate: false, "Customer output tokens completed.", |m| count(m.output_tokens)),
+    metric!("output_tok_s", "output tok/s", TokensPerSecond, Higher, Top("output_tok_s"),
+        csv: true, gate: true,
+        "Output tokens per second from the first arrival to the last completion.",
+        |m| (span_ns(m) > 0).then(|| m.output_tok_s())),
+    metric!("span_s", "span", Seconds, Neutral, Top("span_s"), csv: true, gate: false,
+        "First arrival to last completion.",
+        |m| (span_ns(m) > 0).then(|| span_ns(m) as f64 / 1e9)),
+    metric!("probe_gpu_s", "probe GPU-s", GpuSeconds, Lower, Top("probe_gpu_s"), csv: true,
+        gate: true, "GPU-seconds spent in probe bursts.", |m| Some(m.probe_gpu_s)),
+    metric!("probe_bursts", "probe bursts", Bursts, Lower, Top("probe_bursts"), csv: true,
+        gate: false, "Probe bursts sent (warm-up and measurement).", |m| count(m.probe_bursts)),
+    metric!("probe_measurements", "probe measurements", Bursts, Neutral,
+        Top("probe_measurements"), csv: true, gate: false,
+        "Probe bursts that became a measurement.", |m| count(m.probe_measurements)),
+    metric!("prefix_hit_fraction", "prefix hit", Fraction, Higher, Top("prefix_hit_fraction"),
+        csv: true, gate: true,
+        "Fraction of completed prompt tokens served from engine prefix caches (engine truth).",
+        |m| (m.prompt_tokens > 0).then(|| m.prefix_hit_fraction())),
+    metric!("believed_prefix_hit_fraction", "believed prefix hit", Fraction, Neutral,
+        Top("believed_prefix_hit_fraction"), csv: true, gate: false,
+        "Fraction of completed prompt tokens the router believed cached.",
+        |m| (m.prompt_tokens > 0).then(|| m.believed_hit_fraction())),
+    metric!("slo_attainment", "SLO attainment", Fraction, Higher, Top("slo_attainment"),
+        csv: true, gate: true, "Fraction of requests whose TTFT and TPOT met the SLO.",
+        |m| (m.requests > 0).then(|| m.slo_attainment())),
+];
+
+/// A per-worker metric: one value per worker of a run.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkerMetric {
+    /// Name; the gate keys a worker's value as `name:worker` (`share:pair`).
+    pub name: &'static str,
+    /// Unit.
+    pub unit: Unit,
+    /// Which way is better.
+    pub direction: Direction,
+    /// One sentence for people.
+    pub description: &'static str,
+    read: fn(&RunMetrics, usize) -> Option<f64>,
+}
+
+impl WorkerMetric {
+    /// Its value for worker `i` of the run (`None` when it has none or there is no such
+    /// worker).
+    pub fn read(&self, m: &RunMetrics, i: usize) -> Option<f64> {
+        (self.read)(m, i).filter(|v| v.is_finite())
+    }
+
+    /// The gate's key of this metric for a worker.
+    pub fn key(&self, worker: &str) -> String {
+        format!("{}:{worker}", self.name)
+    }
+}
+
+/// Fraction of all dispatches of the run that went to worker `i`.
+pub fn share(m: &RunMetrics, i: usize) -> Option<f64> {
+    let total: u64 = m.workers.iter().map(|w| w.requests).sum();
+    let w = m.workers.get(i)?;
+    // No dispatches at all: every worker received none of them.
+    Some(if total == 0 {
+        0.0
+    } else {
+        w.requests as f64 / total as f64
+    })
+}
+
+/// Every per-worker metric the gate tracks.
+pub const WORKER_METRICS: &[WorkerMetric] = &[
+    WorkerMetric {
+        name: "share",
+        unit: Unit::Fraction,
+        direction: Direction::Neutral,
+        description: "The worker's fraction of all dispatches of the run.",
+        read: share,
+    },
+    WorkerMetric {
+        name: "weight",
+        unit: Unit::Weight,
+        direction: Direction::Neutral,
+        description: "The router's weight of the worker at the end of the run.",
+        read: |m, i| m.workers.get(i).map(|w| w.final_weight),
+    },
+];
+
+/// The direction of a gate key: a catalog metric's, or a per-worker metric's (`share:pair`).
+/// `None` for a key that names no metric.
+pub fn direction_of_key(key: &str) -> Option<Direction> {
+    match key.split_once(':') {
+        Some((prefix, worker)) if !worker.is_empty() => WORKER_METRICS
+            .iter()
+            .find(|w| w.name == prefix)
+            .map(|w| w.direction),
+        Some(_) => None,
+        None => by_name(key).filter(|m| m.gate).map(|m| m.direction),
+    }
+}
+
+/// The hand-picked columns of outputs that show a subset of the catalog, each by metric name
+/// (with the column header where the table abbreviates the label).
+pub mod views {
+    /// Metrics `compare` ranks policies by, in report order (`compare.json`, `compare.csv`).
+    pub const RANKED: &[&str] = &[
+        "ttft_mean_s",
+        "ttft_p50_s",
+        "ttft_p99_s",
+        "e2e_mean_s",
+        "e2e_p50_s",
+        "e2e_p99_s",
+        "tpot_mean_s",
+        "tpot_p99_s",
+        "queue_mean_s",
+        "output_tok_s",
+        "slo_attainment",
+        "prefix_hit_fraction",
+        "probe_gpu_s",
+        "failed",
+    ];
+
+    /// The comparison's key metrics: the HTML table, its winners and the findings.
+    pub const COMPARE_KEY: &[&str] = &[
+        "ttft_mean_s",
+        "ttft_p99_s",
+        "e2e_mean_s",
+        "e2e_p50_s",
+        "e2e_p99_s",
+        "tpot_mean_s",
+        "output_tok_s",
+        "slo_attainment",
+        "prefix_hit_fraction",
+        "probe_gpu_s",
+        "failed",
+    ];
+
+    /// Columns of the comparison's terminal table.
+    pub const COMPARE_TERMINAL: &[&str] = &[
+        "ttft_mean_s",
+        "ttft_p99_s",
+        "e2e_mean_s",
+        "e2e_p99_s",
+        "output_tok_s",
+        "slo_attainment",
+        "probe_gpu_s",
+        "failed",
+    ];
+
+    /// Columns (metric, header) of the run's terminal table.
+    pub const RUN_TERMINAL: &[(&str, &str)] = &[
+        ("requests", "req"),
+        ("completed", "done"),
+        ("failed", "fail"),
+        ("ttft_mean_s", "TTFT mean"),
+        ("ttft_p50_s", "p50"),
+        ("ttft_p99_s", "p99"),
+        ("e2e_mean_s", "e2e mean"),
+        ("e2e_p50_s", "p50"),
+        ("e2e_p99_s", "p99"),
+        ("output_tok_s", "tok/s"),
+        ("probe_gpu_s", "probe GPU-s"),
+        ("prefix_hit_fraction", "prefix"),
+        ("slo_attainment", "SLO"),
+    ];
+
+    /// Columns (metric, header) of the run report's summary table.
+    pub const RUN_HTML: &[(&str, &str)] = &[
+        ("requests", "requests"),
+        ("completed", "completed"),
+        ("failed", "failed"),
+        ("rejected", "rejected"),
+        ("ttft_mean_s", "TTFT mean"),
+        ("ttft_p50_s", "TTFT p50"),
+        ("ttft_p90_s", "TTFT p90"),
+        ("ttft_p99_s", "TTFT p99"),
+        ("e2e_mean_s", "e2e mean"),
+        ("e2e_p50_s", "e2e p50"),
+        ("e2e_p90_s", "e2e p90"),
+        ("e2e_p99_s", "e2e p99"),
+        ("output_tok_s", "output tok/s"),
+        ("probe_gpu_s", "probe GPU-s"),
+        ("prefix_hit_fraction", "prefix hit"),
+        ("slo_attainment", "SLO"),
+    ];
+
+    /// Columns (metric, header) of the sweep's terminal table.
+    pub const SWEEP_TERMINAL: &[(&str, &str)] = &[
+        ("requests", "req"),
+        ("failed", "fail"),
+        ("ttft_mean_s", "TTFT mean"),
+        ("ttft_p99_s", "TTFT p99"),
+        ("e2e_mean_s", "e2e mean"),
+        ("e2e_p99_s", "e2e p99"),
+        ("output_tok_s", "tok/s"),
+        ("slo_attainment", "SLO"),
+    ];
+
+    /// Panels (metric, title, axis) of the sweep chart.
+    pub const SWEEP_CHART: &[(&str, &str, &str)] = &[
+        ("e2e_mean_s", "Mean end-to-end latency", "seconds"),
+        ("ttft_p99_s", "p99 time to first token", "seconds"),
+        ("output_tok_s", "Output throughput", "tokens/s"),
+    ];
+
+    /// Panels (metric, title) of the comparison's bar chart.
+    pub const COMPARE_BARS: &[(&str, &str)] = &[
+        (
+            "e2e_mean_s",
+            "Mean end-to-end latency (mean across seeds, 95 % interval)",
+        ),
+        (
+            "ttft_p99_s",
+            "p99 time to first token (mean across seeds, 95 % interval)",
+        ),
+    ];
+
+    /// Every metric name a view uses.
+    pub fn all_names() -> impl Iterator<Item = &'static str> {
+        RANKED
+            .iter()
+            .chain(COMPARE_KEY)
+            .chain(COMPARE_TERMINAL)
+            .copied()
+            .chain(RUN_TERMINAL.iter().map(|c| c.0))
+            .chain(RUN_HTML.iter().map(|c| c.0))
+            .chain(SWEEP_TERMINAL.iter().map(|c| c.0))
+            .chain(SWEEP_CHART.iter().map(|c| c.0))
+            .chain(COMPARE_BARS.iter().map(|c| c.0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use routelab_sim::WorkerTotals;
+
+    fn run_that_completed(n: u64) -> RunMetrics {
+        let mut m = RunMetrics::new("p", vec![WorkerTotals::new("a"), WorkerTotals::new("b")]);
+        m.requests = 4;
+        m.first_arrival_ns = 1_000_000_000;
+        for _ in 0..n {
+            m.completed += 1;
+            m.ttft.record_secs(0.5);
+            m.e2e.record_secs(2.0);
+            m.tpot.record_secs(0.02);
+            m.queue.record_secs(0.0);
+            m.output_tokens += 10;
+            m.prompt_tokens += 100;
+            m.cached_tokens += 25;
+            m.slo_met += 1;
+            m.last_completion_ns = 3_000_000_000;
+            m.workers[0].requests += 1;
+        }
+        m
+    }
+
+    #[test]
+    fn names_are_unique_and_keys_stable() {
+        for (i, a) in CATALOG.iter().enumerate() {
+            assert!(
+                CATALOG[i + 1..].iter().all(|b| b.name != a.name),
+                "{}",
+                a.name
+            );
+            assert!(!a.name.contains(':'), "`:` separates per-worker keys");
+            assert!(!a.description.is_empty(), "{}", a.name);
+            assert_eq!(by_name(a.name).map(Metric::index), Some(i));
+            if let JsonKey::Top(k) = a.json {
+                assert_eq!(k, a.name, "top-level JSON keys are the names");
+            }
+        }
+        for (i, a) in CATALOG.iter().enumerate() {
+            for b in &CATALOG[i + 1..] {
+                assert!(a.json == JsonKey::Absent || a.json != b.json, "{}", b.name);
+            }
+        }
+        for w in WORKER_METRICS {
+            assert!(
+                by_name(w.name).is_none(),
+                "{} clashes with a run metric",
+                w.name
+            );
+        }
+    }
+
+    #[test]
+    fn nested_json_entries_are_contiguous() {
+        // The summary writer opens an object once per group.
+        let groups: Vec<&str> = CATALOG
+            .iter()
+            .filter_map(|m| match m.json {
+                JsonKey::Nested(g, _) => Some(g),
+                _ => None,
+            })
+            .collect();
+        for (i, g) in groups.iter().enumerate() {
+            if i > 0 && groups[i - 1] != *g {
+                assert!(!groups[..i].contains(g), "{g} split");
+            }
+        }
+    }
+
+    #[test]
+    fn views_name_catalog_metrics_and_ranked_ones_have_a_direction() {
+        for n in views::all_names() {
+            assert!(by_name(n).is_some(), "{n}");
+        }
+        for n in views::RANKED {
+            assert_ne!(
+                view(n).direction,
+                Direction::Neutral,
+                "{n} cannot be ranked"
+            );
+        }
+        assert!(views::COMPARE_KEY.iter().all(|k| views::RANKED.contains(k)));
+    }
+
+    #[test]
+    fn directions() {
+        assert_eq!(view("e2e_p99_s").direction, Direction::Lower);
+        assert_eq!(view("failed").direction, Direction::Lower);
+        assert_eq!(view("output_tok_s").direction, Direction::Higher);
+        assert_eq!(view("slo_attainment").direction, Direction::Higher);
+        assert_eq!(view("requests").direction, Direction::Neutral);
+        assert!(Direction::Lower.is_better(1.0, 2.0));
+        assert!(Direction::Higher.is_better(2.0, 1.0));
+        assert!(!Direction::Neutral.is_better(2.0, 1.0));
+        assert_eq!(direction_of_key("share:pair"), Some(Direction::Neutral));
+        assert_eq!(direction_of_key("weight:x"), Some(Direction::Neutral));
+        assert_eq!(direction_of_key("lost"), Some(Direction::Lower));
+        assert_eq!(direction_of_key("completed"), Some(Direction::Higher));
+        // Not gate metrics, or not metrics at all.
+        assert_eq!(direction_of_key("requests"), None);
+        assert_eq!(direction_of_key("share:"), None);
+        assert_eq!(direction_of_key("e2e_mean"), None);
+    }
+
+    #[test]
+    fn a_run_that_completed_nothing_has_no_latency_throughput_or_hit_rate() {
+        let m = run_that_completed(0);
+        for name in [
+            "ttft_mean_s",
+            "ttft_p99_s",
+            "e2e_mean_s",
+            "e2e_max_s",
+            "tpot_p50_s",
+            "queue_mean_s",
+            "output_tok_s",
+            "span_s",
+            "prefix_hit_fraction",
+        ] {
+            assert_eq!(view(name).read(&m), None, "{name} is missing, not 0");
+        }
+        // Counts are always there; nothing met the SLO out of 4 arrivals.
+        assert_eq!(view("completed").read(&m), Some(0.0));
+        assert_eq!(view("lost").read(&m), Some(4.0));
+        assert_eq!(view("slo_attainment").read(&m), Some(0.0));
+        assert_eq!(share(&m, 0), Some(0.0));
+        assert_eq!(share(&m, 9), None);
+    }
+
+    #[test]
+    fn values_and_formatting() {
+        let m = run_that_completed(2);
+        assert_eq!(view("e2e_mean_s").read(&m), Some(2.0));
+        assert_eq!(view("output_tok_s").read(&m), Some(10.0));
+        assert_eq!(view("prefix_hit_fraction").read(&m), Some(0.25));
+        assert_eq!(view("lost").read(&m), Some(2.0));
+        assert_eq!(share(&m, 0), Some(1.0));
+        let done = view("completed");
+        assert_eq!(done.fmt_value(Some(16.0)), "16");
+        assert_eq!(done.fmt_stat(Some(2.5)), "2.50");
+        assert_eq!(view("slo_attainment").fmt_value(Some(0.75)), "75.0%");
+        assert_eq!(view("e2e_mean_s").fmt_value(None), "-");
+        assert_eq!(view("e2e_mean_s").reported(&m), Some(2.0));
+        let mut big = run_that_completed(1);
+        big.requests = 123_456_789;
+        assert_eq!(
+            view("requests").reported(&big),
+            Some(123_456_789.0),
+            "counts exact"
+        );
+    }
+}
