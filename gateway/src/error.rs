@@ -100,8 +100,10 @@ impl ApiError {
     }
 }
 
-impl From<RouteError> for ApiError {
-    fn from(e: RouteError) -> ApiError {
+impl ApiError {
+    /// The answer to a request for `model` the router refused. The router's error carries the
+    /// model's id only (it never allocates); the message names the model as the client wrote it.
+    pub fn route(e: RouteError, model: &str) -> ApiError {
         let status =
             StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
         let (kind, code, param) = match &e {
@@ -121,7 +123,7 @@ impl From<RouteError> for ApiError {
         };
         ApiError {
             status,
-            message: e.to_string(),
+            message: e.with_model(model).to_string(),
             kind,
             param,
             code,
