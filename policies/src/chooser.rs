@@ -5,6 +5,7 @@
 //! their cap and answers a position in the candidate list, or `None` when all are full. All
 //! selection code and tie handling lives here; nothing allocates.
 
+use crate::catalog;
 use rand::{Rng, RngExt};
 
 /// Hot per-worker state, kept apart from the descriptive `WorkerInfo` so scans touch few cache
@@ -52,7 +53,7 @@ impl TieRule {
     }
 
     /// Valid names.
-    pub const NAMES: &'static [&'static str] = &["first", "random", "higher-weight"];
+    pub const NAMES: &'static [&'static str] = &catalog::names(&catalog::TIES);
 
     /// Parse a name.
     pub fn parse(s: &str) -> Option<TieRule> {
@@ -100,15 +101,9 @@ pub enum Chooser {
 
 impl Chooser {
     /// Valid names.
-    pub const NAMES: &'static [&'static str] = &[
-        "p2c",
-        "sed",
-        "jsq",
-        "least-request",
-        "wrr",
-        "random",
-        "round-robin",
-    ];
+    pub const NAMES: &'static [&'static str] = &catalog::names(&catalog::CHOOSERS);
+    /// least-request's active-request bias when none is given (Envoy's default).
+    pub const DEFAULT_BIAS: f64 = 1.0;
 
     /// YAML/CLI name.
     pub fn name(&self) -> &'static str {
@@ -129,12 +124,23 @@ impl Chooser {
             "p2c" => Chooser::P2c { ties },
             "sed" => Chooser::Sed { ties },
             "jsq" => Chooser::Jsq { ties },
-            "least-request" => Chooser::LeastRequest { bias: 1.0, ties },
+            "least-request" => Chooser::LeastRequest {
+                bias: Self::DEFAULT_BIAS,
+                ties,
+            },
             "wrr" => Chooser::Wrr,
             "random" => Chooser::Random,
             "round-robin" => Chooser::RoundRobin,
             _ => return None,
         })
+    }
+
+    /// The chooser as a composition writes it: `p2c:higher-weight`, `wrr`.
+    pub fn composition(&self) -> String {
+        match self.ties() {
+            Some(t) => format!("{}:{}", self.name(), t.as_str()),
+            None => self.name().to_string(),
+        }
     }
 
     /// The tie rule, for choosers that compare scores.
