@@ -18,6 +18,7 @@
 use crate::catalog;
 use crate::chooser::{Chooser, TieRule};
 use crate::error::ConfigError;
+use crate::located::InputError;
 use crate::weights::{
     AtLoadConfig, AtLoadWeights, Clamp, EqualWeights, LiveConfig, LiveWeights, OracleWeights,
     ProbeConfig, ProbeWeights, TableConfig, TableWeights, WeightStrategy,
@@ -470,6 +471,20 @@ impl PolicyEntry {
             PolicyEntry::Name(n) => PolicyConfig::from_name(n),
             PolicyEntry::Full(raw) => PolicyConfig::from_raw(raw),
         }
+    }
+
+    /// [`PolicyEntry::build`] with a located error: the entry sits at field `at` (`policy`,
+    /// `policies[2]`) of `file`.
+    pub fn build_in(&self, file: &str, at: &str) -> Result<PolicyConfig, InputError> {
+        self.build().map_err(|e| {
+            let mut e = InputError::from_config(file, &e);
+            // A composition that does not parse is wrong as a whole: its error is about the
+            // entry itself, not about a field called `policy` inside it.
+            if matches!(self, PolicyEntry::Name(_)) && e.field == "policy" {
+                e.field.clear();
+            }
+            e.within(at)
+        })
     }
 }
 
