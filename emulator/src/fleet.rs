@@ -1,7 +1,7 @@
 //! One emulator per worker of a scenario, and a gateway configuration in front of them.
 
 use crate::server::{Emulator, EmulatorError, EmulatorOptions, serve};
-use routelab_gateway::{GatewayConfig, PolicySpec, WorkerConfig};
+use routelab_gateway::{GatewayConfig, PolicyEntry, WorkerConfig};
 use routelab_sim::{SimSetup, derive_seed};
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -84,7 +84,7 @@ impl EmulatedFleet {
         let mut c = GatewayConfig::from_yaml("workers: []\n", "emulated-fleet")
             .expect("the minimal gateway config is valid");
         c.listen = "127.0.0.1:0".into();
-        c.policy = PolicySpec::Name(policy.to_string());
+        c.policy = PolicyEntry::Name(policy.to_string());
         c.seed = seed;
         c.probe.poll_interval_s = (self.tick_s / speedup).max(0.001);
         c.workers = self.workers.clone();

@@ -11,7 +11,7 @@
 //! | `POST /admin/workers/{name}/reprobe` | measure again now → 202 |
 
 use crate::config::WorkerConfig;
-use crate::error::ApiError;
+use crate::error::{ApiError, WorkerError};
 use crate::state::{Core, Shared, state_name};
 use axum::body::Bytes;
 use axum::extract::{Path, Request, State};
@@ -92,12 +92,16 @@ pub(crate) async fn add(State(s): State<Arc<Shared>>, body: Bytes) -> Result<Res
         let mut core = s.core();
         let now = s.clock.now();
         let id = core.add_worker(now, cfg).map_err(|e| {
-            let status = if e.contains("already exists") {
-                StatusCode::CONFLICT
-            } else {
-                StatusCode::BAD_REQUEST
+            let status = match e {
+                WorkerError::Duplicate(_) => StatusCode::CONFLICT,
+                _ => StatusCode::BAD_REQUEST,
             };
-            ApiError::new(status, "invalid_request_error", "invalid_worker", e)
+            ApiError::new(
+                status,
+                "invalid_request_error",
+                "invalid_worker",
+                e.to_string(),
+            )
         })?;
         worker_json(&core, id)
     };

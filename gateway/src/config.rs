@@ -18,7 +18,9 @@
 //!
 //! See `gateway/examples/gateway.yaml` for every field with its default.
 
-use routelab_policies::{PolicyConfig, RawPolicy, WorkerSpec};
+use crate::error::WorkerError;
+use routelab_policies::located::parse_yaml;
+use routelab_policies::{InputError, PolicyEntry, WorkerSpec};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -30,9 +32,11 @@ pub struct GatewayConfig {
     /// Address to listen on (`host:port`); port 0 picks a free port.
     #[serde(default = "default_listen")]
     pub listen: String,
-    /// The routing policy.
+    /// The routing policy: a preset / composition name (`seed-v3`,
+    /// `probe/sed/capacity/weighted:24`) or a full mapping with `preset`, `weights`, `chooser`,
+    /// `affinity`, `cap` (as in the simulator's scenarios).
     #[serde(default = "default_policy")]
-    pub policy: PolicySpec,
+    pub policy: PolicyEntry,
     /// Seed of the routing RNG (`Xoshiro256PlusPlus`).
     #[serde(default = "default_seed")]
     pub seed: u64,
@@ -64,29 +68,10 @@ pub struct GatewayConfig {
     /// Workers known at start (more can be added with the admin API).
     #[serde(default)]
     pub workers: Vec<WorkerConfig>,
-}
-
-/// A policy: a name (`seed-v3`, `probe/sed/capacity/weighted:24`) or a full mapping with
-/// `preset`, `weights`, `chooser`, `affinity`, `cap` (as in the simulator's scenarios).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum PolicySpec {
-    /// A preset or composition name.
-    Name(String),
-    /// A full policy.
-    Full(Box<RawPolicy>),
-}
-
-impl PolicySpec {
-    /// Validate into a policy.
-    pub fn build(&self) -> Result<PolicyConfig, String> {
-        match self {
-            PolicySpec::Name(n) => PolicyConfig::from_name(n).map_err(|e| format!("policy: {e}")),
-            PolicySpec::Full(raw) => {
-                PolicyConfig::from_raw(raw).map_err(|e| format!("policy: {}", e.within("policy")))
-            }
-        }
-    }
+    /// Where the configuration came from (the file, or the origin given to
+    /// [`GatewayConfig::from_yaml`]), for located errors.
+    #[serde(skip, default = "default_origin")]
+    origin: String,
 }
 
 /// Upstream connection settings.
@@ -185,21 +170,21 @@ pub struct WorkerConfig {
 
 impl WorkerConfig {
     /// Check the fields a router cannot.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), WorkerError> {
+        let name = || self.name.clone();
         if self.name.trim().is_empty() {
-            return Err("workers[].name must not be empty".into());
+            return Err(WorkerError::EmptyName);
         }
         if self.model.trim().is_empty() {
-            return Err(format!("worker `{}`: model must not be empty", self.name));
+            return Err(WorkerError::EmptyModel { name: name() });
         }
         if self.context_window == 0 {
-            return Err(format!(
-                "worker `{}`: context_window must be > 0",
-                self.name
-            ));
+            return Err(WorkerError::ZeroContextWindow { name: name() });
         }
-        crate::upstream::BaseUrl::parse(&self.base_url)
-            .map_err(|e| format!("worker `{}`: base_url: {e}", self.name))?;
+        crate::upstream::BaseUrl::parse(&self.base_url).map_err(|error| WorkerError::BaseUrl {
+            name: name(),
+            error,
+        })?;
         Ok(())
     }
 
@@ -219,8 +204,11 @@ impl WorkerConfig {
 fn default_listen() -> String {
     "127.0.0.1:8080".into()
 }
-fn default_policy() -> PolicySpec {
-    PolicySpec::Name("seed-v3".into())
+fn default_policy() -> PolicyEntry {
+    PolicyEntry::Name("seed-v3".into())
+}
+fn default_origin() -> String {
+    "<config>".into()
 }
 fn default_seed() -> u64 {
     1
@@ -235,61 +223,77 @@ fn default_retries() -> u32 {
     2
 }
 
-/// Seconds (validated finite and ≥ 0) as a duration.
-pub(crate) fn secs(field: &str, v: f64) -> Result<Duration, String> {
+/// Seconds (validated finite and ≥ 0) as a duration; `file` and `field` locate an error.
+pub(crate) fn secs(file: &str, field: &str, v: f64) -> Result<Duration, InputError> {
     if v.is_finite() && v >= 0.0 {
         Ok(Duration::from_secs_f64(v))
     } else {
-        Err(format!("{field}: must be a number of seconds ≥ 0, got {v}"))
+        Err(InputError::new(file, field, format!("{v} is not valid"))
+            .valid("a number of seconds ≥ 0"))
     }
 }
 
 impl GatewayConfig {
     /// Parse YAML text; `origin` names the file in errors.
-    pub fn from_yaml(text: &str, origin: &str) -> Result<GatewayConfig, String> {
-        let cfg: GatewayConfig =
-            serde_saphyr::from_str(text).map_err(|e| format!("{origin}: {e}"))?;
-        cfg.validate().map_err(|e| format!("{origin}: {e}"))?;
+    pub fn from_yaml(text: &str, origin: &str) -> Result<GatewayConfig, InputError> {
+        let mut cfg: GatewayConfig = parse_yaml(text, origin)?;
+        cfg.origin = origin.to_string();
+        cfg.validate()?;
         Ok(cfg)
     }
 
     /// Read and parse a YAML file.
-    pub fn load(path: &Path) -> Result<GatewayConfig, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
-        GatewayConfig::from_yaml(&text, &path.display().to_string())
+    pub fn load(path: &Path) -> Result<GatewayConfig, InputError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| InputError::unreadable(&file, &e))?;
+        GatewayConfig::from_yaml(&text, &file)
+    }
+
+    /// Where the configuration came from (the file named in errors).
+    pub fn origin(&self) -> &str {
+        &self.origin
     }
 
     /// Check everything that does not need the network.
-    pub fn validate(&self) -> Result<(), String> {
-        self.policy.build()?;
-        secs("queue_timeout_s", self.queue_timeout_s)?;
-        secs(
-            "upstream.connect_timeout_s",
-            self.upstream.connect_timeout_s,
-        )?;
-        secs(
-            "upstream.response_timeout_s",
-            self.upstream.response_timeout_s,
-        )?;
-        secs("health.interval_s", self.health.interval_s)?;
-        secs("health.timeout_s", self.health.timeout_s)?;
-        secs("probe.poll_interval_s", self.probe.poll_interval_s)?;
-        secs("probe.request_timeout_s", self.probe.request_timeout_s)?;
+    pub fn validate(&self) -> Result<(), InputError> {
+        let file = self.origin.as_str();
+        self.policy.build_in(file, "policy")?;
+        for (field, v) in [
+            ("queue_timeout_s", self.queue_timeout_s),
+            (
+                "upstream.connect_timeout_s",
+                self.upstream.connect_timeout_s,
+            ),
+            (
+                "upstream.response_timeout_s",
+                self.upstream.response_timeout_s,
+            ),
+            ("health.interval_s", self.health.interval_s),
+            ("health.timeout_s", self.health.timeout_s),
+            ("probe.poll_interval_s", self.probe.poll_interval_s),
+            ("probe.request_timeout_s", self.probe.request_timeout_s),
+        ] {
+            secs(file, field, v)?;
+        }
         if self.probe.poll_interval_s <= 0.0 {
-            return Err("probe.poll_interval_s: must be > 0".into());
+            return Err(InputError::new(
+                file,
+                "probe.poll_interval_s",
+                "must be > 0",
+            ));
         }
         if self.max_body_bytes == 0 {
-            return Err("max_body_bytes: must be > 0".into());
+            return Err(InputError::new(file, "max_body_bytes", "must be > 0"));
         }
         if !self.health.path.starts_with('/') {
-            return Err("health.path: must start with `/`".into());
+            return Err(InputError::new(file, "health.path", "must start with `/`")
+                .valid("a path such as /health or /v1/models"));
         }
         let mut names = std::collections::HashSet::new();
-        for w in &self.workers {
-            w.validate()?;
+        for (i, w) in self.workers.iter().enumerate() {
+            w.validate().map_err(|e| e.located(file, i))?;
             if !names.insert(w.name.as_str()) {
-                return Err(format!("workers: duplicate name `{}`", w.name));
+                return Err(WorkerError::Duplicate(w.name.clone()).located(file, i));
             }
         }
         Ok(())
@@ -306,23 +310,55 @@ mod tests {
             .unwrap();
         assert_eq!(c.workers.len(), 2);
         assert_eq!(c.policy.build().unwrap().name, "seed-v3+probe+weighted");
+        assert_eq!(c.origin(), "gateway.yaml");
         assert_eq!(c.workers[0].spec().node, "node-a");
     }
 
     #[test]
-    fn errors_name_the_field() {
+    fn errors_are_located() {
         let e = GatewayConfig::from_yaml("policy: nope\n", "g.yaml").unwrap_err();
-        assert!(e.starts_with("g.yaml: policy:"), "{e}");
+        assert_eq!(
+            (e.file.as_str(), e.field.as_str()),
+            ("g.yaml", "policy.preset")
+        );
+        assert!(
+            e.to_string()
+                .starts_with("g.yaml: policy.preset: unknown preset `nope`; valid: seed-v1"),
+            "{e}"
+        );
+        // A composition that does not parse is about the entry as a whole.
+        let e = GatewayConfig::from_yaml("policy: probe/bogus\n", "g.yaml").unwrap_err();
+        assert_eq!(e.field, "policy");
+        assert!(
+            e.valid.as_deref().unwrap_or("").contains("no-affinity"),
+            "{e}"
+        );
+        // A full policy: the path inside it.
+        let e =
+            GatewayConfig::from_yaml("policy: {weights: {kind: magic}}\n", "g.yaml").unwrap_err();
+        assert_eq!(e.field, "policy.weights.kind");
+        // Parse errors have the line and column.
         let e = GatewayConfig::from_yaml("listen: x\nbogus: 1\n", "g.yaml").unwrap_err();
-        assert!(e.contains("bogus"), "{e}");
+        assert_eq!((e.line, e.field.as_str()), (Some(2), "bogus"));
+        assert!(e.to_string().starts_with("g.yaml:2:"), "{e}");
         let w = "workers:\n  - {name: a, base_url: https://h, model: m, context_window: 9}\n";
         let e = GatewayConfig::from_yaml(w, "g.yaml").unwrap_err();
-        assert!(e.contains("plain http"), "{e}");
+        assert_eq!(e.field, "workers[0].base_url");
+        assert!(e.message.contains("plain http"), "{e}");
         let w = "workers:\n  - {name: a, base_url: http://h, model: m, context_window: 9}\n  - {name: a, base_url: http://h, model: m, context_window: 9}\n";
-        assert!(
-            GatewayConfig::from_yaml(w, "g.yaml")
-                .unwrap_err()
-                .contains("duplicate")
+        let e = GatewayConfig::from_yaml(w, "g.yaml").unwrap_err();
+        assert_eq!(e.to_string(), "g.yaml: workers[1].name: duplicate name `a`");
+        let e = GatewayConfig::from_yaml("queue_timeout_s: -1\n", "g.yaml").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "g.yaml: queue_timeout_s: -1 is not valid; valid: a number of seconds ≥ 0"
         );
+    }
+
+    #[test]
+    fn a_missing_file_is_a_located_error() {
+        let e = GatewayConfig::load(Path::new("/nonexistent/g.yaml")).unwrap_err();
+        assert_eq!(e.file, "/nonexistent/g.yaml");
+        assert!(e.message.starts_with("cannot read"), "{e}");
     }
 }

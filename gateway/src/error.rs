@@ -1,8 +1,102 @@
-//! Responses in OpenAI's error shape: `{"error": {"message", "type", "param", "code"}}`.
+//! The gateway's errors: [`GatewayError`] for the library's operations (configuration, start,
+//! state file, workers) and [`ApiError`], responses in OpenAI's error shape:
+//! `{"error": {"message", "type", "param", "code"}}`.
 
+use crate::persist::StateFileError;
+use crate::upstream::BaseUrlError;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use routelab_policies::RouteError;
+use routelab_policies::{InputError, RouteError};
+
+/// Why the gateway could not start, or refused an administrative change.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GatewayError {
+    /// The configuration is not valid (located: file, line, field, what would be valid).
+    #[error(transparent)]
+    Config(#[from] InputError),
+    /// A worker cannot be added.
+    #[error(transparent)]
+    Worker(#[from] WorkerError),
+    /// The state file cannot be loaded.
+    #[error(transparent)]
+    State(#[from] StateFileError),
+    /// The listen address cannot be bound.
+    #[error("listen {addr}: {error}")]
+    Listen {
+        /// The configured `listen`.
+        addr: String,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// The bound listener has no local address.
+    #[error("{0}")]
+    LocalAddr(std::io::Error),
+}
+
+/// Why a worker cannot be registered. The messages are what the admin API answers.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkerError {
+    /// No name.
+    #[error("workers[].name must not be empty")]
+    EmptyName,
+    /// No model.
+    #[error("worker `{name}`: model must not be empty")]
+    EmptyModel {
+        /// The worker.
+        name: String,
+    },
+    /// A context window of 0.
+    #[error("worker `{name}`: context_window must be > 0")]
+    ZeroContextWindow {
+        /// The worker.
+        name: String,
+    },
+    /// An unusable base URL.
+    #[error("worker `{name}`: base_url: {error}")]
+    BaseUrl {
+        /// The worker.
+        name: String,
+        /// Why.
+        error: BaseUrlError,
+    },
+    /// A live worker already has the name (the admin API answers 409).
+    #[error("a worker named `{0}` already exists")]
+    Duplicate(String),
+}
+
+impl WorkerError {
+    /// The worker configuration field at fault.
+    pub fn field(&self) -> &'static str {
+        match self {
+            WorkerError::EmptyName | WorkerError::Duplicate(_) => "name",
+            WorkerError::EmptyModel { .. } => "model",
+            WorkerError::ZeroContextWindow { .. } => "context_window",
+            WorkerError::BaseUrl { .. } => "base_url",
+        }
+    }
+
+    /// What is wrong with the field, without naming the worker (a located error names it by
+    /// its path, `workers[2].base_url`).
+    pub fn reason(&self) -> String {
+        match self {
+            WorkerError::EmptyName | WorkerError::EmptyModel { .. } => "must not be empty".into(),
+            WorkerError::ZeroContextWindow { .. } => "must be > 0".into(),
+            WorkerError::BaseUrl { error, .. } => error.to_string(),
+            WorkerError::Duplicate(name) => format!("duplicate name `{name}`"),
+        }
+    }
+
+    /// This error as a located configuration error about `workers[index]` of `file`.
+    pub fn located(&self, file: &str, index: usize) -> InputError {
+        InputError::new(
+            file,
+            format!("workers[{index}].{}", self.field()),
+            self.reason(),
+        )
+    }
+}
 
 /// An error the gateway answers with.
 #[derive(Debug, Clone)]
@@ -100,8 +194,10 @@ impl ApiError {
     }
 }
 
-impl From<RouteError> for ApiError {
-    fn from(e: RouteError) -> ApiError {
+impl ApiError {
+    /// The answer to a request for `model` the router refused. The router's error carries the
+    /// model's id only (it never allocates); the message names the model as the client wrote it.
+    pub fn route(e: RouteError, model: &str) -> ApiError {
         let status =
             StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
         let (kind, code, param) = match &e {
@@ -121,7 +217,7 @@ impl From<RouteError> for ApiError {
         };
         ApiError {
             status,
-            message: e.to_string(),
+            message: e.with_model(model).to_string(),
             kind,
             param,
             code,

@@ -15,7 +15,7 @@
 //! probe cache and pins are persisted atomically in a state file ([`persist`]).
 //!
 //! ```no_run
-//! # async fn run() -> Result<(), String> {
+//! # async fn run() -> Result<(), routelab_gateway::GatewayError> {
 //! let config = routelab_gateway::GatewayConfig::load("gateway.yaml".as_ref())?;
 //! let gateway = routelab_gateway::start(config).await?;
 //! println!("listening on {}", gateway.local_addr());
@@ -37,7 +37,9 @@ pub mod proxy;
 mod state;
 pub mod upstream;
 
-pub use config::{GatewayConfig, PolicySpec, WorkerConfig};
+pub use config::{GatewayConfig, WorkerConfig};
+pub use error::{GatewayError, WorkerError};
+pub use routelab_policies::PolicyEntry;
 
 use crate::state::{Settings, Shared, state_name};
 use axum::Router as HttpRouter;
@@ -147,8 +149,8 @@ impl Drop for RunningGateway {
 }
 
 /// Build the router, restore the state file, register the configured workers.
-fn build(config: &GatewayConfig, settings: Settings) -> Result<Arc<Shared>, String> {
-    let policy = config.policy.build()?;
+fn build(config: &GatewayConfig, settings: Settings) -> Result<Arc<Shared>, GatewayError> {
+    let policy = config.policy.build_in(config.origin(), "policy")?;
     let clock = clock::Clock::new();
     let mut router = Router::new(policy);
     if let Some(path) = &config.state_file
@@ -166,6 +168,7 @@ fn build(config: &GatewayConfig, settings: Settings) -> Result<Arc<Shared>, Stri
     }
     let client = upstream::client(
         config::secs(
+            config.origin(),
             "upstream.connect_timeout_s",
             config.upstream.connect_timeout_s,
         )?,
@@ -246,10 +249,14 @@ async fn metrics_handler(State(s): State<Arc<Shared>>) -> axum::response::Respon
 }
 
 /// Bind `config.listen` and start.
-pub async fn start(config: GatewayConfig) -> Result<RunningGateway, String> {
-    let listener = TcpListener::bind(&config.listen)
-        .await
-        .map_err(|e| format!("listen {}: {e}", config.listen))?;
+pub async fn start(config: GatewayConfig) -> Result<RunningGateway, GatewayError> {
+    let listener =
+        TcpListener::bind(&config.listen)
+            .await
+            .map_err(|error| GatewayError::Listen {
+                addr: config.listen.clone(),
+                error,
+            })?;
     start_on(config, listener).await
 }
 
@@ -257,11 +264,11 @@ pub async fn start(config: GatewayConfig) -> Result<RunningGateway, String> {
 pub async fn start_on(
     config: GatewayConfig,
     listener: TcpListener,
-) -> Result<RunningGateway, String> {
+) -> Result<RunningGateway, GatewayError> {
     config.validate()?;
     let settings = Settings::from_config(&config)?;
     let shared = build(&config, settings)?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let addr = listener.local_addr().map_err(GatewayError::LocalAddr)?;
     let (tx, rx) = oneshot::channel::<()>();
     let app = app(shared.clone());
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {

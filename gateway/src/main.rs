@@ -21,7 +21,7 @@ fn main() -> std::process::ExitCode {
     let config = match routelab_gateway::GatewayConfig::load(&args.config) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {:#}", anyhow::Error::new(e));
             return std::process::ExitCode::from(2);
         }
     };
@@ -47,7 +47,7 @@ fn main() -> std::process::ExitCode {
         let mut gateway = match routelab_gateway::start(config).await {
             Ok(g) => g,
             Err(e) => {
-                eprintln!("error: {e}");
+                eprintln!("error: {:#}", anyhow::Error::new(e));
                 return std::process::ExitCode::FAILURE;
             }
         };

@@ -9,7 +9,7 @@ use crate::clock::Clock;
 use routelab_policies::weights::{PersistedProbeState, ProbeCacheEntry, ProbePin};
 use serde::{Deserialize, Serialize};
 use std::io::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, Serialize, Deserialize)]
 struct StateFile {
@@ -35,10 +35,46 @@ struct Pin {
     weight: f64,
 }
 
+/// The state file version this gateway writes and reads.
+const VERSION: u32 = 1;
+
+/// Why the state file could not be loaded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StateFileError {
+    /// It exists but cannot be read.
+    #[error("{}: cannot read state file: {error}", path.display())]
+    Read {
+        /// The state file.
+        path: PathBuf,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// It is not a state file.
+    #[error("{}: invalid state file: {error}", path.display())]
+    Invalid {
+        /// The state file.
+        path: PathBuf,
+        /// Why.
+        error: serde_json::Error,
+    },
+    /// Written by another version.
+    #[error(
+        "{}: state file version {version} is not supported (expected {VERSION})",
+        path.display()
+    )]
+    Version {
+        /// The state file.
+        path: PathBuf,
+        /// The version found.
+        version: u32,
+    },
+}
+
 /// Serialize a strategy's durable state.
 pub fn encode(state: &PersistedProbeState, clock: &Clock) -> Vec<u8> {
     let file = StateFile {
-        version: 1,
+        version: VERSION,
         saved_at_unix_ms: clock.to_unix_ms(clock.now()),
         cache: state
             .cache
@@ -67,20 +103,27 @@ pub fn encode(state: &PersistedProbeState, clock: &Clock) -> Vec<u8> {
 }
 
 /// Read the state file; `Ok(None)` when it does not exist yet.
-pub fn load(path: &Path, clock: &Clock) -> Result<Option<PersistedProbeState>, String> {
+pub fn load(path: &Path, clock: &Clock) -> Result<Option<PersistedProbeState>, StateFileError> {
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{}: cannot read state file: {e}", path.display())),
+        Err(error) => {
+            return Err(StateFileError::Read {
+                path: path.to_path_buf(),
+                error,
+            });
+        }
     };
-    let file: StateFile = serde_json::from_slice(&bytes)
-        .map_err(|e| format!("{}: invalid state file: {e}", path.display()))?;
-    if file.version != 1 {
-        return Err(format!(
-            "{}: state file version {} is not supported (expected 1)",
-            path.display(),
-            file.version
-        ));
+    let file: StateFile =
+        serde_json::from_slice(&bytes).map_err(|error| StateFileError::Invalid {
+            path: path.to_path_buf(),
+            error,
+        })?;
+    if file.version != VERSION {
+        return Err(StateFileError::Version {
+            path: path.to_path_buf(),
+            version: file.version,
+        });
     }
     Ok(Some(PersistedProbeState {
         cache: file
@@ -173,7 +216,22 @@ mod tests {
         // No temp file left behind.
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
         std::fs::write(&path, b"{broken").unwrap();
-        assert!(load(&path, &clock).is_err());
+        assert!(matches!(
+            load(&path, &clock),
+            Err(StateFileError::Invalid { .. })
+        ));
+        std::fs::write(
+            &path,
+            br#"{"version":2,"saved_at_unix_ms":0,"cache":[],"pins":[]}"#,
+        )
+        .unwrap();
+        let e = load(&path, &clock).unwrap_err();
+        assert!(matches!(e, StateFileError::Version { version: 2, .. }));
+        assert!(
+            e.to_string()
+                .ends_with("state file version 2 is not supported (expected 1)"),
+            "{e}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

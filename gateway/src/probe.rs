@@ -75,7 +75,31 @@ fn probe_body(model: &str, prompt_tokens: u32, tokens: u32) -> Bytes {
     Bytes::from(serde_json::to_vec(&body).expect("json"))
 }
 
-async fn one(s: Arc<Shared>, uri: Uri, body: Bytes, tokens: u32) -> Result<u64, String> {
+/// Why one probe request failed (logged with the burst; any failure fails the burst).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProbeError {
+    /// The request could not be sent or its answer not received (with the error's sources).
+    #[error("{0}")]
+    Request(String),
+    /// The body broke off.
+    #[error("{0}")]
+    Body(hyper::Error),
+    /// A non-2xx answer.
+    #[error("status {0}")]
+    Status(hyper::StatusCode),
+    /// The answer is not JSON.
+    #[error("bad JSON: {0}")]
+    BadJson(serde_json::Error),
+    /// No answer within `probe.request_timeout_s`.
+    #[error("timed out")]
+    TimedOut,
+    /// The request's task panicked or was cancelled.
+    #[error("{0}")]
+    Task(tokio::task::JoinError),
+}
+
+async fn one(s: Arc<Shared>, uri: Uri, body: Bytes, tokens: u32) -> Result<u64, ProbeError> {
     let req = hyper::Request::post(uri)
         .header(hyper::header::CONTENT_TYPE, "application/json")
         .body(Full::new(body))
@@ -85,26 +109,25 @@ async fn one(s: Arc<Shared>, uri: Uri, body: Bytes, tokens: u32) -> Result<u64, 
             .client
             .request(req)
             .await
-            .map_err(|e| crate::proxy::error_chain(&e))?;
+            .map_err(|e| ProbeError::Request(crate::proxy::error_chain(&e)))?;
         let status = resp.status();
         let bytes = resp
             .into_body()
             .collect()
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(ProbeError::Body)?
             .to_bytes();
         if !status.is_success() {
-            return Err(format!("status {status}"));
+            return Err(ProbeError::Status(status));
         }
-        let v: serde_json::Value =
-            serde_json::from_slice(&bytes).map_err(|e| format!("bad JSON: {e}"))?;
+        let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(ProbeError::BadJson)?;
         Ok(v.pointer("/usage/completion_tokens")
             .and_then(serde_json::Value::as_u64)
             .unwrap_or(u64::from(tokens)))
     };
     tokio::time::timeout(s.settings.probe_timeout, work)
         .await
-        .map_err(|_| "timed out".to_string())?
+        .map_err(|_| ProbeError::TimedOut)?
 }
 
 async fn burst(s: Arc<Shared>, job: Job) {
@@ -126,7 +149,7 @@ async fn burst(s: Arc<Shared>, job: Job) {
         match r {
             Ok(Ok(n)) => tokens += n,
             Ok(Err(e)) => error = Some(e),
-            Err(e) => error = Some(e.to_string()),
+            Err(e) => error = Some(ProbeError::Task(e)),
         }
     }
     let wall = start.elapsed();
@@ -166,7 +189,10 @@ async fn burst(s: Arc<Shared>, job: Job) {
             ("ok", &result.ok.to_string()),
             ("tok_s", &format!("{tp:.1}")),
             ("wall_ms", &wall.as_millis().to_string()),
-            ("error", error.as_deref().unwrap_or("")),
+            (
+                "error",
+                &error.as_ref().map(ToString::to_string).unwrap_or_default(),
+            ),
         ],
     );
     crate::persist_state(&s).await;

@@ -114,7 +114,7 @@ async fn handle(s: Arc<Shared>, req: Request, ep: Endpoint) -> Result<Response, 
     let mut last_error = String::from("no worker answered");
     for attempt in 0..=s.settings.retries {
         let decision = if attempt == 0 {
-            admit(&s, &route_req).await?
+            admit(&s, &route_req, &parsed.model).await?
         } else {
             let now = s.clock.now();
             let mut guard = s.core();
@@ -206,7 +206,7 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// Route, or wait in the FIFO queue when every eligible worker is at its cap.
-async fn admit(s: &Arc<Shared>, req: &RouteRequest<'_>) -> Result<Decision, ApiError> {
+async fn admit(s: &Arc<Shared>, req: &RouteRequest<'_>, model: &str) -> Result<Decision, ApiError> {
     let mut ticket = {
         let now = s.clock.now();
         let mut guard = s.core();
@@ -222,7 +222,7 @@ async fn admit(s: &Arc<Shared>, req: &RouteRequest<'_>) -> Result<Decision, ApiE
                     armed: true,
                 }
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(ApiError::route(e, model)),
         }
     };
     s.global.queued_total.fetch_add(1, Relaxed);
@@ -243,7 +243,7 @@ async fn admit(s: &Arc<Shared>, req: &RouteRequest<'_>) -> Result<Decision, ApiE
     ticket.armed = false;
     match outcome {
         Some(Ok(d)) => Ok(d),
-        Some(Err(e)) => Err(e.into()),
+        Some(Err(e)) => Err(ApiError::route(e, model)),
         None => {
             s.global.queue_timeouts.fetch_add(1, Relaxed);
             let secs = s.settings.queue_timeout.as_secs_f64();

@@ -9,11 +9,14 @@
 
 use crate::clock::Clock;
 use crate::config::{GatewayConfig, HealthConfig, WorkerConfig, secs};
+use crate::error::WorkerError;
 use crate::metrics::{GlobalMetrics, WorkerMetrics};
 use crate::upstream::{BaseUrl, HttpClient};
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
-use routelab_policies::{Completion, Decision, RouteError, Router, Time, WorkerId, WorkerState};
+use routelab_policies::{
+    Completion, Decision, InputError, RouteError, Router, Time, WorkerId, WorkerState,
+};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -37,7 +40,8 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
-    pub fn from_config(c: &GatewayConfig) -> Result<Settings, String> {
+    pub fn from_config(c: &GatewayConfig) -> Result<Settings, InputError> {
+        let secs = |field, v| secs(c.origin(), field, v);
         Ok(Settings {
             max_body: c.max_body_bytes,
             queue_timeout: secs("queue_timeout_s", c.queue_timeout_s)?,
@@ -145,12 +149,15 @@ pub(crate) fn state_name(s: WorkerState) -> &'static str {
 
 impl Core {
     /// Register a worker (names are unique among workers not removed).
-    pub fn add_worker(&mut self, now: Time, cfg: WorkerConfig) -> Result<WorkerId, String> {
+    pub fn add_worker(&mut self, now: Time, cfg: WorkerConfig) -> Result<WorkerId, WorkerError> {
         cfg.validate()?;
         if self.by_name.contains_key(&cfg.name) {
-            return Err(format!("a worker named `{}` already exists", cfg.name));
+            return Err(WorkerError::Duplicate(cfg.name));
         }
-        let base = BaseUrl::parse(&cfg.base_url)?;
+        let base = BaseUrl::parse(&cfg.base_url).map_err(|error| WorkerError::BaseUrl {
+            name: cfg.name.clone(),
+            error,
+        })?;
         let id = self.router.register(now, cfg.spec());
         debug_assert_eq!(id.index(), self.workers.len());
         self.by_name.insert(cfg.name.clone(), id);

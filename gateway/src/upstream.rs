@@ -24,6 +24,46 @@ pub fn client(connect_timeout: Duration, max_idle_per_host: usize) -> HttpClient
         .build(connector)
 }
 
+/// Why a worker's base URL is not usable.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BaseUrlError {
+    /// Not a URL at all.
+    #[error("`{url}` is not a URL: {error}")]
+    NotAUrl {
+        /// As written.
+        url: String,
+        /// The parser's complaint.
+        error: hyper::http::uri::InvalidUri,
+    },
+    /// Another scheme than plain `http`.
+    #[error("`{url}`: scheme `{scheme}` is not supported (plain http only)")]
+    Scheme {
+        /// As written.
+        url: String,
+        /// The scheme given.
+        scheme: String,
+    },
+    /// No scheme.
+    #[error("`{url}`: needs a scheme, e.g. http://host:8000")]
+    NoScheme {
+        /// As written.
+        url: String,
+    },
+    /// No host.
+    #[error("`{url}`: needs a host")]
+    NoHost {
+        /// As written.
+        url: String,
+    },
+    /// A query string, which request paths could not be appended to.
+    #[error("`{url}`: must not have a query")]
+    Query {
+        /// As written.
+        url: String,
+    },
+}
+
 /// A worker's server root, `http://host:port[/prefix]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BaseUrl {
@@ -32,22 +72,26 @@ pub struct BaseUrl {
 
 impl BaseUrl {
     /// Parse and check a base URL: `http` only, with a host, no query.
-    pub fn parse(s: &str) -> Result<BaseUrl, String> {
-        let uri: Uri = s.parse().map_err(|e| format!("`{s}` is not a URL: {e}"))?;
+    pub fn parse(s: &str) -> Result<BaseUrl, BaseUrlError> {
+        let url = || s.to_string();
+        let uri: Uri = s
+            .parse()
+            .map_err(|error| BaseUrlError::NotAUrl { url: url(), error })?;
         match uri.scheme_str() {
             Some("http") => {}
             Some(other) => {
-                return Err(format!(
-                    "`{s}`: scheme `{other}` is not supported (plain http only)"
-                ));
+                return Err(BaseUrlError::Scheme {
+                    url: url(),
+                    scheme: other.to_string(),
+                });
             }
-            None => return Err(format!("`{s}`: needs a scheme, e.g. http://host:8000")),
+            None => return Err(BaseUrlError::NoScheme { url: url() }),
         }
         if uri.authority().is_none() {
-            return Err(format!("`{s}`: needs a host"));
+            return Err(BaseUrlError::NoHost { url: url() });
         }
         if uri.query().is_some() {
-            return Err(format!("`{s}`: must not have a query"));
+            return Err(BaseUrlError::Query { url: url() });
         }
         Ok(BaseUrl {
             root: s.trim_end_matches('/').to_string(),
@@ -80,8 +124,13 @@ mod tests {
         );
         let b = BaseUrl::parse("http://h:1/engine").unwrap();
         assert_eq!(b.join("/health").to_string(), "http://h:1/engine/health");
-        assert!(BaseUrl::parse("https://h").is_err());
+        assert!(matches!(
+            BaseUrl::parse("https://h"),
+            Err(BaseUrlError::Scheme { scheme, .. }) if scheme == "https"
+        ));
         assert!(BaseUrl::parse("h:80").is_err());
-        assert!(BaseUrl::parse("http://h/?a=1").is_err());
+        let e = BaseUrl::parse("http://h/?a=1").unwrap_err();
+        assert!(matches!(e, BaseUrlError::Query { .. }));
+        assert_eq!(e.to_string(), "`http://h/?a=1`: must not have a query");
     }
 }

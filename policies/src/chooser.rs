@@ -1,6 +1,35 @@
 //! Choosers: which eligible worker gets the request.
+//!
+//! The router filters (model, context window, routable) and hands the chooser the eligible
+//! candidates, best window first, with the fleet's [`Hot`] array; the chooser skips workers at
+//! their cap and answers a position in the candidate list, or `None` when all are full. All
+//! selection code and tie handling lives here; nothing allocates.
 
+use crate::catalog;
 use rand::{Rng, RngExt};
+
+/// Hot per-worker state, kept apart from the descriptive `WorkerInfo` so scans touch few cache
+/// lines. Owned by the router (indexed by worker id), read by the choosers.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Hot {
+    pub weight: f64,
+    pub in_flight: u32,
+    pub cap: u32,
+    pub context_window: u32,
+    pub model: u32,
+    pub routable: bool,
+}
+
+impl Hot {
+    /// Below its concurrency cap.
+    #[inline]
+    pub fn open(&self) -> bool {
+        self.in_flight < self.cap
+    }
+}
+
+/// Random draws before the samplers fall back to counting the open candidates.
+const SAMPLE_TRIES: usize = 8;
 
 /// What to do when two candidates score the same (e.g. both idle: 0/w = 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,7 +53,7 @@ impl TieRule {
     }
 
     /// Valid names.
-    pub const NAMES: &'static [&'static str] = &["first", "random", "higher-weight"];
+    pub const NAMES: &'static [&'static str] = &catalog::names(&catalog::TIES);
 
     /// Parse a name.
     pub fn parse(s: &str) -> Option<TieRule> {
@@ -72,15 +101,9 @@ pub enum Chooser {
 
 impl Chooser {
     /// Valid names.
-    pub const NAMES: &'static [&'static str] = &[
-        "p2c",
-        "sed",
-        "jsq",
-        "least-request",
-        "wrr",
-        "random",
-        "round-robin",
-    ];
+    pub const NAMES: &'static [&'static str] = &catalog::names(&catalog::CHOOSERS);
+    /// least-request's active-request bias when none is given (Envoy's default).
+    pub const DEFAULT_BIAS: f64 = 1.0;
 
     /// YAML/CLI name.
     pub fn name(&self) -> &'static str {
@@ -101,12 +124,23 @@ impl Chooser {
             "p2c" => Chooser::P2c { ties },
             "sed" => Chooser::Sed { ties },
             "jsq" => Chooser::Jsq { ties },
-            "least-request" => Chooser::LeastRequest { bias: 1.0, ties },
+            "least-request" => Chooser::LeastRequest {
+                bias: Self::DEFAULT_BIAS,
+                ties,
+            },
             "wrr" => Chooser::Wrr,
             "random" => Chooser::Random,
             "round-robin" => Chooser::RoundRobin,
             _ => return None,
         })
+    }
+
+    /// The chooser as a composition writes it: `p2c:higher-weight`, `wrr`.
+    pub fn composition(&self) -> String {
+        match self.ties() {
+            Some(t) => format!("{}:{}", self.name(), t.as_str()),
+            None => self.name().to_string(),
+        }
     }
 
     /// The tie rule, for choosers that compare scores.
@@ -138,9 +172,200 @@ impl Chooser {
     }
 }
 
+impl Chooser {
+    /// Pick a candidate below its cap: a position in `cands` (worker ids indexing `hot`), or
+    /// `None` when every candidate is full. `cursor` is the model's round-robin position,
+    /// `wrr_current` the smooth-WRR running weights indexed by worker id.
+    pub(crate) fn pick<R: Rng + ?Sized>(
+        self,
+        cands: &[u32],
+        hot: &[Hot],
+        cursor: &mut usize,
+        wrr_current: &mut [f64],
+        rng: &mut R,
+    ) -> Option<usize> {
+        match self {
+            Chooser::P2c { ties } | Chooser::Sed { ties } | Chooser::LeastRequest { ties, .. } => {
+                two_choices(cands, hot, self, ties, rng)
+            }
+            Chooser::Jsq { ties } => shortest_queue(cands, hot, self, ties, rng),
+            Chooser::Random => one_random(cands, hot, rng),
+            Chooser::RoundRobin => {
+                let k = cands.len();
+                let start = *cursor;
+                let found = (0..k)
+                    .map(|step| (start + step) % k)
+                    .find(|&pos| hot[cands[pos] as usize].open());
+                if let Some(pos) = found {
+                    *cursor = pos + 1;
+                }
+                found
+            }
+            Chooser::Wrr => smooth_wrr(cands, hot, wrr_current),
+        }
+    }
+}
+
+/// Full scan for the lowest score; ties by `ties` (random: reservoir sampling).
+fn shortest_queue<R: Rng + ?Sized>(
+    cands: &[u32],
+    hot: &[Hot],
+    chooser: Chooser,
+    ties: TieRule,
+    rng: &mut R,
+) -> Option<usize> {
+    let mut best: Option<(usize, f64, f64)> = None;
+    let mut equal = 0u32;
+    for (pos, &i) in cands.iter().enumerate() {
+        let x = &hot[i as usize];
+        if !x.open() {
+            continue;
+        }
+        let s = chooser.score(x.in_flight, x.weight);
+        best = match best {
+            None => {
+                equal = 1;
+                Some((pos, s, x.weight))
+            }
+            Some(b) if s < b.1 => {
+                equal = 1;
+                Some((pos, s, x.weight))
+            }
+            Some(b) if s == b.1 => {
+                equal += 1;
+                let keep_new = match ties {
+                    TieRule::First => false,
+                    TieRule::HigherWeight => x.weight > b.2,
+                    // Reservoir sampling over the tied candidates.
+                    TieRule::Random => rng.random_range(0..equal) == 0,
+                };
+                if keep_new {
+                    Some((pos, s, x.weight))
+                } else {
+                    Some(b)
+                }
+            }
+            b => b,
+        };
+    }
+    best.map(|b| b.0)
+}
+
+/// nginx's smooth weighted round-robin over the open candidates.
+fn smooth_wrr(cands: &[u32], hot: &[Hot], current: &mut [f64]) -> Option<usize> {
+    let mut total = 0.0;
+    let mut best: Option<(usize, f64)> = None;
+    for (pos, &i) in cands.iter().enumerate() {
+        let x = &hot[i as usize];
+        if !x.open() {
+            continue;
+        }
+        let cur = &mut current[i as usize];
+        *cur += x.weight;
+        total += x.weight;
+        if best.is_none_or(|b| *cur > b.1) {
+            best = Some((pos, *cur));
+        }
+    }
+    if let Some((pos, _)) = best {
+        current[cands[pos] as usize] -= total;
+    }
+    best.map(|b| b.0)
+}
+
+/// Uniformly pick one candidate below its cap (rejection sampling, then a counting fallback).
+fn one_random<R: Rng + ?Sized>(cands: &[u32], hot: &[Hot], rng: &mut R) -> Option<usize> {
+    let open = |pos: usize| hot[cands[pos] as usize].open();
+    for _ in 0..SAMPLE_TRIES {
+        let pos = rng.random_range(0..cands.len());
+        if open(pos) {
+            return Some(pos);
+        }
+    }
+    let n = (0..cands.len()).filter(|&p| open(p)).count();
+    if n == 0 {
+        return None;
+    }
+    let r = rng.random_range(0..n);
+    (0..cands.len()).filter(|&p| open(p)).nth(r)
+}
+
+/// Power of two choices among candidates below their cap.
+fn two_choices<R: Rng + ?Sized>(
+    cands: &[u32],
+    hot: &[Hot],
+    chooser: Chooser,
+    ties: TieRule,
+    rng: &mut R,
+) -> Option<usize> {
+    let open = |pos: usize| hot[cands[pos] as usize].open();
+    let k = cands.len();
+    let (a, b) = if k == 1 {
+        return open(0).then_some(0);
+    } else if k == 2 {
+        match (open(0), open(1)) {
+            (true, true) => {
+                if rng.random_bool(0.5) {
+                    (0, 1)
+                } else {
+                    (1, 0)
+                }
+            }
+            (true, false) => return Some(0),
+            (false, true) => return Some(1),
+            (false, false) => return None,
+        }
+    } else {
+        let mut pair = None;
+        for _ in 0..SAMPLE_TRIES {
+            let a = rng.random_range(0..k);
+            let mut b = rng.random_range(0..k - 1);
+            if b >= a {
+                b += 1;
+            }
+            if open(a) && open(b) {
+                pair = Some((a, b));
+                break;
+            }
+        }
+        match pair {
+            Some(p) => p,
+            None => {
+                // Most candidates are full: pick two distinct open ones by rank.
+                let n = (0..k).filter(|&p| open(p)).count();
+                match n {
+                    0 => return None,
+                    1 => return (0..k).find(|&p| open(p)),
+                    _ => {
+                        let ra = rng.random_range(0..n);
+                        let mut rb = rng.random_range(0..n - 1);
+                        if rb >= ra {
+                            rb += 1;
+                        }
+                        let nth = |r: usize| (0..k).filter(|&p| open(p)).nth(r).expect("rank < n");
+                        (nth(ra), nth(rb))
+                    }
+                }
+            }
+        }
+    };
+    let (ha, hb) = (&hot[cands[a] as usize], &hot[cands[b] as usize]);
+    let (sa, sb) = (
+        chooser.score(ha.in_flight, ha.weight),
+        chooser.score(hb.in_flight, hb.weight),
+    );
+    Some(if sa < sb {
+        a
+    } else if sb < sa {
+        b
+    } else {
+        break_tie(ties, (a, ha.weight), (b, hb.weight), rng)
+    })
+}
+
 /// Resolve a tie between `a` (sampled first) and `b`.
 #[inline]
-pub(crate) fn break_tie<R: Rng + ?Sized>(
+fn break_tie<R: Rng + ?Sized>(
     ties: TieRule,
     a: (usize, f64),
     b: (usize, f64),

@@ -15,8 +15,10 @@
 //! On a command line a policy is a preset name (`seed-v3`) or a composition
 //! `WEIGHTS[/CHOOSER[:TIES]][/AFFINITY][/CAP[:N]]`, e.g. `at-load/sed/capacity/weighted:24`.
 
+use crate::catalog;
 use crate::chooser::{Chooser, TieRule};
 use crate::error::ConfigError;
+use crate::located::InputError;
 use crate::weights::{
     AtLoadConfig, AtLoadWeights, Clamp, EqualWeights, LiveConfig, LiveWeights, OracleWeights,
     ProbeConfig, ProbeWeights, TableConfig, TableWeights, WeightStrategy,
@@ -44,8 +46,7 @@ pub enum WeightsConfig {
 
 impl WeightsConfig {
     /// Valid kind names.
-    pub const NAMES: &'static [&'static str] =
-        &["table", "live", "probe", "oracle", "equal", "at-load"];
+    pub const NAMES: &'static [&'static str] = &catalog::names(&catalog::WEIGHTS);
 
     /// The kind's name.
     pub fn name(&self) -> &'static str {
@@ -140,8 +141,19 @@ pub enum Affinity {
 
 impl Affinity {
     /// Valid kind names.
-    pub const NAMES: &'static [&'static str] = &["none", "raw", "capacity"];
-    const DEFAULT_INDEX_BLOCKS: usize = 1 << 16;
+    pub const NAMES: &'static [&'static str] = &catalog::names(&catalog::AFFINITIES);
+    /// Blocks the router's prefix index remembers unless the policy says otherwise.
+    pub const DEFAULT_INDEX_BLOCKS: usize = 1 << 16;
+    /// How a composition writes [`Affinity::None`] (`none` alone would be read as a cap).
+    pub const NO_AFFINITY: &'static str = "no-affinity";
+
+    /// The part as a composition writes it: `capacity`, `raw`, `no-affinity`.
+    pub fn composition(&self) -> &'static str {
+        match self {
+            Affinity::None => Self::NO_AFFINITY,
+            _ => self.name(),
+        }
+    }
 
     /// The kind's name.
     pub fn name(&self) -> &'static str {
@@ -187,7 +199,17 @@ pub enum Cap {
 
 impl Cap {
     /// Valid kind names.
-    pub const NAMES: &'static [&'static str] = &["none", "flat", "weighted"];
+    pub const NAMES: &'static [&'static str] = &catalog::names(&catalog::CAPS);
+    /// The limit of `flat` and `weighted` when none is given (the source's 24).
+    pub const DEFAULT_LIMIT: u32 = 24;
+
+    /// The part as a composition writes it: `none`, `flat:24`, `weighted:16`.
+    pub fn composition(&self) -> String {
+        match self {
+            Cap::None => self.name().to_string(),
+            Cap::Flat(n) | Cap::Weighted(n) => format!("{}:{n}", self.name()),
+        }
+    }
 
     /// The kind's name.
     pub fn name(&self) -> &'static str {
@@ -214,41 +236,23 @@ pub struct PolicyConfig {
     pub cap: Cap,
 }
 
-/// A named preset and what it reproduces.
-#[derive(Debug, Clone, Copy)]
-pub struct Preset {
-    /// Name.
-    pub name: &'static str,
-    /// One line on what it is.
-    pub description: &'static str,
-}
-
-/// The presets, in historical order.
-pub const PRESETS: &[Preset] = &[
-    Preset {
-        name: "seed-v1",
-        description: "GPU-name table weights, p2c with ties to the first candidate, raw-count prefix affinity, flat cap 24",
-    },
-    Preset {
-        name: "seed-v2",
-        description: "seed-v1 routing with the 3-minute live correction (median speed x busy fraction, blended with the table)",
-    },
-    Preset {
-        name: "seed-v3-cold",
-        description: "seed-v3 without the warm-up burst: the first probe can measure a cold engine",
-    },
-    Preset {
-        name: "seed-v3",
-        description: "16x128 burst probe with warm-up, ties to the higher weight, capacity-unit prefix affinity, flat cap 24",
-    },
-    Preset {
-        name: "seed-next",
-        description: "seed-v3 with the cap scaled by weight (24 x weight), the source's announced next change",
-    },
-];
-
 impl PolicyConfig {
-    /// A preset by name.
+    /// The tie rule of a composition's chooser when it names none.
+    pub const DEFAULT_TIES: TieRule = TieRule::HigherWeight;
+
+    /// What a composition fills in for the parts it omits: chooser, affinity, cap
+    /// (`p2c:higher-weight`, `capacity`, `flat:24`).
+    pub fn composition_default() -> (Chooser, Affinity, Cap) {
+        (
+            Chooser::P2c {
+                ties: Self::DEFAULT_TIES,
+            },
+            Affinity::from_name("capacity").expect("known"),
+            Cap::Flat(Cap::DEFAULT_LIMIT),
+        )
+    }
+
+    /// A preset by name (the list is [`catalog::PRESETS`]).
     pub fn preset(name: &str) -> Result<PolicyConfig, ConfigError> {
         let p2c_first = Chooser::P2c {
             ties: TieRule::First,
@@ -269,27 +273,38 @@ impl PolicyConfig {
                 WeightsConfig::Table(TableConfig::default()),
                 p2c_first,
                 raw,
-                Cap::Flat(24),
+                Cap::Flat(Cap::DEFAULT_LIMIT),
             ),
             "seed-v2" => (
                 WeightsConfig::Live(LiveConfig::default()),
                 p2c_first,
                 raw,
-                Cap::Flat(24),
+                Cap::Flat(Cap::DEFAULT_LIMIT),
             ),
-            "seed-v3-cold" => (probe(false), p2c_higher, capacity, Cap::Flat(24)),
-            "seed-v3" => (probe(true), p2c_higher, capacity, Cap::Flat(24)),
-            "seed-next" => (probe(true), p2c_higher, capacity, Cap::Weighted(24)),
+            "seed-v3-cold" => (
+                probe(false),
+                p2c_higher,
+                capacity,
+                Cap::Flat(Cap::DEFAULT_LIMIT),
+            ),
+            "seed-v3" => (
+                probe(true),
+                p2c_higher,
+                capacity,
+                Cap::Flat(Cap::DEFAULT_LIMIT),
+            ),
+            "seed-next" => (
+                probe(true),
+                p2c_higher,
+                capacity,
+                Cap::Weighted(Cap::DEFAULT_LIMIT),
+            ),
             _ => {
                 return Err(ConfigError::UnknownName {
                     field: "preset".into(),
                     what: "preset",
                     got: name.into(),
-                    valid: PRESETS
-                        .iter()
-                        .map(|p| p.name)
-                        .collect::<Vec<_>>()
-                        .join(", "),
+                    valid: catalog::joined(&catalog::PRESETS, ", "),
                 });
             }
         };
@@ -303,7 +318,8 @@ impl PolicyConfig {
     }
 
     /// A preset name or a composition `WEIGHTS[/CHOOSER[:TIES]][/AFFINITY][/CAP[:N]]`.
-    /// Omitted parts default to `p2c:higher-weight`, `capacity`, `flat:24`.
+    /// Omitted parts default to [`PolicyConfig::composition_default`] (`p2c:higher-weight`,
+    /// `capacity`, `flat:24`).
     pub fn from_name(name: &str) -> Result<PolicyConfig, ConfigError> {
         if !name.contains('/') && WeightsConfig::from_name(name).is_none() {
             return PolicyConfig::preset(name);
@@ -316,11 +332,7 @@ impl PolicyConfig {
             got: w.into(),
             valid: WeightsConfig::NAMES.join(", "),
         })?;
-        let mut chooser = Chooser::P2c {
-            ties: TieRule::HigherWeight,
-        };
-        let mut affinity = Affinity::from_name("capacity").expect("known");
-        let mut cap = Cap::Flat(24);
+        let (mut chooser, mut affinity, mut cap) = PolicyConfig::composition_default();
         for part in parts {
             let (head, arg) = match part.split_once(':') {
                 Some((h, a)) => (h, Some(a)),
@@ -328,7 +340,7 @@ impl PolicyConfig {
             };
             if Chooser::NAMES.contains(&head) {
                 let ties = match arg {
-                    None => TieRule::HigherWeight,
+                    None => PolicyConfig::DEFAULT_TIES,
                     Some(t) => TieRule::parse(t).ok_or_else(|| ConfigError::UnknownName {
                         field: "chooser.ties".into(),
                         what: "tie rule",
@@ -339,11 +351,11 @@ impl PolicyConfig {
                 chooser = Chooser::from_name(head, ties).expect("listed");
             } else if Affinity::NAMES.contains(&head) && arg.is_none() && head != "none" {
                 affinity = Affinity::from_name(head).expect("listed");
-            } else if head == "no-affinity" {
+            } else if head == Affinity::NO_AFFINITY {
                 affinity = Affinity::None;
             } else if Cap::NAMES.contains(&head) {
                 let n = match arg {
-                    None => 24,
+                    None => Cap::DEFAULT_LIMIT,
                     Some(a) => a.parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| {
                         ConfigError::Invalid {
                             field: "cap.limit".into(),
@@ -362,8 +374,16 @@ impl PolicyConfig {
                     what: "policy part",
                     got: part.into(),
                     valid: format!(
-                        "a chooser ({}) optionally with :TIES, an affinity (raw, capacity, no-affinity), or a cap ({}) optionally with :N",
+                        "a chooser ({}) optionally with :TIES, an affinity ({}), or a cap ({}) optionally with :N",
                         Chooser::NAMES.join(", "),
+                        Affinity::NAMES
+                            .iter()
+                            .filter_map(|&n| Affinity::from_name(n))
+                            .filter(|a| *a != Affinity::None)
+                            .map(|a| a.composition())
+                            .chain([Affinity::NO_AFFINITY])
+                            .collect::<Vec<_>>()
+                            .join(", "),
                         Cap::NAMES.join(", ")
                     ),
                 });
@@ -400,7 +420,7 @@ impl PolicyConfig {
             // dropped silently), else the composition default, higher-weight.
             let default_ties = match (&raw.preset, cfg.chooser.ties()) {
                 (Some(_), Some(t)) => t,
-                _ => TieRule::HigherWeight,
+                _ => PolicyConfig::DEFAULT_TIES,
             };
             cfg.chooser = c.validate(default_ties).map_err(|e| e.within("chooser"))?;
             parts.push(cfg.chooser.name().into());
@@ -451,6 +471,20 @@ impl PolicyEntry {
             PolicyEntry::Name(n) => PolicyConfig::from_name(n),
             PolicyEntry::Full(raw) => PolicyConfig::from_raw(raw),
         }
+    }
+
+    /// [`PolicyEntry::build`] with a located error: the entry sits at field `at` (`policy`,
+    /// `policies[2]`) of `file`.
+    pub fn build_in(&self, file: &str, at: &str) -> Result<PolicyConfig, InputError> {
+        self.build().map_err(|e| {
+            let mut e = InputError::from_config(file, &e);
+            // A composition that does not parse is wrong as a whole: its error is about the
+            // entry itself, not about a field called `policy` inside it.
+            if matches!(self, PolicyEntry::Name(_)) && e.field == "policy" {
+                e.field.clear();
+            }
+            e.within(at)
+        })
     }
 }
 
@@ -677,50 +711,26 @@ impl RawWeights {
 
     /// Validate into a [`WeightsConfig`].
     pub fn validate(&self) -> Result<WeightsConfig, ConfigError> {
-        let allowed: &[&str] = match self.kind.as_str() {
-            "table" => &["table", "unknown"],
-            "live" => &["table", "unknown", "clamp", "interval_s", "min_requests"],
-            "probe" => &[
-                "clamp",
-                "concurrency",
-                "output_tokens",
-                "prompt_tokens",
-                "warmup",
-                "cache_ttl_s",
-                "reprobe_period_s",
-                "retry_after_s",
-            ],
-            "oracle" => &["clamp"],
-            "equal" => &[],
-            "at-load" => &[
-                "table",
-                "unknown",
-                "clamp",
-                "time_constant_s",
-                "min_samples",
-                "update_interval_s",
-                "prior",
-            ],
-            other => {
-                return Err(ConfigError::UnknownName {
-                    field: "kind".into(),
-                    what: "weight strategy",
-                    got: other.into(),
-                    valid: WeightsConfig::NAMES.join(", "),
-                });
-            }
+        // The fields each kind accepts are its parameters in the catalog.
+        let Some(part) = catalog::find(&catalog::WEIGHTS, &self.kind) else {
+            return Err(ConfigError::UnknownName {
+                field: "kind".into(),
+                what: "weight strategy",
+                got: self.kind.clone(),
+                valid: WeightsConfig::NAMES.join(", "),
+            });
         };
-        if let Some(f) = self.set_fields().into_iter().find(|f| !allowed.contains(f)) {
+        if let Some(f) = self
+            .set_fields()
+            .into_iter()
+            .find(|f| !part.params.iter().any(|p| p.name == *f))
+        {
             return Err(invalid(
                 f,
                 format!(
                     "does not apply to kind `{}`; its fields are: {}",
                     self.kind,
-                    if allowed.is_empty() {
-                        "(none)".to_string()
-                    } else {
-                        allowed.join(", ")
-                    }
+                    part.param_list()
                 ),
             ));
         }
@@ -756,20 +766,24 @@ impl RawWeights {
             "equal" => WeightsConfig::Equal,
             _ => {
                 let d = AtLoadConfig::default();
-                let prior = match self.prior.as_deref() {
-                    None | Some("equal") => {
+                let [equal, with_table] = catalog::AT_LOAD_PRIORS;
+                let prior = match self.prior.as_deref().unwrap_or(equal) {
+                    p if p == equal => {
                         if self.table.is_some() || self.unknown.is_some() {
-                            return Err(invalid("table", "applies only with `prior: table`"));
+                            return Err(invalid(
+                                "table",
+                                format!("applies only with `prior: {with_table}`"),
+                            ));
                         }
                         None
                     }
-                    Some("table") => Some(table(&self.table, self.unknown)?),
-                    Some(other) => {
+                    p if p == with_table => Some(table(&self.table, self.unknown)?),
+                    other => {
                         return Err(ConfigError::UnknownName {
                             field: "prior".into(),
                             what: "prior",
                             got: other.into(),
-                            valid: "equal, table".into(),
+                            valid: catalog::AT_LOAD_PRIORS.join(", "),
                         });
                     }
                 };
@@ -824,7 +838,7 @@ impl RawChooser {
         }
         match (chooser, self.bias) {
             (Chooser::LeastRequest { ties, .. }, Some(b)) => {
-                let bias = non_negative("bias", Some(b), 1.0)?;
+                let bias = non_negative("bias", Some(b), Chooser::DEFAULT_BIAS)?;
                 Ok(Chooser::LeastRequest { bias, ties })
             }
             (_, Some(_)) => Err(invalid("bias", "applies only to kind `least-request`")),
@@ -904,8 +918,12 @@ impl RawCap {
                 None => Ok(Cap::None),
                 Some(_) => Err(invalid("limit", "does not apply to kind `none`")),
             },
-            "flat" => Ok(Cap::Flat(count("limit", self.limit, 24)?)),
-            "weighted" => Ok(Cap::Weighted(count("limit", self.limit, 24)?)),
+            "flat" => Ok(Cap::Flat(count("limit", self.limit, Cap::DEFAULT_LIMIT)?)),
+            "weighted" => Ok(Cap::Weighted(count(
+                "limit",
+                self.limit,
+                Cap::DEFAULT_LIMIT,
+            )?)),
             other => Err(ConfigError::UnknownName {
                 field: "kind".into(),
                 what: "cap",
@@ -931,7 +949,7 @@ mod tests {
             }
         );
         assert_eq!(v1.affinity.name(), "raw");
-        assert_eq!(v1.cap, Cap::Flat(24));
+        assert_eq!(v1.cap, Cap::Flat(Cap::DEFAULT_LIMIT));
         let cold = PolicyConfig::preset("seed-v3-cold").unwrap();
         assert!(matches!(
             cold.weights,
@@ -951,13 +969,13 @@ mod tests {
         assert_eq!(v3.affinity.name(), "capacity");
         assert_eq!(
             PolicyConfig::preset("seed-next").unwrap().cap,
-            Cap::Weighted(24)
+            Cap::Weighted(Cap::DEFAULT_LIMIT)
         );
         assert_eq!(
             PolicyConfig::preset("seed-v2").unwrap().weights.name(),
             "live"
         );
-        for p in PRESETS {
+        for p in catalog::PRESETS {
             assert!(PolicyConfig::preset(p.name).is_ok());
         }
     }

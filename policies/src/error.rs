@@ -1,22 +1,25 @@
 //! Typed errors a host maps to its own responses.
 
-use crate::worker::WorkerId;
+use crate::worker::{ModelId, WorkerId};
+use std::fmt;
 
 /// Why a request could not be routed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+///
+/// Every variant carries only `Copy` data, so refusing a request never allocates: a saturated
+/// fleet answers [`RouteError::AllAtCap`] to every arrival. A host that wants the model's name
+/// in its message renders the error with [`RouteError::with_model`] (the router's
+/// [`crate::Router::model_name`] resolves the id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum RouteError {
     /// No worker was ever registered for the model.
-    #[error("no worker serves this model")]
     NoWorkerForModel,
     /// Workers exist for the model but none is connected and accepting.
-    #[error("no healthy worker for model `{model}`")]
     NoHealthyWorker {
         /// The model.
-        model: String,
+        model: ModelId,
     },
     /// The prompt exceeds every worker's context window.
-    #[error("prompt needs {tokens} tokens of context; the largest window is {largest_window}")]
     PromptTooLong {
         /// Tokens requested.
         tokens: u32,
@@ -24,14 +27,64 @@ pub enum RouteError {
         largest_window: u32,
     },
     /// Every eligible worker is at its concurrency cap: the host should queue the request.
-    #[error("every eligible worker for model `{model}` is at its concurrency cap")]
     AllAtCap {
         /// The model.
-        model: String,
+        model: ModelId,
     },
 }
 
+/// A [`RouteError`] rendered with its model's name (see [`RouteError::with_model`]).
+#[derive(Debug, Clone, Copy)]
+pub struct RouteErrorWithModel<'a> {
+    error: &'a RouteError,
+    model: &'a str,
+}
+
+impl fmt::Display for RouteErrorWithModel<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.render(f, &format_args!("`{}`", self.model))
+    }
+}
+
+impl fmt::Display for RouteError {
+    /// Without the model's name (the error does not carry it): the interned id stands in.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RouteError::NoHealthyWorker { model } | RouteError::AllAtCap { model } => {
+                self.render(f, model)
+            }
+            _ => self.render(f, &""),
+        }
+    }
+}
+
+impl std::error::Error for RouteError {}
+
 impl RouteError {
+    /// The message with the model's name, as a gateway answers it: "no healthy worker for
+    /// model `gemma-27b`". The one place the wording of routing errors lives.
+    pub fn with_model<'a>(&'a self, model: &'a str) -> RouteErrorWithModel<'a> {
+        RouteErrorWithModel { error: self, model }
+    }
+
+    fn render(&self, f: &mut fmt::Formatter<'_>, model: &dyn fmt::Display) -> fmt::Result {
+        match self {
+            RouteError::NoWorkerForModel => f.write_str("no worker serves this model"),
+            RouteError::NoHealthyWorker { .. } => write!(f, "no healthy worker for model {model}"),
+            RouteError::PromptTooLong {
+                tokens,
+                largest_window,
+            } => write!(
+                f,
+                "prompt needs {tokens} tokens of context; the largest window is {largest_window}"
+            ),
+            RouteError::AllAtCap { .. } => write!(
+                f,
+                "every eligible worker for model {model} is at its concurrency cap"
+            ),
+        }
+    }
+
     /// The HTTP status a gateway should answer with (429 for a queue that cannot be joined).
     pub fn http_status(&self) -> u16 {
         match self {

@@ -43,6 +43,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod catalog;
 mod chooser;
 mod config;
 mod error;
@@ -53,10 +54,11 @@ mod time;
 pub mod weights;
 mod worker;
 
+pub use catalog::{PRESETS, Part};
 pub use chooser::{Chooser, TieRule};
 pub use config::{
-    Affinity, AffinityUnits, Allowance, Cap, PRESETS, PolicyConfig, PolicyEntry, Preset,
-    RawAffinity, RawCap, RawChooser, RawPolicy, RawWeights, WeightsConfig,
+    Affinity, AffinityUnits, Allowance, Cap, PolicyConfig, PolicyEntry, RawAffinity, RawCap,
+    RawChooser, RawPolicy, RawWeights, WeightsConfig,
 };
 pub use error::{AdminError, ConfigError, RouteError};
 pub use located::InputError;

@@ -1,6 +1,6 @@
 //! The router: filters, prefix affinity, chooser and caps over the live fleet.
 
-use crate::chooser::{Chooser, break_tie};
+use crate::chooser::Hot;
 use crate::config::{Affinity, AffinityUnits, Cap, PolicyConfig};
 use crate::error::{AdminError, RouteError};
 use crate::prefix::PrefixIndex;
@@ -10,7 +10,7 @@ use crate::weights::{
     WeightStrategy,
 };
 use crate::worker::{Fleet, ModelId, Weight, WorkerId, WorkerInfo, WorkerSpec, WorkerState};
-use rand::{Rng, RngExt};
+use rand::Rng;
 use std::collections::{HashMap, VecDeque};
 
 /// What the host knows about a request when routing it.
@@ -33,17 +33,6 @@ pub struct Decision {
     pub believed_cached_blocks: u32,
     /// True when the prefix holder was kept over the chooser's pick.
     pub affinity_kept: bool,
-}
-
-/// Hot per-worker state, kept apart from [`WorkerInfo`] so scans touch few cache lines.
-#[derive(Debug, Clone, Copy)]
-struct Hot {
-    weight: f64,
-    in_flight: u32,
-    cap: u32,
-    context_window: u32,
-    model: u32,
-    routable: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -86,8 +75,6 @@ pub struct Router {
     wrr_current: Vec<f64>,
     queue: VecDeque<Queued>,
 }
-
-const SAMPLE_TRIES: usize = 8;
 
 impl Router {
     /// A router for a validated policy.
@@ -141,6 +128,11 @@ impl Router {
     /// Interned id of a model name, if any worker ever served it.
     pub fn model_id(&self, model: &str) -> Option<ModelId> {
         self.model_ids.get(model).copied()
+    }
+
+    /// The name of an interned model (for messages: [`RouteError::with_model`]).
+    pub fn model_name(&self, model: ModelId) -> Option<&str> {
+        self.models.get(model.0 as usize).map(|m| m.name.as_str())
     }
 
     /// Names of models with at least one routable worker, sorted.
@@ -465,18 +457,14 @@ impl Router {
             return Err(RouteError::NoWorkerForModel);
         };
         if entry.members.is_empty() {
-            return Err(RouteError::NoHealthyWorker {
-                model: entry.name.clone(),
-            });
+            return Err(RouteError::NoHealthyWorker { model: req.model });
         }
         let k = entry.windows.partition_point(|&w| w >= req.context_tokens);
         if k == 0 {
             // A worker that could hold it exists but is not connected now: that is a transient
             // 503, not a 400 the client would never retry.
             if entry.largest_registered_window >= req.context_tokens {
-                return Err(RouteError::NoHealthyWorker {
-                    model: entry.name.clone(),
-                });
+                return Err(RouteError::NoHealthyWorker { model: req.model });
             }
             return Err(RouteError::PromptTooLong {
                 tokens: req.context_tokens,
@@ -484,9 +472,7 @@ impl Router {
             });
         }
         if entry.free == 0 {
-            return Err(RouteError::AllAtCap {
-                model: entry.name.clone(),
-            });
+            return Err(RouteError::AllAtCap { model: req.model });
         }
         let cands = &entry.members[..k];
         let hot = &self.hot;
@@ -526,87 +512,16 @@ impl Router {
             }
         }
 
-        let mut new_cursor = None;
-        let pick = match chooser {
-            Chooser::P2c { ties } | Chooser::Sed { ties } | Chooser::LeastRequest { ties, .. } => {
-                two_choices(cands, hot, chooser, ties, rng)
-            }
-            Chooser::Jsq { ties } => {
-                let mut best: Option<(usize, f64, f64)> = None;
-                let mut equal = 0u32;
-                for (pos, &i) in cands.iter().enumerate() {
-                    let x = &hot[i as usize];
-                    if x.in_flight >= x.cap {
-                        continue;
-                    }
-                    let s = chooser.score(x.in_flight, x.weight);
-                    best = match best {
-                        None => {
-                            equal = 1;
-                            Some((pos, s, x.weight))
-                        }
-                        Some(b) if s < b.1 => {
-                            equal = 1;
-                            Some((pos, s, x.weight))
-                        }
-                        Some(b) if s == b.1 => {
-                            equal += 1;
-                            let keep_new = match ties {
-                                crate::TieRule::First => false,
-                                crate::TieRule::HigherWeight => x.weight > b.2,
-                                // Reservoir sampling over the tied candidates.
-                                crate::TieRule::Random => rng.random_range(0..equal) == 0,
-                            };
-                            if keep_new {
-                                Some((pos, s, x.weight))
-                            } else {
-                                Some(b)
-                            }
-                        }
-                        b => b,
-                    };
-                }
-                best.map(|b| b.0)
-            }
-            Chooser::Random => one_random(cands, hot, rng),
-            Chooser::RoundRobin => {
-                let start = entry.cursor;
-                let found = (0..k).map(|step| (start + step) % k).find(|&pos| {
-                    let x = &hot[cands[pos] as usize];
-                    x.in_flight < x.cap
-                });
-                new_cursor = found.map(|pos| pos + 1);
-                found
-            }
-            Chooser::Wrr => {
-                let mut total = 0.0;
-                let mut best: Option<(usize, f64)> = None;
-                for (pos, &i) in cands.iter().enumerate() {
-                    let x = &hot[i as usize];
-                    if x.in_flight >= x.cap {
-                        continue;
-                    }
-                    let cur = &mut self.wrr_current[i as usize];
-                    *cur += x.weight;
-                    total += x.weight;
-                    if best.is_none_or(|b| *cur > b.1) {
-                        best = Some((pos, *cur));
-                    }
-                }
-                if let Some((pos, _)) = best {
-                    self.wrr_current[cands[pos] as usize] -= total;
-                }
-                best.map(|b| b.0)
-            }
-        };
         let entry = &mut self.models[req.model.0 as usize];
-        if let Some(c) = new_cursor {
-            entry.cursor = c;
-        }
+        let pick = chooser.pick(
+            &entry.members[..k],
+            hot,
+            &mut entry.cursor,
+            &mut self.wrr_current,
+            rng,
+        );
         let Some(pos) = pick else {
-            return Err(RouteError::AllAtCap {
-                model: entry.name.clone(),
-            });
+            return Err(RouteError::AllAtCap { model: req.model });
         };
         let worker = WorkerId(entry.members[pos]);
         let believed = match remembered {
@@ -751,102 +666,6 @@ impl Router {
         self.rebuild_model(model);
         Ok(())
     }
-}
-
-/// Uniformly pick one candidate below its cap (rejection sampling, then a counting fallback).
-fn one_random<R: Rng + ?Sized>(cands: &[u32], hot: &[Hot], rng: &mut R) -> Option<usize> {
-    let open = |pos: usize| {
-        let x = &hot[cands[pos] as usize];
-        x.in_flight < x.cap
-    };
-    for _ in 0..SAMPLE_TRIES {
-        let pos = rng.random_range(0..cands.len());
-        if open(pos) {
-            return Some(pos);
-        }
-    }
-    let n = (0..cands.len()).filter(|&p| open(p)).count();
-    if n == 0 {
-        return None;
-    }
-    let r = rng.random_range(0..n);
-    (0..cands.len()).filter(|&p| open(p)).nth(r)
-}
-
-/// Power of two choices among candidates below their cap.
-fn two_choices<R: Rng + ?Sized>(
-    cands: &[u32],
-    hot: &[Hot],
-    chooser: Chooser,
-    ties: crate::TieRule,
-    rng: &mut R,
-) -> Option<usize> {
-    let open = |pos: usize| {
-        let x = &hot[cands[pos] as usize];
-        x.in_flight < x.cap
-    };
-    let k = cands.len();
-    let (a, b) = if k == 1 {
-        return open(0).then_some(0);
-    } else if k == 2 {
-        match (open(0), open(1)) {
-            (true, true) => {
-                if rng.random_bool(0.5) {
-                    (0, 1)
-                } else {
-                    (1, 0)
-                }
-            }
-            (true, false) => return Some(0),
-            (false, true) => return Some(1),
-            (false, false) => return None,
-        }
-    } else {
-        let mut pair = None;
-        for _ in 0..SAMPLE_TRIES {
-            let a = rng.random_range(0..k);
-            let mut b = rng.random_range(0..k - 1);
-            if b >= a {
-                b += 1;
-            }
-            if open(a) && open(b) {
-                pair = Some((a, b));
-                break;
-            }
-        }
-        match pair {
-            Some(p) => p,
-            None => {
-                // Most candidates are full: pick two distinct open ones by rank.
-                let n = (0..k).filter(|&p| open(p)).count();
-                match n {
-                    0 => return None,
-                    1 => return (0..k).find(|&p| open(p)),
-                    _ => {
-                        let ra = rng.random_range(0..n);
-                        let mut rb = rng.random_range(0..n - 1);
-                        if rb >= ra {
-                            rb += 1;
-                        }
-                        let nth = |r: usize| (0..k).filter(|&p| open(p)).nth(r).expect("rank < n");
-                        (nth(ra), nth(rb))
-                    }
-                }
-            }
-        }
-    };
-    let (ha, hb) = (&hot[cands[a] as usize], &hot[cands[b] as usize]);
-    let (sa, sb) = (
-        chooser.score(ha.in_flight, ha.weight),
-        chooser.score(hb.in_flight, hb.weight),
-    );
-    Some(if sa < sb {
-        a
-    } else if sb < sa {
-        b
-    } else {
-        break_tie(ties, (a, ha.weight), (b, hb.weight), rng)
-    })
 }
 
 #[cfg(test)]

@@ -23,6 +23,12 @@ impl fmt::Display for WorkerId {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ModelId(pub u32);
 
+impl fmt::Display for ModelId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "m{}", self.0)
+    }
+}
+
 /// What a worker announces when it registers.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkerSpec {

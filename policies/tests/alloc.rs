@@ -3,13 +3,16 @@
 //! A counting global allocator (its own test binary, since a `#[global_allocator]` replaces the
 //! allocator of the whole binary) counts allocations per thread; a `seed-v3` router with 64
 //! measured workers, background load and a warm prefix index must then route and complete
-//! 10,000 requests, with and without a 64-block prefix, without a single allocation.
+//! 10,000 requests, with and without a 64-block prefix, without a single allocation; and a
+//! saturated or disconnected fleet must refuse 10,000 requests each (`AllAtCap`,
+//! `NoHealthyWorker`, `PromptTooLong`) without one either.
 
 use rand::RngExt;
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use routelab_policies::{
-    Affinity, Completion, PolicyConfig, ProbeResult, RouteRequest, Router, Time, WorkerSpec,
+    Affinity, Completion, PolicyConfig, ProbeResult, RouteError, RouteRequest, Router, Time,
+    WorkerSpec,
 };
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -222,4 +225,98 @@ fn a_small_prefix_index_under_heavy_eviction_does_not_allocate() {
     }
     config.name = "seed-v3 (1,024-block index)".into();
     check(config);
+}
+
+/// Route `n` requests that must all be refused with `expect`; returns the allocations counted.
+fn refusals(
+    router: &mut Router,
+    context_tokens: u32,
+    n: usize,
+    expect: fn(&RouteError) -> bool,
+    rng: &mut Xoshiro256PlusPlus,
+) -> u64 {
+    let model = router.model_id(MODEL).unwrap();
+    let prefix = [7u64, 11, 13];
+    let before = allocations();
+    for i in 0..n {
+        let req = RouteRequest {
+            model,
+            context_tokens,
+            // Half with a prefix, so the affinity lookup runs on the refused path too.
+            prefix: if i % 2 == 0 { &prefix } else { &[] },
+        };
+        let e = router
+            .route(Time::from_secs_f64(3.0), &req, rng)
+            .unwrap_err();
+        assert!(expect(&e), "unexpected {e:?}");
+    }
+    allocations() - before
+}
+
+#[test]
+fn refused_decisions_do_not_allocate() {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(23);
+    let mut router = warm_router(PolicyConfig::preset("seed-v3").unwrap(), &mut rng);
+    let model = router.model_id(MODEL).unwrap();
+    // Saturate the fleet: every worker at its flat cap of 24.
+    let req = RouteRequest {
+        model,
+        context_tokens: 1_000,
+        prefix: &[],
+    };
+    while router
+        .route(Time::from_secs_f64(2.5), &req, &mut rng)
+        .is_ok()
+    {}
+    let all_at_cap = |e: &RouteError| matches!(e, RouteError::AllAtCap { .. });
+
+    // 1. No free worker at all: refused before the chooser runs.
+    let fleet_full = refusals(&mut router, 1_000, 10_000, all_at_cap, &mut rng);
+
+    // 2. Free slots only on workers whose window is too small: the chooser finds nobody.
+    let small: Vec<_> = router
+        .fleet()
+        .iter()
+        .filter(|(_, w)| w.spec.context_window == 32_768)
+        .map(|(id, _)| id)
+        .collect();
+    let now = Time::from_secs_f64(2.6);
+    for &id in &small {
+        let c = Completion {
+            prompt_tokens: 1_000,
+            output_tokens: 128,
+            dispatched_at: now,
+            first_token_at: now,
+            completed_at: now,
+        };
+        router.complete(now, id, &c);
+    }
+    let chooser_full = refusals(&mut router, 100_000, 10_000, all_at_cap, &mut rng);
+
+    // 3. A prompt beyond every window.
+    let too_long = refusals(
+        &mut router,
+        1_000_000,
+        10_000,
+        |e| matches!(e, RouteError::PromptTooLong { .. }),
+        &mut rng,
+    );
+
+    // 4. Nobody connected: no healthy worker.
+    let ids: Vec<_> = router.fleet().iter().map(|(id, _)| id).collect();
+    for id in ids {
+        router.disconnect(now, id).unwrap();
+    }
+    let unhealthy = refusals(
+        &mut router,
+        1_000,
+        10_000,
+        |e| matches!(e, RouteError::NoHealthyWorker { .. }),
+        &mut rng,
+    );
+    assert_eq!(
+        (fleet_full, chooser_full, too_long, unhealthy),
+        (0, 0, 0, 0),
+        "allocations: fleet at cap / chooser at cap / prompt too long / no healthy worker"
+    );
 }

@@ -263,7 +263,10 @@ async fn error_cases_have_their_status_and_the_openai_shape() {
         chat_body("lonely", "hi", 4, false),
     )
     .await;
-    assert_eq!(assert_openai_error(&a, 503)["code"], "no_healthy_worker");
+    let e = assert_openai_error(&a, 503);
+    assert_eq!(e["code"], "no_healthy_worker");
+    // The router's error carries the model's id only; the answer names the model as asked.
+    assert_eq!(e["message"], "no healthy worker for model `lonely`");
 
     // The model still exists; a fine request still works.
     let a = send(
@@ -698,7 +701,23 @@ async fn completions_models_and_the_admin_lifecycle() {
         add,
     )
     .await;
-    assert_openai_error(&r, 409);
+    assert_eq!(
+        assert_openai_error(&r, 409)["message"],
+        "a worker named `b` already exists"
+    );
+    let bad = r#"{"name":"c","base_url":"https://h","model":"m2","context_window":4096}"#;
+    let r = send(
+        &c,
+        Method::POST,
+        &format!("{base}/admin/workers"),
+        Some(TOKEN),
+        bad,
+    )
+    .await;
+    assert_eq!(
+        assert_openai_error(&r, 400)["message"],
+        "worker `c`: base_url: `https://h`: scheme `https` is not supported (plain http only)"
+    );
     let r = send(&c, Method::GET, &format!("{base}/v1/models"), None, "").await;
     let ids: Vec<String> = r.json()["data"]
         .as_array()

@@ -22,13 +22,12 @@ fn flat_cap_rejects_the_twenty_fifth_request() {
     let err = router
         .route(Time::ZERO, &req(m, 500, &[]), &mut rng)
         .unwrap_err();
-    assert_eq!(
-        err,
-        RouteError::AllAtCap {
-            model: MODEL.into()
-        }
-    );
+    assert_eq!(err, RouteError::AllAtCap { model: m });
     assert_eq!(err.http_status(), 429);
+    assert_eq!(
+        err.with_model(MODEL).to_string(),
+        format!("every eligible worker for model `{MODEL}` is at its concurrency cap")
+    );
     assert_eq!(router.fleet().get(only).unwrap().in_flight, 24);
 }
 

@@ -61,14 +61,18 @@ fn all_disconnected_is_no_healthy_worker() {
     let err = router
         .route(Time::ZERO, &req(m, 500, &[]), &mut rng(1))
         .unwrap_err();
-    assert_eq!(
-        err,
-        RouteError::NoHealthyWorker {
-            model: MODEL.into()
-        }
-    );
+    assert_eq!(err, RouteError::NoHealthyWorker { model: m });
     assert_eq!(err.http_status(), 503);
-    assert!(err.to_string().contains(MODEL));
+    // The error carries the interned id; the host renders the name it knows.
+    assert_eq!(router.model_name(m), Some(MODEL));
+    assert_eq!(
+        err.with_model(MODEL).to_string(),
+        format!("no healthy worker for model `{MODEL}`")
+    );
+    assert_eq!(
+        err.to_string(),
+        format!("no healthy worker for model m{}", m.0)
+    );
     // Draining and removed workers do not count as healthy either.
     router.reconnect(Time::ZERO, small).unwrap();
     router.drain(Time::ZERO, small).unwrap();
@@ -82,10 +86,11 @@ fn all_disconnected_is_no_healthy_worker() {
 
 #[test]
 fn all_at_cap_is_429() {
-    let err = RouteError::AllAtCap {
-        model: MODEL.into(),
-    };
+    let err = RouteError::AllAtCap { model: ModelId(0) };
     assert_eq!(err.http_status(), 429);
+    // Copy data only: refusing a request never allocates (see tests/alloc.rs).
+    let copy = err;
+    assert_eq!(copy, err);
 }
 
 #[test]

@@ -1,0 +1,603 @@
+//! The catalog of policy parts: every weight strategy, chooser, tie rule, affinity, cap and
+//! preset, with a one-line description and, for parametrised parts, their parameters and
+//! defaults.
+//!
+//! It is the one list of names: the composition parser's `NAMES`, the validation messages'
+//! `valid: …` lists, the fields a part accepts and `routelab policies` are all read from it.
+//! Descriptions and defaults are rendered from the very constants and `Default` impls the
+//! validated configuration uses, so the printed figures cannot drift from the code (a test
+//! feeds every printed default back through validation).
+//!
+//! To add a part: add its entry here, then its variant where the kind is built
+//! (`WeightsConfig::from_name`, `Chooser::from_name`, …); the agreement tests fail until both
+//! exist.
+
+use crate::chooser::Chooser;
+use crate::config::{Affinity, Allowance, Cap, PolicyConfig};
+use crate::weights::{AtLoadConfig, Clamp, LiveConfig, ProbeConfig, TableConfig};
+use std::time::Duration;
+
+/// A parameter of a part, as written in a policy's YAML.
+#[derive(Debug, Clone, Copy)]
+pub struct Param {
+    /// The YAML field.
+    pub name: &'static str,
+    /// The default as a YAML value; `None` when the default is not a single value (the source's
+    /// GPU table).
+    pub default: Option<fn() -> String>,
+}
+
+/// One part of a policy (or a preset).
+#[derive(Debug, Clone, Copy)]
+pub struct Part {
+    /// Name in YAML and in compositions.
+    pub name: &'static str,
+    describe: fn() -> String,
+    /// Parameters, in the order messages list them.
+    pub params: &'static [Param],
+}
+
+impl Part {
+    /// One line on what it does, with its default figures.
+    pub fn description(&self) -> String {
+        (self.describe)()
+    }
+
+    /// The parameter names, comma-separated, or `(none)`.
+    pub fn param_list(&self) -> String {
+        if self.params.is_empty() {
+            "(none)".to_string()
+        } else {
+            self.params
+                .iter()
+                .map(|p| p.name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    }
+}
+
+/// The part of `section` named `name`.
+pub fn find(section: &'static [Part], name: &str) -> Option<&'static Part> {
+    section.iter().find(|p| p.name == name)
+}
+
+/// The names of a section, in order (usable in `const` items).
+pub(crate) const fn names<const N: usize>(parts: &[Part; N]) -> [&'static str; N] {
+    let mut out = [""; N];
+    let mut i = 0;
+    while i < N {
+        out[i] = parts[i].name;
+        i += 1;
+    }
+    out
+}
+
+/// A section's names joined with `sep`.
+pub fn joined(section: &[Part], sep: &str) -> String {
+    section.iter().map(|p| p.name).collect::<Vec<_>>().join(sep)
+}
+
+/// What a composition fills in for the parts it omits, e.g. `p2c:higher-weight, capacity,
+/// flat:24`.
+pub fn composition_defaults() -> String {
+    let (chooser, affinity, cap) = PolicyConfig::composition_default();
+    format!(
+        "{}, {}, {}",
+        chooser.composition(),
+        affinity.composition(),
+        cap.composition()
+    )
+}
+
+// ----- rendering helpers ----------------------------------------------------------------------
+
+fn secs(d: Duration) -> String {
+    format!("{}", d.as_secs_f64())
+}
+
+fn clamp_yaml() -> String {
+    let c = Clamp::SOURCE;
+    format!("[{}, {}]", c.min, c.max)
+}
+
+const CLAMP: Param = Param {
+    name: "clamp",
+    default: Some(clamp_yaml),
+};
+const TABLE: Param = Param {
+    name: "table",
+    default: None,
+};
+const UNKNOWN: Param = Param {
+    name: "unknown",
+    default: Some(|| format!("{}", TableConfig::default().unknown)),
+};
+
+// ----- the sections ---------------------------------------------------------------------------
+
+/// Weight strategies.
+pub const WEIGHTS: [Part; 6] = [
+    Part {
+        name: "table",
+        describe: || {
+            let t = TableConfig::default();
+            let cards: Vec<String> = t.entries.iter().map(|(n, w)| format!("{n} {w}")).collect();
+            format!(
+                "v1: weight from a GPU-name table ({}; sum over cards; unknown {:?})",
+                cards.join(", "),
+                t.unknown
+            )
+        },
+        params: &[TABLE, UNKNOWN],
+    },
+    Part {
+        name: "live",
+        describe: || {
+            format!(
+                "v2: every {} min, median per-request speed x busy fraction / median of peers, blended with the table",
+                LiveConfig::default().interval.as_secs() / 60
+            )
+        },
+        params: &[
+            TABLE,
+            UNKNOWN,
+            CLAMP,
+            Param {
+                name: "interval_s",
+                default: Some(|| secs(LiveConfig::default().interval)),
+            },
+            Param {
+                name: "min_requests",
+                default: Some(|| LiveConfig::default().min_requests.to_string()),
+            },
+        ],
+    },
+    Part {
+        name: "probe",
+        describe: || {
+            let p = ProbeConfig::default();
+            format!(
+                "v3: {} x {}-token burst; throughput / median of the model's workers, clamped [{}, {}]; warm-up, {} h cache, pins",
+                p.concurrency,
+                p.output_tokens,
+                p.clamp.min,
+                p.clamp.max,
+                p.cache_ttl.as_secs() / 3600
+            )
+        },
+        params: &[
+            CLAMP,
+            Param {
+                name: "concurrency",
+                default: Some(|| ProbeConfig::default().concurrency.to_string()),
+            },
+            Param {
+                name: "output_tokens",
+                default: Some(|| ProbeConfig::default().output_tokens.to_string()),
+            },
+            Param {
+                name: "prompt_tokens",
+                default: Some(|| ProbeConfig::default().prompt_tokens.to_string()),
+            },
+            Param {
+                name: "warmup",
+                default: Some(|| ProbeConfig::default().warmup.to_string()),
+            },
+            Param {
+                name: "cache_ttl_s",
+                default: Some(|| secs(ProbeConfig::default().cache_ttl)),
+            },
+            Param {
+                name: "reprobe_period_s",
+                default: Some(|| secs(ProbeConfig::default().reprobe_period)),
+            },
+            Param {
+                name: "retry_after_s",
+                default: Some(|| secs(ProbeConfig::default().retry_after)),
+            },
+        ],
+    },
+    Part {
+        name: "oracle",
+        describe: || {
+            "lab only: the simulator's true capacity, relative to the median (the best any estimator could do)".into()
+        },
+        params: &[CLAMP],
+    },
+    Part {
+        name: "equal",
+        describe: || "every worker 1.0: plain least-loaded balancing".into(),
+        params: &[],
+    },
+    Part {
+        name: "at-load",
+        describe: || {
+            "ours: capacity measured passively from live traffic while the worker is busy; no GPU cost, reacts in minutes".into()
+        },
+        params: &[
+            TABLE,
+            UNKNOWN,
+            CLAMP,
+            Param {
+                name: "time_constant_s",
+                default: Some(|| secs(AtLoadConfig::default().time_constant)),
+            },
+            Param {
+                name: "min_samples",
+                default: Some(|| AtLoadConfig::default().min_samples.to_string()),
+            },
+            Param {
+                name: "update_interval_s",
+                default: Some(|| secs(AtLoadConfig::default().update_interval)),
+            },
+            Param {
+                name: "prior",
+                default: Some(|| AT_LOAD_PRIORS[0].to_string()),
+            },
+        ],
+    },
+];
+
+/// The at-load strategy's priors; the first is the default.
+pub const AT_LOAD_PRIORS: [&str; 2] = ["equal", "table"];
+
+const TIES_PARAM: Param = Param {
+    name: "ties",
+    default: Some(|| PolicyConfig::DEFAULT_TIES.as_str().to_string()),
+};
+
+/// Choosers.
+pub const CHOOSERS: [Part; 7] = [
+    Part {
+        name: "p2c",
+        describe: || {
+            format!(
+                "power of two choices on in_flight / weight; ties: {}",
+                joined(&TIES, " | ")
+            )
+        },
+        params: &[TIES_PARAM],
+    },
+    Part {
+        name: "sed",
+        describe: || {
+            "shortest expected delay: p2c on (in_flight + 1) / weight, the load after adding the request".into()
+        },
+        params: &[TIES_PARAM],
+    },
+    Part {
+        name: "jsq",
+        describe: || "join the shortest queue: full scan on in_flight / weight".into(),
+        params: &[TIES_PARAM],
+    },
+    Part {
+        name: "least-request",
+        describe: || "Envoy's least-request: p2c on weight / (active + 1)^bias".into(),
+        params: &[
+            TIES_PARAM,
+            Param {
+                name: "bias",
+                default: Some(|| Chooser::DEFAULT_BIAS.to_string()),
+            },
+        ],
+    },
+    Part {
+        name: "wrr",
+        describe: || "smooth weighted round-robin (ignores load)".into(),
+        params: &[],
+    },
+    Part {
+        name: "random",
+        describe: || "uniform random among eligible workers".into(),
+        params: &[],
+    },
+    Part {
+        name: "round-robin",
+        describe: || "plain round-robin among eligible workers".into(),
+        params: &[],
+    },
+];
+
+/// Tie rules of the choosers that compare scores.
+pub const TIES: [Part; 3] = [
+    Part {
+        name: "first",
+        describe: || {
+            "the first of the two random candidates (the source's original coin toss)".into()
+        },
+        params: &[],
+    },
+    Part {
+        name: "random",
+        describe: || "an explicit coin flip".into(),
+        params: &[],
+    },
+    Part {
+        name: "higher-weight",
+        describe: || {
+            "the higher weight (the source's fix: quiet hours go to the fastest worker)".into()
+        },
+        params: &[],
+    },
+];
+
+const ALLOWANCE_PARAMS: &[Param] = &[
+    Param {
+        name: "base",
+        default: Some(|| Allowance::default().base.to_string()),
+    },
+    Param {
+        name: "per_1k_tokens",
+        default: Some(|| Allowance::default().per_1k_tokens.to_string()),
+    },
+    Param {
+        name: "max",
+        default: Some(|| Allowance::default().max.to_string()),
+    },
+    Param {
+        name: "index_blocks",
+        default: Some(|| Affinity::DEFAULT_INDEX_BLOCKS.to_string()),
+    },
+];
+
+/// Prefix affinities (`none` is written `no-affinity` in a composition).
+pub const AFFINITIES: [Part; 3] = [
+    Part {
+        name: "none",
+        describe: || "ignore prompt prefixes".into(),
+        params: &[],
+    },
+    Part {
+        name: "raw",
+        describe: || {
+            "keep the prefix holder unless its raw in-flight count exceeds the freest's by an allowance growing with prompt length".into()
+        },
+        params: ALLOWANCE_PARAMS,
+    },
+    Part {
+        name: "capacity",
+        describe: || {
+            "the same rule in in_flight / weight units, the unit of the main choice".into()
+        },
+        params: ALLOWANCE_PARAMS,
+    },
+];
+
+const LIMIT: Param = Param {
+    name: "limit",
+    default: Some(|| Cap::DEFAULT_LIMIT.to_string()),
+};
+
+/// Concurrency caps.
+pub const CAPS: [Part; 3] = [
+    Part {
+        name: "none",
+        describe: || "no per-worker concurrency cap".into(),
+        params: &[],
+    },
+    Part {
+        name: "flat",
+        describe: || {
+            format!(
+                "the same cap for every worker (default {}); requests queue FIFO at the gateway when all are full",
+                Cap::DEFAULT_LIMIT
+            )
+        },
+        params: &[LIMIT],
+    },
+    Part {
+        name: "weighted",
+        describe: || {
+            format!(
+                "the cap scaled by weight ({} x weight, at least 1)",
+                Cap::DEFAULT_LIMIT
+            )
+        },
+        params: &[LIMIT],
+    },
+];
+
+/// The presets, in historical order (built by [`PolicyConfig::preset`]).
+pub const PRESETS: [Part; 5] = [
+    Part {
+        name: "seed-v1",
+        describe: || {
+            format!(
+                "GPU-name table weights, p2c with ties to the first candidate, raw-count prefix affinity, flat cap {}",
+                Cap::DEFAULT_LIMIT
+            )
+        },
+        params: &[],
+    },
+    Part {
+        name: "seed-v2",
+        describe: || {
+            format!(
+                "seed-v1 routing with the {}-minute live correction (median speed x busy fraction, blended with the table)",
+                LiveConfig::default().interval.as_secs() / 60
+            )
+        },
+        params: &[],
+    },
+    Part {
+        name: "seed-v3-cold",
+        describe: || {
+            "seed-v3 without the warm-up burst: the first probe can measure a cold engine".into()
+        },
+        params: &[],
+    },
+    Part {
+        name: "seed-v3",
+        describe: || {
+            let p = ProbeConfig::default();
+            format!(
+                "{}x{} burst probe with warm-up, ties to the higher weight, capacity-unit prefix affinity, flat cap {}",
+                p.concurrency,
+                p.output_tokens,
+                Cap::DEFAULT_LIMIT
+            )
+        },
+        params: &[],
+    },
+    Part {
+        name: "seed-next",
+        describe: || {
+            format!(
+                "seed-v3 with the cap scaled by weight ({} x weight), the source's announced next change",
+                Cap::DEFAULT_LIMIT
+            )
+        },
+        params: &[],
+    },
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{RawAffinity, RawCap, RawChooser, RawWeights, WeightsConfig};
+    use crate::located::parse_yaml;
+    use crate::{ConfigError, TieRule};
+
+    #[test]
+    fn every_catalog_name_parses_and_every_parsed_name_is_listed() {
+        for p in &WEIGHTS {
+            let w = WeightsConfig::from_name(p.name).expect(p.name);
+            assert_eq!(w.name(), p.name);
+            assert_eq!(PolicyConfig::from_name(p.name).unwrap().weights, w);
+        }
+        for p in &CHOOSERS {
+            let c = PolicyConfig::from_name(&format!("equal/{}", p.name)).unwrap();
+            assert_eq!(c.chooser.name(), p.name);
+        }
+        for p in &TIES {
+            let t = TieRule::parse(p.name).expect(p.name);
+            assert_eq!(t.as_str(), p.name);
+            let c = PolicyConfig::from_name(&format!("equal/p2c:{}", p.name)).unwrap();
+            assert_eq!(c.chooser.ties(), Some(t));
+        }
+        for p in &AFFINITIES {
+            let a = Affinity::from_name(p.name).expect(p.name);
+            assert_eq!(a.name(), p.name);
+            let c = PolicyConfig::from_name(&format!("equal/{}", a.composition())).unwrap();
+            assert_eq!(c.affinity, a);
+        }
+        for p in &CAPS {
+            let c = PolicyConfig::from_name(&format!("equal/{}", p.name)).unwrap();
+            assert_eq!(c.cap.name(), p.name);
+            assert_eq!(
+                PolicyConfig::from_name(&format!("equal/{}", c.cap.composition()))
+                    .unwrap()
+                    .cap,
+                c.cap
+            );
+        }
+        for p in &PRESETS {
+            assert_eq!(PolicyConfig::preset(p.name).unwrap().name, p.name);
+        }
+        // The parser's lists are the catalog's.
+        assert_eq!(WeightsConfig::NAMES, names(&WEIGHTS));
+        assert_eq!(Chooser::NAMES, names(&CHOOSERS));
+        assert_eq!(TieRule::NAMES, names(&TIES));
+        assert_eq!(Affinity::NAMES, names(&AFFINITIES));
+        assert_eq!(Cap::NAMES, names(&CAPS));
+        match PolicyConfig::preset("seed-v9").unwrap_err() {
+            ConfigError::UnknownName { valid, .. } => assert_eq!(valid, joined(&PRESETS, ", ")),
+            other => panic!("{other:?}"),
+        }
+        match PolicyConfig::from_name("equal/bogus").unwrap_err() {
+            ConfigError::UnknownName { valid, .. } => assert!(
+                valid.contains("an affinity (raw, capacity, no-affinity)")
+                    && valid.contains(&Chooser::NAMES.join(", ")),
+                "{valid}"
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_printed_composition_defaults_are_the_ones_used() {
+        let printed = composition_defaults();
+        assert_eq!(printed, "p2c:higher-weight, capacity, flat:24");
+        let spelled =
+            PolicyConfig::from_name(&format!("at-load/{}", printed.replace(", ", "/"))).unwrap();
+        let omitted = PolicyConfig::from_name("at-load").unwrap();
+        assert_eq!(
+            (spelled.chooser, spelled.affinity, spelled.cap),
+            (omitted.chooser, omitted.affinity, omitted.cap)
+        );
+    }
+
+    /// Validate `kind: NAME` plus `extra` YAML lines as the section's raw type.
+    fn validate(section: &str, name: &str, extra: &str) -> Result<String, ConfigError> {
+        let src = format!("kind: {name}\n{extra}");
+        fn parsed<T: serde::de::DeserializeOwned>(src: &str) -> T {
+            parse_yaml::<T>(src, "t").unwrap_or_else(|e| panic!("{src}: {e}"))
+        }
+        Ok(match section {
+            "weights" => format!("{:?}", parsed::<RawWeights>(&src).validate()?),
+            "chooser" => format!(
+                "{:?}",
+                parsed::<RawChooser>(&src).validate(PolicyConfig::DEFAULT_TIES)?
+            ),
+            "affinity" => format!("{:?}", parsed::<RawAffinity>(&src).validate()?),
+            _ => format!("{:?}", parsed::<RawCap>(&src).validate()?),
+        })
+    }
+
+    #[test]
+    fn every_printed_parameter_default_is_the_default_used() {
+        let mut checked = 0;
+        for (section, parts) in [
+            ("weights", &WEIGHTS[..]),
+            ("chooser", &CHOOSERS[..]),
+            ("affinity", &AFFINITIES[..]),
+            ("cap", &CAPS[..]),
+        ] {
+            for part in parts {
+                for param in part.params {
+                    // at-load reads a table only with the table prior.
+                    let base =
+                        if part.name == "at-load" && ["table", "unknown"].contains(&param.name) {
+                            "prior: table\n"
+                        } else {
+                            ""
+                        };
+                    let omitted = validate(section, part.name, base).unwrap();
+                    let Some(default) = param.default else {
+                        continue;
+                    };
+                    let line = format!("{base}{}: {}\n", param.name, default());
+                    let given = validate(section, part.name, &line)
+                        .unwrap_or_else(|e| panic!("{} {line}: {e}", part.name));
+                    assert_eq!(given, omitted, "{} {line}", part.name);
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 25, "{checked}");
+    }
+
+    #[test]
+    fn a_field_outside_the_catalog_is_rejected_with_the_catalog_list() {
+        let e = validate("weights", "probe", "interval_s: 3\n").unwrap_err();
+        let probe = find(&WEIGHTS, "probe").unwrap();
+        assert!(e.to_string().ends_with(&probe.param_list()), "{e}");
+        let e = validate("weights", "equal", "clamp: [1, 2]\n").unwrap_err();
+        assert!(e.to_string().ends_with("(none)"), "{e}");
+    }
+
+    #[test]
+    fn descriptions_carry_the_crate_defaults() {
+        let d = |s: &'static [Part], n| find(s, n).unwrap().description();
+        assert_eq!(
+            d(&WEIGHTS, "table"),
+            "v1: weight from a GPU-name table (RTX 4090 1.75, RTX 5090 2.5, H100 3.5; sum over cards; unknown 1.0)"
+        );
+        assert!(d(&WEIGHTS, "probe").starts_with("v3: 16 x 128-token burst;"));
+        assert!(d(&WEIGHTS, "probe").contains("clamped [0.25, 8]; warm-up, 6 h cache"));
+        assert!(d(&CAPS, "flat").contains("(default 24)"));
+        assert!(d(&CHOOSERS, "p2c").ends_with("ties: first | random | higher-weight"));
+        assert!(d(&PRESETS, "seed-v2").contains("3-minute live correction"));
+    }
+}
