@@ -19,7 +19,7 @@
 //! See `gateway/examples/gateway.yaml` for every field with its default.
 
 use crate::error::WorkerError;
-use routelab_policies::located::parse_yaml;
+use routelab_policies::located::{parse_yaml, rule};
 use routelab_policies::{InputError, PolicyEntry, WorkerSpec};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -225,12 +225,8 @@ fn default_retries() -> u32 {
 
 /// Seconds (validated finite and ≥ 0) as a duration; `file` and `field` locate an error.
 pub(crate) fn secs(file: &str, field: &str, v: f64) -> Result<Duration, InputError> {
-    if v.is_finite() && v >= 0.0 {
-        Ok(Duration::from_secs_f64(v))
-    } else {
-        Err(InputError::new(file, field, format!("{v} is not valid"))
-            .valid("a number of seconds ≥ 0"))
-    }
+    // Bounded as well as non-negative: `Duration::from_secs_f64(1e20)` panics.
+    rule::seconds(v).map_err(|e| e.at_field(file, field))
 }
 
 impl GatewayConfig {
@@ -275,13 +271,9 @@ impl GatewayConfig {
         ] {
             secs(file, field, v)?;
         }
-        if self.probe.poll_interval_s <= 0.0 {
-            return Err(InputError::new(
-                file,
-                "probe.poll_interval_s",
-                "must be > 0",
-            ));
-        }
+        // A poll loop needs a period a timer can keep (1e-12 s panicked the probe task).
+        rule::period(self.probe.poll_interval_s)
+            .map_err(|e| e.at_field(file, "probe.poll_interval_s"))?;
         if self.max_body_bytes == 0 {
             return Err(InputError::new(file, "max_body_bytes", "must be > 0"));
         }
@@ -351,8 +343,33 @@ mod tests {
         let e = GatewayConfig::from_yaml("queue_timeout_s: -1\n", "g.yaml").unwrap_err();
         assert_eq!(
             e.to_string(),
-            "g.yaml: queue_timeout_s: -1 is not valid; valid: a number of seconds ≥ 0"
+            "g.yaml: queue_timeout_s: -1 is not valid; expected a finite number of seconds from 0 to 1e9"
         );
+    }
+
+    #[test]
+    fn durations_that_would_panic_are_located_errors() {
+        // Regression: `Duration::from_secs_f64` panicked on these at `--check` and at start.
+        for (yaml, field) in [
+            ("queue_timeout_s: 1e20\n", "queue_timeout_s"),
+            (
+                "upstream: { response_timeout_s: 1e300 }\n",
+                "upstream.response_timeout_s",
+            ),
+            (
+                "upstream: { connect_timeout_s: 1e30 }\n",
+                "upstream.connect_timeout_s",
+            ),
+            ("health: { interval_s: 1e20 }\n", "health.interval_s"),
+            (
+                "probe: { poll_interval_s: 1e-12 }\n",
+                "probe.poll_interval_s",
+            ),
+        ] {
+            let e = GatewayConfig::from_yaml(yaml, "g.yaml").unwrap_err();
+            assert_eq!(e.field, field, "{yaml}: {e}");
+            assert!(e.message.contains("expected"), "{e}");
+        }
     }
 
     #[test]

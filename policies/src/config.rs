@@ -18,7 +18,7 @@
 use crate::catalog;
 use crate::chooser::{Chooser, TieRule};
 use crate::error::ConfigError;
-use crate::located::InputError;
+use crate::located::{InputError, rule};
 use crate::weights::{
     AtLoadConfig, AtLoadWeights, Clamp, EqualWeights, LiveConfig, LiveWeights, OracleWeights,
     ProbeConfig, ProbeWeights, TableConfig, TableWeights, WeightStrategy,
@@ -593,45 +593,32 @@ fn invalid(field: &str, message: impl Into<String>) -> ConfigError {
     }
 }
 
+// The value rules are the ones every input shares (`located::rule`); these attach the field and
+// the default of an omitted value.
+
 fn positive(field: &str, v: Option<f64>, default: f64) -> Result<f64, ConfigError> {
-    match v {
-        None => Ok(default),
-        Some(x) if x.is_finite() && x > 0.0 => Ok(x),
-        Some(x) => Err(invalid(
-            field,
-            format!("{x} is not valid; expected a finite number > 0"),
-        )),
-    }
+    v.map_or(Ok(default), |x| {
+        rule::positive(x).map_err(|e| invalid(field, e.to_string()))
+    })
 }
 
 fn non_negative(field: &str, v: Option<f64>, default: f64) -> Result<f64, ConfigError> {
-    match v {
-        None => Ok(default),
-        Some(x) if x.is_finite() && x >= 0.0 => Ok(x),
-        Some(x) => Err(invalid(
-            field,
-            format!("{x} is not valid; expected a finite number >= 0"),
-        )),
-    }
+    v.map_or(Ok(default), |x| {
+        rule::non_negative(x).map_err(|e| invalid(field, e.to_string()))
+    })
 }
 
+/// A period: positive and bounded, so that `Duration` conversion cannot panic (1e20 did).
 fn seconds(field: &str, v: Option<f64>, default: Duration) -> Result<Duration, ConfigError> {
-    Ok(Duration::from_secs_f64(positive(
-        field,
-        v,
-        default.as_secs_f64(),
-    )?))
+    v.map_or(Ok(default), |x| {
+        rule::period(x).map_err(|e| invalid(field, e.to_string()))
+    })
 }
 
 fn count(field: &str, v: Option<u32>, default: u32) -> Result<u32, ConfigError> {
-    match v {
-        None => Ok(default),
-        Some(0) => Err(invalid(
-            field,
-            "0 is not valid; expected a whole number >= 1",
-        )),
-        Some(n) => Ok(n),
-    }
+    v.map_or(Ok(default), |n| {
+        rule::count(n).map_err(|e| invalid(field, e.to_string()))
+    })
 }
 
 fn clamp(v: Option<[f64; 2]>) -> Result<Clamp, ConfigError> {

@@ -212,3 +212,32 @@ fn draining_a_disconnected_worker_changes_nothing() {
         routelab_policies::WorkerState::Draining
     );
 }
+
+/// A policy duration of 1e20 s (`cache_ttl_s`, `interval_s`, …) reached
+/// `Duration::from_secs_f64` and panicked; now it is a configuration error naming the field and
+/// the valid range, as is a period too short for a timer.
+#[test]
+fn huge_or_tiny_policy_durations_are_errors_not_panics() {
+    for (yaml, field) in [
+        (
+            "{ preset: seed-v3, weights: { kind: probe, cache_ttl_s: 1e20 } }",
+            "weights.cache_ttl_s",
+        ),
+        (
+            "{ preset: seed-v2, weights: { kind: live, interval_s: 1e300 } }",
+            "weights.interval_s",
+        ),
+        (
+            "{ preset: seed-v2, weights: { kind: live, interval_s: 1e-12 } }",
+            "weights.interval_s",
+        ),
+    ] {
+        let raw: routelab_policies::RawPolicy = serde_saphyr::from_str(yaml).unwrap();
+        let e = routelab_policies::PolicyConfig::from_raw(&raw).unwrap_err();
+        assert_eq!(e.field(), field, "{yaml}: {e}");
+        assert!(
+            e.to_string().contains("expected a number of seconds from"),
+            "{e}"
+        );
+    }
+}
