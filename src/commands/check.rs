@@ -6,38 +6,12 @@
 //! moved. With `--format json` stdout holds the JSON document only; the verdict goes to stderr.
 
 use crate::lab::{Job, run_all};
+use clap::builder::TypedValueParser as _;
 use routelab_reports::Format as ExportFormat;
 use routelab_reports::gate::{Gate, measure, write_baselines};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
-
-/// Output format of the comparison.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
-    /// Aligned plain text.
-    Table,
-    /// JSON (stdout holds the document only).
-    Json,
-    /// Markdown tables.
-    Markdown,
-    /// CSV, one row per comparison.
-    Csv,
-    /// A self-contained HTML page.
-    Html,
-}
-
-impl From<Format> for ExportFormat {
-    fn from(f: Format) -> ExportFormat {
-        match f {
-            Format::Table => ExportFormat::Table,
-            Format::Json => ExportFormat::Json,
-            Format::Markdown => ExportFormat::Markdown,
-            Format::Csv => ExportFormat::Csv,
-            Format::Html => ExportFormat::Html,
-        }
-    }
-}
 
 /// Options of `routelab check`.
 #[derive(Debug, clap::Args)]
@@ -48,9 +22,14 @@ pub struct CheckArgs {
     /// Baselines directory.
     #[arg(long, default_value = "baselines")]
     pub baselines: PathBuf,
-    /// Output format.
-    #[arg(long, value_enum, default_value = "table")]
-    pub format: Format,
+    /// Output format (JSON, CSV and HTML: stdout holds the document only).
+    #[arg(
+        long,
+        default_value = "table",
+        value_parser = clap::builder::PossibleValuesParser::new(ExportFormat::NAMES)
+            .try_map(|s| s.parse::<ExportFormat>())
+    )]
+    pub format: ExportFormat,
     /// Rewrite the baselines after an intended change and print what moved.
     #[arg(long)]
     pub update: bool,
@@ -83,13 +62,8 @@ pub fn run(
             .map(|(j, o)| (j.scenario.name.as_str(), j.policy.name.as_str(), &o.metrics)),
     );
     let report = gate.report(&measured);
-    ExportFormat::from(args.format)
-        .gate()
-        .export(&report, out)?;
-    let note: &mut dyn Write = match args.format {
-        Format::Table | Format::Markdown => out,
-        Format::Json | Format::Csv | Format::Html => note,
-    };
+    args.format.gate().export(&report, out)?;
+    let note: &mut dyn Write = if args.format.is_document() { note } else { out };
     if args.update {
         write_baselines(&args.baselines, &measured)?;
         note.write_all(

@@ -36,6 +36,31 @@ pub enum Format {
 }
 
 impl Format {
+    /// Every format with its name (as `--format` takes it), in the order help lists them.
+    pub const ALL: [(&'static str, Format); 5] = [
+        ("table", Format::Table),
+        ("json", Format::Json),
+        ("markdown", Format::Markdown),
+        ("csv", Format::Csv),
+        ("html", Format::Html),
+    ];
+
+    /// The names of [`Format::ALL`].
+    pub const NAMES: [&'static str; 5] = {
+        let mut names = [""; 5];
+        let mut i = 0;
+        while i < names.len() {
+            names[i] = Format::ALL[i].0;
+            i += 1;
+        }
+        names
+    };
+
+    /// Whether the output is a document a program parses (the verdict then goes elsewhere).
+    pub fn is_document(self) -> bool {
+        !matches!(self, Format::Table | Format::Markdown)
+    }
+
     /// The exporter of a gate report in this format.
     pub fn gate(self) -> &'static dyn Exporter<GateReport> {
         match self {
@@ -45,6 +70,18 @@ impl Format {
             Format::Csv => &csv::Csv,
             Format::Html => &html::Html,
         }
+    }
+}
+
+impl std::str::FromStr for Format {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Format, String> {
+        Format::ALL
+            .iter()
+            .find(|(name, _)| *name == s)
+            .map(|(_, f)| *f)
+            .ok_or_else(|| format!("unknown format `{s}`; valid: {}", Format::NAMES.join(", ")))
     }
 }
 

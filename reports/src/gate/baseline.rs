@@ -215,18 +215,9 @@ pub fn load_baselines(
 
 /// Write one file per measured scenario into `dir` (created if missing).
 pub fn write_baselines(dir: &Path, measured: &Baselines) -> Result<(), GateError> {
-    std::fs::create_dir_all(dir).map_err(|source| GateError::Write {
-        file: dir.to_path_buf(),
-        source,
-    })?;
+    crate::export::create_dir(dir)?;
     for (name, b) in measured {
-        let file = baseline_file(dir, name);
-        let mut text = serde_json::to_string_pretty(b).map_err(|source| GateError::Json {
-            file: file.clone(),
-            source,
-        })?;
-        text.push('\n');
-        std::fs::write(&file, text).map_err(|source| GateError::Write { file, source })?;
+        crate::export::json::write_json(&baseline_file(dir, name), b)?;
     }
     Ok(())
 }

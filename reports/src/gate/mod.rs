@@ -34,22 +34,9 @@ pub enum GateError {
     /// The suite or a baseline is not valid (boxed: the located error is large and rare).
     #[error(transparent)]
     Input(Box<InputError>),
-    /// A baseline could not be written.
-    #[error("{file}: cannot write: {source}")]
-    Write {
-        /// The file or directory.
-        file: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// A baseline could not be serialised.
-    #[error("{file}: cannot serialise JSON: {source}")]
-    Json {
-        /// The file.
-        file: PathBuf,
-        /// Why.
-        source: serde_json::Error,
-    },
+    /// A baseline could not be written (the same failures as any other output).
+    #[error(transparent)]
+    Output(#[from] crate::error::ReportError),
 }
 
 impl From<InputError> for GateError {
