@@ -16,6 +16,7 @@ pub mod engine;
 pub mod hardware;
 pub mod histogram;
 pub mod scenario;
+pub mod sweep;
 pub mod traffic;
 pub mod worker;
 
