@@ -140,7 +140,11 @@ fn single_worker_matches_processor_sharing_theory() {
     let rate = rows.len() as f64 / span;
     let rho = rate * mean_s;
     let expected = mean_s / (1.0 - rho);
-    let got = rows.iter().map(|r| r.e2e_s).sum::<f64>() / rows.len() as f64;
+    let got = rows
+        .iter()
+        .map(|r| r.e2e_s.expect("completed"))
+        .sum::<f64>()
+        / rows.len() as f64;
     let err = (got - expected).abs() / expected;
     eprintln!(
         "M/G/1-PS: simulated {got:.4} s, theory {expected:.4} s, rho {rho:.3}, error {:.2} %",
