@@ -749,6 +749,65 @@ mod tests {
         assert!(!prompt_text(&Arrival::new(0, 1, 1, 0), 0).is_empty());
     }
 
+    /// A finished stream as the player observes it: sent at 1 s, first token at 1.5 s, done
+    /// at 3.5 s (scenario time = wall time here), served by `w0`.
+    fn observed(base: Instant, requested: u32, usage: u32) -> Observed {
+        let at = |s: f64| base + Duration::from_secs_f64(s);
+        Observed {
+            id: 0,
+            arrival: Arrival::new(0, 100, requested, 0),
+            sent: at(1.0),
+            first: Some(at(1.5)),
+            finished: at(3.5),
+            status: Some(200),
+            worker: Some("w0".into()),
+            streamed: true,
+            done: true,
+            sse_error: false,
+            error: None,
+            content_events: usage,
+            usage_tokens: Some(usage),
+            cached_tokens: 0,
+        }
+    }
+
+    fn play_one(o: Observed, base: Instant) -> PlayReport {
+        let setup = routelab_sim::SimSetup::new("m", Vec::new(), 1);
+        let mut acc = Accumulator::new("p", &setup);
+        let scen_ns = |t: Instant| t.saturating_duration_since(base).as_nanos() as u64;
+        acc.record(o, &scen_ns);
+        acc.finish(4_000_000_000, &HashMap::new(), &HashMap::new())
+    }
+
+    /// Regression: the player wrote TPOT 0.0 for a one-token output where the simulator wrote
+    /// none; both now go through the same recorder, which has none.
+    #[test]
+    fn a_one_token_output_has_no_tpot_in_the_player() {
+        let base = Instant::now();
+        let report = play_one(observed(base, 1, 1), base);
+        let row = &report.requests[0].record;
+        assert_eq!((row.status, row.output_tokens), (Status::Ok, 1));
+        assert_eq!(row.tpot_s, None);
+        assert!(row.ttft_s.is_some_and(|t| (t - 0.5).abs() < 1e-6));
+        assert_eq!(report.metrics.tpot.count(), 0);
+        assert_eq!(report.metrics.completed, 1);
+        assert_eq!(report.metrics.workers[0].name, "w0");
+    }
+
+    /// Regression: the row took output tokens from the arrival while the totals used the
+    /// reported usage.
+    #[test]
+    fn the_row_and_the_totals_take_output_tokens_from_the_reported_usage() {
+        let base = Instant::now();
+        let report = play_one(observed(base, 10, 7), base);
+        let row = &report.requests[0].record;
+        assert_eq!(row.output_tokens, 7);
+        assert_eq!(report.metrics.output_tokens, 7);
+        assert_eq!(report.metrics.workers[0].output_tokens, 7);
+        // (3.5 - 1.5) s over the 6 tokens after the first
+        assert!(row.tpot_s.is_some_and(|t| (t - 2.0 / 6.0).abs() < 1e-6));
+    }
+
     #[test]
     fn sse_scan_finds_first_content_usage_done_and_errors() {
         let now = Instant::now();

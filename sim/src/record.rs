@@ -341,3 +341,105 @@ impl Recorder {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(status: Status, output_tokens: u32) -> Outcome {
+        Outcome {
+            id: 7,
+            status,
+            worker: Some(0),
+            arrival: Time::from_nanos(1_000_000_000),
+            dispatched: Some(Time::from_nanos(1_100_000_000)),
+            first_token: Some(Time::from_nanos(1_500_000_000)),
+            end: Time::from_nanos(3_500_000_000),
+            prompt_tokens: 100,
+            output_tokens,
+            cached_tokens: 10,
+            believed_cached_tokens: 20,
+            affinity_kept: true,
+        }
+    }
+
+    fn recorder() -> Recorder {
+        Recorder::new(
+            RunMetrics::new("p", vec![WorkerTotals::new("w0")]),
+            Slo::default(),
+        )
+    }
+
+    #[test]
+    fn statuses_keep_their_csv_names() {
+        assert_eq!(Status::Ok.as_str(), "ok");
+        assert_eq!(Status::Failed.as_str(), "failed");
+        assert_eq!(Status::Rejected.to_string(), "rejected");
+    }
+
+    #[test]
+    fn a_one_token_output_has_no_tpot() {
+        let mut rec = recorder();
+        let o = outcome(Status::Ok, 1);
+        assert_eq!(o.tpot_s(), None);
+        rec.finished(&o);
+        let row = rec.row(&o);
+        assert_eq!(row.tpot_s, None);
+        assert_eq!(row.ttft_s, Some(0.5));
+        assert_eq!(row.e2e_s, Some(2.5));
+        let m = rec.metrics();
+        assert_eq!((m.completed, m.tpot.count(), m.ttft.count()), (1, 0, 1));
+        // Without an inter-token time, the TPOT criterion of the SLO does not apply.
+        assert_eq!(m.slo_met, 1);
+    }
+
+    #[test]
+    fn a_completed_request_is_counted_and_written_once() {
+        let mut rec = recorder();
+        let o = outcome(Status::Ok, 5);
+        rec.arrived(o.arrival);
+        rec.dispatched(0);
+        rec.finished(&o);
+        let row = rec.row(&o);
+        // (3.5 - 1.5) s over 4 tokens after the first
+        assert_eq!(row.tpot_s, Some(0.5));
+        assert_eq!(row.queue_s, 0.1);
+        assert_eq!((row.worker.as_str(), row.status), ("w0", Status::Ok));
+        let m = rec.metrics();
+        assert_eq!((m.requests, m.completed, m.output_tokens), (1, 1, 5));
+        assert_eq!((m.tpot.count(), m.queue.count()), (1, 1));
+        // TPOT 0.5 s is over the default 0.1 s SLO
+        assert_eq!(m.slo_met, 0);
+        assert_eq!(m.workers[0].requests, 1);
+        assert_eq!(m.workers[0].completed, 1);
+        assert_eq!(m.first_arrival_ns, 1_000_000_000);
+        assert_eq!(m.last_completion_ns, 3_500_000_000);
+    }
+
+    #[test]
+    fn a_failed_or_rejected_request_has_no_completion_latencies() {
+        let mut rec = recorder();
+        let failed = outcome(Status::Failed, 5);
+        rec.failed_on(0);
+        rec.finished(&failed);
+        let row = rec.row(&failed);
+        assert_eq!((row.e2e_s, row.tpot_s), (None, None));
+        assert_eq!(row.ttft_s, Some(0.5), "its first token was seen");
+        let rejected = Outcome {
+            worker: None,
+            dispatched: None,
+            first_token: None,
+            ..outcome(Status::Rejected, 5)
+        };
+        rec.finished(&rejected);
+        let row = rec.row(&rejected);
+        assert_eq!(
+            (row.ttft_s, row.worker.as_str(), row.queue_s),
+            (None, "", 0.0)
+        );
+        let m = rec.metrics();
+        assert_eq!((m.completed, m.failed, m.rejected), (0, 1, 1));
+        assert_eq!(m.workers[0].failed, 1);
+        assert!(m.ttft.is_empty() && m.e2e.is_empty());
+    }
+}
