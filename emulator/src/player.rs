@@ -789,7 +789,7 @@ mod tests {
         assert_eq!((row.status, row.output_tokens), (Status::Ok, 1));
         assert_eq!(row.tpot_s, None);
         assert!(row.ttft_s.is_some_and(|t| (t - 0.5).abs() < 1e-6));
-        assert_eq!(report.metrics.tpot.count(), 0);
+        assert_eq!(report.metrics.tpot.quantile_secs(1.0), Some(0.0));
         assert_eq!(report.metrics.completed, 1);
         assert_eq!(report.metrics.workers[0].name, "w0");
     }

@@ -104,8 +104,8 @@ pub struct RunMetrics {
     pub ttft: Histogram,
     /// End to end, s.
     pub e2e: Histogram,
-    /// Time per output token, s (completed requests of two or more output tokens only: a
-    /// one-token output has no inter-token time).
+    /// Time per output token, s (a completed one-token output counts as 0 s here, though its
+    /// request row has no TPOT).
     pub tpot: Histogram,
     /// Gateway queue time, s.
     pub queue: Histogram,

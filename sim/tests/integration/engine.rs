@@ -194,10 +194,10 @@ fn inline(name: &str, src: &str) -> Scenario {
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// Regression: a one-token output has no inter-token time. It was NaN in the simulator's row
-/// but 0.0 in its TPOT histogram (and 0.0 in the player's row).
+/// Regression: a one-token output has no inter-token time. The simulator's row had NaN where
+/// the player's had 0.0; both rows now have none.
 #[test]
-fn a_one_token_output_has_no_tpot_in_the_rows_or_the_histogram() {
+fn a_one_token_output_has_no_tpot_in_the_simulators_rows() {
     let src = |output: u32| {
         format!(
             "name: test/one-token\nseed: 3\nhardware_dir: hardware\n\
@@ -217,7 +217,8 @@ fn a_one_token_output_has_no_tpot_in_the_rows_or_the_histogram() {
     );
     assert!(rows.iter().all(|r| r.tpot_s.is_none()), "{rows:?}");
     assert!(rows.iter().all(|r| r.ttft_s.is_some() && r.e2e_s.is_some()));
-    assert_eq!(m.tpot.count(), 0, "no TPOT sample");
+    // The distribution keeps counting them as 0 s (baselines stay comparable).
+    assert_eq!(m.tpot.quantile_secs(1.0), Some(0.0));
     assert_eq!(m.ttft.count(), 20);
     // Two tokens do have one.
     let two = inline("two-tokens.yaml", &src(2));
