@@ -40,7 +40,7 @@ mod server;
 pub use driver::{DriverCounters, EngineSnapshot};
 pub use fleet::{EmulatedFleet, start_fleet};
 pub use player::{
-    PlayError, PlayOptions, PlayReport, PlayedRequest, WORKER_HEADER, admin_weights_of, play,
-    play_with, prompt_text, provenance_from_str,
+    PlayError, PlayOptions, PlayReport, PlayedRequest, admin_weights_of, play, play_with,
+    prompt_text, provenance_from_str,
 };
 pub use server::{Emulator, EmulatorError, EmulatorOptions, serve};

@@ -97,7 +97,8 @@ pub(crate) fn parse(
     })
 }
 
-/// Token texts, 4 bytes each (so a client's `bytes / 4` estimate counts them right).
+/// Token texts, [`prompt::BYTES_PER_TOKEN`] bytes each (so a client's bytes-per-token estimate
+/// counts them right).
 const WORDS: [&str; 8] = [
     " sea", " sun", " sky", " and", " the", " red", " low", " far",
 ];
@@ -187,7 +188,8 @@ impl Renderer {
 
     /// A whole non-streaming response.
     pub fn full(&self, usage: &Usage) -> String {
-        let mut text = String::with_capacity(usage.completion_tokens as usize * 4);
+        let mut text =
+            String::with_capacity(usage.completion_tokens as usize * prompt::BYTES_PER_TOKEN);
         for i in 0..usage.completion_tokens {
             text.push_str(token_text(i));
         }

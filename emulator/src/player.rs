@@ -22,15 +22,16 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use routelab_policies::Provenance;
+use routelab_gateway::prompt::{BLOCK_BYTES, BYTES_PER_TOKEN};
+use routelab_gateway::proxy::WORKER_HEADER;
+use routelab_policies::{Provenance, Time};
+use routelab_sim::record::{Outcome, Recorder, Status};
+use routelab_sim::seed::splitmix64;
 use routelab_sim::traffic::{Arrival, TrafficSource};
 use routelab_sim::{RequestRecord, RunMetrics, Scenario, WorkerTotals};
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
-
-/// Response header naming the worker that served a request (set by the gateway).
-pub const WORKER_HEADER: &str = "x-routelab-worker";
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -165,13 +166,14 @@ pub async fn play_with(
     let scen_ns = |t: Instant| (t.saturating_duration_since(origin).as_nanos() as f64 * k) as u64;
     let wall_at = |ns: u64| origin + Duration::from_secs_f64(ns as f64 / 1e9 / k);
     let deadline = origin
-        + opts.deadline.unwrap_or_else(|| {
-            if setup.max_time_ns < u64::MAX / 8 {
-                Duration::from_secs_f64(setup.max_time_ns as f64 / 1e9 / k) + opts.request_timeout
-            } else {
-                Duration::from_secs(3600)
-            }
-        });
+        + opts
+            .deadline
+            .unwrap_or_else(|| match setup.time_limit_ns() {
+                Some(limit) => {
+                    Duration::from_secs_f64(limit as f64 / 1e9 / k) + opts.request_timeout
+                }
+                None => Duration::from_secs(3600),
+            });
     let client: HttpClient = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(opts.max_in_flight)
         .build({
@@ -185,7 +187,7 @@ pub async fn play_with(
     // follow-ups of closed-loop / multi-turn sources, by (time, order)
     let mut follow_ups: BTreeMap<(u64, u64), Arrival> = BTreeMap::new();
     let mut follow_seq = 0u64;
-    let mut tasks: JoinSet<Outcome> = JoinSet::new();
+    let mut tasks: JoinSet<Observed> = JoinSet::new();
     let mut next_id = 0u64;
     let mut cut_off = false;
 
@@ -263,8 +265,9 @@ pub async fn play_with(
         None => (None, HashMap::new()),
     };
     let (policy, weights) = admin.unwrap_or_default();
-    if acc.m.policy.is_empty() {
-        acc.m.policy = policy;
+    let m = acc.rec.metrics_mut();
+    if m.policy.is_empty() {
+        m.policy = policy;
     }
     Ok(acc.finish(end_ns, &weights, &probes))
 }
@@ -273,9 +276,8 @@ pub async fn play_with(
 /// is `4 × prompt_tokens` bytes (at least 10), its leading 2,048-byte blocks are spelled from
 /// the arrival's prefix hashes, the rest is unique to request `id`.
 pub fn prompt_text(a: &Arrival, id: u64) -> String {
-    const BLOCK: usize = 2048;
     const RENDER_OVERHEAD: usize = "<|user|>\n".len() + 1;
-    let len = (a.prompt_tokens as usize * 4)
+    let len = (a.prompt_tokens as usize * BYTES_PER_TOKEN)
         .saturating_sub(RENDER_OVERHEAD)
         .max(1);
     let mut s = String::with_capacity(len + 16);
@@ -284,18 +286,16 @@ pub fn prompt_text(a: &Arrival, id: u64) -> String {
         let word = match a.prefix_blocks.get(i) {
             Some(&h) => h,
             // unique filler: the request id and the block index
-            None => routelab_sim::traffic::splitmix64(
-                id.wrapping_mul(0x9E37_79B9) ^ (i as u64) ^ 0xA5A5_0000_0000_0000,
-            ),
+            None => splitmix64(id.wrapping_mul(0x9E37_79B9) ^ (i as u64) ^ 0xA5A5_0000_0000_0000),
         };
         let tag = if i < a.prefix_blocks.len() { 'p' } else { 'u' };
         let start = s.len();
         // 17 bytes per word: tag + 16 hex digits; the block's first bytes identify it
-        while s.len() - start < BLOCK && s.len() < len {
+        while s.len() - start < BLOCK_BYTES && s.len() < len {
             use std::fmt::Write as _;
             let _ = write!(s, "{tag}{word:016x}");
         }
-        s.truncate((start + BLOCK).min(len));
+        s.truncate((start + BLOCK_BYTES).min(len));
         i += 1;
     }
     s.truncate(len);
@@ -328,7 +328,7 @@ struct Pending {
 }
 
 #[derive(Debug)]
-struct Outcome {
+struct Observed {
     id: u64,
     arrival: Arrival,
     sent: Instant,
@@ -346,9 +346,9 @@ struct Outcome {
 }
 
 impl Pending {
-    async fn run(self) -> Outcome {
+    async fn run(self) -> Observed {
         let sent = Instant::now();
-        let mut o = Outcome {
+        let mut o = Observed {
             id: self.id,
             arrival: self.arrival,
             sent,
@@ -444,7 +444,7 @@ struct SseScan {
 }
 
 impl SseScan {
-    fn feed(&mut self, mut chunk: &[u8], o: &mut Outcome, now: Instant) {
+    fn feed(&mut self, mut chunk: &[u8], o: &mut Observed, now: Instant) {
         while let Some(pos) = chunk.iter().position(|&b| b == b'\n') {
             let line = if self.carry.is_empty() {
                 Self::event(&chunk[..pos], o, now);
@@ -463,7 +463,7 @@ impl SseScan {
         }
     }
 
-    fn event(line: &[u8], o: &mut Outcome, now: Instant) {
+    fn event(line: &[u8], o: &mut Observed, now: Instant) {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         let Some(payload) = line.strip_prefix(b"data:") else {
             return;
@@ -511,11 +511,10 @@ impl SseScan {
     }
 }
 
+/// The player's side of the shared [`Recorder`]: a response as observed from the client
+/// becomes an [`Outcome`], counted and written by the same code as a simulated request.
 struct Accumulator {
-    m: RunMetrics,
-    slo_ttft: f64,
-    slo_tpot: f64,
-    index: HashMap<String, usize>,
+    rec: Recorder,
     rows: Vec<PlayedRequest>,
 }
 
@@ -526,113 +525,59 @@ impl Accumulator {
             .iter()
             .map(|w| WorkerTotals::new(w.spec.name.clone()))
             .collect();
-        let index = workers
-            .iter()
-            .enumerate()
-            .map(|(i, w)| (w.name.clone(), i))
-            .collect();
         Accumulator {
-            m: RunMetrics::new(policy, workers),
-            slo_ttft: setup.slo.ttft_s,
-            slo_tpot: setup.slo.tpot_s,
-            index,
+            rec: Recorder::new(RunMetrics::new(policy, workers), setup.slo),
             rows: Vec::new(),
         }
     }
 
-    fn worker(&mut self, name: &str) -> usize {
-        if let Some(&i) = self.index.get(name) {
-            return i;
-        }
-        self.m.workers.push(WorkerTotals::new(name));
-        let i = self.m.workers.len() - 1;
-        self.index.insert(name.to_string(), i);
-        i
-    }
-
-    fn record(&mut self, o: Outcome, scen_ns: &impl Fn(Instant) -> u64) {
-        self.m.requests += 1;
-        let arrival = scen_ns(o.sent);
-        let first = o.first.map(scen_ns);
-        let finished = scen_ns(o.finished);
-        self.m.first_arrival_ns = self.m.first_arrival_ns.min(arrival);
-        let secs = |ns: u64| ns as f64 / 1e9;
-        let output = o.usage_tokens.unwrap_or(o.content_events);
-        let rejected = matches!(o.status, Some(s) if (400..500).contains(&s) && s != 429);
-        let ok = o.done && !o.sse_error && o.error.is_none();
-        let w = o.worker.as_deref().map(|n| self.worker(n));
-        let status: &'static str = if ok {
-            "ok"
-        } else if rejected {
-            "rejected"
-        } else {
-            "failed"
-        };
-        let ttft_s = first.map_or(f64::NAN, |f| secs(f.saturating_sub(arrival)));
-        let (e2e_s, tpot_s) = if ok {
-            let e2e = secs(finished.saturating_sub(arrival));
-            let tpot = match first {
-                Some(f) if output > 1 => secs(finished.saturating_sub(f)) / f64::from(output - 1),
-                _ => 0.0,
-            };
-            (e2e, tpot)
-        } else {
-            (f64::NAN, f64::NAN)
-        };
-        if let Some(i) = w {
-            self.m.workers[i].requests += 1;
-        }
-        match status {
-            "ok" => {
-                let ttft = if ttft_s.is_nan() { e2e_s } else { ttft_s };
-                self.m.completed += 1;
-                self.m.ttft.record_secs(ttft);
-                self.m.e2e.record_secs(e2e_s);
-                self.m.tpot.record_secs(tpot_s);
-                if ttft <= self.slo_ttft && tpot_s <= self.slo_tpot {
-                    self.m.slo_met += 1;
-                }
-                self.m.output_tokens += u64::from(output);
-                self.m.prompt_tokens += u64::from(o.arrival.prompt_tokens);
-                self.m.cached_tokens += u64::from(o.cached_tokens);
-                self.m.last_completion_ns = self.m.last_completion_ns.max(finished);
-                if let Some(i) = w {
-                    let t = &mut self.m.workers[i];
-                    t.completed += 1;
-                    t.output_tokens += u64::from(output);
-                    t.ttft_sum_s += ttft;
-                    t.e2e_sum_s += e2e_s;
-                }
-            }
-            "rejected" => self.m.rejected += 1,
-            _ => {
-                self.m.failed += 1;
-                if let Some(i) = w {
-                    self.m.workers[i].failed += 1;
-                }
+    fn record(&mut self, o: Observed, scen_ns: &impl Fn(Instant) -> u64) {
+        let outcome = self.outcome(&o, scen_ns);
+        self.rec.arrived(outcome.arrival);
+        if let Some(w) = outcome.worker {
+            self.rec.dispatched(w);
+            if outcome.status == Status::Failed {
+                self.rec.failed_on(w);
             }
         }
+        self.rec.finished(&outcome);
         self.rows.push(PlayedRequest {
-            record: RequestRecord {
-                id: o.id,
-                arrival_s: secs(arrival),
-                worker: o.worker.clone().unwrap_or_default(),
-                prompt_tokens: o.arrival.prompt_tokens,
-                output_tokens: o.arrival.output_tokens,
-                queue_s: 0.0,
-                ttft_s,
-                e2e_s,
-                tpot_s,
-                cached_tokens: o.cached_tokens,
-                believed_cached_tokens: 0,
-                affinity_kept: false,
-                status,
-            },
+            record: self.rec.row(&outcome),
             http_status: o.status,
             streamed: o.streamed,
             sse_error: o.sse_error,
             error: o.error,
         });
+    }
+
+    /// What the client observed, in scenario time. Latencies count from when the request was
+    /// sent; the output tokens are the stream's reported usage (else its content chunks), for
+    /// the row and the totals alike.
+    fn outcome(&mut self, o: &Observed, scen_ns: &impl Fn(Instant) -> u64) -> Outcome {
+        let rejected = matches!(o.status, Some(s) if (400..500).contains(&s) && s != 429);
+        let ok = o.done && !o.sse_error && o.error.is_none();
+        let status = if ok {
+            Status::Ok
+        } else if rejected {
+            Status::Rejected
+        } else {
+            Status::Failed
+        };
+        let at = |t: Instant| Time::from_nanos(scen_ns(t));
+        Outcome {
+            id: o.id,
+            status,
+            worker: o.worker.as_deref().map(|n| self.rec.worker_index(n)),
+            arrival: at(o.sent),
+            dispatched: None,
+            first_token: o.first.map(at),
+            end: at(o.finished),
+            prompt_tokens: o.arrival.prompt_tokens,
+            output_tokens: o.usage_tokens.unwrap_or(o.content_events),
+            cached_tokens: o.cached_tokens,
+            believed_cached_tokens: 0,
+            affinity_kept: false,
+        }
     }
 
     fn finish(
@@ -641,11 +586,9 @@ impl Accumulator {
         weights: &HashMap<String, (f64, Provenance)>,
         probes: &HashMap<String, u64>,
     ) -> PlayReport {
-        self.m.end_ns = end_ns;
-        if self.m.first_arrival_ns == u64::MAX {
-            self.m.first_arrival_ns = 0;
-        }
-        for t in &mut self.m.workers {
+        let m = self.rec.metrics_mut();
+        m.end_ns = end_ns;
+        for t in &mut m.workers {
             if let Some(&(w, p)) = weights.get(&t.name) {
                 t.final_weight = w;
                 t.final_provenance = p;
@@ -654,10 +597,10 @@ impl Accumulator {
                 t.probe_bursts = n;
             }
         }
-        self.m.probe_bursts = self.m.workers.iter().map(|w| w.probe_bursts).sum();
+        m.probe_bursts = m.workers.iter().map(|w| w.probe_bursts).sum();
         self.rows.sort_by_key(|r| r.record.id);
         PlayReport {
-            metrics: self.m,
+            metrics: self.rec.into_metrics(),
             requests: self.rows,
         }
     }
@@ -806,10 +749,69 @@ mod tests {
         assert!(!prompt_text(&Arrival::new(0, 1, 1, 0), 0).is_empty());
     }
 
+    /// A finished stream as the player observes it: sent at 1 s, first token at 1.5 s, done
+    /// at 3.5 s (scenario time = wall time here), served by `w0`.
+    fn observed(base: Instant, requested: u32, usage: u32) -> Observed {
+        let at = |s: f64| base + Duration::from_secs_f64(s);
+        Observed {
+            id: 0,
+            arrival: Arrival::new(0, 100, requested, 0),
+            sent: at(1.0),
+            first: Some(at(1.5)),
+            finished: at(3.5),
+            status: Some(200),
+            worker: Some("w0".into()),
+            streamed: true,
+            done: true,
+            sse_error: false,
+            error: None,
+            content_events: usage,
+            usage_tokens: Some(usage),
+            cached_tokens: 0,
+        }
+    }
+
+    fn play_one(o: Observed, base: Instant) -> PlayReport {
+        let setup = routelab_sim::SimSetup::new("m", Vec::new(), 1);
+        let mut acc = Accumulator::new("p", &setup);
+        let scen_ns = |t: Instant| t.saturating_duration_since(base).as_nanos() as u64;
+        acc.record(o, &scen_ns);
+        acc.finish(4_000_000_000, &HashMap::new(), &HashMap::new())
+    }
+
+    /// Regression: the player wrote TPOT 0.0 for a one-token output where the simulator wrote
+    /// none; both now go through the same recorder, which has none.
+    #[test]
+    fn a_one_token_output_has_no_tpot_in_the_player() {
+        let base = Instant::now();
+        let report = play_one(observed(base, 1, 1), base);
+        let row = &report.requests[0].record;
+        assert_eq!((row.status, row.output_tokens), (Status::Ok, 1));
+        assert_eq!(row.tpot_s, None);
+        assert!(row.ttft_s.is_some_and(|t| (t - 0.5).abs() < 1e-6));
+        assert_eq!(report.metrics.tpot.quantile_secs(1.0), Some(0.0));
+        assert_eq!(report.metrics.completed, 1);
+        assert_eq!(report.metrics.workers[0].name, "w0");
+    }
+
+    /// Regression: the row took output tokens from the arrival while the totals used the
+    /// reported usage.
+    #[test]
+    fn the_row_and_the_totals_take_output_tokens_from_the_reported_usage() {
+        let base = Instant::now();
+        let report = play_one(observed(base, 10, 7), base);
+        let row = &report.requests[0].record;
+        assert_eq!(row.output_tokens, 7);
+        assert_eq!(report.metrics.output_tokens, 7);
+        assert_eq!(report.metrics.workers[0].output_tokens, 7);
+        // (3.5 - 1.5) s over the 6 tokens after the first
+        assert!(row.tpot_s.is_some_and(|t| (t - 2.0 / 6.0).abs() < 1e-6));
+    }
+
     #[test]
     fn sse_scan_finds_first_content_usage_done_and_errors() {
         let now = Instant::now();
-        let mut o = Outcome {
+        let mut o = Observed {
             id: 0,
             arrival: Arrival::new(0, 1, 1, 0),
             sent: now,

@@ -15,7 +15,9 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-/// Bytes per prefix block (≈512 tokens at 4 bytes per token).
+/// Bytes of rendered prompt per estimated token.
+pub const BYTES_PER_TOKEN: usize = 4;
+/// Bytes per prefix block (≈512 tokens at [`BYTES_PER_TOKEN`]).
 pub const BLOCK_BYTES: usize = 2048;
 /// Most prefix blocks hashed per request (1 MiB of prompt).
 pub const MAX_BLOCKS: usize = 512;
@@ -125,9 +127,9 @@ pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<Parsed, BadRequest> {
     })
 }
 
-/// `ceil(bytes / 4)`, saturating.
+/// `ceil(bytes / BYTES_PER_TOKEN)`, saturating.
 pub fn estimate_tokens(bytes: usize) -> u32 {
-    u32::try_from(bytes.div_ceil(4)).unwrap_or(u32::MAX)
+    u32::try_from(bytes.div_ceil(BYTES_PER_TOKEN)).unwrap_or(u32::MAX)
 }
 
 fn render_messages(messages: Option<Value>) -> Result<String, BadRequest> {

@@ -104,6 +104,9 @@ pub struct RunEntry {
     pub summary: RunSummary,
     /// Per-worker totals, in fleet order.
     pub workers: Vec<WorkerSummary>,
+    /// Scenario events that did not take effect (absent when there are none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// Build the content of `summary.json`.
@@ -118,6 +121,7 @@ pub fn summary_file(meta: &RunMeta, runs: &[PolicyRun]) -> SummaryFile {
             .map(|r| RunEntry {
                 summary: r.summary(),
                 workers: WorkerSummary::from_metrics(&r.metrics),
+                warnings: r.metrics.warnings.iter().map(|w| w.to_string()).collect(),
             })
             .collect(),
     }
@@ -174,18 +178,8 @@ const REQUEST_HEADER: &[&str] = &[
     "tpot_s",
 ];
 
-/// The one place that reads a record's status (a `Status` enum's `as_str()` once the
-/// simulator's record types settle).
-fn status(q: &RequestRecord) -> &str {
-    q.status
-}
-
-/// The one place that reads a record's TPOT: not finite (absent) for a one-token output,
-/// written as an empty cell.
-fn tpot_s(q: &RequestRecord) -> f64 {
-    q.tpot_s
-}
-
+/// `requests.csv` rows; an absent latency (a request that never got its first token, TPOT
+/// of a one-token output) is an empty cell.
 fn request_rows(runs: &[PolicyRun]) -> impl Iterator<Item = Vec<String>> + '_ {
     runs.iter().flat_map(|r| {
         r.requests.iter().flatten().map(move |q| {
@@ -194,19 +188,24 @@ fn request_rows(runs: &[PolicyRun]) -> impl Iterator<Item = Vec<String>> + '_ {
                 q.id.to_string(),
                 fmt_fixed(q.arrival_s, 6),
                 q.worker.clone(),
-                status(q).to_string(),
+                q.status.as_str().to_string(),
                 q.prompt_tokens.to_string(),
                 q.output_tokens.to_string(),
                 q.cached_tokens.to_string(),
                 q.believed_cached_tokens.to_string(),
                 q.affinity_kept.to_string(),
                 fmt_fixed(q.queue_s, 6),
-                fmt_fixed(q.ttft_s, 6),
-                fmt_fixed(q.e2e_s, 6),
-                fmt_fixed(tpot_s(q), 6),
+                fmt_opt(q.ttft_s),
+                fmt_opt(q.e2e_s),
+                fmt_opt(q.tpot_s),
             ]
         })
     })
+}
+
+/// An absent latency is an empty cell.
+fn fmt_opt(x: Option<f64>) -> String {
+    x.map_or_else(String::new, |x| fmt_fixed(x, 6))
 }
 
 const TIMELINE_HEADER: &[&str] = &[

@@ -9,31 +9,30 @@
 //! - [`traffic`]: synthetic generators and streaming trace replay.
 //! - [`engine`]: the event loop that ties a fleet, a router, probes and lifecycle events
 //!   together ([`run`]).
+//! - [`record`]: the one results recorder (request [`Outcome`] → run totals and
+//!   [`RequestRecord`] rows, [`Status`]), shared with the emulator's real-time player.
+//! - [`results`]: what a run measured ([`RunMetrics`], [`WorkerTotals`], [`TimelineRow`]).
 //! - [`histogram`]: bounded-memory latency quantiles.
+//! - [`seed`]: SplitMix64 and [`derive_seed`], the per-component random streams.
 #![forbid(unsafe_code)]
 
 pub mod engine;
 pub mod hardware;
 pub mod histogram;
+pub mod record;
+pub mod results;
 pub mod scenario;
+pub mod seed;
 pub mod sweep;
 pub mod traffic;
 pub mod worker;
 
-pub use engine::{
-    Action, LifecycleEvent, RequestRecord, RequestSink, RunMetrics, SimError, SimSetup, Slo,
-    TimelineRow, WorkerSetup, WorkerTotals, run,
-};
+pub use engine::{Action, LifecycleEvent, NO_TIME_LIMIT_NS, SimError, SimSetup, WorkerSetup, run};
 pub use hardware::HardwareProfile;
+pub use record::{
+    Outcome, Recorder, RequestRecord, RequestSink, RunWarning, Slo, Status, WarningReason,
+};
+pub use results::{RunMetrics, TimelineRow, WorkerTotals};
 pub use scenario::{Scenario, ScenarioError, TrafficSpec};
+pub use seed::derive_seed;
 pub use worker::{EngineModel, EngineOverrides};
-
-/// Derive an independent seed for component `stream` from the root seed (SplitMix64 of both),
-/// so that adding a component never shifts another's random stream.
-pub fn derive_seed(root: u64, stream: u64) -> u64 {
-    let mut z = root ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}

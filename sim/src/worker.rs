@@ -58,9 +58,11 @@ use rand::rngs::Xoshiro256PlusPlus;
 use rand_distr::{Distribution, LogNormal};
 
 use crate::hardware::HardwareProfile;
+use crate::seed::splitmix64;
 
-/// Prefix-cache block size in tokens.
-pub const BLOCK_TOKENS: u32 = 512;
+/// Prefix-cache block size in tokens: the traffic's prefix block, so that one arrival block is
+/// one engine cache block.
+pub use crate::traffic::BLOCK_TOKENS;
 
 const NS_PER_S: f64 = 1e9;
 /// Tolerance (tokens) when comparing fluid positions against finish marks.
@@ -786,8 +788,9 @@ impl EngineModel {
         match &self.epoch_noise {
             None => 1.0,
             Some(d) => {
-                let mut rng =
-                    Xoshiro256PlusPlus::seed_from_u64(splitmix(self.seed ^ splitmix(idx ^ 0xE90C)));
+                let mut rng = Xoshiro256PlusPlus::seed_from_u64(splitmix64(
+                    self.seed ^ splitmix64(idx ^ 0xE90C),
+                ));
                 d.sample(&mut rng)
             }
         }
@@ -872,13 +875,6 @@ impl EngineModel {
         }
         best
     }
-}
-
-fn splitmix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
 }
 
 // ---------------------------------------------------------------------------------------------

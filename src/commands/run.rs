@@ -79,6 +79,11 @@ pub fn run(args: &RunArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
             })
             .collect(),
     };
+    for (o, p) in outcomes.iter().zip(&policies) {
+        for w in &o.metrics.warnings {
+            eprintln!("warning: {}: {w}", p.name);
+        }
+    }
     let requests: u64 = outcomes.iter().map(|o| o.metrics.requests).sum();
     let runs: Vec<PolicyRun> = outcomes
         .into_iter()

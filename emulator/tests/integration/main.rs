@@ -12,7 +12,7 @@ use routelab_emulator::{
 };
 use routelab_gateway::RunningGateway;
 use routelab_sim::traffic::Until;
-use routelab_sim::{RunMetrics, Scenario, TrafficSpec};
+use routelab_sim::{RunMetrics, Scenario, Status, TrafficSpec};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -467,7 +467,7 @@ async fn killing_an_emulator_mid_run_loses_no_unstarted_request() {
         if r.record.arrival_s > 50.0 {
             after += 1;
         }
-        if r.record.status == "ok" {
+        if r.record.status == Status::Ok {
             ok += 1;
         } else {
             cut += 1;
@@ -503,7 +503,7 @@ async fn killing_an_emulator_mid_run_loses_no_unstarted_request() {
             .requests
             .iter()
             .filter(|r| r.record.arrival_s > 51.0)
-            .all(|r| r.record.status == "ok" && r.record.worker != victim),
+            .all(|r| r.record.status == Status::Ok && r.record.worker != victim),
         "after the kill everything goes to the others"
     );
     gw.kill();
@@ -604,10 +604,10 @@ async fn diagnostic_sim_vs_real_per_worker() {
         arr.push(r.record.arrival_s - s.arrival_s);
         if s.worker == r.record.worker {
             by_worker.entry(s.worker.clone()).or_default().push((
-                s.ttft_s,
-                r.record.ttft_s,
-                s.e2e_s,
-                r.record.e2e_s,
+                s.ttft_s.unwrap_or(f64::NAN),
+                r.record.ttft_s.unwrap_or(f64::NAN),
+                s.e2e_s.unwrap_or(f64::NAN),
+                r.record.e2e_s.unwrap_or(f64::NAN),
             ));
         }
     }
@@ -652,13 +652,13 @@ async fn diagnostic_sim_vs_real_per_worker() {
         let mut a: Vec<f64> = rows
             .iter()
             .filter(|r| r.worker == w)
-            .map(|r| r.ttft_s)
+            .map(|r| r.ttft_s.unwrap_or(f64::NAN))
             .collect();
         let mut b: Vec<f64> = real
             .requests
             .iter()
             .filter(|r| r.record.worker == w)
-            .map(|r| r.record.ttft_s)
+            .map(|r| r.record.ttft_s.unwrap_or(f64::NAN))
             .collect();
         let mut pa: Vec<f64> = rows
             .iter()

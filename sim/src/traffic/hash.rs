@@ -3,15 +3,7 @@
 /// Tokens per prefix block (the Mooncake trace convention, also used by synthetic sources).
 pub const BLOCK_TOKENS: u32 = 512;
 
-/// SplitMix64 finaliser: a bijective, well-mixing map on `u64`.
-#[inline]
-#[must_use]
-pub const fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+pub use crate::seed::splitmix64;
 
 /// One link of a prefix hash chain: the hash of block `i` given the hash of block `i - 1`
 /// (`prev`, [`CHAIN_ROOT`] for block 0) and a key identifying block `i`'s own content.

@@ -1,7 +1,9 @@
 //! The event engine on the source's case studies, on queueing theory, and on determinism.
 
-use routelab_policies::PolicyConfig;
-use routelab_sim::{RequestRecord, RunMetrics, Scenario, run};
+use routelab_policies::{AdminError, PolicyConfig};
+use routelab_sim::{
+    Action, LifecycleEvent, RequestRecord, RunMetrics, Scenario, Status, WarningReason, run,
+};
 use std::path::PathBuf;
 
 fn root() -> PathBuf {
@@ -140,7 +142,11 @@ fn single_worker_matches_processor_sharing_theory() {
     let rate = rows.len() as f64 / span;
     let rho = rate * mean_s;
     let expected = mean_s / (1.0 - rho);
-    let got = rows.iter().map(|r| r.e2e_s).sum::<f64>() / rows.len() as f64;
+    let got = rows
+        .iter()
+        .map(|r| r.e2e_s.expect("completed"))
+        .sum::<f64>()
+        / rows.len() as f64;
     let err = (got - expected).abs() / expected;
     eprintln!(
         "M/G/1-PS: simulated {got:.4} s, theory {expected:.4} s, rho {rho:.3}, error {:.2} %",
@@ -180,4 +186,107 @@ fn same_seed_same_rows_on_any_number_of_threads() {
         ..sc.clone()
     };
     assert_ne!(sequential[0], rows_of(&reseeded, &sc.policies[0]));
+}
+
+fn inline(name: &str, src: &str) -> Scenario {
+    // The path only places `hardware_dir` (tests/data/hardware).
+    Scenario::from_yaml(src, &root().join("tests/data").join(name))
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Regression: a one-token output has no inter-token time. The simulator's row had NaN where
+/// the player's had 0.0; both rows now have none.
+#[test]
+fn a_one_token_output_has_no_tpot_in_the_simulators_rows() {
+    let src = |output: u32| {
+        format!(
+            "name: test/one-token\nseed: 3\nhardware_dir: hardware\n\
+             fleet:\n  - {{ name: only, profile: constant-rate }}\n\
+             traffic:\n  - poisson: {{ rate_per_s: 1, count: 20, prompt: {{ fixed: 8 }}, output: {{ fixed: {output} }} }}\n\
+             policies: [\"equal/p2c/no-affinity/none\"]\ntimeline_s: 0\n"
+        )
+    };
+    let one = inline("one-token.yaml", &src(1));
+    let mut rows: Vec<RequestRecord> = Vec::new();
+    let mut t = one.traffic_source(one.setup.seed).unwrap();
+    let m = run(&one.setup, &one.policies[0], &mut *t, Some(&mut rows)).unwrap();
+    assert_eq!((m.completed, rows.len()), (20, 20));
+    assert!(
+        rows.iter()
+            .all(|r| r.status == Status::Ok && r.output_tokens == 1)
+    );
+    assert!(rows.iter().all(|r| r.tpot_s.is_none()), "{rows:?}");
+    assert!(rows.iter().all(|r| r.ttft_s.is_some() && r.e2e_s.is_some()));
+    // The distribution keeps counting them as 0 s (baselines stay comparable).
+    assert_eq!(m.tpot.quantile_secs(1.0), Some(0.0));
+    assert_eq!(m.ttft.count(), 20);
+    // Two tokens do have one.
+    let two = inline("two-tokens.yaml", &src(2));
+    let mut rows: Vec<RequestRecord> = Vec::new();
+    let mut t = two.traffic_source(two.setup.seed).unwrap();
+    let m = run(&two.setup, &two.policies[0], &mut *t, Some(&mut rows)).unwrap();
+    assert!(rows.iter().all(|r| r.tpot_s.is_some_and(|x| x > 0.0)));
+    assert_eq!(m.tpot.count(), 20);
+}
+
+/// Regression: lifecycle events the router refused (or a pin the weights ignore) were dropped
+/// without a trace (`let _ = self.router.…`).
+#[test]
+fn refused_scenario_events_become_run_warnings() {
+    let sc = inline(
+        "pins.yaml",
+        "name: test/pins\nseed: 3\nhardware_dir: hardware\n\
+         fleet:\n  - { name: a, profile: constant-rate }\n  - { name: b, profile: constant-rate }\n\
+         traffic:\n  - poisson: { rate_per_s: 2, count: 40, prompt: { fixed: 8 }, output: { fixed: 4 } }\n\
+         policies: [\"equal/p2c/no-affinity/none\", \"probe/p2c/no-affinity/none\"]\ntimeline_s: 0\n",
+    );
+    // Events added after loading, so that a stricter scenario validator cannot refuse them.
+    let mut setup = sc.setup.clone();
+    let s = 1_000_000_000;
+    let event = |at: u64, worker: usize, action: Action| LifecycleEvent {
+        at: at * s,
+        worker,
+        action,
+    };
+    setup.events = vec![
+        event(5, 0, Action::Pin(2.0)),
+        event(6, 1, Action::Remove),
+        event(7, 1, Action::Pin(2.0)),
+        event(8, 0, Action::Pin(3.0)),
+    ];
+    let run_with = |p: &PolicyConfig| {
+        let mut t = sc.traffic_source(sc.setup.seed).unwrap();
+        run(&setup, p, &mut *t, None).unwrap()
+    };
+    let equal = run_with(&sc.policies[0]);
+    let reasons: Vec<(u64, &str, &str, &WarningReason)> = equal
+        .warnings
+        .iter()
+        .map(|w| (w.at.as_nanos() / s, w.worker.as_str(), w.action, &w.reason))
+        .collect();
+    let ignored = WarningReason::PinIgnored { weights: "equal" };
+    assert_eq!(reasons.len(), 3, "{:?}", equal.warnings);
+    assert_eq!(reasons[0], (5, "a", "pin", &ignored));
+    assert!(
+        matches!(
+            reasons[1],
+            (
+                7,
+                "b",
+                "pin",
+                WarningReason::Refused(AdminError::UnknownWorker(_))
+            )
+        ),
+        "{reasons:?}"
+    );
+    assert_eq!(reasons[2], (8, "a", "pin", &ignored));
+    assert!(equal.warnings[0].to_string().contains("do not take pins"));
+    // Under probe weights the pins of `a` take effect; the removed worker's is still refused.
+    let probe = run_with(&sc.policies[1]);
+    assert_eq!(probe.warnings.len(), 1, "{:?}", probe.warnings);
+    assert_eq!(probe.warnings[0].worker, "b");
+    assert_eq!(
+        probe.workers[0].final_provenance,
+        routelab_policies::Provenance::Pinned
+    );
 }

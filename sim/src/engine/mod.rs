@@ -1,0 +1,349 @@
+//! The event engine: a fleet of [`EngineModel`]s behind one [`Router`], fed by a traffic
+//! source, with probes, lifecycle events and metrics.
+//!
+//! The engine is split by concern:
+//! - [`queue`]: the event queue — integer [`Time`], then a sequence number, so equal-time
+//!   events run in the order they were caused, never in hash-map or thread order;
+//! - this module: the run's state ([`Sim`]) and the loop that pops events and hands them out;
+//! - `requests`: a customer request's life — arrival, routing, the gateway queue, network
+//!   round trips, first token, completion, failure and retry;
+//! - `probes`: probe orders of the router served as real traffic on the engines;
+//! - `lifecycle`: registration and the scenario's lifecycle events (restarts, crashes, pins…),
+//!   where a call the router refuses becomes a [`RunWarning`](crate::record::RunWarning);
+//! - [`setup`]: what a run is given ([`SimSetup`], [`WorkerSetup`], [`LifecycleEvent`]).
+//!
+//! What a run measured is counted by the shared [`Recorder`] (see [`crate::record`]), the same
+//! code the emulator's real-time player uses. Each worker has at most one live wake-up event; a
+//! wake-up whose token no longer matches the worker's is stale and skipped.
+
+mod lifecycle;
+mod probes;
+pub(crate) mod queue;
+mod requests;
+pub mod setup;
+
+pub use setup::{Action, LifecycleEvent, NO_TIME_LIMIT_NS, SimError, SimSetup, WorkerSetup};
+// The result types moved out of the engine (they are shared with the real-time player); their
+// former paths under `engine` stay valid.
+pub use crate::record::{RequestRecord, RequestSink, Slo};
+pub use crate::results::{RunMetrics, TimelineRow, WorkerTotals};
+
+use crate::derive_seed;
+use crate::record::Recorder;
+use crate::traffic::TrafficSource;
+use crate::worker::{EngineModel, EngineOutput};
+use probes::ProbeRun;
+use queue::EventQueue;
+use rand::SeedableRng;
+use rand::rngs::Xoshiro256PlusPlus;
+use requests::Req;
+use routelab_policies::{PolicyConfig, ProbeOrder, Provenance, Router, Time, WorkerId};
+
+/// Run one policy over one traffic source on one fleet.
+///
+/// Deterministic: the same setup, policy, traffic and seed give the same metrics and the same
+/// request rows, on any machine and thread count.
+pub fn run(
+    setup: &SimSetup,
+    policy: &PolicyConfig,
+    traffic: &mut dyn TrafficSource,
+    mut sink: Option<&mut dyn RequestSink>,
+) -> Result<RunMetrics, SimError> {
+    let mut sim = Sim::new(setup, policy)?;
+    sim.run(traffic, &mut sink)?;
+    Ok(sim.finish())
+}
+
+/// Where per-request rows go (if anywhere) during a run.
+type Sink<'s, 'r> = &'s mut Option<&'r mut dyn RequestSink>;
+
+#[derive(Debug, Clone, Copy)]
+enum Ev {
+    /// A request reaches the gateway.
+    Arrive { req: u32, epoch: u32 },
+    /// A request reaches its worker.
+    Admit { req: u32, epoch: u32 },
+    /// The host sees a request's first token.
+    FirstToken { req: u32, epoch: u32 },
+    /// The host sees a request's last token.
+    Done { req: u32, epoch: u32 },
+    /// A worker's engine has something to report.
+    Wake { worker: u32, token: u64 },
+    /// A worker registers (or re-registers after a restart).
+    Register { worker: u32 },
+    /// A scenario lifecycle event.
+    Lifecycle { index: u32 },
+    /// Router tick.
+    Tick,
+    /// Timeline sample.
+    Sample,
+}
+
+/// One worker at run time.
+struct WorkerRt {
+    engine: EngineModel,
+    /// Its id at the router, once registered.
+    id: Option<WorkerId>,
+    /// Half the network round trip, ns.
+    rtt_half: u64,
+    up: bool,
+    pending_args: Option<String>,
+    /// Identifies the live wake-up event; older ones in the queue are stale.
+    wake_token: u64,
+    /// Time of the live wake-up event, if one is queued.
+    wake_at: Option<Time>,
+    interval_dispatched: u64,
+    interval_tokens: u64,
+}
+
+/// The state of one run.
+struct Sim<'a> {
+    setup: &'a SimSetup,
+    router: Router,
+    /// Name of the policy's weight strategy (for warnings).
+    weights: &'static str,
+    rng: Xoshiro256PlusPlus,
+    model: Option<routelab_policies::ModelId>,
+    workers: Vec<WorkerRt>,
+    /// Fleet index by router worker index.
+    by_id: Vec<u32>,
+    queue: EventQueue<Ev>,
+    now: Time,
+    /// Request slots (customers and probe requests), reused through `free`.
+    reqs: Vec<Req>,
+    free: Vec<u32>,
+    /// Customer requests allocated and not yet finished.
+    alive: u64,
+    /// An open-loop arrival is read ahead and scheduled.
+    open_pending: bool,
+    /// Registrations and lifecycle events still to come.
+    pending_lifecycle: u64,
+    probes: Vec<ProbeRun>,
+    orders: Vec<ProbeOrder>,
+    outputs: Vec<EngineOutput>,
+    next_id: u64,
+    events: u64,
+    rec: Recorder,
+}
+
+impl<'a> Sim<'a> {
+    fn new(setup: &'a SimSetup, policy: &PolicyConfig) -> Result<Self, SimError> {
+        if setup.workers.is_empty() {
+            return Err(SimError::Setup("the fleet has no workers".into()));
+        }
+        let workers = setup
+            .workers
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let engine = EngineModel::new(
+                    w.profile.clone(),
+                    w.overrides.clone(),
+                    derive_seed(setup.seed, 1000 + i as u64),
+                );
+                WorkerRt {
+                    engine,
+                    id: None,
+                    rtt_half: w.rtt_ns / 2,
+                    up: true,
+                    pending_args: None,
+                    wake_token: 0,
+                    wake_at: None,
+                    interval_dispatched: 0,
+                    interval_tokens: 0,
+                }
+            })
+            .collect();
+        let totals = setup
+            .workers
+            .iter()
+            .map(|w| WorkerTotals::new(w.spec.name.clone()))
+            .collect();
+        Ok(Sim {
+            setup,
+            router: Router::new(policy.clone()),
+            weights: policy.weights.name(),
+            rng: Xoshiro256PlusPlus::seed_from_u64(derive_seed(setup.seed, 1)),
+            model: None,
+            workers,
+            by_id: Vec::new(),
+            queue: EventQueue::new(),
+            now: Time::ZERO,
+            reqs: Vec::new(),
+            free: Vec::new(),
+            alive: 0,
+            open_pending: false,
+            pending_lifecycle: 0,
+            probes: Vec::new(),
+            orders: Vec::new(),
+            outputs: Vec::new(),
+            next_id: 0,
+            events: 0,
+            rec: Recorder::new(RunMetrics::new(policy.name.clone(), totals), setup.slo),
+        })
+    }
+
+    #[inline]
+    fn push(&mut self, at: Time, ev: Ev) {
+        self.queue.push(at, ev);
+    }
+
+    /// `ns` nanoseconds from now.
+    #[inline]
+    fn after(&self, ns: u64) -> Time {
+        self.now.plus_nanos(ns)
+    }
+
+    fn run(&mut self, traffic: &mut dyn TrafficSource, sink: Sink<'_, '_>) -> Result<(), SimError> {
+        for i in 0..self.workers.len() {
+            let at = Time::from_nanos(self.setup.workers[i].register_at);
+            self.pending_lifecycle += 1;
+            self.push(at, Ev::Register { worker: i as u32 });
+        }
+        for (i, e) in self.setup.events.iter().enumerate() {
+            if e.worker >= self.workers.len() {
+                return Err(SimError::Setup(format!(
+                    "lifecycle event {i} names worker index {} but the fleet has {}",
+                    e.worker,
+                    self.workers.len()
+                )));
+            }
+            self.pending_lifecycle += 1;
+            self.push(Time::from_nanos(e.at), Ev::Lifecycle { index: i as u32 });
+        }
+        self.pull_open(traffic)?;
+        self.push(Time::ZERO, Ev::Tick);
+        if self.setup.timeline_ns > 0 {
+            self.push(Time::from_nanos(self.setup.timeline_ns), Ev::Sample);
+        }
+        let stop = Time::from_nanos(self.setup.max_time_ns);
+        while let Some((at, ev)) = self.queue.pop() {
+            if at > stop {
+                break;
+            }
+            self.now = at;
+            self.events += 1;
+            match ev {
+                Ev::Arrive { req, epoch } => {
+                    if self.valid(req, epoch) {
+                        if self.reqs[req as usize].kind == requests::Kind::Open {
+                            // Open-loop arrival: read ahead the next one.
+                            self.open_pending = false;
+                            self.pull_open(traffic)?;
+                        }
+                        self.arrive(req, traffic, sink);
+                    }
+                }
+                Ev::Admit { req, epoch } => {
+                    if self.valid(req, epoch) {
+                        self.admit(req, traffic, sink);
+                    }
+                }
+                Ev::FirstToken { req, epoch } => {
+                    if self.valid(req, epoch) {
+                        self.first_token(req);
+                    }
+                }
+                Ev::Done { req, epoch } => {
+                    if self.valid(req, epoch) {
+                        self.done(req, traffic, sink);
+                    }
+                }
+                Ev::Wake { worker, token } => {
+                    let w = &mut self.workers[worker as usize];
+                    if w.wake_token == token {
+                        w.wake_at = None;
+                        self.wake(worker, traffic, sink);
+                    }
+                }
+                Ev::Register { worker } => {
+                    self.pending_lifecycle -= 1;
+                    self.register(worker);
+                }
+                Ev::Lifecycle { index } => {
+                    self.pending_lifecycle -= 1;
+                    self.lifecycle(index as usize, traffic, sink);
+                }
+                Ev::Tick => {
+                    self.router.tick(self.now);
+                    self.poll_probes();
+                    if !self.finished() {
+                        self.push(self.after(self.setup.tick_ns), Ev::Tick);
+                    }
+                }
+                Ev::Sample => {
+                    self.sample();
+                    if !self.finished() {
+                        self.push(self.after(self.setup.timeline_ns), Ev::Sample);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Nothing left that customers or the scenario are waiting for.
+    fn finished(&self) -> bool {
+        self.alive == 0 && !self.open_pending && self.pending_lifecycle == 0
+    }
+
+    /// Make sure a wake-up is queued no later than the engine's next event. A queued wake-up
+    /// that is earlier than needed is kept (it fires, finds nothing due, and re-schedules):
+    /// pushing only when the next event moves *earlier* keeps stale entries out of the queue.
+    fn reschedule(&mut self, worker: u32) {
+        let now = self.now;
+        let w = &mut self.workers[worker as usize];
+        if let Some(t) = w.engine.next_event_time() {
+            let t = Time::from_nanos(t).max(now);
+            if w.wake_at.is_none_or(|at| t < at) {
+                w.wake_token += 1;
+                w.wake_at = Some(t);
+                let token = w.wake_token;
+                self.push(t, Ev::Wake { worker, token });
+            }
+        }
+    }
+
+    fn sample(&mut self) {
+        let t_s = self.now.as_secs_f64();
+        let m = self.rec.metrics_mut();
+        for (i, w) in self.workers.iter_mut().enumerate() {
+            let (in_flight, weight, provenance) = match w.id {
+                Some(id) => {
+                    let info = self.router.fleet().get(id);
+                    let wt = self.router.weight(id).unwrap_or_default();
+                    (info.map_or(0, |i| i.in_flight), wt.value, wt.provenance)
+                }
+                None => (0, 0.0, Provenance::Default),
+            };
+            m.timeline.push(TimelineRow {
+                t_s,
+                worker: i,
+                in_flight,
+                running: w.engine.running(),
+                waiting: w.engine.waiting(),
+                weight,
+                provenance,
+                dispatched: w.interval_dispatched,
+                output_tokens: w.interval_tokens,
+            });
+            w.interval_dispatched = 0;
+            w.interval_tokens = 0;
+        }
+    }
+
+    fn finish(mut self) -> RunMetrics {
+        let m = self.rec.metrics_mut();
+        m.end_ns = self.now.as_nanos();
+        m.events = self.events;
+        for (w, totals) in self.workers.iter().zip(&mut m.workers) {
+            if let Some(id) = w.id
+                && let Some(wt) = self.router.weight(id)
+            {
+                totals.final_weight = wt.value;
+                totals.final_provenance = wt.provenance;
+            }
+        }
+        self.rec.into_metrics()
+    }
+}

@@ -1,0 +1,207 @@
+//! What a run measured: [`RunMetrics`] with its per-worker [`WorkerTotals`] and
+//! [`TimelineRow`]s.
+//!
+//! These are plain data shared by every host that runs a scenario — the simulator's event loop
+//! and the emulator's real-time player — and read by the reports. They are filled through the
+//! one [`crate::record::Recorder`], so two hosts count a request the same way by construction.
+
+use crate::histogram::Histogram;
+use crate::record::RunWarning;
+use routelab_policies::Provenance;
+
+/// One timeline sample of one worker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TimelineRow {
+    /// Sample time, s.
+    pub t_s: f64,
+    /// Worker index.
+    pub worker: usize,
+    /// Customer requests in flight (router's count).
+    pub in_flight: u32,
+    /// Sequences running inside the engine (customers and probes).
+    pub running: u32,
+    /// Sequences waiting inside the engine.
+    pub waiting: u32,
+    /// Weight at the sample.
+    pub weight: f64,
+    /// Where the weight comes from.
+    pub provenance: Provenance,
+    /// Customer requests dispatched since the previous sample.
+    pub dispatched: u64,
+    /// Customer output tokens completed since the previous sample.
+    pub output_tokens: u64,
+}
+
+/// Per-worker totals.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerTotals {
+    /// Worker name.
+    pub name: String,
+    /// Customer requests dispatched to it.
+    pub requests: u64,
+    /// Customer requests completed on it.
+    pub completed: u64,
+    /// Customer output tokens completed on it.
+    pub output_tokens: u64,
+    /// Requests that failed on it.
+    pub failed: u64,
+    /// Weight at the end.
+    pub final_weight: f64,
+    /// Provenance at the end.
+    pub final_provenance: Provenance,
+    /// Probe bursts it served.
+    pub probe_bursts: u64,
+    /// Sum of its completed requests' TTFT, s.
+    pub ttft_sum_s: f64,
+    /// Sum of its completed requests' end-to-end latency, s.
+    pub e2e_sum_s: f64,
+}
+
+impl WorkerTotals {
+    /// Nothing counted yet; weight 1.0, not yet measured.
+    pub fn new(name: impl Into<String>) -> WorkerTotals {
+        WorkerTotals {
+            name: name.into(),
+            requests: 0,
+            completed: 0,
+            output_tokens: 0,
+            failed: 0,
+            final_weight: 1.0,
+            final_provenance: Provenance::Default,
+            probe_bursts: 0,
+            ttft_sum_s: 0.0,
+            e2e_sum_s: 0.0,
+        }
+    }
+
+    /// Mean TTFT of its completed requests, s.
+    pub fn mean_ttft_s(&self) -> Option<f64> {
+        (self.completed > 0).then(|| self.ttft_sum_s / self.completed as f64)
+    }
+
+    /// Mean end-to-end latency of its completed requests, s.
+    pub fn mean_e2e_s(&self) -> Option<f64> {
+        (self.completed > 0).then(|| self.e2e_sum_s / self.completed as f64)
+    }
+}
+
+/// What a run measured.
+#[derive(Debug, Clone)]
+pub struct RunMetrics {
+    /// Policy name.
+    pub policy: String,
+    /// Customer requests that arrived.
+    pub requests: u64,
+    /// Completed.
+    pub completed: u64,
+    /// Failed (worker crashed after the first token, or retries exhausted).
+    pub failed: u64,
+    /// Rejected by the router (no worker for the model, prompt too long).
+    pub rejected: u64,
+    /// Re-routed after their worker failed before the first token.
+    pub retried: u64,
+    /// Time to first token, s.
+    pub ttft: Histogram,
+    /// End to end, s.
+    pub e2e: Histogram,
+    /// Time per output token, s (a completed one-token output counts as 0 s here, though its
+    /// request row has no TPOT).
+    pub tpot: Histogram,
+    /// Gateway queue time, s.
+    pub queue: Histogram,
+    /// Requests whose TTFT and TPOT met the SLO.
+    pub slo_met: u64,
+    /// Customer output tokens completed.
+    pub output_tokens: u64,
+    /// Customer prompt tokens of completed requests.
+    pub prompt_tokens: u64,
+    /// Of those, served from engine prefix caches.
+    pub cached_tokens: u64,
+    /// Of those, believed cached by the router.
+    pub believed_cached_tokens: u64,
+    /// First arrival, ns.
+    pub first_arrival_ns: u64,
+    /// Last completion, ns.
+    pub last_completion_ns: u64,
+    /// Probe bursts sent (warm-up and measurement).
+    pub probe_bursts: u64,
+    /// Probe bursts whose result became a measurement.
+    pub probe_measurements: u64,
+    /// GPU-seconds spent in probe bursts (burst wall time).
+    pub probe_gpu_s: f64,
+    /// Per-worker totals.
+    pub workers: Vec<WorkerTotals>,
+    /// Timeline samples.
+    pub timeline: Vec<TimelineRow>,
+    /// Simulated time at the end, ns.
+    pub end_ns: u64,
+    /// Events processed (a measure of simulation work).
+    pub events: u64,
+    /// Scenario events that did not take effect (the router refused them), in time order.
+    pub warnings: Vec<RunWarning>,
+}
+
+impl RunMetrics {
+    /// Empty metrics of a run of `policy` on the given workers.
+    pub fn new(policy: impl Into<String>, workers: Vec<WorkerTotals>) -> RunMetrics {
+        RunMetrics {
+            policy: policy.into(),
+            requests: 0,
+            completed: 0,
+            failed: 0,
+            rejected: 0,
+            retried: 0,
+            ttft: Histogram::new(),
+            e2e: Histogram::new(),
+            tpot: Histogram::new(),
+            queue: Histogram::new(),
+            slo_met: 0,
+            output_tokens: 0,
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            believed_cached_tokens: 0,
+            first_arrival_ns: u64::MAX,
+            last_completion_ns: 0,
+            probe_bursts: 0,
+            probe_measurements: 0,
+            probe_gpu_s: 0.0,
+            workers,
+            timeline: Vec::new(),
+            end_ns: 0,
+            events: 0,
+            warnings: Vec::new(),
+        }
+    }
+
+    /// Output tokens per second from first arrival to last completion.
+    pub fn output_tok_s(&self) -> f64 {
+        let span = self
+            .last_completion_ns
+            .saturating_sub(self.first_arrival_ns) as f64
+            / 1e9;
+        if span > 0.0 {
+            self.output_tokens as f64 / span
+        } else {
+            0.0
+        }
+    }
+
+    /// Fraction of prompt tokens served from engine prefix caches.
+    pub fn prefix_hit_fraction(&self) -> f64 {
+        ratio(self.cached_tokens, self.prompt_tokens)
+    }
+
+    /// Fraction of prompt tokens the router believed cached.
+    pub fn believed_hit_fraction(&self) -> f64 {
+        ratio(self.believed_cached_tokens, self.prompt_tokens)
+    }
+
+    /// Fraction of completed requests within the SLO.
+    pub fn slo_attainment(&self) -> f64 {
+        ratio(self.slo_met, self.requests)
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 { 0.0 } else { a as f64 / b as f64 }
+}
