@@ -389,3 +389,33 @@ fn a_scenario_that_completes_nothing_fails_the_gate_on_missing_latency() {
     );
     assert!(t.contains("metric ttft_p99_s"), "{t}");
 }
+
+/// A scenario event the router ignores (a pin under table weights, which keep no pins) used to
+/// be dropped silently; now `run` says so on stderr and lists it in `summary.json`.
+#[test]
+fn an_ignored_scenario_event_is_reported_by_run() {
+    let dir = scratch("warnings");
+    let src = format!(
+        "name: t\nseed: 1\nmodel: m\nhardware_dir: {}\nfleet:\n  - {{ name: a, profile: rtx4090-27b }}\n\
+         traffic:\n  - burst: {{ at_s: 1, size: 2, prompt: {{ fixed: 100 }}, output: {{ fixed: 10 }} }}\n\
+         events:\n  - {{ at_s: 0.5, worker: a, action: pin, weight: 2 }}\npolicies: [seed-v1]\n",
+        repo("scenarios/hardware")
+    );
+    let file = dir.join("pin.yaml");
+    std::fs::write(&file, src).unwrap();
+    let out = dir.join("out");
+    let o = routelab(&[
+        "run",
+        file.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("warning: seed-v1: "), "{stderr}");
+    assert!(stderr.contains("pin"), "{stderr}");
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    let text = summary.to_string();
+    assert!(text.contains("\"warnings\""), "{text}");
+}
