@@ -195,7 +195,7 @@ pub enum WarningReason {
     #[error("the worker has not registered yet")]
     NotRegistered,
     /// The policy's weight strategy does not take pins.
-    #[error("weights `{weights}` do not take pins (only `probe` does); the pin has no effect")]
+    #[error("weights `{weights}` do not take pins (only `probe` weights keep pins)")]
     PinIgnored {
         /// The weight strategy's name.
         weights: &'static str,
