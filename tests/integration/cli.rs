@@ -120,17 +120,23 @@ fn small_suite(dir: &Path) {
     .unwrap();
 }
 
-#[test]
-fn the_gate_is_deterministic_bites_on_regressions_and_rejects_bad_baselines() {
-    let dir = scratch("check");
-    small_suite(&dir);
+/// A small suite in `dir`, its baselines directory, and `check` with extra arguments on it.
+fn small_gate(dir: &Path) -> (PathBuf, impl Fn(&[&str]) -> Output) {
+    small_suite(dir);
     let base = dir.join("baselines");
     let (suite, baselines) = (dir.display().to_string(), base.display().to_string());
-    let check = |extra: &[&str]| {
+    let check = move |extra: &[&str]| {
         let mut args = vec!["check", "--suite", &suite, "--baselines", &baselines];
         args.extend_from_slice(extra);
         routelab(&args)
     };
+    (base, check)
+}
+
+#[test]
+fn the_gate_is_deterministic_bites_on_regressions_and_rejects_bad_baselines() {
+    let dir = scratch("check");
+    let (base, check) = small_gate(&dir);
     let o = check(&["--update"]);
     assert!(o.status.success(), "{}", text(&o));
     let file = base.join("seed__sixteen-at-once.json");
@@ -311,14 +317,7 @@ fn sweep_runs_a_grid_and_rejects_bad_paths() {
 #[test]
 fn check_json_prints_only_json_on_stdout() {
     let dir = scratch("check-json");
-    small_suite(&dir);
-    let base = dir.join("baselines");
-    let (suite, baselines) = (dir.display().to_string(), base.display().to_string());
-    let check = |extra: &[&str]| {
-        let mut args = vec!["check", "--suite", &suite, "--baselines", &baselines];
-        args.extend_from_slice(extra);
-        routelab(&args)
-    };
+    let (_, check) = small_gate(&dir);
     // No baselines yet: every comparison is new, the gate fails, stdout still parses.
     for (extra, code) in [
         (&["--format", "json"][..], 1),
