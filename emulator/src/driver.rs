@@ -99,6 +99,8 @@ pub struct DriverCounters {
     pub admitted: u64,
     /// Requests whose last token came out.
     pub completed: u64,
+    /// Requests whose client went away before the end (taken out of the engine).
+    pub aborted: u64,
 }
 
 struct State {
@@ -180,15 +182,15 @@ impl Driver {
     }
 
     /// A request that arrived at model time `arrived_ns` (when the server received it, before
-    /// parsing) reaches the engine half a round trip later. Returns its progress channel, or
-    /// `None` if the engine is stopped.
+    /// parsing) reaches the engine half a round trip later. Returns its id (for
+    /// [`Self::abort`]) and its progress channel, or `None` if the engine is stopped.
     pub fn submit(
         &self,
         arrived_ns: u64,
         prompt: u32,
         output: u32,
         blocks: Vec<u64>,
-    ) -> Option<watch::Receiver<Progress>> {
+    ) -> Option<(u64, watch::Receiver<Progress>)> {
         let mut st = self.lock();
         if st.stop {
             return None;
@@ -211,7 +213,28 @@ impl Driver {
         st.pending.push(Reverse((now + self.half_rtt_ns, seq)));
         drop(st);
         self.cv.notify_one();
-        Some(rx)
+        Some((seq, rx))
+    }
+
+    /// The client of request `seq` went away before its end: forget its stream and take it out
+    /// of the engine at once (as vLLM aborts a request whose connection closed), so that its
+    /// batch slot and KV are free for the others. A request already finished is left alone.
+    pub fn abort(&self, seq: u64) {
+        let mut st = self.lock();
+        let Some(stream) = st.streams.remove(&seq) else {
+            return;
+        };
+        st.counters.aborted += 1;
+        // In transit: its admission finds no stream and is skipped. Finished: only its last
+        // delivery was pending, which finds no stream either.
+        if matches!(stream.phase, Phase::Engine | Phase::Decoding) {
+            let now = self.clock.now_ns().max(st.engine_ns);
+            st.engine_ns = now;
+            st.engine.abort(now, seq);
+        }
+        drop(st);
+        // The engine's next event moved (the others speed up).
+        self.cv.notify_one();
     }
 
     /// Stop the thread; every unfinished request is marked failed.

@@ -11,7 +11,10 @@
 //!   time, then tokens paced by the sequence's decode progress, the last one at the model's
 //!   completion; round trips, cold start, degraded speed and the prefix cache as in the
 //!   simulator. It always generates exactly `max_tokens` tokens (there is no end-of-sequence
-//!   model; `min_tokens` and `ignore_eos` are accepted and checked). See [`EmulatorOptions`].
+//!   model; `min_tokens` and `ignore_eos` are accepted and checked). A request whose client
+//!   goes away before its end (the connection closes) is aborted in the engine at once, as vLLM
+//!   does, freeing its batch slot and KV (`aborted` in `/emulator/stats`). See
+//!   [`EmulatorOptions`].
 //! - [`start_fleet`]: one emulator per worker of a scenario, and a gateway configuration for
 //!   them ([`EmulatedFleet::gateway_config`]).
 //! - [`play`] / [`play_with`]: the scenario's traffic (closed-loop follow-ups included) sent in

@@ -321,6 +321,7 @@ async fn stats(State(app): State<Arc<App>>) -> Response {
         "warm": s.warm,
         "admitted": s.counters.admitted,
         "completed": s.counters.completed,
+        "aborted": s.counters.aborted,
     }))
     .into_response()
 }
@@ -379,13 +380,20 @@ async fn generate(app: Arc<App>, arrived: u64, body: Bytes, endpoint: Endpoint) 
             Some("max_tokens"),
         );
     }
-    let Some(mut rx) = app.driver.submit(
+    let Some((seq, mut rx)) = app.driver.submit(
         arrived,
         req.prompt_tokens,
         req.output_tokens,
         req.blocks.clone(),
     ) else {
         return engine_gone();
+    };
+    // From here on, this future (and then the response body) owns the request: when the client
+    // goes away, hyper drops them and the guard takes the request out of the engine.
+    let mut guard = AbortOnDrop {
+        driver: app.driver.clone(),
+        seq,
+        armed: true,
     };
     let n = app.ids.fetch_add(1, Relaxed);
     let renderer = Renderer {
@@ -404,6 +412,7 @@ async fn generate(app: Arc<App>, arrived: u64, body: Bytes, endpoint: Endpoint) 
     };
     if !req.stream {
         let done = rx.wait_for(|p| p.done || p.failed).await.map(|p| *p);
+        guard.armed = false;
         return match done {
             Ok(p) if p.done => (
                 [(header::CONTENT_TYPE, "application/json")],
@@ -424,6 +433,7 @@ async fn generate(app: Arc<App>, arrived: u64, body: Bytes, endpoint: Endpoint) 
         _ => return engine_gone(),
     };
     let state = StreamState {
+        guard,
         rx,
         renderer,
         sent: 0,
@@ -443,7 +453,24 @@ async fn generate(app: Arc<App>, arrived: u64, body: Bytes, endpoint: Endpoint) 
         .expect("valid response")
 }
 
+/// Aborts the request in the engine when dropped while armed: the client went away before the
+/// end (hyper drops the handler's future, or the response body, when the connection closes).
+struct AbortOnDrop {
+    driver: Arc<Driver>,
+    seq: u64,
+    armed: bool,
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            self.driver.abort(self.seq);
+        }
+    }
+}
+
 struct StreamState {
+    guard: AbortOnDrop,
     rx: watch::Receiver<Progress>,
     renderer: Renderer,
     sent: u32,
@@ -465,6 +492,7 @@ async fn next_frame(mut s: StreamState) -> Option<(Result<Bytes, std::io::Error>
         let p = s.latest;
         if p.failed {
             s.finished = true;
+            s.guard.armed = false;
             return Some((Err(std::io::Error::other("engine stopped")), s));
         }
         let target = if p.done { s.output_tokens } else { p.tokens };
@@ -487,6 +515,7 @@ async fn next_frame(mut s: StreamState) -> Option<(Result<Bytes, std::io::Error>
                 s.renderer
                     .push_end(&mut out, s.include_usage.then_some(&usage));
                 s.finished = true;
+                s.guard.armed = false;
             }
             if !out.is_empty() {
                 return Some((Ok(Bytes::from(out)), s));

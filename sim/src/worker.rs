@@ -619,6 +619,66 @@ impl EngineModel {
         self.restart(now, u64::MAX, true)
     }
 
+    /// Aborts sequence `seq` at `now`, as an engine does when the request's client went away:
+    /// it leaves the waiting queue or the running set at once, its KV reservation and batch slot
+    /// are freed (the others speed up, a waiting one may start) and it produces no further
+    /// output. Prefill work it had not yet done is taken out of the prefill queue. Returns
+    /// whether it was in the engine (`false` if unknown or already finished). Outputs that
+    /// happened before `now` are kept for the next [`Self::advance_to`].
+    pub fn abort(&mut self, now: u64, seq: u64) -> bool {
+        self.catch_up(now);
+        let Some(h) = self
+            .slots
+            .iter()
+            .position(|s| s.seq == seq && s.phase != Phase::Free)
+        else {
+            return false;
+        };
+        let h = h as u32;
+        match self.slots[h as usize].phase {
+            Phase::Free => return false,
+            Phase::Waiting => {
+                self.waiting.retain(|&w| w != h);
+            }
+            Phase::Prefill => {
+                let pos = self
+                    .prefill
+                    .iter()
+                    .position(|&p| p == h)
+                    .expect("a prefilling sequence is in the prefill queue");
+                // Its share of the FIFO prefill queue: from the end of the one before it (or
+                // from the work already done, at the front) to its own end mark.
+                let end = self.slots[h as usize].prefill_end;
+                let start = match pos {
+                    0 => self.q,
+                    _ => self.slots[self.prefill[pos - 1] as usize].prefill_end,
+                };
+                let left = (end - start).max(0.0);
+                self.prefill.remove(pos);
+                for &later in self.prefill.iter().skip(pos) {
+                    self.slots[later as usize].prefill_end -= left;
+                }
+                self.q_tail -= left;
+                self.q = self.q.min(self.q_tail);
+                self.running -= 1;
+                self.kv_used -= self.slots[h as usize].kv_tokens();
+            }
+            Phase::Decode => {
+                self.decode.retain(|k| k.slot != h);
+                self.n_decoding -= 1;
+                self.running -= 1;
+                self.kv_used -= self.slots[h as usize].kv_tokens();
+            }
+        }
+        let s = &mut self.slots[h as usize];
+        s.phase = Phase::Free;
+        s.blocks.clear();
+        self.free.push(h);
+        self.start_waiting(now);
+        self.refresh();
+        true
+    }
+
     // -----------------------------------------------------------------------------------------
     // internals
     // -----------------------------------------------------------------------------------------

@@ -3,6 +3,8 @@
 //! Loopback only, every wait bounded. The timing-sensitive tests run one at a time (a shared
 //! lock) so that they do not steal each other's CPU on a small machine.
 
+mod disconnect;
+
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;

@@ -517,3 +517,96 @@ fn decoded_tokens_tracks_decode_progress() {
     assert_eq!(completions(&out).len(), 2);
     assert_eq!(e.decoded_tokens(first + 1000 * S, 7), None);
 }
+
+// ----- abort (a client that went away) -------------------------------------------------------
+
+fn first_token_of(out: &[EngineOutput], want: u64) -> Option<u64> {
+    out.iter().find_map(|o| match o {
+        EngineOutput::FirstToken { seq, at, .. } if *seq == want => Some(*at),
+        _ => None,
+    })
+}
+
+#[test]
+fn aborting_a_decoding_sequence_frees_its_slot_and_the_other_speeds_up() {
+    let p = profile_with("", 1e12, 64, 100_000);
+    let mut e = engine(&p);
+    e.admit(0, 1, 10, 300, &[]);
+    e.admit(0, 2, 10, 300, &[]);
+    let per2 = p.per_request_tok_s(2.0);
+    let per1 = p.per_request_tok_s(1.0);
+    let half = ((100.0 / per2) * S as f64) as u64;
+    let mut out = Vec::new();
+    e.advance_to(half, &mut out);
+    assert!(e.abort(half, 2));
+    assert_eq!((e.in_flight(), e.running(), e.decoding()), (1, 1, 1));
+    assert_eq!(e.kv_used_tokens(), 310);
+    assert_eq!(e.decoded_tokens(half, 2), None);
+    out.extend(drain(&mut e));
+    let cs = completions(&out);
+    assert_eq!(cs.iter().map(|c| c.seq).collect::<Vec<_>>(), vec![1]);
+    let want = half as f64 / S as f64 + 200.0 / per1;
+    assert!(close_ns(cs[0].at, want), "{} vs {want}", cs[0].at);
+    assert_eq!(e.in_flight(), 0);
+}
+
+#[test]
+fn aborting_a_waiting_sequence_removes_it_and_a_running_one_lets_the_next_start() {
+    let p = profile_with("", 1e12, 2, 100_000);
+    let mut e = engine(&p);
+    e.admit(0, 1, 10, 100, &[]);
+    e.admit(0, 2, 10, 200, &[]);
+    e.admit(0, 3, 10, 50, &[]);
+    e.admit(0, 4, 10, 10, &[]);
+    assert!(e.abort(0, 3));
+    assert_eq!((e.running(), e.waiting()), (2, 1));
+    let mut out = Vec::new();
+    e.advance_to(S / 100, &mut out);
+    // a running one goes: 4 starts at once
+    assert!(e.abort(S / 100, 2));
+    assert_eq!((e.running(), e.waiting()), (2, 0));
+    out.extend(drain(&mut e));
+    let cs = completions(&out);
+    let mut seqs: Vec<u64> = cs.iter().map(|c| c.seq).collect();
+    seqs.sort_unstable();
+    assert_eq!(seqs, vec![1, 4]);
+    assert_eq!(cs.iter().find(|c| c.seq == 4).unwrap().started_at, S / 100);
+}
+
+#[test]
+fn aborting_a_prefilling_sequence_takes_its_remaining_work_out_of_the_queue() {
+    // two 1,000-token prompts queue for prefill; the first is aborted half way through its
+    // own: the second then starts its prefill as if it had arrived alone at that moment
+    let p = profile();
+    let mut e = engine(&p);
+    e.admit(0, 1, 1000, 10, &[]);
+    e.admit(0, 2, 1000, 10, &[]);
+    let mid = S / 2;
+    let mut out = Vec::new();
+    e.advance_to(mid, &mut out);
+    assert!(e.abort(mid, 1));
+    assert_eq!((e.running(), e.kv_used_tokens()), (1, 1010));
+    out.extend(drain(&mut e));
+    assert_eq!(first_token_of(&out, 1), None);
+    let got = first_token_of(&out, 2).expect("2 prefills");
+
+    let mut alone = engine(&p);
+    let mut ignore = Vec::new();
+    alone.advance_to(mid, &mut ignore);
+    alone.admit(mid, 2, 1000, 10, &[]);
+    let want = first_token_of(&drain(&mut alone), 2).unwrap();
+    assert!(got.abs_diff(want) <= 2, "{got} vs {want}");
+}
+
+#[test]
+fn aborting_an_unknown_or_finished_sequence_changes_nothing() {
+    let p = profile_with("", 1e12, 64, 100_000);
+    let mut e = engine(&p);
+    assert!(!e.abort(0, 9));
+    e.admit(0, 1, 10, 10, &[]);
+    let out = drain(&mut e);
+    assert_eq!(completions(&out).len(), 1);
+    let t = out.last().unwrap().at();
+    assert!(!e.abort(t, 1));
+    assert_eq!(e.in_flight(), 0);
+}
