@@ -25,6 +25,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+mod admin_page;
 pub mod clock;
 pub mod config;
 pub mod error;
@@ -207,6 +208,7 @@ fn app(shared: Arc<Shared>) -> HttpRouter {
         .route("/v1/models", get(proxy::models))
         .route("/metrics", get(metrics_handler))
         .route("/health", get(|| async { "ok\n" }))
+        .route("/admin", get(admin_page::page))
         .merge(admin_routes)
         .with_state(shared)
 }

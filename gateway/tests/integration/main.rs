@@ -1,6 +1,7 @@
 //! End-to-end tests of the gateway against in-test fake workers, all on 127.0.0.1 with ephemeral
 //! ports; every wait is bounded.
 
+mod browser;
 mod fake;
 mod harness;
 
