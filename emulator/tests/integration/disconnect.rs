@@ -7,6 +7,7 @@
 use super::{EmulatorOptions, SERIAL, client, profile, serve};
 use http_body_util::{BodyExt, Full};
 use routelab_emulator::{Emulator, EngineSnapshot};
+use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -43,12 +44,16 @@ fn chat(max_tokens: u32, stream: bool) -> String {
     .to_string()
 }
 
-/// Send a chat request on a fresh connection and return the open socket.
+/// Send a chat request to the emulator on a fresh connection and return the open socket.
 async fn send_raw(emu: &Emulator, body: &str) -> TcpStream {
-    let mut tcp = TcpStream::connect(emu.local_addr()).await.unwrap();
+    send_raw_to(emu.local_addr(), body).await
+}
+
+/// Send a chat request to `addr` on a fresh connection and return the open socket.
+async fn send_raw_to(addr: SocketAddr, body: &str) -> TcpStream {
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
     let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-        emu.local_addr(),
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
         body.len()
     );
     tcp.write_all(head.as_bytes()).await.unwrap();
@@ -181,4 +186,48 @@ async fn a_dropped_non_streaming_request_leaves_the_engine() {
         "{stats}"
     );
     emu.shutdown(Duration::from_secs(1)).await;
+}
+
+/// The reproduction: 20 clients of a gateway in front of two emulators go away
+/// mid-stream; the gateway drops its upstream streams and the emulators, seeing their clients
+/// go, are idle again at once instead of generating for minutes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_leaving_a_gateway_mid_stream_leave_the_emulators_idle() {
+    let _serial = SERIAL.lock().await;
+    let emus = [emulator().await, emulator().await];
+    let yaml = format!(
+        "listen: 127.0.0.1:0\npolicy: seed-v1\nworkers:\n{}",
+        emus.iter()
+            .enumerate()
+            .map(|(i, e)| format!(
+                "  - {{name: e{i}, base_url: {}, model: m, context_window: 32768}}\n",
+                e.base_url()
+            ))
+            .collect::<String>()
+    );
+    let cfg = routelab_gateway::GatewayConfig::from_yaml(&yaml, "test.yaml").unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let gw = routelab_gateway::start_on(cfg, listener).await.unwrap();
+    let mut sockets = Vec::new();
+    for _ in 0..20 {
+        sockets.push(send_raw_to(gw.local_addr(), &chat(8000, true)).await);
+    }
+    for tcp in &mut sockets {
+        read_first_event(tcp).await;
+    }
+    let busy = || emus.iter().map(|e| e.snapshot().in_flight).sum::<u32>();
+    assert_eq!(busy(), 20, "every stream is generating");
+    drop(sockets);
+    wait_for(
+        "both emulators idle after their clients left",
+        Duration::from_secs(5),
+        || emus.iter().all(|e| counts(&e.snapshot()) == (0, 0)),
+    )
+    .await;
+    let aborted: u64 = emus.iter().map(|e| e.snapshot().counters.aborted).sum();
+    assert_eq!(aborted, 20);
+    drop(gw);
+    for e in emus {
+        e.shutdown(Duration::from_secs(1)).await;
+    }
 }
