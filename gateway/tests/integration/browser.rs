@@ -196,6 +196,16 @@ impl Browser {
             .unwrap_or_else(|| panic!("no element `{css}` on the page"))
     }
 
+    /// Whether the element is shown (WebDriver's "is element displayed").
+    async fn displayed(&self, css: &str) -> bool {
+        let id = self.must_find(css).await;
+        let v = self
+            .cmd(Method::GET, &format!("/element/{id}/displayed"), None)
+            .await
+            .unwrap();
+        v.as_bool().expect("a boolean")
+    }
+
     async fn type_into(&self, css: &str, text: &str) {
         let id = self.must_find(css).await;
         self.cmd(
@@ -379,6 +389,30 @@ async fn the_admin_page_pins_a_weight_in_a_real_browser() {
         admin_worker(&c, &base, "b").await["provenance"],
         "measured",
         "the refused pin changed nothing"
+    );
+
+    // Drain from the page: the state follows, and the row offers undrain instead of drain.
+    browser
+        .click(r#"tr[data-worker="b"] button[data-action="drain"]"#)
+        .await;
+    wait_for("b draining, on the page", SECS_20, async || {
+        browser
+            .text(r#"tr[data-worker="b"] .state"#)
+            .await
+            .as_deref()
+            == Some("draining")
+    })
+    .await;
+    assert_eq!(admin_worker(&c, &base, "b").await["state"], "draining");
+    assert!(
+        browser
+            .displayed(r#"tr[data-worker="b"] button[data-action="undrain"]"#)
+            .await
+    );
+    assert!(
+        !browser
+            .displayed(r#"tr[data-worker="b"] button[data-action="drain"]"#)
+            .await
     );
 
     // A token typed into the password field replaces the session's; a wrong one gets the API's
