@@ -62,7 +62,8 @@ async fn a_pin_that_cannot_be_persisted_is_refused_and_rolled_back() {
     );
 
     // The state file's directory becomes a regular file: no write can succeed (even as root).
-    std::fs::remove_dir_all(&parent).unwrap();
+    // Renamed away, not deleted: the probe runner may be writing into it right now.
+    std::fs::rename(&parent, dir.join("sub.old")).unwrap();
     std::fs::write(&parent, b"not a directory").unwrap();
     let a = pin(&c, &base, "w", "3.0").await;
     let e = assert_openai_error(&a, 500);
@@ -186,6 +187,17 @@ async fn invalid_state_file_entries_are_ignored_and_valid_ones_kept() {
     .await;
     let base = format!("http://{}", gw.local_addr());
     let c = client();
+    for name in ["future", "zero", "huge", "negative"] {
+        let w = admin_worker(&c, &base, name).await;
+        assert_eq!(w["provenance"], "default", "{name}: {w}");
+        assert!(w["last_probe_tok_s"].is_null(), "{name}: {w}");
+        assert!(w["last_probe_age_s"].is_null(), "{name}: {w}");
+    }
+    let p = admin_worker(&c, &base, "pinned").await;
+    assert_eq!(
+        (p["weight"].as_f64(), p["provenance"].as_str()),
+        (Some(2.0), Some("pinned"))
+    );
     let m = admin_worker(&c, &base, "measured").await;
     assert_eq!(m["provenance"], "measured");
     assert_eq!(m["last_probe_tok_s"].as_f64(), Some(900.0));
@@ -194,17 +206,6 @@ async fn invalid_state_file_entries_are_ignored_and_valid_ones_kept() {
         (1.5..60.0).contains(&age),
         "age of a 2 s old measurement: {age}"
     );
-    let p = admin_worker(&c, &base, "pinned").await;
-    assert_eq!(
-        (p["weight"].as_f64(), p["provenance"].as_str()),
-        (Some(2.0), Some("pinned"))
-    );
-    for name in ["future", "zero", "huge", "negative"] {
-        let w = admin_worker(&c, &base, name).await;
-        assert_eq!(w["provenance"], "default", "{name}: {w}");
-        assert!(w["last_probe_tok_s"].is_null(), "{name}: {w}");
-        assert!(w["last_probe_age_s"].is_null(), "{name}: {w}");
-    }
     drop(gw);
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -396,4 +397,98 @@ async fn rejections_are_counted_by_status_and_code() {
         2,
         "a success is not a rejection:\n{m}"
     );
+}
+
+/// The real binary's log (stderr): a refused admin call is logged with its path and reason and
+/// never with the token, the configured one or the one sent; each ignored state-file entry is
+/// logged with its key and reason. Regression (defects 6, 7): neither was logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_reports_refused_admin_calls_and_ignored_state_entries_without_secrets() {
+    let w = FakeWorker::start(0.0).await;
+    let dir = temp_dir("oplog");
+    let state = dir.join("state.json");
+    std::fs::write(
+        &state,
+        r#"{"version": 1, "saved_at_unix_ms": 0, "cache": [],
+            "pins": [{"node": "w", "model": "m", "weight": -3.0}]}"#,
+    )
+    .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let yaml = config(
+        "seed-v3",
+        &format!("state_file: {}", state.display()),
+        &[worker("w", &w.url, "m", &[], 8192)],
+    )
+    .replace("listen: 127.0.0.1:0", &format!("listen: 127.0.0.1:{port}"));
+    let file = dir.join("gateway.yaml");
+    std::fs::write(&file, yaml).unwrap();
+    let log_path = dir.join("stderr.log");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_routelab-gateway"))
+        .arg("--config")
+        .arg(&file)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .expect("the gateway binary starts");
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    wait_for("the gateway to start", SECS_10, async || {
+        log().contains("event=started")
+    })
+    .await;
+    let c = client();
+    let url = format!("http://127.0.0.1:{port}/admin/workers");
+    const SENT: &str = "guessed-token-4711";
+    for (authorization, reason) in [
+        (None, "reason=missing"),
+        (Some(format!("Basic {SENT}")), "reason=wrong_scheme"),
+        (Some(format!("Bearer {SENT}")), "reason=wrong_token"),
+    ] {
+        let mut b = hyper::Request::get(&url);
+        if let Some(v) = authorization {
+            b = b.header("authorization", v);
+        }
+        let r = tokio::time::timeout(
+            SECS_10,
+            c.request(b.body(http_body_util::Full::default()).unwrap()),
+        )
+        .await
+        .expect("answer within 10 s")
+        .unwrap();
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+        wait_for(reason, SECS_10, async || {
+            log()
+                .lines()
+                .any(|l| l.contains("event=admin_auth_failed") && l.contains(reason))
+        })
+        .await;
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let text = log();
+    let refused: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("event=admin_auth_failed"))
+        .collect();
+    assert_eq!(refused.len(), 3, "{text}");
+    assert!(
+        refused.iter().all(|l| l.contains("path=/admin/workers")),
+        "{text}"
+    );
+    assert!(
+        !text.contains(SENT) && !text.contains(TOKEN),
+        "a secret in the log:\n{text}"
+    );
+    let ignored = text
+        .lines()
+        .find(|l| l.contains("event=state_entry_ignored"))
+        .unwrap_or_else(|| panic!("no state_entry_ignored in\n{text}"));
+    assert!(
+        ignored.contains("key=w/m") && ignored.contains("reason=\"weight -3 is out of range"),
+        "{ignored}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
