@@ -325,7 +325,7 @@ async fn change_pin(s: &Arc<Shared>, name: &str, to: Option<f64>) -> Result<Valu
         let before = core.pin_of(id);
         let now = s.clock.now();
         core.set_pin(now, id, to)
-            .map_err(|e| ApiError::bad_request(e.to_string(), Some("weight")))?;
+            .map_err(|e| ApiError::bad_request(e.to_string(), to.map(|_| "weight")))?;
         if to.is_some() && core.router.weight(id).map(|w| w.provenance) != Some(Provenance::Pinned)
         {
             // The strategy ignored the pin: nothing changed, nothing to persist.

@@ -234,16 +234,14 @@ fn validate(
     (PersistedProbeState { cache, pins }, ignored)
 }
 
-/// The range a pin must lie in: the clamp of the policy's weight strategy (a pin outside it
-/// would be clamped, so the weight would silently differ from what the administrator asked
-/// for). `None` for strategies without a clamp (they do not support pins either).
+/// The range a pin must lie in: the clamp of the policy's `probe` weights, the strategy that
+/// supports pins (a pin outside the clamp would be clamped, so the weight would silently differ
+/// from what the administrator asked for). `None` for the other strategies: they refuse pins
+/// whatever the value (409 `pins_unsupported`), and their state files hold none.
 pub fn pin_range(policy: &PolicyConfig) -> Option<Clamp> {
     match &policy.weights {
         WeightsConfig::Probe(c) => Some(c.clamp),
-        WeightsConfig::Live(c) => Some(c.clamp),
-        WeightsConfig::AtLoad(c) => Some(c.clamp),
-        WeightsConfig::Oracle(clamp) => Some(*clamp),
-        WeightsConfig::Table(_) | WeightsConfig::Equal => None,
+        _ => None,
     }
 }
 
