@@ -2,55 +2,144 @@
 //!
 //! | method and path | what |
 //! |---|---|
-//! | `GET /admin/workers` | every worker not removed: name, model, state, weight, provenance, in_flight, cap, last probe throughput, counters |
+//! | `GET /admin/workers` | every worker not removed: name, model, state, ejected, drained, weight, provenance, in_flight, cap, last probe throughput and age, counters |
 //! | `POST /admin/workers` | add a worker (body: a worker as in the config file) → 201 |
 //! | `DELETE /admin/workers/{name}` | deregister |
 //! | `POST /admin/workers/{name}/drain` | stop sending new requests |
-//! | `POST /admin/workers/{name}/pin` | pin the weight, body `{"weight": 1.5}` (persisted) |
-//! | `POST /admin/workers/{name}/unpin` | clear the pin (persisted) |
+//! | `POST /admin/workers/{name}/undrain` | re-admit a drained worker (409 if not drained) |
+//! | `POST /admin/workers/{name}/pin` | pin the weight, body `{"weight": 1.5}`, within the policy's weight clamp (persisted; 500 and not applied if the state file cannot be written) |
+//! | `POST /admin/workers/{name}/unpin` | clear the pin (persisted, as pins are) |
 //! | `POST /admin/workers/{name}/reprobe` | measure again now → 202 |
 
 use crate::config::WorkerConfig;
 use crate::error::{ApiError, WorkerError};
-use crate::state::{Core, Shared, state_name};
+use crate::state::{Core, Shared, cached_measurement, state_name};
 use axum::body::Bytes;
-use axum::extract::{Path, Request, State};
-use axum::http::{StatusCode, header};
+use axum::extract::{ConnectInfo, Path, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use routelab_policies::{Provenance, WorkerId};
+use routelab_policies::weights::PersistedProbeState;
+use routelab_policies::{Provenance, Time, WorkerId};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
-/// Reject requests without the admin bearer token (401, OpenAI error shape).
+/// Reject requests without the admin bearer token (401, OpenAI error shape), logging each
+/// refusal (`admin_auth_failed`: path, remote address when the listener records it, reason;
+/// never the token nor what was sent).
 pub(crate) async fn require_token(
     State(s): State<Arc<Shared>>,
     req: Request,
     next: Next,
 ) -> Response {
-    let given = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    match (&s.settings.admin_token, given) {
-        (Some(want), Some(got)) if constant_time_eq(want.as_bytes(), got.trim().as_bytes()) => {
-            next.run(req).await
+    let verdict = authenticate(
+        s.settings.admin_token.as_deref(),
+        req.headers().get(header::AUTHORIZATION),
+    );
+    match verdict {
+        Ok(()) => next.run(req).await,
+        Err(reason) => {
+            let remote = req
+                .extensions()
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|ConnectInfo(addr)| addr.to_string())
+                .unwrap_or_default();
+            crate::log(
+                "admin_auth_failed",
+                &[
+                    ("path", req.uri().path()),
+                    ("remote", &remote),
+                    ("reason", reason.as_str()),
+                ],
+            );
+            ApiError::unauthorized().into_response()
         }
-        _ => ApiError::unauthorized().into_response(),
     }
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Why an admin request was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AuthFailure {
+    /// The gateway has no `admin_token`: the admin API refuses everyone.
+    NotConfigured,
+    /// No `Authorization` header.
+    Missing,
+    /// An `Authorization` header that is not visible ASCII.
+    Malformed,
+    /// Another scheme than `Bearer` (e.g. `Basic`).
+    WrongScheme,
+    /// `Bearer` with another token.
+    WrongToken,
 }
 
-/// One worker as JSON.
-pub(crate) fn worker_json(core: &Core, id: WorkerId) -> Value {
+impl AuthFailure {
+    /// The name logged.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthFailure::NotConfigured => "admin_token_not_configured",
+            AuthFailure::Missing => "missing",
+            AuthFailure::Malformed => "malformed",
+            AuthFailure::WrongScheme => "wrong_scheme",
+            AuthFailure::WrongToken => "wrong_token",
+        }
+    }
+}
+
+/// Check an `Authorization` header against the admin token. The scheme is matched
+/// case-insensitively (RFC 7235 §2.1: "It uses a case-insensitive token as a means to identify
+/// the authentication scheme"); the token is compared in constant time.
+pub(crate) fn authenticate(
+    want: Option<&str>,
+    authorization: Option<&HeaderValue>,
+) -> Result<(), AuthFailure> {
+    let want = want.ok_or(AuthFailure::NotConfigured)?;
+    let value = authorization.ok_or(AuthFailure::Missing)?;
+    let value = value.to_str().map_err(|_| AuthFailure::Malformed)?.trim();
+    // `credentials = auth-scheme [ 1*SP token68 ]` (RFC 7235 §2.1).
+    let (scheme, token) = value.split_once(' ').unwrap_or((value, ""));
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return Err(AuthFailure::WrongScheme);
+    }
+    if constant_time_eq(want.as_bytes(), token.trim().as_bytes()) {
+        Ok(())
+    } else {
+        Err(AuthFailure::WrongToken)
+    }
+}
+
+/// Compare a secret (`want`, never empty) with what a client sent in time that depends only on
+/// the length of what was sent: no early exit at the first differing byte, and no early exit
+/// on a length mismatch either, which would tell an attacker the token's length.
+fn constant_time_eq(want: &[u8], given: &[u8]) -> bool {
+    if want.is_empty() {
+        return false;
+    }
+    let mut diff = u8::from(want.len() != given.len());
+    for (i, g) in given.iter().enumerate() {
+        // Wrapping around `want` keeps the loop free of a branch on the secret's length.
+        diff |= g ^ want[i % want.len()];
+    }
+    std::hint::black_box(diff) == 0
+}
+
+/// One worker as JSON. `probe_state`: the strategy's exported state, once for all the workers
+/// listed (it is a copy of the whole probe cache).
+pub(crate) fn worker_json(
+    core: &Core,
+    id: WorkerId,
+    probe_state: Option<&PersistedProbeState>,
+    now: Time,
+) -> Value {
     let w = &core.workers[id.index()];
     let info = core.router.fleet().get(id).expect("registered");
+    // Seconds since the measurement the worker's cached probe result comes from (it may predate
+    // a restart); null if it was never measured.
+    let last_probe_age_s = probe_state
+        .and_then(|st| cached_measurement(st, &info.spec))
+        .map(|e| now.saturating_since(e.measured_at).as_secs_f64());
     let weight = core.router.weight(id).unwrap_or_default();
     let cap = core.router.cap(id).filter(|&c| c != u32::MAX);
     json!({
@@ -63,11 +152,13 @@ pub(crate) fn worker_json(core: &Core, id: WorkerId) -> Value {
         "launch_args": w.cfg.launch_args,
         "state": state_name(info.state),
         "ejected": w.ejected,
+        "drained": w.drained,
         "weight": weight.value,
         "provenance": weight.provenance.as_str(),
         "in_flight": info.in_flight,
         "cap": cap,
         "last_probe_tok_s": w.probe_tok_s,
+        "last_probe_age_s": last_probe_age_s,
         "requests_total": w.metrics.requests.load(Relaxed),
         "errors_total": w.metrics.errors.load(Relaxed),
     })
@@ -76,9 +167,11 @@ pub(crate) fn worker_json(core: &Core, id: WorkerId) -> Value {
 /// `GET /admin/workers`
 pub(crate) async fn list(State(s): State<Arc<Shared>>) -> Response {
     let core = s.core();
+    let probe_state = core.router.strategy().export_state();
+    let now = s.clock.now();
     let workers: Vec<Value> = (0..core.workers.len())
         .filter(|&i| !core.workers[i].removed)
-        .map(|i| worker_json(&core, WorkerId(i as u32)))
+        .map(|i| worker_json(&core, WorkerId(i as u32), probe_state.as_ref(), now))
         .collect();
     axum::Json(json!({ "policy": core.router.config().name, "workers": workers })).into_response()
 }
@@ -103,10 +196,16 @@ pub(crate) async fn add(State(s): State<Arc<Shared>>, body: Bytes) -> Result<Res
                 e.to_string(),
             )
         })?;
-        worker_json(&core, id)
+        one_row(&s, &core, id)
     };
     crate::log("admin_add", &[("worker", &name)]);
     Ok((StatusCode::CREATED, axum::Json(row)).into_response())
+}
+
+/// One worker as JSON, for the answer to a change.
+fn one_row(s: &Shared, core: &Core, id: WorkerId) -> Value {
+    let probe_state = core.router.strategy().export_state();
+    worker_json(core, id, probe_state.as_ref(), s.clock.now())
 }
 
 fn find(core: &Core, name: &str) -> Result<WorkerId, ApiError> {
@@ -142,9 +241,34 @@ pub(crate) async fn drain(
             .drain(now, id)
             .map_err(|e| ApiError::bad_request(e.to_string(), None))?;
         core.workers[id.index()].drained = true;
-        worker_json(&core, id)
+        one_row(&s, &core, id)
     };
     crate::log("admin_drain", &[("worker", &name)]);
+    Ok(axum::Json(row).into_response())
+}
+
+/// `POST /admin/workers/{name}/undrain`: re-admit a drained worker; 409 if it is not drained.
+pub(crate) async fn undrain(
+    State(s): State<Arc<Shared>>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    let row = {
+        let mut core = s.core();
+        let id = find(&core, &name)?;
+        let now = s.clock.now();
+        if !core.undrain(now, id) {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "invalid_request_error",
+                "not_drained",
+                format!(
+                    "worker `{name}` is not drained (drain it with POST /admin/workers/{name}/drain)"
+                ),
+            ));
+        }
+        one_row(&s, &core, id)
+    };
+    crate::log("admin_undrain", &[("worker", &name)]);
     Ok(axum::Json(row).into_response())
 }
 
@@ -166,28 +290,7 @@ pub(crate) async fn pin(
             Some("weight"),
         )
     })?;
-    let row = {
-        let mut core = s.core();
-        let id = find(&core, &name)?;
-        let now = s.clock.now();
-        core.router
-            .pin(now, id, weight)
-            .map_err(|e| ApiError::bad_request(e.to_string(), Some("weight")))?;
-        if core.router.weight(id).map(|w| w.provenance) != Some(Provenance::Pinned) {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "invalid_request_error",
-                "pins_unsupported",
-                format!(
-                    "the policy's weight strategy `{}` does not support pins (use a probe policy)",
-                    core.router.strategy().name()
-                ),
-            ));
-        }
-        core.pump(now);
-        worker_json(&core, id)
-    };
-    crate::persist_state(&s).await;
+    let row = change_pin(&s, &name, Some(weight)).await?;
     crate::log(
         "admin_pin",
         &[("worker", &name), ("weight", &weight.to_string())],
@@ -200,19 +303,61 @@ pub(crate) async fn unpin(
     State(s): State<Arc<Shared>>,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    let row = {
-        let mut core = s.core();
-        let id = find(&core, &name)?;
-        let now = s.clock.now();
-        core.router
-            .unpin(now, id)
-            .map_err(|e| ApiError::bad_request(e.to_string(), None))?;
-        core.pump(now);
-        worker_json(&core, id)
-    };
-    crate::persist_state(&s).await;
+    let row = change_pin(&s, &name, None).await?;
     crate::log("admin_unpin", &[("worker", &name)]);
     Ok(axum::Json(row).into_response())
+}
+
+/// Pin (`Some`) or unpin (`None`) a worker and persist it, failing closed: if the state file
+/// cannot be written, the router goes back to the worker's previous pin and the caller gets a
+/// 500 (`state_write_failed`). The persist lock is held from the change to the write (and the
+/// roll-back), so no other writer can save a pin the administrator is then told failed. The
+/// core lock is not held across the write.
+async fn change_pin(s: &Arc<Shared>, name: &str, to: Option<f64>) -> Result<Value, ApiError> {
+    let held = s.persist_lock.lock().await;
+    let (id, before) = {
+        let mut core = s.core();
+        let id = find(&core, name)?;
+        if let Some(weight) = to {
+            crate::persist::check_pin(weight, crate::persist::pin_range(core.router.config()))
+                .map_err(|m| ApiError::bad_request(m, Some("weight")))?;
+        }
+        let before = core.pin_of(id);
+        let now = s.clock.now();
+        core.set_pin(now, id, to)
+            .map_err(|e| ApiError::bad_request(e.to_string(), to.map(|_| "weight")))?;
+        if to.is_some() && core.router.weight(id).map(|w| w.provenance) != Some(Provenance::Pinned)
+        {
+            // The strategy ignored the pin: nothing changed, nothing to persist.
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "invalid_request_error",
+                "pins_unsupported",
+                format!(
+                    "the policy's weight strategy `{}` does not support pins (use a probe policy)",
+                    core.router.strategy().name()
+                ),
+            ));
+        }
+        (id, before)
+    };
+    if let Err(e) = crate::write_state(s, &held).await {
+        {
+            let mut core = s.core();
+            let now = s.clock.now();
+            // Restoring what the router held a moment ago cannot be refused: the worker and
+            // the pin value were valid then.
+            let _ = core.set_pin(now, id, before);
+        }
+        crate::log(
+            "admin_pin_rolled_back",
+            &[("worker", name), ("error", &e.to_string())],
+        );
+        return Err(ApiError::state_write_failed(&e));
+    }
+    drop(held);
+    let core = s.core();
+    Ok(one_row(s, &core, id))
 }
 
 /// `POST /admin/workers/{name}/reprobe`
@@ -227,8 +372,63 @@ pub(crate) async fn reprobe(
         core.router
             .reprobe(now, id)
             .map_err(|e| ApiError::bad_request(e.to_string(), None))?;
-        worker_json(&core, id)
+        one_row(&s, &core, id)
     };
     crate::log("admin_reprobe", &[("worker", &name)]);
     Ok((StatusCode::ACCEPTED, axum::Json(row)).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(want: Option<&str>, sent: Option<&str>) -> Result<(), AuthFailure> {
+        let header = sent.map(|v| HeaderValue::from_str(v).unwrap());
+        authenticate(want, header.as_ref())
+    }
+
+    /// Regression: `bearer` and `BEARER` were refused (RFC 7235 §2.1: the scheme is
+    /// case-insensitive), and a refusal did not say why.
+    #[test]
+    fn the_scheme_is_case_insensitive_and_each_refusal_has_its_reason() {
+        let want = Some("s3cret");
+        for ok in [
+            "Bearer s3cret",
+            "bearer s3cret",
+            "BEARER s3cret",
+            "  bEaReR   s3cret ",
+        ] {
+            assert_eq!(check(want, Some(ok)), Ok(()), "{ok}");
+        }
+        for (sent, reason) in [
+            (None, AuthFailure::Missing),
+            (Some("Basic czNjcmV0"), AuthFailure::WrongScheme),
+            (Some("s3cret"), AuthFailure::WrongScheme),
+            (Some("Bearers3cret"), AuthFailure::WrongScheme),
+            (Some("Bearer s3cre"), AuthFailure::WrongToken),
+            (Some("Bearer s3cret!"), AuthFailure::WrongToken),
+            (Some("Bearer"), AuthFailure::WrongToken),
+        ] {
+            assert_eq!(check(want, sent), Err(reason), "{sent:?}");
+        }
+        let opaque = HeaderValue::from_bytes(b"Bearer \xff").unwrap();
+        assert_eq!(
+            authenticate(want, Some(&opaque)),
+            Err(AuthFailure::Malformed)
+        );
+        assert_eq!(
+            check(None, Some("Bearer s3cret")),
+            Err(AuthFailure::NotConfigured)
+        );
+    }
+
+    #[test]
+    fn constant_time_eq_compares_whole_tokens() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+        // A prefix that repeats the secret is still a different token.
+        assert!(!constant_time_eq(b"abc", b"abcabc"));
+        assert!(!constant_time_eq(b"", b""));
+    }
 }

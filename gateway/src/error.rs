@@ -166,6 +166,17 @@ impl ApiError {
         )
     }
 
+    /// 500 for an admin change that could not be written to the state file (and was therefore
+    /// not applied).
+    pub fn state_write_failed(error: &crate::persist::StateFileError) -> ApiError {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "state_write_failed",
+            format!("{error}; the change was not applied"),
+        )
+    }
+
     /// 502: the worker failed and no retry was left.
     pub fn upstream(message: impl Into<String>) -> ApiError {
         ApiError::new(
@@ -226,9 +237,17 @@ impl ApiError {
     }
 }
 
+/// The `code` of a rejection the gateway answered itself, attached to the response as an
+/// extension by [`ApiError`]'s `IntoResponse` so that one middleware
+/// (`metrics::count_rejections`) counts every rejection by status and code, whichever handler
+/// or layer produced it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RejectionCode(pub &'static str);
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut r = (self.status, axum::Json(self.body())).into_response();
+        r.extensions_mut().insert(RejectionCode(self.code));
         if self.status == StatusCode::PAYLOAD_TOO_LARGE {
             // The body was not read: the connection cannot carry another request, so say so
             // and keep clients from reusing it (they would see a truncated response).
@@ -261,5 +280,14 @@ mod connection_close_tests {
         assert_eq!(r.headers()[header::CONNECTION], "close");
         let ok = ApiError::bad_request("bad".to_string(), None).into_response();
         assert!(ok.headers().get(header::CONNECTION).is_none());
+    }
+
+    #[test]
+    fn every_answer_carries_its_code_for_the_rejection_counter() {
+        let r = ApiError::unauthorized().into_response();
+        assert_eq!(
+            r.extensions().get::<RejectionCode>(),
+            Some(&RejectionCode("invalid_api_key"))
+        );
     }
 }

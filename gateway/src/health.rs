@@ -2,6 +2,10 @@
 //! failing `unhealthy_after` checks (or requests, before their first byte) in a row is ejected
 //! (`Router::disconnect`); an ejected worker passing `healthy_after` checks in a row is
 //! re-admitted (`Router::reconnect`). Drained and removed workers are left alone.
+//!
+//! A check or a request whose connection cannot be made at all ([`ejects_at_once`]: refused,
+//! or the connect timed out) ejects the worker at once: nothing listens there, so waiting for
+//! `unhealthy_after` more failures would only keep routing to a dead worker.
 
 use crate::state::Shared;
 use bytes::Bytes;
@@ -12,7 +16,13 @@ use tokio::task::JoinSet;
 
 /// The health loop; runs until aborted.
 pub(crate) async fn run(s: Arc<Shared>) {
-    let mut ticker = tokio::time::interval(s.settings.health_interval);
+    // The first round runs one interval after start, not at once: a worker is presumed up when
+    // registered, and a request that finds it unreachable ejects it at once anyway (and is
+    // retried on another worker).
+    let mut ticker = tokio::time::interval_at(
+        tokio::time::Instant::now() + s.settings.health_interval,
+        s.settings.health_interval,
+    );
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
@@ -29,13 +39,17 @@ pub(crate) async fn run(s: Arc<Shared>) {
         for (id, uri) in targets {
             let s = s.clone();
             set.spawn(async move {
-                let ok = check(&s, uri).await;
+                let outcome = check(&s, uri).await;
                 let mut core = s.core();
                 let now = s.clock.now();
-                if ok {
-                    core.note_success(now, id, true, &s);
-                } else {
-                    core.note_failure(now, id, false, &s);
+                match outcome {
+                    Check::Healthy => core.note_success(now, id, true, &s),
+                    Check::Unhealthy => {
+                        core.note_failure(now, id, false, &s);
+                    }
+                    Check::Unreachable => {
+                        core.note_failure(now, id, true, &s);
+                    }
                 }
             });
         }
@@ -43,18 +57,41 @@ pub(crate) async fn run(s: Arc<Shared>) {
     }
 }
 
-async fn check(s: &Shared, uri: hyper::Uri) -> bool {
+/// The outcome of one health check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Check {
+    /// A 2xx answer, read to the end within the timeout.
+    Healthy,
+    /// Anything else that reached the worker: a non-2xx answer, a timeout, a broken body.
+    Unhealthy,
+    /// The connection could not be made ([`ejects_at_once`]).
+    Unreachable,
+}
+
+/// The one rule for failures that eject a worker at once, for requests and health checks
+/// alike: the connection to the worker could not be made (refused, or the connect timed out),
+/// as opposed to a worker that answered badly or slowly.
+pub(crate) fn ejects_at_once(e: &hyper_util::client::legacy::Error) -> bool {
+    e.is_connect()
+}
+
+async fn check(s: &Shared, uri: hyper::Uri) -> Check {
     let req = hyper::Request::get(uri)
         .body(Full::new(Bytes::new()))
         .expect("valid request");
     let work = async {
-        let resp = s.client.request(req).await.ok()?;
+        let resp = match s.client.request(req).await {
+            Ok(r) => r,
+            Err(e) if ejects_at_once(&e) => return Check::Unreachable,
+            Err(_) => return Check::Unhealthy,
+        };
         let ok = resp.status().is_success();
-        resp.into_body().collect().await.ok()?;
-        Some(ok)
+        match resp.into_body().collect().await {
+            Ok(_) if ok => Check::Healthy,
+            _ => Check::Unhealthy,
+        }
     };
-    matches!(
-        tokio::time::timeout(s.settings.health_timeout, work).await,
-        Ok(Some(true))
-    )
+    tokio::time::timeout(s.settings.health_timeout, work)
+        .await
+        .unwrap_or(Check::Unhealthy)
 }

@@ -76,28 +76,35 @@ pub fn log(event: &str, fields: &[(&str, &str)]) {
     eprintln!("{line}");
 }
 
-/// Write the probe cache and pins to the state file (if configured), atomically.
+/// Write the probe cache and pins to the state file (if configured), atomically; a failure is
+/// logged (`state_write_failed`). For background writers (the probe runner); an admin change
+/// that must not outlive a failed write uses [`write_state`] and rolls back.
 pub(crate) async fn persist_state(s: &Arc<Shared>) {
+    let held = s.persist_lock.lock().await;
+    if let Err(e) = write_state(s, &held).await {
+        log("state_write_failed", &[("error", &e.to_string())]);
+    }
+}
+
+/// Snapshot the router's durable state and write it to the state file (if configured). The
+/// caller holds `persist_lock` (`_held`), so the newest snapshot is always the last one written
+/// and a caller can undo its change before anyone else writes.
+pub(crate) async fn write_state(
+    s: &Shared,
+    _held: &tokio::sync::MutexGuard<'_, ()>,
+) -> Result<(), persist::StateFileError> {
     let Some(path) = s.settings.state_file.clone() else {
-        return;
+        return Ok(());
     };
-    let _serialise = s.persist_lock.lock().await;
     let Some(state) = s.core().router.strategy().export_state() else {
-        return;
+        return Ok(());
     };
     let bytes = persist::encode(&state, &s.clock);
-    let shown = path.display().to_string();
-    match tokio::task::spawn_blocking(move || persist::write_atomic(&path, &bytes)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => log(
-            "state_write_failed",
-            &[("path", &shown), ("error", &e.to_string())],
-        ),
-        Err(e) => log(
-            "state_write_failed",
-            &[("path", &shown), ("error", &e.to_string())],
-        ),
-    }
+    let target = path.clone();
+    let written = tokio::task::spawn_blocking(move || persist::write_atomic(&target, &bytes))
+        .await
+        .unwrap_or_else(|join| Err(std::io::Error::other(join.to_string())));
+    written.map_err(|error| persist::StateFileError::Write { path, error })
 }
 
 /// A running gateway. Dropping it (or [`RunningGateway::kill`]) stops everything at once,
@@ -155,7 +162,7 @@ fn build(config: &GatewayConfig, settings: Settings) -> Result<Arc<Shared>, Gate
     let clock = clock::Clock::new();
     let mut router = Router::new(policy);
     if let Some(path) = &config.state_file
-        && let Some(state) = persist::load(path, &clock)?
+        && let Some(state) = persist::load(path, &clock, persist::pin_range(router.config()))?
     {
         log(
             "state_loaded",
@@ -195,6 +202,7 @@ fn app(shared: Arc<Shared>) -> HttpRouter {
             axum::routing::delete(admin::remove),
         )
         .route("/admin/workers/{name}/drain", post(admin::drain))
+        .route("/admin/workers/{name}/undrain", post(admin::undrain))
         .route("/admin/workers/{name}/pin", post(admin::pin))
         .route("/admin/workers/{name}/unpin", post(admin::unpin))
         .route("/admin/workers/{name}/reprobe", post(admin::reprobe))
@@ -210,6 +218,11 @@ fn app(shared: Arc<Shared>) -> HttpRouter {
         .route("/health", get(|| async { "ok\n" }))
         .route("/admin", get(admin_page::page))
         .merge(admin_routes)
+        // Outermost, after every route and fallback: counts each answer an `ApiError` made.
+        .layer(axum::middleware::map_response_with_state(
+            shared.clone(),
+            metrics::count_rejections,
+        ))
         .with_state(shared)
 }
 

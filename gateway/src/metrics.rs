@@ -1,8 +1,29 @@
 //! Counters and fixed-bucket histograms, rendered in the Prometheus text format.
+//!
+//! Names follow Prometheus' conventions: base units (`_seconds`, `_tokens_per_second`),
+//! `_total` for counters. A label set never changes with a worker's state or weight provenance:
+//! those are one-hot families (`routelab_worker_state{state}` has a series for every state,
+//! 1 for the current one), so a pin or an ejection moves a value, never creates a series.
 
+use crate::error::RejectionCode;
+use crate::state::{STATE_NAMES, Shared};
+use axum::extract::State;
+use axum::response::Response;
+use routelab_policies::Provenance;
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// Every provenance a weight can have, for the one-hot `routelab_worker_weight_provenance`.
+const PROVENANCES: &[Provenance] = &[
+    Provenance::Default,
+    Provenance::Table,
+    Provenance::Measured,
+    Provenance::Pinned,
+    Provenance::Oracle,
+];
 
 /// TTFT buckets, seconds.
 pub const TTFT_BUCKETS: &[f64] = &[
@@ -99,6 +120,26 @@ pub struct GlobalMetrics {
     pub queued_total: AtomicU64,
     /// Retries on another worker.
     pub retries: AtomicU64,
+    /// Answers the gateway gave itself (an `ApiError`), by status and code. A map behind a
+    /// lock because the codes are open-ended; it is touched only on a rejection, briefly.
+    pub rejections: Mutex<BTreeMap<(u16, &'static str), u64>>,
+}
+
+impl GlobalMetrics {
+    /// Count one rejection.
+    pub fn count_rejection(&self, status: u16, code: &'static str) {
+        let mut m = self.rejections.lock().unwrap_or_else(|p| p.into_inner());
+        *m.entry((status, code)).or_default() += 1;
+    }
+}
+
+/// Middleware (outermost in `app()`): count every answer built from an `ApiError`, whichever
+/// handler, extractor or layer made it, from the [`RejectionCode`] it carries.
+pub(crate) async fn count_rejections(State(s): State<Arc<Shared>>, r: Response) -> Response {
+    if let Some(RejectionCode(code)) = r.extensions().get::<RejectionCode>().copied() {
+        s.global.count_rejection(r.status().as_u16(), code);
+    }
+    r
 }
 
 /// One worker's row, snapshotted under the router lock.
@@ -160,14 +201,19 @@ pub fn render(rows: &[WorkerRow<'_>], queue_len: usize, global: &GlobalMetrics) 
     gauge(
         &mut out,
         "routelab_worker_weight",
-        "The router's weight of the worker.",
+        "The router's weight of the worker (its provenance: routelab_worker_weight_provenance).",
         "gauge",
-        &|r, l| {
-            Some(format!(
-                "{{{l},provenance=\"{}\"}} {}",
-                r.provenance, r.weight
-            ))
-        },
+        &|r, l| Some(format!("{{{l}}} {}", r.weight)),
+    );
+    one_hot(
+        &mut out,
+        "routelab_worker_weight_provenance",
+        "1 for where the worker's weight comes from (default, table, measured, pinned, oracle), 0 for the others.",
+        "provenance",
+        &PROVENANCES.iter().map(|p| p.as_str()).collect::<Vec<_>>(),
+        rows,
+        &labels,
+        |r| r.provenance,
     );
     gauge(
         &mut out,
@@ -181,18 +227,22 @@ pub fn render(rows: &[WorkerRow<'_>], queue_len: usize, global: &GlobalMetrics) 
         "routelab_worker_up",
         "1 when the worker is routable.",
         "gauge",
-        &|r, l| {
-            Some(format!(
-                "{{{l},state=\"{}\"}} {}",
-                r.state,
-                u8::from(r.state == "up")
-            ))
-        },
+        &|r, l| Some(format!("{{{l}}} {}", u8::from(r.state == "up"))),
+    );
+    one_hot(
+        &mut out,
+        "routelab_worker_state",
+        "1 for the worker's router state (up, draining, disconnected), 0 for the others.",
+        "state",
+        STATE_NAMES,
+        rows,
+        &labels,
+        |r| r.state,
     );
     gauge(
         &mut out,
-        "routelab_worker_probe_throughput_tok_s",
-        "Last burst-probe throughput.",
+        "routelab_worker_probe_throughput_tokens_per_second",
+        "Last burst-probe throughput, output tokens per second.",
         "gauge",
         &|r, l| r.probe_tok_s.map(|t| format!("{{{l}}} {t}")),
     );
@@ -264,7 +314,45 @@ pub fn render(rows: &[WorkerRow<'_>], queue_len: usize, global: &GlobalMetrics) 
         "# HELP routelab_retries_total Requests retried on another worker.\n# TYPE routelab_retries_total counter\nroutelab_retries_total {}",
         global.retries.load(Relaxed)
     );
+    let _ = writeln!(
+        out,
+        "# HELP routelab_gateway_rejections_total Requests the gateway answered with an error itself, by HTTP status and error code.\n# TYPE routelab_gateway_rejections_total counter"
+    );
+    let rejections = global
+        .rejections
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    for ((status, code), n) in rejections {
+        let _ = writeln!(
+            out,
+            "routelab_gateway_rejections_total{{status=\"{status}\",code=\"{}\"}} {n}",
+            esc(code)
+        );
+    }
     out
+}
+
+/// A one-hot gauge family: for every row, one series per possible `values` entry, 1 for the
+/// row's current value and 0 for the others, so the label sets never change.
+#[allow(clippy::too_many_arguments)]
+fn one_hot<'a>(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    label: &str,
+    values: &[&str],
+    rows: &[WorkerRow<'a>],
+    labels: &[String],
+    current: impl Fn(&WorkerRow<'a>) -> &'a str,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+    for (r, l) in rows.iter().zip(labels) {
+        let now = current(r);
+        for v in values {
+            let _ = writeln!(out, "{name}{{{l},{label}=\"{v}\"}} {}", u8::from(*v == now));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -284,5 +372,68 @@ mod tests {
         assert!(s.contains("x_bucket{a=\"b\",le=\"+Inf\"} 3\n"));
         assert!(s.contains("x_count{a=\"b\"} 3\n"));
         assert_eq!(h.count(), 3);
+    }
+
+    fn row<'a>(state: &'a str, provenance: &'a str, m: &'a WorkerMetrics) -> WorkerRow<'a> {
+        WorkerRow {
+            name: "w",
+            model: "m",
+            state,
+            in_flight: 0,
+            weight: 1.5,
+            provenance,
+            cap: None,
+            probe_tok_s: Some(900.0),
+            metrics: m,
+        }
+    }
+
+    /// The series (name and labels, without values) of a rendering.
+    fn series(text: &str) -> Vec<String> {
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| l.rsplit_once(' ').unwrap().0.to_string())
+            .collect()
+    }
+
+    /// Regression: the state and provenance were labels of the value itself, so every pin and
+    /// ejection started a new series; throughput was named `_tok_s`; rejections were not
+    /// counted.
+    #[test]
+    fn label_sets_stay_stable_units_are_base_units_and_rejections_are_counted() {
+        let m = WorkerMetrics::default();
+        let global = GlobalMetrics::default();
+        let before = render(&[row("up", "measured", &m)], 0, &global);
+        let after = render(&[row("disconnected", "pinned", &m)], 0, &global);
+        assert_eq!(series(&before), series(&after));
+        let l = r#"worker="w",model="m""#;
+        for line in [
+            format!("routelab_worker_weight{{{l}}} 1.5\n"),
+            format!("routelab_worker_weight_provenance{{{l},provenance=\"measured\"}} 1\n"),
+            format!("routelab_worker_weight_provenance{{{l},provenance=\"pinned\"}} 0\n"),
+            format!("routelab_worker_state{{{l},state=\"up\"}} 1\n"),
+            format!("routelab_worker_state{{{l},state=\"disconnected\"}} 0\n"),
+            format!("routelab_worker_up{{{l}}} 1\n"),
+            format!("routelab_worker_probe_throughput_tokens_per_second{{{l}}} 900\n"),
+        ] {
+            assert!(before.contains(&line), "missing {line:?} in\n{before}");
+        }
+        assert!(after.contains(&format!(
+            "routelab_worker_weight_provenance{{{l},provenance=\"pinned\"}} 1\n"
+        )));
+        assert!(after.contains(&format!("routelab_worker_up{{{l}}} 0\n")));
+        assert!(!before.contains("tok_s"), "{before}");
+
+        global.count_rejection(429, "queue_timeout");
+        global.count_rejection(429, "queue_timeout");
+        global.count_rejection(404, "model_not_found");
+        let text = render(&[], 0, &global);
+        assert!(text.contains("# TYPE routelab_gateway_rejections_total counter\n"));
+        assert!(text.contains(
+            "routelab_gateway_rejections_total{status=\"429\",code=\"queue_timeout\"} 2\n"
+        ));
+        assert!(text.contains(
+            "routelab_gateway_rejections_total{status=\"404\",code=\"model_not_found\"} 1\n"
+        ));
     }
 }

@@ -6,7 +6,8 @@
 //! one. Timestamps are Unix milliseconds, so the cache TTL keeps counting across restarts.
 
 use crate::clock::Clock;
-use routelab_policies::weights::{PersistedProbeState, ProbeCacheEntry, ProbePin};
+use routelab_policies::weights::{Clamp, PersistedProbeState, ProbeCacheEntry, ProbePin};
+use routelab_policies::{PolicyConfig, WeightsConfig};
 use serde::{Deserialize, Serialize};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -58,6 +59,14 @@ pub enum StateFileError {
         /// Why.
         error: serde_json::Error,
     },
+    /// It cannot be written (the admin change that needed it is not applied).
+    #[error("{}: cannot write state file: {error}", path.display())]
+    Write {
+        /// The state file.
+        path: PathBuf,
+        /// Why (the OS error).
+        error: std::io::Error,
+    },
     /// Written by another version.
     #[error(
         "{}: state file version {version} is not supported (expected {VERSION})",
@@ -102,8 +111,31 @@ pub fn encode(state: &PersistedProbeState, clock: &Clock) -> Vec<u8> {
     v
 }
 
-/// Read the state file; `Ok(None)` when it does not exist yet.
-pub fn load(path: &Path, clock: &Clock) -> Result<Option<PersistedProbeState>, StateFileError> {
+/// How far in the future a persisted measurement time may lie before the entry is treated as
+/// corrupt. A little slack absorbs a wall clock stepped back (NTP) between save and load; a
+/// timestamp far in the future would make the cached measurement never expire.
+pub const FUTURE_SLACK: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A state-file entry that was not restored, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IgnoredEntry {
+    /// Where in the file: `pins[2]`, `cache[0]`.
+    pub entry: String,
+    /// What it is about: `node/model` (pins) or `node/model/launch_args` (cache).
+    pub key: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// Read the state file; `Ok(None)` when it does not exist yet. Entries that are not valid (a pin
+/// outside `pin_range`, the policy's weight clamp, or not a positive finite number; a throughput
+/// that is not a positive finite number; a measurement time more than [`FUTURE_SLACK`] in the
+/// future) are left out and each is logged as `state_entry_ignored`; the others are kept.
+pub fn load(
+    path: &Path,
+    clock: &Clock,
+    pin_range: Option<Clamp>,
+) -> Result<Option<PersistedProbeState>, StateFileError> {
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -125,28 +157,108 @@ pub fn load(path: &Path, clock: &Clock) -> Result<Option<PersistedProbeState>, S
             version: file.version,
         });
     }
-    Ok(Some(PersistedProbeState {
-        cache: file
-            .cache
-            .into_iter()
-            .map(|e| ProbeCacheEntry {
+    let now_unix_ms = clock.to_unix_ms(clock.now());
+    let (state, ignored) = validate(file, clock, now_unix_ms, pin_range);
+    let shown = path.display().to_string();
+    for i in &ignored {
+        crate::log(
+            "state_entry_ignored",
+            &[
+                ("path", &shown),
+                ("entry", &i.entry),
+                ("key", &i.key),
+                ("reason", &i.reason),
+            ],
+        );
+    }
+    Ok(Some(state))
+}
+
+/// Split a parsed state file into the entries to restore and the ones to ignore.
+fn validate(
+    file: StateFile,
+    clock: &Clock,
+    now_unix_ms: i64,
+    pin_range: Option<Clamp>,
+) -> (PersistedProbeState, Vec<IgnoredEntry>) {
+    let mut ignored = Vec::new();
+    let latest_ms = now_unix_ms.saturating_add(FUTURE_SLACK.as_millis() as i64);
+    let mut cache = Vec::with_capacity(file.cache.len());
+    for (i, e) in file.cache.into_iter().enumerate() {
+        let reason = if !(e.throughput_tok_s.is_finite() && e.throughput_tok_s > 0.0) {
+            Some(format!(
+                "throughput_tok_s {} is not a positive finite number",
+                e.throughput_tok_s
+            ))
+        } else if e.measured_at_unix_ms > latest_ms {
+            Some(format!(
+                "measured_at_unix_ms {} is {} s in the future (more than {} s)",
+                e.measured_at_unix_ms,
+                (e.measured_at_unix_ms - now_unix_ms) / 1000,
+                FUTURE_SLACK.as_secs()
+            ))
+        } else {
+            None
+        };
+        match reason {
+            Some(reason) => ignored.push(IgnoredEntry {
+                entry: format!("cache[{i}]"),
+                key: format!("{}/{}/{}", e.node, e.model, e.launch_args),
+                reason,
+            }),
+            None => cache.push(ProbeCacheEntry {
                 node: e.node,
                 model: e.model,
                 launch_args: e.launch_args,
                 throughput_tok_s: e.throughput_tok_s,
                 measured_at: clock.from_unix_ms(e.measured_at_unix_ms),
-            })
-            .collect(),
-        pins: file
-            .pins
-            .into_iter()
-            .map(|p| ProbePin {
+            }),
+        }
+    }
+    let mut pins = Vec::with_capacity(file.pins.len());
+    for (i, p) in file.pins.into_iter().enumerate() {
+        let reason = check_pin(p.weight, pin_range).err();
+        match reason {
+            Some(reason) => ignored.push(IgnoredEntry {
+                entry: format!("pins[{i}]"),
+                key: format!("{}/{}", p.node, p.model),
+                reason,
+            }),
+            None => pins.push(ProbePin {
                 node: p.node,
                 model: p.model,
                 weight: p.weight,
-            })
-            .collect(),
-    }))
+            }),
+        }
+    }
+    (PersistedProbeState { cache, pins }, ignored)
+}
+
+/// The range a pin must lie in: the clamp of the policy's `probe` weights, the strategy that
+/// supports pins (a pin outside the clamp would be clamped, so the weight would silently differ
+/// from what the administrator asked for). `None` for the other strategies: they refuse pins
+/// whatever the value (409 `pins_unsupported`), and their state files hold none.
+pub fn pin_range(policy: &PolicyConfig) -> Option<Clamp> {
+    match &policy.weights {
+        WeightsConfig::Probe(c) => Some(c.clamp),
+        _ => None,
+    }
+}
+
+/// Whether `weight` is a valid pin: a finite number > 0, inside `range` when there is one. The
+/// error says what would be valid; the admin API answers it and the state file loader logs it.
+pub fn check_pin(weight: f64, range: Option<Clamp>) -> Result<(), String> {
+    let positive = weight.is_finite() && weight > 0.0;
+    match range {
+        Some(r) if !(positive && weight >= r.min && weight <= r.max) => Err(format!(
+            "weight {weight} is out of range: a pin must be a number from {} to {} (the policy's weight clamp)",
+            r.min, r.max
+        )),
+        None if !positive => Err(format!(
+            "weight {weight} is out of range: a pin must be a finite number > 0"
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Replace `path` with `bytes` atomically (temp file in the same directory, fsync, rename,
@@ -202,10 +314,10 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("routelab-persist-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("state.json");
-        assert_eq!(load(&path, &clock).unwrap(), None);
+        assert_eq!(load(&path, &clock, None).unwrap(), None);
         write_atomic(&path, &encode(&state, &clock)).unwrap();
         write_atomic(&path, &encode(&state, &clock)).unwrap();
-        let back = load(&path, &clock).unwrap().unwrap();
+        let back = load(&path, &clock, None).unwrap().unwrap();
         assert_eq!(back.pins, state.pins);
         assert_eq!(back.cache[0].throughput_tok_s, 992.0);
         let dt = back.cache[0]
@@ -217,7 +329,7 @@ mod tests {
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
         std::fs::write(&path, b"{broken").unwrap();
         assert!(matches!(
-            load(&path, &clock),
+            load(&path, &clock, None),
             Err(StateFileError::Invalid { .. })
         ));
         std::fs::write(
@@ -225,7 +337,7 @@ mod tests {
             br#"{"version":2,"saved_at_unix_ms":0,"cache":[],"pins":[]}"#,
         )
         .unwrap();
-        let e = load(&path, &clock).unwrap_err();
+        let e = load(&path, &clock, None).unwrap_err();
         assert!(matches!(e, StateFileError::Version { version: 2, .. }));
         assert!(
             e.to_string()
@@ -233,5 +345,111 @@ mod tests {
             "{e}"
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn file(cache: Vec<CacheEntry>, pins: Vec<Pin>) -> StateFile {
+        StateFile {
+            version: VERSION,
+            saved_at_unix_ms: 0,
+            cache,
+            pins,
+        }
+    }
+
+    fn cache_entry(node: &str, tp: f64, at_ms: i64) -> CacheEntry {
+        CacheEntry {
+            node: node.into(),
+            model: "m".into(),
+            launch_args: "--x".into(),
+            throughput_tok_s: tp,
+            measured_at_unix_ms: at_ms,
+        }
+    }
+
+    fn pin(node: &str, weight: f64) -> Pin {
+        Pin {
+            node: node.into(),
+            model: "m".into(),
+            weight,
+        }
+    }
+
+    /// Regression: a negative or out-of-clamp pin and a measurement time far in the future were
+    /// restored (the latter never expires); now each is ignored with a reason, the rest kept.
+    #[test]
+    fn invalid_entries_are_ignored_and_reported_the_valid_ones_kept() {
+        let clock = Clock::new();
+        let now = clock.to_unix_ms(clock.now());
+        let day_ms = 24 * 3_600_000;
+        let f = file(
+            vec![
+                cache_entry("good", 900.0, now - 1000),
+                cache_entry("skewed", 800.0, now + 30_000),
+                cache_entry("future", 900.0, now + day_ms),
+                cache_entry("zero", 0.0, now),
+                cache_entry("negative", -5.0, now),
+            ],
+            vec![
+                pin("good", 1.5),
+                pin("lowest", 0.25),
+                pin("negative", -1.0),
+                pin("huge", 1e9),
+                pin("tiny", 5e-324),
+            ],
+        );
+        let (state, ignored) = validate(f, &clock, now, Some(Clamp::SOURCE));
+        let kept: Vec<&str> = state.cache.iter().map(|e| e.node.as_str()).collect();
+        assert_eq!(kept, ["good", "skewed"]);
+        let kept: Vec<&str> = state.pins.iter().map(|p| p.node.as_str()).collect();
+        assert_eq!(kept, ["good", "lowest"]);
+        let report: Vec<(&str, &str)> = ignored
+            .iter()
+            .map(|i| (i.entry.as_str(), i.key.as_str()))
+            .collect();
+        assert_eq!(
+            report,
+            [
+                ("cache[2]", "future/m/--x"),
+                ("cache[3]", "zero/m/--x"),
+                ("cache[4]", "negative/m/--x"),
+                ("pins[2]", "negative/m"),
+                ("pins[3]", "huge/m"),
+                ("pins[4]", "tiny/m"),
+            ]
+        );
+        assert!(
+            ignored[0].reason.contains("in the future"),
+            "{:?}",
+            ignored[0]
+        );
+        assert!(
+            ignored[1].reason.contains("throughput_tok_s 0"),
+            "{:?}",
+            ignored[1]
+        );
+        assert_eq!(
+            ignored[4].reason,
+            "weight 1000000000 is out of range: a pin must be a number from 0.25 to 8 (the policy's weight clamp)"
+        );
+        // Without a clamp (a strategy without pins) only non-positive pins are invalid.
+        let f = file(vec![], vec![pin("huge", 1e9), pin("negative", -1.0)]);
+        let (state, ignored) = validate(f, &clock, now, None);
+        assert_eq!(state.pins.len(), 1);
+        assert_eq!(ignored[0].entry, "pins[1]");
+    }
+
+    #[test]
+    fn pin_checks_name_the_valid_range() {
+        let r = Some(Clamp::SOURCE);
+        assert!(check_pin(0.25, r).is_ok() && check_pin(8.0, r).is_ok());
+        for bad in [8.000001, 0.2499, 0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let e = check_pin(bad, r).unwrap_err();
+            assert!(
+                e.ends_with("from 0.25 to 8 (the policy's weight clamp)"),
+                "{e}"
+            );
+        }
+        assert!(check_pin(1e9, None).is_ok());
+        assert!(check_pin(f64::NAN, None).is_err());
     }
 }

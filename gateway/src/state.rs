@@ -14,8 +14,10 @@ use crate::metrics::{GlobalMetrics, WorkerMetrics};
 use crate::upstream::{BaseUrl, HttpClient};
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
+use routelab_policies::weights::{PersistedProbeState, ProbeCacheEntry};
 use routelab_policies::{
-    Completion, Decision, InputError, RouteError, Router, Time, WorkerId, WorkerState,
+    AdminError, Completion, Decision, InputError, RouteError, Router, Time, WorkerId, WorkerSpec,
+    WorkerState,
 };
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -136,6 +138,10 @@ pub(crate) struct Core {
     next_ticket: u64,
 }
 
+/// Every name [`state_name`] gives a worker the gateway still lists (removed ones are not
+/// listed), so a metric can have one series per state whatever the current one is.
+pub(crate) const STATE_NAMES: &[&str] = &["up", "draining", "disconnected"];
+
 /// Router state as a name.
 pub(crate) fn state_name(s: WorkerState) -> &'static str {
     match s {
@@ -162,17 +168,11 @@ impl Core {
         debug_assert_eq!(id.index(), self.workers.len());
         self.by_name.insert(cfg.name.clone(), id);
         // A cached measurement adopted at registration counts as the last probe.
-        let probe_tok_s = self.router.strategy().export_state().and_then(|s| {
-            let spec = cfg.spec();
-            s.cache
-                .into_iter()
-                .find(|e| {
-                    e.node == spec.node
-                        && e.model == spec.model
-                        && e.launch_args == spec.launch_args
-                })
-                .map(|e| e.throughput_tok_s)
-        });
+        let probe_tok_s = self
+            .router
+            .strategy()
+            .export_state()
+            .and_then(|s| cached_measurement(&s, &cfg.spec()).map(|e| e.throughput_tok_s));
         self.workers.push(WorkerRt {
             cfg,
             base,
@@ -245,6 +245,53 @@ impl Core {
         self.router.cancel(ticket)
     }
 
+    /// The worker's pin, if it has one (pins are keyed by node and model, so workers sharing
+    /// both share a pin).
+    pub fn pin_of(&self, id: WorkerId) -> Option<f64> {
+        let spec = &self.router.fleet().get(id)?.spec;
+        self.router
+            .strategy()
+            .export_state()?
+            .pins
+            .into_iter()
+            .find(|p| p.node == spec.node && p.model == spec.model)
+            .map(|p| p.weight)
+    }
+
+    /// Pin the worker's weight (`Some`) or clear its pin (`None`), then serve the queue (the
+    /// weight may change the worker's cap).
+    pub fn set_pin(&mut self, now: Time, id: WorkerId, pin: Option<f64>) -> Result<(), AdminError> {
+        match pin {
+            Some(weight) => self.router.pin(now, id, weight)?,
+            None => self.router.unpin(now, id)?,
+        }
+        self.pump(now);
+        Ok(())
+    }
+
+    /// Re-admit a worker an administrator drained; false if it was not drained. A draining
+    /// worker is routable again at once (the router treats it as reconnected with the same
+    /// engine, keeping a fresh measurement); one the health logic ejected meanwhile is left to
+    /// the health checks, which look at it again from now on.
+    pub fn undrain(&mut self, now: Time, id: WorkerId) -> bool {
+        let Some(w) = self.workers.get_mut(id.index()) else {
+            return false;
+        };
+        if !w.drained || w.removed {
+            return false;
+        }
+        w.drained = false;
+        let draining = self
+            .router
+            .fleet()
+            .get(id)
+            .is_some_and(|i| i.state == WorkerState::Draining);
+        if draining && self.router.reconnect(now, id).is_ok() {
+            self.pump(now);
+        }
+        true
+    }
+
     /// A request or check against the worker failed; eject it after enough in a row (at once
     /// for a `hard` failure such as a refused connection). True if it was ejected now.
     pub fn note_failure(&mut self, now: Time, id: WorkerId, hard: bool, s: &Shared) -> bool {
@@ -301,6 +348,18 @@ impl Core {
             }
         }
     }
+}
+
+/// The probe cache's entry for a worker: its node, model and launch arguments (a change of
+/// launch arguments is a new machine for the cache).
+pub(crate) fn cached_measurement<'a>(
+    state: &'a PersistedProbeState,
+    spec: &WorkerSpec,
+) -> Option<&'a ProbeCacheEntry> {
+    state
+        .cache
+        .iter()
+        .find(|e| e.node == spec.node && e.model == spec.model && e.launch_args == spec.launch_args)
 }
 
 /// A place in the gateway's queue; leaving it (drop) without a decision cancels it.
@@ -401,5 +460,21 @@ impl Flight {
 impl Drop for Flight {
     fn drop(&mut self) {
         self.abandon();
+    }
+}
+
+#[cfg(test)]
+mod state_name_tests {
+    use super::*;
+
+    #[test]
+    fn every_listed_state_has_its_one_hot_series() {
+        for st in [
+            WorkerState::Up,
+            WorkerState::Draining,
+            WorkerState::Disconnected,
+        ] {
+            assert!(STATE_NAMES.contains(&state_name(st)), "{st:?}");
+        }
     }
 }

@@ -4,6 +4,7 @@
 mod browser;
 mod fake;
 mod harness;
+mod operations;
 
 use fake::{FakeWorker, MODE_500, MODE_DIE};
 use harness::*;
@@ -526,7 +527,8 @@ async fn metrics_have_the_per_worker_series() {
     let l = r#"worker="a",model="m""#;
     for line in [
         format!("routelab_worker_in_flight{{{l}}} 0\n"),
-        format!("routelab_worker_weight{{{l},provenance=\"table\"}} 1.75\n"),
+        format!("routelab_worker_weight{{{l}}} 1.75\n"),
+        format!("routelab_worker_weight_provenance{{{l},provenance=\"table\"}} 1\n"),
         format!("routelab_worker_cap{{{l}}} 24\n"),
         format!("routelab_worker_requests_total{{{l}}} 2\n"),
         format!("routelab_worker_errors_total{{{l}}} 0\n"),
