@@ -208,6 +208,9 @@ fn app(shared: Arc<Shared>) -> HttpRouter {
         .route("/metrics", get(metrics_handler))
         .route("/health", get(|| async { "ok\n" }))
         .merge(admin_routes)
+        // After every route: the 405 fallback is set on the routes registered so far.
+        .fallback(proxy::unknown_path)
+        .method_not_allowed_fallback(proxy::method_not_allowed)
         .with_state(shared)
 }
 

@@ -3,6 +3,7 @@
 
 mod fake;
 mod harness;
+mod protocol;
 
 use fake::{FakeWorker, MODE_500, MODE_DIE};
 use harness::*;
