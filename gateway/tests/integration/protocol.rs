@@ -2,7 +2,7 @@
 //! engine would refuse, paths and methods the gateway does not serve, retries when the other
 //! workers are full, and a queue whose workers are all ejected.
 
-use crate::fake::{FakeWorker, MODE_500, MODE_STALL};
+use crate::fake::{self, FakeWorker, MODE_500, MODE_STALL};
 use crate::harness::*;
 use hyper::{Method, StatusCode};
 use routelab_gateway::GatewayConfig;
@@ -193,6 +193,16 @@ async fn a_wrong_method_answers_405_in_the_openai_shape() {
     let e = assert_openai_error(&a, 405);
     assert_eq!(e["code"], "method_not_allowed");
     assert_eq!(a.headers["allow"], "POST");
+    // The admin routes (behind their token layer) too.
+    let a = send(
+        &c,
+        Method::PUT,
+        &format!("{base}/admin/workers"),
+        Some(TOKEN),
+        "",
+    )
+    .await;
+    assert_eq!(assert_openai_error(&a, 405)["code"], "method_not_allowed");
 }
 
 /// Sends `body` to the chat endpoint and checks the 400 names `param`; the worker sees
@@ -406,5 +416,73 @@ async fn a_queue_whose_workers_are_all_ejected_answers_503() {
     let e = assert_openai_error(&a, 503);
     assert_eq!(e["code"], "no_healthy_worker");
     w.state.release();
+    assert_eq!(held.await.unwrap().status, StatusCode::OK);
+}
+
+/// The queue knows nothing of a retry's failed workers: when it hands the retry the worker
+/// that failed it and no other has room, the retry takes it (rather than handing it back to
+/// be handed it again), and succeeds if that worker has recovered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_retry_handed_its_failed_worker_takes_it_when_no_other_has_room() {
+    let busy = FakeWorker::start(0.0).await;
+    let bad = FakeWorker::start(0.0).await;
+    busy.state.hold.store(true, SeqCst);
+    let gw = start(&config(
+        "table/p2c:higher-weight/no-affinity/flat:1",
+        "queue_timeout_s: 10\nretries: 1\nhealth: {interval_s: 0}",
+        &[
+            worker("busy", &busy.url, "m", &["RTX 4090", "RTX 4090"], 8192),
+            worker("bad", &bad.url, "m", &[], 8192),
+        ],
+    ))
+    .await;
+    let base = format!("http://{}", gw.local_addr());
+    let chat = format!("{base}/v1/chat/completions");
+    let c = client();
+    let post = |content: &'static str| {
+        let chat = chat.clone();
+        tokio::spawn(async move {
+            send(
+                &client(),
+                Method::POST,
+                &chat,
+                None,
+                chat_body("m", content, 4, false),
+            )
+            .await
+        })
+    };
+    let held = post("held");
+    wait_for("the held request at busy", SECS_10, async || {
+        busy.requests() == 1
+    })
+    .await;
+    bad.state.mode.store(MODE_500, SeqCst);
+    let retried = post("retried");
+    wait_for("the retry to queue", SECS_10, async || {
+        queue_length(&c, &base).await == "routelab_queue_length 1"
+    })
+    .await;
+    // bad recovers; a request served by it frees its slot, and the queue hands that slot to
+    // the waiting retry while busy is still full.
+    bad.state.mode.store(fake::MODE_OK, SeqCst);
+    let a = send(
+        &c,
+        Method::POST,
+        &chat,
+        None,
+        chat_body("m", "other", 4, false),
+    )
+    .await;
+    assert_eq!(a.headers[routelab_gateway::proxy::WORKER_HEADER], "bad");
+    let a = tokio::time::timeout(SECS_10, retried)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    assert_eq!(a.headers[routelab_gateway::proxy::WORKER_HEADER], "bad");
+    assert_eq!((busy.requests(), bad.requests()), (1, 3));
+    assert!(!held.is_finished());
+    busy.state.release();
     assert_eq!(held.await.unwrap().status, StatusCode::OK);
 }
