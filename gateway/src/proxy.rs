@@ -406,6 +406,8 @@ async fn respond(
     let read = tokio::time::timeout(s.settings.response_timeout, async {
         loop {
             let frame = tokio::select! {
+                // The body first: the stall timer is asked only when there is nothing to read.
+                biased;
                 frame = body.frame() => frame,
                 () = std::future::poll_fn(|cx| stall.poll_stalled(cx)) => return Err(BodyFailure::Stalled),
             };
@@ -481,13 +483,18 @@ fn stalled(worker: &str, idle: std::time::Duration, started: bool) -> ApiError {
     )
 }
 
-/// When a worker's body counts as stalled: no chunk by the first-chunk deadline, then no
-/// chunk within `idle` of the previous one. A chunk mostly just records its time; the timer
-/// is moved when it fires early, so a fast stream does not re-arm a timer for every token.
+/// When a worker's body counts as stalled: no chunk by the first-chunk deadline, then a wait
+/// for the next chunk longer than `idle`. The wait starts when the gateway next asks for data
+/// after a chunk, not at the chunk: a client that reads slowly holds the gateway back, and
+/// that time must not count against the worker. The timer is only moved earlier at once; a
+/// later deadline is taken up when the timer fires early, so a fast stream does not re-arm a
+/// timer for every token.
 struct StallTimer {
     sleep: Pin<Box<tokio::time::Sleep>>,
     deadline: tokio::time::Instant,
     idle: std::time::Duration,
+    /// A chunk came since the deadline was last set.
+    fresh: bool,
 }
 
 impl StallTimer {
@@ -496,22 +503,27 @@ impl StallTimer {
             sleep: Box::pin(tokio::time::sleep_until(first_chunk_by)),
             deadline: first_chunk_by,
             idle,
+            fresh: false,
         }
     }
 
     /// A body chunk arrived.
     fn chunk(&mut self) {
-        self.deadline = tokio::time::Instant::now() + self.idle;
-        // Only a deadline earlier than the armed one (the first chunk's, when the idle
-        // timeout is shorter than the response timeout) needs the timer moved now.
-        if self.deadline < self.sleep.deadline() {
-            let next = self.deadline;
-            self.sleep.as_mut().reset(next);
-        }
+        self.fresh = true;
     }
 
-    /// Ready once the deadline passed without a chunk.
+    /// Ready once the deadline passed without a chunk. Call it when the body has nothing.
     fn poll_stalled(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.fresh {
+            self.fresh = false;
+            self.deadline = tokio::time::Instant::now() + self.idle;
+            // Earlier than the armed timer (the first chunk's deadline, when the idle timeout
+            // is the shorter): move it now.
+            if self.deadline < self.sleep.deadline() {
+                let next = self.deadline;
+                self.sleep.as_mut().reset(next);
+            }
+        }
         loop {
             if self.sleep.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
@@ -722,6 +734,31 @@ mod tests {
         assert_eq!(s.output_tokens(), 2);
         s.feed(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":17}}\r\n\r\n");
         assert_eq!(s.output_tokens(), 17);
+    }
+
+    /// The idle wait starts when the gateway asks for more, so a client that reads slowly
+    /// (and so holds the gateway back) does not make a worker look stalled; the first chunk
+    /// is due by its own deadline.
+    #[tokio::test]
+    async fn the_stall_timer_counts_only_the_workers_silence() {
+        use std::time::Duration;
+        use tokio::time::Instant;
+        let idle = Duration::from_millis(100);
+        let mut t = StallTimer::new(Instant::now() + Duration::from_secs(60), idle);
+        t.chunk();
+        tokio::time::sleep(idle * 3).await;
+        let first = std::future::poll_fn(|cx| Poll::Ready(t.poll_stalled(cx))).await;
+        assert!(first.is_pending());
+        let asked = Instant::now();
+        std::future::poll_fn(|cx| t.poll_stalled(cx)).await;
+        let waited = asked.elapsed();
+        assert!(waited >= idle * 9 / 10, "{waited:?}");
+        assert!(waited < Duration::from_secs(5), "{waited:?}");
+
+        let started = Instant::now();
+        let mut t = StallTimer::new(started + idle, Duration::from_secs(60));
+        std::future::poll_fn(|cx| t.poll_stalled(cx)).await;
+        assert!(started.elapsed() < Duration::from_secs(5));
     }
 
     #[test]
