@@ -80,10 +80,14 @@ pub struct GatewayConfig {
 pub struct UpstreamConfig {
     /// TCP connect timeout.
     pub connect_timeout_s: f64,
-    /// Longest wait for a worker's response headers (a slow prefill counts here).
+    /// Longest wait for a worker's response headers and first body chunk (a slow prefill
+    /// counts here).
     pub response_timeout_s: f64,
     /// Idle keep-alive connections kept per worker.
     pub max_idle_per_worker: usize,
+    /// Longest gap between two body chunks from a worker once its body has started; none:
+    /// `response_timeout_s`. A stream that stalls longer ends with an SSE error event.
+    pub stream_idle_timeout_s: Option<f64>,
 }
 
 impl Default for UpstreamConfig {
@@ -92,6 +96,7 @@ impl Default for UpstreamConfig {
             connect_timeout_s: 2.0,
             response_timeout_s: 300.0,
             max_idle_per_worker: 256,
+            stream_idle_timeout_s: None,
         }
     }
 }
@@ -270,6 +275,10 @@ impl GatewayConfig {
             ("probe.request_timeout_s", self.probe.request_timeout_s),
         ] {
             secs(file, field, v)?;
+        }
+        // 0 would fail every stream at its first gap: the idle timeout is a period.
+        if let Some(v) = self.upstream.stream_idle_timeout_s {
+            rule::period(v).map_err(|e| e.at_field(file, "upstream.stream_idle_timeout_s"))?;
         }
         // A poll loop needs a period a timer can keep (1e-12 s panicked the probe task).
         rule::period(self.probe.poll_interval_s)

@@ -177,6 +177,27 @@ impl ApiError {
         )
     }
 
+    /// 404 for a path the gateway does not serve (axum's default has an empty body).
+    pub fn unknown_path(method: &str, path: &str) -> ApiError {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "unknown_url",
+            format!("the gateway serves no `{method} {path}`"),
+        )
+    }
+
+    /// 405 for a known path asked with another method (the `Allow` header lists the valid
+    /// ones).
+    pub fn method_not_allowed(method: &str, path: &str) -> ApiError {
+        ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            "method_not_allowed",
+            format!("`{path}` does not accept {method}; the `Allow` header lists what it does"),
+        )
+    }
+
     /// 502: the worker failed and no retry was left.
     pub fn upstream(message: impl Into<String>) -> ApiError {
         ApiError::new(

@@ -218,6 +218,9 @@ fn app(shared: Arc<Shared>) -> HttpRouter {
         .route("/health", get(|| async { "ok\n" }))
         .route("/admin", get(admin_page::page))
         .merge(admin_routes)
+        // After every route: the 405 fallback is set on the routes registered so far.
+        .fallback(proxy::unknown_path)
+        .method_not_allowed_fallback(proxy::method_not_allowed)
         // Outermost, after every route and fallback: counts each answer an `ApiError` made.
         .layer(axum::middleware::map_response_with_state(
             shared.clone(),

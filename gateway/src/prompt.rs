@@ -7,6 +7,11 @@
 //!   English with BPE tokenizers). A completion prompt given as token ids counts them exactly.
 //!   The router's context filter uses `prompt tokens + max_tokens` (when given), the same check
 //!   an engine makes.
+//! - **What is refused** (400), so that the gateway and an engine agree before a worker is
+//!   chosen: a body that is not a JSON object, an empty `messages`, `max_tokens` (or
+//!   `max_completion_tokens`) below 1 (vLLM's rule), and `n` other than 1 (the gateway routes
+//!   one generation per request and accounts for one output). The emulator parses requests
+//!   with this module, so it refuses the same.
 //! - **Prefix affinity**: the rendered prompt is cut into blocks of [`BLOCK_BYTES`] (≈512
 //!   tokens) and chain-hashed (hash `i` covers blocks `0..=i`, FNV-1a 64); a trailing partial
 //!   block is not hashed, since the next turn of a conversation changes it. At most
@@ -49,6 +54,7 @@ struct Body {
     max_tokens: Option<Value>,
     max_completion_tokens: Option<Value>,
     stream: Option<Value>,
+    n: Option<Value>,
 }
 
 /// What routing needs from a request.
@@ -84,6 +90,12 @@ fn bad(message: impl Into<String>, param: Option<&'static str>) -> BadRequest {
 
 /// Parse a request body for `endpoint`.
 pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<Parsed, BadRequest> {
+    // serde reads a struct from a JSON array too (fields by position): a six-element array
+    // would pass as a request. A JSON text's first non-whitespace byte says what it is, so
+    // anything not starting with `{` is refused before parsing.
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        return Err(bad("the request body must be a JSON object", None));
+    }
     let b: Body = serde_json::from_slice(body).map_err(|e| {
         bad(
             format!("We could not parse the JSON body of your request: {e}"),
@@ -99,19 +111,21 @@ pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<Parsed, BadRequest> {
         Endpoint::Chat => (render_messages(b.messages)?, None),
         Endpoint::Completions => render_prompt(b.prompt)?,
     };
-    let max_tokens = match b.max_tokens.or(b.max_completion_tokens) {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(
-            v.as_u64()
-                .and_then(|n| u32::try_from(n).ok())
-                .ok_or_else(|| {
-                    bad(
-                        "`max_tokens` must be a whole number ≥ 0",
-                        Some("max_tokens"),
-                    )
-                })?,
-        ),
-    };
+    let max_tokens = output_limit(b.max_tokens, "max_tokens")?;
+    let max_completion_tokens = output_limit(b.max_completion_tokens, "max_completion_tokens")?;
+    let max_tokens = max_tokens.or(max_completion_tokens);
+    match b.n {
+        None | Some(Value::Null) => {}
+        Some(n) if n.as_u64() == Some(1) => {}
+        Some(n) => {
+            return Err(bad(
+                format!(
+                    "`n` must be 1 (got {n}): the gateway routes one generation per request; send {n} requests instead"
+                ),
+                Some("n"),
+            ));
+        }
+    }
     let stream = match b.stream {
         None | Some(Value::Null) => false,
         Some(Value::Bool(s)) => s,
@@ -127,6 +141,28 @@ pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<Parsed, BadRequest> {
     })
 }
 
+/// An output-length limit (`max_tokens`, `max_completion_tokens`): absent, or a whole number
+/// from 1 (an engine generates at least one token; vLLM refuses 0) to `u32::MAX`.
+fn output_limit(v: Option<Value>, param: &'static str) -> Result<Option<u32>, BadRequest> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|&n| n >= 1)
+            .map(Some)
+            .ok_or_else(|| {
+                bad(
+                    format!(
+                        "`{param}` must be a whole number from 1 to {} (got {v})",
+                        u32::MAX
+                    ),
+                    Some(param),
+                )
+            }),
+    }
+}
+
 /// `ceil(bytes / BYTES_PER_TOKEN)`, saturating.
 pub fn estimate_tokens(bytes: usize) -> u32 {
     u32::try_from(bytes.div_ceil(BYTES_PER_TOKEN)).unwrap_or(u32::MAX)
@@ -136,6 +172,13 @@ fn render_messages(messages: Option<Value>) -> Result<String, BadRequest> {
     let Some(Value::Array(messages)) = messages else {
         return Err(bad("`messages` must be an array", Some("messages")));
     };
+    if messages.is_empty() {
+        // Nothing to answer: an engine would generate from an empty prompt until max_tokens.
+        return Err(bad(
+            "`messages` must contain at least one message",
+            Some("messages"),
+        ));
+    }
     let mut out = String::new();
     for m in &messages {
         let Value::Object(m) = m else {
@@ -254,6 +297,52 @@ mod tests {
                 Endpoint::Chat
             )
             .is_err()
+        );
+    }
+
+    /// Regression (issue 13, defect 8): each of these passed and reached a worker.
+    #[test]
+    fn what_an_engine_would_refuse_is_refused_here() {
+        // An array that serde would have read into the struct field by field.
+        let e = parse(
+            br#"["m",[{"content":"hi"}],null,4,null,false]"#,
+            Endpoint::Chat,
+        )
+        .unwrap_err();
+        assert!(e.message.contains("JSON object"), "{e:?}");
+        assert!(parse(b"  \n 42", Endpoint::Chat).is_err());
+        let e = parse(
+            br#"{"model":"m","messages":[{"content":"hi"}],"max_tokens":0}"#,
+            Endpoint::Chat,
+        )
+        .unwrap_err();
+        assert_eq!(e.param, Some("max_tokens"));
+        assert!(e.message.contains("from 1 to 4294967295"), "{e:?}");
+        let e = parse(
+            br#"{"model":"m","prompt":"x","max_completion_tokens":0}"#,
+            Endpoint::Completions,
+        )
+        .unwrap_err();
+        assert_eq!(e.param, Some("max_completion_tokens"));
+        let e = parse(br#"{"model":"m","messages":[]}"#, Endpoint::Chat).unwrap_err();
+        assert_eq!(e.param, Some("messages"));
+        for n in ["2", "0", "\"1\"", "1.5"] {
+            let body = format!(r#"{{"model":"m","prompt":"x","n":{n}}}"#);
+            let e = parse(body.as_bytes(), Endpoint::Completions).unwrap_err();
+            assert_eq!(e.param, Some("n"), "n = {n}");
+        }
+        for n in ["1", "null"] {
+            let body = format!(r#"{{"model":"m","prompt":"x","n":{n},"max_tokens":1}}"#);
+            let p = parse(body.as_bytes(), Endpoint::Completions).unwrap();
+            assert_eq!(p.max_tokens, Some(1));
+        }
+        // Whitespace before the object is still JSON.
+        assert!(
+            parse(
+                b" \r\n\t{\"model\":\"m\",\"prompt\":\"x\"}",
+                Endpoint::Completions
+            )
+            .is_ok()
         );
     }
 

@@ -2,18 +2,19 @@
 
 use crate::error::ApiError;
 use crate::prompt::{self, Endpoint};
-use crate::state::{Flight, QueueTicket, Shared};
+use crate::state::{Core, Flight, QueueTicket, Shared};
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use http_body::Frame;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
-use routelab_policies::{Decision, RouteError, RouteRequest, WorkerId};
+use routelab_policies::{Decision, RouteError, RouteRequest, WorkerId, WorkerState};
 use serde::Deserialize;
 use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -51,6 +52,17 @@ pub(crate) async fn models(State(s): State<Arc<Shared>>) -> Response {
         .map(|id| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "routelab"}))
         .collect();
     axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
+}
+
+/// Any path no route serves: 404 in OpenAI's error shape.
+pub(crate) async fn unknown_path(method: Method, uri: Uri) -> Response {
+    ApiError::unknown_path(method.as_str(), uri.path()).into_response()
+}
+
+/// A served path asked with a method it does not take: 405 in OpenAI's error shape (axum adds
+/// the `Allow` header).
+pub(crate) async fn method_not_allowed(method: Method, uri: Uri) -> Response {
+    ApiError::method_not_allowed(method.as_str(), uri.path()).into_response()
 }
 
 fn too_large(max: usize) -> ApiError {
@@ -113,22 +125,22 @@ async fn handle(s: Arc<Shared>, req: Request, ep: Endpoint) -> Result<Response, 
     let mut tried: Vec<WorkerId> = Vec::new();
     let mut last_error = String::from("no worker answered");
     for attempt in 0..=s.settings.retries {
-        let decision = if attempt == 0 {
-            admit(&s, &route_req, &parsed.model).await?
-        } else {
-            let now = s.clock.now();
-            let mut guard = s.core();
-            let core = &mut *guard;
-            match core
-                .router
-                .route_excluding(now, &route_req, &tried, &mut core.rng)
-            {
-                Ok(d) => {
+        let decision = match admit(&s, &route_req, &tried).await {
+            Ok(d) => {
+                if attempt > 0 {
                     s.global.retries.fetch_add(1, Relaxed);
-                    d
                 }
-                Err(_) => break,
+                d
             }
+            Err(Refusal::Route(e)) if attempt == 0 => {
+                return Err(ApiError::route(e, &parsed.model));
+            }
+            Err(Refusal::QueueTimeout) => {
+                let earlier = (attempt > 0).then_some(last_error.as_str());
+                return Err(queue_timeout(s.settings.queue_timeout, earlier));
+            }
+            // No worker left to retry on: the last worker's failure is the answer.
+            Err(Refusal::Route(_)) => break,
         };
         let dispatched_at = s.clock.now();
         let (uri, metrics, name) = {
@@ -165,13 +177,16 @@ async fn handle(s: Arc<Shared>, req: Request, ep: Endpoint) -> Result<Response, 
         let up = up
             .body(Full::new(bytes.clone()))
             .expect("method, URI and headers are valid");
-        match tokio::time::timeout(s.settings.response_timeout, s.client.request(up)).await {
+        // The response timeout runs until the worker's first body byte (headers may come
+        // before a slow prefill is done), so it is counted from here, not from the headers.
+        let first_chunk_by = tokio::time::Instant::now() + s.settings.response_timeout;
+        match tokio::time::timeout_at(first_chunk_by, s.client.request(up)).await {
             Err(_) => {
                 flight.fail(false);
                 last_error = format!("worker `{name}` did not answer within the response timeout");
             }
             Ok(Err(e)) => {
-                let hard = e.is_connect();
+                let hard = crate::health::ejects_at_once(&e);
                 flight.fail(hard);
                 last_error = format!("worker `{name}`: {}", error_chain(&e));
             }
@@ -179,7 +194,7 @@ async fn handle(s: Arc<Shared>, req: Request, ep: Endpoint) -> Result<Response, 
                 flight.fail(false);
                 last_error = format!("worker `{name}` answered {}", r.status());
             }
-            Ok(Ok(r)) => return Ok(respond(&s, flight, r, &name).await),
+            Ok(Ok(r)) => return Ok(respond(&s, flight, r, &name, first_chunk_by).await),
         }
         crate::log(
             "upstream_error",
@@ -205,15 +220,54 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-/// Route, or wait in the FIFO queue when every eligible worker is at its cap.
-async fn admit(s: &Arc<Shared>, req: &RouteRequest<'_>, model: &str) -> Result<Decision, ApiError> {
+/// Why a request got no worker.
+enum Refusal {
+    /// The router refused it (for a queued request: when its wait ended, e.g. every worker
+    /// was ejected meanwhile: 503, not 429).
+    Route(RouteError),
+    /// It waited `queue_timeout_s` in the queue and every eligible worker stayed at its cap.
+    QueueTimeout,
+}
+
+/// 429: the request waited `waited` in the queue; `earlier` is the failure that made it a
+/// retry, if it was one.
+fn queue_timeout(waited: std::time::Duration, earlier: Option<&str>) -> ApiError {
+    let secs = waited.as_secs_f64();
+    let mut message = format!(
+        "every worker for this model is at its concurrency cap; the request waited {secs:.1}s in the gateway's queue"
+    );
+    if let Some(e) = earlier {
+        message.push_str(&format!(" for a retry after {e}"));
+    }
+    ApiError {
+        retry_after_s: Some(1),
+        ..ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            "queue_timeout",
+            message,
+        )
+    }
+}
+
+/// Route to a worker not in `tried` (empty for a first attempt; a retry's failed workers
+/// otherwise), or wait in the gateway's FIFO queue, for at most `queue_timeout_s`, when every
+/// such worker is at its cap. A retry waits only if an untried worker that could take it
+/// exists (up, same model, large enough window); otherwise it is refused at once.
+async fn admit(
+    s: &Arc<Shared>,
+    req: &RouteRequest<'_>,
+    tried: &[WorkerId],
+) -> Result<Decision, Refusal> {
     let mut ticket = {
         let now = s.clock.now();
         let mut guard = s.core();
         let core = &mut *guard;
-        match core.router.route(now, req, &mut core.rng) {
+        match core.router.route_excluding(now, req, tried, &mut core.rng) {
             Ok(d) => return Ok(d),
-            Err(RouteError::AllAtCap { .. }) => {
+            Err(RouteError::AllAtCap { .. })
+                if tried.is_empty() || untried_worker_exists(core, req, tried) =>
+            {
                 let (ticket, rx) = core.enqueue(req);
                 QueueTicket {
                     shared: s.clone(),
@@ -222,12 +276,11 @@ async fn admit(s: &Arc<Shared>, req: &RouteRequest<'_>, model: &str) -> Result<D
                     armed: true,
                 }
             }
-            Err(e) => return Err(ApiError::route(e, model)),
+            Err(e) => return Err(Refusal::Route(e)),
         }
     };
     s.global.queued_total.fetch_add(1, Relaxed);
-    let waited = tokio::time::timeout(s.settings.queue_timeout, &mut ticket.rx).await;
-    let outcome = match waited {
+    let outcome = match tokio::time::timeout(s.settings.queue_timeout, &mut ticket.rx).await {
         Ok(Ok(outcome)) => Some(outcome),
         Ok(Err(_)) => None,
         Err(_) => {
@@ -242,24 +295,53 @@ async fn admit(s: &Arc<Shared>, req: &RouteRequest<'_>, model: &str) -> Result<D
     };
     ticket.armed = false;
     match outcome {
-        Some(Ok(d)) => Ok(d),
-        Some(Err(e)) => Err(ApiError::route(e, model)),
+        Some(Ok(d)) if !tried.contains(&d.worker) => Ok(d),
+        Some(Ok(handed)) => {
+            // The router's queue knows nothing of `tried`: it handed this retry a worker
+            // that already failed it. Prefer an untried one with room, giving the handed
+            // slot back (to the next in the queue). With none, go with the handed one:
+            // giving it back and queueing again would have the queue hand it straight
+            // back (a spin); the retry budget bounds this, and a worker that keeps
+            // failing is ejected, after which the queue no longer hands it out.
+            let now = s.clock.now();
+            let mut guard = s.core();
+            let core = &mut *guard;
+            match core.router.route_excluding(now, req, tried, &mut core.rng) {
+                Ok(d) => {
+                    core.release(now, handed.worker, None);
+                    Ok(d)
+                }
+                Err(_) => Ok(handed),
+            }
+        }
+        Some(Err(e)) => Err(Refusal::Route(e)),
         None => {
-            s.global.queue_timeouts.fetch_add(1, Relaxed);
-            let secs = s.settings.queue_timeout.as_secs_f64();
-            Err(ApiError {
-                retry_after_s: Some(1),
-                ..ApiError::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "rate_limit_error",
-                    "queue_timeout",
-                    format!(
-                        "every worker for this model is at its concurrency cap; the request waited {secs:.1}s in the gateway's queue"
-                    ),
-                )
-            })
+            // The wait is over. One last look tells a fleet that stayed full (429) from
+            // one whose workers were all ejected meanwhile (503, `no_healthy_worker`).
+            let now = s.clock.now();
+            let mut guard = s.core();
+            let core = &mut *guard;
+            match core.router.route_excluding(now, req, tried, &mut core.rng) {
+                Ok(d) => Ok(d),
+                Err(RouteError::AllAtCap { .. }) => {
+                    s.global.queue_timeouts.fetch_add(1, Relaxed);
+                    Err(Refusal::QueueTimeout)
+                }
+                Err(e) => Err(Refusal::Route(e)),
+            }
         }
     }
+}
+
+/// True if a worker not in `tried` could take `req` once it has room: up (not ejected,
+/// drained or removed), serving the model, with a large enough context window.
+fn untried_worker_exists(core: &Core, req: &RouteRequest<'_>, tried: &[WorkerId]) -> bool {
+    core.router.fleet().iter().any(|(id, w)| {
+        w.model == req.model
+            && w.state == WorkerState::Up
+            && w.spec.context_window >= req.context_tokens
+            && !tried.contains(&id)
+    })
 }
 
 const HOP_BY_HOP: &[&str] = &[
@@ -288,11 +370,14 @@ pub const WORKER_HEADER: &str = "x-routelab-worker";
 
 /// Pass the worker's answer to the client: SSE frame by frame, anything else buffered (a
 /// non-streaming completion is small, and buffering lets a broken body become a clean 502).
+/// The first body chunk must come by `first_chunk_by`; after that, no gap between two chunks
+/// may exceed the stream idle timeout.
 async fn respond(
     s: &Arc<Shared>,
     mut flight: Flight,
     r: hyper::Response<Incoming>,
     worker: &str,
+    first_chunk_by: tokio::time::Instant,
 ) -> Response {
     let (parts, mut body) = r.into_parts();
     let is_sse = parts
@@ -305,43 +390,57 @@ async fn respond(
     if let Ok(v) = HeaderValue::from_str(worker) {
         out.headers_mut().insert(WORKER_HEADER, v);
     }
+    let idle = s.settings.stream_idle_timeout;
     if is_sse && parts.status.is_success() {
         *out.body_mut() = Body::new(SseBody {
             inner: body,
             flight,
             scan: SseScan::default(),
             done: false,
+            stall: StallTimer::new(first_chunk_by, idle),
         });
         return out;
     }
     let mut buf = BytesMut::new();
+    let mut stall = StallTimer::new(first_chunk_by, idle);
     let read = tokio::time::timeout(s.settings.response_timeout, async {
-        while let Some(frame) = body.frame().await {
-            let frame = frame?;
+        loop {
+            let frame = tokio::select! {
+                // The body first: the stall timer is asked only when there is nothing to read.
+                biased;
+                frame = body.frame() => frame,
+                () = std::future::poll_fn(|cx| stall.poll_stalled(cx)) => return Err(BodyFailure::Stalled),
+            };
+            let Some(frame) = frame else {
+                return Ok(());
+            };
+            let frame = frame.map_err(BodyFailure::Broken)?;
             if let Ok(d) = frame.into_data() {
                 if !d.is_empty() {
                     flight.first_byte();
+                    stall.chunk();
                 }
                 buf.extend_from_slice(&d);
             }
         }
-        Ok::<(), hyper::Error>(())
     })
     .await;
-    match read {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => {
-            flight.fail(false);
-            return ApiError::upstream(format!("the worker's response broke: {}", error_chain(&e)))
-                .into_response();
+    let failure = match read {
+        Ok(Ok(())) => None,
+        Ok(Err(BodyFailure::Broken(e))) => Some(ApiError::upstream(format!(
+            "the worker's response broke: {}",
+            error_chain(&e)
+        ))),
+        Ok(Err(BodyFailure::Stalled)) => {
+            Some(stalled(worker, idle, flight.first_token_at.is_some()))
         }
-        Err(_) => {
-            flight.fail(false);
-            return ApiError::upstream(
-                "the worker's response did not finish within the response timeout",
-            )
-            .into_response();
-        }
+        Err(_) => Some(ApiError::upstream(
+            "the worker's response did not finish within the response timeout",
+        )),
+    };
+    if let Some(err) = failure {
+        flight.fail(false);
+        return err.into_response();
     }
     if parts.status.is_success() {
         flight.complete(output_tokens_of_json(&buf));
@@ -351,6 +450,91 @@ async fn respond(
     }
     *out.body_mut() = Body::from(buf.freeze());
     out
+}
+
+/// Why a buffered body did not arrive whole.
+enum BodyFailure {
+    Broken(hyper::Error),
+    Stalled,
+}
+
+/// The answer (a 502, or the SSE error event of a stream) when a worker's body stalled:
+/// `started` (a first chunk came) it went silent longer than `idle`, else its first chunk did
+/// not come within the response timeout. Logged, since the worker is at fault.
+fn stalled(worker: &str, idle: std::time::Duration, started: bool) -> ApiError {
+    if !started {
+        crate::log(
+            "stream_stalled",
+            &[("worker", worker), ("before", "first_chunk")],
+        );
+        return ApiError::upstream(format!(
+            "worker `{worker}` sent no response body within the response timeout (upstream.response_timeout_s)"
+        ));
+    }
+    let secs = format!("{:.3}", idle.as_secs_f64());
+    crate::log("stream_stalled", &[("worker", worker), ("idle_s", &secs)]);
+    ApiError::new(
+        StatusCode::BAD_GATEWAY,
+        "upstream_error",
+        "stream_idle_timeout",
+        format!(
+            "worker `{worker}` sent nothing for {secs} s in the middle of its response (upstream.stream_idle_timeout_s)"
+        ),
+    )
+}
+
+/// When a worker's body counts as stalled: no chunk by the first-chunk deadline, then a wait
+/// for the next chunk longer than `idle`. The wait starts when the gateway next asks for data
+/// after a chunk, not at the chunk: a client that reads slowly holds the gateway back, and
+/// that time must not count against the worker. The timer is only moved earlier at once; a
+/// later deadline is taken up when the timer fires early, so a fast stream does not re-arm a
+/// timer for every token.
+struct StallTimer {
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    deadline: tokio::time::Instant,
+    idle: std::time::Duration,
+    /// A chunk came since the deadline was last set.
+    fresh: bool,
+}
+
+impl StallTimer {
+    fn new(first_chunk_by: tokio::time::Instant, idle: std::time::Duration) -> StallTimer {
+        StallTimer {
+            sleep: Box::pin(tokio::time::sleep_until(first_chunk_by)),
+            deadline: first_chunk_by,
+            idle,
+            fresh: false,
+        }
+    }
+
+    /// A body chunk arrived.
+    fn chunk(&mut self) {
+        self.fresh = true;
+    }
+
+    /// Ready once the deadline passed without a chunk. Call it when the body has nothing.
+    fn poll_stalled(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.fresh {
+            self.fresh = false;
+            self.deadline = tokio::time::Instant::now() + self.idle;
+            // Earlier than the armed timer (the first chunk's deadline, when the idle timeout
+            // is the shorter): move it now.
+            if self.deadline < self.sleep.deadline() {
+                let next = self.deadline;
+                self.sleep.as_mut().reset(next);
+            }
+        }
+        loop {
+            if self.sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            if self.sleep.deadline() >= self.deadline {
+                return Poll::Ready(());
+            }
+            let next = self.deadline;
+            self.sleep.as_mut().reset(next);
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -459,14 +643,16 @@ impl SseScan {
 }
 
 /// A worker's SSE stream, passed through frame by frame as it arrives. The first frame is the
-/// request's first token for the router; the end completes it; a broken upstream stream ends
-/// with an SSE error event (`data: {"error": {...}}`), never a silent truncation. Dropped
-/// early (client gone), it frees the worker's slot and the upstream connection closes.
+/// request's first token for the router; the end completes it; a broken or stalled upstream
+/// stream ends with an SSE error event (`data: {"error": {...}}`), never a silent truncation
+/// nor a client left waiting. Dropped early (client gone), it frees the worker's slot and the
+/// upstream connection closes.
 struct SseBody {
     inner: Incoming,
     flight: Flight,
     scan: SseScan,
     done: bool,
+    stall: StallTimer,
 }
 
 impl http_body::Body for SseBody {
@@ -482,13 +668,29 @@ impl http_body::Body for SseBody {
             return Poll::Ready(None);
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {
+                if this.stall.poll_stalled(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                // The worker went silent: the request failed (slot freed, health told), and
+                // the client hears so now rather than waiting for a worker that may never
+                // send again. Ending the body drops the upstream connection.
+                this.done = true;
+                this.flight.fail(false);
+                let name = {
+                    let core = this.flight.shared.core();
+                    core.workers[this.flight.worker.index()].cfg.name.clone()
+                };
+                let err = stalled(&name, this.stall.idle, this.flight.first_token_at.is_some());
+                Poll::Ready(Some(Ok(Frame::data(err.sse_event()))))
+            }
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(d) = frame.data_ref()
                     && !d.is_empty()
                 {
                     this.flight.first_byte();
                     this.scan.feed(d);
+                    this.stall.chunk();
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -532,6 +734,31 @@ mod tests {
         assert_eq!(s.output_tokens(), 2);
         s.feed(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":17}}\r\n\r\n");
         assert_eq!(s.output_tokens(), 17);
+    }
+
+    /// The idle wait starts when the gateway asks for more, so a client that reads slowly
+    /// (and so holds the gateway back) does not make a worker look stalled; the first chunk
+    /// is due by its own deadline.
+    #[tokio::test]
+    async fn the_stall_timer_counts_only_the_workers_silence() {
+        use std::time::Duration;
+        use tokio::time::Instant;
+        let idle = Duration::from_millis(100);
+        let mut t = StallTimer::new(Instant::now() + Duration::from_secs(60), idle);
+        t.chunk();
+        tokio::time::sleep(idle * 3).await;
+        let first = std::future::poll_fn(|cx| Poll::Ready(t.poll_stalled(cx))).await;
+        assert!(first.is_pending());
+        let asked = Instant::now();
+        std::future::poll_fn(|cx| t.poll_stalled(cx)).await;
+        let waited = asked.elapsed();
+        assert!(waited >= idle * 9 / 10, "{waited:?}");
+        assert!(waited < Duration::from_secs(5), "{waited:?}");
+
+        let started = Instant::now();
+        let mut t = StallTimer::new(started + idle, Duration::from_secs(60));
+        std::future::poll_fn(|cx| t.poll_stalled(cx)).await;
+        assert!(started.elapsed() < Duration::from_secs(5));
     }
 
     #[test]

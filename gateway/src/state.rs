@@ -32,6 +32,8 @@ pub(crate) struct Settings {
     pub queue_timeout: Duration,
     pub retries: u32,
     pub response_timeout: Duration,
+    /// `upstream.stream_idle_timeout_s`, defaulted to the response timeout.
+    pub stream_idle_timeout: Duration,
     pub health: HealthConfig,
     pub health_interval: Duration,
     pub health_timeout: Duration,
@@ -49,6 +51,12 @@ impl Settings {
             queue_timeout: secs("queue_timeout_s", c.queue_timeout_s)?,
             retries: c.retries,
             response_timeout: secs("upstream.response_timeout_s", c.upstream.response_timeout_s)?,
+            stream_idle_timeout: secs(
+                "upstream.stream_idle_timeout_s",
+                c.upstream
+                    .stream_idle_timeout_s
+                    .unwrap_or(c.upstream.response_timeout_s),
+            )?,
             health: c.health.clone(),
             health_interval: secs("health.interval_s", c.health.interval_s)?,
             health_timeout: secs("health.timeout_s", c.health.timeout_s)?,

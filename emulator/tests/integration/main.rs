@@ -213,7 +213,7 @@ async fn a_lone_request_takes_the_models_time_and_speaks_openai() {
     let (s, text, _) = post(
         &c,
         &format!("{base}/v1/chat/completions"),
-        r#"{"model":"other","messages":[]}"#,
+        r#"{"model":"other","messages":[{"role":"user","content":"x"}]}"#,
     )
     .await;
     assert_eq!(s, 404, "{text}");
@@ -237,7 +237,7 @@ async fn round_trip_and_cold_start_follow_the_model() {
     let _serial = SERIAL.lock().await;
     let p = profile("rtx-pro-6000-27b");
     let c = client();
-    let body = r#"{"model":"gemma-27b","messages":[],"max_tokens":212,"prompt_tokens":600}"#;
+    let body = r#"{"model":"gemma-27b","messages":[{"role":"user","content":"x"}],"max_tokens":212,"prompt_tokens":600}"#;
     let warm_s = 0.1 + 212.0 / 106.0;
 
     // 400 ms round trip at x5: before admission and on the way back

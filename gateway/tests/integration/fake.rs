@@ -1,6 +1,7 @@
 //! A tiny fake OpenAI worker: streams N tokens at a configurable per-request speed, honours
 //! max_tokens / min_tokens / ignore_eos / stream, reports usage, can fail (500, die
-//! mid-stream, unhealthy), can hold customer requests until released, and counts requests.
+//! mid-stream, stall mid-body, unhealthy), can hold customer requests until released, and
+//! counts requests.
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -18,6 +19,10 @@ use tokio::time::Instant;
 pub const MODE_OK: u32 = 0;
 pub const MODE_500: u32 = 1;
 pub const MODE_DIE: u32 = 2;
+/// Send the headers and one body chunk (an SSE event, or the start of the JSON), then nothing
+/// for [`STALL`]: a worker that went silent mid-response.
+pub const MODE_STALL: u32 = 3;
+pub const STALL: Duration = Duration::from_secs(40);
 
 pub struct FakeState {
     /// Per-request tokens/s (f64 bits); 0 = as fast as possible.
@@ -142,6 +147,30 @@ async fn generate(State(st): State<Arc<FakeState>>, body: Bytes) -> Response {
         if st.hold.load(SeqCst) {
             let _ = tokio::time::timeout(Duration::from_secs(20), released).await;
         }
+    }
+    if mode == MODE_STALL {
+        let (content_type, first) = if stream {
+            ("text/event-stream", chunk(0))
+        } else {
+            ("application/json", Bytes::from_static(b"{\"id\":\"c\","))
+        };
+        let body = futures_util::stream::unfold(0u32, move |i| {
+            let first = first.clone();
+            async move {
+                match i {
+                    0 => Some((Ok::<_, std::io::Error>(first), 1)),
+                    1 => {
+                        tokio::time::sleep(STALL).await;
+                        None
+                    }
+                    _ => None,
+                }
+            }
+        });
+        return Response::builder()
+            .header(header::CONTENT_TYPE, content_type)
+            .body(Body::from_stream(body))
+            .unwrap();
     }
     let speed = st.speed();
     let start = Instant::now();

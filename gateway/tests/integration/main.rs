@@ -5,6 +5,7 @@ mod browser;
 mod fake;
 mod harness;
 mod operations;
+mod protocol;
 
 use fake::{FakeWorker, MODE_500, MODE_DIE};
 use harness::*;
