@@ -415,6 +415,29 @@ async fn the_admin_page_pins_a_weight_in_a_real_browser() {
             .await
     );
 
+    // ... and undrain puts it back in service.
+    browser
+        .click(r#"tr[data-worker="b"] button[data-action="undrain"]"#)
+        .await;
+    wait_for("b up again, on the page", SECS_20, async || {
+        browser
+            .text(r#"tr[data-worker="b"] .state"#)
+            .await
+            .as_deref()
+            == Some("up")
+    })
+    .await;
+    let b = admin_worker(&c, &base, "b").await;
+    assert_eq!(
+        (b["state"].as_str(), b["drained"].as_bool()),
+        (Some("up"), Some(false))
+    );
+    assert!(
+        browser
+            .displayed(r#"tr[data-worker="b"] button[data-action="drain"]"#)
+            .await
+    );
+
     // A token typed into the password field replaces the session's; a wrong one gets the API's
     // 401 message on the page.
     browser.type_into("#token", "not-the-token").await;
