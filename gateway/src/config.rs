@@ -46,6 +46,19 @@ pub struct GatewayConfig {
     /// Bearer token of the admin API; none: the admin API answers 401 to everyone.
     #[serde(default)]
     pub admin_token: Option<String>,
+    /// A separate `host:port` for `/admin` (the API and the page); when set, the public
+    /// listener answers 404 to every `/admin` path. None: `/admin` is served on `listen`.
+    #[serde(default)]
+    pub admin_listen: Option<String>,
+    /// How many times faster than wall time the policy's clock runs (probe cache TTL,
+    /// re-probe when idle, live correction cadence, probe throughput). For tests and
+    /// emulations only (an emulation at `--speedup K` runs the gateway at `clock_scale: K`);
+    /// production keeps the default 1.
+    #[serde(default = "default_clock_scale")]
+    pub clock_scale: f64,
+    /// The client-facing HTTP server: read timeouts and the connection cap.
+    #[serde(default)]
+    pub server: ServerConfig,
     /// Largest accepted request body, in bytes (413 above).
     #[serde(default = "default_max_body")]
     pub max_body_bytes: usize,
@@ -72,6 +85,37 @@ pub struct GatewayConfig {
     /// [`GatewayConfig::from_yaml`]), for located errors.
     #[serde(skip, default = "default_origin")]
     origin: String,
+}
+
+/// The client-facing HTTP server (each listener applies it).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// A connection that has not sent a complete request head this long after it opened (or
+    /// after its previous response) is closed: it stops slowloris clients and frees idle
+    /// keep-alive connections.
+    pub header_read_timeout_s: f64,
+    /// A request body not fully received this long after its head is answered 408 and its
+    /// connection closed.
+    pub body_read_timeout_s: f64,
+    /// Open client connections per listener; one more is answered 503 and closed.
+    pub max_connections: u32,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            // A real client writes its whole head at once, in milliseconds; 10 s tolerates a
+            // congested link and still frees a silent socket (or an idle keep-alive one) soon.
+            header_read_timeout_s: 10.0,
+            // A 4 MiB body (the default `max_body_bytes`) takes 30 s only below ~1 Mbit/s.
+            body_read_timeout_s: 30.0,
+            // Well below the usual 65,536 open-file limit of a service (and the gateway needs a
+            // second descriptor per request for the worker), well above what one gateway in
+            // front of a few dozen engines serves at once.
+            max_connections: 4096,
+        }
+    }
 }
 
 /// Upstream connection settings.
@@ -222,6 +266,108 @@ fn default_queue_timeout() -> f64 {
 fn default_retries() -> u32 {
     2
 }
+fn default_clock_scale() -> f64 {
+    1.0
+}
+
+/// Largest `max_body_bytes`: a body is held in memory while it is routed.
+pub const MAX_BODY_BYTES: u64 = 1 << 30;
+/// Largest `retries` (more than any fleet has workers to try).
+pub const MAX_RETRIES: u64 = 100;
+/// Largest `upstream.max_idle_per_worker` (more than a host has ports).
+pub const MAX_IDLE_PER_WORKER: u64 = 65_536;
+/// Largest `server.max_connections`.
+pub const MAX_CONNECTIONS: u64 = 1_000_000;
+/// Bounds of `clock_scale`: beyond them a wall-time period standing for policy time (the probe
+/// poll) would be absurdly long or shorter than a timer tick.
+pub const CLOCK_SCALE_RANGE: (f64, f64) = (1e-3, 1e3);
+
+/// A whole number in `min..=max` (the shared rule), located at `field` of `file`.
+fn whole_in(file: &str, field: &str, n: u64, min: u64, max: u64) -> Result<u64, InputError> {
+    rule::whole(n as f64, min, max).map_err(|e| e.at_field(file, field))
+}
+
+/// What replaces a secret in every message the gateway prints.
+pub const REDACTED: &str = "<redacted>";
+/// The configuration keys whose values are secrets.
+const SECRET_KEYS: [&str; 1] = ["admin_token"];
+
+/// The values given to secret keys in YAML `text`, as well as a scanner can tell without
+/// parsing (the text may be the invalid document an error is about): `key: value`,
+/// `key: "value"`, `key: 'value'`, also inside a flow mapping.
+fn secret_values(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for key in SECRET_KEYS {
+        for (at, _) in text.match_indices(key) {
+            let rest = text[at + key.len()..].trim_start_matches(['"', '\'']);
+            let Some(rest) = rest.trim_start_matches([' ', '\t']).strip_prefix(':') else {
+                continue;
+            };
+            let rest = rest.trim_start_matches([' ', '\t']);
+            let value = match rest.chars().next() {
+                Some(q @ ('"' | '\'')) => rest[1..].split(q).next().unwrap_or(""),
+                _ => {
+                    let line = rest.lines().next().unwrap_or("");
+                    // A plain scalar ends at a comment or, in a flow mapping, at `,` or `}`.
+                    let end = line
+                        .find(" #")
+                        .into_iter()
+                        .chain(line.find([',', '}']))
+                        .min()
+                        .unwrap_or(line.len());
+                    line[..end].trim()
+                }
+            };
+            if !value.is_empty() && !found.iter().any(|v| v == value) {
+                found.push(value.to_string());
+            }
+        }
+    }
+    // Longest first, so that a value containing another is replaced whole.
+    found.sort_by_key(|v| std::cmp::Reverse(v.len()));
+    found
+}
+
+/// `text` with every secret value replaced and the rest of every line naming a secret key
+/// after its `:` hidden.
+fn redact_text(text: &str, secrets: &[String]) -> String {
+    let mut out = text.to_string();
+    for secret in secrets {
+        out = out.replace(secret.as_str(), REDACTED);
+    }
+    let lines: Vec<String> = out
+        .split('\n')
+        .map(|line| {
+            let Some(at) = SECRET_KEYS
+                .iter()
+                .filter_map(|k| line.find(k).map(|i| i + k.len()))
+                .min()
+            else {
+                return line.to_string();
+            };
+            match line[at..].find(':') {
+                Some(colon) if !line[at + colon + 1..].trim().is_empty() => {
+                    format!("{}: {REDACTED}", &line[..at + colon])
+                }
+                _ => line.to_string(),
+            }
+        })
+        .collect();
+    lines.join("\n")
+}
+
+/// An error about configuration `text` with its secrets redacted in the message, the field,
+/// what would be valid and the parser's snippet (all printed).
+pub(crate) fn redact_error(mut e: InputError, text: &str) -> InputError {
+    let secrets = secret_values(text);
+    e.message = redact_text(&e.message, &secrets);
+    e.field = redact_text(&e.field, &secrets);
+    e.valid = e.valid.map(|v| redact_text(&v, &secrets).into_boxed_str());
+    e.snippet = e
+        .snippet
+        .map(|s| redact_text(&s, &secrets).into_boxed_str());
+    e
+}
 
 /// Seconds (validated finite and ≥ 0) as a duration; `file` and `field` locate an error.
 pub(crate) fn secs(file: &str, field: &str, v: f64) -> Result<Duration, InputError> {
@@ -231,11 +377,15 @@ pub(crate) fn secs(file: &str, field: &str, v: f64) -> Result<Duration, InputErr
 
 impl GatewayConfig {
     /// Parse YAML text; `origin` names the file in errors.
+    /// Errors never show the secrets the text holds (`admin_token`).
     pub fn from_yaml(text: &str, origin: &str) -> Result<GatewayConfig, InputError> {
-        let mut cfg: GatewayConfig = parse_yaml(text, origin)?;
-        cfg.origin = origin.to_string();
-        cfg.validate()?;
-        Ok(cfg)
+        let parse = || {
+            let mut cfg: GatewayConfig = parse_yaml(text, origin)?;
+            cfg.origin = origin.to_string();
+            cfg.validate()?;
+            Ok(cfg)
+        };
+        parse().map_err(|e| redact_error(e, text))
     }
 
     /// Read and parse a YAML file.
@@ -271,11 +421,75 @@ impl GatewayConfig {
         ] {
             secs(file, field, v)?;
         }
-        // A poll loop needs a period a timer can keep (1e-12 s panicked the probe task).
-        rule::period(self.probe.poll_interval_s)
-            .map_err(|e| e.at_field(file, "probe.poll_interval_s"))?;
-        if self.max_body_bytes == 0 {
-            return Err(InputError::new(file, "max_body_bytes", "must be > 0"));
+        // Periods of timers and timeouts that must not be 0: a poll loop needs a period a
+        // timer can keep (1e-12 s panicked the probe task); a read timeout of 0 would close
+        // every connection.
+        for (field, v) in [
+            ("probe.poll_interval_s", self.probe.poll_interval_s),
+            (
+                "server.header_read_timeout_s",
+                self.server.header_read_timeout_s,
+            ),
+            (
+                "server.body_read_timeout_s",
+                self.server.body_read_timeout_s,
+            ),
+        ] {
+            rule::period(v).map_err(|e| e.at_field(file, field))?;
+        }
+        let (min_scale, max_scale) = CLOCK_SCALE_RANGE;
+        if !(self.clock_scale.is_finite() && (min_scale..=max_scale).contains(&self.clock_scale)) {
+            return Err(InputError::new(
+                file,
+                "clock_scale",
+                format!(
+                    "{} is not valid; expected a finite number from {min_scale} to {max_scale} (1 in production)",
+                    self.clock_scale
+                ),
+            ));
+        }
+        whole_in(
+            file,
+            "max_body_bytes",
+            self.max_body_bytes as u64,
+            1,
+            MAX_BODY_BYTES,
+        )?;
+        whole_in(file, "retries", u64::from(self.retries), 0, MAX_RETRIES)?;
+        whole_in(
+            file,
+            "upstream.max_idle_per_worker",
+            self.upstream.max_idle_per_worker as u64,
+            0,
+            MAX_IDLE_PER_WORKER,
+        )?;
+        whole_in(
+            file,
+            "server.max_connections",
+            u64::from(self.server.max_connections),
+            1,
+            MAX_CONNECTIONS,
+        )?;
+        for (field, n) in [
+            ("health.unhealthy_after", self.health.unhealthy_after),
+            ("health.healthy_after", self.health.healthy_after),
+        ] {
+            rule::count(n).map_err(|e| e.at_field(file, field))?;
+        }
+        for (field, addr) in [
+            ("listen", Some(&self.listen)),
+            ("admin_listen", self.admin_listen.as_ref()),
+        ] {
+            if let Some(addr) = addr {
+                check_listen_address(file, field, addr)?;
+            }
+        }
+        // Port 0 picks a free port for each, so only a fixed port can collide.
+        if self.admin_listen.as_ref() == Some(&self.listen) && !self.listen.ends_with(":0") {
+            return Err(
+                InputError::new(file, "admin_listen", "must differ from `listen`")
+                    .valid("another host:port, or no admin_listen to serve /admin on `listen`"),
+            );
         }
         if !self.health.path.starts_with('/') {
             return Err(InputError::new(file, "health.path", "must start with `/`")
@@ -289,6 +503,18 @@ impl GatewayConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// `host:port` with a port number (the host is resolved when binding).
+fn check_listen_address(file: &str, field: &str, addr: &str) -> Result<(), InputError> {
+    let port = addr.rsplit_once(':').map(|(_, p)| p.parse::<u16>());
+    match port {
+        Some(Ok(_)) => Ok(()),
+        _ => Err(
+            InputError::new(file, field, format!("`{addr}` is not a host:port address"))
+                .valid("host:port, e.g. 127.0.0.1:8081 (port 0 picks a free port)"),
+        ),
     }
 }
 
