@@ -287,6 +287,55 @@ fn whole_in(file: &str, field: &str, n: u64, min: u64, max: u64) -> Result<u64, 
     rule::whole(n as f64, min, max).map_err(|e| e.at_field(file, field))
 }
 
+/// What a numeric field accepts, in the words of the shared rules, for the parser's type
+/// errors ("invalid u32" at `retries: -1`), which do not say it.
+fn valid_number(field: &str) -> Option<String> {
+    let whole = |min: u64, max: u64| format!("a whole number from {min} to {max}");
+    let seconds = format!(
+        "a finite number of seconds from 0 to {:e}",
+        rule::MAX_SECONDS
+    );
+    let period = format!(
+        "a number of seconds from {:e} to {:e}",
+        rule::MIN_PERIOD_SECONDS,
+        rule::MAX_SECONDS
+    );
+    let (min_scale, max_scale) = CLOCK_SCALE_RANGE;
+    Some(match field {
+        "seed" => whole(0, u64::MAX),
+        "max_body_bytes" => whole(1, MAX_BODY_BYTES),
+        "retries" => whole(0, MAX_RETRIES),
+        "upstream.max_idle_per_worker" => whole(0, MAX_IDLE_PER_WORKER),
+        "server.max_connections" => whole(1, MAX_CONNECTIONS),
+        "health.unhealthy_after" | "health.healthy_after" => whole(1, u32::MAX.into()),
+        "queue_timeout_s" => seconds,
+        "health.interval_s" => format!("0 (no health checks) or {period}"),
+        "upstream.connect_timeout_s"
+        | "upstream.response_timeout_s"
+        | "health.timeout_s"
+        | "probe.poll_interval_s"
+        | "probe.request_timeout_s"
+        | "server.header_read_timeout_s"
+        | "server.body_read_timeout_s" => period,
+        "clock_scale" => format!("a finite number from {min_scale} to {max_scale}"),
+        f if f.starts_with("workers[") && f.ends_with("].context_window") => {
+            whole(1, u32::MAX.into())
+        }
+        _ => return None,
+    })
+}
+
+/// A parser error about a numeric field, with what the field accepts.
+fn with_valid_number(e: InputError) -> InputError {
+    if e.valid.is_some() || e.message.contains("expected") {
+        return e;
+    }
+    match valid_number(&e.field) {
+        Some(valid) => e.valid(valid),
+        None => e,
+    }
+}
+
 /// What replaces a secret in every message the gateway prints.
 pub const REDACTED: &str = "<redacted>";
 /// The configuration keys whose values are secrets.
@@ -385,7 +434,7 @@ impl GatewayConfig {
             cfg.validate()?;
             Ok(cfg)
         };
-        parse().map_err(|e| redact_error(e, text))
+        parse().map_err(|e| redact_error(with_valid_number(e), text))
     }
 
     /// Read and parse a YAML file.
@@ -404,38 +453,45 @@ impl GatewayConfig {
     pub fn validate(&self) -> Result<(), InputError> {
         let file = self.origin.as_str();
         self.policy.build_in(file, "policy")?;
+        // 0 has a meaning for these: do not wait in the queue; no health checks.
         for (field, v) in [
             ("queue_timeout_s", self.queue_timeout_s),
-            (
-                "upstream.connect_timeout_s",
-                self.upstream.connect_timeout_s,
-            ),
-            (
-                "upstream.response_timeout_s",
-                self.upstream.response_timeout_s,
-            ),
             ("health.interval_s", self.health.interval_s),
-            ("health.timeout_s", self.health.timeout_s),
-            ("probe.poll_interval_s", self.probe.poll_interval_s),
-            ("probe.request_timeout_s", self.probe.request_timeout_s),
         ] {
             secs(file, field, v)?;
         }
-        // Periods of timers and timeouts that must not be 0: a poll loop needs a period a
-        // timer can keep (1e-12 s panicked the probe task); a read timeout of 0 would close
-        // every connection.
+        // The others are timeouts and timer periods, and so is a non-zero health interval: 0
+        // would fail every request or close every connection, and a timer loop needs a period
+        // it can keep (a probe poll of 1e-12 s panicked the probe task).
+        let health_interval = (self.health.interval_s != 0.0).then_some(self.health.interval_s);
         for (field, v) in [
-            ("probe.poll_interval_s", self.probe.poll_interval_s),
+            (
+                "upstream.connect_timeout_s",
+                Some(self.upstream.connect_timeout_s),
+            ),
+            (
+                "upstream.response_timeout_s",
+                Some(self.upstream.response_timeout_s),
+            ),
+            ("health.interval_s", health_interval),
+            ("health.timeout_s", Some(self.health.timeout_s)),
+            ("probe.poll_interval_s", Some(self.probe.poll_interval_s)),
+            (
+                "probe.request_timeout_s",
+                Some(self.probe.request_timeout_s),
+            ),
             (
                 "server.header_read_timeout_s",
-                self.server.header_read_timeout_s,
+                Some(self.server.header_read_timeout_s),
             ),
             (
                 "server.body_read_timeout_s",
-                self.server.body_read_timeout_s,
+                Some(self.server.body_read_timeout_s),
             ),
         ] {
-            rule::period(v).map_err(|e| e.at_field(file, field))?;
+            if let Some(v) = v {
+                rule::period(v).map_err(|e| e.at_field(file, field))?;
+            }
         }
         let (min_scale, max_scale) = CLOCK_SCALE_RANGE;
         if !(self.clock_scale.is_finite() && (min_scale..=max_scale).contains(&self.clock_scale)) {
@@ -596,6 +652,100 @@ mod tests {
             assert_eq!(e.field, field, "{yaml}: {e}");
             assert!(e.message.contains("expected"), "{e}");
         }
+    }
+
+    /// Regression: a parse error printed the surrounding YAML, `admin_token` included.
+    #[test]
+    fn config_errors_never_show_the_admin_token() {
+        for yaml in [
+            "admin_token: hunter2-plain\nbogus: 1\n",
+            "admin_token: \"hunter2 quoted\"  # the token\nlisten: [oops\n",
+            "seed: 1\nadmin_token: 'hunter2-single'\nretries: -3\n",
+            "{seed: 1, admin_token: hunter2-flow, bogus: 2}\n",
+            "admin_token: hunter2-typed\nqueue_timeout_s: soon\n",
+            "admin_token: [hunter2-in-a-list]\n",
+        ] {
+            let e = GatewayConfig::from_yaml(yaml, "g.yaml").unwrap_err();
+            let shown = format!("{e} {e:?}");
+            assert!(!shown.contains("hunter2"), "{yaml}: {shown}");
+            // The error still says where and what.
+            assert!(e.to_string().starts_with("g.yaml"), "{e}");
+        }
+        // The snippet is kept, with the value hidden.
+        let e = GatewayConfig::from_yaml("admin_token: hunter2-plain\nbogus: 1\n", "g.yaml")
+            .unwrap_err();
+        let snippet = e.snippet.as_deref().unwrap_or("");
+        assert!(snippet.contains("admin_token: <redacted>"), "{snippet}");
+        assert!(snippet.contains("bogus"), "{snippet}");
+    }
+
+    /// Regression: numbers that passed `--check` and broke the gateway (a spinning timer, a
+    /// 0 timeout failing everything, absurd sizes) are located errors naming what is valid.
+    #[test]
+    fn every_number_out_of_range_is_a_located_error() {
+        for (yaml, field) in [
+            ("max_body_bytes: 0\n", "max_body_bytes"),
+            ("max_body_bytes: 1099511627776\n", "max_body_bytes"),
+            ("retries: 4000000000\n", "retries"),
+            ("retries: -1\n", "retries"),
+            ("seed: -1\n", "seed"),
+            ("seed: 1e300\n", "seed"),
+            (
+                "upstream: {max_idle_per_worker: 1000000000}\n",
+                "upstream.max_idle_per_worker",
+            ),
+            (
+                "upstream: {connect_timeout_s: 0}\n",
+                "upstream.connect_timeout_s",
+            ),
+            (
+                "upstream: {response_timeout_s: .nan}\n",
+                "upstream.response_timeout_s",
+            ),
+            ("health: {interval_s: 1e-9}\n", "health.interval_s"),
+            ("health: {timeout_s: -.inf}\n", "health.timeout_s"),
+            ("health: {unhealthy_after: 0}\n", "health.unhealthy_after"),
+            ("health: {healthy_after: 0}\n", "health.healthy_after"),
+            (
+                "probe: {request_timeout_s: 1e300}\n",
+                "probe.request_timeout_s",
+            ),
+            (
+                "server: {header_read_timeout_s: 0}\n",
+                "server.header_read_timeout_s",
+            ),
+            (
+                "server: {body_read_timeout_s: 1e-300}\n",
+                "server.body_read_timeout_s",
+            ),
+            ("server: {max_connections: 0}\n", "server.max_connections"),
+            (
+                "server: {max_connections: 1e300}\n",
+                "server.max_connections",
+            ),
+            ("clock_scale: 0\n", "clock_scale"),
+            ("clock_scale: .inf\n", "clock_scale"),
+            ("clock_scale: 1e-300\n", "clock_scale"),
+            ("clock_scale: 1e6\n", "clock_scale"),
+            ("admin_listen: nowhere\n", "admin_listen"),
+            (
+                "listen: 127.0.0.1:8080\nadmin_listen: 127.0.0.1:8080\n",
+                "admin_listen",
+            ),
+        ] {
+            let e = GatewayConfig::from_yaml(yaml, "g.yaml").unwrap_err();
+            assert_eq!(e.field, field, "{yaml}: {e}");
+            // What would be valid: in the message (the shared rules, the parser's "invalid
+            // value … expected …") or in `valid`.
+            assert!(
+                e.message.contains("expected") || e.valid.is_some(),
+                "{yaml}: {e}"
+            );
+        }
+        // The bounds themselves are valid.
+        let edge = "max_body_bytes: 1073741824\nretries: 100\nclock_scale: 1000\n\
+                    health: {interval_s: 0}\nserver: {max_connections: 1000000}\n";
+        GatewayConfig::from_yaml(edge, "g.yaml").unwrap();
     }
 
     #[test]
