@@ -452,7 +452,10 @@ impl GatewayConfig {
     /// Check everything that does not need the network.
     pub fn validate(&self) -> Result<(), InputError> {
         let file = self.origin.as_str();
-        self.policy.build_in(file, "policy")?;
+        let policy = self.policy.build_in(file, "policy")?;
+        if let routelab_policies::WeightsConfig::Probe(probe) = &policy.weights {
+            check_probe_shape(file, probe)?;
+        }
         // 0 has a meaning for these: do not wait in the queue; no health checks.
         for (field, v) in [
             ("queue_timeout_s", self.queue_timeout_s),
@@ -560,6 +563,36 @@ impl GatewayConfig {
         }
         Ok(())
     }
+}
+
+/// Largest probe burst the gateway sends: one task and one connection per request.
+pub const MAX_PROBE_CONCURRENCY: u64 = 1024;
+/// Largest probe prompt, in tokens: the body (≈ 4 bytes a token) is built in memory, and a
+/// million tokens is beyond any engine's context window.
+pub const MAX_PROBE_PROMPT_TOKENS: u64 = 1 << 20;
+
+/// The probe's shape as the gateway's HTTP runner can send it. The policy crate accepts any
+/// count (the simulator's probes are fluid traffic); a burst of 4e9 requests, or a prompt of
+/// 4e9 tokens, would exhaust the gateway's memory.
+fn check_probe_shape(
+    file: &str,
+    probe: &routelab_policies::weights::ProbeConfig,
+) -> Result<(), InputError> {
+    whole_in(
+        file,
+        "policy.weights.concurrency",
+        u64::from(probe.concurrency),
+        1,
+        MAX_PROBE_CONCURRENCY,
+    )?;
+    whole_in(
+        file,
+        "policy.weights.prompt_tokens",
+        u64::from(probe.prompt_tokens),
+        1,
+        MAX_PROBE_PROMPT_TOKENS,
+    )?;
+    Ok(())
 }
 
 /// `host:port` with a port number (the host is resolved when binding).
@@ -728,6 +761,14 @@ mod tests {
             ("clock_scale: 1e-300\n", "clock_scale"),
             ("clock_scale: 1e6\n", "clock_scale"),
             ("admin_listen: nowhere\n", "admin_listen"),
+            (
+                "policy: {preset: seed-v3, weights: {kind: probe, concurrency: 4000000000}}\n",
+                "policy.weights.concurrency",
+            ),
+            (
+                "policy: {preset: seed-v3, weights: {kind: probe, prompt_tokens: 4000000000}}\n",
+                "policy.weights.prompt_tokens",
+            ),
             (
                 "listen: 127.0.0.1:8080\nadmin_listen: 127.0.0.1:8080\n",
                 "admin_listen",

@@ -2,6 +2,7 @@
 //! ports; every wait is bounded.
 
 mod fake;
+mod hardening;
 mod harness;
 
 use fake::{FakeWorker, MODE_500, MODE_DIE};
