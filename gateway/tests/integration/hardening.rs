@@ -309,6 +309,17 @@ fn check_exits_2_on_numbers_that_would_break_the_gateway() {
         ("server: {max_connections: 0}\n", "server.max_connections"),
         ("retries: 1e300\n", "retries"),
         ("max_body_bytes: -4\n", "max_body_bytes"),
+        // These passed `--check` before, then spun a timer, failed every request, or made
+        // the probe runner spawn 4e9 tasks.
+        ("health: {interval_s: 1e-9}\n", "health.interval_s"),
+        (
+            "upstream: {connect_timeout_s: 0}\n",
+            "upstream.connect_timeout_s",
+        ),
+        (
+            "policy: {preset: seed-v3, weights: {kind: probe, concurrency: 4000000000}}\n",
+            "policy.weights.concurrency",
+        ),
     ] {
         let file = dir.join("g.yaml");
         std::fs::write(&file, format!("admin_token: {TOKEN}\n{yaml}")).unwrap();
