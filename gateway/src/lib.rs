@@ -10,6 +10,10 @@
 //! - `GET /v1/models`: the union of the workers' models.
 //! - `GET /metrics`: Prometheus text ([`metrics`]); `GET /health`: the gateway itself.
 //! - `/admin/...`: workers, drain, pins, re-probe, behind a bearer token ([`admin`]).
+//!   With `admin_listen` it is served on a listener of its own, and the public one answers 404.
+//!
+//! The HTTP server is our own accept loop ([`server`]): header and body read timeouts and a
+//! connection cap per listener, graceful shutdown.
 //!
 //! Background tasks run the burst probe ([`probe`]) and the health checks ([`health`]); the
 //! probe cache and pins are persisted atomically in a state file ([`persist`]).
