@@ -257,6 +257,8 @@ pub(crate) async fn serve(
         });
     }
     // Every connection holds a slot until it closes: all slots back means all closed.
+    // New clients are refused from now on, rather than left waiting in the backlog.
+    drop(listener);
     let _all_closed = slots.acquire_many(limits.max_connections).await;
 }
 

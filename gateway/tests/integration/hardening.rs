@@ -553,3 +553,57 @@ proptest! {
         }
     }
 }
+
+/// The accept loop keeps `axum::serve`'s graceful shutdown: a request in flight finishes, new
+/// connections are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_the_request_in_flight_finish_and_stops_accepting() {
+    let w = FakeWorker::start(0.0).await;
+    w.state
+        .hold
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let gw = start(&config(
+        "seed-v1",
+        "",
+        &[worker("a", &w.url, "m", &[], 4096)],
+    ))
+    .await;
+    let addr = gw.local_addr();
+    let url = format!("http://{addr}/v1/chat/completions");
+    let in_flight = tokio::spawn(async move {
+        send(
+            &client(),
+            Method::POST,
+            &url,
+            None,
+            chat_body("m", "hi", 4, true),
+        )
+        .await
+    });
+    wait_for("the request at the worker", SECS_10, async || {
+        w.requests() == 1
+    })
+    .await;
+    let stopping = tokio::spawn(gw.shutdown());
+    // The listener closes; the request is still held at the worker.
+    wait_for("the listener to close", SECS_10, async || {
+        // Bounded: a connection left in a backlog would wait for the kernel's retries.
+        matches!(
+            tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(addr)).await,
+            Ok(Err(_))
+        )
+    })
+    .await;
+    assert!(
+        !stopping.is_finished(),
+        "shut down with a request in flight"
+    );
+    w.state.release();
+    let a = in_flight.await.unwrap();
+    assert_eq!(a.status, StatusCode::OK);
+    assert!(a.text().contains("[DONE]"), "{}", a.text());
+    tokio::time::timeout(SECS_10, stopping)
+        .await
+        .expect("shut down within 10 s once the request finished")
+        .unwrap();
+}
