@@ -181,7 +181,8 @@ impl http_body::Body for DeadlineBody {
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         let this = self.get_mut();
         if this.timed_out.load(Relaxed) {
-            return Poll::Ready(None);
+            // Never an end of stream: that would pass a truncated body off as whole.
+            return Poll::Ready(Some(Err(axum::Error::new(BodyReadTimeout(this.limit)))));
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(frame) => Poll::Ready(frame),
