@@ -418,7 +418,7 @@ fn config_with(values: &[(usize, String)]) -> String {
             .map(|(_, v)| v.clone())
             .unwrap_or_else(|| default.to_string())
     };
-    let mut yaml = String::from("listen: 127.0.0.1:0\nadmin_token: t\n");
+    let mut yaml = String::from("listen: 127.0.0.1:0\nadmin_token: prop-admin-token\n");
     for top in [
         "seed",
         "max_body_bytes",
@@ -529,6 +529,7 @@ proptest! {
             Err(e) => {
                 prop_assert_eq!(e.file.as_str(), "prop.yaml");
                 prop_assert!(!e.field.is_empty(), "unlocated: {e}");
+                prop_assert!(!format!("{e:?}").contains("prop-admin-token"), "{e}");
             }
             Ok(cfg) => {
                 let started = runtime().block_on(async move {
