@@ -257,9 +257,9 @@ pub(crate) async fn serve(
             drop(slot);
         });
     }
-    // Every connection holds a slot until it closes: all slots back means all closed.
     // New clients are refused from now on, rather than left waiting in the backlog.
     drop(listener);
+    // Every connection holds a slot until it closes: all slots back means all closed.
     let _all_closed = slots.acquire_many(limits.max_connections).await;
 }
 
