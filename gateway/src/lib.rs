@@ -10,6 +10,10 @@
 //! - `GET /v1/models`: the union of the workers' models.
 //! - `GET /metrics`: Prometheus text ([`metrics`]); `GET /health`: the gateway itself.
 //! - `/admin/...`: workers, drain, pins, re-probe, behind a bearer token ([`admin`]).
+//!   With `admin_listen` it is served on a listener of its own, and the public one answers 404.
+//!
+//! The HTTP server is our own accept loop ([`server`]): header and body read timeouts and a
+//! connection cap per listener, graceful shutdown.
 //!
 //! Background tasks run the burst probe ([`probe`]) and the health checks ([`health`]); the
 //! probe cache and pins are persisted atomically in a state file ([`persist`]).
@@ -35,6 +39,7 @@ pub mod persist;
 pub mod probe;
 pub mod prompt;
 pub mod proxy;
+pub mod server;
 mod state;
 pub mod upstream;
 
@@ -49,14 +54,34 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use routelab_policies::{Router, WorkerId};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+/// Secrets (the admin token) of every gateway started in this process: [`log`] never prints
+/// them, whatever a caller passes.
+static SECRETS: RwLock<Vec<String>> = RwLock::new(Vec::new());
+
+/// Never print `secret` in a log line.
+fn register_secret(secret: &str) {
+    if secret.is_empty() {
+        return;
+    }
+    let mut secrets = SECRETS.write().unwrap_or_else(|p| p.into_inner());
+    if !secrets.iter().any(|s| s == secret) {
+        secrets.push(secret.to_string());
+    }
+}
+
 /// Write one structured log line to stderr: `ts=<unix s> event=<event> key=value ...`
-/// (logfmt; values with spaces or quotes are quoted).
+/// (logfmt; values with spaces or quotes are quoted). Registered secrets are replaced by
+/// `<redacted>`.
 pub fn log(event: &str, fields: &[(&str, &str)]) {
+    eprintln!("{}", log_line(event, fields));
+}
+
+fn log_line(event: &str, fields: &[(&str, &str)]) -> String {
     use std::fmt::Write as _;
     let ts = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -73,7 +98,13 @@ pub fn log(event: &str, fields: &[(&str, &str)]) {
             let _ = write!(line, " {k}={v}");
         }
     }
-    eprintln!("{line}");
+    let secrets = SECRETS.read().unwrap_or_else(|p| p.into_inner());
+    for secret in secrets.iter() {
+        if line.contains(secret.as_str()) {
+            line = line.replace(secret.as_str(), config::REDACTED);
+        }
+    }
+    line
 }
 
 /// Write the probe cache and pins to the state file (if configured), atomically; a failure is
@@ -111,9 +142,11 @@ pub(crate) async fn write_state(
 /// without a graceful shutdown — as a `SIGKILL` would, short of the process exit.
 pub struct RunningGateway {
     addr: SocketAddr,
-    shutdown: Option<oneshot::Sender<()>>,
+    admin_addr: Option<SocketAddr>,
+    shutdown: Option<watch::Sender<bool>>,
     server: Option<JoinHandle<()>>,
     tasks: Vec<JoinHandle<()>>,
+    connections: Arc<server::ConnectionStats>,
 }
 
 impl RunningGateway {
@@ -122,10 +155,20 @@ impl RunningGateway {
         self.addr
     }
 
+    /// Where `/admin` is served when `admin_listen` is set (else on [`Self::local_addr`]).
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
+    }
+
+    /// Client connection counters (open, rejected at the cap).
+    pub fn connections(&self) -> &server::ConnectionStats {
+        &self.connections
+    }
+
     /// Stop accepting, let in-flight requests finish, stop the background tasks.
     pub async fn shutdown(mut self) {
         if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
+            let _ = tx.send(true);
         }
         if let Some(server) = self.server.take() {
             let _ = server.await;
@@ -159,7 +202,7 @@ impl Drop for RunningGateway {
 /// Build the router, restore the state file, register the configured workers.
 fn build(config: &GatewayConfig, settings: Settings) -> Result<Arc<Shared>, GatewayError> {
     let policy = config.policy.build_in(config.origin(), "policy")?;
-    let clock = clock::Clock::new();
+    let clock = clock::Clock::scaled(config.clock_scale);
     let mut router = Router::new(policy);
     if let Some(path) = &config.state_file
         && let Some(state) = persist::load(path, &clock, persist::pin_range(router.config()))?
@@ -229,8 +272,11 @@ fn app(shared: Arc<Shared>) -> HttpRouter {
         .with_state(shared)
 }
 
-async fn metrics_handler(State(s): State<Arc<Shared>>) -> axum::response::Response {
-    let text = {
+async fn metrics_handler(
+    State(s): State<Arc<Shared>>,
+    connections: Option<axum::Extension<Arc<server::ConnectionStats>>>,
+) -> axum::response::Response {
+    let mut text = {
         let core = s.core();
         let rows: Vec<metrics::WorkerRow<'_>> = core
             .workers
@@ -256,6 +302,10 @@ async fn metrics_handler(State(s): State<Arc<Shared>>) -> axum::response::Respon
             .collect();
         metrics::render(&rows, core.router.queued(), &s.global)
     };
+    // The listeners' counters live with the accept loop (server.rs), outside `Shared`.
+    if let Some(axum::Extension(connections)) = connections {
+        text.push_str(&connections.render());
+    }
     (
         [(
             axum::http::header::CONTENT_TYPE,
@@ -278,28 +328,67 @@ pub async fn start(config: GatewayConfig) -> Result<RunningGateway, GatewayError
     start_on(config, listener).await
 }
 
-/// Start on an already bound listener (tests bind port 0).
+/// Start on an already bound listener (tests bind port 0); `admin_listen`, when set, is bound
+/// here.
 pub async fn start_on(
     config: GatewayConfig,
     listener: TcpListener,
 ) -> Result<RunningGateway, GatewayError> {
     config.validate()?;
+    if let Some(token) = &config.admin_token {
+        register_secret(token);
+    }
     let settings = Settings::from_config(&config)?;
+    let limits = settings.server;
     let shared = build(&config, settings)?;
     let addr = listener.local_addr().map_err(GatewayError::LocalAddr)?;
-    let (tx, rx) = oneshot::channel::<()>();
-    let app = app(shared.clone());
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
+    let admin_listener = match &config.admin_listen {
+        Some(admin) => {
+            Some(
+                TcpListener::bind(admin)
+                    .await
+                    .map_err(|error| GatewayError::Listen {
+                        addr: admin.clone(),
+                        error,
+                    })?,
+            )
+        }
+        None => None,
+    };
+    let admin_addr = match &admin_listener {
+        Some(l) => Some(l.local_addr().map_err(GatewayError::LocalAddr)?),
+        None => None,
+    };
+    let connections = Arc::new(server::ConnectionStats::default());
+    let routes = app(shared.clone()).layer(axum::Extension(connections.clone()));
+    let (tx, rx) = watch::channel(false);
+    let public_scope = if admin_listener.is_some() {
+        server::Scope::Public
+    } else {
+        server::Scope::All
+    };
+    let public = server::serve(
+        listener,
+        server::scoped(routes.clone(), public_scope, limits),
+        limits,
+        connections.clone(),
+        rx.clone(),
+    );
+    let admin = admin_listener.map(|l| {
+        server::serve(
+            l,
+            server::scoped(routes, server::Scope::Admin, limits),
+            limits,
+            connections.clone(),
+            rx,
+        )
     });
     let server = tokio::spawn(async move {
-        let r = axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = rx.await;
-            })
-            .await;
-        if let Err(e) = r {
-            log("server_error", &[("error", &e.to_string())]);
+        match admin {
+            Some(admin) => {
+                tokio::join!(public, admin);
+            }
+            None => public.await,
         }
     });
     let mut tasks = vec![tokio::spawn(probe::run(shared.clone()))];
@@ -310,14 +399,52 @@ pub async fn start_on(
         "started",
         &[
             ("listen", &addr.to_string()),
+            (
+                "admin_listen",
+                &admin_addr.map(|a| a.to_string()).unwrap_or_default(),
+            ),
             ("policy", &shared.core().router.config().name.clone()),
             ("workers", &config.workers.len().to_string()),
         ],
     );
+    if config.clock_scale != 1.0 {
+        log(
+            "clock_scaled",
+            &[
+                ("scale", &config.clock_scale.to_string()),
+                (
+                    "warning",
+                    "policy time runs faster than wall time: for tests and emulations only",
+                ),
+            ],
+        );
+    }
     Ok(RunningGateway {
         addr,
+        admin_addr,
         shutdown: Some(tx),
         server: Some(server),
         tasks,
+        connections,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_lines_never_show_a_registered_secret() {
+        register_secret("s3cr3t-for-the-log-test");
+        let line = log_line(
+            "auth_failed",
+            &[
+                ("header", "Bearer s3cr3t-for-the-log-test"),
+                ("peer", "127.0.0.1:9"),
+            ],
+        );
+        assert!(!line.contains("s3cr3t"), "{line}");
+        assert!(line.contains("<redacted>"), "{line}");
+        assert!(line.contains("peer=127.0.0.1:9"), "{line}");
+    }
 }

@@ -26,6 +26,12 @@ fn main() -> std::process::ExitCode {
         }
     };
     if args.check {
+        if config.clock_scale != 1.0 {
+            eprintln!(
+                "warning: clock_scale is {}: policy time runs faster than wall time; for tests and emulations only",
+                config.clock_scale
+            );
+        }
         println!(
             "{}: ok ({} workers)",
             args.config.display(),

@@ -4,9 +4,10 @@
 //! burst of `concurrency` concurrent non-streaming chat requests with `max_tokens` =
 //! `min_tokens` = T and `ignore_eos: true`, sent straight to the worker: not routed, not counted
 //! in the router's load counters nor in the request metrics. Throughput = total output tokens
-//! (from `usage`, else T per request) ÷ wall time from the first request sent to the last
-//! response received. Any error or non-2xx answer makes the burst `ok: false`. Warm-up orders
-//! are ordinary orders: the policy crate sequences them.
+//! (from `usage`, else T per request) ÷ the time from the first request sent to the last
+//! response received, in policy time (wall time × `clock_scale`). Any error or non-2xx answer
+//! makes the burst `ok: false`. Warm-up orders are ordinary orders: the policy crate sequences
+//! them.
 
 use crate::state::Shared;
 use bytes::Bytes;
@@ -15,7 +16,7 @@ use hyper::Uri;
 use routelab_policies::{ProbeOrder, ProbePhase, ProbeResult};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 
 struct Job {
@@ -25,9 +26,14 @@ struct Job {
     name: String,
 }
 
+/// The shortest wall-time poll period: `probe.poll_interval_s` is policy time, shortened by
+/// `clock_scale`, and a timer cannot usefully fire more often than this.
+const MIN_WALL_POLL: Duration = Duration::from_millis(1);
+
 /// The probe loop; runs until aborted (its bursts are aborted with it).
 pub(crate) async fn run(s: Arc<Shared>) {
-    let mut ticker = tokio::time::interval(s.settings.probe_poll);
+    let poll = s.clock.to_wall(s.settings.probe_poll).max(MIN_WALL_POLL);
+    let mut ticker = tokio::time::interval(poll);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut orders = Vec::new();
     let mut bursts = JoinSet::new();
@@ -157,7 +163,9 @@ async fn burst(s: Arc<Shared>, job: Job) {
         order: o.id,
         worker: o.worker,
         output_tokens: tokens,
-        wall,
+        // In policy time, so that the throughput is too: an emulator at `--speedup K` behind
+        // a gateway at `clock_scale: K` is measured at its emulated tok/s.
+        wall: s.clock.to_policy(wall),
         ok: error.is_none(),
     };
     let tp = result.throughput_tok_s();

@@ -41,6 +41,8 @@ pub(crate) struct Settings {
     pub probe_timeout: Duration,
     pub state_file: Option<PathBuf>,
     pub admin_token: Option<String>,
+    /// The client-facing server's limits (`server.*`).
+    pub server: crate::server::Limits,
 }
 
 impl Settings {
@@ -64,6 +66,17 @@ impl Settings {
             probe_timeout: secs("probe.request_timeout_s", c.probe.request_timeout_s)?,
             state_file: c.state_file.clone(),
             admin_token: c.admin_token.clone().filter(|t| !t.is_empty()),
+            server: crate::server::Limits {
+                header_read_timeout: secs(
+                    "server.header_read_timeout_s",
+                    c.server.header_read_timeout_s,
+                )?,
+                body_read_timeout: secs(
+                    "server.body_read_timeout_s",
+                    c.server.body_read_timeout_s,
+                )?,
+                max_connections: c.server.max_connections,
+            },
         })
     }
 }

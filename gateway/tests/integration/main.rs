@@ -3,6 +3,7 @@
 
 mod browser;
 mod fake;
+mod hardening;
 mod harness;
 mod operations;
 mod protocol;
