@@ -113,13 +113,8 @@ async fn scope_filter(State(scope): State<Scope>, req: Request, next: Next) -> R
     if served {
         next.run(req).await
     } else {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            "not_found",
-            format!("no route for {}", req.uri().path()),
-        )
-        .into_response()
+        // The same answer as a path no listener serves: the split does not advertise itself.
+        ApiError::unknown_path(req.method().as_str(), req.uri().path()).into_response()
     }
 }
 

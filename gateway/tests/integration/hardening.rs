@@ -231,7 +231,7 @@ async fn the_admin_listener_serves_admin_and_the_public_one_does_not() {
         for method in [Method::GET, Method::POST] {
             let a = send(&c, method, &format!("{public}{path}"), Some(TOKEN), "").await;
             let e = assert_openai_error(&a, 404);
-            assert_eq!(e["code"], "not_found", "{path}: {e}");
+            assert_eq!(e["code"], "unknown_url", "{path}: {e}");
         }
     }
     // The admin API works on its listener, with the token as before.
