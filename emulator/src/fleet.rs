@@ -76,17 +76,20 @@ impl EmulatedFleet {
     }
 
     /// A gateway configuration for this fleet: `policy`, routing seed `seed`, listening on
-    /// `127.0.0.1:0`, and the router ticked / probes polled every scenario tick (`tick_s /
-    /// speedup` of wall time) as the simulator does. Everything else is the gateway's default;
-    /// note that the gateway's own time constants (probe cache TTL, re-probe period, live
-    /// cadence, timeouts) stay in wall time.
+    /// `127.0.0.1:0`, its clock scaled by `speedup` (so the policy's timers — probe cache TTL,
+    /// re-probe when idle, live cadence — and measured throughputs are in model time, as in the
+    /// simulator), and the router ticked / probes polled every scenario tick (`tick_s / speedup`
+    /// of wall time) as the simulator does. Everything else (timeouts) is the gateway's default,
+    /// in wall time.
     pub fn gateway_config(&self, policy: &str, seed: u64, speedup: f64) -> GatewayConfig {
         let mut c = GatewayConfig::from_yaml("workers: []\n", "emulated-fleet")
             .expect("the minimal gateway config is valid");
         c.listen = "127.0.0.1:0".into();
         c.policy = PolicyEntry::Name(policy.to_string());
         c.seed = seed;
-        c.probe.poll_interval_s = (self.tick_s / speedup).max(0.001);
+        c.clock_scale = speedup;
+        // In policy time: the gateway divides it by its clock scale.
+        c.probe.poll_interval_s = self.tick_s;
         c.workers = self.workers.clone();
         c
     }
