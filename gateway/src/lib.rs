@@ -304,7 +304,7 @@ async fn metrics_handler(
     };
     // The listeners' counters live with the accept loop (server.rs), outside `Shared`.
     if let Some(axum::Extension(connections)) = connections {
-        text.push_str(&connections.render());
+        text.push_str(&metrics::render_connections(&connections));
     }
     (
         [(

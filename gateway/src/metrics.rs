@@ -172,6 +172,21 @@ fn esc(s: &str) -> String {
         .replace('\n', "\\n")
 }
 
+/// The accept loop's connection counters ([`crate::server::ConnectionStats`]) in the
+/// Prometheus text format.
+pub fn render_connections(stats: &crate::server::ConnectionStats) -> String {
+    format!(
+        "# HELP routelab_gateway_client_connections Client connections open now.\n\
+         # TYPE routelab_gateway_client_connections gauge\n\
+         routelab_gateway_client_connections {}\n\
+         # HELP routelab_gateway_client_connections_rejected_total Client connections answered 503 at server.max_connections.\n\
+         # TYPE routelab_gateway_client_connections_rejected_total counter\n\
+         routelab_gateway_client_connections_rejected_total {}\n",
+        stats.open.load(Relaxed),
+        stats.rejected.load(Relaxed)
+    )
+}
+
 /// Render everything.
 pub fn render(rows: &[WorkerRow<'_>], queue_len: usize, global: &GlobalMetrics) -> String {
     let mut out = String::with_capacity(4096 + rows.len() * 4096);

@@ -72,22 +72,6 @@ pub struct ConnectionStats {
     last_rejection_log_s: AtomicU64,
 }
 
-impl ConnectionStats {
-    /// The counters in Prometheus' text format.
-    pub fn render(&self) -> String {
-        format!(
-            "# HELP routelab_gateway_client_connections Client connections open now.\n\
-             # TYPE routelab_gateway_client_connections gauge\n\
-             routelab_gateway_client_connections {}\n\
-             # HELP routelab_gateway_client_connections_rejected_total Client connections answered 503 at server.max_connections.\n\
-             # TYPE routelab_gateway_client_connections_rejected_total counter\n\
-             routelab_gateway_client_connections_rejected_total {}\n",
-            self.open.load(Relaxed),
-            self.rejected.load(Relaxed)
-        )
-    }
-}
-
 /// The HTTP routes as this listener serves them: the scope's filter and the body deadline
 /// around `routes`.
 pub(crate) fn scoped(routes: axum::Router, scope: Scope, limits: Limits) -> axum::Router {
