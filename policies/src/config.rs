@@ -621,6 +621,12 @@ fn count(field: &str, v: Option<u32>, default: u32) -> Result<u32, ConfigError> 
     })
 }
 
+fn count_at_most(field: &str, v: Option<u32>, default: u32, max: u32) -> Result<u32, ConfigError> {
+    v.map_or(Ok(default), |n| {
+        rule::count_at_most(n, max).map_err(|e| invalid(field, e.to_string()))
+    })
+}
+
 fn clamp(v: Option<[f64; 2]>) -> Result<Clamp, ConfigError> {
     match v {
         None => Ok(Clamp::SOURCE),
@@ -735,9 +741,19 @@ impl RawWeights {
             "probe" => {
                 let d = ProbeConfig::default();
                 WeightsConfig::Probe(ProbeConfig {
-                    concurrency: count("concurrency", self.concurrency, d.concurrency)?,
+                    concurrency: count_at_most(
+                        "concurrency",
+                        self.concurrency,
+                        d.concurrency,
+                        crate::weights::MAX_PROBE_CONCURRENCY,
+                    )?,
                     output_tokens: count("output_tokens", self.output_tokens, d.output_tokens)?,
-                    prompt_tokens: count("prompt_tokens", self.prompt_tokens, d.prompt_tokens)?,
+                    prompt_tokens: count_at_most(
+                        "prompt_tokens",
+                        self.prompt_tokens,
+                        d.prompt_tokens,
+                        crate::weights::MAX_PROBE_PROMPT_TOKENS,
+                    )?,
                     warmup: self.warmup.unwrap_or(d.warmup),
                     cache_ttl: seconds("cache_ttl_s", self.cache_ttl_s, d.cache_ttl)?,
                     reprobe_period: seconds(

@@ -11,7 +11,10 @@ mod simple;
 
 pub use at_load::{AtLoadConfig, AtLoadWeights};
 pub use live::{LiveConfig, LiveWeights};
-pub use probe::{PersistedProbeState, ProbeCacheEntry, ProbeConfig, ProbePin, ProbeWeights};
+pub use probe::{
+    MAX_PROBE_CONCURRENCY, MAX_PROBE_PROMPT_TOKENS, PersistedProbeState, ProbeCacheEntry,
+    ProbeConfig, ProbePin, ProbeWeights,
+};
 pub use simple::{EqualWeights, OracleWeights, TableConfig, TableWeights};
 
 use crate::time::Time;

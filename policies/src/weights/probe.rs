@@ -10,6 +10,13 @@ use crate::worker::{Fleet, Provenance, Weight, WorkerId};
 use std::collections::HashMap;
 use std::time::Duration;
 
+/// Largest burst: in a gateway every probe request is a real request, one task and one
+/// connection each (a burst of 4e9 froze the gateway's runtime).
+pub const MAX_PROBE_CONCURRENCY: u32 = 1024;
+/// Largest probe prompt, in tokens: a gateway builds the body in memory (≈ 4 bytes a token), and
+/// 2^20 tokens is beyond any engine's context window.
+pub const MAX_PROBE_PROMPT_TOKENS: u32 = 1 << 20;
+
 /// Parameters of the burst probe.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProbeConfig {

@@ -241,3 +241,34 @@ fn huge_or_tiny_policy_durations_are_errors_not_panics() {
         );
     }
 }
+
+/// Bug: a probe `concurrency` or `prompt_tokens` of 4e9 passed validation; the gateway's probe
+/// runner then spawned billions of tasks or built a 16 GB prompt and froze its runtime (found by
+/// the gateway's proptest over config numbers). The bound lives here, with the probe, so every
+/// host gets it.
+#[test]
+fn a_probe_burst_or_prompt_too_large_to_send_is_an_error() {
+    for (yaml, field, valid) in [
+        (
+            "{ preset: seed-v3, weights: { kind: probe, concurrency: 4000000000 } }",
+            "weights.concurrency",
+            "from 1 to 1024",
+        ),
+        (
+            "{ preset: seed-v3, weights: { kind: probe, prompt_tokens: 4000000000 } }",
+            "weights.prompt_tokens",
+            "from 1 to 1048576",
+        ),
+    ] {
+        let raw: routelab_policies::RawPolicy = serde_saphyr::from_str(yaml).unwrap();
+        let e = routelab_policies::PolicyConfig::from_raw(&raw).unwrap_err();
+        assert_eq!(e.field(), field, "{yaml}: {e}");
+        assert!(e.to_string().contains(valid), "{e}");
+    }
+    // The largest allowed values are accepted.
+    let raw: routelab_policies::RawPolicy = serde_saphyr::from_str(
+        "{ preset: seed-v3, weights: { kind: probe, concurrency: 1024, prompt_tokens: 1048576 } }",
+    )
+    .unwrap();
+    assert!(routelab_policies::PolicyConfig::from_raw(&raw).is_ok());
+}
