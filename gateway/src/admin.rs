@@ -36,7 +36,10 @@ pub(crate) async fn require_token(
     next: Next,
 ) -> Response {
     let verdict = authenticate(
-        s.settings.admin_token.as_deref(),
+        s.settings
+            .admin_token
+            .as_ref()
+            .map(crate::config::Secret::expose),
         req.headers().get(header::AUTHORIZATION),
     );
     match verdict {

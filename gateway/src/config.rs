@@ -45,7 +45,7 @@ pub struct GatewayConfig {
     pub state_file: Option<PathBuf>,
     /// Bearer token of the admin API; none: the admin API answers 401 to everyone.
     #[serde(default)]
-    pub admin_token: Option<String>,
+    pub admin_token: Option<Secret>,
     /// A separate `host:port` for `/admin` (the API and the page); when set, the public
     /// listener answers 404 to every `/admin` path. None: `/admin` is served on `listen`.
     #[serde(default)]
@@ -115,6 +115,36 @@ impl Default for ServerConfig {
             // front of a few dozen engines serves at once.
             max_connections: 4096,
         }
+    }
+}
+
+/// A secret from the configuration (`admin_token`): read as a plain string, never shown by
+/// `Debug`, so printing a configuration or the settings with `{:?}` cannot leak it.
+#[derive(Clone, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wrap a secret value.
+    pub fn new(value: impl Into<String>) -> Secret {
+        Secret(value.into())
+    }
+
+    /// The value, for the one place that must compare or register it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(value: &str) -> Secret {
+        Secret::new(value)
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
     }
 }
 
@@ -662,6 +692,18 @@ mod tests {
             assert_eq!(e.field, field, "{yaml}: {e}");
             assert!(e.message.contains("expected"), "{e}");
         }
+    }
+
+    #[test]
+    fn debug_output_never_shows_the_admin_token() {
+        let c = GatewayConfig::from_yaml("admin_token: hunter2-debug\n", "g.yaml").unwrap();
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
+        assert_eq!(
+            c.admin_token.as_ref().map(Secret::expose),
+            Some("hunter2-debug")
+        );
     }
 
     /// Regression: a parse error printed the surrounding YAML, `admin_token` included.

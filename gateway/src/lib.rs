@@ -43,7 +43,7 @@ pub mod server;
 mod state;
 pub mod upstream;
 
-pub use config::{GatewayConfig, WorkerConfig};
+pub use config::{GatewayConfig, Secret, WorkerConfig};
 pub use error::{GatewayError, WorkerError};
 pub use routelab_policies::PolicyEntry;
 
@@ -336,7 +336,7 @@ pub async fn start_on(
 ) -> Result<RunningGateway, GatewayError> {
     config.validate()?;
     if let Some(token) = &config.admin_token {
-        register_secret(token);
+        register_secret(token.expose());
     }
     let settings = Settings::from_config(&config)?;
     let limits = settings.server;

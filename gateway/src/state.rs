@@ -40,7 +40,7 @@ pub(crate) struct Settings {
     pub probe_poll: Duration,
     pub probe_timeout: Duration,
     pub state_file: Option<PathBuf>,
-    pub admin_token: Option<String>,
+    pub admin_token: Option<crate::config::Secret>,
     /// The client-facing server's limits (`server.*`).
     pub server: crate::server::Limits,
 }
@@ -65,7 +65,7 @@ impl Settings {
             probe_poll: secs("probe.poll_interval_s", c.probe.poll_interval_s)?,
             probe_timeout: secs("probe.request_timeout_s", c.probe.request_timeout_s)?,
             state_file: c.state_file.clone(),
-            admin_token: c.admin_token.clone().filter(|t| !t.is_empty()),
+            admin_token: c.admin_token.clone().filter(|t| !t.expose().is_empty()),
             server: crate::server::Limits {
                 header_read_timeout: secs(
                     "server.header_read_timeout_s",
