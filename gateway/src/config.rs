@@ -98,8 +98,10 @@ pub struct ServerConfig {
     /// A request body not fully received this long after its head is answered 408 and its
     /// connection closed.
     pub body_read_timeout_s: f64,
-    /// Open client connections per listener; one more is answered 503 and closed.
-    pub max_connections: u32,
+    /// Open client connections per listener; one more is answered 503 and closed. Default:
+    /// 4,096, or less where the process's open-file limit would run out first
+    /// (`server::default_max_connections`).
+    pub max_connections: Option<u32>,
 }
 
 impl Default for ServerConfig {
@@ -110,10 +112,8 @@ impl Default for ServerConfig {
             header_read_timeout_s: 10.0,
             // A 4 MiB body (the default `max_body_bytes`) takes 30 s only below ~1 Mbit/s.
             body_read_timeout_s: 30.0,
-            // Well below the usual 65,536 open-file limit of a service (and the gateway needs a
-            // second descriptor per request for the worker), well above what one gateway in
-            // front of a few dozen engines serves at once.
-            max_connections: 4096,
+            // Derived from the open-file limit at start (see `server::default_max_connections`).
+            max_connections: None,
         }
     }
 }
@@ -559,13 +559,15 @@ impl GatewayConfig {
             0,
             MAX_IDLE_PER_WORKER,
         )?;
-        whole_in(
-            file,
-            "server.max_connections",
-            u64::from(self.server.max_connections),
-            1,
-            MAX_CONNECTIONS,
-        )?;
+        if let Some(cap) = self.server.max_connections {
+            whole_in(
+                file,
+                "server.max_connections",
+                u64::from(cap),
+                1,
+                MAX_CONNECTIONS,
+            )?;
+        }
         for (field, n) in [
             ("health.unhealthy_after", self.health.unhealthy_after),
             ("health.healthy_after", self.health.healthy_after),

@@ -405,6 +405,7 @@ pub async fn start_on(
             ),
             ("policy", &shared.core().router.config().name.clone()),
             ("workers", &config.workers.len().to_string()),
+            ("max_connections", &limits.max_connections.to_string()),
         ],
     );
     if config.clock_scale != 1.0 {

@@ -75,7 +75,10 @@ impl Settings {
                     "server.body_read_timeout_s",
                     c.server.body_read_timeout_s,
                 )?,
-                max_connections: c.server.max_connections,
+                max_connections: c
+                    .server
+                    .max_connections
+                    .unwrap_or_else(crate::server::default_max_connections),
             },
         })
     }

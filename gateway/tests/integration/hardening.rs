@@ -612,3 +612,38 @@ async fn shutdown_lets_the_request_in_flight_finish_and_stops_accepting() {
         .expect("shut down within 10 s once the request finished")
         .unwrap();
 }
+
+/// Regression (defect 3): with `ulimit -n 512` the default cap (4,096) was never reached, so
+/// 600 silent connections exhausted the descriptors instead of being answered 503. The default
+/// now comes from the process's open-file limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_connection_cap_fits_the_open_file_limit() {
+    let dir = temp_dir("ulimit");
+    let file = dir.join("gateway.yaml");
+    std::fs::write(&file, "listen: 127.0.0.1:0\nhealth: {interval_s: 0}\n").unwrap();
+    let log_path = dir.join("stderr.log");
+    let script = format!(
+        "ulimit -n 512 && exec '{}' --config '{}'",
+        env!("CARGO_BIN_EXE_routelab-gateway"),
+        file.display()
+    );
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(&script)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .expect("sh starts the gateway");
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    wait_for("the gateway to start", SECS_10, async || {
+        log().contains("event=started")
+    })
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let started = log();
+    assert!(
+        started.contains("max_connections=224"),
+        "(512 - 64) / 2 = 224 expected: {started}"
+    );
+}
