@@ -34,11 +34,10 @@ fn spawn_held(base: &str, model: &str, n: usize) -> Vec<tokio::task::JoinHandle<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn table_weights_send_12_of_16_to_the_pair() {
-    let pair = FakeWorker::start(0.0).await;
-    let pro = FakeWorker::start(0.0).await;
+    let [pair, pro] = fakes(0.0).await;
     pair.state.hold.store(true, SeqCst);
     pro.state.hold.store(true, SeqCst);
-    let gw = start(&config(
+    let gateway = serve(
         "seed-v1",
         "",
         &[
@@ -51,9 +50,9 @@ async fn table_weights_send_12_of_16_to_the_pair() {
             ),
             worker("pro", &pro.url, "gemma-27b", &["RTX PRO 6000"], 32768),
         ],
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
+    let Gateway { base, .. } = gateway;
     let tasks = spawn_held(&base, "gemma-27b", 16);
     wait_for("16 requests at the workers", SECS_10, async || {
         pair.requests() + pro.requests() == 16
@@ -84,17 +83,16 @@ fn probe_policy() -> &'static str {
 async fn probes_measure_and_the_faster_worker_gets_the_majority() {
     let fast = FakeWorker::start(1000.0).await;
     let slow = FakeWorker::start(250.0).await;
-    let gw = start(&config(
+    let gateway = serve(
         probe_policy(),
         "probe: {poll_interval_s: 0.05}",
         &[
             worker("fast", &fast.url, "m", &["RTX 4090"], 32768),
             worker("slow", &slow.url, "m", &["RTX 4090", "RTX 4090"], 32768),
         ],
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
+    let Gateway { base, c, .. } = gateway;
     wait_for("both workers measured", SECS_10, async || {
         admin_worker(&c, &base, "fast").await["provenance"] == "measured"
             && admin_worker(&c, &base, "slow").await["provenance"] == "measured"
@@ -139,19 +137,13 @@ async fn probes_measure_and_the_faster_worker_gets_the_majority() {
 async fn sse_chunks_arrive_incrementally() {
     let w = FakeWorker::start(10.0).await; // 10 tokens: 1 s
     w.state.natural_len.store(100, SeqCst);
-    let gw = start(&config(
-        "seed-v3",
-        "",
-        &[worker("w", &w.url, "m", &[], 8192)],
-    ))
-    .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
+    let gateway = serve("seed-v3", "", &[worker("w", &w.url, "m", &[], 8192)]).await;
+    let Gateway { chat, c, .. } = gateway;
     let started = Instant::now();
     let r = raw(
         &c,
         Method::POST,
-        &format!("{base}/v1/chat/completions"),
+        &chat,
         None,
         chat_body("m", "stream please", 10, true),
     )
@@ -195,20 +187,17 @@ async fn sse_chunks_arrive_incrementally() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn error_cases_have_their_status_and_the_openai_shape() {
-    let w = FakeWorker::start(0.0).await;
-    let lonely = FakeWorker::start(0.0).await;
-    let gw = start(&config(
+    let [w, lonely] = fakes(0.0).await;
+    let gateway = serve(
         "seed-v3",
         "max_body_bytes: 65536",
         &[
             worker("w", &w.url, "m", &[], 1000),
             worker("lonely-w", &lonely.url, "lonely", &[], 8192),
         ],
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
-    let chat = format!("{base}/v1/chat/completions");
-    let c = client();
+    let Gateway { base, chat, c, .. } = gateway;
 
     let e = assert_openai_error(&send(&c, Method::POST, &chat, None, "{not json").await, 400);
     assert_eq!(e["type"], "invalid_request_error");
@@ -290,21 +279,20 @@ async fn a_refused_connection_is_retried_on_another_worker() {
     let good = FakeWorker::start(0.0).await;
     let dead = refused_url().await;
     // The dead worker has the higher table weight: idle ties go to it first.
-    let gw = start(&config(
+    let gateway = serve(
         "table/p2c:higher-weight/no-affinity/flat:24",
         "health: {interval_s: 0.2, unhealthy_after: 100}",
         &[
             worker("dead", &dead, "m", &["RTX 4090", "RTX 4090"], 8192),
             worker("good", &good.url, "m", &[], 8192),
         ],
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
+    let Gateway { base, chat, c, .. } = gateway;
     let a = send(
         &c,
         Method::POST,
-        &format!("{base}/v1/chat/completions"),
+        &chat,
         None,
         chat_body("m", "hi", 4, false),
     )
@@ -327,21 +315,18 @@ async fn a_refused_connection_is_retried_on_another_worker() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_5xx_before_the_body_is_retried_and_exhausted_retries_give_502() {
-    let flaky = FakeWorker::start(0.0).await;
-    let good = FakeWorker::start(0.0).await;
+    let [flaky, good] = fakes(0.0).await;
     flaky.state.mode.store(MODE_500, SeqCst);
-    let gw = start(&config(
+    let gateway = serve(
         "table/p2c:higher-weight/no-affinity/flat:24",
         "health: {interval_s: 0}",
         &[
             worker("flaky", &flaky.url, "m", &["RTX 4090", "RTX 4090"], 8192),
             worker("good", &good.url, "m", &[], 8192),
         ],
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
-    let chat = format!("{base}/v1/chat/completions");
-    let c = client();
+    let Gateway { base, chat, c, .. } = gateway;
     for i in 1..=2 {
         let a = send(&c, Method::POST, &chat, None, chat_body("m", "hi", 4, true)).await;
         assert_eq!(a.status, StatusCode::OK, "{}", a.text());
@@ -370,22 +355,9 @@ async fn a_stream_that_breaks_ends_with_an_sse_error_event() {
     let w = FakeWorker::start(200.0).await;
     w.state.mode.store(MODE_DIE, SeqCst);
     w.state.die_after.store(3, SeqCst);
-    let gw = start(&config(
-        "seed-v3",
-        "",
-        &[worker("w", &w.url, "m", &[], 8192)],
-    ))
-    .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
-    let a = send(
-        &c,
-        Method::POST,
-        &format!("{base}/v1/chat/completions"),
-        None,
-        chat_body("m", "hi", 8, true),
-    )
-    .await;
+    let gateway = serve("seed-v3", "", &[worker("w", &w.url, "m", &[], 8192)]).await;
+    let Gateway { base, chat, c, .. } = gateway;
+    let a = send(&c, Method::POST, &chat, None, chat_body("m", "hi", 8, true)).await;
     assert_eq!(a.status, StatusCode::OK);
     let text = a.text();
     let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
@@ -498,19 +470,18 @@ async fn pins_and_the_probe_cache_survive_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_have_the_per_worker_series() {
     let a = FakeWorker::start(0.0).await;
-    let gw = start(&config(
+    let gateway = serve(
         "seed-v1",
         "",
         &[worker("a", &a.url, "m", &["RTX 4090"], 8192)],
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
+    let Gateway { base, chat, c, .. } = gateway;
     for stream in [false, true] {
         let r = send(
             &c,
             Method::POST,
-            &format!("{base}/v1/chat/completions"),
+            &chat,
             None,
             chat_body("m", "hi", 4, stream),
         )
@@ -545,21 +516,19 @@ async fn metrics_have_the_per_worker_series() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_timeout_gives_429_with_retry_after_and_a_freed_slot_serves_the_queue() {
-    let a = FakeWorker::start(0.0).await;
-    let b = FakeWorker::start(0.0).await;
+    let [a, b] = fakes(0.0).await;
     a.state.hold.store(true, SeqCst);
     b.state.hold.store(true, SeqCst);
-    let gw = start(&config(
+    let gateway = serve(
         "equal/p2c/no-affinity/flat:1",
         "queue_timeout_s: 0.3",
         &[
             worker("a", &a.url, "m", &[], 8192),
             worker("b", &b.url, "m", &[], 8192),
         ],
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
-    let chat = format!("{base}/v1/chat/completions");
+    let Gateway { base, chat, .. } = gateway;
     let held = spawn_held(&base, "m", 2);
     wait_for("both workers busy", SECS_10, async || {
         a.requests() + b.requests() == 2
@@ -622,15 +591,13 @@ async fn queue_timeout_gives_429_with_retry_after_and_a_freed_slot_serves_the_qu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_checks_eject_and_readmit() {
     let w = FakeWorker::start(0.0).await;
-    let gw = start(&config(
+    let gateway = serve(
         "seed-v3",
         "health: {interval_s: 0.05, unhealthy_after: 2, healthy_after: 2}",
         &[worker("w", &w.url, "m", &[], 8192)],
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
-    let chat = format!("{base}/v1/chat/completions");
+    let Gateway { base, chat, c, .. } = gateway;
     w.state.healthy.store(false, SeqCst);
     wait_for("ejection", SECS_10, async || {
         admin_worker(&c, &base, "w").await["state"] == "disconnected"
@@ -663,16 +630,9 @@ async fn health_checks_eject_and_readmit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completions_models_and_the_admin_lifecycle() {
-    let a = FakeWorker::start(0.0).await;
-    let b = FakeWorker::start(0.0).await;
-    let gw = start(&config(
-        "seed-v3",
-        "",
-        &[worker("a", &a.url, "m1", &[], 8192)],
-    ))
-    .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
+    let [a, b] = fakes(0.0).await;
+    let Gateway { gw, base, chat, c } =
+        serve("seed-v3", "", &[worker("a", &a.url, "m1", &[], 8192)]).await;
     let body = r#"{"model":"m1","prompt":"once upon a time","max_tokens":5}"#;
     let r = send(
         &c,
@@ -734,7 +694,7 @@ async fn completions_models_and_the_admin_lifecycle() {
     let r = send(
         &c,
         Method::POST,
-        &format!("{base}/v1/chat/completions"),
+        &chat,
         None,
         chat_body("m2", "hi", 3, false),
     )
@@ -783,7 +743,7 @@ async fn completions_models_and_the_admin_lifecycle() {
     let r = send(
         &c,
         Method::POST,
-        &format!("{base}/v1/chat/completions"),
+        &chat,
         None,
         chat_body("m2", "hi", 3, false),
     )
@@ -795,19 +755,13 @@ async fn completions_models_and_the_admin_lifecycle() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_name_the_worker_that_served_them() {
     let a = FakeWorker::start(0.0).await;
-    let gw = start(&config(
-        "seed-v1",
-        "",
-        &[worker("alpha", &a.url, "m1", &[], 8192)],
-    ))
-    .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
+    let gateway = serve("seed-v1", "", &[worker("alpha", &a.url, "m1", &[], 8192)]).await;
+    let Gateway { chat, c, .. } = gateway;
     for stream in [false, true] {
         let r = send(
             &c,
             Method::POST,
-            &format!("{base}/v1/chat/completions"),
+            &chat,
             None,
             chat_body("m1", "hi", 3, stream),
         )
@@ -825,7 +779,7 @@ async fn answers_name_the_worker_that_served_them() {
     let r = send(
         &c,
         Method::POST,
-        &format!("{base}/v1/chat/completions"),
+        &chat,
         None,
         chat_body("nope", "hi", 3, false),
     )

@@ -45,14 +45,12 @@ async fn a_pin_that_cannot_be_persisted_is_refused_and_rolled_back() {
     let parent = dir.join("sub");
     std::fs::create_dir(&parent).unwrap();
     let state = parent.join("state.json");
-    let gw = start(&config(
+    let Gateway { gw, base, c, .. } = serve(
         PROBE_CLAMPED,
         &format!("state_file: {}", state.display()),
         &[worker("w", &w.url, "m", &[], 8192)],
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
     let a = pin(&c, &base, "w", "2.0").await;
     assert_eq!(a.status, StatusCode::OK, "{}", a.text());
     assert!(
@@ -104,14 +102,12 @@ async fn out_of_range_pins_are_refused_with_the_policys_range() {
     let w = FakeWorker::start(0.0).await;
     let dir = temp_dir("pin-range");
     let state = dir.join("state.json");
-    let gw = start(&config(
+    let Gateway { gw, base, c, .. } = serve(
         PROBE_CLAMPED,
         &format!("state_file: {}", state.display()),
         &[worker("w", &w.url, "m", &[], 8192)],
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
     for weight in ["1e9", "5e-324", "4.01", "0.49", "0", "-1"] {
         let a = pin(&c, &base, "w", weight).await;
         let e = assert_openai_error(&a, 400);
@@ -147,14 +143,8 @@ async fn out_of_range_pins_are_refused_with_the_policys_range() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_without_pins_refuses_every_pin_with_409() {
     let w = FakeWorker::start(0.0).await;
-    let gw = start(&config(
-        "seed-v1",
-        "",
-        &[worker("w", &w.url, "m", &[], 8192)],
-    ))
-    .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
+    let gateway = serve("seed-v1", "", &[worker("w", &w.url, "m", &[], 8192)]).await;
+    let Gateway { base, c, .. } = gateway;
     for weight in ["1.5", "1e9"] {
         let a = pin(&c, &base, "w", weight).await;
         assert_eq!(assert_openai_error(&a, 409)["code"], "pins_unsupported");
@@ -201,14 +191,12 @@ async fn invalid_state_file_entries_are_ignored_and_valid_ones_kept() {
         .iter()
         .map(|n| worker(n, &dead, "m", &[], 8192))
         .collect();
-    let gw = start(&config(
+    let Gateway { gw, base, c, .. } = serve(
         PROBE_CLAMPED,
         &format!("state_file: {}\nhealth: {{interval_s: 0}}", state.display()),
         &workers,
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
     for name in ["future", "zero", "huge", "negative"] {
         let w = admin_worker(&c, &base, name).await;
         assert_eq!(w["provenance"], "default", "{name}: {w}");
@@ -287,15 +275,8 @@ async fn the_admin_bearer_scheme_is_case_insensitive() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drained_worker_can_be_undrained() {
     let w = FakeWorker::start(0.0).await;
-    let gw = start(&config(
-        "seed-v1",
-        "",
-        &[worker("w", &w.url, "m", &[], 8192)],
-    ))
-    .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
-    let chat = format!("{base}/v1/chat/completions");
+    let gateway = serve("seed-v1", "", &[worker("w", &w.url, "m", &[], 8192)]).await;
+    let Gateway { base, chat, c, .. } = gateway;
     assert_eq!(admin_worker(&c, &base, "w").await["drained"], false);
     let a = admin_post(&c, &base, "w/undrain").await;
     assert_eq!(assert_openai_error(&a, 409)["code"], "not_drained");
@@ -344,14 +325,13 @@ async fn a_drained_worker_can_be_undrained() {
 async fn a_refused_health_check_ejects_at_once() {
     let dead = refused_url().await;
     // 1000 soft failures at 50 ms would take 50 s: only the hard-failure rule ejects in time.
-    let gw = start(&config(
+    let gateway = serve(
         "seed-v1",
         "health: {interval_s: 0.05, unhealthy_after: 1000}",
         &[worker("dead", &dead, "m", &[], 8192)],
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
+    let Gateway { base, c, .. } = gateway;
     wait_for(
         "the refused worker's ejection",
         Duration::from_secs(3),
@@ -366,14 +346,8 @@ async fn a_refused_health_check_ejects_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejections_are_counted_by_status_and_code() {
     let w = FakeWorker::start(0.0).await;
-    let gw = start(&config(
-        "seed-v1",
-        "",
-        &[worker("w", &w.url, "m", &[], 8192)],
-    ))
-    .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
+    let gateway = serve("seed-v1", "", &[worker("w", &w.url, "m", &[], 8192)]).await;
+    let Gateway { base, c, .. } = gateway;
     let metrics = async || {
         send(&c, Method::GET, &format!("{base}/metrics"), None, "")
             .await

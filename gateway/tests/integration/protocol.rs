@@ -153,13 +153,12 @@ fn the_stream_idle_timeout_is_a_period() {
 /// One worker and a gateway in front of it, for the requests that must never reach it.
 async fn plain_gateway() -> (FakeWorker, routelab_gateway::RunningGateway, String) {
     let w = FakeWorker::start(0.0).await;
-    let gw = start(&config(
+    let Gateway { gw, base, .. } = serve(
         "seed-v1",
         "",
         &[worker("w", &w.url, "m", &["RTX 4090"], 8192)],
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
     (w, gw, base)
 }
 
@@ -263,22 +262,19 @@ async fn n_other_than_1_is_refused() {
 /// Regression (defect 9): the retry found the other worker at its cap and answered 502.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_waits_in_the_queue_when_the_other_workers_are_full() {
-    let busy = FakeWorker::start(0.0).await;
-    let bad = FakeWorker::start(0.0).await;
+    let [busy, bad] = fakes(0.0).await;
     busy.state.hold.store(true, SeqCst);
     // `busy` has the higher table weight: the idle tie sends the held request to it.
-    let gw = start(&config(
+    let gateway = serve(
         "table/p2c:higher-weight/no-affinity/flat:1",
         "queue_timeout_s: 10\nretries: 2\nhealth: {interval_s: 0}",
         &[
             worker("busy", &busy.url, "m", &["RTX 4090", "RTX 4090"], 8192),
             worker("bad", &bad.url, "m", &[], 8192),
         ],
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
-    let chat = format!("{base}/v1/chat/completions");
-    let c = client();
+    let Gateway { base, chat, c, .. } = gateway;
     let held = {
         let chat = chat.clone();
         tokio::spawn(async move {
@@ -336,19 +332,18 @@ async fn a_retry_waits_in_the_queue_when_the_other_workers_are_full() {
 async fn a_retry_with_no_other_worker_fails_at_once() {
     let bad = FakeWorker::start(0.0).await;
     bad.state.mode.store(MODE_500, SeqCst);
-    let gw = start(&config(
+    let gateway = serve(
         "equal/p2c/no-affinity/flat:1",
         "queue_timeout_s: 30\nhealth: {interval_s: 0}",
         &[worker("bad", &bad.url, "m", &[], 8192)],
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
+    let Gateway { chat, c, .. } = gateway;
     let started = Instant::now();
     let a = send(
         &c,
         Method::POST,
-        &format!("{base}/v1/chat/completions"),
+        &chat,
         None,
         chat_body("m", "hi", 4, false),
     )
@@ -364,15 +359,13 @@ async fn a_retry_with_no_other_worker_fails_at_once() {
 async fn a_queue_whose_workers_are_all_ejected_answers_503() {
     let w = FakeWorker::start(0.0).await;
     w.state.hold.store(true, SeqCst);
-    let gw = start(&config(
+    let gateway = serve(
         "equal/p2c/no-affinity/flat:1",
         "queue_timeout_s: 1\nhealth: {interval_s: 0.05, unhealthy_after: 1}",
         &[worker("w", &w.url, "m", &[], 8192)],
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
-    let chat = format!("{base}/v1/chat/completions");
-    let c = client();
+    let Gateway { base, chat, c, .. } = gateway;
     let held = {
         let chat = chat.clone();
         tokio::spawn(async move {
@@ -424,21 +417,18 @@ async fn a_queue_whose_workers_are_all_ejected_answers_503() {
 /// be handed it again), and succeeds if that worker has recovered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_retry_handed_its_failed_worker_takes_it_when_no_other_has_room() {
-    let busy = FakeWorker::start(0.0).await;
-    let bad = FakeWorker::start(0.0).await;
+    let [busy, bad] = fakes(0.0).await;
     busy.state.hold.store(true, SeqCst);
-    let gw = start(&config(
+    let gateway = serve(
         "table/p2c:higher-weight/no-affinity/flat:1",
         "queue_timeout_s: 10\nretries: 1\nhealth: {interval_s: 0}",
         &[
             worker("busy", &busy.url, "m", &["RTX 4090", "RTX 4090"], 8192),
             worker("bad", &bad.url, "m", &[], 8192),
         ],
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
-    let chat = format!("{base}/v1/chat/completions");
-    let c = client();
+    let Gateway { base, chat, c, .. } = gateway;
     let post = |content: &'static str| {
         let chat = chat.clone();
         tokio::spawn(async move {
