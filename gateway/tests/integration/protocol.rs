@@ -32,34 +32,26 @@ async fn queue_length(c: &HttpClient, base: &str) -> String {
 /// A stalling worker under a gateway whose health logic ejects after one failure (so that
 /// "the worker's health was told" is visible as `disconnected`) and whose checks come too
 /// rarely to re-admit it during the test.
-async fn stalling_gateway(upstream: &str) -> (FakeWorker, routelab_gateway::RunningGateway) {
+async fn stalling_gateway(upstream: &str) -> (FakeWorker, Gateway) {
     let w = FakeWorker::start(0.0).await;
     w.state.mode.store(MODE_STALL, SeqCst);
-    let gw = start(&config(
+    let gateway = serve(
         "seed-v1",
         &format!("upstream: {upstream}\nhealth: {{interval_s: 30, unhealthy_after: 1}}"),
         &[worker("w", &w.url, "m", &["RTX 4090"], 8192)],
-    ))
+    )
     .await;
-    (w, gw)
+    (w, gateway)
 }
 
 /// Regression (defect 1): the client waited the worker's whole 40 s silence and the slot
 /// stayed taken.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_that_stalls_after_its_first_chunk_ends_with_an_error_event() {
-    let (w, gw) = stalling_gateway("{stream_idle_timeout_s: 1}").await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
+    let (w, gateway) = stalling_gateway("{stream_idle_timeout_s: 1}").await;
+    let Gateway { base, chat, c, .. } = gateway;
     let started = Instant::now();
-    let a = send(
-        &c,
-        Method::POST,
-        &format!("{base}/v1/chat/completions"),
-        None,
-        chat_body("m", "hi", 8, true),
-    )
-    .await;
+    let a = send(&c, Method::POST, &chat, None, chat_body("m", "hi", 8, true)).await;
     let took = started.elapsed();
     assert_eq!(a.status, StatusCode::OK);
     assert!(took < Duration::from_secs(5), "{took:?}");
@@ -88,18 +80,10 @@ async fn a_stream_that_stalls_after_its_first_chunk_ends_with_an_error_event() {
 /// Regression (defect 1): the option defaults to `upstream.response_timeout_s`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_stream_idle_timeout_defaults_to_the_response_timeout() {
-    let (_w, gw) = stalling_gateway("{response_timeout_s: 1}").await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
+    let (_w, gateway) = stalling_gateway("{response_timeout_s: 1}").await;
+    let Gateway { base, chat, c, .. } = gateway;
     let started = Instant::now();
-    let a = send(
-        &c,
-        Method::POST,
-        &format!("{base}/v1/chat/completions"),
-        None,
-        chat_body("m", "hi", 8, true),
-    )
-    .await;
+    let a = send(&c, Method::POST, &chat, None, chat_body("m", "hi", 8, true)).await;
     assert!(started.elapsed() < Duration::from_secs(5));
     assert!(
         a.text().contains("\"code\":\"stream_idle_timeout\""),
@@ -113,14 +97,13 @@ async fn the_stream_idle_timeout_defaults_to_the_response_timeout() {
 /// whole response timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_streaming_body_that_stalls_ends_with_a_502() {
-    let (_w, gw) = stalling_gateway("{stream_idle_timeout_s: 1}").await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
+    let (_w, gateway) = stalling_gateway("{stream_idle_timeout_s: 1}").await;
+    let Gateway { base, chat, c, .. } = gateway;
     let started = Instant::now();
     let a = send(
         &c,
         Method::POST,
-        &format!("{base}/v1/chat/completions"),
+        &chat,
         None,
         chat_body("m", "hi", 8, false),
     )
@@ -151,22 +134,22 @@ fn the_stream_idle_timeout_is_a_period() {
 }
 
 /// One worker and a gateway in front of it, for the requests that must never reach it.
-async fn plain_gateway() -> (FakeWorker, routelab_gateway::RunningGateway, String) {
+async fn plain_gateway() -> (FakeWorker, Gateway) {
     let w = FakeWorker::start(0.0).await;
-    let Gateway { gw, base, .. } = serve(
+    let gateway = serve(
         "seed-v1",
         "",
         &[worker("w", &w.url, "m", &["RTX 4090"], 8192)],
     )
     .await;
-    (w, gw, base)
+    (w, gateway)
 }
 
 /// Regression (defect 8): an empty body.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_path_answers_404_in_the_openai_shape() {
-    let (_w, _gw, base) = plain_gateway().await;
-    let c = client();
+    let (_w, gateway) = plain_gateway().await;
+    let Gateway { base, c, .. } = gateway;
     let a = send(&c, Method::POST, &format!("{base}/v1/nope"), None, "{}").await;
     let e = assert_openai_error(&a, 404);
     assert_eq!(e["code"], "unknown_url");
@@ -179,16 +162,9 @@ async fn an_unknown_path_answers_404_in_the_openai_shape() {
 /// Regression (defect 8): an empty body.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_method_answers_405_in_the_openai_shape() {
-    let (_w, _gw, base) = plain_gateway().await;
-    let c = client();
-    let a = send(
-        &c,
-        Method::GET,
-        &format!("{base}/v1/chat/completions"),
-        None,
-        "",
-    )
-    .await;
+    let (_w, gateway) = plain_gateway().await;
+    let Gateway { base, chat, c, .. } = gateway;
+    let a = send(&c, Method::GET, &chat, None, "").await;
     let e = assert_openai_error(&a, 405);
     assert_eq!(e["code"], "method_not_allowed");
     assert_eq!(a.headers["allow"], "POST");
@@ -207,16 +183,9 @@ async fn a_wrong_method_answers_405_in_the_openai_shape() {
 /// Sends `body` to the chat endpoint and checks the 400 names `param`; the worker sees
 /// nothing.
 async fn refused(body: &str, param: Option<&str>) -> String {
-    let (w, _gw, base) = plain_gateway().await;
-    let c = client();
-    let a = send(
-        &c,
-        Method::POST,
-        &format!("{base}/v1/chat/completions"),
-        None,
-        body.to_string(),
-    )
-    .await;
+    let (w, gateway) = plain_gateway().await;
+    let Gateway { chat, c, .. } = gateway;
+    let a = send(&c, Method::POST, &chat, None, body.to_string()).await;
     let e = assert_openai_error(&a, 400);
     assert_eq!(e["type"], "invalid_request_error");
     assert_eq!(e["param"].as_str(), param, "{e}");
