@@ -221,3 +221,20 @@ pub async fn fakes<const N: usize>(tok_s: f64) -> [FakeWorker; N] {
         .try_into()
         .unwrap_or_else(|_| unreachable!("started exactly N workers"))
 }
+
+/// Two workers of model `m`: `first` on two RTX 4090s has the higher table weight, so that
+/// idle ties go to it; `second` names no GPU. Each is a name and a base URL.
+pub fn favoured_pair(first: (&str, &str), second: (&str, &str)) -> [String; 2] {
+    [
+        worker(first.0, first.1, "m", &["RTX 4090", "RTX 4090"], 8192),
+        worker(second.0, second.1, "m", &[], 8192),
+    ]
+}
+
+/// A non-streaming chat request for 4 tokens of `m`, on a client and in a task of its own, so
+/// that the test can go on while it waits.
+pub fn spawn_chat(chat: &str, content: &str) -> tokio::task::JoinHandle<Answer> {
+    let chat = chat.to_string();
+    let body = chat_body("m", content, 4, false);
+    tokio::spawn(async move { send(&client(), Method::POST, &chat, None, body).await })
+}

@@ -282,10 +282,7 @@ async fn a_refused_connection_is_retried_on_another_worker() {
     let gateway = serve(
         "table/p2c:higher-weight/no-affinity/flat:24",
         "health: {interval_s: 0.2, unhealthy_after: 100}",
-        &[
-            worker("dead", &dead, "m", &["RTX 4090", "RTX 4090"], 8192),
-            worker("good", &good.url, "m", &[], 8192),
-        ],
+        &favoured_pair(("dead", &dead), ("good", &good.url)),
     )
     .await;
     let Gateway { base, chat, c, .. } = gateway;
@@ -320,10 +317,7 @@ async fn a_5xx_before_the_body_is_retried_and_exhausted_retries_give_502() {
     let gateway = serve(
         "table/p2c:higher-weight/no-affinity/flat:24",
         "health: {interval_s: 0}",
-        &[
-            worker("flaky", &flaky.url, "m", &["RTX 4090", "RTX 4090"], 8192),
-            worker("good", &good.url, "m", &[], 8192),
-        ],
+        &favoured_pair(("flaky", &flaky.url), ("good", &good.url)),
     )
     .await;
     let Gateway { base, chat, c, .. } = gateway;
@@ -551,20 +545,7 @@ async fn queue_timeout_gives_429_with_retry_after_and_a_freed_slot_serves_the_qu
     assert!(waited >= Duration::from_millis(290), "{waited:?}");
 
     // A queued request is served as soon as a slot frees.
-    let queued = {
-        let chat = chat.clone();
-        tokio::spawn(async move {
-            send(
-                &client(),
-                Method::POST,
-                &chat,
-                None,
-                chat_body("m", "q", 4, false),
-            )
-            .await
-            .status
-        })
-    };
+    let queued = spawn_chat(&chat, "q");
     let c2 = client();
     wait_for("the request to queue", SECS_10, async || {
         send(&c2, Method::GET, &format!("{base}/metrics"), None, "")
@@ -575,7 +556,7 @@ async fn queue_timeout_gives_429_with_retry_after_and_a_freed_slot_serves_the_qu
     .await;
     a.state.release();
     b.state.release();
-    assert_eq!(queued.await.unwrap(), StatusCode::OK);
+    assert_eq!(queued.await.unwrap().status, StatusCode::OK);
     for h in held {
         assert_eq!(h.await.unwrap(), StatusCode::OK);
     }

@@ -237,44 +237,17 @@ async fn a_retry_waits_in_the_queue_when_the_other_workers_are_full() {
     let gateway = serve(
         "table/p2c:higher-weight/no-affinity/flat:1",
         "queue_timeout_s: 10\nretries: 2\nhealth: {interval_s: 0}",
-        &[
-            worker("busy", &busy.url, "m", &["RTX 4090", "RTX 4090"], 8192),
-            worker("bad", &bad.url, "m", &[], 8192),
-        ],
+        &favoured_pair(("busy", &busy.url), ("bad", &bad.url)),
     )
     .await;
     let Gateway { base, chat, c, .. } = gateway;
-    let held = {
-        let chat = chat.clone();
-        tokio::spawn(async move {
-            send(
-                &client(),
-                Method::POST,
-                &chat,
-                None,
-                chat_body("m", "held", 4, false),
-            )
-            .await
-        })
-    };
+    let held = spawn_chat(&chat, "held");
     wait_for("the held request at busy", SECS_10, async || {
         busy.requests() == 1
     })
     .await;
     bad.state.mode.store(MODE_500, SeqCst);
-    let retried = {
-        let chat = chat.clone();
-        tokio::spawn(async move {
-            send(
-                &client(),
-                Method::POST,
-                &chat,
-                None,
-                chat_body("m", "retried", 4, false),
-            )
-            .await
-        })
-    };
+    let retried = spawn_chat(&chat, "retried");
     wait_for("the retry to queue after bad's 500", SECS_10, async || {
         bad.requests() == 1 && queue_length(&c, &base).await == "routelab_queue_length 1"
     })
@@ -335,33 +308,9 @@ async fn a_queue_whose_workers_are_all_ejected_answers_503() {
     )
     .await;
     let Gateway { base, chat, c, .. } = gateway;
-    let held = {
-        let chat = chat.clone();
-        tokio::spawn(async move {
-            send(
-                &client(),
-                Method::POST,
-                &chat,
-                None,
-                chat_body("m", "held", 4, false),
-            )
-            .await
-        })
-    };
+    let held = spawn_chat(&chat, "held");
     wait_for("the held request", SECS_10, async || w.requests() == 1).await;
-    let queued = {
-        let chat = chat.clone();
-        tokio::spawn(async move {
-            send(
-                &client(),
-                Method::POST,
-                &chat,
-                None,
-                chat_body("m", "queued", 4, false),
-            )
-            .await
-        })
-    };
+    let queued = spawn_chat(&chat, "queued");
     wait_for("the request to queue", SECS_10, async || {
         queue_length(&c, &base).await == "routelab_queue_length 1"
     })
@@ -391,33 +340,17 @@ async fn a_queued_retry_handed_its_failed_worker_takes_it_when_no_other_has_room
     let gateway = serve(
         "table/p2c:higher-weight/no-affinity/flat:1",
         "queue_timeout_s: 10\nretries: 1\nhealth: {interval_s: 0}",
-        &[
-            worker("busy", &busy.url, "m", &["RTX 4090", "RTX 4090"], 8192),
-            worker("bad", &bad.url, "m", &[], 8192),
-        ],
+        &favoured_pair(("busy", &busy.url), ("bad", &bad.url)),
     )
     .await;
     let Gateway { base, chat, c, .. } = gateway;
-    let post = |content: &'static str| {
-        let chat = chat.clone();
-        tokio::spawn(async move {
-            send(
-                &client(),
-                Method::POST,
-                &chat,
-                None,
-                chat_body("m", content, 4, false),
-            )
-            .await
-        })
-    };
-    let held = post("held");
+    let held = spawn_chat(&chat, "held");
     wait_for("the held request at busy", SECS_10, async || {
         busy.requests() == 1
     })
     .await;
     bad.state.mode.store(MODE_500, SeqCst);
-    let retried = post("retried");
+    let retried = spawn_chat(&chat, "retried");
     wait_for("the retry to queue", SECS_10, async || {
         queue_length(&c, &base).await == "routelab_queue_length 1"
     })
