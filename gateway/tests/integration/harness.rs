@@ -238,3 +238,21 @@ pub fn spawn_chat(chat: &str, content: &str) -> tokio::task::JoinHandle<Answer> 
     let body = chat_body("m", content, 4, false);
     tokio::spawn(async move { send(&client(), Method::POST, &chat, None, body).await })
 }
+
+/// A chat request to model `m`, without a token.
+pub async fn post_chat(
+    c: &HttpClient,
+    chat: &str,
+    content: &str,
+    max_tokens: u32,
+    stream: bool,
+) -> Answer {
+    send(
+        c,
+        Method::POST,
+        chat,
+        None,
+        chat_body("m", content, max_tokens, stream),
+    )
+    .await
+}

@@ -214,28 +214,14 @@ async fn error_cases_have_their_status_and_the_openai_shape() {
 
     // 6,000 bytes ≈ 1,500 tokens > the 1,000-token window.
     let long = "x".repeat(6000);
-    let a = send(
-        &c,
-        Method::POST,
-        &chat,
-        None,
-        chat_body("m", &long, 4, false),
-    )
-    .await;
+    let a = post_chat(&c, &chat, &long, 4, false).await;
     assert_eq!(
         assert_openai_error(&a, 400)["code"],
         "context_length_exceeded"
     );
 
     let huge = "x".repeat(70_000);
-    let a = send(
-        &c,
-        Method::POST,
-        &chat,
-        None,
-        chat_body("m", &huge, 4, false),
-    )
-    .await;
+    let a = post_chat(&c, &chat, &huge, 4, false).await;
     assert_eq!(assert_openai_error(&a, 413)["code"], "request_too_large");
 
     // Without the token, with a wrong one.
@@ -262,14 +248,7 @@ async fn error_cases_have_their_status_and_the_openai_shape() {
     assert_eq!(e["message"], "no healthy worker for model `lonely`");
 
     // The model still exists; a fine request still works.
-    let a = send(
-        &c,
-        Method::POST,
-        &chat,
-        None,
-        chat_body("m", "hi", 4, false),
-    )
-    .await;
+    let a = post_chat(&c, &chat, "hi", 4, false).await;
     assert_eq!(a.status, StatusCode::OK, "{}", a.text());
     assert_eq!(lonely.requests(), 0);
 }
@@ -286,14 +265,7 @@ async fn a_refused_connection_is_retried_on_another_worker() {
     )
     .await;
     let Gateway { base, chat, c, .. } = gateway;
-    let a = send(
-        &c,
-        Method::POST,
-        &chat,
-        None,
-        chat_body("m", "hi", 4, false),
-    )
-    .await;
+    let a = post_chat(&c, &chat, "hi", 4, false).await;
     assert_eq!(a.status, StatusCode::OK, "{}", a.text());
     assert_eq!(a.json()["usage"]["completion_tokens"], 4);
     assert_eq!(good.requests(), 1);
@@ -322,20 +294,13 @@ async fn a_5xx_before_the_body_is_retried_and_exhausted_retries_give_502() {
     .await;
     let Gateway { base, chat, c, .. } = gateway;
     for i in 1..=2 {
-        let a = send(&c, Method::POST, &chat, None, chat_body("m", "hi", 4, true)).await;
+        let a = post_chat(&c, &chat, "hi", 4, true).await;
         assert_eq!(a.status, StatusCode::OK, "{}", a.text());
         assert!(a.text().ends_with("data: [DONE]\n\n"));
         assert_eq!((flaky.requests(), good.requests()), (i, i));
     }
     good.state.mode.store(MODE_500, SeqCst);
-    let a = send(
-        &c,
-        Method::POST,
-        &chat,
-        None,
-        chat_body("m", "hi", 4, false),
-    )
-    .await;
+    let a = post_chat(&c, &chat, "hi", 4, false).await;
     assert_eq!(assert_openai_error(&a, 502)["type"], "upstream_error");
     let f = admin_worker(&c, &base, "flaky").await;
     assert_eq!(
@@ -351,7 +316,7 @@ async fn a_stream_that_breaks_ends_with_an_sse_error_event() {
     w.state.die_after.store(3, SeqCst);
     let gateway = serve("seed-v3", "", &[worker("w", &w.url, "m", &[], 8192)]).await;
     let Gateway { base, chat, c, .. } = gateway;
-    let a = send(&c, Method::POST, &chat, None, chat_body("m", "hi", 8, true)).await;
+    let a = post_chat(&c, &chat, "hi", 8, true).await;
     assert_eq!(a.status, StatusCode::OK);
     let text = a.text();
     let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
@@ -472,14 +437,7 @@ async fn metrics_have_the_per_worker_series() {
     .await;
     let Gateway { base, chat, c, .. } = gateway;
     for stream in [false, true] {
-        let r = send(
-            &c,
-            Method::POST,
-            &chat,
-            None,
-            chat_body("m", "hi", 4, stream),
-        )
-        .await;
+        let r = post_chat(&c, &chat, "hi", 4, stream).await;
         assert_eq!(r.status, StatusCode::OK);
     }
     let m = send(&c, Method::GET, &format!("{base}/metrics"), None, "").await;
@@ -531,14 +489,7 @@ async fn queue_timeout_gives_429_with_retry_after_and_a_freed_slot_serves_the_qu
     assert_eq!((a.requests(), b.requests()), (1, 1));
     let c = client();
     let t = Instant::now();
-    let r = send(
-        &c,
-        Method::POST,
-        &chat,
-        None,
-        chat_body("m", "hi", 4, false),
-    )
-    .await;
+    let r = post_chat(&c, &chat, "hi", 4, false).await;
     let waited = t.elapsed();
     assert_eq!(assert_openai_error(&r, 429)["code"], "queue_timeout");
     assert_eq!(r.headers["retry-after"], "1");
@@ -584,28 +535,14 @@ async fn health_checks_eject_and_readmit() {
         admin_worker(&c, &base, "w").await["state"] == "disconnected"
     })
     .await;
-    let a = send(
-        &c,
-        Method::POST,
-        &chat,
-        None,
-        chat_body("m", "hi", 4, false),
-    )
-    .await;
+    let a = post_chat(&c, &chat, "hi", 4, false).await;
     assert_openai_error(&a, 503);
     w.state.healthy.store(true, SeqCst);
     wait_for("re-admission", SECS_10, async || {
         admin_worker(&c, &base, "w").await["state"] == "up"
     })
     .await;
-    let a = send(
-        &c,
-        Method::POST,
-        &chat,
-        None,
-        chat_body("m", "hi", 4, false),
-    )
-    .await;
+    let a = post_chat(&c, &chat, "hi", 4, false).await;
     assert_eq!(a.status, StatusCode::OK);
 }
 

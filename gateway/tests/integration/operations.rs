@@ -288,14 +288,7 @@ async fn a_drained_worker_can_be_undrained() {
         (row["drained"].as_bool(), row["state"].as_str()),
         (Some(true), Some("draining"))
     );
-    let r = send(
-        &c,
-        Method::POST,
-        &chat,
-        None,
-        chat_body("m", "hi", 4, false),
-    )
-    .await;
+    let r = post_chat(&c, &chat, "hi", 4, false).await;
     assert_openai_error(&r, 503);
 
     let a = admin_post(&c, &base, "w/undrain").await;
@@ -304,14 +297,7 @@ async fn a_drained_worker_can_be_undrained() {
         (a.json()["drained"].as_bool(), a.json()["state"].as_str()),
         (Some(false), Some("up"))
     );
-    let r = send(
-        &c,
-        Method::POST,
-        &chat,
-        None,
-        chat_body("m", "hi", 4, false),
-    )
-    .await;
+    let r = post_chat(&c, &chat, "hi", 4, false).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert_eq!(w.requests(), 1);
     let a = admin_post(&c, &base, "nobody/undrain").await;
@@ -373,14 +359,7 @@ async fn rejections_are_counted_by_status_and_code() {
     }
     let r = send(&c, Method::GET, &format!("{base}/admin/workers"), None, "").await;
     assert_openai_error(&r, 401);
-    let r = send(
-        &c,
-        Method::POST,
-        &chat,
-        None,
-        chat_body("m", "hi", 4, false),
-    )
-    .await;
+    let r = post_chat(&c, &chat, "hi", 4, false).await;
     assert_eq!(r.status, StatusCode::OK);
     let m = metrics().await;
     for line in [

@@ -51,7 +51,7 @@ async fn a_stream_that_stalls_after_its_first_chunk_ends_with_an_error_event() {
     let (w, gateway) = stalling_gateway("{stream_idle_timeout_s: 1}").await;
     let Gateway { base, chat, c, .. } = gateway;
     let started = Instant::now();
-    let a = send(&c, Method::POST, &chat, None, chat_body("m", "hi", 8, true)).await;
+    let a = post_chat(&c, &chat, "hi", 8, true).await;
     let took = started.elapsed();
     assert_eq!(a.status, StatusCode::OK);
     assert!(took < Duration::from_secs(5), "{took:?}");
@@ -83,7 +83,7 @@ async fn the_stream_idle_timeout_defaults_to_the_response_timeout() {
     let (_w, gateway) = stalling_gateway("{response_timeout_s: 1}").await;
     let Gateway { base, chat, c, .. } = gateway;
     let started = Instant::now();
-    let a = send(&c, Method::POST, &chat, None, chat_body("m", "hi", 8, true)).await;
+    let a = post_chat(&c, &chat, "hi", 8, true).await;
     assert!(started.elapsed() < Duration::from_secs(5));
     assert!(
         a.text().contains("\"code\":\"stream_idle_timeout\""),
@@ -100,14 +100,7 @@ async fn a_non_streaming_body_that_stalls_ends_with_a_502() {
     let (_w, gateway) = stalling_gateway("{stream_idle_timeout_s: 1}").await;
     let Gateway { base, chat, c, .. } = gateway;
     let started = Instant::now();
-    let a = send(
-        &c,
-        Method::POST,
-        &chat,
-        None,
-        chat_body("m", "hi", 8, false),
-    )
-    .await;
+    let a = post_chat(&c, &chat, "hi", 8, false).await;
     assert!(started.elapsed() < Duration::from_secs(5));
     let e = assert_openai_error(&a, 502);
     assert_eq!(
@@ -282,14 +275,7 @@ async fn a_retry_with_no_other_worker_fails_at_once() {
     .await;
     let Gateway { chat, c, .. } = gateway;
     let started = Instant::now();
-    let a = send(
-        &c,
-        Method::POST,
-        &chat,
-        None,
-        chat_body("m", "hi", 4, false),
-    )
-    .await;
+    let a = post_chat(&c, &chat, "hi", 4, false).await;
     assert_eq!(assert_openai_error(&a, 502)["type"], "upstream_error");
     assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(bad.requests(), 1);
@@ -358,14 +344,7 @@ async fn a_queued_retry_handed_its_failed_worker_takes_it_when_no_other_has_room
     // bad recovers; a request served by it frees its slot, and the queue hands that slot to
     // the waiting retry while busy is still full.
     bad.state.mode.store(fake::MODE_OK, SeqCst);
-    let a = send(
-        &c,
-        Method::POST,
-        &chat,
-        None,
-        chat_body("m", "other", 4, false),
-    )
-    .await;
+    let a = post_chat(&c, &chat, "other", 4, false).await;
     assert_eq!(a.headers[routelab_gateway::proxy::WORKER_HEADER], "bad");
     let a = tokio::time::timeout(SECS_10, retried)
         .await
