@@ -35,6 +35,27 @@ async fn admin_post(c: &HttpClient, base: &str, path: &str) -> Answer {
     .await
 }
 
+/// The status of a GET of `url` with this `authorization` header (none if `None`), sent as it
+/// is, without the `Bearer` that [`send`] adds.
+async fn status_with_authorization(
+    c: &HttpClient,
+    url: &str,
+    authorization: Option<String>,
+) -> StatusCode {
+    let mut b = hyper::Request::get(url);
+    if let Some(v) = authorization {
+        b = b.header("authorization", v);
+    }
+    let r = tokio::time::timeout(
+        SECS_10,
+        c.request(b.body(http_body_util::Full::default()).unwrap()),
+    )
+    .await
+    .expect("answer within 10 s")
+    .unwrap();
+    r.status()
+}
+
 /// Regression (defect 5): a pin answered 200 when the state file could not be written, and the
 /// router kept the pin although it would be lost at the next restart. Now the admin call is a
 /// 500 naming the path and the OS error, and the router is back at its previous pin.
@@ -226,28 +247,10 @@ async fn invalid_state_file_entries_are_ignored_and_valid_ones_kept() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_bearer_scheme_is_case_insensitive() {
     let w = FakeWorker::start(0.0).await;
-    let gw = start(&config(
-        "seed-v1",
-        "",
-        &[worker("w", &w.url, "m", &[], 8192)],
-    ))
-    .await;
-    let url = format!("http://{}/admin/workers", gw.local_addr());
-    let c = client();
-    let with = async |authorization: Option<String>| {
-        let mut b = hyper::Request::get(&url);
-        if let Some(v) = authorization {
-            b = b.header("authorization", v);
-        }
-        let r = tokio::time::timeout(
-            SECS_10,
-            c.request(b.body(http_body_util::Full::default()).unwrap()),
-        )
-        .await
-        .expect("answer within 10 s")
-        .unwrap();
-        r.status()
-    };
+    let gateway = serve("seed-v1", "", &[worker("w", &w.url, "m", &[], 8192)]).await;
+    let Gateway { base, c, .. } = gateway;
+    let url = format!("{base}/admin/workers");
+    let with = async |authorization| status_with_authorization(&c, &url, authorization).await;
     for scheme in ["Bearer", "bearer", "BEARER"] {
         assert_eq!(
             with(Some(format!("{scheme} {TOKEN}"))).await,
@@ -423,18 +426,10 @@ async fn the_log_reports_refused_admin_calls_and_ignored_state_entries_without_s
         (Some(format!("Basic {SENT}")), "reason=wrong_scheme"),
         (Some(format!("Bearer {SENT}")), "reason=wrong_token"),
     ] {
-        let mut b = hyper::Request::get(&url);
-        if let Some(v) = authorization {
-            b = b.header("authorization", v);
-        }
-        let r = tokio::time::timeout(
-            SECS_10,
-            c.request(b.body(http_body_util::Full::default()).unwrap()),
-        )
-        .await
-        .expect("answer within 10 s")
-        .unwrap();
-        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            status_with_authorization(&c, &url, authorization).await,
+            StatusCode::UNAUTHORIZED
+        );
         wait_for(reason, SECS_10, async || {
             log()
                 .lines()
