@@ -221,26 +221,37 @@ async fn n_other_than_1_is_refused() {
     assert!(m.contains("must be 1"), "{m}");
 }
 
-/// Regression (defect 9): the retry found the other worker at its cap and answered 502.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retry_waits_in_the_queue_when_the_other_workers_are_full() {
+/// A request sent in a task of its own.
+type Task = tokio::task::JoinHandle<Answer>;
+
+/// `busy` (the higher table weight) holds a request, at its cap of 1, and `bad` answers 500
+/// to the next request, whose retry then finds `busy` full. Returns `busy`, `bad`, the
+/// gateway, the held request and the retried one.
+async fn retry_past_a_full_worker(retries: u32) -> (FakeWorker, FakeWorker, Gateway, Task, Task) {
     let [busy, bad] = fakes(0.0).await;
     busy.state.hold.store(true, SeqCst);
     // `busy` has the higher table weight: the idle tie sends the held request to it.
     let gateway = serve(
         "table/p2c:higher-weight/no-affinity/flat:1",
-        "queue_timeout_s: 10\nretries: 2\nhealth: {interval_s: 0}",
+        &format!("queue_timeout_s: 10\nretries: {retries}\nhealth: {{interval_s: 0}}"),
         &favoured_pair(("busy", &busy.url), ("bad", &bad.url)),
     )
     .await;
-    let Gateway { base, chat, c, .. } = gateway;
-    let held = spawn_chat(&chat, "held");
+    let held = spawn_chat(&gateway.chat, "held");
     wait_for("the held request at busy", SECS_10, async || {
         busy.requests() == 1
     })
     .await;
     bad.state.mode.store(MODE_500, SeqCst);
-    let retried = spawn_chat(&chat, "retried");
+    let retried = spawn_chat(&gateway.chat, "retried");
+    (busy, bad, gateway, held, retried)
+}
+
+/// Regression (defect 9): the retry found the other worker at its cap and answered 502.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_waits_in_the_queue_when_the_other_workers_are_full() {
+    let (busy, bad, gateway, held, retried) = retry_past_a_full_worker(2).await;
+    let Gateway { base, c, .. } = gateway;
     wait_for("the retry to queue after bad's 500", SECS_10, async || {
         bad.requests() == 1 && queue_length(&c, &base).await == "routelab_queue_length 1"
     })
@@ -321,22 +332,8 @@ async fn a_queue_whose_workers_are_all_ejected_answers_503() {
 /// be handed it again), and succeeds if that worker has recovered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_retry_handed_its_failed_worker_takes_it_when_no_other_has_room() {
-    let [busy, bad] = fakes(0.0).await;
-    busy.state.hold.store(true, SeqCst);
-    let gateway = serve(
-        "table/p2c:higher-weight/no-affinity/flat:1",
-        "queue_timeout_s: 10\nretries: 1\nhealth: {interval_s: 0}",
-        &favoured_pair(("busy", &busy.url), ("bad", &bad.url)),
-    )
-    .await;
+    let (busy, bad, gateway, held, retried) = retry_past_a_full_worker(1).await;
     let Gateway { base, chat, c, .. } = gateway;
-    let held = spawn_chat(&chat, "held");
-    wait_for("the held request at busy", SECS_10, async || {
-        busy.requests() == 1
-    })
-    .await;
-    bad.state.mode.store(MODE_500, SeqCst);
-    let retried = spawn_chat(&chat, "retried");
     wait_for("the retry to queue", SECS_10, async || {
         queue_length(&c, &base).await == "routelab_queue_length 1"
     })
