@@ -283,8 +283,8 @@ async fn a_clock_scale_runs_policy_timers_faster_and_measures_in_policy_time() {
 
     // At scale 1 the same policy probes once, and measures wall-time throughput.
     let plain = FakeWorker::start(1000.0).await;
-    let gw = start(&scaled_probe_config(&plain.url, 1.0, 0.01)).await;
-    let base = format!("http://{}", gw.local_addr());
+    let Gateway { gw, base, .. } =
+        Gateway::start(&scaled_probe_config(&plain.url, 1.0, 0.01)).await;
     wait_for("the first probe at clock_scale 1", SECS_10, async || {
         admin_worker(&c, &base, "w").await["provenance"] == "measured"
     })

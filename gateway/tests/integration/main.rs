@@ -52,14 +52,13 @@ async fn table_weights_send_12_of_16_to_the_pair() {
         ],
     )
     .await;
-    let Gateway { base, .. } = gateway;
+    let Gateway { base, c, .. } = gateway;
     let tasks = spawn_held(&base, "gemma-27b", 16);
     wait_for("16 requests at the workers", SECS_10, async || {
         pair.requests() + pro.requests() == 16
     })
     .await;
     assert_eq!((pair.requests(), pro.requests()), (12, 4));
-    let c = client();
     let w = admin_worker(&c, &base, "pair").await;
     assert_eq!(
         (w["weight"].as_f64(), w["provenance"].as_str()),
@@ -357,8 +356,7 @@ async fn pins_and_the_probe_cache_survive_a_restart() {
         ],
     );
     let c = client();
-    let gw = start(&yaml).await;
-    let base = format!("http://{}", gw.local_addr());
+    let Gateway { gw, base, .. } = Gateway::start(&yaml).await;
     wait_for("both workers measured", SECS_10, async || {
         admin_worker(&c, &base, "fast").await["provenance"] == "measured"
             && admin_worker(&c, &base, "slow").await["provenance"] == "measured"
@@ -385,8 +383,7 @@ async fn pins_and_the_probe_cache_survive_a_restart() {
     let probes_before = (fast.probe_requests(), slow.probe_requests());
     assert_eq!(probes_before, (8, 8));
 
-    let gw = start(&yaml).await;
-    let base = format!("http://{}", gw.local_addr());
+    let Gateway { gw, base, .. } = Gateway::start(&yaml).await;
     let s = admin_worker(&c, &base, "slow").await;
     assert_eq!(
         (s["weight"].as_f64(), s["provenance"].as_str()),
@@ -416,8 +413,7 @@ async fn pins_and_the_probe_cache_survive_a_restart() {
     .await;
     assert_eq!(a.json()["provenance"], "measured");
     gw.kill();
-    let gw = start(&yaml).await;
-    let base = format!("http://{}", gw.local_addr());
+    let Gateway { gw, base, .. } = Gateway::start(&yaml).await;
     assert_eq!(
         admin_worker(&c, &base, "slow").await["provenance"],
         "measured"
@@ -480,14 +476,13 @@ async fn queue_timeout_gives_429_with_retry_after_and_a_freed_slot_serves_the_qu
         ],
     )
     .await;
-    let Gateway { base, chat, .. } = gateway;
+    let Gateway { base, chat, c, .. } = gateway;
     let held = spawn_held(&base, "m", 2);
     wait_for("both workers busy", SECS_10, async || {
         a.requests() + b.requests() == 2
     })
     .await;
     assert_eq!((a.requests(), b.requests()), (1, 1));
-    let c = client();
     let t = Instant::now();
     let r = post_chat(&c, &chat, "hi", 4, false).await;
     let waited = t.elapsed();
