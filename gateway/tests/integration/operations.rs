@@ -336,7 +336,7 @@ async fn a_refused_health_check_ejects_at_once() {
 async fn rejections_are_counted_by_status_and_code() {
     let w = FakeWorker::start(0.0).await;
     let gateway = serve("seed-v1", "", &[worker("w", &w.url, "m", &[], 8192)]).await;
-    let Gateway { base, c, .. } = gateway;
+    let Gateway { base, chat, c, .. } = gateway;
     let metrics = async || {
         send(&c, Method::GET, &format!("{base}/metrics"), None, "")
             .await
@@ -348,7 +348,6 @@ async fn rejections_are_counted_by_status_and_code() {
         "{m}"
     );
     assert!(!m.contains("code=\"model_not_found\""), "{m}");
-    let chat = format!("{base}/v1/chat/completions");
     for _ in 0..2 {
         let r = send(
             &c,
