@@ -277,17 +277,16 @@ fn decode_base64(text: &str) -> Vec<u8> {
 async fn the_admin_page_pins_a_weight_in_a_real_browser() {
     let a = FakeWorker::start(1000.0).await;
     let b = FakeWorker::start(500.0).await;
-    let yaml = config(
+    let gateway = serve(
         "{preset: seed-v3, weights: {kind: probe, concurrency: 4, output_tokens: 32, warmup: true}}",
         "probe: {poll_interval_s: 0.05}",
         &[
             worker("a", &a.url, "m", &[], 32768),
             worker("b", &b.url, "m", &[], 32768),
         ],
-    );
-    let gw = start(&yaml).await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
+    )
+    .await;
+    let Gateway { base, c, .. } = gateway;
 
     // The shell is public and carries no data; the data is behind the token.
     let shell = send(&c, Method::GET, &format!("{base}/admin"), None, "").await;

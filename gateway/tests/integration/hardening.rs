@@ -212,16 +212,20 @@ async fn beyond_max_connections_a_connection_gets_503_and_then_service_resumes()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_listener_serves_admin_and_the_public_one_does_not() {
     let w = FakeWorker::start(0.0).await;
-    let gw = start(&config(
+    let gateway = serve(
         "seed-v1",
         "admin_listen: 127.0.0.1:0",
         &[worker("a", &w.url, "m", &[], 4096)],
-    ))
+    )
     .await;
-    let public = format!("http://{}", gw.local_addr());
+    let Gateway {
+        gw,
+        base: public,
+        c,
+        ..
+    } = gateway;
     let admin = format!("http://{}", gw.admin_addr().expect("an admin listener"));
     assert_ne!(public, admin);
-    let c = client();
     for path in [
         "/admin/workers",
         "/admin",
@@ -279,8 +283,8 @@ async fn a_clock_scale_runs_policy_timers_faster_and_measures_in_policy_time() {
 
     // At scale 1 the same policy probes once, and measures wall-time throughput.
     let plain = FakeWorker::start(1000.0).await;
-    let gw = start(&scaled_probe_config(&plain.url, 1.0, 0.01)).await;
-    let base = format!("http://{}", gw.local_addr());
+    let Gateway { gw, base, .. } =
+        Gateway::start(&scaled_probe_config(&plain.url, 1.0, 0.01)).await;
     wait_for("the first probe at clock_scale 1", SECS_10, async || {
         admin_worker(&c, &base, "w").await["provenance"] == "measured"
     })

@@ -1,5 +1,6 @@
 //! Gateway start-up, an HTTP client and small helpers; every wait is bounded.
 
+use crate::fake::FakeWorker;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -179,4 +180,79 @@ pub async fn refused_url() -> String {
     let url = format!("http://{}", l.local_addr().unwrap());
     drop(l);
     url
+}
+
+/// A started gateway with the URLs and the client most tests need. The gateway stops when
+/// `gw` is dropped, so a test that takes only the other fields out keeps the `Gateway` bound
+/// (`let gateway = serve(..).await; let Gateway { base, c, .. } = gateway;`).
+pub struct Gateway {
+    pub gw: RunningGateway,
+    pub base: String,
+    pub chat: String,
+    pub c: HttpClient,
+}
+
+impl Gateway {
+    pub async fn start(yaml: &str) -> Gateway {
+        let gw = start(yaml).await;
+        let base = format!("http://{}", gw.local_addr());
+        let chat = format!("{base}/v1/chat/completions");
+        Gateway {
+            gw,
+            base,
+            chat,
+            c: client(),
+        }
+    }
+}
+
+/// A gateway on `config(policy, extra, workers)`.
+pub async fn serve(policy: &str, extra: &str, workers: &[String]) -> Gateway {
+    Gateway::start(&config(policy, extra, workers)).await
+}
+
+/// `N` fake workers, each at `tok_s` tokens/s.
+pub async fn fakes<const N: usize>(tok_s: f64) -> [FakeWorker; N] {
+    let mut workers = Vec::with_capacity(N);
+    for _ in 0..N {
+        workers.push(FakeWorker::start(tok_s).await);
+    }
+    workers
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("started exactly N workers"))
+}
+
+/// Two workers of model `m`: `first` on two RTX 4090s has the higher table weight, so that
+/// idle ties go to it; `second` names no GPU. Each is a name and a base URL.
+pub fn favoured_pair(first: (&str, &str), second: (&str, &str)) -> [String; 2] {
+    [
+        worker(first.0, first.1, "m", &["RTX 4090", "RTX 4090"], 8192),
+        worker(second.0, second.1, "m", &[], 8192),
+    ]
+}
+
+/// A non-streaming chat request for 4 tokens of `m`, on a client and in a task of its own, so
+/// that the test can go on while it waits.
+pub fn spawn_chat(chat: &str, content: &str) -> tokio::task::JoinHandle<Answer> {
+    let chat = chat.to_string();
+    let body = chat_body("m", content, 4, false);
+    tokio::spawn(async move { send(&client(), Method::POST, &chat, None, body).await })
+}
+
+/// A chat request to model `m`, without a token.
+pub async fn post_chat(
+    c: &HttpClient,
+    chat: &str,
+    content: &str,
+    max_tokens: u32,
+    stream: bool,
+) -> Answer {
+    send(
+        c,
+        Method::POST,
+        chat,
+        None,
+        chat_body("m", content, max_tokens, stream),
+    )
+    .await
 }

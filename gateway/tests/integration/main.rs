@@ -34,11 +34,10 @@ fn spawn_held(base: &str, model: &str, n: usize) -> Vec<tokio::task::JoinHandle<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn table_weights_send_12_of_16_to_the_pair() {
-    let pair = FakeWorker::start(0.0).await;
-    let pro = FakeWorker::start(0.0).await;
+    let [pair, pro] = fakes(0.0).await;
     pair.state.hold.store(true, SeqCst);
     pro.state.hold.store(true, SeqCst);
-    let gw = start(&config(
+    let gateway = serve(
         "seed-v1",
         "",
         &[
@@ -51,16 +50,15 @@ async fn table_weights_send_12_of_16_to_the_pair() {
             ),
             worker("pro", &pro.url, "gemma-27b", &["RTX PRO 6000"], 32768),
         ],
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
+    let Gateway { base, c, .. } = gateway;
     let tasks = spawn_held(&base, "gemma-27b", 16);
     wait_for("16 requests at the workers", SECS_10, async || {
         pair.requests() + pro.requests() == 16
     })
     .await;
     assert_eq!((pair.requests(), pro.requests()), (12, 4));
-    let c = client();
     let w = admin_worker(&c, &base, "pair").await;
     assert_eq!(
         (w["weight"].as_f64(), w["provenance"].as_str()),
@@ -84,17 +82,16 @@ fn probe_policy() -> &'static str {
 async fn probes_measure_and_the_faster_worker_gets_the_majority() {
     let fast = FakeWorker::start(1000.0).await;
     let slow = FakeWorker::start(250.0).await;
-    let gw = start(&config(
+    let gateway = serve(
         probe_policy(),
         "probe: {poll_interval_s: 0.05}",
         &[
             worker("fast", &fast.url, "m", &["RTX 4090"], 32768),
             worker("slow", &slow.url, "m", &["RTX 4090", "RTX 4090"], 32768),
         ],
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
+    let Gateway { base, c, .. } = gateway;
     wait_for("both workers measured", SECS_10, async || {
         admin_worker(&c, &base, "fast").await["provenance"] == "measured"
             && admin_worker(&c, &base, "slow").await["provenance"] == "measured"
@@ -139,19 +136,13 @@ async fn probes_measure_and_the_faster_worker_gets_the_majority() {
 async fn sse_chunks_arrive_incrementally() {
     let w = FakeWorker::start(10.0).await; // 10 tokens: 1 s
     w.state.natural_len.store(100, SeqCst);
-    let gw = start(&config(
-        "seed-v3",
-        "",
-        &[worker("w", &w.url, "m", &[], 8192)],
-    ))
-    .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
+    let gateway = serve("seed-v3", "", &[worker("w", &w.url, "m", &[], 8192)]).await;
+    let Gateway { chat, c, .. } = gateway;
     let started = Instant::now();
     let r = raw(
         &c,
         Method::POST,
-        &format!("{base}/v1/chat/completions"),
+        &chat,
         None,
         chat_body("m", "stream please", 10, true),
     )
@@ -195,20 +186,17 @@ async fn sse_chunks_arrive_incrementally() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn error_cases_have_their_status_and_the_openai_shape() {
-    let w = FakeWorker::start(0.0).await;
-    let lonely = FakeWorker::start(0.0).await;
-    let gw = start(&config(
+    let [w, lonely] = fakes(0.0).await;
+    let gateway = serve(
         "seed-v3",
         "max_body_bytes: 65536",
         &[
             worker("w", &w.url, "m", &[], 1000),
             worker("lonely-w", &lonely.url, "lonely", &[], 8192),
         ],
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
-    let chat = format!("{base}/v1/chat/completions");
-    let c = client();
+    let Gateway { base, chat, c, .. } = gateway;
 
     let e = assert_openai_error(&send(&c, Method::POST, &chat, None, "{not json").await, 400);
     assert_eq!(e["type"], "invalid_request_error");
@@ -225,28 +213,14 @@ async fn error_cases_have_their_status_and_the_openai_shape() {
 
     // 6,000 bytes ≈ 1,500 tokens > the 1,000-token window.
     let long = "x".repeat(6000);
-    let a = send(
-        &c,
-        Method::POST,
-        &chat,
-        None,
-        chat_body("m", &long, 4, false),
-    )
-    .await;
+    let a = post_chat(&c, &chat, &long, 4, false).await;
     assert_eq!(
         assert_openai_error(&a, 400)["code"],
         "context_length_exceeded"
     );
 
     let huge = "x".repeat(70_000);
-    let a = send(
-        &c,
-        Method::POST,
-        &chat,
-        None,
-        chat_body("m", &huge, 4, false),
-    )
-    .await;
+    let a = post_chat(&c, &chat, &huge, 4, false).await;
     assert_eq!(assert_openai_error(&a, 413)["code"], "request_too_large");
 
     // Without the token, with a wrong one.
@@ -273,14 +247,7 @@ async fn error_cases_have_their_status_and_the_openai_shape() {
     assert_eq!(e["message"], "no healthy worker for model `lonely`");
 
     // The model still exists; a fine request still works.
-    let a = send(
-        &c,
-        Method::POST,
-        &chat,
-        None,
-        chat_body("m", "hi", 4, false),
-    )
-    .await;
+    let a = post_chat(&c, &chat, "hi", 4, false).await;
     assert_eq!(a.status, StatusCode::OK, "{}", a.text());
     assert_eq!(lonely.requests(), 0);
 }
@@ -290,25 +257,14 @@ async fn a_refused_connection_is_retried_on_another_worker() {
     let good = FakeWorker::start(0.0).await;
     let dead = refused_url().await;
     // The dead worker has the higher table weight: idle ties go to it first.
-    let gw = start(&config(
+    let gateway = serve(
         "table/p2c:higher-weight/no-affinity/flat:24",
         "health: {interval_s: 0.2, unhealthy_after: 100}",
-        &[
-            worker("dead", &dead, "m", &["RTX 4090", "RTX 4090"], 8192),
-            worker("good", &good.url, "m", &[], 8192),
-        ],
-    ))
-    .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
-    let a = send(
-        &c,
-        Method::POST,
-        &format!("{base}/v1/chat/completions"),
-        None,
-        chat_body("m", "hi", 4, false),
+        &favoured_pair(("dead", &dead), ("good", &good.url)),
     )
     .await;
+    let Gateway { base, chat, c, .. } = gateway;
+    let a = post_chat(&c, &chat, "hi", 4, false).await;
     assert_eq!(a.status, StatusCode::OK, "{}", a.text());
     assert_eq!(a.json()["usage"]["completion_tokens"], 4);
     assert_eq!(good.requests(), 1);
@@ -327,36 +283,23 @@ async fn a_refused_connection_is_retried_on_another_worker() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_5xx_before_the_body_is_retried_and_exhausted_retries_give_502() {
-    let flaky = FakeWorker::start(0.0).await;
-    let good = FakeWorker::start(0.0).await;
+    let [flaky, good] = fakes(0.0).await;
     flaky.state.mode.store(MODE_500, SeqCst);
-    let gw = start(&config(
+    let gateway = serve(
         "table/p2c:higher-weight/no-affinity/flat:24",
         "health: {interval_s: 0}",
-        &[
-            worker("flaky", &flaky.url, "m", &["RTX 4090", "RTX 4090"], 8192),
-            worker("good", &good.url, "m", &[], 8192),
-        ],
-    ))
+        &favoured_pair(("flaky", &flaky.url), ("good", &good.url)),
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
-    let chat = format!("{base}/v1/chat/completions");
-    let c = client();
+    let Gateway { base, chat, c, .. } = gateway;
     for i in 1..=2 {
-        let a = send(&c, Method::POST, &chat, None, chat_body("m", "hi", 4, true)).await;
+        let a = post_chat(&c, &chat, "hi", 4, true).await;
         assert_eq!(a.status, StatusCode::OK, "{}", a.text());
         assert!(a.text().ends_with("data: [DONE]\n\n"));
         assert_eq!((flaky.requests(), good.requests()), (i, i));
     }
     good.state.mode.store(MODE_500, SeqCst);
-    let a = send(
-        &c,
-        Method::POST,
-        &chat,
-        None,
-        chat_body("m", "hi", 4, false),
-    )
-    .await;
+    let a = post_chat(&c, &chat, "hi", 4, false).await;
     assert_eq!(assert_openai_error(&a, 502)["type"], "upstream_error");
     let f = admin_worker(&c, &base, "flaky").await;
     assert_eq!(
@@ -370,22 +313,9 @@ async fn a_stream_that_breaks_ends_with_an_sse_error_event() {
     let w = FakeWorker::start(200.0).await;
     w.state.mode.store(MODE_DIE, SeqCst);
     w.state.die_after.store(3, SeqCst);
-    let gw = start(&config(
-        "seed-v3",
-        "",
-        &[worker("w", &w.url, "m", &[], 8192)],
-    ))
-    .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
-    let a = send(
-        &c,
-        Method::POST,
-        &format!("{base}/v1/chat/completions"),
-        None,
-        chat_body("m", "hi", 8, true),
-    )
-    .await;
+    let gateway = serve("seed-v3", "", &[worker("w", &w.url, "m", &[], 8192)]).await;
+    let Gateway { base, chat, c, .. } = gateway;
+    let a = post_chat(&c, &chat, "hi", 8, true).await;
     assert_eq!(a.status, StatusCode::OK);
     let text = a.text();
     let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
@@ -426,8 +356,7 @@ async fn pins_and_the_probe_cache_survive_a_restart() {
         ],
     );
     let c = client();
-    let gw = start(&yaml).await;
-    let base = format!("http://{}", gw.local_addr());
+    let Gateway { gw, base, .. } = Gateway::start(&yaml).await;
     wait_for("both workers measured", SECS_10, async || {
         admin_worker(&c, &base, "fast").await["provenance"] == "measured"
             && admin_worker(&c, &base, "slow").await["provenance"] == "measured"
@@ -454,8 +383,7 @@ async fn pins_and_the_probe_cache_survive_a_restart() {
     let probes_before = (fast.probe_requests(), slow.probe_requests());
     assert_eq!(probes_before, (8, 8));
 
-    let gw = start(&yaml).await;
-    let base = format!("http://{}", gw.local_addr());
+    let Gateway { gw, base, .. } = Gateway::start(&yaml).await;
     let s = admin_worker(&c, &base, "slow").await;
     assert_eq!(
         (s["weight"].as_f64(), s["provenance"].as_str()),
@@ -485,8 +413,7 @@ async fn pins_and_the_probe_cache_survive_a_restart() {
     .await;
     assert_eq!(a.json()["provenance"], "measured");
     gw.kill();
-    let gw = start(&yaml).await;
-    let base = format!("http://{}", gw.local_addr());
+    let Gateway { gw, base, .. } = Gateway::start(&yaml).await;
     assert_eq!(
         admin_worker(&c, &base, "slow").await["provenance"],
         "measured"
@@ -498,23 +425,15 @@ async fn pins_and_the_probe_cache_survive_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_have_the_per_worker_series() {
     let a = FakeWorker::start(0.0).await;
-    let gw = start(&config(
+    let gateway = serve(
         "seed-v1",
         "",
         &[worker("a", &a.url, "m", &["RTX 4090"], 8192)],
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
+    let Gateway { base, chat, c, .. } = gateway;
     for stream in [false, true] {
-        let r = send(
-            &c,
-            Method::POST,
-            &format!("{base}/v1/chat/completions"),
-            None,
-            chat_body("m", "hi", 4, stream),
-        )
-        .await;
+        let r = post_chat(&c, &chat, "hi", 4, stream).await;
         assert_eq!(r.status, StatusCode::OK);
     }
     let m = send(&c, Method::GET, &format!("{base}/metrics"), None, "").await;
@@ -545,57 +464,34 @@ async fn metrics_have_the_per_worker_series() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_timeout_gives_429_with_retry_after_and_a_freed_slot_serves_the_queue() {
-    let a = FakeWorker::start(0.0).await;
-    let b = FakeWorker::start(0.0).await;
+    let [a, b] = fakes(0.0).await;
     a.state.hold.store(true, SeqCst);
     b.state.hold.store(true, SeqCst);
-    let gw = start(&config(
+    let gateway = serve(
         "equal/p2c/no-affinity/flat:1",
         "queue_timeout_s: 0.3",
         &[
             worker("a", &a.url, "m", &[], 8192),
             worker("b", &b.url, "m", &[], 8192),
         ],
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
-    let chat = format!("{base}/v1/chat/completions");
+    let Gateway { base, chat, c, .. } = gateway;
     let held = spawn_held(&base, "m", 2);
     wait_for("both workers busy", SECS_10, async || {
         a.requests() + b.requests() == 2
     })
     .await;
     assert_eq!((a.requests(), b.requests()), (1, 1));
-    let c = client();
     let t = Instant::now();
-    let r = send(
-        &c,
-        Method::POST,
-        &chat,
-        None,
-        chat_body("m", "hi", 4, false),
-    )
-    .await;
+    let r = post_chat(&c, &chat, "hi", 4, false).await;
     let waited = t.elapsed();
     assert_eq!(assert_openai_error(&r, 429)["code"], "queue_timeout");
     assert_eq!(r.headers["retry-after"], "1");
     assert!(waited >= Duration::from_millis(290), "{waited:?}");
 
     // A queued request is served as soon as a slot frees.
-    let queued = {
-        let chat = chat.clone();
-        tokio::spawn(async move {
-            send(
-                &client(),
-                Method::POST,
-                &chat,
-                None,
-                chat_body("m", "q", 4, false),
-            )
-            .await
-            .status
-        })
-    };
+    let queued = spawn_chat(&chat, "q");
     let c2 = client();
     wait_for("the request to queue", SECS_10, async || {
         send(&c2, Method::GET, &format!("{base}/metrics"), None, "")
@@ -606,7 +502,7 @@ async fn queue_timeout_gives_429_with_retry_after_and_a_freed_slot_serves_the_qu
     .await;
     a.state.release();
     b.state.release();
-    assert_eq!(queued.await.unwrap(), StatusCode::OK);
+    assert_eq!(queued.await.unwrap().status, StatusCode::OK);
     for h in held {
         assert_eq!(h.await.unwrap(), StatusCode::OK);
     }
@@ -622,57 +518,34 @@ async fn queue_timeout_gives_429_with_retry_after_and_a_freed_slot_serves_the_qu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_checks_eject_and_readmit() {
     let w = FakeWorker::start(0.0).await;
-    let gw = start(&config(
+    let gateway = serve(
         "seed-v3",
         "health: {interval_s: 0.05, unhealthy_after: 2, healthy_after: 2}",
         &[worker("w", &w.url, "m", &[], 8192)],
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
-    let chat = format!("{base}/v1/chat/completions");
+    let Gateway { base, chat, c, .. } = gateway;
     w.state.healthy.store(false, SeqCst);
     wait_for("ejection", SECS_10, async || {
         admin_worker(&c, &base, "w").await["state"] == "disconnected"
     })
     .await;
-    let a = send(
-        &c,
-        Method::POST,
-        &chat,
-        None,
-        chat_body("m", "hi", 4, false),
-    )
-    .await;
+    let a = post_chat(&c, &chat, "hi", 4, false).await;
     assert_openai_error(&a, 503);
     w.state.healthy.store(true, SeqCst);
     wait_for("re-admission", SECS_10, async || {
         admin_worker(&c, &base, "w").await["state"] == "up"
     })
     .await;
-    let a = send(
-        &c,
-        Method::POST,
-        &chat,
-        None,
-        chat_body("m", "hi", 4, false),
-    )
-    .await;
+    let a = post_chat(&c, &chat, "hi", 4, false).await;
     assert_eq!(a.status, StatusCode::OK);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completions_models_and_the_admin_lifecycle() {
-    let a = FakeWorker::start(0.0).await;
-    let b = FakeWorker::start(0.0).await;
-    let gw = start(&config(
-        "seed-v3",
-        "",
-        &[worker("a", &a.url, "m1", &[], 8192)],
-    ))
-    .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
+    let [a, b] = fakes(0.0).await;
+    let Gateway { gw, base, chat, c } =
+        serve("seed-v3", "", &[worker("a", &a.url, "m1", &[], 8192)]).await;
     let body = r#"{"model":"m1","prompt":"once upon a time","max_tokens":5}"#;
     let r = send(
         &c,
@@ -734,7 +607,7 @@ async fn completions_models_and_the_admin_lifecycle() {
     let r = send(
         &c,
         Method::POST,
-        &format!("{base}/v1/chat/completions"),
+        &chat,
         None,
         chat_body("m2", "hi", 3, false),
     )
@@ -783,7 +656,7 @@ async fn completions_models_and_the_admin_lifecycle() {
     let r = send(
         &c,
         Method::POST,
-        &format!("{base}/v1/chat/completions"),
+        &chat,
         None,
         chat_body("m2", "hi", 3, false),
     )
@@ -795,19 +668,13 @@ async fn completions_models_and_the_admin_lifecycle() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_name_the_worker_that_served_them() {
     let a = FakeWorker::start(0.0).await;
-    let gw = start(&config(
-        "seed-v1",
-        "",
-        &[worker("alpha", &a.url, "m1", &[], 8192)],
-    ))
-    .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
+    let gateway = serve("seed-v1", "", &[worker("alpha", &a.url, "m1", &[], 8192)]).await;
+    let Gateway { chat, c, .. } = gateway;
     for stream in [false, true] {
         let r = send(
             &c,
             Method::POST,
-            &format!("{base}/v1/chat/completions"),
+            &chat,
             None,
             chat_body("m1", "hi", 3, stream),
         )
@@ -825,7 +692,7 @@ async fn answers_name_the_worker_that_served_them() {
     let r = send(
         &c,
         Method::POST,
-        &format!("{base}/v1/chat/completions"),
+        &chat,
         None,
         chat_body("nope", "hi", 3, false),
     )

@@ -35,6 +35,27 @@ async fn admin_post(c: &HttpClient, base: &str, path: &str) -> Answer {
     .await
 }
 
+/// The status of a GET of `url` with this `authorization` header (none if `None`), sent as it
+/// is, without the `Bearer` that [`send`] adds.
+async fn status_with_authorization(
+    c: &HttpClient,
+    url: &str,
+    authorization: Option<String>,
+) -> StatusCode {
+    let mut b = hyper::Request::get(url);
+    if let Some(v) = authorization {
+        b = b.header("authorization", v);
+    }
+    let r = tokio::time::timeout(
+        SECS_10,
+        c.request(b.body(http_body_util::Full::default()).unwrap()),
+    )
+    .await
+    .expect("answer within 10 s")
+    .unwrap();
+    r.status()
+}
+
 /// Regression (defect 5): a pin answered 200 when the state file could not be written, and the
 /// router kept the pin although it would be lost at the next restart. Now the admin call is a
 /// 500 naming the path and the OS error, and the router is back at its previous pin.
@@ -45,14 +66,12 @@ async fn a_pin_that_cannot_be_persisted_is_refused_and_rolled_back() {
     let parent = dir.join("sub");
     std::fs::create_dir(&parent).unwrap();
     let state = parent.join("state.json");
-    let gw = start(&config(
+    let Gateway { gw, base, c, .. } = serve(
         PROBE_CLAMPED,
         &format!("state_file: {}", state.display()),
         &[worker("w", &w.url, "m", &[], 8192)],
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
     let a = pin(&c, &base, "w", "2.0").await;
     assert_eq!(a.status, StatusCode::OK, "{}", a.text());
     assert!(
@@ -104,14 +123,12 @@ async fn out_of_range_pins_are_refused_with_the_policys_range() {
     let w = FakeWorker::start(0.0).await;
     let dir = temp_dir("pin-range");
     let state = dir.join("state.json");
-    let gw = start(&config(
+    let Gateway { gw, base, c, .. } = serve(
         PROBE_CLAMPED,
         &format!("state_file: {}", state.display()),
         &[worker("w", &w.url, "m", &[], 8192)],
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
     for weight in ["1e9", "5e-324", "4.01", "0.49", "0", "-1"] {
         let a = pin(&c, &base, "w", weight).await;
         let e = assert_openai_error(&a, 400);
@@ -147,14 +164,8 @@ async fn out_of_range_pins_are_refused_with_the_policys_range() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_without_pins_refuses_every_pin_with_409() {
     let w = FakeWorker::start(0.0).await;
-    let gw = start(&config(
-        "seed-v1",
-        "",
-        &[worker("w", &w.url, "m", &[], 8192)],
-    ))
-    .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
+    let gateway = serve("seed-v1", "", &[worker("w", &w.url, "m", &[], 8192)]).await;
+    let Gateway { base, c, .. } = gateway;
     for weight in ["1.5", "1e9"] {
         let a = pin(&c, &base, "w", weight).await;
         assert_eq!(assert_openai_error(&a, 409)["code"], "pins_unsupported");
@@ -201,14 +212,12 @@ async fn invalid_state_file_entries_are_ignored_and_valid_ones_kept() {
         .iter()
         .map(|n| worker(n, &dead, "m", &[], 8192))
         .collect();
-    let gw = start(&config(
+    let Gateway { gw, base, c, .. } = serve(
         PROBE_CLAMPED,
         &format!("state_file: {}\nhealth: {{interval_s: 0}}", state.display()),
         &workers,
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
     for name in ["future", "zero", "huge", "negative"] {
         let w = admin_worker(&c, &base, name).await;
         assert_eq!(w["provenance"], "default", "{name}: {w}");
@@ -238,28 +247,10 @@ async fn invalid_state_file_entries_are_ignored_and_valid_ones_kept() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_bearer_scheme_is_case_insensitive() {
     let w = FakeWorker::start(0.0).await;
-    let gw = start(&config(
-        "seed-v1",
-        "",
-        &[worker("w", &w.url, "m", &[], 8192)],
-    ))
-    .await;
-    let url = format!("http://{}/admin/workers", gw.local_addr());
-    let c = client();
-    let with = async |authorization: Option<String>| {
-        let mut b = hyper::Request::get(&url);
-        if let Some(v) = authorization {
-            b = b.header("authorization", v);
-        }
-        let r = tokio::time::timeout(
-            SECS_10,
-            c.request(b.body(http_body_util::Full::default()).unwrap()),
-        )
-        .await
-        .expect("answer within 10 s")
-        .unwrap();
-        r.status()
-    };
+    let gateway = serve("seed-v1", "", &[worker("w", &w.url, "m", &[], 8192)]).await;
+    let Gateway { base, c, .. } = gateway;
+    let url = format!("{base}/admin/workers");
+    let with = async |authorization| status_with_authorization(&c, &url, authorization).await;
     for scheme in ["Bearer", "bearer", "BEARER"] {
         assert_eq!(
             with(Some(format!("{scheme} {TOKEN}"))).await,
@@ -287,15 +278,8 @@ async fn the_admin_bearer_scheme_is_case_insensitive() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drained_worker_can_be_undrained() {
     let w = FakeWorker::start(0.0).await;
-    let gw = start(&config(
-        "seed-v1",
-        "",
-        &[worker("w", &w.url, "m", &[], 8192)],
-    ))
-    .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
-    let chat = format!("{base}/v1/chat/completions");
+    let gateway = serve("seed-v1", "", &[worker("w", &w.url, "m", &[], 8192)]).await;
+    let Gateway { base, chat, c, .. } = gateway;
     assert_eq!(admin_worker(&c, &base, "w").await["drained"], false);
     let a = admin_post(&c, &base, "w/undrain").await;
     assert_eq!(assert_openai_error(&a, 409)["code"], "not_drained");
@@ -307,14 +291,7 @@ async fn a_drained_worker_can_be_undrained() {
         (row["drained"].as_bool(), row["state"].as_str()),
         (Some(true), Some("draining"))
     );
-    let r = send(
-        &c,
-        Method::POST,
-        &chat,
-        None,
-        chat_body("m", "hi", 4, false),
-    )
-    .await;
+    let r = post_chat(&c, &chat, "hi", 4, false).await;
     assert_openai_error(&r, 503);
 
     let a = admin_post(&c, &base, "w/undrain").await;
@@ -323,14 +300,7 @@ async fn a_drained_worker_can_be_undrained() {
         (a.json()["drained"].as_bool(), a.json()["state"].as_str()),
         (Some(false), Some("up"))
     );
-    let r = send(
-        &c,
-        Method::POST,
-        &chat,
-        None,
-        chat_body("m", "hi", 4, false),
-    )
-    .await;
+    let r = post_chat(&c, &chat, "hi", 4, false).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert_eq!(w.requests(), 1);
     let a = admin_post(&c, &base, "nobody/undrain").await;
@@ -344,14 +314,13 @@ async fn a_drained_worker_can_be_undrained() {
 async fn a_refused_health_check_ejects_at_once() {
     let dead = refused_url().await;
     // 1000 soft failures at 50 ms would take 50 s: only the hard-failure rule ejects in time.
-    let gw = start(&config(
+    let gateway = serve(
         "seed-v1",
         "health: {interval_s: 0.05, unhealthy_after: 1000}",
         &[worker("dead", &dead, "m", &[], 8192)],
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
+    let Gateway { base, c, .. } = gateway;
     wait_for(
         "the refused worker's ejection",
         Duration::from_secs(3),
@@ -366,14 +335,8 @@ async fn a_refused_health_check_ejects_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejections_are_counted_by_status_and_code() {
     let w = FakeWorker::start(0.0).await;
-    let gw = start(&config(
-        "seed-v1",
-        "",
-        &[worker("w", &w.url, "m", &[], 8192)],
-    ))
-    .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
+    let gateway = serve("seed-v1", "", &[worker("w", &w.url, "m", &[], 8192)]).await;
+    let Gateway { base, chat, c, .. } = gateway;
     let metrics = async || {
         send(&c, Method::GET, &format!("{base}/metrics"), None, "")
             .await
@@ -385,7 +348,6 @@ async fn rejections_are_counted_by_status_and_code() {
         "{m}"
     );
     assert!(!m.contains("code=\"model_not_found\""), "{m}");
-    let chat = format!("{base}/v1/chat/completions");
     for _ in 0..2 {
         let r = send(
             &c,
@@ -399,14 +361,7 @@ async fn rejections_are_counted_by_status_and_code() {
     }
     let r = send(&c, Method::GET, &format!("{base}/admin/workers"), None, "").await;
     assert_openai_error(&r, 401);
-    let r = send(
-        &c,
-        Method::POST,
-        &chat,
-        None,
-        chat_body("m", "hi", 4, false),
-    )
-    .await;
+    let r = post_chat(&c, &chat, "hi", 4, false).await;
     assert_eq!(r.status, StatusCode::OK);
     let m = metrics().await;
     for line in [
@@ -470,18 +425,10 @@ async fn the_log_reports_refused_admin_calls_and_ignored_state_entries_without_s
         (Some(format!("Basic {SENT}")), "reason=wrong_scheme"),
         (Some(format!("Bearer {SENT}")), "reason=wrong_token"),
     ] {
-        let mut b = hyper::Request::get(&url);
-        if let Some(v) = authorization {
-            b = b.header("authorization", v);
-        }
-        let r = tokio::time::timeout(
-            SECS_10,
-            c.request(b.body(http_body_util::Full::default()).unwrap()),
-        )
-        .await
-        .expect("answer within 10 s")
-        .unwrap();
-        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            status_with_authorization(&c, &url, authorization).await,
+            StatusCode::UNAUTHORIZED
+        );
         wait_for(reason, SECS_10, async || {
             log()
                 .lines()

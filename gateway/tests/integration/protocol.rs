@@ -32,34 +32,26 @@ async fn queue_length(c: &HttpClient, base: &str) -> String {
 /// A stalling worker under a gateway whose health logic ejects after one failure (so that
 /// "the worker's health was told" is visible as `disconnected`) and whose checks come too
 /// rarely to re-admit it during the test.
-async fn stalling_gateway(upstream: &str) -> (FakeWorker, routelab_gateway::RunningGateway) {
+async fn stalling_gateway(upstream: &str) -> (FakeWorker, Gateway) {
     let w = FakeWorker::start(0.0).await;
     w.state.mode.store(MODE_STALL, SeqCst);
-    let gw = start(&config(
+    let gateway = serve(
         "seed-v1",
         &format!("upstream: {upstream}\nhealth: {{interval_s: 30, unhealthy_after: 1}}"),
         &[worker("w", &w.url, "m", &["RTX 4090"], 8192)],
-    ))
+    )
     .await;
-    (w, gw)
+    (w, gateway)
 }
 
 /// Regression (defect 1): the client waited the worker's whole 40 s silence and the slot
 /// stayed taken.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_that_stalls_after_its_first_chunk_ends_with_an_error_event() {
-    let (w, gw) = stalling_gateway("{stream_idle_timeout_s: 1}").await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
+    let (w, gateway) = stalling_gateway("{stream_idle_timeout_s: 1}").await;
+    let Gateway { base, chat, c, .. } = gateway;
     let started = Instant::now();
-    let a = send(
-        &c,
-        Method::POST,
-        &format!("{base}/v1/chat/completions"),
-        None,
-        chat_body("m", "hi", 8, true),
-    )
-    .await;
+    let a = post_chat(&c, &chat, "hi", 8, true).await;
     let took = started.elapsed();
     assert_eq!(a.status, StatusCode::OK);
     assert!(took < Duration::from_secs(5), "{took:?}");
@@ -88,18 +80,10 @@ async fn a_stream_that_stalls_after_its_first_chunk_ends_with_an_error_event() {
 /// Regression (defect 1): the option defaults to `upstream.response_timeout_s`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_stream_idle_timeout_defaults_to_the_response_timeout() {
-    let (_w, gw) = stalling_gateway("{response_timeout_s: 1}").await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
+    let (_w, gateway) = stalling_gateway("{response_timeout_s: 1}").await;
+    let Gateway { base, chat, c, .. } = gateway;
     let started = Instant::now();
-    let a = send(
-        &c,
-        Method::POST,
-        &format!("{base}/v1/chat/completions"),
-        None,
-        chat_body("m", "hi", 8, true),
-    )
-    .await;
+    let a = post_chat(&c, &chat, "hi", 8, true).await;
     assert!(started.elapsed() < Duration::from_secs(5));
     assert!(
         a.text().contains("\"code\":\"stream_idle_timeout\""),
@@ -113,18 +97,10 @@ async fn the_stream_idle_timeout_defaults_to_the_response_timeout() {
 /// whole response timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_streaming_body_that_stalls_ends_with_a_502() {
-    let (_w, gw) = stalling_gateway("{stream_idle_timeout_s: 1}").await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
+    let (_w, gateway) = stalling_gateway("{stream_idle_timeout_s: 1}").await;
+    let Gateway { base, chat, c, .. } = gateway;
     let started = Instant::now();
-    let a = send(
-        &c,
-        Method::POST,
-        &format!("{base}/v1/chat/completions"),
-        None,
-        chat_body("m", "hi", 8, false),
-    )
-    .await;
+    let a = post_chat(&c, &chat, "hi", 8, false).await;
     assert!(started.elapsed() < Duration::from_secs(5));
     let e = assert_openai_error(&a, 502);
     assert_eq!(
@@ -151,23 +127,22 @@ fn the_stream_idle_timeout_is_a_period() {
 }
 
 /// One worker and a gateway in front of it, for the requests that must never reach it.
-async fn plain_gateway() -> (FakeWorker, routelab_gateway::RunningGateway, String) {
+async fn plain_gateway() -> (FakeWorker, Gateway) {
     let w = FakeWorker::start(0.0).await;
-    let gw = start(&config(
+    let gateway = serve(
         "seed-v1",
         "",
         &[worker("w", &w.url, "m", &["RTX 4090"], 8192)],
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
-    (w, gw, base)
+    (w, gateway)
 }
 
 /// Regression (defect 8): an empty body.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_path_answers_404_in_the_openai_shape() {
-    let (_w, _gw, base) = plain_gateway().await;
-    let c = client();
+    let (_w, gateway) = plain_gateway().await;
+    let Gateway { base, c, .. } = gateway;
     let a = send(&c, Method::POST, &format!("{base}/v1/nope"), None, "{}").await;
     let e = assert_openai_error(&a, 404);
     assert_eq!(e["code"], "unknown_url");
@@ -180,16 +155,9 @@ async fn an_unknown_path_answers_404_in_the_openai_shape() {
 /// Regression (defect 8): an empty body.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_method_answers_405_in_the_openai_shape() {
-    let (_w, _gw, base) = plain_gateway().await;
-    let c = client();
-    let a = send(
-        &c,
-        Method::GET,
-        &format!("{base}/v1/chat/completions"),
-        None,
-        "",
-    )
-    .await;
+    let (_w, gateway) = plain_gateway().await;
+    let Gateway { base, chat, c, .. } = gateway;
+    let a = send(&c, Method::GET, &chat, None, "").await;
     let e = assert_openai_error(&a, 405);
     assert_eq!(e["code"], "method_not_allowed");
     assert_eq!(a.headers["allow"], "POST");
@@ -208,16 +176,9 @@ async fn a_wrong_method_answers_405_in_the_openai_shape() {
 /// Sends `body` to the chat endpoint and checks the 400 names `param`; the worker sees
 /// nothing.
 async fn refused(body: &str, param: Option<&str>) -> String {
-    let (w, _gw, base) = plain_gateway().await;
-    let c = client();
-    let a = send(
-        &c,
-        Method::POST,
-        &format!("{base}/v1/chat/completions"),
-        None,
-        body.to_string(),
-    )
-    .await;
+    let (w, gateway) = plain_gateway().await;
+    let Gateway { chat, c, .. } = gateway;
+    let a = send(&c, Method::POST, &chat, None, body.to_string()).await;
     let e = assert_openai_error(&a, 400);
     assert_eq!(e["type"], "invalid_request_error");
     assert_eq!(e["param"].as_str(), param, "{e}");
@@ -260,56 +221,37 @@ async fn n_other_than_1_is_refused() {
     assert!(m.contains("must be 1"), "{m}");
 }
 
-/// Regression (defect 9): the retry found the other worker at its cap and answered 502.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retry_waits_in_the_queue_when_the_other_workers_are_full() {
-    let busy = FakeWorker::start(0.0).await;
-    let bad = FakeWorker::start(0.0).await;
+/// A request sent in a task of its own.
+type Task = tokio::task::JoinHandle<Answer>;
+
+/// `busy` (the higher table weight) holds a request, at its cap of 1, and `bad` answers 500
+/// to the next request, whose retry then finds `busy` full. Returns `busy`, `bad`, the
+/// gateway, the held request and the retried one.
+async fn retry_past_a_full_worker(retries: u32) -> (FakeWorker, FakeWorker, Gateway, Task, Task) {
+    let [busy, bad] = fakes(0.0).await;
     busy.state.hold.store(true, SeqCst);
     // `busy` has the higher table weight: the idle tie sends the held request to it.
-    let gw = start(&config(
+    let gateway = serve(
         "table/p2c:higher-weight/no-affinity/flat:1",
-        "queue_timeout_s: 10\nretries: 2\nhealth: {interval_s: 0}",
-        &[
-            worker("busy", &busy.url, "m", &["RTX 4090", "RTX 4090"], 8192),
-            worker("bad", &bad.url, "m", &[], 8192),
-        ],
-    ))
+        &format!("queue_timeout_s: 10\nretries: {retries}\nhealth: {{interval_s: 0}}"),
+        &favoured_pair(("busy", &busy.url), ("bad", &bad.url)),
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
-    let chat = format!("{base}/v1/chat/completions");
-    let c = client();
-    let held = {
-        let chat = chat.clone();
-        tokio::spawn(async move {
-            send(
-                &client(),
-                Method::POST,
-                &chat,
-                None,
-                chat_body("m", "held", 4, false),
-            )
-            .await
-        })
-    };
+    let held = spawn_chat(&gateway.chat, "held");
     wait_for("the held request at busy", SECS_10, async || {
         busy.requests() == 1
     })
     .await;
     bad.state.mode.store(MODE_500, SeqCst);
-    let retried = {
-        let chat = chat.clone();
-        tokio::spawn(async move {
-            send(
-                &client(),
-                Method::POST,
-                &chat,
-                None,
-                chat_body("m", "retried", 4, false),
-            )
-            .await
-        })
-    };
+    let retried = spawn_chat(&gateway.chat, "retried");
+    (busy, bad, gateway, held, retried)
+}
+
+/// Regression (defect 9): the retry found the other worker at its cap and answered 502.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_waits_in_the_queue_when_the_other_workers_are_full() {
+    let (busy, bad, gateway, held, retried) = retry_past_a_full_worker(2).await;
+    let Gateway { base, c, .. } = gateway;
     wait_for("the retry to queue after bad's 500", SECS_10, async || {
         bad.requests() == 1 && queue_length(&c, &base).await == "routelab_queue_length 1"
     })
@@ -336,23 +278,15 @@ async fn a_retry_waits_in_the_queue_when_the_other_workers_are_full() {
 async fn a_retry_with_no_other_worker_fails_at_once() {
     let bad = FakeWorker::start(0.0).await;
     bad.state.mode.store(MODE_500, SeqCst);
-    let gw = start(&config(
+    let gateway = serve(
         "equal/p2c/no-affinity/flat:1",
         "queue_timeout_s: 30\nhealth: {interval_s: 0}",
         &[worker("bad", &bad.url, "m", &[], 8192)],
-    ))
-    .await;
-    let base = format!("http://{}", gw.local_addr());
-    let c = client();
-    let started = Instant::now();
-    let a = send(
-        &c,
-        Method::POST,
-        &format!("{base}/v1/chat/completions"),
-        None,
-        chat_body("m", "hi", 4, false),
     )
     .await;
+    let Gateway { chat, c, .. } = gateway;
+    let started = Instant::now();
+    let a = post_chat(&c, &chat, "hi", 4, false).await;
     assert_eq!(assert_openai_error(&a, 502)["type"], "upstream_error");
     assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(bad.requests(), 1);
@@ -364,42 +298,16 @@ async fn a_retry_with_no_other_worker_fails_at_once() {
 async fn a_queue_whose_workers_are_all_ejected_answers_503() {
     let w = FakeWorker::start(0.0).await;
     w.state.hold.store(true, SeqCst);
-    let gw = start(&config(
+    let gateway = serve(
         "equal/p2c/no-affinity/flat:1",
         "queue_timeout_s: 1\nhealth: {interval_s: 0.05, unhealthy_after: 1}",
         &[worker("w", &w.url, "m", &[], 8192)],
-    ))
+    )
     .await;
-    let base = format!("http://{}", gw.local_addr());
-    let chat = format!("{base}/v1/chat/completions");
-    let c = client();
-    let held = {
-        let chat = chat.clone();
-        tokio::spawn(async move {
-            send(
-                &client(),
-                Method::POST,
-                &chat,
-                None,
-                chat_body("m", "held", 4, false),
-            )
-            .await
-        })
-    };
+    let Gateway { base, chat, c, .. } = gateway;
+    let held = spawn_chat(&chat, "held");
     wait_for("the held request", SECS_10, async || w.requests() == 1).await;
-    let queued = {
-        let chat = chat.clone();
-        tokio::spawn(async move {
-            send(
-                &client(),
-                Method::POST,
-                &chat,
-                None,
-                chat_body("m", "queued", 4, false),
-            )
-            .await
-        })
-    };
+    let queued = spawn_chat(&chat, "queued");
     wait_for("the request to queue", SECS_10, async || {
         queue_length(&c, &base).await == "routelab_queue_length 1"
     })
@@ -424,41 +332,8 @@ async fn a_queue_whose_workers_are_all_ejected_answers_503() {
 /// be handed it again), and succeeds if that worker has recovered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_retry_handed_its_failed_worker_takes_it_when_no_other_has_room() {
-    let busy = FakeWorker::start(0.0).await;
-    let bad = FakeWorker::start(0.0).await;
-    busy.state.hold.store(true, SeqCst);
-    let gw = start(&config(
-        "table/p2c:higher-weight/no-affinity/flat:1",
-        "queue_timeout_s: 10\nretries: 1\nhealth: {interval_s: 0}",
-        &[
-            worker("busy", &busy.url, "m", &["RTX 4090", "RTX 4090"], 8192),
-            worker("bad", &bad.url, "m", &[], 8192),
-        ],
-    ))
-    .await;
-    let base = format!("http://{}", gw.local_addr());
-    let chat = format!("{base}/v1/chat/completions");
-    let c = client();
-    let post = |content: &'static str| {
-        let chat = chat.clone();
-        tokio::spawn(async move {
-            send(
-                &client(),
-                Method::POST,
-                &chat,
-                None,
-                chat_body("m", content, 4, false),
-            )
-            .await
-        })
-    };
-    let held = post("held");
-    wait_for("the held request at busy", SECS_10, async || {
-        busy.requests() == 1
-    })
-    .await;
-    bad.state.mode.store(MODE_500, SeqCst);
-    let retried = post("retried");
+    let (busy, bad, gateway, held, retried) = retry_past_a_full_worker(1).await;
+    let Gateway { base, chat, c, .. } = gateway;
     wait_for("the retry to queue", SECS_10, async || {
         queue_length(&c, &base).await == "routelab_queue_length 1"
     })
@@ -466,14 +341,7 @@ async fn a_queued_retry_handed_its_failed_worker_takes_it_when_no_other_has_room
     // bad recovers; a request served by it frees its slot, and the queue hands that slot to
     // the waiting retry while busy is still full.
     bad.state.mode.store(fake::MODE_OK, SeqCst);
-    let a = send(
-        &c,
-        Method::POST,
-        &chat,
-        None,
-        chat_body("m", "other", 4, false),
-    )
-    .await;
+    let a = post_chat(&c, &chat, "other", 4, false).await;
     assert_eq!(a.headers[routelab_gateway::proxy::WORKER_HEADER], "bad");
     let a = tokio::time::timeout(SECS_10, retried)
         .await
