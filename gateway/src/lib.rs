@@ -272,10 +272,7 @@ fn app(shared: Arc<Shared>) -> HttpRouter {
         .with_state(shared)
 }
 
-async fn metrics_handler(
-    State(s): State<Arc<Shared>>,
-    connections: Option<axum::Extension<Arc<server::ConnectionStats>>>,
-) -> axum::response::Response {
+async fn metrics_handler(State(s): State<Arc<Shared>>) -> axum::response::Response {
     let mut text = {
         let core = s.core();
         let rows: Vec<metrics::WorkerRow<'_>> = core
@@ -302,10 +299,7 @@ async fn metrics_handler(
             .collect();
         metrics::render(&rows, core.router.queued(), &s.global)
     };
-    // The listeners' counters live with the accept loop (server.rs), outside `Shared`.
-    if let Some(axum::Extension(connections)) = connections {
-        text.push_str(&metrics::render_connections(&connections));
-    }
+    text.push_str(&metrics::render_connections(&s.connections));
     (
         [(
             axum::http::header::CONTENT_TYPE,
@@ -359,8 +353,8 @@ pub async fn start_on(
         Some(l) => Some(l.local_addr().map_err(GatewayError::LocalAddr)?),
         None => None,
     };
-    let connections = Arc::new(server::ConnectionStats::default());
-    let routes = app(shared.clone()).layer(axum::Extension(connections.clone()));
+    let connections = shared.connections.clone();
+    let routes = app(shared.clone());
     let (tx, rx) = watch::channel(false);
     let public_scope = if admin_listener.is_some() {
         server::Scope::Public

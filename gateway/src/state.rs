@@ -91,6 +91,8 @@ pub(crate) struct Shared {
     core: Mutex<Core>,
     pub client: HttpClient,
     pub global: GlobalMetrics,
+    /// Client connection counters, kept by the accept loop ([`crate::server`]).
+    pub connections: Arc<crate::server::ConnectionStats>,
     /// Serialises state-file writes (snapshot and write happen under it, so the newest
     /// snapshot is always the last one written).
     pub persist_lock: tokio::sync::Mutex<()>,
@@ -117,6 +119,7 @@ impl Shared {
             }),
             client,
             global: GlobalMetrics::default(),
+            connections: Arc::default(),
             persist_lock: tokio::sync::Mutex::new(()),
         }
     }
