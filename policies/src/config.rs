@@ -623,7 +623,9 @@ fn count(field: &str, v: Option<u32>, default: u32) -> Result<u32, ConfigError> 
 
 fn count_at_most(field: &str, v: Option<u32>, default: u32, max: u32) -> Result<u32, ConfigError> {
     v.map_or(Ok(default), |n| {
-        rule::count_at_most(n, max).map_err(|e| invalid(field, e.to_string()))
+        rule::whole(f64::from(n), 1, u64::from(max))
+            .map(|_| n)
+            .map_err(|e| invalid(field, e.to_string()))
     })
 }
 

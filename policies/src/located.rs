@@ -232,15 +232,6 @@ pub mod rule {
         }
     }
 
-    /// A count in `[1, max]`.
-    pub fn count_at_most(n: u32, max: u32) -> Result<u32, Violation> {
-        if (1..=max).contains(&n) {
-            Ok(n)
-        } else {
-            Err(Violation::new(n, format!("a whole number from 1 to {max}")))
-        }
-    }
-
     /// A number of seconds in `[0, MAX_SECONDS]` (0 allowed: "at once" or "off").
     pub fn seconds(x: f64) -> Result<Duration, Violation> {
         if x.is_finite() && (0.0..=MAX_SECONDS).contains(&x) {
