@@ -317,44 +317,80 @@ pub const MAX_CONNECTIONS: u64 = 1_000_000;
 /// poll) would be absurdly long or shorter than a timer tick.
 pub const CLOCK_SCALE_RANGE: (f64, f64) = (1e-3, 1e3);
 
-/// A whole number in `min..=max` (the shared rule), located at `field` of `file`.
-fn whole_in(file: &str, field: &str, n: u64, min: u64, max: u64) -> Result<u64, InputError> {
-    rule::whole(n as f64, min, max).map_err(|e| e.at_field(file, field))
+/// What a numeric field of the configuration accepts. One table ([`number_rule`]) serves both
+/// the check at load ([`GatewayConfig::validate`]) and the words added to a parser's type error
+/// ("invalid u32" at `retries: -1` does not say what is valid).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum NumberRule {
+    /// A whole number in `min..=max`.
+    Whole(u64, u64),
+    /// Seconds from 0: 0 has a meaning (do not wait in the queue).
+    Seconds,
+    /// A timeout or timer period: 0 would fail every request or close every connection, and a
+    /// timer loop needs a period it can keep (a probe poll of 1e-12 s panicked the probe task).
+    Period,
+    /// 0 (off) or a period.
+    OffOrPeriod,
+    /// The clock scale, within [`CLOCK_SCALE_RANGE`].
+    Scale,
 }
 
-/// What a numeric field accepts, in the words of the shared rules, for the parser's type
-/// errors ("invalid u32" at `retries: -1`), which do not say it.
-fn valid_number(field: &str) -> Option<String> {
-    let whole = |min: u64, max: u64| format!("a whole number from {min} to {max}");
-    let seconds = format!(
-        "a finite number of seconds from 0 to {:e}",
-        rule::MAX_SECONDS
-    );
-    let period = format!(
-        "a number of seconds from {:e} to {:e}",
-        rule::MIN_PERIOD_SECONDS,
-        rule::MAX_SECONDS
-    );
-    let (min_scale, max_scale) = CLOCK_SCALE_RANGE;
+impl NumberRule {
+    fn check(self, x: f64) -> Result<(), rule::Violation> {
+        match self {
+            NumberRule::Whole(min, max) => rule::whole(x, min, max).map(drop),
+            NumberRule::Seconds => rule::seconds(x).map(drop),
+            NumberRule::Period => rule::period(x).map(drop),
+            NumberRule::OffOrPeriod if x == 0.0 => Ok(()),
+            NumberRule::OffOrPeriod => rule::period(x)
+                .map(drop)
+                .map_err(|v| rule::Violation::new(x, format!("0 (off) or {}", v.expected))),
+            NumberRule::Scale => {
+                let (min, max) = CLOCK_SCALE_RANGE;
+                if x.is_finite() && (min..=max).contains(&x) {
+                    Ok(())
+                } else {
+                    Err(rule::Violation::new(
+                        x,
+                        format!("a finite number from {min} to {max} (1 in production)"),
+                    ))
+                }
+            }
+        }
+    }
+
+    /// What the rule accepts, in the rules' own words (every rule refuses NaN).
+    fn describe(self) -> String {
+        self.check(f64::NAN)
+            .err()
+            .map(|v| v.expected)
+            .unwrap_or_default()
+    }
+}
+
+/// The rule of each numeric field.
+fn number_rule(field: &str) -> Option<NumberRule> {
+    use NumberRule::*;
     Some(match field {
-        "seed" => whole(0, u64::MAX),
-        "max_body_bytes" => whole(1, MAX_BODY_BYTES),
-        "retries" => whole(0, MAX_RETRIES),
-        "upstream.max_idle_per_worker" => whole(0, MAX_IDLE_PER_WORKER),
-        "server.max_connections" => whole(1, MAX_CONNECTIONS),
-        "health.unhealthy_after" | "health.healthy_after" => whole(1, u32::MAX.into()),
-        "queue_timeout_s" => seconds,
-        "health.interval_s" => format!("0 (no health checks) or {period}"),
+        "seed" => Whole(0, u64::MAX),
+        "max_body_bytes" => Whole(1, MAX_BODY_BYTES),
+        "retries" => Whole(0, MAX_RETRIES),
+        "upstream.max_idle_per_worker" => Whole(0, MAX_IDLE_PER_WORKER),
+        "server.max_connections" => Whole(1, MAX_CONNECTIONS),
+        "health.unhealthy_after" | "health.healthy_after" => Whole(1, u32::MAX.into()),
+        "queue_timeout_s" => Seconds,
+        "health.interval_s" => OffOrPeriod,
         "upstream.connect_timeout_s"
         | "upstream.response_timeout_s"
+        | "upstream.stream_idle_timeout_s"
         | "health.timeout_s"
         | "probe.poll_interval_s"
         | "probe.request_timeout_s"
         | "server.header_read_timeout_s"
-        | "server.body_read_timeout_s" => period,
-        "clock_scale" => format!("a finite number from {min_scale} to {max_scale}"),
+        | "server.body_read_timeout_s" => Period,
+        "clock_scale" => Scale,
         f if f.starts_with("workers[") && f.ends_with("].context_window") => {
-            whole(1, u32::MAX.into())
+            Whole(1, u32::MAX.into())
         }
         _ => return None,
     })
@@ -365,8 +401,8 @@ fn with_valid_number(e: InputError) -> InputError {
     if e.valid.is_some() || e.message.contains("expected") {
         return e;
     }
-    match valid_number(&e.field) {
-        Some(valid) => e.valid(valid),
+    match number_rule(&e.field) {
+        Some(rule) => e.valid(rule.describe()),
         None => e,
     }
 }
@@ -484,95 +520,46 @@ impl GatewayConfig {
         &self.origin
     }
 
+    /// Every numeric field and its value (none: not set, nothing to check); [`number_rule`]
+    /// says what each accepts.
+    fn numbers(&self) -> [(&'static str, Option<f64>); 17] {
+        let (u, h, p, srv) = (&self.upstream, &self.health, &self.probe, &self.server);
+        [
+            ("queue_timeout_s", Some(self.queue_timeout_s)),
+            ("health.interval_s", Some(h.interval_s)),
+            ("upstream.connect_timeout_s", Some(u.connect_timeout_s)),
+            ("upstream.response_timeout_s", Some(u.response_timeout_s)),
+            ("upstream.stream_idle_timeout_s", u.stream_idle_timeout_s),
+            ("health.timeout_s", Some(h.timeout_s)),
+            ("probe.poll_interval_s", Some(p.poll_interval_s)),
+            ("probe.request_timeout_s", Some(p.request_timeout_s)),
+            (
+                "server.header_read_timeout_s",
+                Some(srv.header_read_timeout_s),
+            ),
+            ("server.body_read_timeout_s", Some(srv.body_read_timeout_s)),
+            ("clock_scale", Some(self.clock_scale)),
+            ("max_body_bytes", Some(self.max_body_bytes as f64)),
+            ("retries", Some(f64::from(self.retries))),
+            (
+                "upstream.max_idle_per_worker",
+                Some(u.max_idle_per_worker as f64),
+            ),
+            ("server.max_connections", srv.max_connections.map(f64::from)),
+            ("health.unhealthy_after", Some(f64::from(h.unhealthy_after))),
+            ("health.healthy_after", Some(f64::from(h.healthy_after))),
+        ]
+    }
+
     /// Check everything that does not need the network.
     pub fn validate(&self) -> Result<(), InputError> {
         let file = self.origin.as_str();
         // The probe's shape is bounded by the policy crate (a burst is real requests here).
         self.policy.build_in(file, "policy")?;
-        // 0 has a meaning for these: do not wait in the queue; no health checks.
-        for (field, v) in [
-            ("queue_timeout_s", self.queue_timeout_s),
-            ("health.interval_s", self.health.interval_s),
-        ] {
-            secs(file, field, v)?;
-        }
-        // The others are timeouts and timer periods, and so is a non-zero health interval: 0
-        // would fail every request or close every connection, and a timer loop needs a period
-        // it can keep (a probe poll of 1e-12 s panicked the probe task).
-        let health_interval = (self.health.interval_s != 0.0).then_some(self.health.interval_s);
-        for (field, v) in [
-            (
-                "upstream.connect_timeout_s",
-                Some(self.upstream.connect_timeout_s),
-            ),
-            (
-                "upstream.response_timeout_s",
-                Some(self.upstream.response_timeout_s),
-            ),
-            ("health.interval_s", health_interval),
-            ("health.timeout_s", Some(self.health.timeout_s)),
-            ("probe.poll_interval_s", Some(self.probe.poll_interval_s)),
-            (
-                "probe.request_timeout_s",
-                Some(self.probe.request_timeout_s),
-            ),
-            (
-                "upstream.stream_idle_timeout_s",
-                self.upstream.stream_idle_timeout_s,
-            ),
-            (
-                "server.header_read_timeout_s",
-                Some(self.server.header_read_timeout_s),
-            ),
-            (
-                "server.body_read_timeout_s",
-                Some(self.server.body_read_timeout_s),
-            ),
-        ] {
-            if let Some(v) = v {
-                rule::period(v).map_err(|e| e.at_field(file, field))?;
+        for (field, value) in self.numbers() {
+            if let (Some(x), Some(rule)) = (value, number_rule(field)) {
+                rule.check(x).map_err(|e| e.at_field(file, field))?;
             }
-        }
-        let (min_scale, max_scale) = CLOCK_SCALE_RANGE;
-        if !(self.clock_scale.is_finite() && (min_scale..=max_scale).contains(&self.clock_scale)) {
-            return Err(InputError::new(
-                file,
-                "clock_scale",
-                format!(
-                    "{} is not valid; expected a finite number from {min_scale} to {max_scale} (1 in production)",
-                    self.clock_scale
-                ),
-            ));
-        }
-        whole_in(
-            file,
-            "max_body_bytes",
-            self.max_body_bytes as u64,
-            1,
-            MAX_BODY_BYTES,
-        )?;
-        whole_in(file, "retries", u64::from(self.retries), 0, MAX_RETRIES)?;
-        whole_in(
-            file,
-            "upstream.max_idle_per_worker",
-            self.upstream.max_idle_per_worker as u64,
-            0,
-            MAX_IDLE_PER_WORKER,
-        )?;
-        if let Some(cap) = self.server.max_connections {
-            whole_in(
-                file,
-                "server.max_connections",
-                u64::from(cap),
-                1,
-                MAX_CONNECTIONS,
-            )?;
-        }
-        for (field, n) in [
-            ("health.unhealthy_after", self.health.unhealthy_after),
-            ("health.healthy_after", self.health.healthy_after),
-        ] {
-            rule::count(n).map_err(|e| e.at_field(file, field))?;
         }
         for (field, addr) in [
             ("listen", Some(&self.listen)),
@@ -705,6 +692,21 @@ mod tests {
         assert_eq!(
             c.admin_token.as_ref().map(Secret::expose),
             Some("hunter2-debug")
+        );
+    }
+
+    #[test]
+    fn every_numeric_field_has_its_rule() {
+        let c = GatewayConfig::from_yaml("{}\n", "g.yaml").unwrap();
+        for (field, _) in c.numbers() {
+            let rule = number_rule(field).unwrap_or_else(|| panic!("{field} has no rule"));
+            assert!(!rule.describe().is_empty(), "{field}");
+        }
+        assert_eq!(
+            number_rule("health.interval_s")
+                .map(NumberRule::describe)
+                .as_deref(),
+            Some("0 (off) or a number of seconds from 1e-6 to 1e9")
         );
     }
 

@@ -176,7 +176,8 @@ pub mod rule {
     }
 
     impl Violation {
-        fn new(got: impl fmt::Display, expected: impl Into<String>) -> Self {
+        /// `got` breaks a rule of a host's own; `expected` says what would be valid.
+        pub fn new(got: impl fmt::Display, expected: impl Into<String>) -> Self {
             Violation {
                 got: got.to_string(),
                 expected: expected.into(),
