@@ -1,4 +1,5 @@
-//! Mean and 95 % confidence interval across seeds (Student's t).
+//! Mean and 95 % confidence interval across seeds (Student's t), and the paired interval of a
+//! difference between two policies run on the same seeds (common random numbers).
 
 use serde::{Deserialize, Serialize};
 
@@ -78,6 +79,31 @@ impl Interval {
     }
 }
 
+/// The paired comparison of two policies on the same seeds: the interval of the per-seed
+/// differences `a[i] - b[i]` (only seeds where both are finite count). With common random
+/// numbers the seed-to-seed noise both share cancels, so this interval is far narrower than the
+/// two policies' own intervals, and it is the one a verdict may rest on.
+pub fn paired_difference(a: &[f64], b: &[f64]) -> Option<Interval> {
+    Interval::of(a.iter().zip(b).map(|(x, y)| x - y))
+}
+
+/// The paired interval of the per-seed ratios `a[i] / b[i]` (seeds where both are finite and
+/// `b[i]` is not 0), for "how many times the baseline's capacity".
+pub fn paired_ratio(a: &[f64], b: &[f64]) -> Option<Interval> {
+    Interval::of(
+        a.iter()
+            .zip(b)
+            .filter(|(_, y)| **y != 0.0)
+            .map(|(x, y)| x / y),
+    )
+}
+
+/// A paired difference (or ratio, against `null` = 1) is established when its 95 % interval
+/// excludes `null`; one seed never establishes anything.
+pub fn excludes(iv: &Interval, null: f64) -> bool {
+    iv.half_width.is_some() && (iv.low() > null || iv.high() < null)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,5 +124,27 @@ mod tests {
         assert_eq!(t975(0), None);
         assert_eq!(t975(1), Some(12.706));
         assert_eq!(t975(1000), Some(1.96));
+    }
+
+    #[test]
+    fn paired_interval_cancels_shared_seed_noise() {
+        // Seed noise (10, 20, 30) shared by both policies; b is always 1 lower.
+        let a = [11.0, 21.0, 31.0];
+        let b = [10.0, 20.0, 30.0];
+        let d = paired_difference(&a, &b).unwrap();
+        assert!((d.mean - 1.0).abs() < 1e-12);
+        assert!(d.half_width.unwrap() < 1e-9);
+        assert!(excludes(&d, 0.0));
+        // Unpaired, the two intervals overlap: the win would not be established.
+        assert!(Interval::of(a).unwrap().overlaps(&Interval::of(b).unwrap()));
+        // A NaN seed drops out of the pairs; one pair establishes nothing.
+        let one = paired_difference(&[f64::NAN, 2.0], &[1.0, 1.0]).unwrap();
+        assert_eq!(one.n, 1);
+        assert!(!excludes(&one, 0.0));
+        let r = paired_ratio(&[2.0, 4.0, 6.0], &[1.0, 2.0, 0.0]).unwrap();
+        assert_eq!(r.n, 2);
+        assert!((r.mean - 2.0).abs() < 1e-12);
+        assert!(excludes(&r, 1.0));
+        assert!(!excludes(&paired_difference(&[1.0, 3.0], &[2.0, 2.0]).unwrap(), 0.0));
     }
 }
