@@ -104,6 +104,62 @@ pub fn excludes(iv: &Interval, null: f64) -> bool {
     iv.half_width.is_some() && (iv.low() > null || iv.high() < null)
 }
 
+/// `--seeds auto`: add seeds until every reported paired difference is known to a stated
+/// precision, or a maximum count is reached. Shared by `compare` and `capacity`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AutoSeeds {
+    /// Seeds run before the first look (an interval needs at least two).
+    pub start: usize,
+    /// Seeds added between looks.
+    pub step: usize,
+    /// Never more seeds than this.
+    pub max: usize,
+    /// Stop when every difference's half-width is at most this fraction of the baseline's mean.
+    pub rel_half_width: f64,
+}
+
+impl Default for AutoSeeds {
+    fn default() -> AutoSeeds {
+        AutoSeeds {
+            start: 3,
+            step: 2,
+            max: 20,
+            rel_half_width: 0.05,
+        }
+    }
+}
+
+/// Why a run stopped adding seeds (the report says which).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SeedStop {
+    /// A fixed count was asked for (`--seeds N`).
+    Fixed,
+    /// Every difference's half-width fell below the stated fraction.
+    Precise,
+    /// The maximum count was reached first.
+    MaxSeeds,
+}
+
+impl AutoSeeds {
+    /// After `n` seeds, with each reported difference as `(paired interval, baseline mean)`:
+    /// `Some(why)` to stop, `None` to add [`AutoSeeds::step`] more.
+    pub fn stop(&self, n: usize, diffs: &[(Interval, f64)]) -> Option<SeedStop> {
+        let precise = n >= 2
+            && diffs.iter().all(|(d, base)| {
+                d.half_width
+                    .is_some_and(|h| h <= self.rel_half_width * base.abs())
+            });
+        if precise {
+            Some(SeedStop::Precise)
+        } else if n >= self.max {
+            Some(SeedStop::MaxSeeds)
+        } else {
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,6 +201,22 @@ mod tests {
         assert_eq!(r.n, 2);
         assert!((r.mean - 2.0).abs() < 1e-12);
         assert!(excludes(&r, 1.0));
-        assert!(!excludes(&paired_difference(&[1.0, 3.0], &[2.0, 2.0]).unwrap(), 0.0));
+        assert!(!excludes(
+            &paired_difference(&[1.0, 3.0], &[2.0, 2.0]).unwrap(),
+            0.0
+        ));
+    }
+
+    #[test]
+    fn auto_seeds_stops_when_precise_or_at_the_maximum() {
+        let auto = AutoSeeds::default();
+        let tight = paired_difference(&[11.0, 21.0, 31.0], &[10.0, 20.0, 30.0]).unwrap();
+        let loose = paired_difference(&[15.0, 21.0, 40.0], &[10.0, 20.0, 30.0]).unwrap();
+        assert_eq!(auto.stop(3, &[(tight, 20.0)]), Some(SeedStop::Precise));
+        assert_eq!(auto.stop(3, &[(tight, 20.0), (loose, 20.0)]), None);
+        assert_eq!(auto.stop(20, &[(loose, 20.0)]), Some(SeedStop::MaxSeeds));
+        // One seed has no interval: never precise.
+        let one = paired_difference(&[1.0], &[1.0]).unwrap();
+        assert_eq!(auto.stop(1, &[(one, 1.0)]), None);
     }
 }
