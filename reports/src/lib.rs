@@ -43,8 +43,8 @@ pub use export::{Exporter, Format};
 pub use gate::{Gate, GateError, GateReport};
 pub use metric::{CATALOG, Direction, Metric, Unit};
 pub use run::{
-    PerfInfo, PerfRun, PolicyRun, RunEntry, RunMeta, SummaryFile, Written, run_table, summary_file,
-    summary_table, write_perf, write_run,
+    AppliedSlo, PerfInfo, PerfRun, PolicyRun, RunEntry, RunMeta, SummaryFile, Written, run_table,
+    summary_file, summary_table, write_perf, write_run,
 };
 pub use summary::{RunSummary, WorkerSummary};
 pub use sweep::{SweepRow, sweep_table, write_sweep};

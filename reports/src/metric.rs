@@ -53,8 +53,10 @@ impl Direction {
 pub enum Unit {
     /// Seconds.
     Seconds,
-    /// Output tokens per second.
+    /// Tokens per second.
     TokensPerSecond,
+    /// Requests per second.
+    RequestsPerSecond,
     /// A fraction in [0, 1], printed as a percentage.
     Fraction,
     /// GPU-seconds.
@@ -70,11 +72,12 @@ pub enum Unit {
 }
 
 impl Unit {
-    /// The unit as printed (`s`, `tok/s`, `fraction`, `GPU-s`, `requests`, …).
+    /// The unit as printed (`s`, `tok/s`, `req/s`, `fraction`, `GPU-s`, `requests`, …).
     pub fn as_str(self) -> &'static str {
         match self {
             Unit::Seconds => "s",
             Unit::TokensPerSecond => "tok/s",
+            Unit::RequestsPerSecond => "req/s",
             Unit::Fraction => "fraction",
             Unit::GpuSeconds => "GPU-s",
             Unit::Requests => "requests",
@@ -191,6 +194,13 @@ fn span_ns(m: &RunMetrics) -> u64 {
     m.last_completion_ns.saturating_sub(m.first_arrival_ns)
 }
 
+/// `n` per second of the run's span (first arrival to last completion, the duration every
+/// rate of the catalog is over); `None` over an empty span.
+fn per_span_second(m: &RunMetrics, n: u64) -> Option<f64> {
+    let span = span_ns(m);
+    (span > 0).then(|| n as f64 / (span as f64 / 1e9))
+}
+
 macro_rules! metric {
     ($name:literal, $label:literal, $unit:ident, $dir:ident, $json:expr, csv: $csv:literal,
      gate: $gate:literal, $desc:literal, |$m:ident| $e:expr) => {
@@ -229,7 +239,7 @@ pub const CATALOG: &[Metric] = &[
     metric!("retried", "retried", Requests, Neutral, Top("retried"), csv: true, gate: false,
         "Re-routed after their worker failed before the first token.", |m| count(m.retried)),
     metric!("ttft_mean_s", "TTFT mean", Seconds, Lower, Nested("ttft_s", "mean"), csv: true,
-        gate: true, "Mean time to first token.", |m| mean(&m.ttft)),
+        gate: true, "Mean time to first token (vLLM: TTFT).", |m| mean(&m.ttft)),
     metric!("ttft_p50_s", "TTFT p50", Seconds, Lower, Nested("ttft_s", "p50"), csv: true,
         gate: true, "Median time to first token.", |m| quantile(&m.ttft, 0.5)),
     metric!("ttft_p90_s", "TTFT p90", Seconds, Lower, Nested("ttft_s", "p90"), csv: true,
@@ -240,7 +250,7 @@ pub const CATALOG: &[Metric] = &[
     metric!("ttft_max_s", "TTFT max", Seconds, Lower, Nested("ttft_s", "max"), csv: false,
         gate: false, "Largest time to first token.", |m| quantile(&m.ttft, 1.0)),
     metric!("e2e_mean_s", "e2e mean", Seconds, Lower, Nested("e2e_s", "mean"), csv: true,
-        gate: true, "Mean end-to-end latency.", |m| mean(&m.e2e)),
+        gate: true, "Mean end-to-end latency, arrival to last token (vLLM: E2EL).", |m| mean(&m.e2e)),
     metric!("e2e_p50_s", "e2e p50", Seconds, Lower, Nested("e2e_s", "p50"), csv: true,
         gate: true, "Median end-to-end latency.", |m| quantile(&m.e2e, 0.5)),
     metric!("e2e_p90_s", "e2e p90", Seconds, Lower, Nested("e2e_s", "p90"), csv: true,
@@ -251,7 +261,7 @@ pub const CATALOG: &[Metric] = &[
         gate: true, "Largest end-to-end latency (when the last request finished).",
         |m| quantile(&m.e2e, 1.0)),
     metric!("tpot_mean_s", "TPOT mean", Seconds, Lower, Nested("tpot_s", "mean"), csv: true,
-        gate: false, "Mean time per output token after the first.", |m| mean(&m.tpot)),
+        gate: false, "Mean time per output token after the first, per request (vLLM: TPOT).", |m| mean(&m.tpot)),
     metric!("tpot_p50_s", "TPOT p50", Seconds, Lower, Nested("tpot_s", "p50"), csv: true,
         gate: true, "Median time per output token.", |m| quantile(&m.tpot, 0.5)),
     metric!("tpot_p90_s", "TPOT p90", Seconds, Lower, Nested("tpot_s", "p90"), csv: true,
@@ -278,7 +288,7 @@ pub const CATALOG: &[Metric] = &[
         gate: false, "Customer output tokens completed.", |m| count(m.output_tokens)),
     metric!("output_tok_s", "output tok/s", TokensPerSecond, Higher, Top("output_tok_s"),
         csv: true, gate: true,
-        "Output tokens per second from the first arrival to the last completion.",
+        "Output tokens per second from the first arrival to the last completion (vLLM: output token throughput).",
         |m| (span_ns(m) > 0).then(|| m.output_tok_s())),
     metric!("span_s", "span", Seconds, Neutral, Top("span_s"), csv: true, gate: false,
         "First arrival to last completion.",
@@ -301,6 +311,43 @@ pub const CATALOG: &[Metric] = &[
     metric!("slo_attainment", "SLO attainment", Fraction, Higher, Top("slo_attainment"),
         csv: true, gate: true, "Fraction of requests whose TTFT and TPOT met the SLO.",
         |m| (m.requests > 0).then(|| m.slo_attainment())),
+    // Added after the gate's metrics so that every existing key and CSV column keeps its place;
+    // none is gate-tracked (the baselines do not carry them).
+    metric!("request_throughput", "request throughput", RequestsPerSecond, Higher,
+        Top("request_throughput"), csv: true, gate: false,
+        "Completed requests per second from the first arrival to the last completion \
+         (vLLM: request throughput).",
+        |m| per_span_second(m, m.completed)),
+    metric!("total_token_throughput", "total token throughput", TokensPerSecond, Higher,
+        Top("total_token_throughput"), csv: true, gate: false,
+        "Prompt plus output tokens of completed requests per second from the first arrival to \
+         the last completion (vLLM: total token throughput).",
+        |m| per_span_second(m, m.prompt_tokens + m.output_tokens)),
+    metric!("goodput", "goodput", RequestsPerSecond, Higher, Top("goodput"), csv: true,
+        gate: false,
+        "Completed requests that met every per-request SLO bound (TTFT and TPOT), per second \
+         from the first arrival to the last completion (DistServe's goodput; vLLM: request \
+         goodput).",
+        |m| per_span_second(m, m.slo_met)),
+    metric!("itl_mean_s", "ITL mean", Seconds, Lower, Nested("itl_s", "mean"), csv: true,
+        gate: false,
+        "Mean inter-token latency over every gap between output tokens (vLLM: ITL). The \
+         simulator has no per-token events: a request's gaps are its mean, (E2EL - TTFT) / \
+         (output - 1), counted once per gap, which is what vLLM's pooled ITL estimates.",
+        |m| mean(&m.itl)),
+    metric!("itl_p50_s", "ITL p50", Seconds, Lower, Nested("itl_s", "p50"), csv: true,
+        gate: false, "Median inter-token latency, each request's mean gap weighted by its gaps.",
+        |m| quantile(&m.itl, 0.5)),
+    metric!("itl_p90_s", "ITL p90", Seconds, Lower, Nested("itl_s", "p90"), csv: false,
+        gate: false,
+        "90th percentile of the inter-token latency, each request's mean gap weighted by its \
+         gaps.",
+        |m| quantile(&m.itl, 0.9)),
+    metric!("itl_p99_s", "ITL p99", Seconds, Lower, Nested("itl_s", "p99"), csv: true,
+        gate: false,
+        "99th percentile of the inter-token latency, each request's mean gap weighted by its \
+         gaps.",
+        |m| quantile(&m.itl, 0.99)),
 ];
 
 /// A per-worker metric: one value per worker of a run.
@@ -456,6 +503,10 @@ pub mod views {
         ("probe_gpu_s", "probe GPU-s"),
         ("prefix_hit_fraction", "prefix hit"),
         ("slo_attainment", "SLO"),
+        ("request_throughput", "request throughput"),
+        ("total_token_throughput", "total tok/s"),
+        ("goodput", "goodput"),
+        ("itl_p99_s", "ITL p99"),
     ];
 
     /// Columns (metric, header) of the sweep's terminal table.
@@ -523,6 +574,7 @@ mod tests {
             m.prompt_tokens += 100;
             m.cached_tokens += 25;
             m.slo_met += 1;
+            m.itl.record_secs_n(0.02, 9);
             m.last_completion_ns = 3_000_000_000;
             m.workers[0].requests += 1;
         }
@@ -591,6 +643,17 @@ mod tests {
     }
 
     #[test]
+    fn new_metrics_are_not_gate_tracked_and_come_after_the_old_ones() {
+        // The baselines and every existing key and CSV column stay as they were.
+        let first_new = by_name("request_throughput").unwrap().index();
+        for m in &CATALOG[first_new..] {
+            assert!(!m.gate, "{} must not be gate-tracked", m.name);
+        }
+        assert_eq!(CATALOG[first_new - 1].name, "slo_attainment");
+        assert_eq!(direction_of_key("goodput"), None);
+    }
+
+    #[test]
     fn directions() {
         assert_eq!(view("e2e_p99_s").direction, Direction::Lower);
         assert_eq!(view("failed").direction, Direction::Lower);
@@ -623,6 +686,11 @@ mod tests {
             "output_tok_s",
             "span_s",
             "prefix_hit_fraction",
+            "request_throughput",
+            "total_token_throughput",
+            "goodput",
+            "itl_mean_s",
+            "itl_p99_s",
         ] {
             assert_eq!(view(name).read(&m), None, "{name} is missing, not 0");
         }
@@ -642,6 +710,20 @@ mod tests {
         assert_eq!(view("prefix_hit_fraction").read(&m), Some(0.25));
         assert_eq!(view("lost").read(&m), Some(2.0));
         assert_eq!(share(&m, 0), Some(1.0));
+        // Rates over the 2 s span: 2 completed (both within the SLO), 2 × 110 tokens.
+        assert_eq!(view("request_throughput").read(&m), Some(1.0));
+        assert_eq!(view("goodput").read(&m), Some(1.0));
+        assert_eq!(view("total_token_throughput").read(&m), Some(110.0));
+        assert_eq!(view("itl_mean_s").read(&m), Some(0.02));
+        assert_eq!(view("goodput").unit.as_str(), "req/s");
+        let mut missed = run_that_completed(4);
+        missed.slo_met = 1;
+        assert_eq!(
+            view("goodput").read(&missed),
+            Some(0.5),
+            "only requests meeting the SLO"
+        );
+        assert_eq!(view("request_throughput").read(&missed), Some(2.0));
         let done = view("completed");
         assert_eq!(done.fmt_value(Some(16.0)), "16");
         assert_eq!(done.fmt_stat(Some(2.5)), "2.50");

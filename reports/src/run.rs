@@ -16,8 +16,40 @@ use routelab_sim::{RequestRecord, RunMetrics, Scenario};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
+/// The per-request SLO bounds a run was judged against (the scenario's `slo`, defaults
+/// included): shown in `summary.json`, on the console and in the report, so SLO attainment and
+/// goodput can be read against the thresholds actually applied.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct AppliedSlo {
+    /// Time-to-first-token bound, s.
+    pub ttft_s: f64,
+    /// Time-per-output-token bound, s (not applied to one-token outputs).
+    pub tpot_s: f64,
+}
+
+impl AppliedSlo {
+    /// The bounds of a scenario's SLO.
+    pub fn of(slo: &routelab_sim::Slo) -> AppliedSlo {
+        AppliedSlo {
+            ttft_s: slo.ttft_s,
+            tpot_s: slo.tpot_s,
+        }
+    }
+}
+
+impl std::fmt::Display for AppliedSlo {
+    /// `TTFT ≤ 2 s and TPOT ≤ 0.1 s per request`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "TTFT ≤ {} s and TPOT ≤ {} s per request",
+            self.ttft_s, self.tpot_s
+        )
+    }
+}
+
 /// What was run: shown in the report and `summary.json`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RunMeta {
     /// Scenario name (`seed/sixteen-at-once`).
     pub scenario: String,
@@ -27,6 +59,8 @@ pub struct RunMeta {
     pub description: String,
     /// The scenario file, as the user named it.
     pub scenario_path: String,
+    /// The SLO bounds applied.
+    pub slo: AppliedSlo,
 }
 
 impl RunMeta {
@@ -37,6 +71,7 @@ impl RunMeta {
             seed,
             description: scenario.description.clone(),
             scenario_path: scenario.path.display().to_string(),
+            slo: AppliedSlo::of(&scenario.setup.slo),
         }
     }
 }
@@ -92,6 +127,8 @@ pub struct SummaryFile {
     pub description: String,
     /// Scenario file.
     pub scenario_path: String,
+    /// The per-request SLO bounds applied (SLO attainment and goodput are judged by them).
+    pub slo: AppliedSlo,
     /// One entry per policy, in run order.
     pub runs: Vec<RunEntry>,
 }
@@ -116,6 +153,7 @@ pub fn summary_file(meta: &RunMeta, runs: &[PolicyRun]) -> SummaryFile {
         seed: meta.seed,
         description: meta.description.clone(),
         scenario_path: meta.scenario_path.clone(),
+        slo: meta.slo,
         runs: runs
             .iter()
             .map(|r| RunEntry {
@@ -511,6 +549,10 @@ fn run_html(
         } else {
             "policies"
         }
+    ));
+    page.raw(&format!(
+        "<p class=\"meta\">SLO applied: {}</p>",
+        esc(&meta.slo.to_string())
     ));
     page.el("h2", None, "Summary");
     let entries: Vec<&RunSummary> = summary.runs.iter().map(|e| &e.summary).collect();

@@ -191,7 +191,12 @@ mod tests {
             "{json}"
         );
         assert!(json.contains(r#""output_tok_s":null"#), "{json}");
-        assert!(json.ends_with(r#""slo_attainment":0.0}"#), "{json}");
+        assert!(
+            json.ends_with(
+                r#""slo_attainment":0.0,"request_throughput":null,"total_token_throughput":null,"goodput":null,"itl_s":{"mean":null,"p50":null,"p90":null,"p99":null}}"#
+            ),
+            "{json}"
+        );
         let csv = s.csv_fields();
         assert_eq!(csv.len(), summary_csv_header().len());
         assert_eq!(&csv[..3], ["3", "0", "0"]);

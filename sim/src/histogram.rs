@@ -114,8 +114,15 @@ impl Histogram {
     /// Record a value in seconds (negative and NaN count as 0; rounded to the nanosecond).
     #[inline]
     pub fn record_secs(&mut self, secs: f64) {
+        self.record_secs_n(secs, 1);
+    }
+
+    /// Record `n` occurrences of a value in seconds (a weighted sample: e.g. one request's
+    /// mean inter-token latency once per gap between its tokens). Negative and NaN count as 0.
+    #[inline]
+    pub fn record_secs_n(&mut self, secs: f64, n: u64) {
         // `as` saturates; NaN becomes 0.
-        self.record((secs * 1e9).round().max(0.0) as u64);
+        self.record_n((secs * 1e9).round().max(0.0) as u64, n);
     }
 
     /// Number of recorded values.
@@ -348,6 +355,30 @@ mod tests {
         h.clear();
         assert!(h.is_empty());
         assert_eq!(h.quantile(0.5), None);
+    }
+
+    #[test]
+    fn a_weighted_record_counts_like_repeated_records() {
+        let mut weighted = Histogram::new();
+        weighted.record_secs_n(0.02, 9);
+        weighted.record_secs_n(0.5, 1);
+        weighted.record_secs_n(7.0, 0);
+        let mut repeated = Histogram::new();
+        for _ in 0..9 {
+            repeated.record_secs(0.02);
+        }
+        repeated.record_secs(0.5);
+        assert_eq!(weighted, repeated);
+        assert_eq!(weighted.count(), 10);
+        // The weight moves the quantiles: 9 of 10 values are 20 ms.
+        assert_eq!(weighted.quantile_secs(0.9), repeated.quantile_secs(0.9));
+        assert!((weighted.quantile_secs(0.9).unwrap() - 0.02).abs() < 0.02 / 64.0);
+        assert_eq!(
+            weighted.max(),
+            Some(500_000_000),
+            "a zero weight records nothing"
+        );
+        assert!((weighted.mean_secs().unwrap() - (0.18 + 0.5) / 10.0).abs() < 1e-12);
     }
 
     #[test]

@@ -297,6 +297,11 @@ impl Recorder {
                 // those samples moves the TPOT quantiles of traces with one-token outputs
                 // (mooncake: p50 +1.3 %, p99 +3.6 %) and so every baseline of them.
                 m.tpot.record_secs(tpot.unwrap_or(0.0));
+                // ITL: the request's mean gap, weighted by its number of gaps (see
+                // `RunMetrics::itl`); a one-token output has no gap.
+                if let Some(t) = tpot {
+                    m.itl.record_secs_n(t, u64::from(o.output_tokens - 1));
+                }
                 if let Some(q) = o.queue_s() {
                     m.queue.record_secs(q);
                 }
@@ -396,6 +401,10 @@ mod tests {
             Some(0.0),
             "counted as 0 s in the distribution"
         );
+        assert!(
+            m.itl.is_empty(),
+            "a one-token output has no inter-token gap"
+        );
         // Without an inter-token time, the TPOT criterion of the SLO does not apply.
         assert_eq!(m.slo_met, 1);
     }
@@ -415,12 +424,41 @@ mod tests {
         let m = rec.metrics();
         assert_eq!((m.requests, m.completed, m.output_tokens), (1, 1, 5));
         assert_eq!((m.tpot.count(), m.queue.count()), (1, 1));
+        // ITL: the mean gap 0.5 s, once per gap (5 tokens, 4 gaps).
+        assert_eq!(m.itl.count(), 4);
+        assert_eq!(m.itl.mean_secs(), Some(0.5));
         // TPOT 0.5 s is over the default 0.1 s SLO
         assert_eq!(m.slo_met, 0);
         assert_eq!(m.workers[0].requests, 1);
         assert_eq!(m.workers[0].completed, 1);
         assert_eq!(m.first_arrival_ns, 1_000_000_000);
         assert_eq!(m.last_completion_ns, 3_500_000_000);
+    }
+
+    #[test]
+    fn itl_weights_each_request_by_its_gaps() {
+        let mut rec = recorder();
+        // 11 tokens over 0.1 s after the first: ten gaps of 10 ms.
+        let many = Outcome {
+            first_token: Some(Time::from_nanos(1_500_000_000)),
+            end: Time::from_nanos(1_600_000_000),
+            ..outcome(Status::Ok, 11)
+        };
+        // 2 tokens, 1 s apart: one gap of 1 s.
+        let two = Outcome {
+            end: Time::from_nanos(2_500_000_000),
+            ..outcome(Status::Ok, 2)
+        };
+        rec.finished(&many);
+        rec.finished(&two);
+        let m = rec.metrics();
+        assert_eq!(m.itl.count(), 11);
+        // Per request (TPOT) the median is either request; per gap it is 10 ms.
+        assert_eq!(m.tpot.count(), 2);
+        let p50 = m.itl.quantile_secs(0.5).unwrap();
+        assert!((p50 - 0.01).abs() < 0.01 / 64.0, "{p50}");
+        assert_eq!(m.itl.quantile_secs(1.0), Some(1.0));
+        assert!((m.itl.mean_secs().unwrap() - 1.1 / 11.0).abs() < 1e-12);
     }
 
     #[test]
@@ -447,6 +485,6 @@ mod tests {
         let m = rec.metrics();
         assert_eq!((m.completed, m.failed, m.rejected), (0, 1, 1));
         assert_eq!(m.workers[0].failed, 1);
-        assert!(m.ttft.is_empty() && m.e2e.is_empty());
+        assert!(m.ttft.is_empty() && m.e2e.is_empty() && m.itl.is_empty());
     }
 }

@@ -109,6 +109,12 @@ pub struct RunMetrics {
     pub tpot: Histogram,
     /// Gateway queue time, s.
     pub queue: Histogram,
+    /// Inter-token latency, s: each completed request's mean gap between output tokens,
+    /// `(e2e - ttft) / (output - 1)`, recorded once per gap (`output - 1` times), so its
+    /// quantiles estimate those of every gap pooled, as `vllm bench serve` reports ITL. The
+    /// simulator has no per-token events, so a request's gaps are taken as equal. One-token
+    /// outputs have no gap and add nothing.
+    pub itl: Histogram,
     /// Requests whose TTFT and TPOT met the SLO.
     pub slo_met: u64,
     /// Customer output tokens completed.
@@ -155,6 +161,7 @@ impl RunMetrics {
             e2e: Histogram::new(),
             tpot: Histogram::new(),
             queue: Histogram::new(),
+            itl: Histogram::new(),
             slo_met: 0,
             output_tokens: 0,
             prompt_tokens: 0,

@@ -93,6 +93,7 @@ pub fn run(args: &RunArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
     write_run(&dir, &meta, &runs)?;
     write_perf(&dir, &perf)?;
     writeln!(out, "{} (seed {seed})", scenario.name)?;
+    writeln!(out, "SLO: {}", meta.slo)?;
     write!(out, "{}", run_table(&runs))?;
     writeln!(
         out,

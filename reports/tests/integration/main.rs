@@ -121,6 +121,8 @@ fn run_writes_every_file_with_the_design_fields() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     assert_eq!(json["scenario"], "seed/sixteen-at-once");
     assert_eq!(json["seed"], 1);
+    assert_eq!(json["slo"]["ttft_s"], 2.0, "the SLO applied (the default)");
+    assert_eq!(json["slo"]["tpot_s"], 0.1);
     let runs_json = json["runs"].as_array().unwrap();
     assert_eq!(runs_json.len(), 2);
     for r in runs_json {
@@ -274,6 +276,12 @@ fn charts_and_html_are_sound() {
     assert!(html.contains(&meta.description));
     assert!(html.contains("class=\"best\""));
     assert!(html.contains("<td class=\"l\">pro6000</td>"));
+    // The SLO bounds the attainment and goodput columns were judged by.
+    assert!(
+        html.contains("SLO applied: TTFT ≤ 2 s and TPOT ≤ 0.1 s per request"),
+        "thresholds shown"
+    );
+    assert!(html.contains("<th>goodput</th>") || html.contains(">goodput<"));
 }
 
 #[test]
