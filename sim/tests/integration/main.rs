@@ -1,5 +1,6 @@
 //! Integration tests of routelab-sim.
 mod calibration;
+mod common_random_numbers;
 mod engine;
 mod traffic;
 mod validation;
