@@ -1,5 +1,16 @@
 //! Outputs of `routelab compare`: several policies × several seeds × several scenarios, with the
-//! mean and 95 % interval of each metric across seeds and the winner per metric.
+//! mean and 95 % interval of each metric across seeds, the winner per metric, and every
+//! policy's **paired** difference from a baseline policy.
+//!
+//! Every policy of a scenario runs on the same seeds, and for a given seed sees the same
+//! traffic (common random numbers; open-loop traffic exactly, closed-loop follow-ups only in
+//! their first requests). So a comparison is made on the per-seed differences
+//! ([`crate::stats::paired_difference`]): the seed-to-seed noise both policies share cancels, and a
+//! difference is *established* only when the 95 % interval of those differences excludes zero
+//! ([`crate::stats::excludes`]). The per-policy intervals are still reported, but two overlapping
+//! per-policy intervals do not mean "no difference". Under `--seeds auto`
+//! ([`grow_seeds`]) seeds are added until every reported difference is known to a stated
+//! precision ([`reported_differences`]).
 
 use crate::chart::{self, BarGroup, BarPanel, Figure, Panel, Series};
 use crate::error::ReportError;
@@ -12,7 +23,7 @@ use crate::export::{create_dir, write_file};
 use crate::metric::{Direction, Metric, Unit, view, views};
 use crate::num::{fmt_sig, r6, slug};
 use crate::run::{Written, latency_cdf_figure};
-use crate::stats::Interval;
+use crate::stats::{AutoSeeds, Interval, SeedStop, excludes, paired_difference};
 use crate::summary::{RunSummary, summary_csv_header};
 use routelab_sim::RunMetrics;
 use routelab_sim::histogram::Histogram;
@@ -72,6 +83,46 @@ pub struct ScenarioComparison {
     pub description: String,
     /// Policies, in report order.
     pub policies: Vec<PolicySeeds>,
+    /// Index in `policies` of the baseline the paired differences are taken against (the
+    /// first listed unless `--baseline` says otherwise).
+    pub baseline: usize,
+    /// How the number of seeds was decided: a fixed count, or `--seeds auto` and why it
+    /// stopped.
+    pub seed_stop: SeedStop,
+    /// The `--seeds auto` rule, when it decided the count.
+    pub auto_seeds: Option<AutoSeeds>,
+}
+
+impl ScenarioComparison {
+    /// A comparison with a fixed seed count and the first policy as the baseline.
+    pub fn new(
+        scenario: impl Into<String>,
+        description: impl Into<String>,
+        policies: Vec<PolicySeeds>,
+    ) -> ScenarioComparison {
+        ScenarioComparison {
+            scenario: scenario.into(),
+            description: description.into(),
+            policies,
+            baseline: 0,
+            seed_stop: SeedStop::Fixed,
+            auto_seeds: None,
+        }
+    }
+
+    /// The baseline policy (`None` only when there are no policies).
+    pub fn baseline_policy(&self) -> Option<&PolicySeeds> {
+        self.policies.get(self.baseline)
+    }
+
+    /// Seeds run (the most any policy ran).
+    pub fn seeds_run(&self) -> usize {
+        self.policies
+            .iter()
+            .map(|p| p.runs.len())
+            .max()
+            .unwrap_or(0)
+    }
 }
 
 /// `compare.json`.
@@ -92,6 +143,91 @@ pub struct ScenarioStats {
     pub policies: Vec<PolicyStats>,
     /// Winner per metric (metrics no policy has a value for are left out).
     pub winners: Vec<Winner>,
+    /// The policy every `vs_baseline` difference is taken against.
+    pub baseline: Option<String>,
+    /// Seeds run per policy.
+    pub seeds_run: usize,
+    /// What decided that count: `fixed` (`--seeds N`), `precise` (`--seeds auto`: every
+    /// reported difference was precise enough) or `max_seeds` (`--seeds auto` reached its
+    /// maximum first).
+    pub seed_stop: SeedStop,
+    /// The `--seeds auto` rule (absent for a fixed count).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auto_seeds: Option<AutoSeedsRule>,
+}
+
+/// The `--seeds auto` rule as written in `compare.json`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct AutoSeedsRule {
+    /// Seeds before the first look.
+    pub start: usize,
+    /// Seeds added between looks.
+    pub step: usize,
+    /// The most seeds it may run.
+    pub max: usize,
+    /// It stops when every reported difference's half-width is at most this fraction of the
+    /// baseline's mean.
+    pub rel_half_width: f64,
+    /// The metrics whose differences count (the comparison's key metrics).
+    pub metrics: &'static [&'static str],
+}
+
+impl From<AutoSeeds> for AutoSeedsRule {
+    fn from(a: AutoSeeds) -> AutoSeedsRule {
+        AutoSeedsRule {
+            start: a.start,
+            step: a.step,
+            max: a.max,
+            rel_half_width: a.rel_half_width,
+            metrics: views::COMPARE_KEY,
+        }
+    }
+}
+
+/// The paired difference of one policy from another on one metric, over the seeds both ran.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PairedDiff {
+    /// Metric name (see [`views::RANKED`]).
+    pub metric: String,
+    /// Seeds both have a value on.
+    pub n: usize,
+    /// Mean of the per-seed differences (this policy minus the other).
+    pub mean: Option<f64>,
+    /// Lower end of the 95 % interval of the differences.
+    pub ci95_low: Option<f64>,
+    /// Upper end of the 95 % interval of the differences.
+    pub ci95_high: Option<f64>,
+    /// The other policy's mean on the same seeds.
+    pub reference_mean: Option<f64>,
+    /// `mean` in % of `reference_mean`.
+    pub relative_pct: Option<f64>,
+    /// The 95 % interval excludes zero: the difference holds beyond seed noise.
+    pub established: bool,
+    /// `better` or `worse` (established, by the metric's direction), else `not_established`.
+    pub verdict: Verdict,
+}
+
+/// The paired verdict on a difference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Established, and better by the metric's direction.
+    Better,
+    /// Established, and worse.
+    Worse,
+    /// The interval includes zero (or one seed only).
+    NotEstablished,
+}
+
+impl Verdict {
+    /// As written in tables.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Better => "better",
+            Verdict::Worse => "worse",
+            Verdict::NotEstablished => "not established",
+        }
+    }
 }
 
 /// Statistics of one policy across seeds.
@@ -105,6 +241,10 @@ pub struct PolicyStats {
     pub metrics: Vec<MetricStats>,
     /// The per-seed summaries.
     pub runs: Vec<SeedRun>,
+    /// Per metric, in [`views::RANKED`] order: the paired difference from the baseline policy
+    /// (absent for the baseline itself).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub vs_baseline: Vec<PairedDiff>,
 }
 
 /// Mean and 95 % interval (Student's t) of one metric across seeds.
@@ -141,12 +281,142 @@ pub struct Winner {
     pub margin_pct: Option<f64>,
     /// The two means are equal.
     pub tie: bool,
-    /// The two 95 % intervals overlap (the ranking may not hold on other seeds).
+    /// The two policies' own 95 % intervals overlap. Not the verdict: with common random
+    /// numbers the paired interval below is the one that says whether the win holds.
     pub intervals_overlap: Option<bool>,
+    /// The winner's paired difference from the runner-up on the seeds both ran: the win is
+    /// established when its interval excludes zero.
+    pub paired: Option<PairedDiff>,
 }
 
 fn interval(p: &PolicySeeds, m: &Metric) -> Option<Interval> {
     Interval::of(p.runs.iter().filter_map(|r| r.summary.get(m)))
+}
+
+/// The values of `a` and `b` on the seeds of `a` that `b` also ran, in `a`'s order; a missing
+/// value is NaN, which drops that seed from the pairs.
+fn paired_values(a: &PolicySeeds, b: &PolicySeeds, m: &Metric) -> (Vec<f64>, Vec<f64>) {
+    a.runs
+        .iter()
+        .filter_map(|ra| {
+            let rb = b.runs.iter().find(|rb| rb.seed == ra.seed)?;
+            Some((
+                ra.summary.get(m).unwrap_or(f64::NAN),
+                rb.summary.get(m).unwrap_or(f64::NAN),
+            ))
+        })
+        .unzip()
+}
+
+/// The paired interval of `a − b` on metric `m`, and `b`'s mean on the same seeds.
+fn paired(a: &PolicySeeds, b: &PolicySeeds, m: &Metric) -> Option<(Interval, f64)> {
+    let (xa, xb) = paired_values(a, b, m);
+    let d = paired_difference(&xa, &xb)?;
+    let base = Interval::of(
+        xa.iter()
+            .zip(&xb)
+            .filter(|(x, y)| (*x - *y).is_finite())
+            .map(|(_, y)| *y),
+    )?;
+    Some((d, base.mean))
+}
+
+/// [`paired`] as reported: rounded, with the verdict by the metric's direction.
+fn paired_diff(a: &PolicySeeds, b: &PolicySeeds, m: &Metric) -> PairedDiff {
+    let Some((d, base)) = paired(a, b, m) else {
+        return PairedDiff {
+            metric: m.name.to_string(),
+            n: 0,
+            mean: None,
+            ci95_low: None,
+            ci95_high: None,
+            reference_mean: None,
+            relative_pct: None,
+            established: false,
+            verdict: Verdict::NotEstablished,
+        };
+    };
+    let established = excludes(&d, 0.0);
+    let verdict = match (established, m.direction.is_better(d.mean, 0.0)) {
+        (false, _) => Verdict::NotEstablished,
+        (true, true) => Verdict::Better,
+        (true, false) => Verdict::Worse,
+    };
+    PairedDiff {
+        metric: m.name.to_string(),
+        n: d.n,
+        mean: r6(d.mean),
+        ci95_low: d.half_width.and_then(|_| r6(d.low())),
+        ci95_high: d.half_width.and_then(|_| r6(d.high())),
+        reference_mean: r6(base),
+        relative_pct: (base != 0.0)
+            .then(|| r6(d.mean / base.abs() * 100.0))
+            .flatten(),
+        established,
+        verdict,
+    }
+}
+
+/// The differences `--seeds auto` watches, as `(paired interval, baseline mean)` for
+/// [`AutoSeeds::stop`]: every policy's paired difference from the baseline on each of the
+/// comparison's key metrics ([`views::COMPARE_KEY`]). A metric on which the baseline's mean is
+/// 0 (no failures, no probes) has no relative precision and is left out, as is one no seed has
+/// a value for.
+pub fn reported_differences(sc: &ScenarioComparison) -> Vec<(Interval, f64)> {
+    let Some(base) = sc.baseline_policy() else {
+        return Vec::new();
+    };
+    sc.policies
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != sc.baseline)
+        .flat_map(|(_, p)| key_metrics().filter_map(move |m| paired(p, base, m)))
+        .filter(|(_, base_mean)| *base_mean != 0.0)
+        .collect()
+}
+
+/// `--seeds auto`: grow every comparison (its policies listed, no runs yet) seed by seed until
+/// [`AutoSeeds::stop`] says stop on its [`reported_differences`], and record why. `run` is
+/// handed a batch of `(comparison index, seed ordinal)` (ordinals count from 0 per
+/// comparison) and returns, for each, the seed it ran and one [`RunMetrics`] per policy in the
+/// comparison's order; a batch holds every seed the open comparisons need next, so a caller can
+/// run it in parallel.
+pub fn grow_seeds<E>(
+    comparisons: &mut [ScenarioComparison],
+    auto: &AutoSeeds,
+    mut run: impl FnMut(&[(usize, usize)]) -> Result<Vec<(u64, Vec<RunMetrics>)>, E>,
+) -> Result<(), E> {
+    let first = auto.start.clamp(1, auto.max.max(1));
+    let mut target: Vec<Option<usize>> = vec![Some(first); comparisons.len()];
+    loop {
+        let batch: Vec<(usize, usize)> = target
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| t.map(|t| (i, t)))
+            .flat_map(|(i, t)| (comparisons[i].seeds_run()..t).map(move |k| (i, k)))
+            .collect();
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let results = run(&batch)?;
+        for ((i, _), (seed, metrics)) in batch.iter().zip(results) {
+            for (p, m) in comparisons[*i].policies.iter_mut().zip(&metrics) {
+                p.push(seed, m);
+            }
+        }
+        for (i, t) in target.iter_mut().enumerate() {
+            let Some(n) = *t else { continue };
+            let sc = &mut comparisons[i];
+            sc.auto_seeds = Some(*auto);
+            match auto.stop(n, &reported_differences(sc)) {
+                Some(why) => {
+                    sc.seed_stop = why;
+                    *t = None;
+                }
+                None => *t = Some((n + auto.step.max(1)).min(auto.max.max(n + 1))),
+            }
+        }
+    }
 }
 
 /// The metrics policies are ranked by, in report order.
@@ -190,6 +460,7 @@ fn winner(sc: &ScenarioComparison, m: &Metric) -> Option<Winner> {
         margin_pct: margin,
         tie: second.is_some_and(|(_, r)| r.mean == w.mean),
         intervals_overlap: second.map(|(_, r)| r.overlaps(&w)),
+        paired: second.map(|(ri, _)| paired_diff(&sc.policies[wi], &sc.policies[*ri], m)),
     })
 }
 
@@ -204,7 +475,8 @@ pub fn compare_file(scenarios: &[ScenarioComparison]) -> CompareFile {
                 policies: sc
                     .policies
                     .iter()
-                    .map(|p| PolicyStats {
+                    .enumerate()
+                    .map(|(i, p)| PolicyStats {
                         policy: p.policy.clone(),
                         seeds: p.runs.iter().map(|r| r.seed).collect(),
                         metrics: ranked()
@@ -223,9 +495,19 @@ pub fn compare_file(scenarios: &[ScenarioComparison]) -> CompareFile {
                             })
                             .collect(),
                         runs: p.runs.clone(),
+                        vs_baseline: match sc.baseline_policy() {
+                            Some(b) if i != sc.baseline => {
+                                ranked().map(|m| paired_diff(p, b, m)).collect()
+                            }
+                            _ => Vec::new(),
+                        },
                     })
                     .collect(),
                 winners: ranked().filter_map(|m| winner(sc, m)).collect(),
+                baseline: sc.baseline_policy().map(|b| b.policy.clone()),
+                seeds_run: sc.seeds_run(),
+                seed_stop: sc.seed_stop,
+                auto_seeds: sc.auto_seeds.map(AutoSeedsRule::from),
             })
             .collect(),
     }
@@ -261,8 +543,61 @@ fn fmt_interval(m: &Metric, iv: Option<Interval>) -> String {
     }
 }
 
+/// A paired difference for a table: in % of the reference's mean with its 95 % interval
+/// (`-4.9% [-6.1, -3.7]`), in the metric's unit when the reference is 0; `(1 seed)` when
+/// there is no interval; `-` when no seed pairs.
+fn fmt_diff(m: &Metric, d: &PairedDiff) -> String {
+    let (Some(mean), true) = (d.mean, d.n > 0) else {
+        return "-".into();
+    };
+    let rel = d.reference_mean.filter(|r| *r != 0.0);
+    let show = |v: f64| match rel {
+        Some(r) => format!("{:+.1}", v / r.abs() * 100.0),
+        None if m.unit == Unit::Fraction => format!("{:+.1}", v * 100.0),
+        None => {
+            let s = fmt_sig(Some(v), 2);
+            if s.starts_with('-') || s == "0" {
+                s
+            } else {
+                format!("+{s}")
+            }
+        }
+    };
+    let unit = match (rel, m.unit) {
+        (Some(_), _) => "%",
+        (None, Unit::Fraction) => " pp",
+        (None, _) => "",
+    };
+    match (d.ci95_low, d.ci95_high) {
+        (Some(lo), Some(hi)) => format!("{}{unit} [{}, {}]", show(mean), show(lo), show(hi)),
+        _ => format!("{}{unit} (1 seed)", show(mean)),
+    }
+}
+
+/// How many seeds ran and what decided it, for the console and the report.
+pub(crate) fn seed_rule_note(sc: &ScenarioComparison) -> String {
+    let n = sc.seeds_run();
+    let seeds = format!("{n} seed{}", if n == 1 { "" } else { "s" });
+    match (sc.seed_stop, sc.auto_seeds) {
+        (SeedStop::Fixed, _) | (_, None) => format!("{seeds} (fixed count)"),
+        (SeedStop::Precise, Some(a)) => format!(
+            "{seeds} (--seeds auto: stopped when every paired difference from the baseline on the \
+             key metrics had a 95 % half-width within {:.1} % of the baseline's mean; at most {})",
+            a.rel_half_width * 100.0,
+            a.max
+        ),
+        (SeedStop::MaxSeeds, Some(a)) => format!(
+            "{seeds} (--seeds auto: stopped at the maximum of {} seeds before every paired \
+             difference was within {:.1} % of the baseline's mean)",
+            a.max,
+            a.rel_half_width * 100.0
+        ),
+    }
+}
+
 /// Write every output of `routelab compare` into `dir`: `compare.json`, `compare.csv` (one row
-/// per scenario, policy and metric: n, mean, sd, 95 % interval, winner), `compare_seeds.csv`
+/// per scenario, policy and metric: n, mean, sd, 95 % interval, winner, and the paired
+/// difference from the baseline with its interval and verdict), `compare_seeds.csv`
 /// (one row per scenario, policy and seed), per scenario a bar chart with error bars
 /// (`compare_<k>_<scenario>_bars`) and an end-to-end CDF of the first seed
 /// (`compare_<k>_<scenario>_e2e_cdf`), each as `.svg` and `.png`, and `report.html`.
@@ -285,6 +620,7 @@ pub fn write_compare(dir: &Path, scenarios: &[ScenarioComparison]) -> Result<Wri
                     .iter()
                     .any(|w| w.metric == m.name && w.winner == ps.policy && !w.tie);
                 let o = |x: Option<f64>| x.map(|v| v.to_string()).unwrap_or_default();
+                let d = ps.vs_baseline.iter().find(|d| d.metric == m.name);
                 rows.push(vec![
                     sc.scenario.clone(),
                     ps.policy.clone(),
@@ -297,6 +633,12 @@ pub fn write_compare(dir: &Path, scenarios: &[ScenarioComparison]) -> Result<Wri
                     o(ms.ci95_low),
                     o(ms.ci95_high),
                     is_winner.to_string(),
+                    st.baseline.clone().unwrap_or_default(),
+                    o(d.and_then(|d| d.mean)),
+                    o(d.and_then(|d| d.ci95_low)),
+                    o(d.and_then(|d| d.ci95_high)),
+                    d.map(|d| d.verdict.as_str().to_string())
+                        .unwrap_or_default(),
                 ]);
             }
         }
@@ -315,6 +657,11 @@ pub fn write_compare(dir: &Path, scenarios: &[ScenarioComparison]) -> Result<Wri
             "ci95_low",
             "ci95_high",
             "winner",
+            "baseline",
+            "vs_baseline_mean",
+            "vs_baseline_ci95_low",
+            "vs_baseline_ci95_high",
+            "vs_baseline_verdict",
         ],
         rows,
     )?;
@@ -434,9 +781,10 @@ fn compare_html(
         if !sc.description.is_empty() {
             page.el("p", Some("desc"), &sc.description);
         }
-        page.el("p", Some("meta"), &seeds_note(sc));
+        page.el("p", Some("meta"), &seed_rule_note(sc));
         page.raw(&scenario_table_html(sc));
         page.raw(&winners_html(st));
+        page.raw(&baseline_html(st));
         page.figure(
             &bars.svg,
             "Mean end-to-end latency and p99 TTFT per policy; error bars: 95 % interval across seeds.",
@@ -502,6 +850,8 @@ fn winners_html(st: &ScenarioStats) -> String {
         ("runner-up", true),
         ("margin", false),
         ("intervals overlap", true),
+        ("paired difference (95 %)", false),
+        ("established", true),
     ];
     let rows: Vec<(bool, Vec<Cell>)> = key_metrics()
         .filter_map(|m| {
@@ -520,10 +870,12 @@ fn winners_html(st: &ScenarioStats) -> String {
                     Cell::text(w.runner_up.as_deref().unwrap_or("-")),
                     Cell::num(fmt_margin(w)),
                     Cell::text(match w.intervals_overlap {
-                        Some(true) => "yes: not separated",
+                        Some(true) => "yes",
                         Some(false) => "no",
                         None => "-",
                     }),
+                    Cell::num(w.paired.as_ref().map_or("-".into(), |d| fmt_diff(m, d))),
+                    Cell::text(established(w)),
                 ],
             )
         })
@@ -534,7 +886,63 @@ fn winners_html(st: &ScenarioStats) -> String {
     let mut s = table(&header, &rows);
     s.push_str(
         "\n<p class=\"note\">Winner by mean across seeds; margin in % of the runner-up's \
-         mean; metrics on which the best two tie are left out.</p>",
+         mean; metrics on which the best two tie are left out. Paired difference: winner minus \
+         runner-up on each seed both ran (same traffic), mean and 95 % interval in % of the \
+         runner-up's mean; the win is established only when that interval excludes zero \
+         (overlapping per-policy intervals do not mean there is no difference).</p>",
+    );
+    s
+}
+
+/// `yes` when the winner's paired difference from the runner-up excludes zero.
+fn established(w: &Winner) -> &'static str {
+    match &w.paired {
+        Some(d) if d.established => "yes",
+        Some(d) if d.n < 2 => "no (one seed)",
+        Some(_) => "no",
+        None => "-",
+    }
+}
+
+/// Every policy's paired difference from the baseline on the key metrics.
+fn baseline_html(st: &ScenarioStats) -> String {
+    let Some(base) = &st.baseline else {
+        return String::new();
+    };
+    let metrics: Vec<&Metric> = key_metrics().collect();
+    let labels: Vec<String> = metrics.iter().map(|m| column_label(m)).collect();
+    let mut header: Vec<(&str, bool)> = vec![("policy", true)];
+    header.extend(labels.iter().map(|h| (h.as_str(), false)));
+    let rows: Vec<(bool, Vec<Cell>)> = st
+        .policies
+        .iter()
+        .filter(|p| !p.vs_baseline.is_empty())
+        .map(|p| {
+            let mut cells = vec![Cell::text(&p.policy)];
+            for m in &metrics {
+                let c = match p.vs_baseline.iter().find(|d| d.metric == m.name) {
+                    Some(d) => Cell::num(fmt_diff(m, d))
+                        .best(d.verdict == Verdict::Better)
+                        .titled(format!("{} on {} paired seeds", d.verdict.as_str(), d.n)),
+                    None => Cell::num("-"),
+                };
+                cells.push(c);
+            }
+            (false, cells)
+        })
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut s = format!(
+        "<h3>Paired difference from the baseline, {}</h3>\n",
+        crate::export::html::esc(base)
+    );
+    s.push_str(&table(&header, &rows));
+    s.push_str(
+        "\n<p class=\"note\">Policy minus baseline on each seed both ran (the same traffic), \
+         mean and 95 % interval of those differences in % of the baseline's mean. Highlighted: \
+         established improvements (the interval excludes zero, on the better side).</p>",
     );
     s
 }
@@ -547,7 +955,8 @@ fn fmt_margin(w: &Winner) -> String {
 }
 
 /// An aligned plain-text table per scenario: key metrics as `mean ± half-width` across seeds,
-/// the best mean per column marked with `*`.
+/// the best mean per column marked with `*`; then how many seeds ran and why, and every
+/// policy's paired difference from the baseline (`!` marks an established one).
 pub fn compare_table(scenarios: &[ScenarioComparison]) -> String {
     let metrics: Vec<&Metric> = views::COMPARE_TERMINAL.iter().map(|n| view(n)).collect();
     let mut out = String::new();
@@ -585,21 +994,60 @@ pub fn compare_table(scenarios: &[ScenarioComparison]) -> String {
             t.row(row);
         }
         out.push_str(&t.render());
+        out.push_str(&paired_table(sc, &metrics));
     }
     if !scenarios.is_empty() {
         out.push_str("mean ± 95 % half-width across seeds; * best mean (s, tok/s, %)\n");
+        if scenarios.iter().any(|sc| sc.policies.len() > 1) {
+            out.push_str(
+                "vs baseline: policy minus baseline per seed, mean [95 % interval] in % of the \
+                 baseline's mean; ! established (the interval excludes 0)\n",
+            );
+        }
     }
     out
 }
 
-/// A Markdown findings table (scenario | metric | winner | runner-up | margin % | intervals
-/// overlap) for `docs/findings.md`, over the key metrics; exact ties are left out. The margin
-/// is how much better the winner's mean is, in % of the runner-up's mean.
+/// The seed note and, with two policies or more, the paired differences from the baseline.
+fn paired_table(sc: &ScenarioComparison, metrics: &[&Metric]) -> String {
+    let mut out = format!("seeds: {}\n", seed_rule_note(sc));
+    let Some(base) = sc.baseline_policy() else {
+        return out;
+    };
+    if sc.policies.len() < 2 {
+        return out;
+    }
+    let _ = writeln!(out, "vs baseline {}:", base.policy);
+    let mut cols: Vec<(&str, bool)> = vec![("policy", false)];
+    cols.extend(metrics.iter().map(|m| (m.label, true)));
+    let mut t = TextTable::new(&cols);
+    for (i, p) in sc.policies.iter().enumerate() {
+        if i == sc.baseline {
+            continue;
+        }
+        let mut row = vec![p.policy.clone()];
+        for m in metrics {
+            let d = paired_diff(p, base, m);
+            let mut s = fmt_diff(m, &d);
+            s.push(if d.established { '!' } else { ' ' });
+            row.push(s);
+        }
+        t.row(row);
+    }
+    out.push_str(&t.render());
+    out
+}
+
+/// A Markdown findings table (scenario | metric | winner | runner-up | margin % | paired
+/// difference | established) for `docs/findings.md`, over the key metrics; exact ties are left
+/// out. The margin is how much better the winner's mean is, in % of the runner-up's mean; the
+/// paired difference is winner minus runner-up per seed, in % of the runner-up's mean with its
+/// 95 % interval, and the win is established only when that interval excludes zero.
 pub fn findings_markdown(scenarios: &[ScenarioComparison]) -> String {
     let file = compare_file(scenarios);
     let mut out = String::from(
-        "| scenario | metric | winner | runner-up | margin % | intervals overlap |\n\
-         |---|---|---|---|---:|---|\n",
+        "| scenario | metric | winner | runner-up | margin % | paired difference [95 %] | established |\n\
+         |---|---|---|---|---:|---:|---|\n",
     );
     for st in &file.scenarios {
         for m in key_metrics() {
@@ -613,7 +1061,7 @@ pub fn findings_markdown(scenarios: &[ScenarioComparison]) -> String {
             let label = column_label(m);
             let _ = writeln!(
                 out,
-                "| {} | {} | {} ({}) | {} ({}) | {} | {} |",
+                "| {} | {} | {} ({}) | {} ({}) | {} | {} | {} |",
                 md(&st.scenario),
                 md(&label),
                 md(&w.winner),
@@ -622,35 +1070,124 @@ pub fn findings_markdown(scenarios: &[ScenarioComparison]) -> String {
                 fmt_metric(m, w.runner_up_mean),
                 w.margin_pct
                     .map_or_else(|| "-".into(), |v| format!("{v:.1}")),
-                match w.intervals_overlap {
-                    Some(true) => "yes",
-                    Some(false) => "no",
-                    None => "-",
-                }
+                w.paired.as_ref().map_or("-".into(), |d| fmt_diff(m, d)),
+                established(w)
             );
         }
     }
     out
 }
 
-/// The whole findings document (`docs/findings.md`): a header saying how it was generated,
-/// then [`findings_markdown`].
+/// Per scenario, each policy against the baseline: the key metrics it is established better
+/// on, worse on, and the rest (Markdown).
+pub fn findings_baseline_markdown(scenarios: &[ScenarioComparison]) -> String {
+    let file = compare_file(scenarios);
+    let mut out = String::from(
+        "| scenario | policy | baseline | better on | worse on | not established |\n\
+         |---|---|---|---|---|---|\n",
+    );
+    for st in &file.scenarios {
+        let Some(base) = &st.baseline else { continue };
+        for p in st.policies.iter().filter(|p| !p.vs_baseline.is_empty()) {
+            let list = |v: Verdict| {
+                let names: Vec<String> = key_metrics()
+                    .filter_map(|m| {
+                        let d = p.vs_baseline.iter().find(|d| d.metric == m.name)?;
+                        (d.verdict == v && d.n > 0).then(|| match d.relative_pct {
+                            Some(r) if v != Verdict::NotEstablished => {
+                                format!("{} {r:+.1}%", md(m.label))
+                            }
+                            _ => md(m.label),
+                        })
+                    })
+                    .collect();
+                if names.is_empty() {
+                    "-".to_string()
+                } else {
+                    names.join(", ")
+                }
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} |",
+                md(&st.scenario),
+                md(&p.policy),
+                md(base),
+                list(Verdict::Better),
+                list(Verdict::Worse),
+                list(Verdict::NotEstablished)
+            );
+        }
+    }
+    out
+}
+
+/// The whole findings document (`docs/findings.md`): a header saying how it was generated
+/// (`seeds` says how many seeds, e.g. `5 seeds each`), the paired rule, the seeds each scenario
+/// ran and why, [`findings_markdown`], [`findings_baseline_markdown`], then `extra_sections`
+/// (whole Markdown sections, e.g. a capacity table) in order.
 pub fn findings_document(
     scenarios: &[&str],
-    seeds: u64,
+    seeds: &str,
     comparisons: &[ScenarioComparison],
+    extra_sections: &[String],
 ) -> String {
-    format!(
-        "# Findings\n\nGenerated by `routelab compare` over {} with {seeds} seeds each; do not edit by hand.\n\
-         Each row: which policy wins the metric on the scenario (mean over the seeds), the runner-up,\n\
-         the margin, and whether their 95 % intervals overlap (if they do, the win is not established).\n\n{}",
+    let mut out = format!(
+        "# Findings\n\nGenerated by `routelab compare` over {} with {seeds}; do not edit by hand.\n\n\
+         ## How a verdict is reached\n\n\
+         Every policy of a scenario runs on the same seeds and, for a given seed, sees the same\n\
+         traffic (common random numbers: the same arrivals and lengths for open-loop traffic; closed-loop\n\
+         follow-ups depend on completions). A comparison is therefore made **per seed**: the difference\n\
+         between the two policies on each seed, then the mean and 95 % interval (Student's t) of those\n\
+         differences. A difference is **established** only when that paired interval excludes zero. The\n\
+         per-policy intervals of the report are not the test: they include the seed-to-seed noise both\n\
+         policies share, so they often overlap when one policy is better on every seed.\n\n\
+         ## Seeds\n\n\
+         | scenario | baseline | seeds | decided by |\n\
+         |---|---|---:|---|\n",
         scenarios
             .iter()
             .map(|s| format!("`{s}`"))
             .collect::<Vec<_>>()
             .join(", "),
-        findings_markdown(comparisons)
-    )
+    );
+    for sc in comparisons {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} |",
+            md(&sc.scenario),
+            md(sc.baseline_policy().map_or("-", |b| b.policy.as_str())),
+            sc.seeds_run(),
+            match sc.seed_stop {
+                SeedStop::Fixed => "fixed count",
+                SeedStop::Precise => "auto: every difference precise enough",
+                SeedStop::MaxSeeds => "auto: maximum count reached",
+            }
+        );
+    }
+    out.push_str(
+        "\n## Winner per metric\n\n\
+         Each row: which policy wins the metric on the scenario (mean over the seeds), the runner-up,\n\
+         the margin in % of the runner-up's mean, and the paired difference winner minus runner-up\n\
+         (mean and 95 % interval in % of the runner-up's mean). The win is established only when\n\
+         that interval excludes zero.\n\n",
+    );
+    out.push_str(&findings_markdown(comparisons));
+    out.push_str(
+        "\n## Against the baseline\n\n\
+         Each policy against its scenario's baseline (the first policy listed), on the key metrics:\n\
+         where the paired difference is established better or worse (mean in % of the baseline's\n\
+         mean), and where it is not established.\n\n",
+    );
+    out.push_str(&findings_baseline_markdown(comparisons));
+    for section in extra_sections {
+        out.push('\n');
+        out.push_str(section);
+        if !section.ends_with('\n') {
+            out.push('\n');
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -689,14 +1226,248 @@ pub(crate) mod tests {
                 .collect(),
             first_seed_e2e: None,
         };
-        ScenarioComparison {
-            scenario: "test/two".into(),
-            description: "two policies".into(),
-            policies: vec![
+        ScenarioComparison::new(
+            "test/two",
+            "two policies",
+            vec![
                 mk("slow", [2.0, 2.2, 2.4], 100.0),
                 mk("fast", [1.0, 1.1, 1.2], 150.0),
             ],
+        )
+    }
+
+    fn policy(name: &str, e2e: &[f64]) -> PolicySeeds {
+        PolicySeeds {
+            policy: name.into(),
+            runs: e2e
+                .iter()
+                .enumerate()
+                .map(|(i, e)| SeedRun {
+                    seed: i as u64 + 1,
+                    summary: summary(name, *e, 100.0),
+                })
+                .collect(),
+            first_seed_e2e: None,
         }
+    }
+
+    /// Seed noise (1, 2, 3 s) shared by every policy: `steady` is 0.1 s faster than the
+    /// baseline on every seed, `noisy` is faster on average but not on every seed.
+    fn paired_case() -> ScenarioComparison {
+        ScenarioComparison::new(
+            "test/paired",
+            "shared seed noise",
+            vec![
+                policy("base", &[1.0, 2.0, 3.0]),
+                policy("steady", &[0.9, 1.9, 2.9]),
+                policy("noisy", &[0.8, 2.3, 2.75]),
+            ],
+        )
+    }
+
+    #[test]
+    fn a_win_is_established_only_under_the_paired_rule() {
+        let f = compare_file(&[paired_case()]);
+        let st = &f.scenarios[0];
+        assert_eq!(st.baseline.as_deref(), Some("base"));
+        assert!(
+            st.policies[0].vs_baseline.is_empty(),
+            "no row against itself"
+        );
+        let d = |p: usize, m: &str| {
+            st.policies[p]
+                .vs_baseline
+                .iter()
+                .find(|d| d.metric == m)
+                .unwrap()
+                .clone()
+        };
+        let steady = d(1, "e2e_mean_s");
+        assert_eq!(steady.n, 3);
+        assert_eq!(steady.mean, Some(-0.1));
+        assert!(steady.established);
+        assert_eq!(steady.verdict, Verdict::Better, "lower latency is better");
+        assert_eq!(steady.reference_mean, Some(2.0));
+        assert_eq!(steady.relative_pct, Some(-5.0));
+        // Throughput is identical on every seed: a zero-width interval at 0 establishes nothing.
+        assert_eq!(d(1, "output_tok_s").verdict, Verdict::NotEstablished);
+        // Faster on average (-0.05 s) but slower on one seed: not established.
+        let noisy = d(2, "e2e_mean_s");
+        assert!((noisy.mean.unwrap() + 0.05).abs() < 1e-9);
+        assert!(!noisy.established);
+        assert_eq!(noisy.verdict, Verdict::NotEstablished);
+        assert!(noisy.ci95_low.unwrap() < 0.0 && noisy.ci95_high.unwrap() > 0.0);
+        // The winner on mean e2e: its own interval overlaps the runner-up's, yet the paired
+        // rule establishes the win.
+        let w = st
+            .winners
+            .iter()
+            .find(|w| w.metric == "e2e_mean_s")
+            .unwrap();
+        assert_eq!(w.winner, "steady");
+        assert_eq!(w.runner_up.as_deref(), Some("noisy"));
+        assert_eq!(w.intervals_overlap, Some(true));
+        let p = w.paired.as_ref().unwrap();
+        assert!(
+            !p.established,
+            "steady vs noisy: +0.1, -0.4, +0.15 per seed"
+        );
+        // Against the baseline, which is only the third best, it is.
+        let mut two = paired_case();
+        two.policies.remove(2);
+        let f = compare_file(&[two]);
+        let w = f.scenarios[0]
+            .winners
+            .iter()
+            .find(|w| w.metric == "e2e_mean_s")
+            .unwrap();
+        assert_eq!(w.intervals_overlap, Some(true));
+        assert!(w.paired.as_ref().unwrap().established);
+        assert_eq!(w.paired.as_ref().unwrap().verdict, Verdict::Better);
+        // An explicit baseline: differences are taken against it.
+        let mut other = paired_case();
+        other.baseline = 1;
+        let f = compare_file(&[other]);
+        let st = &f.scenarios[0];
+        assert_eq!(st.baseline.as_deref(), Some("steady"));
+        let back = st.policies[0]
+            .vs_baseline
+            .iter()
+            .find(|d| d.metric == "e2e_mean_s")
+            .unwrap();
+        assert_eq!((back.mean, back.verdict), (Some(0.1), Verdict::Worse));
+        assert!(st.policies[1].vs_baseline.is_empty());
+    }
+
+    #[test]
+    fn paired_outputs_say_established_and_how_many_seeds() {
+        let sc = paired_case();
+        let table = compare_table(std::slice::from_ref(&sc));
+        assert!(table.contains("seeds: 3 seeds (fixed count)"), "{table}");
+        assert!(table.contains("vs baseline base:"), "{table}");
+        // steady: -5.0 % of the baseline's 2 s mean, zero width, established.
+        assert!(table.contains("-5.0% [-5.0, -5.0]!"), "{table}");
+        let md = findings_markdown(std::slice::from_ref(&sc));
+        assert!(
+            md.contains("| paired difference [95 %] | established |"),
+            "{md}"
+        );
+        let base = findings_baseline_markdown(std::slice::from_ref(&sc));
+        assert!(
+            base.contains("| test/paired | steady | base | TTFT mean -5.0%,"),
+            "{base}"
+        );
+        assert!(
+            base.contains("| test/paired | noisy | base | - |"),
+            "{base}"
+        );
+        let doc = findings_document(
+            &["test/paired"],
+            "3 seeds each",
+            std::slice::from_ref(&sc),
+            &["## Capacity\n\nlater".to_string()],
+        );
+        assert!(
+            doc.contains("| test/paired | base | 3 | fixed count |"),
+            "{doc}"
+        );
+        assert!(doc.contains("**established** only when that paired interval excludes zero"));
+        assert!(doc.ends_with("\n## Capacity\n\nlater\n"), "{doc}");
+    }
+
+    /// A run whose only measured latency is an end-to-end of `e2e` s.
+    fn fake_run(e2e: f64) -> RunMetrics {
+        let mut m = RunMetrics::new("fake", vec![]);
+        m.requests = 1;
+        m.completed = 1;
+        m.e2e.record_secs(e2e);
+        m
+    }
+
+    #[test]
+    fn seeds_auto_stops_when_precise_or_at_the_maximum() {
+        let auto = AutoSeeds {
+            start: 3,
+            step: 2,
+            max: 7,
+            rel_half_width: 0.05,
+        };
+        let mut cs = vec![
+            ScenarioComparison::new(
+                "precise",
+                "",
+                vec![PolicySeeds::new("a"), PolicySeeds::new("b")],
+            ),
+            ScenarioComparison::new(
+                "noisy",
+                "",
+                vec![PolicySeeds::new("a"), PolicySeeds::new("b")],
+            ),
+        ];
+        let mut batches = Vec::new();
+        grow_seeds(&mut cs, &auto, |batch| {
+            batches.push(batch.to_vec());
+            Ok::<_, ()>(
+                batch
+                    .iter()
+                    .map(|&(i, k)| {
+                        // Shared seed noise; "b" is 1 s faster on every seed in the first
+                        // scenario, and ±5 s off in the second.
+                        let base = 10.0 + k as f64;
+                        let b = if i == 0 {
+                            base - 1.0
+                        } else if k % 2 == 0 {
+                            base + 5.0
+                        } else {
+                            base - 5.0
+                        };
+                        (100 + k as u64, vec![fake_run(base), fake_run(b)])
+                    })
+                    .collect(),
+            )
+        })
+        .unwrap();
+        assert_eq!(
+            batches,
+            vec![
+                vec![(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)],
+                vec![(1, 3), (1, 4)],
+                vec![(1, 5), (1, 6)],
+            ]
+        );
+        assert_eq!((cs[0].seeds_run(), cs[0].seed_stop), (3, SeedStop::Precise));
+        assert_eq!(
+            (cs[1].seeds_run(), cs[1].seed_stop),
+            (7, SeedStop::MaxSeeds)
+        );
+        let seeds: Vec<u64> = cs[1].policies[1].runs.iter().map(|r| r.seed).collect();
+        assert_eq!(seeds, [100, 101, 102, 103, 104, 105, 106]);
+        let f = compare_file(&cs);
+        assert_eq!(f.scenarios[1].seed_stop, SeedStop::MaxSeeds);
+        assert_eq!(f.scenarios[1].auto_seeds.unwrap().max, 7);
+        let json = serde_json::to_string(&f.scenarios[0]).unwrap();
+        assert!(
+            json.contains(r#""seeds_run":3,"seed_stop":"precise""#),
+            "{json}"
+        );
+        assert!(seed_rule_note(&cs[1]).contains("stopped at the maximum of 7 seeds"));
+        assert!(seed_rule_note(&cs[0]).contains("within 5.0 % of the baseline's mean"));
+        // The reported differences are the key metrics the baseline has a non-zero mean on.
+        assert_eq!(
+            reported_differences(&cs[0]).len(),
+            3,
+            "e2e mean, p50 and p99"
+        );
+        // A runner error stops the growth and is handed back.
+        let mut fresh = vec![ScenarioComparison::new(
+            "x",
+            "",
+            vec![PolicySeeds::new("a")],
+        )];
+        assert_eq!(
+            grow_seeds(&mut fresh, &auto, |_| Err::<Vec<_>, _>("boom")),
+            Err("boom")
+        );
     }
 
     #[test]
@@ -731,13 +1502,18 @@ pub(crate) mod tests {
 
     #[test]
     fn findings_table_lists_untied_winners() {
-        let doc = findings_document(&["test/two"], 3, &[comparison()]);
+        let doc = findings_document(&["test/two"], "3 seeds each", &[comparison()], &[]);
         assert!(doc.starts_with(
             "# Findings\n\nGenerated by `routelab compare` over `test/two` with 3 seeds each;"
         ));
         let md = findings_markdown(&[comparison()]);
         assert!(md.starts_with("| scenario | metric | winner | runner-up | margin % |"));
-        assert!(md.contains("| test/two | e2e mean (s) | fast (1.10) | slow (2.20) | 50.0 | no |"));
+        assert!(
+            md.contains(
+                "| test/two | e2e mean (s) | fast (1.10) | slow (2.20) | 50.0 | -50.0% [-61.3, -38.7] | yes |"
+            ),
+            "{md}"
+        );
         assert!(!md.contains("| failed"), "ties are left out:\n{md}");
         let table = compare_table(&[comparison()]);
         assert!(table.contains("fast"));

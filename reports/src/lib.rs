@@ -6,7 +6,8 @@
 //! - [`write_run`]: `summary.json`, `requests.csv`, `timeline.csv`, charts (SVG + PNG) and a
 //!   self-contained `report.html` for `routelab run`; [`write_perf`] for wall-clock figures.
 //! - [`write_compare`]: `compare.json`, `compare.csv`, `compare_seeds.csv`, charts and
-//!   `report.html` for `routelab compare` (mean and 95 % interval across seeds, winners);
+//!   `report.html` for `routelab compare` (mean and 95 % interval across seeds, winners, the
+//!   paired difference of every policy from a baseline); [`grow_seeds`] for `--seeds auto`;
 //!   [`findings_markdown`] for `docs/findings.md`.
 //! - [`write_sweep`]: `sweep.csv` and a chart for `routelab sweep`.
 //! - [`run_table`], [`summary_table`], [`compare_table`], [`sweep_table`]: aligned plain-text
@@ -34,6 +35,10 @@ pub mod stats;
 pub mod summary;
 mod sweep;
 
+pub use compare::{
+    AutoSeedsRule, PairedDiff, Verdict, findings_baseline_markdown, grow_seeds,
+    reported_differences,
+};
 pub use compare::{
     CompareFile, MetricStats, PolicySeeds, PolicyStats, ScenarioComparison, ScenarioStats, SeedRun,
     Winner, compare_file, compare_table, findings_document, findings_markdown, write_compare,

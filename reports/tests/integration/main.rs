@@ -308,11 +308,7 @@ fn comparison() -> ScenarioComparison {
             p.push(seed, &m);
         }
     }
-    ScenarioComparison {
-        scenario: sc.name.clone(),
-        description: sc.description.clone(),
-        policies,
-    }
+    ScenarioComparison::new(sc.name.clone(), sc.description.clone(), policies)
 }
 
 #[test]
@@ -363,10 +359,39 @@ fn compare_outputs() {
         w["winner"], "seed-v3",
         "the probe's weights finish the batch sooner"
     );
-    let csv = std::fs::read_to_string(dir.join("compare.csv")).unwrap();
-    assert!(
-        csv.starts_with("scenario,policy,metric,unit,better,n,mean,sd,ci95_low,ci95_high,winner\n")
+    // Paired on the same three seeds (the same traffic): the verdict rests on the per-seed
+    // differences.
+    assert_eq!(s["baseline"], "seed-v1");
+    assert_eq!(
+        (s["seeds_run"].as_u64(), s["seed_stop"].as_str()),
+        (Some(3), Some("fixed"))
     );
+    assert!(
+        s["policies"][0].get("vs_baseline").is_none(),
+        "the baseline itself"
+    );
+    let d = s["policies"][1]["vs_baseline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["metric"] == "e2e_mean_s")
+        .unwrap();
+    assert_eq!(d["n"], 3);
+    let (lo, hi) = (
+        d["ci95_low"].as_f64().unwrap(),
+        d["ci95_high"].as_f64().unwrap(),
+    );
+    assert!(lo <= d["mean"].as_f64().unwrap() && d["mean"].as_f64().unwrap() <= hi);
+    assert_eq!(d["established"], hi < 0.0 || lo > 0.0);
+    assert_eq!(
+        w["paired"]["established"], d["established"],
+        "two policies: same pair"
+    );
+    let csv = std::fs::read_to_string(dir.join("compare.csv")).unwrap();
+    assert!(csv.starts_with(
+        "scenario,policy,metric,unit,better,n,mean,sd,ci95_low,ci95_high,winner,baseline,\
+         vs_baseline_mean,vs_baseline_ci95_low,vs_baseline_ci95_high,vs_baseline_verdict\n"
+    ));
     assert!(csv.contains("seed/sixteen-at-once,seed-v3,e2e_mean_s,s,lower,3,"));
     let seeds = std::fs::read_to_string(dir.join("compare_seeds.csv")).unwrap();
     assert_eq!(seeds.lines().count(), 1 + 2 * 3);
@@ -376,6 +401,8 @@ fn compare_outputs() {
     assert!(!html.contains("http://") && !html.contains("https://"));
     assert_eq!(html.matches("<svg").count(), 2);
     assert!(html.contains("class=\"best\""));
+    assert!(html.contains("Paired difference from the baseline, seed-v1"));
+    assert!(html.contains("3 seeds (fixed count)"));
 
     let md = findings_markdown(&cmp);
     assert!(
