@@ -1175,7 +1175,7 @@ pub fn findings_document(
     out.push_str(&findings_markdown(comparisons));
     out.push_str(
         "\n## Against the baseline\n\n\
-         Each policy against its scenario's baseline (the first policy listed), on the key metrics:\n\
+         Each policy against its scenario's baseline (see the seeds table), on the key metrics:\n\
          where the paired difference is established better or worse (mean in % of the baseline's\n\
          mean), and where it is not established.\n\n",
     );
