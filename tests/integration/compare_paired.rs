@@ -160,3 +160,43 @@ fn bad_seed_flags_are_located_errors_with_exit_2() {
         assert!(text(&o).contains(says), "{args:?}: {}", text(&o));
     }
 }
+
+#[test]
+fn seeds_auto_gives_the_same_bytes_on_one_and_two_threads() {
+    let dir = std::env::temp_dir().join(format!("routelab-compare-threads-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut files = Vec::new();
+    for threads in ["1", "2"] {
+        let out = dir.join(threads);
+        let out_s = out.display().to_string();
+        let o = Command::new(env!("CARGO_BIN_EXE_routelab"))
+            .args([
+                "compare",
+                &scenario("distant-node.yaml"),
+                "--seeds",
+                "auto",
+                "--max-seeds",
+                "5",
+                "--out",
+                &out_s,
+            ])
+            .env("RAYON_NUM_THREADS", threads)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("the binary runs");
+        assert!(o.status.success(), "{}", text(&o));
+        files.push(
+            [
+                "compare.json",
+                "compare.csv",
+                "compare_seeds.csv",
+                "report.html",
+            ]
+            .map(|f| std::fs::read(out.join(f)).unwrap()),
+        );
+    }
+    assert!(
+        files[0] == files[1],
+        "--seeds auto depends on the thread count"
+    );
+}
