@@ -1,3 +1,4 @@
 //! Integration tests of the `routelab` lab: the bundled case studies and the command line.
+mod capacity;
 mod case_studies;
 mod cli;
