@@ -340,7 +340,8 @@ fn bad_input_is_a_located_error_with_exit_2() {
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(
-        text(&o).contains("the SLO does not hold even at load scale 0.015625 (1/64)"),
+        text(&o).contains("the SLO does not hold even at load scale 0.015625 (1/64): e2el_p50 = ")
+            && text(&o).contains(" s > 0.0100 s; no capacity to bracket"),
         "{}",
         text(&o)
     );

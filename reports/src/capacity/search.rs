@@ -58,6 +58,30 @@ impl Evaluation {
     }
 }
 
+impl Evaluation {
+    /// What kept the SLO from holding here (`ttft_p99 = 3.00 s > 2.00 s`), for error messages.
+    pub fn why_not(&self, spec: &SloSpec) -> String {
+        let g = |v: f64| format!("{} s", crate::num::fmt_sig(Some(v), 3));
+        if let Some(t) = spec.target {
+            return format!(
+                "{} of requests met every bound, below the target {}",
+                crate::num::fmt_pct(self.attainment),
+                crate::num::fmt_pct(Some(t))
+            );
+        }
+        spec.bounds
+            .iter()
+            .zip(&self.values)
+            .filter(|(b, v)| !v.is_some_and(|v| v <= b.bound_s))
+            .map(|(b, v)| match v {
+                Some(v) => format!("{} = {} > {}", b.name(), g(*v), g(b.bound_s)),
+                None => format!("{} has no value (nothing completed)", b.name()),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
 /// The capacity of one policy on one seed.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SeedCapacity {
@@ -78,10 +102,12 @@ pub enum SearchError<E> {
     #[error("{0}")]
     Run(E),
     /// The SLO fails even at the smallest load scale tried.
-    #[error("the SLO does not hold even at load scale {min_scale} (1/{}); no capacity to bracket: loosen the SLO", 1.0 / min_scale)]
+    #[error("the SLO does not hold even at load scale {min_scale} (1/{}): {why}; no capacity to bracket: loosen the SLO", 1.0 / min_scale)]
     NeverHolds {
         /// The smallest scale tried.
         min_scale: f64,
+        /// What failed there (`ttft_p99 = 3 s > 2 s`).
+        why: String,
     },
     /// The SLO holds even at the largest load scale tried.
     #[error(
@@ -135,7 +161,14 @@ pub fn find_capacity<E>(
         loop {
             let s = high / 2.0;
             if s < opts.min_scale {
-                return Err(SearchError::NeverHolds { min_scale: high });
+                let why = evaluations
+                    .last()
+                    .map(|e| e.why_not(spec))
+                    .unwrap_or_default();
+                return Err(SearchError::NeverHolds {
+                    min_scale: high,
+                    why,
+                });
             }
             if holds(s, &mut evaluations)? {
                 low = s;
@@ -219,12 +252,22 @@ pub(crate) mod tests {
     fn no_bracket_is_an_error_that_says_which_way() {
         let spec = SloSpec::parse("e2el_mean<=500ms", None).unwrap();
         let opts = SearchOptions::default();
-        let never = find_capacity(&spec, &opts, 1, |s| ps_run(s * 1e4)).unwrap_err();
+        // At 1/64, 600/64 = 9.375 req/s: rho 0.9375, mean 0.1 / 0.0625 = 1.6 s.
+        let never = find_capacity(&spec, &opts, 1, |s| ps_run(s * 600.0)).unwrap_err();
         assert!(matches!(never, SearchError::NeverHolds { .. }));
         assert!(
-            never
-                .to_string()
-                .contains("does not hold even at load scale 0.015625")
+            never.to_string().contains(
+                "does not hold even at load scale 0.015625 (1/64): e2el_mean = 1.60 s > 0.500 s;"
+            ),
+            "{never}"
+        );
+        let target = SloSpec::parse("e2el_mean<=500ms", Some(0.5)).unwrap();
+        let e = find_capacity(&target, &opts, 1, |s| ps_run(s * 600.0)).unwrap_err();
+        // The fake run records no per-request attainment (slo_met 0 of 1).
+        assert!(
+            e.to_string()
+                .contains("0.0% of requests met every bound, below the target 50.0%"),
+            "{e}"
         );
         let always = find_capacity(&spec, &opts, 1, |s| ps_run(s / 1e4)).unwrap_err();
         assert!(matches!(always, SearchError::AlwaysHolds { max_scale } if max_scale == 64.0));
