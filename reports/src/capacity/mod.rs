@@ -73,6 +73,9 @@ pub struct CapacityStudy {
     pub baseline: usize,
     /// Why seeds stopped being added.
     pub seed_stop: SeedStop,
+    /// With `--seeds auto`: the half-width every paired ratio had to reach, and the maximum
+    /// seed count.
+    pub auto_rule: Option<(f64, usize)>,
     /// Seeds run, in order.
     pub seeds: Vec<u64>,
     /// Per policy, in the order asked.
@@ -152,6 +155,10 @@ pub fn run_study<E>(
         base_rate_per_s: plan.base_rate_per_s,
         baseline: plan.baseline,
         seed_stop: SeedStop::Fixed,
+        auto_rule: match plan.seeds {
+            SeedPlan::Fixed(_) => None,
+            SeedPlan::Auto(a) => Some((a.rel_half_width, a.max)),
+        },
         seeds: Vec::new(),
         policies: plan
             .policies
@@ -252,6 +259,12 @@ mod tests {
         let st = run_study(plan(SeedPlan::Auto(AutoSeeds::default())), batch).unwrap();
         assert_eq!(st.seed_stop, SeedStop::Precise);
         assert_eq!(st.seeds.len(), 3);
+        assert_eq!(st.auto_rule, Some((0.05, 20)));
+        let text = report::capacity_table(&st);
+        assert!(
+            text.contains("--seeds auto: every paired ratio's 95 % half-width fell within ±0.05"),
+            "{text}"
+        );
         // A ratio that moves by seed never gets precise: the maximum stops it.
         let noisy = |b: &[(usize, u64)]| {
             let mut v = batch(b)?;
@@ -268,6 +281,7 @@ mod tests {
         };
         let st = run_study(plan(SeedPlan::Auto(auto)), noisy).unwrap();
         assert_eq!(st.seed_stop, SeedStop::MaxSeeds);
+        assert!(report::capacity_table(&st).contains("the maximum of 7 seeds was reached"));
         assert_eq!(st.seeds, [10, 11, 12, 13, 14, 15, 16]);
         assert_eq!(st.policies[1].seeds.len(), 7);
     }

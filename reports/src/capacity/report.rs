@@ -30,13 +30,17 @@ fn interval_json(iv: Option<Interval>) -> Value {
     }
 }
 
-fn stop_text(stop: SeedStop) -> &'static str {
-    match stop {
-        SeedStop::Fixed => "fixed count (--seeds N)",
-        SeedStop::Precise => {
-            "--seeds auto: every paired ratio's 95 % half-width fell within the stated fraction"
-        }
-        SeedStop::MaxSeeds => "--seeds auto: the maximum seed count was reached first",
+fn stop_text(st: &CapacityStudy) -> String {
+    let (hw, max) = st.auto_rule.unwrap_or_default();
+    match st.seed_stop {
+        SeedStop::Fixed => "fixed count (--seeds N)".into(),
+        SeedStop::Precise => format!(
+            "--seeds auto: every paired ratio's 95 % half-width fell within ±{hw} (at most {max} seeds)"
+        ),
+        SeedStop::MaxSeeds => format!(
+            "--seeds auto: the maximum of {max} seeds was reached before every paired ratio's 95 % \
+             half-width fell within ±{hw}"
+        ),
     }
 }
 
@@ -91,6 +95,7 @@ fn capacity_json(st: &CapacityStudy) -> Value {
         "baseline": st.policies[st.baseline].policy,
         "seeds": st.seeds,
         "seed_stop": st.seed_stop,
+        "seed_stop_reason": stop_text(st),
         "policies": policies,
     })
 }
@@ -326,7 +331,7 @@ pub fn capacity_table(st: &CapacityStudy) -> String {
         fmt_sig(st.base_rate_per_s, 3),
         st.precision * 100.0,
         st.seeds.len(),
-        stop_text(st.seed_stop),
+        stop_text(st),
     ));
     s
 }
@@ -350,7 +355,7 @@ fn capacity_html(st: &CapacityStudy, svg: &str) -> String {
             st.precision * 100.0,
             st.seeds.len(),
             if st.seeds.len() == 1 { "" } else { "s" },
-            stop_text(st.seed_stop),
+            stop_text(st),
             ACROSS_SEEDS,
         ),
     );
