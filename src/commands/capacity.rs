@@ -36,7 +36,7 @@ pub struct CapacityArgs {
     #[arg(long)]
     pub target: Option<f64>,
     /// Seeds per policy: a count, or `auto` (add seeds until every paired ratio to the baseline
-    /// is within ±5 %, at most 20).
+    /// is within ±0.05, at most 20).
     #[arg(long, default_value = "5")]
     pub seeds: String,
     /// The policy every capacity is compared with (added to the runs if not listed).
