@@ -73,3 +73,12 @@ pub fn run_all(jobs: &[Job<'_>], progress: &(dyn Fn() + Sync)) -> anyhow::Result
         })
         .collect()
 }
+
+/// Apply `f` to every item in parallel; results come back in the order of `items` (so what a
+/// command builds from them never depends on the thread count). The first error wins.
+pub fn map_parallel<T: Sync, R: Send>(
+    items: &[T],
+    f: impl Fn(&T) -> anyhow::Result<R> + Sync + Send,
+) -> anyhow::Result<Vec<R>> {
+    items.par_iter().map(f).collect()
+}

@@ -25,6 +25,9 @@ enum Command {
     Run(commands::run::RunArgs),
     /// Every policy on every scenario over several seeds: mean and 95 % interval, one report.
     Compare(commands::compare::CompareArgs),
+    /// Each policy's capacity at an SLO: the largest load scale at which it holds, per seed,
+    /// with a paired ratio to a baseline (default: round robin).
+    Capacity(commands::capacity::CapacityArgs),
     /// Run a parameter grid in parallel: --set path.to.field=v1,v2 (several make a grid).
     Sweep(commands::sweep::SweepArgs),
     /// Serve an OpenAI-compatible engine that streams in real time following a hardware profile.
@@ -73,6 +76,7 @@ fn main() -> ExitCode {
         Command::Policies => commands::policies::run(&mut std::io::stdout().lock()),
         Command::Run(args) => commands::run::run(&args, &mut std::io::stdout().lock()),
         Command::Compare(args) => commands::compare::run(&args, &mut std::io::stdout().lock()),
+        Command::Capacity(args) => commands::capacity::run(&args, &mut std::io::stdout().lock()),
         Command::Sweep(args) => commands::sweep::run(&args, &mut std::io::stdout().lock()),
         Command::Emulate(args) => commands::emulate::run(&args, &mut std::io::stdout().lock()),
         Command::Realtime(args) => commands::realtime::run(&args, &mut std::io::stdout().lock()),

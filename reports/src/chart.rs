@@ -76,6 +76,23 @@ pub(crate) struct Series {
     pub points: Vec<(f64, f64)>,
 }
 
+impl Series {
+    /// A vertical mark at `x` from `y_low` to `y_high` (a knee, a threshold), named and coloured
+    /// like the series it belongs to.
+    pub fn vertical_mark(
+        name: impl Into<String>,
+        color: RGBColor,
+        x: f64,
+        (y_low, y_high): (f64, f64),
+    ) -> Series {
+        Series {
+            name: name.into(),
+            color,
+            points: vec![(x, y_low), (x, y_high)],
+        }
+    }
+}
+
 /// Where a legend goes.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Legend {

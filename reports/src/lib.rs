@@ -12,6 +12,8 @@
 //! - [`write_sweep`]: `sweep.csv` and a chart for `routelab sweep`.
 //! - [`run_table`], [`summary_table`], [`compare_table`], [`sweep_table`]: aligned plain-text
 //!   tables for the terminal.
+//! - [`capacity`]: `routelab capacity` — the SLO spec, the per-seed capacity search, the
+//!   study across policies and seeds, and its outputs.
 //! - [`metric`]: the one metric catalog every output takes its metrics from.
 //! - [`gate`]: the routing-quality regression gate (suite, baselines, invariants, verdicts).
 //! - [`export`]: output formats (table, JSON, Markdown, CSV, HTML) behind [`Exporter`].
@@ -23,6 +25,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod capacity;
 mod chart;
 mod compare;
 mod error;

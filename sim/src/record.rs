@@ -47,13 +47,17 @@ impl fmt::Display for Status {
     }
 }
 
-/// Service-level objective per request.
+/// Service-level objective per request: a completed request meets it when its TTFT, its TPOT
+/// (when it has one) and, if bounded, its end-to-end latency are within the bounds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Slo {
     /// Time to first token, seconds.
     pub ttft_s: f64,
     /// Time per output token, seconds.
     pub tpot_s: f64,
+    /// End-to-end latency, seconds (`None`: not bounded; scenario files do not set it,
+    /// `routelab capacity` does when its `--slo` names an `e2el` bound).
+    pub e2e_s: Option<f64>,
 }
 
 impl Default for Slo {
@@ -61,7 +65,18 @@ impl Default for Slo {
         Slo {
             ttft_s: 2.0,
             tpot_s: 0.1,
+            e2e_s: None,
         }
+    }
+}
+
+impl Slo {
+    /// Whether a completed request with these latencies meets every bound (a request without a
+    /// TPOT, a one-token output, is not held to the TPOT bound).
+    pub fn met_by(&self, ttft_s: f64, tpot_s: Option<f64>, e2e_s: f64) -> bool {
+        ttft_s <= self.ttft_s
+            && tpot_s.is_none_or(|t| t <= self.tpot_s)
+            && self.e2e_s.is_none_or(|b| e2e_s <= b)
     }
 }
 
@@ -305,7 +320,7 @@ impl Recorder {
                 if let Some(q) = o.queue_s() {
                     m.queue.record_secs(q);
                 }
-                if ttft <= self.slo.ttft_s && tpot.is_none_or(|t| t <= self.slo.tpot_s) {
+                if self.slo.met_by(ttft, tpot, e2e) {
                     m.slo_met += 1;
                 }
                 m.output_tokens += u64::from(o.output_tokens);
@@ -459,6 +474,27 @@ mod tests {
         assert!((p50 - 0.01).abs() < 0.01 / 64.0, "{p50}");
         assert_eq!(m.itl.quantile_secs(1.0), Some(1.0));
         assert!((m.itl.mean_secs().unwrap() - 1.1 / 11.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn an_e2e_bound_counts_only_when_set() {
+        // ttft 0.5 s, tpot 0.5 s, e2e 2.5 s against generous ttft/tpot bounds.
+        let loose = Slo {
+            ttft_s: 1.0,
+            tpot_s: 1.0,
+            e2e_s: None,
+        };
+        let o = outcome(Status::Ok, 5);
+        for (e2e_s, met) in [(None, 1), (Some(3.0), 1), (Some(2.5), 1), (Some(2.4), 0)] {
+            let mut rec = Recorder::new(
+                RunMetrics::new("p", vec![WorkerTotals::new("w0")]),
+                Slo { e2e_s, ..loose },
+            );
+            rec.finished(&o);
+            assert_eq!(rec.metrics().slo_met, met, "e2e bound {e2e_s:?}");
+        }
+        assert!(!loose.met_by(1.5, None, 2.0), "ttft over its bound");
+        assert!(loose.met_by(1.0, None, 99.0), "no tpot, no e2e bound");
     }
 
     #[test]

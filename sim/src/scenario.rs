@@ -25,7 +25,7 @@ use crate::traffic::{
     BadRowPolicy, Burst, BurstConfig, ClosedLoop, ClosedLoopConfig, Conversations,
     ConversationsConfig, Diurnal, DiurnalConfig, DurationDist, LengthDist, LongPromptMix,
     LongPromptMixConfig, Merge, OnOff, OnOffConfig, Poisson, PoissonConfig, ReplayOptions,
-    TraceFormat, TraceReplay, TrafficError, TrafficSource, Until,
+    TraceFormat, TraceReplay, TraceStats, TrafficError, TrafficSource, Until,
 };
 use crate::worker::EngineOverrides;
 use routelab_policies::located::{InputError, parse_yaml, rule};
@@ -427,6 +427,101 @@ impl Scenario {
         } else {
             Box::new(Merge::new(sources))
         })
+    }
+
+    /// This scenario with its load multiplied by `scale` (the load scale of `routelab
+    /// capacity`): every source's arrival rate times `scale`, lengths and burst sizes unchanged.
+    ///
+    /// What scales, per source:
+    /// - `poisson`, `long_prompt_mix`: `rate_per_s` × scale;
+    /// - `diurnal`: `min_rate_per_s` and `max_rate_per_s` × scale (period and phase unchanged);
+    /// - `conversations`: the conversation start rate × scale (turns, think times unchanged);
+    /// - `on_off`: the burst window and the idle gaps ÷ scale (burst sizes unchanged);
+    /// - `burst` with `repeats` > 1: the period ÷ scale (sizes unchanged); a single burst is an
+    ///   event, not a rate, and stays as it is;
+    /// - `trace`: `rate_scale` × scale (the same rows, inter-arrival times ÷ scale).
+    ///
+    /// Stop conditions stay as written: a source bounded by `count` sends the same requests
+    /// sooner, one bounded by `duration_s` sends more of them in the same time.
+    ///
+    /// A scale of 1 gives an equal scenario (and so byte-identical runs).
+    ///
+    /// # Errors
+    /// A located [`InputError`] when `scale` is not a finite number > 0, when a source's load
+    /// cannot be scaled (a `closed_loop`: its load is set by its users and their think time, not
+    /// by an arrival rate; the error names it, `traffic[2].closed_loop`), or when no source has
+    /// an arrival rate at all (only single bursts).
+    pub fn with_load_scale(&self, scale: f64) -> Result<Scenario, ScenarioError> {
+        let file = self.path.display().to_string();
+        let scale = rule::positive(scale).map_err(|v| v.at_field(file.as_str(), "load scale"))?;
+        let mut rated = false;
+        let mut traffic = Vec::with_capacity(self.traffic.len());
+        for (i, t) in self.traffic.iter().enumerate() {
+            let (scaled, has_rate) = match t {
+                TrafficSpec::Burst(c) => {
+                    (TrafficSpec::Burst(c.with_load_scale(scale)), c.has_rate())
+                }
+                TrafficSpec::Poisson(c) => (TrafficSpec::Poisson(c.with_load_scale(scale)), true),
+                TrafficSpec::Diurnal(c) => (TrafficSpec::Diurnal(c.with_load_scale(scale)), true),
+                TrafficSpec::OnOff(c) => (TrafficSpec::OnOff(c.with_load_scale(scale)), true),
+                TrafficSpec::Conversations(c) => {
+                    (TrafficSpec::Conversations(c.with_load_scale(scale)), true)
+                }
+                TrafficSpec::LongPromptMix(c) => {
+                    (TrafficSpec::LongPromptMix(c.with_load_scale(scale)), true)
+                }
+                TrafficSpec::Trace {
+                    path,
+                    format,
+                    options,
+                } => (
+                    TrafficSpec::Trace {
+                        path: path.clone(),
+                        format: *format,
+                        options: options.with_load_scale(scale),
+                    },
+                    true,
+                ),
+                TrafficSpec::ClosedLoop(_) => {
+                    return Err(InputError::new(
+                        file,
+                        format!("traffic[{i}].closed_loop"),
+                        "its load cannot be scaled: a closed loop's load is set by its users and \
+                         their think time, not by an arrival rate",
+                    )
+                    .valid(
+                        "open-loop sources (poisson, diurnal, on_off, burst, conversations, \
+                         long_prompt_mix, trace); model the users as an arrival rate to measure \
+                         capacity",
+                    ));
+                }
+            };
+            rated |= has_rate;
+            traffic.push(scaled);
+        }
+        if !rated {
+            return Err(InputError::new(
+                file,
+                "traffic",
+                "has no arrival rate to scale: every source is a single burst",
+            )
+            .valid("at least one rate-driven source (poisson, diurnal, on_off, repeated burst, conversations, long_prompt_mix, trace)"));
+        }
+        Ok(Scenario {
+            traffic,
+            ..self.clone()
+        })
+    }
+
+    /// The mean arrival rate of this scenario's new requests for `seed`, requests per second:
+    /// its open-loop arrivals over their span (conversations count their first turns only; the
+    /// follow-ups depend on completions). `None` when the span is 0 (e.g. one burst).
+    ///
+    /// # Errors
+    /// The traffic's error (an unreadable trace or a bad row).
+    pub fn mean_arrival_rate_per_s(&self, seed: u64) -> Result<Option<f64>, TrafficError> {
+        let mut source = self.traffic_source(seed)?;
+        Ok(TraceStats::from_source(&mut *source)?.mean_rate_per_s)
     }
 
     /// The setup with another seed.

@@ -1,4 +1,5 @@
 //! Integration tests of the `routelab` lab: the bundled case studies and the command line.
+mod capacity;
 mod case_studies;
 mod cli;
 mod compare_paired;

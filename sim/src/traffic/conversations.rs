@@ -230,3 +230,15 @@ impl TrafficSource for Conversations {
         })
     }
 }
+
+impl ConversationsConfig {
+    /// Conversations start `factor` times as often (the start rate times `factor`); turns,
+    /// lengths and think times are unchanged, so the request rate scales with it.
+    #[must_use]
+    pub fn with_load_scale(&self, factor: f64) -> Self {
+        Self {
+            rate_per_s: self.rate_per_s * factor,
+            ..self.clone()
+        }
+    }
+}

@@ -127,6 +127,22 @@ pub enum DurationDist {
 }
 
 impl DurationDist {
+    /// Every duration divided by `factor` (> 0): what a source whose gaps shrink when its
+    /// arrival rate is multiplied by `factor` draws. A factor of 1 leaves it unchanged.
+    #[must_use]
+    pub fn divided_by(&self, factor: f64) -> Self {
+        match *self {
+            Self::Fixed(d) => Self::Fixed(divide_ns(d, factor)),
+            Self::Uniform { min, max } => Self::Uniform {
+                min: divide_ns(min, factor),
+                max: divide_ns(max, factor),
+            },
+            Self::Exponential { mean } => Self::Exponential {
+                mean: divide_ns(mean, factor),
+            },
+        }
+    }
+
     /// Check the parameters.
     ///
     /// # Errors
@@ -168,6 +184,17 @@ impl DurationDist {
                 }
             }
         }
+    }
+}
+
+/// `ns / factor`, rounded to the nearest nanosecond. A factor of 1 returns `ns` itself (through
+/// `f64` a duration above 2^53 ns would round), so an unscaled scenario runs byte-identically.
+/// `as` saturates, which every `Until` reads as "never".
+pub(crate) fn divide_ns(ns: u64, factor: f64) -> u64 {
+    if factor == 1.0 {
+        ns
+    } else {
+        (ns as f64 / factor).round() as u64
     }
 }
 

@@ -557,3 +557,74 @@ impl TrafficSource for LongPromptMix {
         Ok(Some(a))
     }
 }
+
+// ----- load scale -----------------------------------------------------------------------------
+//
+// `routelab capacity` multiplies every source's arrival rate by one factor (the load scale).
+// Each configuration says here what that means for it; lengths and burst sizes never change.
+// A factor of 1 returns an equal configuration (rates × 1.0 and durations ÷ 1 are exact).
+
+impl BurstConfig {
+    /// Bursts come `factor` times as often (the period is divided by it); each burst keeps its
+    /// size. A single burst (`repeats: 1`) is an event, not a rate, and is unchanged.
+    #[must_use]
+    pub fn with_load_scale(&self, factor: f64) -> Self {
+        Self {
+            period: super::dist::divide_ns(self.period, factor),
+            ..self.clone()
+        }
+    }
+
+    /// Whether the load scale changes this source (it repeats).
+    pub const fn has_rate(&self) -> bool {
+        self.repeats > 1
+    }
+}
+
+impl PoissonConfig {
+    /// The rate times `factor`; the start and stop condition are unchanged.
+    #[must_use]
+    pub fn with_load_scale(&self, factor: f64) -> Self {
+        Self {
+            rate_per_s: self.rate_per_s * factor,
+            ..self.clone()
+        }
+    }
+}
+
+impl DiurnalConfig {
+    /// Both the trough and the peak rate times `factor`; the period and phase (the shape of the
+    /// day) are unchanged.
+    #[must_use]
+    pub fn with_load_scale(&self, factor: f64) -> Self {
+        Self {
+            min_rate_per_s: self.min_rate_per_s * factor,
+            max_rate_per_s: self.max_rate_per_s * factor,
+            ..self.clone()
+        }
+    }
+}
+
+impl OnOffConfig {
+    /// The burst window and the idle gaps divided by `factor`, so bursts (of unchanged size)
+    /// come `factor` times as often and the mean rate is `factor` times higher.
+    #[must_use]
+    pub fn with_load_scale(&self, factor: f64) -> Self {
+        Self {
+            window: super::dist::divide_ns(self.window, factor),
+            gap: self.gap.divided_by(factor),
+            ..self.clone()
+        }
+    }
+}
+
+impl LongPromptMixConfig {
+    /// The rate times `factor`; the mix is unchanged.
+    #[must_use]
+    pub fn with_load_scale(&self, factor: f64) -> Self {
+        Self {
+            rate_per_s: self.rate_per_s * factor,
+            ..self.clone()
+        }
+    }
+}

@@ -108,6 +108,16 @@ impl ReplayOptions {
     fn factor(&self) -> f64 {
         self.time_scale / self.rate_scale
     }
+
+    /// The replay's `rate_scale` times `factor` (the load scale of `routelab capacity`): the
+    /// same rows, their inter-arrival times divided by `factor`.
+    #[must_use]
+    pub fn with_load_scale(&self, factor: f64) -> Self {
+        Self {
+            rate_scale: self.rate_scale * factor,
+            ..self.clone()
+        }
+    }
 }
 
 /// How many skipped-row errors [`TraceReplay`] keeps as examples.

@@ -2,5 +2,6 @@
 mod calibration;
 mod common_random_numbers;
 mod engine;
+mod load_scale;
 mod traffic;
 mod validation;

@@ -1,0 +1,288 @@
+//! `routelab capacity`: each policy's largest load at which an SLO holds, across seeds, and its
+//! ratio to a baseline policy with a paired interval.
+//!
+//! - [`slo`]: the `--slo` spec ([`SloSpec`]) and the one test of whether a run meets it.
+//! - [`search`]: the search on one seed ([`find_capacity`]): bracket from load scale 1 by
+//!   doubling or halving, then bisect to the precision.
+//! - [`study`] (this module): policies × seeds, with `--seeds auto` ([`AutoSeeds`] on the
+//!   paired ratios), into a [`CapacityStudy`].
+//! - `report`: `capacity.json`, `capacity.csv`, `capacity_evaluations.csv`, the charts,
+//!   `report.html` and the console table.
+//!
+//! **Across seeds.** The capacity is searched on each seed alone (every policy sees the same
+//! arrivals for a seed: common random numbers). A policy's capacity is the mean of its per-seed
+//! capacities with a 95 % interval; its ratio to the baseline is the paired interval of the
+//! per-seed ratios ([`paired_ratio`]), established when it excludes 1 ([`excludes`]).
+
+mod report;
+pub mod search;
+pub mod slo;
+
+pub use report::{capacity_table, write_capacity};
+pub use search::{Evaluation, SearchError, SearchOptions, SeedCapacity, find_capacity};
+pub use slo::{Bound, SloMetric, SloSpec, Statistic};
+
+use crate::stats::{AutoSeeds, Interval, SeedStop, excludes, paired_ratio};
+use serde::Serialize;
+
+/// How many seeds: a fixed count or the `--seeds auto` rule.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SeedPlan {
+    /// Exactly this many (≥ 1).
+    Fixed(usize),
+    /// Add seeds until every paired ratio is precise enough, or the maximum.
+    Auto(AutoSeeds),
+}
+
+/// One policy's capacities, one per seed (in seed order).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PolicyCapacity {
+    /// Policy name.
+    pub policy: String,
+    /// Per-seed searches.
+    pub seeds: Vec<SeedCapacity>,
+}
+
+impl PolicyCapacity {
+    /// Per-seed capacity scales.
+    pub fn scales(&self) -> Vec<f64> {
+        self.seeds.iter().map(|s| s.scale).collect()
+    }
+
+    /// Mean and 95 % interval of the capacity scale across seeds.
+    pub fn interval(&self) -> Option<Interval> {
+        Interval::of(self.scales())
+    }
+}
+
+/// The whole study: what was asked and what was found.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CapacityStudy {
+    /// Scenario name.
+    pub scenario: String,
+    /// Scenario description.
+    pub description: String,
+    /// The SLO.
+    pub slo: SloSpec,
+    /// Search precision (relative).
+    pub precision: f64,
+    /// The scenario's mean arrival rate at load scale 1, requests/s (its open-loop arrivals
+    /// over their span); a capacity's request rate is this × its scale.
+    pub base_rate_per_s: Option<f64>,
+    /// Index of the baseline in `policies`.
+    pub baseline: usize,
+    /// Why seeds stopped being added.
+    pub seed_stop: SeedStop,
+    /// With `--seeds auto`: the half-width every paired ratio had to reach, and the maximum
+    /// seed count.
+    pub auto_rule: Option<(f64, usize)>,
+    /// Seeds run, in order.
+    pub seeds: Vec<u64>,
+    /// Per policy, in the order asked.
+    pub policies: Vec<PolicyCapacity>,
+}
+
+impl CapacityStudy {
+    /// The paired ratio of policy `i`'s per-seed capacities to the baseline's (`None` for the
+    /// baseline itself).
+    pub fn ratio(&self, i: usize) -> Option<Interval> {
+        (i != self.baseline).then(|| {
+            paired_ratio(
+                &self.policies[i].scales(),
+                &self.policies[self.baseline].scales(),
+            )
+        })?
+    }
+
+    /// Whether policy `i`'s ratio to the baseline is established (its interval excludes 1).
+    pub fn established(&self, i: usize) -> bool {
+        self.ratio(i).is_some_and(|r| excludes(&r, 1.0))
+    }
+
+    /// The capacity interval of policy `i` in requests per second.
+    pub fn rate(&self, i: usize) -> Option<Interval> {
+        let base = self.base_rate_per_s?;
+        let iv = self.policies[i].interval()?;
+        Some(Interval {
+            mean: iv.mean * base,
+            sd: iv.sd.map(|s| s * base),
+            half_width: iv.half_width.map(|h| h * base),
+            ..iv
+        })
+    }
+}
+
+/// What a study needs besides the searches.
+#[derive(Debug, Clone)]
+pub struct StudyPlan {
+    /// Scenario name.
+    pub scenario: String,
+    /// Scenario description.
+    pub description: String,
+    /// Policy names, in order.
+    pub policies: Vec<String>,
+    /// Index of the baseline in `policies`.
+    pub baseline: usize,
+    /// The first seed (seeds are `first_seed`, `first_seed + 1`, …).
+    pub first_seed: u64,
+    /// How many seeds.
+    pub seeds: SeedPlan,
+    /// The SLO.
+    pub slo: SloSpec,
+    /// The search.
+    pub options: SearchOptions,
+    /// Mean arrival rate at scale 1.
+    pub base_rate_per_s: Option<f64>,
+}
+
+/// Run a study: `search_batch` finds the capacity of each `(policy index, seed)` it is given
+/// and returns them in the same order (the host may run them in parallel). With a fixed seed
+/// count, one batch; with `--seeds auto`, batches of [`AutoSeeds::step`] more seeds until
+/// [`AutoSeeds::stop`] says the paired ratios are precise (their half-width at most
+/// `rel_half_width`, in ratio units) or the maximum is reached.
+///
+/// # Errors
+/// The first error of `search_batch`.
+pub fn run_study<E>(
+    plan: StudyPlan,
+    mut search_batch: impl FnMut(&[(usize, u64)]) -> Result<Vec<SeedCapacity>, E>,
+) -> Result<CapacityStudy, E> {
+    let mut study = CapacityStudy {
+        scenario: plan.scenario,
+        description: plan.description,
+        slo: plan.slo,
+        precision: plan.options.precision,
+        base_rate_per_s: plan.base_rate_per_s,
+        baseline: plan.baseline,
+        seed_stop: SeedStop::Fixed,
+        auto_rule: match plan.seeds {
+            SeedPlan::Fixed(_) => None,
+            SeedPlan::Auto(a) => Some((a.rel_half_width, a.max)),
+        },
+        seeds: Vec::new(),
+        policies: plan
+            .policies
+            .iter()
+            .map(|p| PolicyCapacity {
+                policy: p.clone(),
+                seeds: Vec::new(),
+            })
+            .collect(),
+    };
+    let mut want = match plan.seeds {
+        SeedPlan::Fixed(n) => n.max(1),
+        SeedPlan::Auto(a) => a.start.max(2).min(a.max),
+    };
+    loop {
+        let new: Vec<u64> = (study.seeds.len()..want)
+            .map(|k| plan.first_seed + k as u64)
+            .collect();
+        let batch: Vec<(usize, u64)> = (0..study.policies.len())
+            .flat_map(|p| new.iter().map(move |s| (p, *s)))
+            .collect();
+        let found = search_batch(&batch)?;
+        for (&(p, _), c) in batch.iter().zip(found) {
+            study.policies[p].seeds.push(c);
+        }
+        study.seeds.extend(new);
+        let SeedPlan::Auto(auto) = plan.seeds else {
+            study.seed_stop = SeedStop::Fixed;
+            return Ok(study);
+        };
+        let ratios: Vec<(Interval, f64)> = (0..study.policies.len())
+            .filter_map(|i| study.ratio(i))
+            .map(|r| (r, 1.0))
+            .collect();
+        if let Some(stop) = auto.stop(study.seeds.len(), &ratios) {
+            study.seed_stop = stop;
+            return Ok(study);
+        }
+        want = (study.seeds.len() + auto.step.max(1)).min(auto.max);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::search::tests::ps_run;
+    use super::*;
+
+    fn plan(seeds: SeedPlan) -> StudyPlan {
+        StudyPlan {
+            scenario: "s".into(),
+            description: String::new(),
+            policies: vec!["base".into(), "better".into()],
+            baseline: 0,
+            first_seed: 10,
+            seeds,
+            slo: SloSpec::parse("e2el_mean<=500ms", None).unwrap(),
+            options: SearchOptions::default(),
+            base_rate_per_s: Some(2.0),
+        }
+    }
+
+    /// "better" carries 1.5× the baseline's load on every seed; seed noise moves both alike.
+    fn batch(b: &[(usize, u64)]) -> Result<Vec<SeedCapacity>, String> {
+        let spec = SloSpec::parse("e2el_mean<=500ms", None).unwrap();
+        b.iter()
+            .map(|&(p, seed)| {
+                let noise = 1.0 + (seed % 3) as f64 * 0.1;
+                let speed = if p == 1 { 1.5 } else { 1.0 } * noise;
+                find_capacity(&spec, &SearchOptions::default(), seed, |s| {
+                    ps_run(s / speed)
+                })
+                .map_err(|e| e.to_string())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_fixed_study_pairs_seeds_and_reports_the_ratio() {
+        let st = run_study(plan(SeedPlan::Fixed(3)), batch).unwrap();
+        assert_eq!(st.seeds, [10, 11, 12]);
+        assert_eq!(st.seed_stop, SeedStop::Fixed);
+        let base = st.policies[0].interval().unwrap();
+        // knee 8 × noise (1.1, 1.2, 1.0 for seeds 10, 11, 12), within 2 %.
+        assert!((base.mean / 8.8 - 1.0).abs() < 0.02, "{base:?}");
+        let r = st.ratio(1).unwrap();
+        assert!((r.mean - 1.5).abs() < 0.03, "{r:?}");
+        assert!(st.established(1));
+        assert!(st.ratio(0).is_none());
+        let rate = st.rate(0).unwrap();
+        assert!((rate.mean - 2.0 * base.mean).abs() < 1e-9);
+        assert!((rate.half_width.unwrap() - 2.0 * base.half_width.unwrap()).abs() < 1e-9);
+    }
+
+    #[test]
+    fn auto_seeds_stop_when_the_paired_ratio_is_precise() {
+        // Common random numbers: the ratio is 1.5 on every seed up to the search's precision,
+        // so 3 seeds already pin it well under 5 %.
+        let st = run_study(plan(SeedPlan::Auto(AutoSeeds::default())), batch).unwrap();
+        assert_eq!(st.seed_stop, SeedStop::Precise);
+        assert_eq!(st.seeds.len(), 3);
+        assert_eq!(st.auto_rule, Some((0.05, 20)));
+        let text = report::capacity_table(&st);
+        assert!(
+            text.contains("--seeds auto: every paired ratio's 95 % half-width fell within ±0.05"),
+            "{text}"
+        );
+        // A ratio that moves by seed never gets precise: the maximum stops it.
+        let noisy = |b: &[(usize, u64)]| {
+            let mut v = batch(b)?;
+            for (c, &(p, seed)) in v.iter_mut().zip(b) {
+                if p == 1 {
+                    c.scale *= if seed % 2 == 0 { 0.5 } else { 2.0 };
+                }
+            }
+            Ok::<_, String>(v)
+        };
+        let auto = AutoSeeds {
+            max: 7,
+            ..AutoSeeds::default()
+        };
+        let st = run_study(plan(SeedPlan::Auto(auto)), noisy).unwrap();
+        assert_eq!(st.seed_stop, SeedStop::MaxSeeds);
+        assert!(report::capacity_table(&st).contains("the maximum of 7 seeds was reached"));
+        assert_eq!(st.seeds, [10, 11, 12, 13, 14, 15, 16]);
+        assert_eq!(st.policies[1].seeds.len(), 7);
+    }
+}
