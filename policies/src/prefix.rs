@@ -41,6 +41,8 @@ pub struct PrefixIndex {
     hand: usize,
     len: usize,
     capacity: usize,
+    /// Blocks attributed to each worker (its "tree size"), indexed by worker id.
+    per_worker: Vec<u32>,
 }
 
 impl std::fmt::Debug for PrefixIndex {
@@ -105,6 +107,28 @@ impl PrefixIndex {
             hand: 0,
             len: 0,
             capacity,
+            per_worker: Vec::new(),
+        }
+    }
+
+    /// Make room for per-worker block counts of workers `0..n` (called at registration, so
+    /// recording never allocates).
+    pub fn reserve_workers(&mut self, n: usize) {
+        if self.per_worker.len() < n {
+            self.per_worker.resize(n, 0);
+        }
+    }
+
+    /// Blocks the index attributes to `worker` (checkpoint blocks: see the module notes).
+    pub fn blocks_of(&self, worker: WorkerId) -> usize {
+        self.per_worker
+            .get(worker.index())
+            .map_or(0, |&n| n as usize)
+    }
+
+    fn count(&mut self, worker: u32, add: bool) {
+        if let Some(n) = self.per_worker.get_mut(worker as usize) {
+            *n = if add { *n + 1 } else { n.saturating_sub(1) };
         }
     }
 
@@ -210,8 +234,13 @@ impl PrefixIndex {
         loop {
             let s = &mut self.slots[i];
             if s.key == key {
+                let old = s.worker;
                 s.worker = worker;
                 s.referenced = true;
+                if old != worker {
+                    self.count(old, false);
+                    self.count(worker, true);
+                }
                 return;
             }
             if s.key == 0 {
@@ -233,6 +262,7 @@ impl PrefixIndex {
             referenced: false,
         };
         self.len += 1;
+        self.count(worker, true);
         if self.ring.len() < self.capacity {
             self.ring.push(key);
         } else {
@@ -263,6 +293,8 @@ impl PrefixIndex {
 
     /// Backward-shift deletion for linear probing (no tombstones).
     fn remove_at(&mut self, mut hole: usize) {
+        let gone = self.slots[hole].worker;
+        self.count(gone, false);
         self.slots[hole] = Slot::default();
         let mut j = hole;
         loop {

@@ -128,6 +128,7 @@ fn warm_router(config: PolicyConfig, rng: &mut Xoshiro256PlusPlus) -> Router {
             model,
             context_tokens: 1_000,
             prefix: &[],
+            prompt_tokens: 1_000,
         };
         router.route(Time::from_secs_f64(2.0), &req, rng).unwrap();
     }
@@ -170,6 +171,7 @@ fn steady_state(
             model,
             context_tokens: 8_000,
             prefix: if with_prefix { p } else { &[] },
+            prompt_tokens: 8_000,
         };
         let d = router.route(now, &req, rng).unwrap();
         let c = Completion {
@@ -179,7 +181,7 @@ fn steady_state(
             first_token_at: now,
             completed_at: now,
         };
-        router.complete(now, d.worker, &c);
+        router.complete(now, d.worker, d.charge, &c);
     }
     allocations() - before
 }
@@ -244,6 +246,7 @@ fn refusals(
             context_tokens,
             // Half with a prefix, so the affinity lookup runs on the refused path too.
             prefix: if i % 2 == 0 { &prefix } else { &[] },
+            prompt_tokens: context_tokens,
         };
         let e = router
             .route(Time::from_secs_f64(3.0), &req, rng)
@@ -263,6 +266,7 @@ fn refused_decisions_do_not_allocate() {
         model,
         context_tokens: 1_000,
         prefix: &[],
+        prompt_tokens: 1_000,
     };
     while router
         .route(Time::from_secs_f64(2.5), &req, &mut rng)
@@ -289,7 +293,7 @@ fn refused_decisions_do_not_allocate() {
             first_token_at: now,
             completed_at: now,
         };
-        router.complete(now, id, &c);
+        router.complete(now, id, routelab_policies::Charge::NONE, &c);
     }
     let chooser_full = refusals(&mut router, 100_000, 10_000, all_at_cap, &mut rng);
 
