@@ -92,12 +92,19 @@ impl Router {
     /// A router for a validated policy.
     pub fn new(config: PolicyConfig) -> Router {
         let strategy = config.weights.build();
-        let prefix = PrefixIndex::new(match config.affinity {
+        let blocks = match config.affinity {
             // The field's rules carry their own prefix preference and need the index.
             Affinity::None if config.chooser.is_peer_rule() => Affinity::DEFAULT_INDEX_BLOCKS,
             Affinity::None => 0,
             Affinity::Prefix { index_blocks, .. } => index_blocks,
-        });
+        };
+        // The field's rules compare a match with the prompt (cache-aware's 50 %, llm-d's 80 %):
+        // they get exact match lengths; the other policies keep the sparse index.
+        let prefix = if config.chooser.is_peer_rule() {
+            PrefixIndex::dense(blocks)
+        } else {
+            PrefixIndex::new(blocks)
+        };
         Router {
             config,
             fleet: Fleet::default(),

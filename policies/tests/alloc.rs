@@ -5,7 +5,8 @@
 //! measured workers, background load and a warm prefix index must then route and complete
 //! 10,000 requests, with and without a 64-block prefix, without a single allocation; and a
 //! saturated or disconnected fleet must refuse 10,000 requests each (`AllAtCap`,
-//! `NoHealthyWorker`, `PromptTooLong`) without one either.
+//! `NoHealthyWorker`, `PromptTooLong`) without one either. The field's routers (the peer
+//! presets) are held to the same steady-state test.
 
 use rand::RngExt;
 use rand::SeedableRng;
@@ -116,8 +117,12 @@ fn warm_router(config: PolicyConfig, rng: &mut Xoshiro256PlusPlus) -> Router {
             );
         }
     }
+    // A probing policy has measured everyone (the field's routers do not probe).
     assert!(
-        router
+        !matches!(
+            router.config().weights,
+            routelab_policies::WeightsConfig::Probe(_)
+        ) || router
             .fleet()
             .iter()
             .all(|(id, _)| !router.weight(id).unwrap().is_unmeasured())
@@ -216,6 +221,29 @@ fn check(config: PolicyConfig) {
 #[test]
 fn seed_v3_decisions_do_not_allocate() {
     check(PolicyConfig::preset("seed-v3").unwrap());
+}
+
+#[test]
+fn the_field_routers_decisions_do_not_allocate() {
+    // Every peer preset (the randomised ones too: wait-and-widen widens, kv-cost samples).
+    for name in [
+        "cache-aware",
+        "least-load",
+        "sticky-until-saturated",
+        "sticky-until-saturated-measured",
+        "pulsar",
+        "wait-and-widen",
+        "kv-cost",
+    ] {
+        check(PolicyConfig::preset(name).unwrap());
+    }
+    let mut softmax = PolicyConfig::from_name("equal/kv-cost").unwrap();
+    if let routelab_policies::Chooser::KvCost { temperature, .. } = &mut softmax.chooser {
+        *temperature = 2.0;
+    }
+    softmax.name = "kv-cost at temperature 2".into();
+    check(softmax);
+    check(PolicyConfig::preset("hit-minus-load").unwrap());
 }
 
 #[test]
