@@ -680,7 +680,7 @@ fn run(policy: &PolicyConfig, fleet: &[Reg], ops: &[Op], seed: u64) -> Vec<Seen>
     }
     // Every request completes or fails, in any order: the counters return to exactly 0.
     while let Some((id, _, charge)) = sim.in_flight.pop() {
-        if sim.in_flight.len() % 2 == 0 {
+        if sim.in_flight.len().is_multiple_of(2) {
             sim.router.fail(sim.now, id, charge);
         } else {
             let c = Completion {
