@@ -817,5 +817,77 @@ mod tests {
         assert!(d(&CAPS, "flat").contains("(default 24)"));
         assert!(d(&CHOOSERS, "p2c").ends_with("ties: first | random | higher-weight"));
         assert!(d(&PRESETS, "seed-v2").contains("3-minute live correction"));
+        // The field's routers carry their published figures.
+        assert!(
+            d(&CHOOSERS, "cache-aware").contains("> 32 and max > 1.1 x min")
+                && d(&CHOOSERS, "cache-aware").contains("above 0.5 of the prompt"),
+            "{}",
+            d(&CHOOSERS, "cache-aware")
+        );
+        assert!(d(&CHOOSERS, "least-load").contains("+ 0.15 s x kv/(1 - kv)"));
+        assert!(d(&CHOOSERS, "least-load").contains("polled every 10 s"));
+        assert!(d(&CHOOSERS, "sticky-until-saturated").contains(">= 0.8 of the prompt"));
+        assert!(d(&CHOOSERS, "sticky-until-saturated").contains("by 18 s"));
+        assert!(d(&CHOOSERS, "sticky-until-saturated").contains("prefill 15928 tok/s"));
+        assert!(d(&CHOOSERS, "wait-and-widen").contains("alone within 0.2 s"));
+        assert!(d(&CHOOSERS, "wait-and-widen").contains("up to 64"));
+        assert!(d(&CHOOSERS, "kv-cost").starts_with("NVIDIA Dynamo KV router: 1 x new prefill"));
+        assert!(d(&CHOOSERS, "hit-minus-load").contains("0.5 is ours"));
+        assert!(d(&PRESETS, "pulsar").ends_with("; equal weights, no cap"));
+    }
+
+    #[test]
+    fn peer_presets_are_their_chooser_with_equal_weights_no_affinity_and_no_cap() {
+        let mut peers = 0;
+        for p in PRESETS.iter().filter(|p| !p.name.starts_with("seed-")) {
+            let cfg = PolicyConfig::preset(p.name).unwrap();
+            assert!(cfg.chooser.is_peer_rule(), "{}", p.name);
+            assert_eq!(
+                (cfg.affinity, cfg.cap),
+                (Affinity::None, Cap::None),
+                "{}",
+                p.name
+            );
+            let measured = p.name == "sticky-until-saturated-measured";
+            assert_eq!(
+                cfg.weights.name(),
+                if measured { "at-load" } else { "equal" }
+            );
+            if !measured {
+                assert_eq!(
+                    Some(cfg.chooser),
+                    Chooser::from_name(p.name, PolicyConfig::DEFAULT_TIES)
+                );
+            }
+            peers += 1;
+        }
+        assert_eq!(peers, 8);
+        assert!(matches!(
+            PolicyConfig::preset("sticky-until-saturated-measured")
+                .unwrap()
+                .chooser,
+            Chooser::StickyUntilSaturated { measured: true, .. }
+        ));
+    }
+
+    #[test]
+    fn a_peer_parameter_out_of_range_or_on_the_wrong_kind_is_a_field_error() {
+        let e = validate("chooser", "cache-aware", "cache_threshold: 1.5\n").unwrap_err();
+        assert!(
+            e.to_string().contains("cache_threshold") && e.to_string().contains("from 0 to 1"),
+            "{e}"
+        );
+        let e = validate("chooser", "wait-and-widen", "max_candidates: 0\n").unwrap_err();
+        assert!(e.to_string().contains("max_candidates"), "{e}");
+        let e = validate("chooser", "least-load", "poll_s: 0\n").unwrap_err();
+        assert!(e.to_string().contains("poll_s"), "{e}");
+        let e = validate("chooser", "p2c", "beta: 1\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .ends_with(&find(&CHOOSERS, "p2c").unwrap().param_list()),
+            "{e}"
+        );
+        let e = validate("chooser", "kv-cost", "temperature: -1\n").unwrap_err();
+        assert!(e.to_string().contains("temperature"), "{e}");
     }
 }
