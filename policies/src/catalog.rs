@@ -391,7 +391,7 @@ pub const CHOOSERS: [Part; 14] = [
         name: "wait-and-widen",
         describe: || {
             format!(
-                "NVIDIA Stargate: TTFT estimate = RTT ({} s, ours) + (uncached tokens in flight + own) / input tok/s; pulsar's choice alone within {} s, then one more random candidate per window of excess, up to {}; lowest estimate wins",
+                "NVIDIA Stargate: TTFT estimate = the worker's round trip if the host knows it (the simulator does; else {} s, ours) + (uncached tokens in flight + own) / input tok/s; pulsar's choice alone within {} s, then one more random candidate per window of excess, up to {}; lowest estimate wins",
                 peer(Chooser::WAIT_AND_WIDEN, "rtt_s"),
                 peer(Chooser::WAIT_AND_WIDEN, "window_s"),
                 peer(Chooser::WAIT_AND_WIDEN, "max_candidates"),

@@ -199,6 +199,14 @@ impl Router {
         }
     }
 
+    /// The network round trip to a worker, as the host measured or configured it (rules that
+    /// estimate TTFT add it; others ignore it).
+    pub fn set_round_trip(&mut self, id: WorkerId, rtt: std::time::Duration) {
+        if let Some(s) = self.signals.get_mut(id.index()) {
+            s.round_trip_s = Some(rtt.as_secs_f64());
+        }
+    }
+
     /// Requests waiting at the gateway.
     pub fn queued(&self) -> usize {
         self.queue.len()

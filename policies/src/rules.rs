@@ -263,9 +263,11 @@ pub(crate) fn wait_and_widen<R: Rng + ?Sized>(
     rng: &mut R,
 ) -> Option<usize> {
     let est = |i: u32| {
-        let queued = ctx.signals[i as usize].uncached_in_flight as f64;
+        let s = &ctx.signals[i as usize];
+        let queued = s.uncached_in_flight as f64;
         let own = f64::from(ctx.prompt_tokens - ctx.overlap(i));
-        rtt_s + (queued + own) / ctx.input_tok_s(i, hot)
+        // The worker's own round trip when the host knows it, else the parameter.
+        s.round_trip_s.unwrap_or(rtt_s) + (queued + own) / ctx.input_tok_s(i, hot)
     };
     let first = pulsar(ctx, cands, hot)?;
     let wait = est(cands[first]);
@@ -584,6 +586,17 @@ mod tests {
             wait_and_widen(&ctx, &c.cands, &c.hot, 0.2, 64, 0.5, &mut rng),
             Some(home)
         );
+        // A known round trip replaces the parameter: 1 s to the home worker (wait 1.06 s)
+        // opens 1 + 5 candidates; every other is idle at 0.06 s: the home loses.
+        c.signals[home].round_trip_s = Some(1.0);
+        let ctx = c.ctx(1000, &key);
+        let mut away = 0;
+        for _ in 0..50 {
+            if wait_and_widen(&ctx, &c.cands, &c.hot, 0.2, 64, 0.0, &mut rng) != Some(home) {
+                away += 1;
+            }
+        }
+        assert_eq!(away, 50);
     }
 
     #[test]

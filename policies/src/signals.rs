@@ -64,6 +64,9 @@ pub struct Signals {
     /// Peak observed input tokens/s: prompt tokens ÷ (first token − dispatch) of completed
     /// requests; 0 before any observation.
     pub peak_input_tok_s: f64,
+    /// Network round trip to the worker in seconds, when the host knows it
+    /// ([`Router::set_round_trip`](crate::Router::set_round_trip)).
+    pub round_trip_s: Option<f64>,
 }
 
 impl Signals {
