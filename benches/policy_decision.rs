@@ -6,6 +6,9 @@
 //! (every worker keeps 2 background requests in flight; the prefix index stays full, with a mix of
 //! recurring conversations that hit and new ones that miss and evict).
 //!
+//! A second group, `peer rules route+complete`, times the field's routers (`cache-aware`,
+//! `least-load`, …, as presets) the same way over 64 workers with the 64-block prefix.
+//!
 //! ```text
 //! cargo bench --bench policy_decision -- --warm-up-time 1 --measurement-time 3
 //! ```
@@ -23,9 +26,10 @@ const MODEL: &str = "gemma-27b";
 const BLOCKS: usize = 64;
 const PROMPTS: usize = 4_096;
 
-/// `seed-v3` over `n` workers, every one measured by the probe, 2 requests in flight each.
-fn fleet(n: usize, rng: &mut Xoshiro256PlusPlus) -> Router {
-    let mut router = Router::new(PolicyConfig::preset("seed-v3").expect("preset"));
+/// `preset` over `n` workers, every one measured by the probe (if it probes), 2 requests in
+/// flight each.
+fn fleet(preset: &str, n: usize, rng: &mut Xoshiro256PlusPlus) -> Router {
+    let mut router = Router::new(PolicyConfig::preset(preset).expect("preset"));
     let gpus: [&[&str]; 4] = [
         &["RTX 4090", "RTX 4090"],
         &["RTX PRO 6000"],
@@ -74,6 +78,7 @@ fn fleet(n: usize, rng: &mut Xoshiro256PlusPlus) -> Router {
             model,
             context_tokens: 1_000,
             prefix: &[],
+            prompt_tokens: 1_000,
         };
         router.route(now, &req, rng).expect("room");
     }
@@ -107,57 +112,87 @@ fn prompts(rng: &mut Xoshiro256PlusPlus) -> Vec<Vec<u64>> {
         .collect()
 }
 
+/// The field's routers, as presets.
+const PEERS: [&str; 8] = [
+    "cache-aware",
+    "least-load",
+    "sticky-until-saturated",
+    "sticky-until-saturated-measured",
+    "pulsar",
+    "wait-and-widen",
+    "kv-cost",
+    "hit-minus-load",
+];
+
 fn decision(c: &mut Criterion) {
     let mut group = c.benchmark_group("seed-v3 route+complete");
     for n in [8usize, 64, 1_024] {
         for with_prefix in [false, true] {
-            let mut rng = Xoshiro256PlusPlus::seed_from_u64(42);
-            let mut router = fleet(n, &mut rng);
-            let prompts = prompts(&mut rng);
-            let model = router.model_id(MODEL).expect("model");
-            let now = Time::from_secs_f64(10.0);
-            let done = Completion {
-                prompt_tokens: 8_000,
-                output_tokens: 128,
-                dispatched_at: now,
-                first_token_at: now,
-                completed_at: now,
-            };
-            let step = |router: &mut Router, i: usize, rng: &mut Xoshiro256PlusPlus| {
-                let req = RouteRequest {
-                    model,
-                    context_tokens: 8_000,
-                    prefix: if with_prefix {
-                        &prompts[i % PROMPTS]
-                    } else {
-                        &[]
-                    },
-                };
-                let d = router.route(now, black_box(&req), rng).expect("room");
-                router.complete(now, black_box(d.worker), &done);
-            };
-            // Fill the prefix index and reach steady state before measuring.
-            for i in 0..4 * PROMPTS {
-                step(&mut router, i, &mut rng);
-            }
-            let id = BenchmarkId::new(
-                if with_prefix {
-                    "64-block prefix"
-                } else {
-                    "no prefix"
-                },
-                n,
-            );
-            let mut i = 0usize;
-            group.bench_function(id, |b| {
-                b.iter(|| {
-                    step(&mut router, i, &mut rng);
-                    i = i.wrapping_add(1);
-                })
-            });
+            bench_one(&mut group, "seed-v3", n, with_prefix, None);
         }
     }
     group.finish();
+    let mut group = c.benchmark_group("peer rules route+complete");
+    for preset in PEERS {
+        bench_one(&mut group, preset, 64, true, Some(preset));
+    }
+    group.finish();
+}
+
+/// Time route + complete of `preset` over `n` workers; the bench id is `label` or the prompt
+/// kind, with `n`.
+fn bench_one(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    preset: &str,
+    n: usize,
+    with_prefix: bool,
+    label: Option<&str>,
+) {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(42);
+    let mut router = fleet(preset, n, &mut rng);
+    let prompts = prompts(&mut rng);
+    let model = router.model_id(MODEL).expect("model");
+    let now = Time::from_secs_f64(10.0);
+    let done = Completion {
+        prompt_tokens: 8_000,
+        output_tokens: 128,
+        dispatched_at: now,
+        first_token_at: now,
+        completed_at: now,
+    };
+    let step = |router: &mut Router, i: usize, rng: &mut Xoshiro256PlusPlus| {
+        let req = RouteRequest {
+            model,
+            context_tokens: 8_000,
+            prefix: if with_prefix {
+                &prompts[i % PROMPTS]
+            } else {
+                &[]
+            },
+            prompt_tokens: 8_000,
+        };
+        let d = router.route(now, black_box(&req), rng).expect("room");
+        router.complete(now, black_box(d.worker), d.charge, &done);
+    };
+    // Fill the prefix index and reach steady state before measuring.
+    for i in 0..4 * PROMPTS {
+        step(&mut router, i, &mut rng);
+    }
+    let id = BenchmarkId::new(
+        label.unwrap_or(if with_prefix {
+            "64-block prefix"
+        } else {
+            "no prefix"
+        }),
+        n,
+    );
+    let mut i = 0usize;
+    group.bench_function(id, |b| {
+        b.iter(|| {
+            step(&mut router, i, &mut rng);
+            i = i.wrapping_add(1);
+        })
+    });
 }
 
 criterion_group!(benches, decision);

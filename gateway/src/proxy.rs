@@ -120,6 +120,7 @@ async fn handle(s: Arc<Shared>, req: Request, ep: Endpoint) -> Result<Response, 
         model,
         context_tokens,
         prefix: &prefix,
+        prompt_tokens: parsed.prompt_tokens,
     };
 
     let mut tried: Vec<WorkerId> = Vec::new();
@@ -163,6 +164,7 @@ async fn handle(s: Arc<Shared>, req: Request, ep: Endpoint) -> Result<Response, 
             first_token_at: None,
             prompt_tokens: parsed.prompt_tokens,
             finished: false,
+            charge: decision.charge,
         };
         let mut up = hyper::Request::post(uri);
         if let Some(h) = up.headers_mut() {
@@ -308,7 +310,7 @@ async fn admit(
             let core = &mut *guard;
             match core.router.route_excluding(now, req, tried, &mut core.rng) {
                 Ok(d) => {
-                    core.release(now, handed.worker, None);
+                    core.release(now, handed.worker, handed.charge, None);
                     Ok(d)
                 }
                 Err(_) => Ok(handed),

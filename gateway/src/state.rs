@@ -230,10 +230,16 @@ impl Core {
     }
 
     /// Free a request's slot and hand it to the queue.
-    pub fn release(&mut self, now: Time, id: WorkerId, completion: Option<&Completion>) {
+    pub fn release(
+        &mut self,
+        now: Time,
+        id: WorkerId,
+        charge: routelab_policies::Charge,
+        completion: Option<&Completion>,
+    ) {
         match completion {
-            Some(c) => self.router.complete(now, id, c),
-            None => self.router.fail(now, id),
+            Some(c) => self.router.complete(now, id, charge, c),
+            None => self.router.fail(now, id, charge),
         }
         self.pump(now);
     }
@@ -248,7 +254,7 @@ impl Core {
             };
             // Nobody is waiting any more: give the slot back.
             if let Some(Ok(d)) = undelivered {
-                self.router.fail(now, d.worker);
+                self.router.fail(now, d.worker, d.charge);
             }
         }
     }
@@ -407,7 +413,7 @@ impl Drop for QueueTicket {
             // Dispatched between the timeout and now: give the slot back.
             if let Ok(Ok(d)) = self.rx.try_recv() {
                 let now = self.shared.clock.now();
-                core.release(now, d.worker, None);
+                core.release(now, d.worker, d.charge, None);
             }
         }
     }
@@ -424,6 +430,8 @@ pub(crate) struct Flight {
     pub first_token_at: Option<Time>,
     pub prompt_tokens: u32,
     pub finished: bool,
+    /// What the router charged for it; handed back at first token and at the end.
+    pub charge: routelab_policies::Charge,
 }
 
 impl Flight {
@@ -435,7 +443,10 @@ impl Flight {
         self.metrics.ttft.observe(self.arrived.elapsed());
         let now = self.shared.clock.now();
         self.first_token_at = Some(now);
-        self.shared.core().router.first_token(now, self.worker);
+        self.shared
+            .core()
+            .router
+            .first_token(now, self.worker, &mut self.charge);
     }
 
     /// The response ended normally.
@@ -454,7 +465,7 @@ impl Flight {
             completed_at: now,
         };
         let mut core = self.shared.core();
-        core.release(now, self.worker, Some(&c));
+        core.release(now, self.worker, self.charge, Some(&c));
         core.note_success(now, self.worker, false, &self.shared);
     }
 
@@ -469,7 +480,7 @@ impl Flight {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let now = self.shared.clock.now();
         let mut core = self.shared.core();
-        core.release(now, self.worker, None);
+        core.release(now, self.worker, self.charge, None);
         core.note_failure(now, self.worker, hard, &self.shared);
     }
 
@@ -480,7 +491,9 @@ impl Flight {
         }
         self.finished = true;
         let now = self.shared.clock.now();
-        self.shared.core().release(now, self.worker, None);
+        self.shared
+            .core()
+            .release(now, self.worker, self.charge, None);
     }
 }
 

@@ -248,7 +248,7 @@ const TIES_PARAM: Param = Param {
 };
 
 /// Choosers.
-pub const CHOOSERS: [Part; 7] = [
+pub const CHOOSERS: [Part; 14] = [
     Part {
         name: "p2c",
         describe: || {
@@ -297,7 +297,192 @@ pub const CHOOSERS: [Part; 7] = [
         describe: || "plain round-robin among eligible workers".into(),
         params: &[],
     },
+    Part {
+        name: "cache-aware",
+        describe: || {
+            let Chooser::CacheAware {
+                abs,
+                rel,
+                cache_threshold,
+            } = Chooser::CACHE_AWARE
+            else {
+                unreachable!()
+            };
+            format!(
+                "SGLang gateway cache_aware: if max - min requests in flight > {abs} and max > {rel} x min, the least loaded; else the best prefix match if above {cache_threshold} of the prompt, else the smallest prefix tree (defaults as published; vLLM's fork uses 64 / 1.5 / 0.3)"
+            )
+        },
+        params: &[
+            Param {
+                name: "abs",
+                default: Some(|| peer(Chooser::CACHE_AWARE, "abs")),
+            },
+            Param {
+                name: "rel",
+                default: Some(|| peer(Chooser::CACHE_AWARE, "rel")),
+            },
+            Param {
+                name: "cache_threshold",
+                default: Some(|| peer(Chooser::CACHE_AWARE, "cache_threshold")),
+            },
+        ],
+    },
+    Part {
+        name: "least-load",
+        describe: || {
+            format!(
+                "SGLang gateway least_load: (queued + in-flight tokens) / the engine's generation tok/s + {} s x kv/(1 - kv) (the penalty's shape is ours); engines polled every {} s, dispatched tokens counted locally between polls; without a poller (the gateway today) local tokens / ({} tok/s x weight)",
+                peer(Chooser::LEAST_LOAD, "penalty_s"),
+                peer(Chooser::LEAST_LOAD, "poll_s"),
+                crate::rules::DEFAULT_GENERATION_TOK_S
+            )
+        },
+        params: &[
+            Param {
+                name: "penalty_s",
+                default: Some(|| peer(Chooser::LEAST_LOAD, "penalty_s")),
+            },
+            Param {
+                name: "poll_s",
+                default: Some(|| peer(Chooser::LEAST_LOAD, "poll_s")),
+            },
+        ],
+    },
+    Part {
+        name: "sticky-until-saturated",
+        describe: || {
+            format!(
+                "llm-d: stay on a worker holding >= {} of the prompt unless its TTFT estimate (uncached tokens in flight / prefill tok/s) exceeds the best other's by {} s; else the fewest uncached tokens in flight; prefill {} tok/s for the whole pool (published), or with measured: true that figure x the worker's weight / the mean weight",
+                peer(Chooser::STICKY, "match_fraction"),
+                peer(Chooser::STICKY, "gap_s"),
+                peer(Chooser::STICKY, "peak_prefill_tok_s"),
+            )
+        },
+        params: &[
+            Param {
+                name: "match_fraction",
+                default: Some(|| peer(Chooser::STICKY, "match_fraction")),
+            },
+            Param {
+                name: "gap_s",
+                default: Some(|| peer(Chooser::STICKY, "gap_s")),
+            },
+            Param {
+                name: "peak_prefill_tok_s",
+                default: Some(|| peer(Chooser::STICKY, "peak_prefill_tok_s")),
+            },
+            Param {
+                name: "measured",
+                default: Some(|| peer(Chooser::STICKY, "measured")),
+            },
+        ],
+    },
+    Part {
+        name: "pulsar",
+        describe: || {
+            format!(
+                "NVIDIA Stargate pulsar: weighted rendezvous hash of the prompt's first prefix block, weight = the worker's peak observed input tok/s (prompt / TTFT; {} x weight before any); no prefix: fewest in flight / that figure",
+                crate::rules::DEFAULT_INPUT_TOK_S
+            )
+        },
+        params: &[],
+    },
+    Part {
+        name: "wait-and-widen",
+        describe: || {
+            format!(
+                "NVIDIA Stargate: TTFT estimate = the worker's round trip if the host knows it (the simulator does; else {} s, ours) + (uncached tokens in flight + own) / input tok/s; pulsar's choice alone within {} s, then one more random candidate per window of excess, up to {}; lowest estimate wins",
+                peer(Chooser::WAIT_AND_WIDEN, "rtt_s"),
+                peer(Chooser::WAIT_AND_WIDEN, "window_s"),
+                peer(Chooser::WAIT_AND_WIDEN, "max_candidates"),
+            )
+        },
+        params: &[
+            Param {
+                name: "window_s",
+                default: Some(|| peer(Chooser::WAIT_AND_WIDEN, "window_s")),
+            },
+            Param {
+                name: "max_candidates",
+                default: Some(|| peer(Chooser::WAIT_AND_WIDEN, "max_candidates")),
+            },
+            Param {
+                name: "rtt_s",
+                default: Some(|| peer(Chooser::WAIT_AND_WIDEN, "rtt_s")),
+            },
+        ],
+    },
+    Part {
+        name: "kv-cost",
+        describe: || {
+            format!(
+                "NVIDIA Dynamo KV router: {} x new prefill blocks (prompt - believed cached) + prompt blocks in flight on the worker; lowest wins, softmax-sampled at temperature > 0 (default {})",
+                peer(Chooser::KV_COST, "prefill_weight"),
+                peer(Chooser::KV_COST, "temperature"),
+            )
+        },
+        params: &[
+            Param {
+                name: "prefill_weight",
+                default: Some(|| peer(Chooser::KV_COST, "prefill_weight")),
+            },
+            Param {
+                name: "temperature",
+                default: Some(|| peer(Chooser::KV_COST, "temperature")),
+            },
+        ],
+    },
+    Part {
+        name: "hit-minus-load",
+        describe: || {
+            format!(
+                "vLLM production-stack: prefix hit fraction - beta x in flight / the busiest's; highest wins (beta unpublished: {} is ours)",
+                peer(Chooser::HIT_MINUS_LOAD, "beta")
+            )
+        },
+        params: &[Param {
+            name: "beta",
+            default: Some(|| peer(Chooser::HIT_MINUS_LOAD, "beta")),
+        }],
+    },
 ];
+
+/// A peer rule's parameter, as YAML, from the chooser's default constant (so the catalog cannot
+/// drift from the code).
+fn peer(c: Chooser, field: &str) -> String {
+    match (c, field) {
+        (Chooser::CacheAware { abs, .. }, "abs") => abs.to_string(),
+        (Chooser::CacheAware { rel, .. }, "rel") => rel.to_string(),
+        (
+            Chooser::CacheAware {
+                cache_threshold, ..
+            },
+            "cache_threshold",
+        ) => cache_threshold.to_string(),
+        (Chooser::LeastLoad { penalty_s, .. }, "penalty_s") => penalty_s.to_string(),
+        (Chooser::LeastLoad { poll, .. }, "poll_s") => secs(poll),
+        (Chooser::StickyUntilSaturated { match_fraction, .. }, "match_fraction") => {
+            match_fraction.to_string()
+        }
+        (Chooser::StickyUntilSaturated { gap_s, .. }, "gap_s") => gap_s.to_string(),
+        (
+            Chooser::StickyUntilSaturated {
+                peak_prefill_tok_s, ..
+            },
+            "peak_prefill_tok_s",
+        ) => peak_prefill_tok_s.to_string(),
+        (Chooser::StickyUntilSaturated { measured, .. }, "measured") => measured.to_string(),
+        (Chooser::WaitAndWiden { window_s, .. }, "window_s") => window_s.to_string(),
+        (Chooser::WaitAndWiden { max_candidates, .. }, "max_candidates") => {
+            max_candidates.to_string()
+        }
+        (Chooser::WaitAndWiden { rtt_s, .. }, "rtt_s") => rtt_s.to_string(),
+        (Chooser::KvCost { prefill_weight, .. }, "prefill_weight") => prefill_weight.to_string(),
+        (Chooser::KvCost { temperature, .. }, "temperature") => temperature.to_string(),
+        (Chooser::HitMinusLoad { beta }, "beta") => beta.to_string(),
+        _ => unreachable!("{field} is not a parameter of {}", c.name()),
+    }
+}
 
 /// Tie rules of the choosers that compare scores.
 pub const TIES: [Part; 3] = [
@@ -398,8 +583,27 @@ pub const CAPS: [Part; 3] = [
     },
 ];
 
-/// The presets, in historical order (built by [`PolicyConfig::preset`]).
-pub const PRESETS: [Part; 5] = [
+/// The preset of one of the field's routers with its published defaults, described by its
+/// chooser's entry.
+macro_rules! peer_preset_part {
+    ($name:literal) => {
+        Part {
+            name: $name,
+            describe: || {
+                format!(
+                    "{}; equal weights, no cap",
+                    find(&CHOOSERS, $name).expect("a chooser").description()
+                )
+            },
+            params: &[],
+        }
+    };
+}
+
+/// The presets, in historical order (built by [`PolicyConfig::preset`]), then the field's
+/// routers as published: equal weights (the measured sticky variant: at-load), no affinity part
+/// (each rule carries its own), no cap (none of them has one).
+pub const PRESETS: [Part; 13] = [
     Part {
         name: "seed-v1",
         describe: || {
@@ -450,6 +654,20 @@ pub const PRESETS: [Part; 5] = [
         },
         params: &[],
     },
+    peer_preset_part!("cache-aware"),
+    peer_preset_part!("least-load"),
+    peer_preset_part!("sticky-until-saturated"),
+    Part {
+        name: "sticky-until-saturated-measured",
+        describe: || {
+            "sticky-until-saturated with each worker's prefill figure = the pool constant x its at-load weight / the pool's mean weight (at-load measures capacity from live traffic)".into()
+        },
+        params: &[],
+    },
+    peer_preset_part!("pulsar"),
+    peer_preset_part!("wait-and-widen"),
+    peer_preset_part!("kv-cost"),
+    peer_preset_part!("hit-minus-load"),
 ];
 
 #[cfg(test)]
@@ -599,5 +817,77 @@ mod tests {
         assert!(d(&CAPS, "flat").contains("(default 24)"));
         assert!(d(&CHOOSERS, "p2c").ends_with("ties: first | random | higher-weight"));
         assert!(d(&PRESETS, "seed-v2").contains("3-minute live correction"));
+        // The field's routers carry their published figures.
+        assert!(
+            d(&CHOOSERS, "cache-aware").contains("> 32 and max > 1.1 x min")
+                && d(&CHOOSERS, "cache-aware").contains("above 0.5 of the prompt"),
+            "{}",
+            d(&CHOOSERS, "cache-aware")
+        );
+        assert!(d(&CHOOSERS, "least-load").contains("+ 0.15 s x kv/(1 - kv)"));
+        assert!(d(&CHOOSERS, "least-load").contains("polled every 10 s"));
+        assert!(d(&CHOOSERS, "sticky-until-saturated").contains(">= 0.8 of the prompt"));
+        assert!(d(&CHOOSERS, "sticky-until-saturated").contains("by 18 s"));
+        assert!(d(&CHOOSERS, "sticky-until-saturated").contains("prefill 15928 tok/s"));
+        assert!(d(&CHOOSERS, "wait-and-widen").contains("alone within 0.2 s"));
+        assert!(d(&CHOOSERS, "wait-and-widen").contains("up to 64"));
+        assert!(d(&CHOOSERS, "kv-cost").starts_with("NVIDIA Dynamo KV router: 1 x new prefill"));
+        assert!(d(&CHOOSERS, "hit-minus-load").contains("0.5 is ours"));
+        assert!(d(&PRESETS, "pulsar").ends_with("; equal weights, no cap"));
+    }
+
+    #[test]
+    fn peer_presets_are_their_chooser_with_equal_weights_no_affinity_and_no_cap() {
+        let mut peers = 0;
+        for p in PRESETS.iter().filter(|p| !p.name.starts_with("seed-")) {
+            let cfg = PolicyConfig::preset(p.name).unwrap();
+            assert!(cfg.chooser.is_peer_rule(), "{}", p.name);
+            assert_eq!(
+                (cfg.affinity, cfg.cap),
+                (Affinity::None, Cap::None),
+                "{}",
+                p.name
+            );
+            let measured = p.name == "sticky-until-saturated-measured";
+            assert_eq!(
+                cfg.weights.name(),
+                if measured { "at-load" } else { "equal" }
+            );
+            if !measured {
+                assert_eq!(
+                    Some(cfg.chooser),
+                    Chooser::from_name(p.name, PolicyConfig::DEFAULT_TIES)
+                );
+            }
+            peers += 1;
+        }
+        assert_eq!(peers, 8);
+        assert!(matches!(
+            PolicyConfig::preset("sticky-until-saturated-measured")
+                .unwrap()
+                .chooser,
+            Chooser::StickyUntilSaturated { measured: true, .. }
+        ));
+    }
+
+    #[test]
+    fn a_peer_parameter_out_of_range_or_on_the_wrong_kind_is_a_field_error() {
+        let e = validate("chooser", "cache-aware", "cache_threshold: 1.5\n").unwrap_err();
+        assert!(
+            e.to_string().contains("cache_threshold") && e.to_string().contains("from 0 to 1"),
+            "{e}"
+        );
+        let e = validate("chooser", "wait-and-widen", "max_candidates: 0\n").unwrap_err();
+        assert!(e.to_string().contains("max_candidates"), "{e}");
+        let e = validate("chooser", "least-load", "poll_s: 0\n").unwrap_err();
+        assert!(e.to_string().contains("poll_s"), "{e}");
+        let e = validate("chooser", "p2c", "beta: 1\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .ends_with(&find(&CHOOSERS, "p2c").unwrap().param_list()),
+            "{e}"
+        );
+        let e = validate("chooser", "kv-cost", "temperature: -1\n").unwrap_err();
+        assert!(e.to_string().contains("temperature"), "{e}");
     }
 }

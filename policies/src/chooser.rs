@@ -6,7 +6,9 @@
 //! selection code and tie handling lives here; nothing allocates.
 
 use crate::catalog;
+use crate::rules::{self, RuleCtx};
 use rand::{Rng, RngExt};
+use std::time::Duration;
 
 /// Hot per-worker state, kept apart from the descriptive `WorkerInfo` so scans touch few cache
 /// lines. Owned by the router (indexed by worker id), read by the choosers.
@@ -97,6 +99,56 @@ pub enum Chooser {
     Random,
     /// Plain round-robin.
     RoundRobin,
+    /// SGLang gateway `cache_aware` (see `rules::cache_aware`).
+    CacheAware {
+        /// Imbalance threshold in requests (max − min load).
+        abs: u32,
+        /// Imbalance ratio (max > rel × min).
+        rel: f64,
+        /// Match ratio above which the best prefix match wins.
+        cache_threshold: f64,
+    },
+    /// SGLang gateway `least_load`: engine tokens ÷ generation throughput + KV penalty.
+    LeastLoad {
+        /// Penalty weight in seconds.
+        penalty_s: f64,
+        /// How often the host polls engine reports.
+        poll: Duration,
+    },
+    /// llm-d "sticky until saturated".
+    StickyUntilSaturated {
+        /// Share of the prompt a sticky endpoint must hold.
+        match_fraction: f64,
+        /// TTFT gap (seconds) that breaks stickiness.
+        gap_s: f64,
+        /// Pool-wide prefill throughput, tokens/s.
+        peak_prefill_tok_s: f64,
+        /// Scale the pool figure by each worker's weight ÷ the mean weight.
+        measured: bool,
+    },
+    /// NVIDIA Stargate `pulsar`: weighted rendezvous hashing of the first prefix block.
+    Pulsar,
+    /// NVIDIA Stargate `wait-and-widen`.
+    WaitAndWiden {
+        /// Estimated wait (seconds) the affinity choice alone may have.
+        window_s: f64,
+        /// Most candidates opened.
+        max_candidates: u32,
+        /// Round trip to a worker, seconds.
+        rtt_s: f64,
+    },
+    /// NVIDIA Dynamo KV router: w × new prefill blocks + active blocks.
+    KvCost {
+        /// Weight of the prefill term.
+        prefill_weight: f64,
+        /// Softmax temperature (0: the lowest cost).
+        temperature: f64,
+    },
+    /// vLLM production-stack: hit fraction − β × relative load.
+    HitMinusLoad {
+        /// Load weight β.
+        beta: f64,
+    },
 }
 
 impl Chooser {
@@ -104,6 +156,37 @@ impl Chooser {
     pub const NAMES: &'static [&'static str] = &catalog::names(&catalog::CHOOSERS);
     /// least-request's active-request bias when none is given (Envoy's default).
     pub const DEFAULT_BIAS: f64 = 1.0;
+    /// cache-aware's defaults as SGLang's gateway publishes them: abs 32, rel 1.1, threshold 0.5.
+    pub const CACHE_AWARE: Chooser = Chooser::CacheAware {
+        abs: 32,
+        rel: 1.1,
+        cache_threshold: 0.5,
+    };
+    /// least-load's defaults: SGLang's 0.15 s penalty weight and 10 s poll.
+    pub const LEAST_LOAD: Chooser = Chooser::LeastLoad {
+        penalty_s: 0.15,
+        poll: Duration::from_secs(10),
+    };
+    /// sticky-until-saturated's defaults as llm-d publishes them: 80 %, 18 s, 15,928 tok/s.
+    pub const STICKY: Chooser = Chooser::StickyUntilSaturated {
+        match_fraction: 0.8,
+        gap_s: 18.0,
+        peak_prefill_tok_s: 15_928.0,
+        measured: false,
+    };
+    /// wait-and-widen's defaults: Stargate's 200 ms window and power-of-n up to 64; RTT 0 (ours).
+    pub const WAIT_AND_WIDEN: Chooser = Chooser::WaitAndWiden {
+        window_s: 0.2,
+        max_candidates: 64,
+        rtt_s: 0.0,
+    };
+    /// kv-cost's defaults as Dynamo publishes them: w 1.0, temperature 0.
+    pub const KV_COST: Chooser = Chooser::KvCost {
+        prefill_weight: 1.0,
+        temperature: 0.0,
+    };
+    /// hit-minus-load's default β: unpublished, 0.5 is ours.
+    pub const HIT_MINUS_LOAD: Chooser = Chooser::HitMinusLoad { beta: 0.5 };
 
     /// YAML/CLI name.
     pub fn name(&self) -> &'static str {
@@ -115,6 +198,36 @@ impl Chooser {
             Chooser::Wrr => "wrr",
             Chooser::Random => "random",
             Chooser::RoundRobin => "round-robin",
+            Chooser::CacheAware { .. } => "cache-aware",
+            Chooser::LeastLoad { .. } => "least-load",
+            Chooser::StickyUntilSaturated { .. } => "sticky-until-saturated",
+            Chooser::Pulsar => "pulsar",
+            Chooser::WaitAndWiden { .. } => "wait-and-widen",
+            Chooser::KvCost { .. } => "kv-cost",
+            Chooser::HitMinusLoad { .. } => "hit-minus-load",
+        }
+    }
+
+    /// True for the field's routers (`rules.rs`): they read the prefix index and the local
+    /// signals, so the router keeps a prefix index for them even without an affinity part.
+    pub fn is_peer_rule(&self) -> bool {
+        !matches!(
+            self,
+            Chooser::P2c { .. }
+                | Chooser::Sed { .. }
+                | Chooser::Jsq { .. }
+                | Chooser::LeastRequest { .. }
+                | Chooser::Wrr
+                | Chooser::Random
+                | Chooser::RoundRobin
+        )
+    }
+
+    /// How often the host should poll engine reports for this chooser, if it reads them.
+    pub fn engine_poll_interval(&self) -> Option<Duration> {
+        match *self {
+            Chooser::LeastLoad { poll, .. } => Some(poll),
+            _ => None,
         }
     }
 
@@ -131,6 +244,13 @@ impl Chooser {
             "wrr" => Chooser::Wrr,
             "random" => Chooser::Random,
             "round-robin" => Chooser::RoundRobin,
+            "cache-aware" => Self::CACHE_AWARE,
+            "least-load" => Self::LEAST_LOAD,
+            "sticky-until-saturated" => Self::STICKY,
+            "pulsar" => Chooser::Pulsar,
+            "wait-and-widen" => Self::WAIT_AND_WIDEN,
+            "kv-cost" => Self::KV_COST,
+            "hit-minus-load" => Self::HIT_MINUS_LOAD,
             _ => return None,
         })
     }
@@ -175,13 +295,16 @@ impl Chooser {
 impl Chooser {
     /// Pick a candidate below its cap: a position in `cands` (worker ids indexing `hot`), or
     /// `None` when every candidate is full. `cursor` is the model's round-robin position,
-    /// `wrr_current` the smooth-WRR running weights indexed by worker id.
+    /// `wrr_current` the smooth-WRR running weights indexed by worker id, `ctx` what the field's
+    /// rules read about the request (the other choosers ignore it).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn pick<R: Rng + ?Sized>(
         self,
         cands: &[u32],
         hot: &[Hot],
         cursor: &mut usize,
         wrr_current: &mut [f64],
+        ctx: &RuleCtx<'_>,
         rng: &mut R,
     ) -> Option<usize> {
         match self {
@@ -202,6 +325,37 @@ impl Chooser {
                 found
             }
             Chooser::Wrr => smooth_wrr(cands, hot, wrr_current),
+            Chooser::CacheAware {
+                abs,
+                rel,
+                cache_threshold,
+            } => rules::cache_aware(ctx, cands, hot, abs, rel, cache_threshold),
+            Chooser::LeastLoad { penalty_s, .. } => rules::least_load(ctx, cands, hot, penalty_s),
+            Chooser::StickyUntilSaturated {
+                match_fraction,
+                gap_s,
+                peak_prefill_tok_s,
+                measured,
+            } => rules::sticky(
+                ctx,
+                cands,
+                hot,
+                match_fraction,
+                gap_s,
+                peak_prefill_tok_s,
+                measured,
+            ),
+            Chooser::Pulsar => rules::pulsar(ctx, cands, hot),
+            Chooser::WaitAndWiden {
+                window_s,
+                max_candidates,
+                rtt_s,
+            } => rules::wait_and_widen(ctx, cands, hot, window_s, max_candidates, rtt_s, rng),
+            Chooser::KvCost {
+                prefill_weight,
+                temperature,
+            } => rules::kv_cost(ctx, cands, hot, prefill_weight, temperature, rng),
+            Chooser::HitMinusLoad { beta } => rules::hit_minus_load(ctx, cands, hot, beta),
         }
     }
 }

@@ -299,6 +299,33 @@ impl PolicyConfig {
                 capacity,
                 Cap::Weighted(Cap::DEFAULT_LIMIT),
             ),
+            // The field's routers with their published defaults (catalog::PRESETS says why
+            // equal weights, no affinity part and no cap).
+            "sticky-until-saturated-measured" => (
+                WeightsConfig::AtLoad(AtLoadConfig::default()),
+                match Chooser::STICKY {
+                    Chooser::StickyUntilSaturated {
+                        match_fraction,
+                        gap_s,
+                        peak_prefill_tok_s,
+                        ..
+                    } => Chooser::StickyUntilSaturated {
+                        match_fraction,
+                        gap_s,
+                        peak_prefill_tok_s,
+                        measured: true,
+                    },
+                    other => other,
+                },
+                Affinity::None,
+                Cap::None,
+            ),
+            peer if catalog::find(&catalog::PRESETS, peer).is_some()
+                && let Some(chooser) = Chooser::from_name(peer, TieRule::First)
+                && chooser.is_peer_rule() =>
+            {
+                (WeightsConfig::Equal, chooser, Affinity::None, Cap::None)
+            }
             _ => {
                 return Err(ConfigError::UnknownName {
                     field: "preset".into(),
@@ -558,6 +585,36 @@ pub struct RawChooser {
     pub ties: Option<String>,
     /// least-request: active-request bias.
     pub bias: Option<f64>,
+    /// cache-aware: imbalance threshold in requests.
+    pub abs: Option<u32>,
+    /// cache-aware: imbalance ratio.
+    pub rel: Option<f64>,
+    /// cache-aware: match ratio that wins.
+    pub cache_threshold: Option<f64>,
+    /// least-load: KV penalty weight, seconds.
+    pub penalty_s: Option<f64>,
+    /// least-load: engine poll interval, seconds.
+    pub poll_s: Option<f64>,
+    /// sticky-until-saturated: share of the prompt a sticky worker holds.
+    pub match_fraction: Option<f64>,
+    /// sticky-until-saturated: TTFT gap that breaks stickiness, seconds.
+    pub gap_s: Option<f64>,
+    /// sticky-until-saturated: pool prefill throughput, tokens/s.
+    pub peak_prefill_tok_s: Option<f64>,
+    /// sticky-until-saturated: scale it by each worker's weight.
+    pub measured: Option<bool>,
+    /// wait-and-widen: affinity-only window, seconds.
+    pub window_s: Option<f64>,
+    /// wait-and-widen: most candidates.
+    pub max_candidates: Option<u32>,
+    /// wait-and-widen: round trip, seconds.
+    pub rtt_s: Option<f64>,
+    /// kv-cost: weight of the prefill term.
+    pub prefill_weight: Option<f64>,
+    /// kv-cost: softmax temperature.
+    pub temperature: Option<f64>,
+    /// hit-minus-load: load weight.
+    pub beta: Option<f64>,
 }
 
 /// Raw affinity.
@@ -812,7 +869,36 @@ impl RawWeights {
     }
 }
 
+/// Most candidates wait-and-widen may open (a bound so a decision stays a short scan).
+pub const MAX_WIDEN_CANDIDATES: u32 = 1024;
+
 impl RawChooser {
+    /// The peer rules' parameters that are set.
+    fn peer_fields(&self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        macro_rules! seen {
+            ($($f:ident),*) => { $( if self.$f.is_some() { v.push(stringify!($f)); } )* };
+        }
+        seen!(
+            abs,
+            rel,
+            cache_threshold,
+            penalty_s,
+            poll_s,
+            match_fraction,
+            gap_s,
+            peak_prefill_tok_s,
+            measured,
+            window_s,
+            max_candidates,
+            rtt_s,
+            prefill_weight,
+            temperature,
+            beta
+        );
+        v
+    }
+
     /// Validate into a [`Chooser`]; `default_ties` applies when `ties` is not given (the base
     /// preset's rule, else `higher-weight`, as in command-line compositions).
     pub fn validate(&self, default_ties: TieRule) -> Result<Chooser, ConfigError> {
@@ -841,6 +927,90 @@ impl RawChooser {
                 ),
             ));
         }
+        // The field's rules' parameters: the fields a kind accepts are its catalog entry's.
+        let part = catalog::find(&catalog::CHOOSERS, &self.kind).expect("a known chooser");
+        if let Some(f) = self
+            .peer_fields()
+            .into_iter()
+            .find(|f| !part.params.iter().any(|p| p.name == *f))
+        {
+            return Err(invalid(
+                f,
+                format!(
+                    "does not apply to kind `{}`; its fields are: {}",
+                    self.kind,
+                    part.param_list()
+                ),
+            ));
+        }
+        let fraction = |field: &str, v: Option<f64>, d: f64| {
+            v.map_or(Ok(d), |x| {
+                rule::fraction(x).map_err(|e| invalid(field, e.to_string()))
+            })
+        };
+        let chooser = match chooser {
+            Chooser::CacheAware {
+                abs,
+                rel,
+                cache_threshold,
+            } => Chooser::CacheAware {
+                abs: self.abs.unwrap_or(abs),
+                rel: positive("rel", self.rel, rel)?,
+                cache_threshold: fraction(
+                    "cache_threshold",
+                    self.cache_threshold,
+                    cache_threshold,
+                )?,
+            },
+            Chooser::LeastLoad { penalty_s, poll } => Chooser::LeastLoad {
+                penalty_s: non_negative("penalty_s", self.penalty_s, penalty_s)?,
+                poll: seconds("poll_s", self.poll_s, poll)?,
+            },
+            Chooser::StickyUntilSaturated {
+                match_fraction,
+                gap_s,
+                peak_prefill_tok_s,
+                measured,
+            } => Chooser::StickyUntilSaturated {
+                match_fraction: fraction("match_fraction", self.match_fraction, match_fraction)?,
+                gap_s: non_negative("gap_s", self.gap_s, gap_s)?,
+                peak_prefill_tok_s: positive(
+                    "peak_prefill_tok_s",
+                    self.peak_prefill_tok_s,
+                    peak_prefill_tok_s,
+                )?,
+                measured: self.measured.unwrap_or(measured),
+            },
+            Chooser::WaitAndWiden {
+                window_s,
+                max_candidates,
+                rtt_s,
+            } => Chooser::WaitAndWiden {
+                window_s: positive("window_s", self.window_s, window_s)?,
+                max_candidates: count_at_most(
+                    "max_candidates",
+                    self.max_candidates,
+                    max_candidates,
+                    MAX_WIDEN_CANDIDATES,
+                )?,
+                rtt_s: non_negative("rtt_s", self.rtt_s, rtt_s)?,
+            },
+            Chooser::KvCost {
+                prefill_weight,
+                temperature,
+            } => Chooser::KvCost {
+                prefill_weight: non_negative(
+                    "prefill_weight",
+                    self.prefill_weight,
+                    prefill_weight,
+                )?,
+                temperature: non_negative("temperature", self.temperature, temperature)?,
+            },
+            Chooser::HitMinusLoad { beta } => Chooser::HitMinusLoad {
+                beta: non_negative("beta", self.beta, beta)?,
+            },
+            other => other,
+        };
         match (chooser, self.bias) {
             (Chooser::LeastRequest { ties, .. }, Some(b)) => {
                 let bias = non_negative("bias", Some(b), Chooser::DEFAULT_BIAS)?;

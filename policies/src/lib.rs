@@ -9,7 +9,9 @@
 //! A policy ([`PolicyConfig`]) combines four parts:
 //! - **weights** ([`WeightsConfig`]): `table`, `live`, `probe`, `oracle`, `equal`, `at-load`;
 //! - **chooser** ([`Chooser`]): `p2c`, `sed`, `jsq`, `least-request`, `wrr`, `random`,
-//!   `round-robin`, with a [`TieRule`];
+//!   `round-robin`, with a [`TieRule`]; and the field's routers as published (`cache-aware`,
+//!   `least-load`, `sticky-until-saturated`, `pulsar`, `wait-and-widen`, `kv-cost`,
+//!   `hit-minus-load`), which read router-local [`Signals`] and polled [`EngineReport`]s;
 //! - **affinity** ([`Affinity`]): `none`, `raw`, `capacity` prefix-cache preference;
 //! - **cap** ([`Cap`]): `none`, `flat`, `weighted`, with FIFO queueing at the host.
 //!
@@ -33,7 +35,7 @@
 //! let mut rng = Xoshiro256PlusPlus::seed_from_u64(1);
 //! let mut to_pair = 0;
 //! for _ in 0..16 {
-//!     let req = RouteRequest { model, context_tokens: 500, prefix: &[] };
+//!     let req = RouteRequest { model, context_tokens: 500, prefix: &[], prompt_tokens: 400 };
 //!     let d = router.route(Time::ZERO, &req, &mut rng).unwrap();
 //!     if d.worker == pair { to_pair += 1 } else { assert_eq!(d.worker, pro) }
 //! }
@@ -50,6 +52,8 @@ mod error;
 pub mod located;
 mod prefix;
 mod router;
+mod rules;
+mod signals;
 mod time;
 pub mod weights;
 mod worker;
@@ -64,6 +68,8 @@ pub use error::{AdminError, ConfigError, RouteError};
 pub use located::InputError;
 pub use prefix::PrefixIndex;
 pub use router::{Decision, RouteRequest, Router};
+pub use rules::{DEFAULT_GENERATION_TOK_S, DEFAULT_INPUT_TOK_S};
+pub use signals::{Charge, EngineReport, PREFIX_BLOCK_TOKENS, Signals};
 pub use time::Time;
 pub use weights::{
     Clamp, Completion, ProbeOrder, ProbePhase, ProbeResult, WeightChange, WeightEvent,

@@ -224,6 +224,15 @@ pub mod rule {
         }
     }
 
+    /// A fraction in `[0, 1]`.
+    pub fn fraction(x: f64) -> Result<f64, Violation> {
+        if x.is_finite() && (0.0..=1.0).contains(&x) {
+            Ok(x)
+        } else {
+            Err(Violation::new(x, "a number from 0 to 1"))
+        }
+    }
+
     /// A count >= 1.
     pub fn count(n: u32) -> Result<u32, Violation> {
         if n >= 1 {

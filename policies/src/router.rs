@@ -4,6 +4,8 @@ use crate::chooser::Hot;
 use crate::config::{Affinity, AffinityUnits, Cap, PolicyConfig};
 use crate::error::{AdminError, RouteError};
 use crate::prefix::PrefixIndex;
+use crate::rules::RuleCtx;
+use crate::signals::{Charge, EngineReport, PREFIX_BLOCK_TOKENS, Signals};
 use crate::time::Time;
 use crate::weights::{
     Completion, PersistedProbeState, ProbeOrder, ProbeResult, WeightChange, WeightEvent,
@@ -22,6 +24,9 @@ pub struct RouteRequest<'a> {
     pub context_tokens: u32,
     /// Prefix-block chain hashes of the prompt (may be empty).
     pub prefix: &'a [u64],
+    /// Prompt tokens (0 when the host does not know them: the field's rules then see no
+    /// prefix match and charge nothing to the worker's token counters).
+    pub prompt_tokens: u32,
 }
 
 /// The router's answer.
@@ -33,6 +38,9 @@ pub struct Decision {
     pub believed_cached_blocks: u32,
     /// True when the prefix holder was kept over the chooser's pick.
     pub affinity_kept: bool,
+    /// What the request added to the worker's local signals: keep it with the request and hand
+    /// it back to [`Router::first_token`], [`Router::complete`] or [`Router::fail`].
+    pub charge: Charge,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -56,6 +64,7 @@ struct Queued {
     model: ModelId,
     context_tokens: u32,
     prefix: Vec<u64>,
+    prompt_tokens: u32,
 }
 
 /// The routing policy in action: one per gateway (or per simulated gateway).
@@ -74,16 +83,28 @@ pub struct Router {
     prefix: PrefixIndex,
     wrr_current: Vec<f64>,
     queue: VecDeque<Queued>,
+    /// Router-local signals the field's rules read, apart from `hot` so the other choosers'
+    /// scans are unchanged.
+    signals: Vec<Signals>,
 }
 
 impl Router {
     /// A router for a validated policy.
     pub fn new(config: PolicyConfig) -> Router {
         let strategy = config.weights.build();
-        let prefix = PrefixIndex::new(match config.affinity {
+        let blocks = match config.affinity {
+            // The field's rules carry their own prefix preference and need the index.
+            Affinity::None if config.chooser.is_peer_rule() => Affinity::DEFAULT_INDEX_BLOCKS,
             Affinity::None => 0,
             Affinity::Prefix { index_blocks, .. } => index_blocks,
-        });
+        };
+        // The field's rules compare a match with the prompt (cache-aware's 50 %, llm-d's 80 %):
+        // they get exact match lengths; the other policies keep the sparse index.
+        let prefix = if config.chooser.is_peer_rule() {
+            PrefixIndex::dense(blocks)
+        } else {
+            PrefixIndex::new(blocks)
+        };
         Router {
             config,
             fleet: Fleet::default(),
@@ -94,6 +115,7 @@ impl Router {
             prefix,
             wrr_current: Vec::new(),
             queue: VecDeque::new(),
+            signals: Vec::new(),
         }
     }
 
@@ -159,6 +181,32 @@ impl Router {
         self.hot.get(id.index()).map(|h| h.cap)
     }
 
+    /// A worker's router-local signals (tokens in flight, engine report, observed input speed).
+    pub fn signals(&self, id: WorkerId) -> Option<&Signals> {
+        self.signals.get(id.index())
+    }
+
+    /// How often the host should poll its engines and call [`Router::engine_report`]; `None`
+    /// when the policy reads no engine report (the host then schedules no polls at all).
+    pub fn engine_poll_interval(&self) -> Option<std::time::Duration> {
+        self.config.chooser.engine_poll_interval()
+    }
+
+    /// An engine's polled figures. Between polls the rules add what was dispatched since.
+    pub fn engine_report(&mut self, _now: Time, id: WorkerId, report: EngineReport) {
+        if let Some(s) = self.signals.get_mut(id.index()) {
+            s.report(report);
+        }
+    }
+
+    /// The network round trip to a worker, as the host measured or configured it (rules that
+    /// estimate TTFT add it; others ignore it).
+    pub fn set_round_trip(&mut self, id: WorkerId, rtt: std::time::Duration) {
+        if let Some(s) = self.signals.get_mut(id.index()) {
+            s.round_trip_s = Some(rtt.as_secs_f64());
+        }
+    }
+
     /// Requests waiting at the gateway.
     pub fn queued(&self) -> usize {
         self.queue.len()
@@ -179,6 +227,8 @@ impl Router {
             routable: true,
         });
         self.wrr_current.push(0.0);
+        self.signals.push(Signals::default());
+        self.prefix.reserve_workers(self.signals.len());
         self.fleet.workers.push(WorkerInfo {
             spec,
             model,
@@ -323,7 +373,7 @@ impl Router {
         rng: &mut R,
     ) -> Result<Decision, RouteError> {
         let decision = self.choose(req, rng)?;
-        self.dispatch(now, decision.worker, req.prefix);
+        self.dispatch(now, &decision, req.prefix);
         Ok(decision)
     }
 
@@ -358,27 +408,38 @@ impl Router {
         }
         self.recount_free(req.model.0);
         let decision = outcome?;
-        self.dispatch(now, decision.worker, req.prefix);
+        self.dispatch(now, &decision, req.prefix);
         Ok(decision)
     }
 
-    /// A request's first token reached the host.
-    pub fn first_token(&mut self, now: Time, id: WorkerId) {
+    /// A request's first token reached the host: its uncached prompt tokens are released
+    /// (`charge.uncached` becomes 0, so a later completion or failure does not release them
+    /// twice).
+    pub fn first_token(&mut self, now: Time, id: WorkerId, charge: &mut Charge) {
         if id.index() < self.hot.len() {
+            self.signals[id.index()].release_uncached(charge);
             self.feed(now, WeightEvent::FirstToken(id));
         }
     }
 
-    /// A request completed; its slot is free again.
-    pub fn complete(&mut self, now: Time, id: WorkerId, completion: &Completion) {
-        if self.release_slot(id) {
+    /// A request completed; its slot and its charge are free again.
+    pub fn complete(&mut self, now: Time, id: WorkerId, charge: Charge, completion: &Completion) {
+        if self.release_slot(id, charge) {
+            // Pulsar's ring weight: the peak input tokens/s observed on the worker.
+            let ttft = (completion.first_token_at - completion.dispatched_at).as_secs_f64();
+            if ttft > 0.0 && completion.prompt_tokens > 0 {
+                let s = &mut self.signals[id.index()];
+                s.peak_input_tok_s = s
+                    .peak_input_tok_s
+                    .max(f64::from(completion.prompt_tokens) / ttft);
+            }
             self.feed(now, WeightEvent::Completed(id, completion));
         }
     }
 
-    /// A request failed; its slot is free again.
-    pub fn fail(&mut self, now: Time, id: WorkerId) {
-        if self.release_slot(id) {
+    /// A request failed; its slot and its charge are free again.
+    pub fn fail(&mut self, now: Time, id: WorkerId, charge: Charge) {
+        if self.release_slot(id, charge) {
             self.feed(now, WeightEvent::Failed(id));
         }
     }
@@ -390,6 +451,7 @@ impl Router {
             model: req.model,
             context_tokens: req.context_tokens,
             prefix: req.prefix.to_vec(),
+            prompt_tokens: req.prompt_tokens,
         });
     }
 
@@ -413,7 +475,11 @@ impl Router {
         rng: &mut R,
     ) -> Option<(u64, Result<Decision, RouteError>)> {
         for i in 0..self.queue.len() {
-            let (model, context_tokens) = (self.queue[i].model, self.queue[i].context_tokens);
+            let (model, context_tokens, prompt_tokens) = (
+                self.queue[i].model,
+                self.queue[i].context_tokens,
+                self.queue[i].prompt_tokens,
+            );
             if self
                 .models
                 .get(model.0 as usize)
@@ -427,6 +493,7 @@ impl Router {
                 model,
                 context_tokens,
                 prefix: &prefix,
+                prompt_tokens,
             };
             let outcome = self.choose(&req, rng);
             self.queue[i].prefix = prefix;
@@ -436,8 +503,8 @@ impl Router {
                 }
                 other => {
                     let q = self.queue.remove(i).expect("index in range");
-                    if let Ok(d) = other {
-                        self.dispatch(now, d.worker, &q.prefix);
+                    if let Ok(d) = &other {
+                        self.dispatch(now, d, &q.prefix);
                     }
                     return Some((q.ticket, other));
                 }
@@ -507,17 +574,26 @@ impl Router {
                         worker: holder,
                         believed_cached_blocks: blocks as u32,
                         affinity_kept: true,
+                        charge: charge_of(req.prompt_tokens, blocks),
                     });
                 }
             }
         }
 
+        let ctx = RuleCtx {
+            prompt_tokens: req.prompt_tokens,
+            prefix: req.prefix,
+            holder: remembered,
+            signals: &self.signals,
+            index: &self.prefix,
+        };
         let entry = &mut self.models[req.model.0 as usize];
         let pick = chooser.pick(
             &entry.members[..k],
             hot,
             &mut entry.cursor,
             &mut self.wrr_current,
+            &ctx,
             rng,
         );
         let Some(pos) = pick else {
@@ -525,17 +601,20 @@ impl Router {
         };
         let worker = WorkerId(entry.members[pos]);
         let believed = match remembered {
-            Some((w, b)) if w == worker => b as u32,
+            Some((w, b)) if w == worker => b,
             _ => 0,
         };
         Ok(Decision {
             worker,
-            believed_cached_blocks: believed,
+            believed_cached_blocks: believed as u32,
             affinity_kept: false,
+            charge: charge_of(req.prompt_tokens, believed),
         })
     }
 
-    fn dispatch(&mut self, now: Time, id: WorkerId, prefix: &[u64]) {
+    fn dispatch(&mut self, now: Time, d: &Decision, prefix: &[u64]) {
+        let id = d.worker;
+        self.signals[id.index()].charge(d.charge);
         let h = &mut self.hot[id.index()];
         h.in_flight += 1;
         let now_full = h.in_flight == h.cap;
@@ -550,14 +629,16 @@ impl Router {
         self.feed(now, WeightEvent::Dispatched(id));
     }
 
-    /// Decrement in-flight; false if the id is unknown or nothing was in flight.
-    fn release_slot(&mut self, id: WorkerId) -> bool {
+    /// Decrement in-flight and release the charge; false if the id is unknown or nothing was
+    /// in flight.
+    fn release_slot(&mut self, id: WorkerId, charge: Charge) -> bool {
         let Some(h) = self.hot.get_mut(id.index()) else {
             return false;
         };
         if h.in_flight == 0 {
             return false;
         }
+        self.signals[id.index()].release(charge);
         let was_full = h.in_flight == h.cap;
         h.in_flight -= 1;
         if was_full && h.routable {
@@ -668,6 +749,16 @@ impl Router {
     }
 }
 
+/// What a request adds to its worker's signals: its prompt, and the part of it the router does
+/// not believe cached.
+fn charge_of(prompt_tokens: u32, believed_blocks: usize) -> Charge {
+    let cached = (believed_blocks as u64).saturating_mul(u64::from(PREFIX_BLOCK_TOKENS));
+    Charge {
+        tokens: prompt_tokens,
+        uncached: prompt_tokens - cached.min(u64::from(prompt_tokens)) as u32,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -736,6 +827,7 @@ mod tests {
             model,
             context_tokens: 10,
             prefix: &[],
+            prompt_tokens: 10,
         };
         let mut rng = rand::rngs::Xoshiro256PlusPlus::seed_from_u64(3);
         for _ in 0..2 {

@@ -5,7 +5,8 @@
 //! measured workers, background load and a warm prefix index must then route and complete
 //! 10,000 requests, with and without a 64-block prefix, without a single allocation; and a
 //! saturated or disconnected fleet must refuse 10,000 requests each (`AllAtCap`,
-//! `NoHealthyWorker`, `PromptTooLong`) without one either.
+//! `NoHealthyWorker`, `PromptTooLong`) without one either. The field's routers (the peer
+//! presets) are held to the same steady-state test.
 
 use rand::RngExt;
 use rand::SeedableRng;
@@ -116,8 +117,12 @@ fn warm_router(config: PolicyConfig, rng: &mut Xoshiro256PlusPlus) -> Router {
             );
         }
     }
+    // A probing policy has measured everyone (the field's routers do not probe).
     assert!(
-        router
+        !matches!(
+            router.config().weights,
+            routelab_policies::WeightsConfig::Probe(_)
+        ) || router
             .fleet()
             .iter()
             .all(|(id, _)| !router.weight(id).unwrap().is_unmeasured())
@@ -128,6 +133,7 @@ fn warm_router(config: PolicyConfig, rng: &mut Xoshiro256PlusPlus) -> Router {
             model,
             context_tokens: 1_000,
             prefix: &[],
+            prompt_tokens: 1_000,
         };
         router.route(Time::from_secs_f64(2.0), &req, rng).unwrap();
     }
@@ -170,6 +176,7 @@ fn steady_state(
             model,
             context_tokens: 8_000,
             prefix: if with_prefix { p } else { &[] },
+            prompt_tokens: 8_000,
         };
         let d = router.route(now, &req, rng).unwrap();
         let c = Completion {
@@ -179,7 +186,7 @@ fn steady_state(
             first_token_at: now,
             completed_at: now,
         };
-        router.complete(now, d.worker, &c);
+        router.complete(now, d.worker, d.charge, &c);
     }
     allocations() - before
 }
@@ -217,6 +224,29 @@ fn seed_v3_decisions_do_not_allocate() {
 }
 
 #[test]
+fn the_field_routers_decisions_do_not_allocate() {
+    // Every peer preset (the randomised ones too: wait-and-widen widens, kv-cost samples).
+    for name in [
+        "cache-aware",
+        "least-load",
+        "sticky-until-saturated",
+        "sticky-until-saturated-measured",
+        "pulsar",
+        "wait-and-widen",
+        "kv-cost",
+    ] {
+        check(PolicyConfig::preset(name).unwrap());
+    }
+    let mut softmax = PolicyConfig::from_name("equal/kv-cost").unwrap();
+    if let routelab_policies::Chooser::KvCost { temperature, .. } = &mut softmax.chooser {
+        *temperature = 2.0;
+    }
+    softmax.name = "kv-cost at temperature 2".into();
+    check(softmax);
+    check(PolicyConfig::preset("hit-minus-load").unwrap());
+}
+
+#[test]
 fn a_small_prefix_index_under_heavy_eviction_does_not_allocate() {
     // 1,024 blocks: every 64-block prompt evicts, millions of map removals and insertions.
     let mut config = PolicyConfig::preset("seed-v3").unwrap();
@@ -244,6 +274,7 @@ fn refusals(
             context_tokens,
             // Half with a prefix, so the affinity lookup runs on the refused path too.
             prefix: if i % 2 == 0 { &prefix } else { &[] },
+            prompt_tokens: context_tokens,
         };
         let e = router
             .route(Time::from_secs_f64(3.0), &req, rng)
@@ -263,6 +294,7 @@ fn refused_decisions_do_not_allocate() {
         model,
         context_tokens: 1_000,
         prefix: &[],
+        prompt_tokens: 1_000,
     };
     while router
         .route(Time::from_secs_f64(2.5), &req, &mut rng)
@@ -289,7 +321,7 @@ fn refused_decisions_do_not_allocate() {
             first_token_at: now,
             completed_at: now,
         };
-        router.complete(now, id, &c);
+        router.complete(now, id, routelab_policies::Charge::NONE, &c);
     }
     let chooser_full = refusals(&mut router, 100_000, 10_000, all_at_cap, &mut rng);
 

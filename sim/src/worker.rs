@@ -528,6 +528,21 @@ impl EngineModel {
         self.kv_capacity
     }
 
+    /// Prompt tokens of the sequences waiting for admission to the running set (what an
+    /// engine's metrics endpoint reports as queued).
+    pub fn waiting_prompt_tokens(&self) -> u64 {
+        self.waiting
+            .iter()
+            .map(|&i| u64::from(self.slots[i as usize].prompt))
+            .sum()
+    }
+
+    /// Output tokens per second the engine generates now: decoding sequences × the current
+    /// per-sequence decode rate (0 when nothing decodes or the engine is down).
+    pub fn generation_tok_s(&self) -> f64 {
+        self.rate_v * f64::from(self.n_decoding)
+    }
+
     /// Whether the cold-start penalty is over.
     pub fn is_warm(&self) -> bool {
         self.warm

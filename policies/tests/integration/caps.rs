@@ -63,7 +63,7 @@ fn queued_requests_are_released_in_fifo_order() {
     let mut released = Vec::new();
     for i in 0..3 {
         let now = secs(f64::from(i + 1));
-        router.complete(now, only, &completion(now));
+        router.complete(now, only, routelab_policies::Charge::NONE, &completion(now));
         let (ticket, outcome) = router
             .dispatch_queued(now, &mut rng)
             .expect("a slot is free");
@@ -106,13 +106,18 @@ fn weighted_cap_scales_with_weight() {
     assert_eq!(router.cap(pro), Some(24));
     for i in 0..8 {
         let now = secs(2.0 + f64::from(i));
-        router.complete(now, pro, &completion(now));
+        router.complete(now, pro, routelab_policies::Charge::NONE, &completion(now));
         assert!(
             router.route(now, &req(m, 500, &[]), &mut rng).is_err(),
             "{i}"
         );
     }
-    router.complete(secs(20.0), pro, &completion(secs(20.0)));
+    router.complete(
+        secs(20.0),
+        pro,
+        routelab_policies::Charge::NONE,
+        &completion(secs(20.0)),
+    );
     assert_eq!(
         router
             .route(secs(20.0), &req(m, 500, &[]), &mut rng)

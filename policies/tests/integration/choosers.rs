@@ -18,7 +18,7 @@ fn quiet_network(router: &mut Router, pair: WorkerId, pro: WorkerId, n: u32) -> 
             assert_eq!(d.worker, pro);
             to_pro += 1;
         }
-        router.complete(now, d.worker, &completion(now));
+        router.complete(now, d.worker, d.charge, &completion(now));
         assert_eq!(router.fleet().get(d.worker).unwrap().in_flight, 0);
     }
     (to_pair, to_pro)
@@ -182,7 +182,7 @@ fn wrr_three_to_one_is_exact() {
         if d.worker == big {
             to_big += 1;
         }
-        router.complete(now, d.worker, &completion(now));
+        router.complete(now, d.worker, d.charge, &completion(now));
         // Smooth WRR: every window of 4 picks is exactly 3:1.
         if i % 4 == 3 {
             assert_eq!(to_big, (i + 1) / 4 * 3);

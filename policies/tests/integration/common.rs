@@ -83,6 +83,7 @@ pub fn req(model: ModelId, tokens: u32, prefix: &[u64]) -> RouteRequest<'_> {
         model,
         context_tokens: tokens,
         prefix,
+        prompt_tokens: tokens,
     }
 }
 

@@ -125,8 +125,13 @@ fn admin_errors_are_typed() {
         Err(AdminError::UnknownWorker(big))
     );
     // Host calls about unknown ids on the request path are ignored, not panics.
-    router.complete(Time::ZERO, ghost, &completion(secs(3.0)));
-    router.fail(Time::ZERO, ghost);
-    router.first_token(Time::ZERO, ghost);
+    router.complete(
+        Time::ZERO,
+        ghost,
+        routelab_policies::Charge::NONE,
+        &completion(secs(3.0)),
+    );
+    router.fail(Time::ZERO, ghost, routelab_policies::Charge::NONE);
+    router.first_token(Time::ZERO, ghost, &mut routelab_policies::Charge::default());
     router.set_true_capacity(Time::ZERO, ghost, 1.0);
 }

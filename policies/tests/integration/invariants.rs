@@ -12,7 +12,7 @@ use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use routelab_policies::weights::{AtLoadConfig, LiveConfig, ProbeConfig, TableConfig};
 use routelab_policies::{
-    Affinity, AffinityUnits, Allowance, Cap, Chooser, Clamp, Completion, Decision, ModelId,
+    Affinity, AffinityUnits, Allowance, Cap, Charge, Chooser, Clamp, Completion, Decision, ModelId,
     PolicyConfig, ProbeOrder, ProbeResult, Provenance, RouteError, RouteRequest, Router, TieRule,
     Time, WeightsConfig, WorkerId, WorkerState,
 };
@@ -141,6 +141,35 @@ fn any_chooser() -> impl Strategy<Value = Chooser> {
         Just(Chooser::Wrr),
         Just(Chooser::Random),
         Just(Chooser::RoundRobin),
+        Just(Chooser::CACHE_AWARE),
+        Just(Chooser::LEAST_LOAD),
+        any::<bool>().prop_map(|measured| match Chooser::STICKY {
+            Chooser::StickyUntilSaturated {
+                match_fraction,
+                gap_s,
+                peak_prefill_tok_s,
+                ..
+            } => Chooser::StickyUntilSaturated {
+                match_fraction,
+                gap_s,
+                peak_prefill_tok_s,
+                measured,
+            },
+            other => other,
+        }),
+        Just(Chooser::Pulsar),
+        (0.001f64..1.0, 1u32..80).prop_map(|(window_s, max_candidates)| Chooser::WaitAndWiden {
+            window_s,
+            max_candidates,
+            rtt_s: 0.0,
+        }),
+        (0.0f64..2.0, prop_oneof![Just(0.0), 0.01f64..5.0]).prop_map(
+            |(prefill_weight, temperature)| Chooser::KvCost {
+                prefill_weight,
+                temperature,
+            }
+        ),
+        (0.0f64..3.0).prop_map(|beta| Chooser::HitMinusLoad { beta }),
     ]
 }
 
@@ -258,7 +287,8 @@ struct Sim {
     router: Router,
     rng: Xoshiro256PlusPlus,
     now: Time,
-    in_flight: Vec<(WorkerId, Time)>,
+    /// What the host holds for each request in flight: worker, dispatch time, charge.
+    in_flight: Vec<(WorkerId, Time, Charge)>,
     orders: Vec<ProbeOrder>,
     seen: Vec<Seen>,
     next_ticket: u64,
@@ -351,6 +381,8 @@ impl Sim {
             model,
             context_tokens: tokens,
             prefix,
+            // Some prompts unknown to the host (0), others up to the context.
+            prompt_tokens: tokens / 2,
         };
         let out = self.router.route(self.now, &req, &mut self.rng);
         match &out {
@@ -361,7 +393,7 @@ impl Sim {
                     d.worker
                 );
                 assert!(d.believed_cached_blocks as usize <= prefix.len());
-                self.in_flight.push((d.worker, self.now));
+                self.in_flight.push((d.worker, self.now, d.charge));
             }
             Err(e) => {
                 assert!(eligible.is_empty(), "{e} while {eligible:?} were eligible");
@@ -393,7 +425,7 @@ impl Sim {
             }
             Op::Complete { pick, ttft_ms } => {
                 if !self.in_flight.is_empty() {
-                    let (id, at) = self
+                    let (id, at, mut charge) = self
                         .in_flight
                         .swap_remove(usize::from(pick) % self.in_flight.len());
                     let first = (at + Duration::from_millis(u64::from(ttft_ms))).min(self.now);
@@ -404,16 +436,22 @@ impl Sim {
                         first_token_at: first,
                         completed_at: self.now,
                     };
-                    self.router.first_token(first, id);
-                    self.router.complete(self.now, id, &c);
+                    // Sometimes the first token is never reported (a non-streamed answer).
+                    if pick % 3 != 0 {
+                        self.router.first_token(first, id, &mut charge);
+                    }
+                    self.router.complete(self.now, id, charge, &c);
                 }
             }
             Op::Fail { pick } => {
                 if !self.in_flight.is_empty() {
-                    let (id, _) = self
+                    let (id, _, mut charge) = self
                         .in_flight
                         .swap_remove(usize::from(pick) % self.in_flight.len());
-                    self.router.fail(self.now, id);
+                    if pick % 2 == 0 {
+                        self.router.first_token(self.now, id, &mut charge);
+                    }
+                    self.router.fail(self.now, id, charge);
                 }
             }
             Op::Disconnect(i) => {
@@ -538,6 +576,7 @@ impl Sim {
                         model: m,
                         context_tokens: tokens,
                         prefix: &[],
+                        prompt_tokens: tokens,
                     },
                 );
                 let eligible: Vec<(u64, ModelId, u32)> = Vec::new();
@@ -548,10 +587,25 @@ impl Sim {
                         self.router.fleet().get(d.worker).unwrap().state,
                         WorkerState::Up
                     );
-                    self.in_flight.push((d.worker, self.now));
+                    self.in_flight.push((d.worker, self.now, d.charge));
                 }
                 self.seen.push(Seen::Queued(out));
             }
+        }
+    }
+
+    /// The router's token counters equal the charges the host holds, worker by worker.
+    fn check_signals(&self) {
+        for (id, _) in self.router.fleet().iter() {
+            let held = self.in_flight.iter().filter(|(w, ..)| *w == id);
+            let tokens: u64 = held.clone().map(|(.., c)| u64::from(c.tokens)).sum();
+            let uncached: u64 = held.map(|(.., c)| u64::from(c.uncached)).sum();
+            let s = self.router.signals(id).unwrap();
+            assert_eq!(
+                (s.tokens_in_flight, s.uncached_in_flight),
+                (tokens, uncached),
+                "{id}"
+            );
         }
     }
 
@@ -619,9 +673,30 @@ fn run(policy: &PolicyConfig, fleet: &[Reg], ops: &[Op], seed: u64) -> Vec<Seen>
         sim.check_weights();
         // In-flight as the router counts it never diverges from the host's.
         for (id, info) in sim.router.fleet().iter() {
-            let host = sim.in_flight.iter().filter(|(w, _)| *w == id).count() as u32;
+            let host = sim.in_flight.iter().filter(|(w, ..)| *w == id).count() as u32;
             assert_eq!(info.in_flight, host, "{id}");
         }
+        sim.check_signals();
+    }
+    // Every request completes or fails, in any order: the counters return to exactly 0.
+    while let Some((id, _, charge)) = sim.in_flight.pop() {
+        if sim.in_flight.len().is_multiple_of(2) {
+            sim.router.fail(sim.now, id, charge);
+        } else {
+            let c = Completion {
+                prompt_tokens: 100,
+                output_tokens: 1,
+                dispatched_at: sim.now,
+                first_token_at: sim.now,
+                completed_at: sim.now,
+            };
+            sim.router.complete(sim.now, id, charge, &c);
+        }
+        sim.check_signals();
+    }
+    for (id, _) in sim.router.fleet().iter() {
+        let s = sim.router.signals(id).unwrap();
+        assert_eq!((s.tokens_in_flight, s.uncached_in_flight), (0, 0), "{id}");
     }
     sim.seen
 }

@@ -142,7 +142,12 @@ fn no_periodic_reprobe_while_a_request_is_in_flight() {
     router.tick(late);
     assert!(for_worker(&poll(&mut router, late), pro).is_empty());
 
-    router.complete(late, pro, &completion(late));
+    router.complete(
+        late,
+        pro,
+        routelab_policies::Charge::NONE,
+        &completion(late),
+    );
     let orders = poll(&mut router, late);
     assert_eq!(for_worker(&orders, pro).len(), 1, "{orders:?}");
     assert_eq!(for_worker(&orders, pro)[0].phase, ProbePhase::Warmup);

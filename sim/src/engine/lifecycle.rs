@@ -46,6 +46,9 @@ impl Sim<'_> {
         match w.id {
             None => {
                 let id = self.router.register(now, setup.spec.clone());
+                // The router knows the configured round trip (rules that estimate TTFT add it).
+                self.router
+                    .set_round_trip(id, std::time::Duration::from_nanos(setup.rtt_ns));
                 w.id = Some(id);
                 if self.by_id.len() <= id.index() {
                     self.by_id.resize(id.index() + 1, 0);

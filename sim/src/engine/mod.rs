@@ -37,7 +37,9 @@ use queue::EventQueue;
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use requests::Req;
-use routelab_policies::{PolicyConfig, ProbeOrder, Provenance, Router, Time, WorkerId};
+use routelab_policies::{
+    EngineReport, PolicyConfig, ProbeOrder, Provenance, Router, Time, WorkerId,
+};
 
 /// Run one policy over one traffic source on one fleet.
 ///
@@ -75,6 +77,8 @@ enum Ev {
     Lifecycle { index: u32 },
     /// Router tick.
     Tick,
+    /// The router polls its engines (only for policies that read engine reports).
+    EnginePoll,
     /// Timeline sample.
     Sample,
 }
@@ -213,6 +217,11 @@ impl<'a> Sim<'a> {
         }
         self.pull_open(traffic)?;
         self.push(Time::ZERO, Ev::Tick);
+        // Scheduled only for a policy that reads engine reports, so every other policy's event
+        // sequence (and output) is unchanged.
+        if self.router.engine_poll_interval().is_some() {
+            self.push(Time::ZERO, Ev::EnginePoll);
+        }
         if self.setup.timeline_ns > 0 {
             self.push(Time::from_nanos(self.setup.timeline_ns), Ev::Sample);
         }
@@ -271,6 +280,15 @@ impl<'a> Sim<'a> {
                         self.push(self.after(self.setup.tick_ns), Ev::Tick);
                     }
                 }
+                Ev::EnginePoll => {
+                    self.poll_engines();
+                    if !self.finished()
+                        && let Some(every) = self.router.engine_poll_interval()
+                    {
+                        let ns = u64::try_from(every.as_nanos()).unwrap_or(u64::MAX).max(1);
+                        self.push(self.after(ns), Ev::EnginePoll);
+                    }
+                }
                 Ev::Sample => {
                     self.sample();
                     if !self.finished() {
@@ -280,6 +298,27 @@ impl<'a> Sim<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Hand the router each connected engine's figures, as a real router's poller would read
+    /// them from the engine's metrics endpoint.
+    fn poll_engines(&mut self) {
+        let now = self.now.as_nanos();
+        for w in &self.workers {
+            let Some(id) = w.id else { continue };
+            if !w.up || !w.engine.is_up(now) {
+                continue;
+            }
+            let e = &w.engine;
+            let kv_capacity = e.kv_capacity_tokens().max(1) as f64;
+            let report = EngineReport {
+                kv_used_fraction: (e.kv_used_tokens() as f64 / kv_capacity).min(1.0),
+                queued_prompt_tokens: e.waiting_prompt_tokens(),
+                running_tokens: e.kv_used_tokens(),
+                generation_tok_s: e.generation_tok_s(),
+            };
+            self.router.engine_report(self.now, id, report);
+        }
     }
 
     /// Nothing left that customers or the scenario are waiting for.

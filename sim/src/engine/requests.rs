@@ -10,7 +10,7 @@ use super::{Ev, Sim, Sink};
 use crate::record::{Outcome, Status};
 use crate::traffic::{Arrival, TrafficSource};
 use crate::worker::{BLOCK_TOKENS, EngineOutput};
-use routelab_policies::{Completion, Decision, RouteError, RouteRequest, Time};
+use routelab_policies::{Charge, Completion, Decision, RouteError, RouteRequest, Time};
 
 /// What a request slot holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +51,8 @@ pub(super) struct Req {
     pub(super) believed: u32,
     pub(super) affinity_kept: bool,
     pub(super) retries: u32,
+    /// What the router charged to its worker's signals; handed back at first token and end.
+    pub(super) charge: Charge,
 }
 
 impl Sim<'_> {
@@ -80,6 +82,7 @@ impl Sim<'_> {
                     believed: 0,
                     affinity_kept: false,
                     retries: 0,
+                    charge: Charge::NONE,
                 });
                 (self.reqs.len() - 1) as u32
             }
@@ -100,6 +103,7 @@ impl Sim<'_> {
         r.believed = 0;
         r.affinity_kept = false;
         r.retries = 0;
+        r.charge = Charge::NONE;
         if kind.is_customer() {
             self.alive += 1;
         }
@@ -167,6 +171,7 @@ impl Sim<'_> {
             model,
             context_tokens: r.prompt.saturating_add(r.output),
             prefix: &r.prefix,
+            prompt_tokens: r.prompt,
         };
         match self.router.route(self.now, &request, &mut self.rng) {
             Ok(d) => self.dispatched(req, d),
@@ -178,6 +183,7 @@ impl Sim<'_> {
                     model,
                     context_tokens: r.prompt.saturating_add(r.output),
                     prefix: &r.prefix,
+                    prompt_tokens: r.prompt,
                 };
                 self.router.enqueue(ticket, &request);
             }
@@ -197,6 +203,7 @@ impl Sim<'_> {
         r.dispatched = now;
         r.believed = (d.believed_cached_blocks * BLOCK_TOKENS).min(r.prompt);
         r.affinity_kept = d.affinity_kept;
+        r.charge = d.charge;
         let epoch = r.epoch;
         if half == 0 {
             // No network in between: the engine sees it now (one event fewer per request).
@@ -310,7 +317,7 @@ impl Sim<'_> {
         if r.kind.is_customer() {
             let worker = r.worker;
             if let Some(id) = self.workers[worker as usize].id {
-                self.router.first_token(self.now, id);
+                self.router.first_token(self.now, id, &mut r.charge);
             }
         }
     }
@@ -335,11 +342,12 @@ impl Sim<'_> {
             first_token_at: r.first_token.unwrap_or(self.now),
             completed_at: self.now,
         };
+        let charge = std::mem::take(&mut self.reqs[req as usize].charge);
         let o = self.outcome(req, Status::Ok);
         let w = &mut self.workers[worker as usize];
         w.interval_tokens += u64::from(o.output_tokens);
         if let Some(id) = w.id {
-            self.router.complete(self.now, id, &c);
+            self.router.complete(self.now, id, charge, &c);
         }
         self.record(&o, sink);
         self.retire(req, traffic);
@@ -376,8 +384,9 @@ impl Sim<'_> {
             return;
         }
         self.rec.failed_on(worker as usize);
+        let charge = std::mem::take(&mut self.reqs[req as usize].charge);
         if let Some(id) = self.workers[worker as usize].id {
-            self.router.fail(self.now, id);
+            self.router.fail(self.now, id, charge);
         }
         let r = &mut self.reqs[req as usize];
         if r.first_token.is_none() && r.retries < self.setup.max_retries {

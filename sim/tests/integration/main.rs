@@ -3,5 +3,6 @@ mod calibration;
 mod common_random_numbers;
 mod engine;
 mod load_scale;
+mod peers;
 mod traffic;
 mod validation;

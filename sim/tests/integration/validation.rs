@@ -45,11 +45,13 @@ fn an_unknown_preset_lists_the_valid_ones_at_its_line() {
     assert_eq!(e.field, "policies[1].preset");
     assert_eq!(e.line, Some(7));
     assert!(e.valid.as_deref().unwrap_or("").contains("seed-v3"), "{e}");
+    // The catalog's list: the source's presets, then the field's routers.
+    let valid = routelab_policies::catalog::joined(&routelab_policies::PRESETS, ", ");
     assert!(
-        e.to_string()
-            .ends_with("; valid: seed-v1, seed-v2, seed-v3-cold, seed-v3, seed-next"),
-        "{e}"
+        valid.starts_with("seed-v1, seed-v2, seed-v3-cold, seed-v3, seed-next, cache-aware"),
+        "{valid}"
     );
+    assert!(e.to_string().ends_with(&format!("; valid: {valid}")), "{e}");
 }
 
 #[test]
