@@ -30,6 +30,7 @@ mod chart;
 mod compare;
 mod error;
 pub mod export;
+pub mod findings;
 pub mod gate;
 pub mod metric;
 mod num;

@@ -1,14 +1,15 @@
-//! `routelab capacity SCENARIO --slo ...`: each policy's largest load scale at which the SLO
+//! `routelab capacity SCENARIO... --slo ...`: each policy's largest load scale at which the SLO
 //! holds, per seed (common random numbers), its interval across seeds and its paired ratio to a
-//! baseline policy.
+//! baseline policy; with `--findings`, the capacity section of the findings document.
 
 use crate::lab::{Job, map_parallel, run_job};
 use anyhow::Context;
 use routelab_policies::{InputError, PolicyConfig};
 use routelab_reports::capacity::{
-    SearchError, SearchOptions, SeedPlan, SloSpec, StudyPlan, capacity_table, find_capacity,
-    run_study, write_capacity,
+    CapacityStudy, SearchOptions, SeedPlan, SloSpec, StudyPlan, capacity_table, find_capacity,
+    findings_section, run_study, write_capacity,
 };
+use routelab_reports::findings;
 use routelab_reports::stats::AutoSeeds;
 use routelab_sim::Scenario;
 use std::io::Write;
@@ -22,8 +23,9 @@ pub const ROUND_ROBIN: &str = "equal/round-robin/none/none";
 /// Options of `routelab capacity`.
 #[derive(Debug, clap::Args)]
 pub struct CapacityArgs {
-    /// Scenario YAML file.
-    pub scenario: PathBuf,
+    /// Scenario YAML file(s); each is studied on its own.
+    #[arg(required = true)]
+    pub scenarios: Vec<PathBuf>,
     /// Policy (preset or composition); repeat for several. Default: the scenario's list.
     #[arg(long = "policy")]
     pub policies: Vec<String>,
@@ -45,9 +47,14 @@ pub struct CapacityArgs {
     /// Relative precision of the search: bisect until the bracket is within this fraction.
     #[arg(long, default_value_t = 0.02)]
     pub precision: f64,
-    /// Output directory (default: out/capacity/<scenario name>/).
+    /// Output directory (default: out/capacity/<scenario name>/; with several scenarios, one
+    /// numbered subdirectory each under it, `1_<name>`, `2_<name>`…).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Also write the capacity section of this findings document (e.g. docs/findings.md),
+    /// replacing the section a previous run wrote and keeping the rest of the file.
+    #[arg(long)]
+    pub findings: Option<PathBuf>,
 }
 
 fn seed_plan(s: &str) -> Result<SeedPlan, InputError> {
@@ -83,12 +90,58 @@ pub fn run(args: &CapacityArgs, out: &mut impl Write) -> anyhow::Result<ExitCode
         precision: precision(args.precision)?,
         ..SearchOptions::default()
     };
-    let loaded = Scenario::load(&args.scenario)?;
-    // Refuse an unscalable scenario (naming its source) before running anything.
-    let mut scenario = loaded.with_load_scale(1.0)?;
-    // Every run records the SLO's per-request bounds (its attainment, and `--target`).
-    scenario.setup.slo = slo.per_request();
-    let mut policies = super::run::policies_for(&scenario, &args.policies)?;
+    // Load and check every scenario before running any, so a bad one fails fast.
+    let scenarios = args
+        .scenarios
+        .iter()
+        .map(|path| {
+            let loaded = Scenario::load(path)?;
+            // Refuse an unscalable scenario (naming its source) before running anything.
+            let mut scenario = loaded.with_load_scale(1.0)?;
+            // Every run records the SLO's per-request bounds (its attainment, and `--target`).
+            scenario.setup.slo = slo.per_request();
+            Ok(scenario)
+        })
+        .collect::<anyhow::Result<Vec<Scenario>>>()?;
+    let mut studies = Vec::new();
+    for (k, scenario) in scenarios.iter().enumerate() {
+        let root = args.out.clone();
+        let dir = match (root, scenarios.len()) {
+            (Some(d), 1) => d,
+            (None, 1) => Path::new("out").join("capacity").join(&scenario.name),
+            // Several: numbered, so two scenarios with one name never share a directory.
+            (root, _) => root
+                .unwrap_or_else(|| Path::new("out").join("capacity"))
+                .join(format!("{}_{}", k + 1, scenario.name.replace('/', "-"))),
+        };
+        let study = study(args, scenario, &slo, seeds, options)?;
+        write_capacity(&dir, &study)?;
+        write!(out, "{}", capacity_table(&study))?;
+        writeln!(out, "report: {}\n", dir.join("report.html").display())?;
+        studies.push(study);
+    }
+    if let Some(f) = &args.findings {
+        let old = match std::fs::read_to_string(f) {
+            Ok(s) => s,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(e).with_context(|| format!("{}: cannot read", f.display())),
+        };
+        let doc = findings::splice(&old, findings::CAPACITY, &findings_section(&studies));
+        std::fs::write(f, doc).with_context(|| format!("{}: cannot write", f.display()))?;
+        writeln!(out, "findings: {}", f.display())?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The capacity study of one scenario.
+fn study(
+    args: &CapacityArgs,
+    scenario: &Scenario,
+    slo: &SloSpec,
+    seeds: SeedPlan,
+    options: SearchOptions,
+) -> anyhow::Result<CapacityStudy> {
+    let mut policies = super::run::policies_for(scenario, &args.policies)?;
     let baseline_policy = PolicyConfig::from_name(&args.baseline)
         .with_context(|| format!("--baseline {}", args.baseline))?;
     let baseline = match policies.iter().position(|p| p.name == baseline_policy.name) {
@@ -102,10 +155,6 @@ pub fn run(args: &CapacityArgs, out: &mut impl Write) -> anyhow::Result<ExitCode
     let base_rate_per_s = scenario
         .mean_arrival_rate_per_s(first_seed)
         .with_context(|| format!("{}: traffic", scenario.path.display()))?;
-    let dir = args
-        .out
-        .clone()
-        .unwrap_or_else(|| Path::new("out").join("capacity").join(&scenario.name));
     let plan = StudyPlan {
         scenario: scenario.name.clone(),
         description: scenario.description.clone(),
@@ -126,7 +175,7 @@ pub fn run(args: &CapacityArgs, out: &mut impl Write) -> anyhow::Result<ExitCode
         // the study does not depend on the thread count.
         map_parallel(batch, |&(p, seed)| {
             let policy = &policies[p];
-            let found = find_capacity(&slo, &options, seed, |scale| {
+            let found = find_capacity(slo, &options, seed, |scale| {
                 let scaled = scenario.with_load_scale(scale)?;
                 let o = run_job(Job {
                     scenario: &scaled,
@@ -135,10 +184,6 @@ pub fn run(args: &CapacityArgs, out: &mut impl Write) -> anyhow::Result<ExitCode
                     rows: false,
                 })?;
                 Ok::<_, anyhow::Error>(o.metrics)
-            })
-            .map_err(|e| match e {
-                SearchError::Run(e) => e,
-                no_bracket => anyhow::Error::new(no_bracket),
             })
             .with_context(|| {
                 format!(
@@ -156,8 +201,5 @@ pub fn run(args: &CapacityArgs, out: &mut impl Write) -> anyhow::Result<ExitCode
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    write_capacity(&dir, &study)?;
-    write!(out, "{}", capacity_table(&study))?;
-    writeln!(out, "report: {}", dir.join("report.html").display())?;
-    Ok(ExitCode::SUCCESS)
+    Ok(study)
 }

@@ -7,6 +7,7 @@ use crate::lab::{Job, run_all};
 use anyhow::Context;
 use routelab_policies::located::rule::{self, Violation};
 use routelab_policies::{InputError, PolicyConfig};
+use routelab_reports::findings;
 use routelab_reports::stats::AutoSeeds;
 use routelab_reports::{
     PerfInfo, PerfRun, PolicySeeds, ScenarioComparison, compare_table, findings_document,
@@ -276,7 +277,13 @@ pub fn run(args: &CompareArgs, out: &mut impl Write) -> anyhow::Result<ExitCode>
     write!(out, "{}", compare_table(&comparisons))?;
     if let Some(f) = &args.findings {
         let names: Vec<&str> = scenarios.iter().map(|s| s.name.as_str()).collect();
-        let md = findings_document(&names, &seeds_note, &comparisons, &[]);
+        // Keep the capacity section `capacity --findings` wrote (it is generated separately).
+        let kept: Vec<String> = std::fs::read_to_string(f)
+            .ok()
+            .and_then(|old| findings::section(&old, findings::CAPACITY).map(str::to_string))
+            .into_iter()
+            .collect();
+        let md = findings_document(&names, &seeds_note, &comparisons, &kept);
         if let Some(parent) = f.parent() {
             std::fs::create_dir_all(parent)
                 .with_context(|| format!("{}: cannot create", parent.display()))?;

@@ -329,20 +329,96 @@ fn bad_input_is_a_located_error_with_exit_2() {
         "{t}"
     );
     assert!(t.contains("valid: open-loop sources"), "{t}");
-    // An SLO no load meets: the search says it found no bracket, and where it stopped.
+    // An SLO no load meets is an answer, not bad input: every policy is marked infeasible
+    // (capacity 0) with where the search stopped and what failed there.
     let o = routelab(&[
         "capacity",
         &sc,
         "--slo",
         "e2el_p50<=10ms",
+        "--seeds",
+        "1",
         "--out",
         &dir.join("none").display().to_string(),
     ]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let t = text(&o);
     assert!(
-        text(&o).contains("the SLO does not hold even at load scale 0.015625 (1/64): e2el_p50 = ")
-            && text(&o).contains(" s > 0.0100 s; no capacity to bracket"),
-        "{}",
-        text(&o)
+        t.contains("infeasible on 1/1 seeds (counted as 0): the SLO does not hold even at load scale 0.015625 (1/64): e2el_p50 = ")
+            && t.contains(" s > 0.0100 s"),
+        "{t}"
     );
+    let json = std::fs::read_to_string(dir.join("none").join("capacity.json")).unwrap();
+    assert!(json.contains("\"scale\": 0.0"), "{json}");
+}
+
+/// `capacity --findings` writes its section of the findings document for every scenario it
+/// studies, replaces it on the next run, and `compare --findings` regenerates the rest of the
+/// document without losing it.
+#[test]
+fn the_capacity_section_of_the_findings_survives_both_generators() {
+    let dir = scratch("findings");
+    let a = ps_scenario(&dir, 2_000, "\"equal/p2c/none/none\", cache-aware");
+    let b_dir = dir.join("b");
+    std::fs::create_dir_all(&b_dir).unwrap();
+    let b = fleet_scenario(
+        &b_dir,
+        "- { name: w, profile: constant-rate, count: 2 }",
+        2_000,
+        "\"equal/p2c/none/none\"",
+    );
+    let findings = dir.join("findings.md");
+    let capacity = |out: &str| {
+        let o = routelab(&[
+            "capacity",
+            &a,
+            &b,
+            "--slo",
+            "e2el_mean<=500ms",
+            "--seeds",
+            "2",
+            "--out",
+            &dir.join(out).display().to_string(),
+            "--findings",
+            &findings.display().to_string(),
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        std::fs::read_to_string(&findings).unwrap()
+    };
+    let first = capacity("c1");
+    // Both scenarios share a name here: each still gets its own numbered output directory.
+    for sub in ["1_test-capacity-ps", "2_test-capacity-ps"] {
+        assert!(
+            dir.join("c1").join(sub).join("capacity.json").is_file(),
+            "{sub}"
+        );
+    }
+    assert_eq!(first.matches("### test/capacity-ps").count(), 2, "{first}");
+    assert!(first.contains("| `cache-aware` | field |"), "{first}");
+    assert!(first.contains("Ship `"), "{first}");
+    let o = routelab(&[
+        "compare",
+        &a,
+        "--seeds",
+        "1",
+        "--out",
+        &dir.join("cmp").display().to_string(),
+        "--findings",
+        &findings.display().to_string(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let after_compare = std::fs::read_to_string(&findings).unwrap();
+    assert!(after_compare.starts_with("# Findings"), "{after_compare}");
+    let section = |doc: &str| {
+        routelab_reports::findings::section(doc, routelab_reports::findings::CAPACITY)
+            .map(str::to_string)
+    };
+    assert_eq!(section(&after_compare), section(&first));
+    // A second capacity run replaces its section in place and keeps compare's part.
+    let second = capacity("c2");
+    assert_eq!(
+        second, after_compare,
+        "deterministic: the same section again"
+    );
+    assert_eq!(second.matches("routelab:capacity:begin").count(), 1);
 }

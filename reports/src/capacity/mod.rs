@@ -13,13 +13,21 @@
 //! arrivals for a seed: common random numbers). A policy's capacity is the mean of its per-seed
 //! capacities with a 95 % interval; its ratio to the baseline is the paired interval of the
 //! per-seed ratios ([`paired_ratio`]), established when it excludes 1 ([`excludes`]).
+//!
+//! **No knee.** A policy that cannot meet the SLO even at the smallest load scale tried has
+//! capacity 0 on that seed (the honest answer: it carries none of this traffic at the SLO), and
+//! one that meets it at the largest has that scale as a lower bound; both are marked
+//! ([`Censored`]) in every output. Seeds on which the baseline has capacity 0 drop out of the
+//! paired ratios.
 
+mod findings;
 mod report;
 pub mod search;
 pub mod slo;
 
+pub use findings::{PolicyKind, findings_section};
 pub use report::{capacity_table, write_capacity};
-pub use search::{Evaluation, SearchError, SearchOptions, SeedCapacity, find_capacity};
+pub use search::{Censored, Evaluation, SearchOptions, SeedCapacity, find_capacity};
 pub use slo::{Bound, SloMetric, SloSpec, Statistic};
 
 use crate::stats::{AutoSeeds, Interval, SeedStop, excludes, paired_ratio};
@@ -52,6 +60,43 @@ impl PolicyCapacity {
     /// Mean and 95 % interval of the capacity scale across seeds.
     pub fn interval(&self) -> Option<Interval> {
         Interval::of(self.scales())
+    }
+
+    /// What the outputs say about seeds whose search found no knee (empty when none):
+    /// `infeasible on 3/5 seeds: the SLO does not hold even at …` (the first seed's reason) or
+    /// `at least 64x on 2/5 seeds`.
+    pub fn censored_note(&self) -> String {
+        let n = self.seeds.len();
+        let never: Vec<&Censored> = self
+            .seeds
+            .iter()
+            .filter_map(|s| s.censored.as_ref())
+            .filter(|c| matches!(c, Censored::NeverHolds { .. }))
+            .collect();
+        let always = self
+            .seeds
+            .iter()
+            .filter_map(|s| s.censored.as_ref())
+            .find(|c| matches!(c, Censored::AlwaysHolds { .. }));
+        let always_n = self
+            .seeds
+            .iter()
+            .filter(|s| matches!(s.censored, Some(Censored::AlwaysHolds { .. })))
+            .count();
+        let mut parts = Vec::new();
+        if let Some(first) = never.first() {
+            parts.push(format!(
+                "infeasible on {}/{n} seeds (counted as 0): {}",
+                never.len(),
+                first.describe()
+            ));
+        }
+        if let Some(Censored::AlwaysHolds { max_scale }) = always {
+            parts.push(format!(
+                "at least {max_scale}x on {always_n}/{n} seeds (no knee within the range)"
+            ));
+        }
+        parts.join("; ")
     }
 }
 
@@ -86,12 +131,13 @@ impl CapacityStudy {
     /// The paired ratio of policy `i`'s per-seed capacities to the baseline's (`None` for the
     /// baseline itself).
     pub fn ratio(&self, i: usize) -> Option<Interval> {
-        (i != self.baseline).then(|| {
-            paired_ratio(
-                &self.policies[i].scales(),
-                &self.policies[self.baseline].scales(),
-            )
-        })?
+        (i != self.baseline).then(|| self.ratio_to(i, self.baseline))?
+    }
+
+    /// The paired interval of policy `i`'s per-seed capacities over policy `j`'s (seeds where
+    /// `j` has capacity 0 drop out; `None` when none is left).
+    pub fn ratio_to(&self, i: usize, j: usize) -> Option<Interval> {
+        paired_ratio(&self.policies[i].scales(), &self.policies[j].scales())
     }
 
     /// Whether policy `i`'s ratio to the baseline is established (its interval excludes 1).

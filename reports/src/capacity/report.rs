@@ -62,10 +62,12 @@ fn capacity_json(st: &CapacityStudy) -> Value {
                 "capacity_rate_per_s": interval_json(st.rate(i)),
                 "ratio_to_baseline": interval_json(st.ratio(i)),
                 "established": st.established(i),
+                "censored": p.censored_note(),
                 "seeds": p.seeds.iter().map(|s| json!({
                     "seed": s.seed,
                     "scale": r6(s.scale),
                     "failing_scale": r6(s.failing_scale),
+                    "censored": s.censored.as_ref().map(|c| c.describe()),
                     "evaluations": s.evaluations.iter().map(|e| json!({
                         "scale": r6(e.scale),
                         "holds": e.holds,
@@ -130,6 +132,7 @@ pub fn write_capacity(dir: &Path, st: &CapacityStudy) -> Result<Written, ReportE
             "ratio_low",
             "ratio_high",
             "established",
+            "censored",
         ],
         st.policies.iter().enumerate().map(|(i, p)| {
             let iv = p.interval();
@@ -147,6 +150,7 @@ pub fn write_capacity(dir: &Path, st: &CapacityStudy) -> Result<Written, ReportE
                 opt_fixed(r.map(|i| i.low()), 4),
                 opt_fixed(r.map(|i| i.high()), 4),
                 st.established(i).to_string(),
+                p.censored_note(),
             ]
         }),
     )?;
@@ -325,6 +329,12 @@ pub fn capacity_table(st: &CapacityStudy) -> String {
     }
     let mut s = format!("{} — capacity at the SLO {}\n", st.scenario, st.slo);
     s.push_str(&t.render());
+    for p in &st.policies {
+        let note = p.censored_note();
+        if !note.is_empty() {
+            s.push_str(&format!("note: {}: {note}\n", p.policy));
+        }
+    }
     s.push_str(&format!(
         "\nSLO holds when {}.\nLoad scale 1 = {} req/s; precision {}%; seeds {} ({}).\n",
         st.slo.rule(),
@@ -398,6 +408,12 @@ fn capacity_html(st: &CapacityStudy, svg: &str) -> String {
         ],
         &rows,
     ));
+    for p in &st.policies {
+        let note = p.censored_note();
+        if !note.is_empty() {
+            page.el("p", Some("meta"), &format!("{}: {note}", p.policy));
+        }
+    }
     page.figure(
         svg,
         "SLO attainment and TTFT p99 at every evaluated load scale (all seeds); vertical lines: \

@@ -82,41 +82,56 @@ impl Evaluation {
     }
 }
 
+/// A search that found no knee inside the scales it may try: the capacity is then a bound,
+/// not a measurement, and the outputs say so.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Censored {
+    /// The SLO fails even at the smallest scale tried: the policy carries none of this traffic
+    /// at the SLO (its capacity is recorded as 0, so it counts against the policy's mean).
+    NeverHolds {
+        /// The smallest scale tried.
+        min_scale: f64,
+        /// What failed there (`ttft_p99 = 3.00 s > 2.00 s`).
+        why: String,
+    },
+    /// The SLO still holds at the largest scale tried: the capacity is at least that scale.
+    AlwaysHolds {
+        /// The largest scale tried (also the recorded capacity).
+        max_scale: f64,
+    },
+}
+
+impl Censored {
+    /// `infeasible even at 1/64 load (why)` / `at least 64x (no knee found)`.
+    pub fn describe(&self) -> String {
+        match self {
+            Censored::NeverHolds { min_scale, why } => format!(
+                "the SLO does not hold even at load scale {min_scale} (1/{}): {why}",
+                1.0 / min_scale
+            ),
+            Censored::AlwaysHolds { max_scale } => {
+                format!("the SLO still holds at load scale {max_scale}: capacity at least that")
+            }
+        }
+    }
+}
+
 /// The capacity of one policy on one seed.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SeedCapacity {
     /// Seed.
     pub seed: u64,
-    /// The largest load scale found to hold (the bracket's low end).
+    /// The largest load scale found to hold (the bracket's low end); 0 when the SLO never
+    /// held, the largest scale tried when it always did (see `censored`).
     pub scale: f64,
-    /// The smallest load scale found to fail (the bracket's high end).
+    /// The smallest load scale found to fail (the bracket's high end); for a censored search,
+    /// the scale tried last.
     pub failing_scale: f64,
+    /// Set when no knee lies inside the scales tried.
+    pub censored: Option<Censored>,
     /// Every evaluated scale, in the order run.
     pub evaluations: Vec<Evaluation>,
-}
-
-/// Why a search failed.
-#[derive(Debug, thiserror::Error)]
-pub enum SearchError<E> {
-    /// A run failed.
-    #[error("{0}")]
-    Run(E),
-    /// The SLO fails even at the smallest load scale tried.
-    #[error("the SLO does not hold even at load scale {min_scale} (1/{}): {why}; no capacity to bracket: loosen the SLO", 1.0 / min_scale)]
-    NeverHolds {
-        /// The smallest scale tried.
-        min_scale: f64,
-        /// What failed there (`ttft_p99 = 3 s > 2 s`).
-        why: String,
-    },
-    /// The SLO holds even at the largest load scale tried.
-    #[error(
-        "the SLO still holds at load scale {max_scale}; no knee within 1/64..64: tighten the SLO or raise the scenario's load"
-    )]
-    AlwaysHolds {
-        /// The largest scale tried.
-        max_scale: f64,
-    },
 }
 
 /// Find the capacity on `seed`: `run(s)` runs the scenario at load scale `s`.
@@ -124,22 +139,32 @@ pub enum SearchError<E> {
 /// Bracket: from scale 1, double while the SLO holds (up to `max_scale`) or halve while it
 /// fails (down to `min_scale`); then bisect the bracket at its geometric mean until
 /// `high / low <= 1 + precision`. The capacity is the low end: the largest scale seen to hold.
+/// No bracket inside `min_scale..=max_scale` is not an error: the result is [`Censored`] (a
+/// policy that cannot meet the SLO at any load is an answer, and the other policies' searches
+/// still count).
 ///
 /// # Errors
-/// The run's error, or no bracket within `min_scale..=max_scale`.
+/// The run's error.
 pub fn find_capacity<E>(
     spec: &SloSpec,
     opts: &SearchOptions,
     seed: u64,
     mut run: impl FnMut(f64) -> Result<RunMetrics, E>,
-) -> Result<SeedCapacity, SearchError<E>> {
+) -> Result<SeedCapacity, E> {
     let mut evaluations: Vec<Evaluation> = Vec::new();
     let mut holds = |s: f64, evaluations: &mut Vec<Evaluation>| {
-        let m = run(s).map_err(SearchError::Run)?;
+        let m = run(s)?;
         let e = Evaluation::of(spec, s, &m);
         let h = e.holds;
         evaluations.push(e);
-        Ok::<bool, SearchError<E>>(h)
+        Ok::<bool, E>(h)
+    };
+    let censored = |scale: f64, failing_scale: f64, c: Censored, evaluations| SeedCapacity {
+        seed,
+        scale,
+        failing_scale,
+        censored: Some(c),
+        evaluations,
     };
     let (mut low, mut high);
     if holds(1.0, &mut evaluations)? {
@@ -147,7 +172,8 @@ pub fn find_capacity<E>(
         loop {
             let s = low * 2.0;
             if s > opts.max_scale {
-                return Err(SearchError::AlwaysHolds { max_scale: low });
+                let c = Censored::AlwaysHolds { max_scale: low };
+                return Ok(censored(low, low, c, evaluations));
             }
             if holds(s, &mut evaluations)? {
                 low = s;
@@ -165,10 +191,11 @@ pub fn find_capacity<E>(
                     .last()
                     .map(|e| e.why_not(spec))
                     .unwrap_or_default();
-                return Err(SearchError::NeverHolds {
+                let c = Censored::NeverHolds {
                     min_scale: high,
                     why,
-                });
+                };
+                return Ok(censored(0.0, high, c, evaluations));
             }
             if holds(s, &mut evaluations)? {
                 low = s;
@@ -189,6 +216,7 @@ pub fn find_capacity<E>(
         seed,
         scale: low,
         failing_scale: high,
+        censored: None,
         evaluations,
     })
 }
@@ -249,32 +277,46 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn no_bracket_is_an_error_that_says_which_way() {
+    fn no_bracket_is_a_censored_capacity_that_says_which_way() {
         let spec = SloSpec::parse("e2el_mean<=500ms", None).unwrap();
         let opts = SearchOptions::default();
         // At 1/64, 600/64 = 9.375 req/s: rho 0.9375, mean 0.1 / 0.0625 = 1.6 s.
-        let never = find_capacity(&spec, &opts, 1, |s| ps_run(s * 600.0)).unwrap_err();
-        assert!(matches!(never, SearchError::NeverHolds { .. }));
+        let never = find_capacity(&spec, &opts, 1, |s| ps_run(s * 600.0)).unwrap();
+        assert_eq!(never.scale, 0.0);
+        let Some(c @ Censored::NeverHolds { .. }) = &never.censored else {
+            panic!("{never:?}");
+        };
         assert!(
-            never.to_string().contains(
-                "does not hold even at load scale 0.015625 (1/64): e2el_mean = 1.60 s > 0.500 s;"
+            c.describe().contains(
+                "does not hold even at load scale 0.015625 (1/64): e2el_mean = 1.60 s > 0.500 s"
             ),
-            "{never}"
+            "{}",
+            c.describe()
         );
         let target = SloSpec::parse("e2el_mean<=500ms", Some(0.5)).unwrap();
-        let e = find_capacity(&target, &opts, 1, |s| ps_run(s * 600.0)).unwrap_err();
+        let t = find_capacity(&target, &opts, 1, |s| ps_run(s * 600.0)).unwrap();
         // The fake run records no per-request attainment (slo_met 0 of 1).
         assert!(
-            e.to_string()
+            t.censored
+                .unwrap()
+                .describe()
                 .contains("0.0% of requests met every bound, below the target 50.0%"),
-            "{e}"
         );
-        let always = find_capacity(&spec, &opts, 1, |s| ps_run(s / 1e4)).unwrap_err();
-        assert!(matches!(always, SearchError::AlwaysHolds { max_scale } if max_scale == 64.0));
+        let always = find_capacity(&spec, &opts, 1, |s| ps_run(s / 1e4)).unwrap();
+        assert_eq!(always.scale, 64.0);
+        assert_eq!(
+            always.censored,
+            Some(Censored::AlwaysHolds { max_scale: 64.0 })
+        );
+        // A knee inside the range is not censored.
+        assert_eq!(
+            find_capacity(&spec, &opts, 1, ps_run).unwrap().censored,
+            None
+        );
         let failing = find_capacity(&spec, &opts, 1, |_| {
             Err::<RunMetrics, _>("boom".to_string())
         })
         .unwrap_err();
-        assert_eq!(failing.to_string(), "boom");
+        assert_eq!(failing, "boom");
     }
 }

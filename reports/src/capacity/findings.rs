@@ -1,0 +1,333 @@
+//! The capacity section of `docs/findings.md`: for each scenario, every policy's capacity at the
+//! SLO against round robin (the study's baseline) and against the best of the field's routers,
+//! with paired intervals, and one sentence saying which policy to ship and by how much.
+
+use super::CapacityStudy;
+use crate::num::fmt_sig;
+use crate::stats::{Interval, excludes};
+use routelab_policies::{PolicyConfig, WeightsConfig};
+use std::fmt::Write as _;
+
+/// What a policy is, for the verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyKind {
+    /// The study's baseline (round robin by default).
+    Baseline,
+    /// A router from the field (SGLang, llm-d, Stargate, Dynamo, production-stack).
+    Field,
+    /// The lab-only oracle: true capacities, not deployable.
+    Oracle,
+    /// Ours: the source's policies and the measured-weight ones.
+    Ours,
+}
+
+impl PolicyKind {
+    /// Of policy `i` of a study, from its name (a preset or a composition).
+    pub fn of(st: &CapacityStudy, i: usize) -> PolicyKind {
+        if i == st.baseline {
+            return PolicyKind::Baseline;
+        }
+        match PolicyConfig::from_name(&st.policies[i].policy) {
+            Ok(c) if c.chooser.is_peer_rule() => PolicyKind::Field,
+            Ok(c) if matches!(c.weights, WeightsConfig::Oracle(_)) => PolicyKind::Oracle,
+            _ => PolicyKind::Ours,
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            PolicyKind::Baseline => "baseline",
+            PolicyKind::Field => "field",
+            PolicyKind::Oracle => "oracle (lab only)",
+            PolicyKind::Ours => "ours",
+        }
+    }
+}
+
+/// `1.17x [1.16, 1.18]` with `established` or `not established`.
+fn ratio_cell(r: Option<Interval>) -> String {
+    match r {
+        None => "-".into(),
+        Some(r) => {
+            let ci = match r.half_width {
+                Some(_) => format!(
+                    " [{}, {}]",
+                    fmt_sig(Some(r.low()), 3),
+                    fmt_sig(Some(r.high()), 3)
+                ),
+                None => String::new(),
+            };
+            let verdict = if excludes(&r, 1.0) {
+                ""
+            } else {
+                " (not established)"
+            };
+            format!("{}x{ci}{verdict}", fmt_sig(Some(r.mean), 3))
+        }
+    }
+}
+
+/// The index with the largest mean capacity among those `keep` accepts.
+fn best(st: &CapacityStudy, keep: impl Fn(usize) -> bool) -> Option<usize> {
+    (0..st.policies.len())
+        .filter(|&i| keep(i))
+        .filter_map(|i| st.policies[i].interval().map(|iv| (i, iv.mean)))
+        // The first listed wins a tie (stable, so the text does not depend on float noise).
+        .fold(None, |acc: Option<(usize, f64)>, (i, m)| match acc {
+            Some((_, bm)) if bm >= m => acc,
+            _ => Some((i, m)),
+        })
+        .map(|(i, _)| i)
+}
+
+/// What policy `i` carries against policy `j` (`who`, e.g. "round robin"): "2.1x [2.0, 2.2]
+/// round robin's load", or its request rate where `j` meets the SLO at no load tried.
+fn versus(st: &CapacityStudy, i: usize, j: usize, who: &str) -> String {
+    if st.policies[j].scales().iter().all(|&s| s == 0.0) {
+        return format!(
+            "{} req/s, where {who} meets the SLO at no load tried",
+            fmt_sig(st.rate(i).map(|r| r.mean), 3)
+        );
+    }
+    format!("{} {who}'s load", ratio_cell(st.ratio_to(i, j)))
+}
+
+fn scenario_verdict(st: &CapacityStudy) -> String {
+    let kinds: Vec<PolicyKind> = (0..st.policies.len())
+        .map(|i| PolicyKind::of(st, i))
+        .collect();
+    let deployable = |i: usize| kinds[i] != PolicyKind::Oracle;
+    let Some(ship) = best(st, deployable) else {
+        return "No policy has a capacity here.".into();
+    };
+    let name = |i: usize| format!("`{}`", st.policies[i].policy);
+    if st.policies[ship].scales().iter().all(|&s| s == 0.0) {
+        return "No deployable policy meets this SLO at any load tried: loosen the SLO or change \
+                the fleet."
+            .into();
+    }
+    let mut s = format!(
+        "Ship {}: it carries {}",
+        name(ship),
+        versus(st, ship, st.baseline, "round robin")
+    );
+    let field_best = best(st, |i| kinds[i] == PolicyKind::Field);
+    match (kinds[ship], field_best) {
+        (PolicyKind::Field, _) => {
+            s.push_str(", the most of any deployable policy");
+            if let Some(ours) = best(st, |i| kinds[i] == PolicyKind::Ours) {
+                let _ = write!(
+                    s,
+                    ". Our measured-weight policies lose to this field router here: the best of \
+                     ours, {}, carries {}",
+                    name(ours),
+                    versus(st, ours, ship, &name(ship))
+                );
+            }
+        }
+        (_, Some(f)) => {
+            let _ = write!(
+                s,
+                " and {} (the best of the field's routers here)",
+                versus(st, ship, f, &name(f))
+            );
+        }
+        (_, None) => {}
+    }
+    s.push('.');
+    s
+}
+
+/// The Markdown capacity section for `studies` (one table and one verdict per scenario).
+pub fn findings_section(studies: &[CapacityStudy]) -> String {
+    let mut out = String::from(
+        "## Capacity at the SLO\n\n\
+         Generated by `routelab capacity --findings`; do not edit by hand. For each scenario, each\n\
+         policy's **capacity**: the largest load scale (× every source's arrival rate) at which the\n\
+         SLO holds, searched on each seed to the stated precision; its request rate; and its paired\n\
+         ratio (per-seed capacities, 95 % interval) to round robin and to the best of the field's\n\
+         routers in that scenario. A ratio is established only when its interval excludes 1. A\n\
+         policy that meets the SLO at no load tried counts as capacity 0 on that seed.\n",
+    );
+    for st in studies {
+        let kinds: Vec<PolicyKind> = (0..st.policies.len())
+            .map(|i| PolicyKind::of(st, i))
+            .collect();
+        let field_best = best(st, |i| kinds[i] == PolicyKind::Field);
+        let _ = write!(
+            out,
+            "\n### {}\n\nSLO `{}` ({}); load scale 1 = {} req/s; {} seeds; precision {} %.\n\n\
+             | policy | kind | capacity (load scale) | req/s | vs round robin | vs best field router{} |\n\
+             |---|---|---:|---:|---|---|\n",
+            st.scenario,
+            st.slo,
+            st.slo.rule(),
+            fmt_sig(st.base_rate_per_s, 3),
+            st.seeds.len(),
+            st.precision * 100.0,
+            field_best
+                .map(|f| format!(" (`{}`)", st.policies[f].policy))
+                .unwrap_or_default(),
+        );
+        for (i, p) in st.policies.iter().enumerate() {
+            let iv = p.interval();
+            let cap = match iv {
+                Some(iv) => match iv.half_width {
+                    Some(h) => format!("{} ± {}", fmt_sig(Some(iv.mean), 3), fmt_sig(Some(h), 2)),
+                    None => fmt_sig(Some(iv.mean), 3),
+                },
+                None => "-".into(),
+            };
+            let note = p.censored_note();
+            let cap = if note.is_empty() {
+                cap
+            } else if note.starts_with("infeasible") {
+                format!("{cap} (infeasible on some seeds)")
+            } else {
+                format!("{cap} (≥ range on some seeds)")
+            };
+            let vs_field = match field_best {
+                Some(f) if f != i => ratio_cell(st.ratio_to(i, f)),
+                Some(_) => "best field".into(),
+                None => "-".into(),
+            };
+            let _ = writeln!(
+                out,
+                "| `{}` | {} | {} | {} | {} | {} |",
+                p.policy,
+                kinds[i].label(),
+                cap,
+                fmt_sig(st.rate(i).map(|r| r.mean), 3),
+                if i == st.baseline {
+                    "baseline".into()
+                } else {
+                    ratio_cell(st.ratio(i))
+                },
+                vs_field,
+            );
+        }
+        let _ = writeln!(out, "\n{}", scenario_verdict(st));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::search::tests::ps_run;
+    use super::super::*;
+    use super::*;
+
+    /// round robin 1x, a field router 1.5x, ours 1.2x, the oracle 2x — every seed alike up to
+    /// seed noise both share.
+    fn study(ours_speed: f64) -> CapacityStudy {
+        let spec = SloSpec::parse("e2el_mean<=500ms", None).unwrap();
+        let policies = [
+            "equal/round-robin/none/none",
+            "cache-aware",
+            "seed-v3",
+            "oracle/sed/capacity/weighted:24",
+        ];
+        let speeds = [1.0, 1.5, ours_speed, 2.0];
+        let plan = StudyPlan {
+            scenario: "sc".into(),
+            description: String::new(),
+            policies: policies.iter().map(|p| p.to_string()).collect(),
+            baseline: 0,
+            first_seed: 1,
+            seeds: SeedPlan::Fixed(3),
+            slo: spec.clone(),
+            options: SearchOptions::default(),
+            base_rate_per_s: Some(1.0),
+        };
+        run_study(plan, |b| {
+            b.iter()
+                .map(|&(p, seed)| {
+                    let speed = speeds[p] * (1.0 + seed as f64 / 10.0);
+                    find_capacity(&spec, &SearchOptions::default(), seed, |s| {
+                        ps_run(s / speed)
+                    })
+                })
+                .collect::<Result<Vec<_>, String>>()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn a_field_router_that_wins_is_shipped_and_our_loss_is_stated() {
+        let st = study(1.2);
+        assert_eq!(PolicyKind::of(&st, 0), PolicyKind::Baseline);
+        assert_eq!(PolicyKind::of(&st, 1), PolicyKind::Field);
+        assert_eq!(PolicyKind::of(&st, 2), PolicyKind::Ours);
+        assert_eq!(PolicyKind::of(&st, 3), PolicyKind::Oracle);
+        let md = findings_section(&[st]);
+        // The oracle carries most but is not deployable: the field router is shipped.
+        assert!(
+            md.contains("Ship `cache-aware`: it carries 1.50x ["),
+            "{md}"
+        );
+        assert!(
+            md.contains("Our measured-weight policies lose to this field router here: the best of ours, `seed-v3`, carries 0.799x ["),
+            "{md}"
+        );
+        assert!(
+            md.contains("| vs best field router (`cache-aware`) |"),
+            "{md}"
+        );
+        assert!(md.contains("| `seed-v3` | ours |"), "{md}");
+    }
+
+    #[test]
+    fn ours_winning_is_compared_with_the_best_field_router() {
+        let md = findings_section(&[study(1.8)]);
+        assert!(md.contains("Ship `seed-v3`: it carries 1.81x ["), "{md}");
+        assert!(
+            md.contains("(the best of the field's routers here)"),
+            "{md}"
+        );
+        assert!(
+            md.contains("and 1.20x [1.20, 1.20] `cache-aware`'s load"),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn a_baseline_that_never_meets_the_slo_is_said_so() {
+        let spec = SloSpec::parse("e2el_mean<=500ms", None).unwrap();
+        let plan = StudyPlan {
+            scenario: "sc".into(),
+            description: String::new(),
+            policies: vec!["equal/round-robin/none/none".into(), "seed-v3".into()],
+            baseline: 0,
+            first_seed: 1,
+            seeds: SeedPlan::Fixed(2),
+            slo: spec.clone(),
+            options: SearchOptions::default(),
+            base_rate_per_s: Some(1.0),
+        };
+        let st = run_study(plan, |b| {
+            b.iter()
+                .map(|&(p, seed)| {
+                    // Round robin: past saturation even at 1/64 load.
+                    let speed = if p == 0 { 1.0 / 1000.0 } else { 1.0 };
+                    find_capacity(&spec, &SearchOptions::default(), seed, |s| {
+                        ps_run(s / speed)
+                    })
+                })
+                .collect::<Result<Vec<_>, String>>()
+        })
+        .unwrap();
+        assert_eq!(st.policies[0].scales(), [0.0, 0.0]);
+        assert!(
+            st.policies[0]
+                .censored_note()
+                .starts_with("infeasible on 2/2 seeds")
+        );
+        let md = findings_section(&[st]);
+        assert!(
+            md.contains("Ship `seed-v3`: it carries ")
+                && md.contains(" req/s, where round robin meets the SLO at no load tried"),
+            "{md}"
+        );
+        assert!(md.contains("(infeasible on some seeds)"), "{md}");
+    }
+}

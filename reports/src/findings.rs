@@ -1,0 +1,88 @@
+//! `docs/findings.md` is written by two commands: `compare --findings` writes the document and
+//! `capacity --findings` writes its capacity section. Each generated section sits between two
+//! marker comments, so either command can regenerate its part and keep the other's.
+
+/// The section `capacity --findings` writes.
+pub const CAPACITY: &str = "capacity";
+
+/// The comment that opens the generated section `name`.
+fn begin(name: &str) -> String {
+    format!("<!-- routelab:{name}:begin (generated; do not edit by hand) -->")
+}
+
+/// The comment that closes it.
+fn end(name: &str) -> String {
+    format!("<!-- routelab:{name}:end -->")
+}
+
+/// `content` wrapped in the section's markers, ready to splice or append.
+pub fn marked(name: &str, content: &str) -> String {
+    let mut s = begin(name);
+    s.push('\n');
+    s.push_str(content);
+    if !content.ends_with('\n') {
+        s.push('\n');
+    }
+    s.push_str(&end(name));
+    s.push('\n');
+    s
+}
+
+/// The whole marked section `name` of `doc` (markers included), if it has one.
+pub fn section<'a>(doc: &'a str, name: &str) -> Option<&'a str> {
+    let (b, e) = (begin(name), end(name));
+    let start = doc.find(&b)?;
+    let stop = start + doc[start..].find(&e)? + e.len();
+    let stop = if doc[stop..].starts_with('\n') {
+        stop + 1
+    } else {
+        stop
+    };
+    Some(&doc[start..stop])
+}
+
+/// `doc` with its section `name` replaced by `content` (appended after a blank line when the
+/// document has none yet).
+pub fn splice(doc: &str, name: &str, content: &str) -> String {
+    let new = marked(name, content);
+    match section(doc, name) {
+        Some(old) => {
+            let start = doc.find(old).expect("the section was found in doc");
+            format!("{}{new}{}", &doc[..start], &doc[start + old.len()..])
+        }
+        None if doc.is_empty() => new,
+        None => {
+            let sep = if doc.ends_with("\n\n") {
+                ""
+            } else if doc.ends_with('\n') {
+                "\n"
+            } else {
+                "\n\n"
+            };
+            format!("{doc}{sep}{new}")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_section_is_appended_then_replaced_in_place() {
+        let doc = "# Findings\n\ntext\n";
+        let once = splice(doc, "capacity", "## Capacity\n\nv1\n");
+        assert!(once.starts_with("# Findings\n\ntext\n\n<!-- routelab:capacity:begin"));
+        assert_eq!(
+            section(&once, "capacity"),
+            Some(marked("capacity", "## Capacity\n\nv1\n").as_str())
+        );
+        let with_tail = format!("{once}\n## After\n");
+        let twice = splice(&with_tail, "capacity", "## Capacity\n\nv2");
+        assert!(twice.contains("v2\n<!-- routelab:capacity:end -->\n\n## After\n"));
+        assert!(!twice.contains("v1"));
+        assert_eq!(twice.matches("routelab:capacity:begin").count(), 1);
+        assert_eq!(section("no markers", "capacity"), None);
+        assert_eq!(splice("", "x", "c"), marked("x", "c"));
+    }
+}
