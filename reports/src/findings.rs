@@ -41,6 +41,30 @@ pub fn section<'a>(doc: &'a str, name: &str) -> Option<&'a str> {
     Some(&doc[start..stop])
 }
 
+/// Every marked section of `doc` whose name starts with `prefix`, in document order, as
+/// `(name, whole section with markers)`.
+pub fn sections_with_prefix<'a>(doc: &'a str, prefix: &str) -> Vec<(String, &'a str)> {
+    let opening = format!("<!-- routelab:{prefix}");
+    let mut found = Vec::new();
+    let mut at = 0;
+    while let Some(k) = doc[at..].find(&opening) {
+        let start = at + k;
+        let rest = &doc[start + "<!-- routelab:".len()..];
+        let Some(colon) = rest.find(":begin") else {
+            break;
+        };
+        let name = &rest[..colon];
+        match section(&doc[start..], name) {
+            Some(whole) => {
+                found.push((name.to_string(), whole));
+                at = start + whole.len();
+            }
+            None => at = start + opening.len(),
+        }
+    }
+    found
+}
+
 /// `doc` with its section `name` replaced by `content` (appended after a blank line when the
 /// document has none yet).
 pub fn splice(doc: &str, name: &str, content: &str) -> String {
@@ -84,5 +108,20 @@ mod tests {
         assert_eq!(twice.matches("routelab:capacity:begin").count(), 1);
         assert_eq!(section("no markers", "capacity"), None);
         assert_eq!(splice("", "x", "c"), marked("x", "c"));
+    }
+
+    #[test]
+    fn sections_with_a_prefix_are_listed_in_order() {
+        let doc = format!(
+            "{}text\n{}{}",
+            marked("cap/a", "A"),
+            marked("other", "O"),
+            marked("cap/b", "B")
+        );
+        let found = sections_with_prefix(&doc, "cap/");
+        let names: Vec<&str> = found.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["cap/a", "cap/b"]);
+        assert_eq!(found[1].1, marked("cap/b", "B"));
+        assert!(sections_with_prefix(&doc, "none").is_empty());
     }
 }

@@ -38,6 +38,16 @@ pub(crate) fn fmt_sig(x: Option<f64>, sig: i32) -> String {
     }
 }
 
+/// `± h` for a 95 % half-width next to its `mean`, 2 significant digits; rounding noise of
+/// identical seeds (a half-width a billionth of the mean or less) prints as `± 0`.
+pub(crate) fn fmt_half_width(mean: f64, h: f64) -> String {
+    if h <= mean.abs() * 1e-9 {
+        "± 0".into()
+    } else {
+        format!("± {}", fmt_sig(Some(h), 2))
+    }
+}
+
 /// A fraction as a percentage with one decimal: `75.0%`.
 pub(crate) fn fmt_pct(x: Option<f64>) -> String {
     match x {

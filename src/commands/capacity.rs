@@ -7,9 +7,8 @@ use anyhow::Context;
 use routelab_policies::{InputError, PolicyConfig};
 use routelab_reports::capacity::{
     CapacityStudy, SearchOptions, SeedPlan, SloSpec, StudyPlan, capacity_table, find_capacity,
-    findings_section, run_study, write_capacity,
+    run_study, update_findings, write_capacity,
 };
-use routelab_reports::findings;
 use routelab_reports::stats::AutoSeeds;
 use routelab_sim::Scenario;
 use std::io::Write;
@@ -51,8 +50,9 @@ pub struct CapacityArgs {
     /// numbered subdirectory each under it, `1_<name>`, `2_<name>`…).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Also write the capacity section of this findings document (e.g. docs/findings.md),
-    /// replacing the section a previous run wrote and keeping the rest of the file.
+    /// Also write the capacity section of this findings document (e.g. docs/findings.md): each
+    /// studied scenario's part is replaced, other scenarios' parts (studied before, perhaps at
+    /// another SLO) and the rest of the file are kept.
     #[arg(long)]
     pub findings: Option<PathBuf>,
 }
@@ -126,7 +126,7 @@ pub fn run(args: &CapacityArgs, out: &mut impl Write) -> anyhow::Result<ExitCode
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
             Err(e) => return Err(e).with_context(|| format!("{}: cannot read", f.display())),
         };
-        let doc = findings::splice(&old, findings::CAPACITY, &findings_section(&studies));
+        let doc = update_findings(&old, &studies);
         std::fs::write(f, doc).with_context(|| format!("{}: cannot write", f.display()))?;
         writeln!(out, "findings: {}", f.display())?;
     }

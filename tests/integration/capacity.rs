@@ -367,6 +367,13 @@ fn the_capacity_section_of_the_findings_survives_both_generators() {
         2_000,
         "\"equal/p2c/none/none\"",
     );
+    // Two scenarios with one name would share one part of the findings: name b apart.
+    let yaml = std::fs::read_to_string(&b).unwrap();
+    std::fs::write(
+        &b,
+        yaml.replace("name: test/capacity-ps", "name: test/capacity-pair"),
+    )
+    .unwrap();
     let findings = dir.join("findings.md");
     let capacity = |out: &str| {
         let o = routelab(&[
@@ -386,14 +393,14 @@ fn the_capacity_section_of_the_findings_survives_both_generators() {
         std::fs::read_to_string(&findings).unwrap()
     };
     let first = capacity("c1");
-    // Both scenarios share a name here: each still gets its own numbered output directory.
-    for sub in ["1_test-capacity-ps", "2_test-capacity-ps"] {
+    // Several scenarios: one numbered output directory each.
+    for sub in ["1_test-capacity-ps", "2_test-capacity-pair"] {
         assert!(
             dir.join("c1").join(sub).join("capacity.json").is_file(),
             "{sub}"
         );
     }
-    assert_eq!(first.matches("### test/capacity-ps").count(), 2, "{first}");
+    assert_eq!(first.matches("### test/capacity-p").count(), 2, "{first}");
     assert!(first.contains("| `cache-aware` | field |"), "{first}");
     assert!(first.contains("Ship `"), "{first}");
     let o = routelab(&[
@@ -421,4 +428,31 @@ fn the_capacity_section_of_the_findings_survives_both_generators() {
         "deterministic: the same section again"
     );
     assert_eq!(second.matches("routelab:capacity:begin").count(), 1);
+    // Studying one scenario again (at another SLO) replaces its part only.
+    let o = routelab(&[
+        "capacity",
+        &b,
+        "--slo",
+        "e2el_mean<=300ms",
+        "--seeds",
+        "1",
+        "--out",
+        &dir.join("c3").display().to_string(),
+        "--findings",
+        &findings.display().to_string(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let third = std::fs::read_to_string(&findings).unwrap();
+    let part = |doc: &str, name: &str| {
+        routelab_reports::findings::section(doc, &format!("capacity/{name}")).map(str::to_string)
+    };
+    assert_eq!(
+        part(&third, "test/capacity-ps"),
+        part(&second, "test/capacity-ps")
+    );
+    assert!(
+        part(&third, "test/capacity-pair")
+            .unwrap()
+            .contains("e2el_mean<=300ms")
+    );
 }

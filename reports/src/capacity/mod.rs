@@ -25,7 +25,7 @@ mod report;
 pub mod search;
 pub mod slo;
 
-pub use findings::{PolicyKind, findings_section};
+pub use findings::{PolicyKind, findings_section, update_findings};
 pub use report::{capacity_table, write_capacity};
 pub use search::{Censored, Evaluation, SearchOptions, SeedCapacity, find_capacity};
 pub use slo::{Bound, SloMetric, SloSpec, Statistic};

@@ -11,7 +11,7 @@ use crate::export::html::{Cell, Page, best_indices, table};
 use crate::export::json::write_json;
 use crate::export::table::TextTable;
 use crate::export::{create_dir, write_file};
-use crate::num::{fmt_fixed, fmt_sig, r6};
+use crate::num::{fmt_fixed, fmt_half_width, fmt_sig, r6};
 use crate::run::Written;
 use crate::stats::{Interval, SeedStop};
 use serde_json::{Value, json};
@@ -278,7 +278,7 @@ fn fmt_interval(iv: Option<Interval>, sig: i32) -> (String, String) {
         Some(i) => (
             fmt_sig(Some(i.mean), sig),
             i.half_width
-                .map(|h| format!("± {}", fmt_sig(Some(h), 2)))
+                .map(|h| fmt_half_width(i.mean, h))
                 .unwrap_or_else(|| "-".into()),
         ),
         None => ("-".into(), "-".into()),
