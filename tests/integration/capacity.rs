@@ -428,7 +428,7 @@ fn the_capacity_section_of_the_findings_survives_both_generators() {
         "deterministic: the same section again"
     );
     assert_eq!(second.matches("routelab:capacity:begin").count(), 1);
-    // Studying one scenario again (at another SLO) replaces its part only.
+    // Studying one scenario at another SLO adds a part beside the first; the rest stays.
     let o = routelab(&[
         "capacity",
         &b,
@@ -443,16 +443,22 @@ fn the_capacity_section_of_the_findings_survives_both_generators() {
     ]);
     assert!(o.status.success(), "{}", text(&o));
     let third = std::fs::read_to_string(&findings).unwrap();
-    let part = |doc: &str, name: &str| {
-        routelab_reports::findings::section(doc, &format!("capacity/{name}")).map(str::to_string)
+    let parts = |doc: &str| {
+        routelab_reports::findings::sections_with_prefix(doc, "capacity/")
+            .into_iter()
+            .map(|(name, whole)| (name, whole.to_string()))
+            .collect::<Vec<_>>()
     };
+    let (before, after) = (parts(&second), parts(&third));
+    assert_eq!(before.len(), 2);
+    assert_eq!(after.len(), 3);
     assert_eq!(
-        part(&third, "test/capacity-ps"),
-        part(&second, "test/capacity-ps")
+        after[..2],
+        before[..],
+        "the earlier parts are kept as they were"
     );
-    assert!(
-        part(&third, "test/capacity-pair")
-            .unwrap()
-            .contains("e2el_mean<=300ms")
+    assert_eq!(
+        after[2].0,
+        "capacity/test/capacity-pair at e2el_mean<=300ms"
     );
 }

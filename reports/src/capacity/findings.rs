@@ -139,23 +139,35 @@ fn scenario_verdict(st: &CapacityStudy) -> String {
     s
 }
 
-/// The marker name of one scenario's part of the capacity section.
-fn scenario_section(scenario: &str) -> String {
-    format!("{}/{scenario}", findings::CAPACITY)
+/// The marker name of one study's part of the capacity section: the scenario and the SLO, so a
+/// scenario may be studied at several SLOs (a strict one and a looser one) side by side.
+fn part_name(st: &CapacityStudy) -> String {
+    let target = st
+        .slo
+        .target
+        .map(|t| format!(" target {t}"))
+        .unwrap_or_default();
+    format!("{}{} at {}{target}", part_prefix(), st.scenario, st.slo)
 }
 
-/// The findings document `doc` with the capacity section updated for `studies`: each studied
-/// scenario's part is written (in place when the section already has it), the parts of
-/// scenarios not studied this time are kept, so each scenario can be studied at its own SLO.
+/// What every part's marker name starts with.
+fn part_prefix() -> String {
+    format!("{}/", findings::CAPACITY)
+}
+
+/// The findings document `doc` with the capacity section updated for `studies`: each study's
+/// part (one per scenario and SLO) is written in place when the section already has it, else
+/// appended; the parts not studied this time are kept, so each scenario can be studied at its
+/// own SLO, or at several.
 pub fn update_findings(doc: &str, studies: &[CapacityStudy]) -> String {
     let old_section = findings::section(doc, findings::CAPACITY).unwrap_or("");
     let mut parts: Vec<(String, String)> =
-        findings::sections_with_prefix(old_section, &scenario_section(""))
+        findings::sections_with_prefix(old_section, &part_prefix())
             .into_iter()
             .map(|(name, whole)| (name, whole.to_string()))
             .collect();
     for st in studies {
-        let name = scenario_section(&st.scenario);
+        let name = part_name(st);
         let new = findings::marked(&name, &scenario_part(st));
         match parts.iter_mut().find(|(n, _)| *n == name) {
             Some(slot) => slot.1 = new,
@@ -197,11 +209,15 @@ fn scenario_part(st: &CapacityStudy) -> String {
     let field_best = best(st, |i| kinds[i] == PolicyKind::Field);
     let _ = write!(
         out,
-        "### {}\n\nSLO `{}` ({}); load scale 1 = {} req/s; {} seeds; precision {} %.\n\n\
+        "### {} at `{}`{}\n\nSLO: {}; load scale 1 = {} req/s; {} seeds; precision {} %.\n\n\
          | policy | kind | capacity (load scale) | req/s | vs round robin | vs best field router{} |\n\
          |---|---|---:|---:|---|---|\n",
         st.scenario,
         st.slo,
+        st.slo
+            .target
+            .map(|t| format!(" for {}% of requests", t * 100.0))
+            .unwrap_or_default(),
         st.slo.rule(),
         fmt_sig(st.base_rate_per_s, 3),
         st.seeds.len(),
