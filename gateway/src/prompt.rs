@@ -22,8 +22,8 @@ use serde_json::Value;
 
 /// Bytes of rendered prompt per estimated token.
 pub const BYTES_PER_TOKEN: usize = 4;
-/// Bytes per prefix block (≈512 tokens at [`BYTES_PER_TOKEN`]).
-pub const BLOCK_BYTES: usize = 2048;
+/// Bytes per prefix block: the router's block of tokens at [`BYTES_PER_TOKEN`].
+pub const BLOCK_BYTES: usize = routelab_policies::PREFIX_BLOCK_TOKENS as usize * BYTES_PER_TOKEN;
 /// Most prefix blocks hashed per request (1 MiB of prompt).
 pub const MAX_BLOCKS: usize = 512;
 

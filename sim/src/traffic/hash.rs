@@ -1,7 +1,8 @@
 //! Stable 64-bit mixing used for synthetic and remapped prefix-block hashes.
 
-/// Tokens per prefix block (the Mooncake trace convention, also used by synthetic sources).
-pub const BLOCK_TOKENS: u32 = 512;
+/// Tokens per prefix block (the Mooncake trace convention, also used by synthetic sources): the
+/// router's own figure, so its believed-cached tokens and the simulator's blocks agree.
+pub const BLOCK_TOKENS: u32 = routelab_policies::PREFIX_BLOCK_TOKENS;
 
 pub use crate::seed::splitmix64;
 
