@@ -2,33 +2,11 @@
 //! random numbers across policies, the console output, and every bad input as a located error
 //! with exit code 2.
 
+use super::common::{routelab, scratch, text};
 use routelab_sim::{RequestRecord, Scenario, run};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn routelab(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_routelab"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("the binary runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("routelab-capacity-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+use std::path::Path;
+use std::process::Command;
 
 fn hardware() -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -74,7 +52,7 @@ fn fleet_scenario(dir: &Path, fleet: &str, count: u32, policies: &str) -> String
 /// only (1 − ρ)/ρ × 2 % = 0.5 %. So every seed's capacity must be within 2.5 % of 8.
 #[test]
 fn capacity_finds_the_processor_sharing_knee() {
-    let dir = scratch("knee");
+    let dir = scratch("capacity-knee");
     let sc = ps_scenario(&dir, 20_000, "\"equal/p2c/none/none\"");
     let out = dir.join("out");
     let o = routelab(&[
@@ -139,7 +117,7 @@ fn arrival_columns(sc: &Scenario, policy: usize) -> Vec<(u64, u64, u32, u32)> {
 /// load scale (the capacity search's runs) and in `requests.csv` (`routelab run`).
 #[test]
 fn every_policy_sees_the_same_arrivals_for_a_seed() {
-    let dir = scratch("crn");
+    let dir = scratch("capacity-crn");
     let f = dir.join("mixed.yaml");
     std::fs::write(
         &f,
@@ -200,7 +178,7 @@ fn every_policy_sees_the_same_arrivals_for_a_seed() {
 /// do not, so the table shows established ratios.
 #[test]
 fn console_output_snapshot() {
-    let dir = scratch("snapshot");
+    let dir = scratch("capacity-snapshot");
     let sc = fleet_scenario(
         &dir,
         "- { name: fast, profile: constant-rate }\n  - { name: slow, profile: constant-rate, speed_factor: 0.4 }",
@@ -259,7 +237,7 @@ fn console_output_snapshot() {
 /// Each bad input: exit code 2 and a located message (flag or file, field, what is valid).
 #[test]
 fn bad_input_is_a_located_error_with_exit_2() {
-    let dir = scratch("bad");
+    let dir = scratch("capacity-bad");
     let sc = ps_scenario(&dir, 100, "\"equal/p2c/none/none\"");
     let closed = dir.join("closed.yaml");
     std::fs::write(
@@ -357,7 +335,7 @@ fn bad_input_is_a_located_error_with_exit_2() {
 /// document without losing it.
 #[test]
 fn the_capacity_section_of_the_findings_survives_both_generators() {
-    let dir = scratch("findings");
+    let dir = scratch("capacity-findings");
     let a = ps_scenario(&dir, 2_000, "\"equal/p2c/none/none\", cache-aware");
     let b_dir = dir.join("b");
     std::fs::create_dir_all(&b_dir).unwrap();

@@ -1,30 +1,8 @@
 //! The command line: exit codes, messages, determinism of the gate, snapshots of the output.
 
+use super::common::{routelab, scratch, text};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-
-fn routelab(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_routelab"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("the binary runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("routelab-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 fn repo(rel: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -42,7 +20,7 @@ fn policies_lists_every_part_and_preset() {
 
 #[test]
 fn validate_gives_four_distinct_located_messages_and_exit_2() {
-    let dir = scratch("validate");
+    let dir = scratch("cli-validate");
     let good = std::fs::read_to_string(repo("scenarios/seed/sixteen-at-once.yaml")).unwrap();
     let good = good.replace("name: seed/sixteen-at-once", "name: t\nhardware_dir: HW");
     let good = good.replace("HW", &repo("scenarios/hardware"));
@@ -135,7 +113,7 @@ fn small_gate(dir: &Path) -> (PathBuf, impl Fn(&[&str]) -> Output) {
 
 #[test]
 fn the_gate_is_deterministic_bites_on_regressions_and_rejects_bad_baselines() {
-    let dir = scratch("check");
+    let dir = scratch("cli-check");
     let (base, check) = small_gate(&dir);
     let o = check(&["--update"]);
     assert!(o.status.success(), "{}", text(&o));
@@ -229,7 +207,7 @@ fn outputs(dir: &Path) -> Vec<(String, Vec<u8>)> {
 
 #[test]
 fn outputs_are_byte_identical_on_one_and_two_threads() {
-    let dir = scratch("threads");
+    let dir = scratch("cli-threads");
     let scenario = repo("scenarios/seed/burst-probe.yaml");
     for (cmd, extra) in [("run", vec![]), ("compare", vec!["--seeds", "2"])] {
         let mut got = Vec::new();
@@ -278,7 +256,7 @@ fn outputs_are_byte_identical_on_one_and_two_threads() {
 
 #[test]
 fn sweep_runs_a_grid_and_rejects_bad_paths() {
-    let dir = scratch("sweep");
+    let dir = scratch("cli-sweep");
     let out = dir.join("s").display().to_string();
     let scenario = repo("scenarios/seed/identical-4090s.yaml");
     let o = routelab(&[
@@ -316,7 +294,7 @@ fn sweep_runs_a_grid_and_rejects_bad_paths() {
 
 #[test]
 fn check_json_prints_only_json_on_stdout() {
-    let dir = scratch("check-json");
+    let dir = scratch("cli-check-json");
     let (_, check) = small_gate(&dir);
     // No baselines yet: every comparison is new, the gate fails, stdout still parses.
     for (extra, code) in [
@@ -345,7 +323,7 @@ fn check_json_prints_only_json_on_stdout() {
 
 #[test]
 fn a_scenario_that_completes_nothing_fails_the_gate_on_missing_latency() {
-    let dir = scratch("check-nothing");
+    let dir = scratch("cli-check-nothing");
     let good = std::fs::read_to_string(repo("scenarios/seed/sixteen-at-once.yaml")).unwrap();
     let good = good.replace(
         "name: seed/sixteen-at-once",
@@ -393,7 +371,7 @@ fn a_scenario_that_completes_nothing_fails_the_gate_on_missing_latency() {
 /// be dropped silently; now `run` says so on stderr and lists it in `summary.json`.
 #[test]
 fn an_ignored_scenario_event_is_reported_by_run() {
-    let dir = scratch("warnings");
+    let dir = scratch("cli-warnings");
     let src = format!(
         "name: t\nseed: 1\nmodel: m\nhardware_dir: {}\nfleet:\n  - {{ name: a, profile: rtx4090-27b }}\n\
          traffic:\n  - burst: {{ at_s: 1, size: 2, prompt: {{ fixed: 100 }}, output: {{ fixed: 10 }} }}\n\

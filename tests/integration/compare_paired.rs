@@ -1,25 +1,10 @@
 //! `routelab compare`: paired differences from a baseline, `--seeds auto` and its stopping
 //! reasons, and the flags' located errors.
 
+use super::common::{routelab, text};
 use serde_json::Value;
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn routelab(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_routelab"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("the binary runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use std::process::Command;
 
 fn scenario(rel: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -2,4 +2,5 @@
 mod capacity;
 mod case_studies;
 mod cli;
+mod common;
 mod compare_paired;

@@ -107,6 +107,21 @@ fn scenario_verdict(st: &CapacityStudy) -> String {
                 the fleet."
             .into();
     }
+    // Policies whose paired ratio to the shipped one does not exclude 1 are ties: the choice
+    // among them is not established, and the reader should know it.
+    let tied: Vec<String> = (0..st.policies.len())
+        .filter(|&i| i != ship && deployable(i) && i != st.baseline)
+        .filter(|&i| st.ratio_to(i, ship).is_some_and(|r| !excludes(&r, 1.0)))
+        .map(name)
+        .collect();
+    let tie_note = if tied.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " (tied with {}: their paired ratios to it include 1)",
+            tied.join(", ")
+        )
+    };
     let mut s = format!(
         "Ship {}: it carries {}",
         name(ship),
@@ -116,11 +131,21 @@ fn scenario_verdict(st: &CapacityStudy) -> String {
     match (kinds[ship], field_best) {
         (PolicyKind::Field, _) => {
             s.push_str(", the most of any deployable policy");
+            s.push_str(&tie_note);
             if let Some(ours) = best(st, |i| kinds[i] == PolicyKind::Ours) {
+                // "Lose" only when the paired ratio says so; a tie is said as a tie.
+                let lose = st
+                    .ratio_to(ours, ship)
+                    .is_some_and(|r| excludes(&r, 1.0) && r.mean < 1.0)
+                    || st.policies[ours].scales().iter().all(|&c| c == 0.0);
+                let verdict = if lose {
+                    "Our measured-weight policies lose to this field router here"
+                } else {
+                    "Our measured-weight policies are not established to lose here"
+                };
                 let _ = write!(
                     s,
-                    ". Our measured-weight policies lose to this field router here: the best of \
-                     ours, {}, carries {}",
+                    ". {verdict}: the best of ours, {}, carries {}",
                     name(ours),
                     versus(st, ours, ship, &name(ship))
                 );
@@ -129,11 +154,11 @@ fn scenario_verdict(st: &CapacityStudy) -> String {
         (_, Some(f)) => {
             let _ = write!(
                 s,
-                " and {} (the best of the field's routers here)",
+                " and {} (the best of the field's routers here){tie_note}",
                 versus(st, ship, f, &name(f))
             );
         }
-        (_, None) => {}
+        (_, None) => s.push_str(&tie_note),
     }
     s.push('.');
     s
@@ -417,6 +442,17 @@ mod tests {
             update_findings(&third, &[]),
             third,
             "nothing studied: nothing moves"
+        );
+    }
+
+    #[test]
+    fn ties_with_the_shipped_policy_are_named() {
+        // Ours as fast as the field router: the paired ratio is exactly 1, not established.
+        let md = findings_section(&[study(1.5)]);
+        assert!(
+            md.contains("Ship `cache-aware`: it carries 1.50x")
+                && md.contains("the most of any deployable policy (tied with `seed-v3`: their paired ratios to it include 1). Our measured-weight policies are not established to lose here: the best of ours, `seed-v3`, carries 1.00x"),
+            "{md}"
         );
     }
 }
