@@ -109,6 +109,8 @@ pub(crate) struct LinePanel {
     pub y_label: String,
     /// Logarithmic x axis.
     pub x_log: bool,
+    /// Logarithmic y axis (for latencies that span orders of magnitude across load).
+    pub y_log: bool,
     pub x_range: Option<(f64, f64)>,
     pub y_range: Option<(f64, f64)>,
     /// Format y ticks as percentages of 1.
@@ -130,6 +132,7 @@ impl LinePanel {
             x_label: x_label.into(),
             y_label: y_label.into(),
             x_log: false,
+            y_log: false,
             x_range: None,
             y_range: None,
             y_percent: false,
@@ -487,7 +490,9 @@ fn draw_lines<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     p: &LinePanel,
 ) -> Result<(), String> {
-    let usable = |(x, y): &(f64, f64)| x.is_finite() && y.is_finite() && (!p.x_log || *x > 0.0);
+    let usable = |(x, y): &(f64, f64)| {
+        x.is_finite() && y.is_finite() && (!p.x_log || *x > 0.0) && (!p.y_log || *y > 0.0)
+    };
     let all: Vec<(f64, f64)> = p
         .series
         .iter()
@@ -531,11 +536,28 @@ fn draw_lines<DB: DrawingBackend>(
         let ticks = nice_ticks(x0, x1, 8);
         (x0, x1, ticks.iter().map(|v| (*v, fmt_axis(*v))).collect())
     };
-    let (y0, y1) = p.y_range.unwrap_or_else(|| {
-        let lo = if dy0 >= 0.0 { 0.0 } else { -nice_max(-dy0) };
-        (lo, nice_max(dy1.max(lo + 1e-9)))
-    });
-    let yticks = nice_ticks(y0, y1, 6);
+    // y range and ticks, in axis space like x.
+    let (y0, y1, yticks, ylabels): (f64, f64, Vec<f64>, Vec<(f64, String)>) = if p.y_log {
+        let (lo, hi) = p.y_range.unwrap_or((dy0 / 1.5, dy1 * 1.5));
+        let hi = if hi > lo { hi } else { lo * 10.0 };
+        let ticks = log_ticks(lo, hi);
+        let labels = ticks
+            .iter()
+            .map(|v| (v.log10(), fmt_y(*v, p.y_percent)))
+            .collect();
+        (
+            lo.log10(),
+            hi.log10(),
+            ticks.iter().map(|v| v.log10()).collect(),
+            labels,
+        )
+    } else {
+        let (y0, y1) = p.y_range.unwrap_or_else(|| {
+            let lo = if dy0 >= 0.0 { 0.0 } else { -nice_max(-dy0) };
+            (lo, nice_max(dy1.max(lo + 1e-9)))
+        });
+        (y0, y1, nice_ticks(y0, y1, 6), Vec::new())
+    };
     let xpos: Vec<f64> = xticks.iter().map(|t| t.0).collect();
     let mut chart = ChartBuilder::on(area)
         .caption(&p.title, (FAMILY, 19).into_font())
@@ -552,7 +574,17 @@ fn draw_lines<DB: DrawingBackend>(
             .map(|t| t.1.clone())
             .unwrap_or_default()
     };
-    let yfmt = |v: &f64| fmt_y(*v, p.y_percent);
+    let yfmt = |v: &f64| {
+        if p.y_log {
+            ylabels
+                .iter()
+                .find(|t| (t.0 - v).abs() <= 1e-9 * (1.0 + v.abs()))
+                .map(|t| t.1.clone())
+                .unwrap_or_default()
+        } else {
+            fmt_y(*v, p.y_percent)
+        }
+    };
     chart
         .configure_mesh()
         .x_desc(&p.x_label)
@@ -565,7 +597,12 @@ fn draw_lines<DB: DrawingBackend>(
         .axis_style(RGBColor(110, 110, 110))
         .draw()
         .map_err(e2s)?;
-    let to_axis = |(x, y): (f64, f64)| (if p.x_log { x.log10() } else { x }, y);
+    let to_axis = |(x, y): (f64, f64)| {
+        (
+            if p.x_log { x.log10() } else { x },
+            if p.y_log { y.log10() } else { y },
+        )
+    };
     for s in &p.series {
         let pts: Vec<(f64, f64)> = s
             .points

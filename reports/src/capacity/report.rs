@@ -227,14 +227,22 @@ fn capacity_figure(st: &CapacityStudy) -> Figure {
     attain.markers = true;
     attain.x_log = true;
     attain.legend = Legend::None;
-    let mut ttft = LinePanel::new("TTFT p99 vs load", x_label, "s");
+    let mut ttft = LinePanel::new("TTFT p99 vs load (log scale)", x_label, "s");
     ttft.markers = true;
     ttft.x_log = true;
+    // Past its knee a policy's TTFT grows by orders of magnitude: only a log axis keeps the
+    // others' curves readable.
+    ttft.y_log = true;
     ttft.legend = Legend::None;
     let ttft_max = (0..st.policies.len())
         .flat_map(|i| points(st, i, |e| e.ttft_p99_s))
         .map(|p| p.1)
         .fold(0.0f64, f64::max);
+    let ttft_min = (0..st.policies.len())
+        .flat_map(|i| points(st, i, |e| e.ttft_p99_s))
+        .map(|p| p.1)
+        .filter(|&v| v > 0.0)
+        .fold(f64::INFINITY, f64::min);
     for (i, p) in st.policies.iter().enumerate() {
         let color = chart::color(i);
         attain.series.push(Series {
@@ -256,7 +264,7 @@ fn capacity_figure(st: &CapacityStudy) -> Figure {
                 &knee,
                 color,
                 iv.mean,
-                (0.0, ttft_max),
+                (ttft_min, ttft_max),
             ));
         }
     }
