@@ -259,9 +259,9 @@ fn ln_neg(u: f64) -> f64 {
     -u.ln()
 }
 
-/// NVIDIA Stargate `wait-and-widen`: the affinity choice (pulsar's, keyed on `key_blocks`) alone while its estimated
-/// TTFT is within `window_s`; past it, one more random candidate per window of excess wait, up
-/// to `max_candidates`; the lowest estimate wins.
+/// NVIDIA Stargate `wait-and-widen`: the affinity choice (pulsar's, keyed on `key_blocks`)
+/// alone while its estimated TTFT is within `window_s`; past it, one more random candidate per
+/// window of excess wait, up to `max_candidates`; the lowest estimate wins.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn wait_and_widen<R: Rng + ?Sized>(
     ctx: &RuleCtx<'_>,
