@@ -381,23 +381,32 @@ pub const CHOOSERS: [Part; 14] = [
         name: "pulsar",
         describe: || {
             format!(
-                "NVIDIA Stargate pulsar: weighted rendezvous hash of the prompt's first prefix block, weight = the worker's peak observed input tok/s (prompt / TTFT; {} x weight before any); no prefix: fewest in flight / that figure",
+                "NVIDIA Stargate pulsar: weighted rendezvous hash of the prompt's first {} prefix block(s) (key_blocks: unpublished; ours; a shorter prompt hashes all of its), weight = the worker's peak observed input tok/s (prompt / TTFT; {} x weight before any); no prefix: fewest in flight / that figure",
+                peer(Chooser::PULSAR, "key_blocks"),
                 crate::rules::DEFAULT_INPUT_TOK_S
             )
         },
-        params: &[],
+        params: &[Param {
+            name: "key_blocks",
+            default: Some(|| peer(Chooser::PULSAR, "key_blocks")),
+        }],
     },
     Part {
         name: "wait-and-widen",
         describe: || {
             format!(
-                "NVIDIA Stargate: TTFT estimate = the worker's round trip if the host knows it (the simulator does; else {} s, ours) + (uncached tokens in flight + own) / input tok/s; pulsar's choice alone within {} s, then one more random candidate per window of excess, up to {}; lowest estimate wins",
+                "NVIDIA Stargate: TTFT estimate = the worker's round trip if the host knows it (the simulator does; else {} s, ours) + (uncached tokens in flight + own) / input tok/s; pulsar's choice (hashing {} prefix block(s), key_blocks: unpublished; ours) alone within {} s, then one more random candidate per window of excess, up to {}; lowest estimate wins",
                 peer(Chooser::WAIT_AND_WIDEN, "rtt_s"),
+                peer(Chooser::WAIT_AND_WIDEN, "key_blocks"),
                 peer(Chooser::WAIT_AND_WIDEN, "window_s"),
                 peer(Chooser::WAIT_AND_WIDEN, "max_candidates"),
             )
         },
         params: &[
+            Param {
+                name: "key_blocks",
+                default: Some(|| peer(Chooser::WAIT_AND_WIDEN, "key_blocks")),
+            },
             Param {
                 name: "window_s",
                 default: Some(|| peer(Chooser::WAIT_AND_WIDEN, "window_s")),
@@ -472,6 +481,8 @@ fn peer(c: Chooser, field: &str) -> String {
             "peak_prefill_tok_s",
         ) => peak_prefill_tok_s.to_string(),
         (Chooser::StickyUntilSaturated { measured, .. }, "measured") => measured.to_string(),
+        (Chooser::Pulsar { key_blocks }, "key_blocks")
+        | (Chooser::WaitAndWiden { key_blocks, .. }, "key_blocks") => key_blocks.to_string(),
         (Chooser::WaitAndWiden { window_s, .. }, "window_s") => window_s.to_string(),
         (Chooser::WaitAndWiden { max_candidates, .. }, "max_candidates") => {
             max_candidates.to_string()
@@ -831,6 +842,19 @@ mod tests {
         assert!(d(&CHOOSERS, "sticky-until-saturated").contains("prefill 15928 tok/s"));
         assert!(d(&CHOOSERS, "wait-and-widen").contains("alone within 0.2 s"));
         assert!(d(&CHOOSERS, "wait-and-widen").contains("up to 64"));
+        // pulsar's key length is ours and says so, in both rules that hash.
+        assert!(
+            d(&CHOOSERS, "pulsar")
+                .contains("first 1 prefix block(s) (key_blocks: unpublished; ours;"),
+            "{}",
+            d(&CHOOSERS, "pulsar")
+        );
+        assert!(
+            d(&CHOOSERS, "wait-and-widen")
+                .contains("hashing 1 prefix block(s), key_blocks: unpublished; ours"),
+            "{}",
+            d(&CHOOSERS, "wait-and-widen")
+        );
         assert!(d(&CHOOSERS, "kv-cost").starts_with("NVIDIA Dynamo KV router: 1 x new prefill"));
         assert!(d(&CHOOSERS, "hit-minus-load").contains("0.5 is ours"));
         assert!(d(&PRESETS, "pulsar").ends_with("; equal weights, no cap"));
@@ -889,5 +913,11 @@ mod tests {
         );
         let e = validate("chooser", "kv-cost", "temperature: -1\n").unwrap_err();
         assert!(e.to_string().contains("temperature"), "{e}");
+        // key_blocks belongs to the two rules that hash pulsar's key, no other.
+        let e = validate("chooser", "kv-cost", "key_blocks: 2\n").unwrap_err();
+        assert!(
+            e.to_string().contains("key_blocks") && e.to_string().contains("does not apply"),
+            "{e}"
+        );
     }
 }

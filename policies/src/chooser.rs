@@ -126,10 +126,16 @@ pub enum Chooser {
         /// Scale the pool figure by each worker's weight ÷ the mean weight.
         measured: bool,
     },
-    /// NVIDIA Stargate `pulsar`: weighted rendezvous hashing of the first prefix block.
-    Pulsar,
+    /// NVIDIA Stargate `pulsar`: weighted rendezvous hashing of the prompt's leading prefix
+    /// blocks.
+    Pulsar {
+        /// Leading prefix blocks the hash key covers (>= 1; a shorter prompt uses all of its).
+        key_blocks: u32,
+    },
     /// NVIDIA Stargate `wait-and-widen`.
     WaitAndWiden {
+        /// pulsar's `key_blocks` for the affinity choice it starts from.
+        key_blocks: u32,
         /// Estimated wait (seconds) the affinity choice alone may have.
         window_s: f64,
         /// Most candidates opened.
@@ -174,8 +180,18 @@ impl Chooser {
         peak_prefill_tok_s: 15_928.0,
         measured: false,
     };
-    /// wait-and-widen's defaults: Stargate's 200 ms window and power-of-n up to 64; RTT 0 (ours).
+    /// Leading prefix blocks pulsar hashes by default. How many the published router hashes is
+    /// not published; 1 (the first block alone, ours) keeps the rule as first implemented, so
+    /// existing results do not move.
+    pub const DEFAULT_KEY_BLOCKS: u32 = 1;
+    /// pulsar's default.
+    pub const PULSAR: Chooser = Chooser::Pulsar {
+        key_blocks: Self::DEFAULT_KEY_BLOCKS,
+    };
+    /// wait-and-widen's defaults: Stargate's 200 ms window and power-of-n up to 64; RTT 0 and
+    /// pulsar's key length (ours).
     pub const WAIT_AND_WIDEN: Chooser = Chooser::WaitAndWiden {
+        key_blocks: Self::DEFAULT_KEY_BLOCKS,
         window_s: 0.2,
         max_candidates: 64,
         rtt_s: 0.0,
@@ -201,7 +217,7 @@ impl Chooser {
             Chooser::CacheAware { .. } => "cache-aware",
             Chooser::LeastLoad { .. } => "least-load",
             Chooser::StickyUntilSaturated { .. } => "sticky-until-saturated",
-            Chooser::Pulsar => "pulsar",
+            Chooser::Pulsar { .. } => "pulsar",
             Chooser::WaitAndWiden { .. } => "wait-and-widen",
             Chooser::KvCost { .. } => "kv-cost",
             Chooser::HitMinusLoad { .. } => "hit-minus-load",
@@ -247,7 +263,7 @@ impl Chooser {
             "cache-aware" => Self::CACHE_AWARE,
             "least-load" => Self::LEAST_LOAD,
             "sticky-until-saturated" => Self::STICKY,
-            "pulsar" => Chooser::Pulsar,
+            "pulsar" => Self::PULSAR,
             "wait-and-widen" => Self::WAIT_AND_WIDEN,
             "kv-cost" => Self::KV_COST,
             "hit-minus-load" => Self::HIT_MINUS_LOAD,
@@ -345,12 +361,22 @@ impl Chooser {
                 peak_prefill_tok_s,
                 measured,
             ),
-            Chooser::Pulsar => rules::pulsar(ctx, cands, hot),
+            Chooser::Pulsar { key_blocks } => rules::pulsar(ctx, cands, hot, key_blocks),
             Chooser::WaitAndWiden {
+                key_blocks,
                 window_s,
                 max_candidates,
                 rtt_s,
-            } => rules::wait_and_widen(ctx, cands, hot, window_s, max_candidates, rtt_s, rng),
+            } => rules::wait_and_widen(
+                ctx,
+                cands,
+                hot,
+                key_blocks,
+                window_s,
+                max_candidates,
+                rtt_s,
+                rng,
+            ),
             Chooser::KvCost {
                 prefill_weight,
                 temperature,

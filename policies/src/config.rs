@@ -603,6 +603,9 @@ pub struct RawChooser {
     pub peak_prefill_tok_s: Option<f64>,
     /// sticky-until-saturated: scale it by each worker's weight.
     pub measured: Option<bool>,
+    /// pulsar, wait-and-widen: leading prefix blocks the hash key covers (a whole number >= 1;
+    /// read as a number so a negative or a fraction gets the rule's message, not serde's).
+    pub key_blocks: Option<f64>,
     /// wait-and-widen: affinity-only window, seconds.
     pub window_s: Option<f64>,
     /// wait-and-widen: most candidates.
@@ -872,6 +875,11 @@ impl RawWeights {
 /// Most candidates wait-and-widen may open (a bound so a decision stays a short scan).
 pub const MAX_WIDEN_CANDIDATES: u32 = 1024;
 
+/// Largest pulsar `key_blocks`: 2^20 blocks of 512 tokens is far beyond any context window, so
+/// a larger key would mean the same (the whole prompt); the bound keeps a typo such as `1e12`
+/// from passing as "the whole prompt" silently.
+pub const MAX_KEY_BLOCKS: u32 = 1 << 20;
+
 impl RawChooser {
     /// The peer rules' parameters that are set.
     fn peer_fields(&self) -> Vec<&'static str> {
@@ -889,6 +897,7 @@ impl RawChooser {
             gap_s,
             peak_prefill_tok_s,
             measured,
+            key_blocks,
             window_s,
             max_candidates,
             rtt_s,
@@ -948,7 +957,17 @@ impl RawChooser {
                 rule::fraction(x).map_err(|e| invalid(field, e.to_string()))
             })
         };
+        let key_blocks = |d: u32| {
+            self.key_blocks.map_or(Ok(d), |x| {
+                rule::whole(x, 1, u64::from(MAX_KEY_BLOCKS))
+                    .map(|n| u32::try_from(n).unwrap_or(MAX_KEY_BLOCKS))
+                    .map_err(|e| invalid("key_blocks", e.to_string()))
+            })
+        };
         let chooser = match chooser {
+            Chooser::Pulsar { key_blocks: d } => Chooser::Pulsar {
+                key_blocks: key_blocks(d)?,
+            },
             Chooser::CacheAware {
                 abs,
                 rel,
@@ -982,10 +1001,12 @@ impl RawChooser {
                 measured: self.measured.unwrap_or(measured),
             },
             Chooser::WaitAndWiden {
+                key_blocks: d,
                 window_s,
                 max_candidates,
                 rtt_s,
             } => Chooser::WaitAndWiden {
+                key_blocks: key_blocks(d)?,
                 window_s: positive("window_s", self.window_s, window_s)?,
                 max_candidates: count_at_most(
                     "max_candidates",
@@ -1182,5 +1203,75 @@ mod tests {
         assert!(PolicyConfig::from_name("probe/p2c:sometimes").is_err());
         assert!(PolicyConfig::from_name("probe/flat:0").is_err());
         assert!(PolicyConfig::from_name("magic/sed").is_err());
+    }
+
+    /// The chooser part of a full policy definition, validated.
+    fn chooser_of(yaml: &str) -> Result<Chooser, ConfigError> {
+        let raw: RawPolicy =
+            crate::located::parse_yaml(yaml, "p.yaml").unwrap_or_else(|e| panic!("{yaml}: {e}"));
+        PolicyConfig::from_raw(&raw).map(|p| p.chooser)
+    }
+
+    #[test]
+    fn key_blocks_is_a_whole_number_from_1_for_the_two_rules_that_hash_pulsars_key() {
+        // Omitted: 1, so presets and existing definitions keep the first-block key.
+        assert_eq!(
+            chooser_of("weights: { kind: equal }\nchooser: { kind: pulsar }").unwrap(),
+            Chooser::Pulsar { key_blocks: 1 }
+        );
+        assert_eq!(
+            PolicyConfig::preset("pulsar").unwrap().chooser,
+            Chooser::Pulsar { key_blocks: 1 }
+        );
+        assert_eq!(
+            chooser_of("weights: { kind: equal }\nchooser: { kind: pulsar, key_blocks: 4 }")
+                .unwrap(),
+            Chooser::Pulsar { key_blocks: 4 }
+        );
+        assert!(matches!(
+            chooser_of("preset: wait-and-widen\nchooser: { kind: wait-and-widen, key_blocks: 8 }")
+                .unwrap(),
+            Chooser::WaitAndWiden { key_blocks: 8, .. }
+        ));
+        let valid = format!("expected a whole number from 1 to {MAX_KEY_BLOCKS}");
+        for kind in ["pulsar", "wait-and-widen"] {
+            for (bad, got) in [
+                ("0", "0"),
+                ("-2", "-2"),
+                ("1.5", "1.5"),
+                ("1e12", "1000000000000"),
+                (".nan", "NaN"),
+            ] {
+                let yaml = format!(
+                    "weights: {{ kind: equal }}\nchooser: {{ kind: {kind}, key_blocks: {bad} }}"
+                );
+                let e = chooser_of(&yaml).unwrap_err();
+                // The field path names the field; the message says what was given and what
+                // would be valid.
+                assert_eq!(e.field(), "chooser.key_blocks", "{yaml}");
+                assert!(
+                    matches!(e, ConfigError::Invalid { .. })
+                        && e.to_string()
+                            .contains(&format!("{got} is not valid; {valid}")),
+                    "{yaml}: {e}"
+                );
+                // A host locates it in its file and list, as for every other policy field.
+                let entry = PolicyEntry::Full(Box::new(
+                    crate::located::parse_yaml(&yaml, "s.yaml").unwrap(),
+                ));
+                let located = entry.build_in("s.yaml", "policies[0]").unwrap_err();
+                assert_eq!(located.field, "policies[0].chooser.key_blocks");
+                assert!(
+                    located
+                        .to_string()
+                        .starts_with("s.yaml: policies[0].chooser.key_blocks: "),
+                    "{located}"
+                );
+            }
+        }
+        // Not a parameter of the other choosers.
+        let e = chooser_of("weights: { kind: equal }\nchooser: { kind: p2c, key_blocks: 2 }")
+            .unwrap_err();
+        assert_eq!(e.field(), "chooser.key_blocks");
     }
 }

@@ -226,11 +226,20 @@ fn mix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
-/// NVIDIA Stargate `pulsar`: weighted rendezvous hashing of the prompt's first prefix block,
-/// weight = the worker's peak observed input tokens/s. A prompt without a prefix goes to the
-/// lowest in-flight count ÷ that throughput (nothing to be affine to).
-pub(crate) fn pulsar(ctx: &RuleCtx<'_>, cands: &[u32], hot: &[Hot]) -> Option<usize> {
-    let Some(&key) = ctx.prefix.first() else {
+/// NVIDIA Stargate `pulsar`: weighted rendezvous hashing of the prompt's first `key_blocks`
+/// prefix blocks, weight = the worker's peak observed input tokens/s. A prompt without a prefix
+/// goes to the lowest in-flight count ÷ that throughput (nothing to be affine to).
+pub(crate) fn pulsar(
+    ctx: &RuleCtx<'_>,
+    cands: &[u32],
+    hot: &[Hot],
+    key_blocks: u32,
+) -> Option<usize> {
+    // Block hashes are chained (block k's covers blocks 0..=k), so the hash of the last block
+    // of the key is the key: no combining needed. A prompt shorter than the key uses all of
+    // its blocks; 0 (refused by validation) reads as 1 rather than as "no prefix".
+    let n = (key_blocks.max(1) as usize).min(ctx.prefix.len());
+    let Some(&key) = ctx.prefix[..n].last() else {
         return lowest(cands, hot, |i| {
             f64::from(hot[i as usize].in_flight) / ctx.input_tok_s(i, hot)
         });
@@ -250,13 +259,15 @@ fn ln_neg(u: f64) -> f64 {
     -u.ln()
 }
 
-/// NVIDIA Stargate `wait-and-widen`: the affinity choice (pulsar's) alone while its estimated
-/// TTFT is within `window_s`; past it, one more random candidate per window of excess wait, up
-/// to `max_candidates`; the lowest estimate wins.
+/// NVIDIA Stargate `wait-and-widen`: the affinity choice (pulsar's, keyed on `key_blocks`)
+/// alone while its estimated TTFT is within `window_s`; past it, one more random candidate per
+/// window of excess wait, up to `max_candidates`; the lowest estimate wins.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn wait_and_widen<R: Rng + ?Sized>(
     ctx: &RuleCtx<'_>,
     cands: &[u32],
     hot: &[Hot],
+    key_blocks: u32,
     window_s: f64,
     max_candidates: u32,
     rtt_s: f64,
@@ -269,7 +280,7 @@ pub(crate) fn wait_and_widen<R: Rng + ?Sized>(
         // The worker's own round trip when the host knows it, else the parameter.
         s.round_trip_s.unwrap_or(rtt_s) + (queued + own) / ctx.input_tok_s(i, hot)
     };
-    let first = pulsar(ctx, cands, hot)?;
+    let first = pulsar(ctx, cands, hot, key_blocks)?;
     let wait = est(cands[first]);
     if wait <= window_s {
         return Some(first);
@@ -535,9 +546,9 @@ mod tests {
         for k in 0..30_000u64 {
             let key = [mix(k)];
             let ctx = c.ctx(512, &key);
-            let first = pulsar(&ctx, &c.cands, &c.hot).unwrap();
+            let first = pulsar(&ctx, &c.cands, &c.hot, 1).unwrap();
             // Same key, same answer (no randomness).
-            assert_eq!(pulsar(&ctx, &c.cands, &c.hot), Some(first));
+            assert_eq!(pulsar(&ctx, &c.cands, &c.hot, 1), Some(first));
             counts[first] += 1;
         }
         let total = 30_000.0 + 10_000.0 + 15_928.0;
@@ -551,11 +562,72 @@ mod tests {
             let key = [mix(k)];
             let before = {
                 c.hot[0].cap = u32::MAX;
-                pulsar(&c.ctx(512, &key), &c.cands, &c.hot).unwrap()
+                pulsar(&c.ctx(512, &key), &c.cands, &c.hot, 1).unwrap()
             };
             c.hot[0].cap = 0;
-            let after = pulsar(&c.ctx(512, &key), &c.cands, &c.hot).unwrap();
+            let after = pulsar(&c.ctx(512, &key), &c.cands, &c.hot, 1).unwrap();
             assert!(after != 0 && (before == 0 || before == after));
+        }
+    }
+
+    /// A chained prefix as hosts build it: block k's hash covers the keys of blocks 0..=k.
+    fn chained(keys: &[u64]) -> Vec<u64> {
+        let mut h = 0u64;
+        keys.iter()
+            .map(|&k| {
+                h = mix(h ^ mix(k));
+                h
+            })
+            .collect()
+    }
+
+    #[test]
+    fn pulsar_key_blocks_separates_conversations_that_share_only_a_first_block() {
+        let c = Case::new(&[0; 8]);
+        // 64 conversations behind one system prompt: block 0 shared, block 1 their own.
+        let prompts: Vec<Vec<u64>> = (0..64u64).map(|k| chained(&[7, 100 + k, 5])).collect();
+        let worker = |p: &[u64], key_blocks| {
+            pulsar(&c.ctx(3 * 512, p), &c.cands, &c.hot, key_blocks).unwrap()
+        };
+        // One block of key: the shared system prompt is all pulsar sees, one worker takes all.
+        let home = worker(&prompts[0], 1);
+        assert!(prompts.iter().all(|p| worker(p, 1) == home));
+        // Two blocks: the key includes each conversation's own block, so they spread; and each
+        // conversation still goes to one place every time.
+        let mut used = [false; 8];
+        for p in &prompts {
+            let w = worker(p, 2);
+            assert_eq!(worker(p, 2), w);
+            used[w] = true;
+        }
+        let spread = used.iter().filter(|&&u| u).count();
+        assert!(spread >= 6, "{used:?}");
+        // The key is block 1's chain hash, whatever follows it.
+        let p = &prompts[3];
+        assert_eq!(worker(p, 2), worker(&p[1..2], 1));
+    }
+
+    #[test]
+    fn pulsar_uses_the_last_block_of_a_prompt_shorter_than_its_key() {
+        let c = Case::new(&[0; 8]);
+        for k in 0..200u64 {
+            let p = chained(&[1, k, k + 1]);
+            let ctx = c.ctx(3 * 512, &p);
+            let short = pulsar(&ctx, &c.cands, &c.hot, 8);
+            // Eight blocks asked, three there: the key is block 2, as with key_blocks = 3 and
+            // as for a prompt whose only block is that hash.
+            assert_eq!(short, pulsar(&ctx, &c.cands, &c.hot, 3));
+            assert_eq!(short, pulsar(&c.ctx(512, &p[2..]), &c.cands, &c.hot, 1));
+        }
+        // wait-and-widen starts from the same choice (idle fleet: within the window).
+        let p = chained(&[1, 2, 3]);
+        let ctx = c.ctx(3 * 512, &p);
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(1);
+        for key_blocks in [1, 2, 3, 8] {
+            assert_eq!(
+                wait_and_widen(&ctx, &c.cands, &c.hot, key_blocks, 0.2, 64, 0.0, &mut rng),
+                pulsar(&ctx, &c.cands, &c.hot, key_blocks)
+            );
         }
     }
 
@@ -564,18 +636,18 @@ mod tests {
         let mut c = Case::new(&[0; 8]);
         let key = [mix(42)];
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(1);
-        let home = pulsar(&c.ctx(1000, &key), &c.cands, &c.hot).unwrap();
+        let home = pulsar(&c.ctx(1000, &key), &c.cands, &c.hot, 1).unwrap();
         // 1,000 tokens at 15,928 tok/s: 63 ms ≤ 200 ms: affinity only.
         let ctx = c.ctx(1000, &key);
         assert_eq!(
-            wait_and_widen(&ctx, &c.cands, &c.hot, 0.2, 64, 0.0, &mut rng),
+            wait_and_widen(&ctx, &c.cands, &c.hot, 1, 0.2, 64, 0.0, &mut rng),
             Some(home)
         );
         // 1.6 M uncached tokens ahead on it (~100 s): 64 candidates ≥ 8, a full scan, and
         // every other worker is idle: the first other wins.
         c.signals[home].uncached_in_flight = 1_600_000;
         let ctx = c.ctx(1000, &key);
-        let got = wait_and_widen(&ctx, &c.cands, &c.hot, 0.2, 64, 0.0, &mut rng).unwrap();
+        let got = wait_and_widen(&ctx, &c.cands, &c.hot, 1, 0.2, 64, 0.0, &mut rng).unwrap();
         assert_ne!(got, home);
         assert_eq!(got, if home == 0 { 1 } else { 0 });
         // An RTT that alone exceeds the window widens too, but to no better place: all equal,
@@ -583,7 +655,7 @@ mod tests {
         c.signals[home].uncached_in_flight = 0;
         let ctx = c.ctx(1000, &key);
         assert_eq!(
-            wait_and_widen(&ctx, &c.cands, &c.hot, 0.2, 64, 0.5, &mut rng),
+            wait_and_widen(&ctx, &c.cands, &c.hot, 1, 0.2, 64, 0.5, &mut rng),
             Some(home)
         );
         // A known round trip replaces the parameter: 1 s to the home worker (wait 1.06 s)
@@ -592,7 +664,7 @@ mod tests {
         let ctx = c.ctx(1000, &key);
         let mut away = 0;
         for _ in 0..50 {
-            if wait_and_widen(&ctx, &c.cands, &c.hot, 0.2, 64, 0.0, &mut rng) != Some(home) {
+            if wait_and_widen(&ctx, &c.cands, &c.hot, 1, 0.2, 64, 0.0, &mut rng) != Some(home) {
                 away += 1;
             }
         }
@@ -646,8 +718,9 @@ mod tests {
         assert_eq!(cache_aware(&ctx, k, h, 32, 1.1, 0.5), None);
         assert_eq!(least_load(&ctx, k, h, 0.15), None);
         assert_eq!(sticky(&ctx, k, h, 0.8, 18.0, 15_928.0, true), None);
-        assert_eq!(pulsar(&ctx, k, h), None);
-        assert_eq!(wait_and_widen(&ctx, k, h, 0.2, 64, 0.0, &mut rng), None);
+        assert_eq!(pulsar(&ctx, k, h, 1), None);
+        assert_eq!(pulsar(&ctx, k, h, 4), None);
+        assert_eq!(wait_and_widen(&ctx, k, h, 1, 0.2, 64, 0.0, &mut rng), None);
         assert_eq!(kv_cost(&ctx, k, h, 1.0, 1.0, &mut rng), None);
         assert_eq!(hit_minus_load(&ctx, k, h, 0.5), None);
     }

@@ -157,11 +157,14 @@ fn any_chooser() -> impl Strategy<Value = Chooser> {
             },
             other => other,
         }),
-        Just(Chooser::Pulsar),
-        (0.001f64..1.0, 1u32..80).prop_map(|(window_s, max_candidates)| Chooser::WaitAndWiden {
-            window_s,
-            max_candidates,
-            rtt_s: 0.0,
+        (1u32..6).prop_map(|key_blocks| Chooser::Pulsar { key_blocks }),
+        (1u32..6, 0.001f64..1.0, 1u32..80).prop_map(|(key_blocks, window_s, max_candidates)| {
+            Chooser::WaitAndWiden {
+                key_blocks,
+                window_s,
+                max_candidates,
+                rtt_s: 0.0,
+            }
         }),
         (0.0f64..2.0, prop_oneof![Just(0.0), 0.01f64..5.0]).prop_map(
             |(prefill_weight, temperature)| Chooser::KvCost {
