@@ -653,6 +653,28 @@ fn invalid(field: &str, message: impl Into<String>) -> ConfigError {
     }
 }
 
+/// The fields set on a part must be among its catalog entry's parameters (the one list of what
+/// a weight kind or a chooser accepts).
+fn only_fields_of(
+    part: &catalog::Part,
+    kind: &str,
+    set: Vec<&'static str>,
+) -> Result<(), ConfigError> {
+    match set
+        .into_iter()
+        .find(|f| !part.params.iter().any(|p| p.name == *f))
+    {
+        Some(f) => Err(invalid(
+            f,
+            format!(
+                "does not apply to kind `{kind}`; its fields are: {}",
+                part.param_list()
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 // The value rules are the ones every input shares (`located::rule`); these attach the field and
 // the default of an omitted value.
 
@@ -775,20 +797,7 @@ impl RawWeights {
                 valid: WeightsConfig::NAMES.join(", "),
             });
         };
-        if let Some(f) = self
-            .set_fields()
-            .into_iter()
-            .find(|f| !part.params.iter().any(|p| p.name == *f))
-        {
-            return Err(invalid(
-                f,
-                format!(
-                    "does not apply to kind `{}`; its fields are: {}",
-                    self.kind,
-                    part.param_list()
-                ),
-            ));
-        }
+        only_fields_of(part, &self.kind, self.set_fields())?;
         Ok(match self.kind.as_str() {
             "table" => WeightsConfig::Table(table(&self.table, self.unknown)?),
             "live" => {
@@ -938,20 +947,7 @@ impl RawChooser {
         }
         // The field's rules' parameters: the fields a kind accepts are its catalog entry's.
         let part = catalog::find(&catalog::CHOOSERS, &self.kind).expect("a known chooser");
-        if let Some(f) = self
-            .peer_fields()
-            .into_iter()
-            .find(|f| !part.params.iter().any(|p| p.name == *f))
-        {
-            return Err(invalid(
-                f,
-                format!(
-                    "does not apply to kind `{}`; its fields are: {}",
-                    self.kind,
-                    part.param_list()
-                ),
-            ));
-        }
+        only_fields_of(part, &self.kind, self.peer_fields())?;
         let fraction = |field: &str, v: Option<f64>, d: f64| {
             v.map_or(Ok(d), |x| {
                 rule::fraction(x).map_err(|e| invalid(field, e.to_string()))

@@ -615,6 +615,9 @@ impl Router {
     fn dispatch(&mut self, now: Time, d: &Decision, prefix: &[u64]) {
         let id = d.worker;
         self.signals[id.index()].charge(d.charge);
+        if prefix.is_empty() {
+            self.signals[id.index()].grow_unhashed(d.charge.tokens);
+        }
         let h = &mut self.hot[id.index()];
         h.in_flight += 1;
         let now_full = h.in_flight == h.cap;

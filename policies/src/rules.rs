@@ -99,7 +99,8 @@ fn holder_pos(ctx: &RuleCtx<'_>, cands: &[u32], hot: &[Hot]) -> Option<usize> {
 }
 
 /// SGLang gateway `cache_aware`: least-loaded when the fleet is imbalanced (load = requests in
-/// flight), else the best prefix match above the threshold, else the smallest tree.
+/// flight), else the best prefix match above the threshold, else the smallest tree (indexed
+/// blocks plus the prompts it was sent without prefix hashes).
 pub(crate) fn cache_aware(
     ctx: &RuleCtx<'_>,
     cands: &[u32],
@@ -128,7 +129,13 @@ pub(crate) fn cache_aware(
     {
         return Some(p);
     }
-    lowest(cands, hot, |i| ctx.index.blocks_of(WorkerId(i)) as f64)
+    // The tree: the blocks the index holds for the worker plus the unhashed prompts it was
+    // sent (the real tree grows from every prompt's text; without the unhashed part, a trace
+    // without prefix hashes would leave every tree at 0 and send everything to the first
+    // candidate until the fleet counted as imbalanced).
+    lowest(cands, hot, |i| {
+        (ctx.index.blocks_of(WorkerId(i)) as u64 + ctx.signals[i as usize].unhashed_blocks) as f64
+    })
 }
 
 /// SGLang gateway `least_load`: (engine tokens) ÷ generation throughput + a KV-pressure penalty.

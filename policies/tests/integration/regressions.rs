@@ -272,3 +272,33 @@ fn a_probe_burst_or_prompt_too_large_to_send_is_an_error() {
     .unwrap();
     assert!(routelab_policies::PolicyConfig::from_raw(&raw).is_ok());
 }
+
+/// `cache-aware` on prompts without prefix hashes (the Azure traces carry none): every tree
+/// stayed at 0 blocks, so "the smallest tree" was always the first candidate and every request
+/// went to one worker until the fleet counted as imbalanced (33 requests apart). A real tree
+/// grows from each prompt's text; the router now counts unhashed prompts' blocks.
+#[test]
+fn cache_aware_spreads_prompts_without_prefix_hashes() {
+    let mut router = Router::new(policy("cache-aware"));
+    let ids: Vec<_> = (0..4)
+        .map(|i| router.register(Time::ZERO, spec(&format!("w{i}"), &["RTX 4090"])))
+        .collect();
+    let m = model(&router);
+    let mut rng = rng(1);
+    let mut seen = std::collections::BTreeSet::new();
+    for k in 0..8u64 {
+        let now = secs(k as f64);
+        let d = router.route(now, &req(m, 1_000, &[]), &mut rng).unwrap();
+        seen.insert(d.worker);
+        // Each finishes before the next: load never differs, only the trees do.
+        router.complete(now, d.worker, d.charge, &completion(now));
+    }
+    assert_eq!(seen.len(), ids.len(), "{seen:?}");
+    for id in ids {
+        assert_eq!(
+            router.signals(id).unwrap().unhashed_blocks,
+            4,
+            "two 2-block prompts each"
+        );
+    }
+}
