@@ -265,12 +265,11 @@ fn scenario_part(st: &CapacityStudy) -> String {
             None => "-".into(),
         };
         let note = p.censored_note();
-        let cap = if note.is_empty() {
-            cap
-        } else if note.starts_with("infeasible") {
-            format!("{cap} (infeasible on some seeds)")
-        } else {
-            format!("{cap} (≥ range on some seeds)")
+        // The note's headline ("infeasible on 3/5 seeds (counted as 0)"); the why is in the
+        // command's own outputs.
+        let cap = match note.split(':').next() {
+            Some(head) if !head.is_empty() => format!("{cap} ({head})"),
+            _ => cap,
         };
         let vs_field = match field_best {
             Some(f) if f != i => ratio_cell(st.ratio_to(i, f)),
@@ -413,7 +412,10 @@ mod tests {
                 && md.contains(" req/s, where round robin meets the SLO at no load tried"),
             "{md}"
         );
-        assert!(md.contains("(infeasible on some seeds)"), "{md}");
+        assert!(
+            md.contains("| 0 ± 0 (infeasible on 2/2 seeds (counted as 0)) |"),
+            "{md}"
+        );
     }
 
     #[test]
