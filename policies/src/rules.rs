@@ -1,5 +1,5 @@
 //! The field's routers as choosers: each rule as its project publishes it (facts in
-//! `/work/shared/PEERS.md`; no code copied), reading the router's [`Hot`] array, its local
+//! `../shared/PEERS.md`; no code copied), reading the router's [`Hot`] array, its local
 //! [`Signals`] and the prefix index's answer for this request.
 //!
 //! The router's prefix index remembers, per prefix block, the last worker that served it, so a

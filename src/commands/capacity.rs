@@ -50,9 +50,9 @@ pub struct CapacityArgs {
     /// numbered subdirectory each under it, `1_<name>`, `2_<name>`…).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Also write the capacity section of this findings document (e.g. docs/findings.md): each
-    /// studied scenario's part is replaced, other scenarios' parts (studied before, perhaps at
-    /// another SLO) and the rest of the file are kept.
+    /// Also write the capacity section of this findings document (e.g. docs/findings.md): the
+    /// part of each studied scenario at this SLO is written (replacing the same scenario and
+    /// SLO's part if there is one); other parts and the rest of the file are kept.
     #[arg(long)]
     pub findings: Option<PathBuf>,
 }
