@@ -325,7 +325,8 @@ pub const CATALOG: &[Metric] = &[
         |m| per_span_second(m, m.prompt_tokens + m.output_tokens)),
     metric!("goodput", "goodput", RequestsPerSecond, Higher, Top("goodput"), csv: true,
         gate: false,
-        "Completed requests that met every per-request SLO bound (TTFT and TPOT), per second \
+        "Completed requests that met every per-request SLO bound (TTFT, TPOT and, when set, \
+         E2EL), per second \
          from the first arrival to the last completion (DistServe's goodput; vLLM: request \
          goodput).",
         |m| per_span_second(m, m.slo_met)),
