@@ -112,18 +112,6 @@ fn prompts(rng: &mut Xoshiro256PlusPlus) -> Vec<Vec<u64>> {
         .collect()
 }
 
-/// The field's routers, as presets.
-const PEERS: [&str; 8] = [
-    "cache-aware",
-    "least-load",
-    "sticky-until-saturated",
-    "sticky-until-saturated-measured",
-    "pulsar",
-    "wait-and-widen",
-    "kv-cost",
-    "hit-minus-load",
-];
-
 fn decision(c: &mut Criterion) {
     let mut group = c.benchmark_group("seed-v3 route+complete");
     for n in [8usize, 64, 1_024] {
@@ -133,7 +121,7 @@ fn decision(c: &mut Criterion) {
     }
     group.finish();
     let mut group = c.benchmark_group("peer rules route+complete");
-    for preset in PEERS {
+    for preset in PolicyConfig::field_presets() {
         bench_one(&mut group, preset, 64, true, Some(preset));
     }
     group.finish();

@@ -180,6 +180,22 @@ impl Chooser {
         peak_prefill_tok_s: 15_928.0,
         measured: false,
     };
+    /// [`Chooser::STICKY`] with each worker's own measured weight scaling the pool's prefill
+    /// figure (`sticky-until-saturated-measured`).
+    pub const STICKY_MEASURED: Chooser = match Chooser::STICKY {
+        Chooser::StickyUntilSaturated {
+            match_fraction,
+            gap_s,
+            peak_prefill_tok_s,
+            ..
+        } => Chooser::StickyUntilSaturated {
+            match_fraction,
+            gap_s,
+            peak_prefill_tok_s,
+            measured: true,
+        },
+        other => other,
+    };
     /// Leading prefix blocks pulsar hashes by default. How many the published router hashes is
     /// not published; 1 (the first block alone, ours) keeps the rule as first implemented, so
     /// existing results do not move.

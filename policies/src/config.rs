@@ -252,6 +252,15 @@ impl PolicyConfig {
         )
     }
 
+    /// The presets that are the field's routers (their chooser is a peer rule), in
+    /// [`catalog::PRESETS`] order: one list for the tests and benches that cover them all.
+    pub fn field_presets() -> impl Iterator<Item = &'static str> {
+        catalog::PRESETS
+            .iter()
+            .map(|p| p.name)
+            .filter(|n| PolicyConfig::preset(n).is_ok_and(|c| c.chooser.is_peer_rule()))
+    }
+
     /// A preset by name (the list is [`catalog::PRESETS`]).
     pub fn preset(name: &str) -> Result<PolicyConfig, ConfigError> {
         let p2c_first = Chooser::P2c {
@@ -303,20 +312,7 @@ impl PolicyConfig {
             // equal weights, no affinity part and no cap).
             "sticky-until-saturated-measured" => (
                 WeightsConfig::AtLoad(AtLoadConfig::default()),
-                match Chooser::STICKY {
-                    Chooser::StickyUntilSaturated {
-                        match_fraction,
-                        gap_s,
-                        peak_prefill_tok_s,
-                        ..
-                    } => Chooser::StickyUntilSaturated {
-                        match_fraction,
-                        gap_s,
-                        peak_prefill_tok_s,
-                        measured: true,
-                    },
-                    other => other,
-                },
+                Chooser::STICKY_MEASURED,
                 Affinity::None,
                 Cap::None,
             ),

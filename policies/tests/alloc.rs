@@ -226,15 +226,7 @@ fn seed_v3_decisions_do_not_allocate() {
 #[test]
 fn the_field_routers_decisions_do_not_allocate() {
     // Every peer preset (the randomised ones too: wait-and-widen widens, kv-cost samples).
-    for name in [
-        "cache-aware",
-        "least-load",
-        "sticky-until-saturated",
-        "sticky-until-saturated-measured",
-        "pulsar",
-        "wait-and-widen",
-        "kv-cost",
-    ] {
+    for name in PolicyConfig::field_presets() {
         check(PolicyConfig::preset(name).unwrap());
     }
     let mut softmax = PolicyConfig::from_name("equal/kv-cost").unwrap();
@@ -243,7 +235,6 @@ fn the_field_routers_decisions_do_not_allocate() {
     }
     softmax.name = "kv-cost at temperature 2".into();
     check(softmax);
-    check(PolicyConfig::preset("hit-minus-load").unwrap());
 }
 
 #[test]

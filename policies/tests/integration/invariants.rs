@@ -143,19 +143,10 @@ fn any_chooser() -> impl Strategy<Value = Chooser> {
         Just(Chooser::RoundRobin),
         Just(Chooser::CACHE_AWARE),
         Just(Chooser::LEAST_LOAD),
-        any::<bool>().prop_map(|measured| match Chooser::STICKY {
-            Chooser::StickyUntilSaturated {
-                match_fraction,
-                gap_s,
-                peak_prefill_tok_s,
-                ..
-            } => Chooser::StickyUntilSaturated {
-                match_fraction,
-                gap_s,
-                peak_prefill_tok_s,
-                measured,
-            },
-            other => other,
+        any::<bool>().prop_map(|measured| if measured {
+            Chooser::STICKY_MEASURED
+        } else {
+            Chooser::STICKY
         }),
         (1u32..6).prop_map(|key_blocks| Chooser::Pulsar { key_blocks }),
         (1u32..6, 0.001f64..1.0, 1u32..80).prop_map(|(key_blocks, window_s, max_candidates)| {

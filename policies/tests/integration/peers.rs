@@ -3,7 +3,8 @@
 
 use crate::common::{model, policy, rng, secs, spec};
 use routelab_policies::{
-    Charge, Completion, EngineReport, ModelId, PolicyEntry, RouteRequest, Router, Time, WorkerId,
+    Charge, Completion, EngineReport, ModelId, PolicyConfig, PolicyEntry, RouteRequest, Router,
+    Time, WorkerId,
 };
 use std::time::Duration;
 
@@ -25,14 +26,13 @@ fn req(m: ModelId, prompt: u32, prefix: &[u64]) -> RouteRequest<'_> {
 
 #[test]
 fn every_peer_preset_loads_as_the_gateway_and_scenarios_write_it() {
-    for p in routelab_policies::PRESETS
-        .iter()
-        .filter(|p| !p.name.starts_with("seed-"))
-    {
-        let cfg = PolicyEntry::Name(p.name.into()).build().unwrap();
-        assert_eq!(cfg.name, p.name);
+    let presets: Vec<&str> = PolicyConfig::field_presets().collect();
+    assert_eq!(presets.len(), 8, "{presets:?}");
+    for name in presets {
+        let cfg = PolicyEntry::Name(name.into()).build().unwrap();
+        assert_eq!(cfg.name, name);
         let poll = Router::new(cfg).engine_poll_interval();
-        assert_eq!(poll.is_some(), p.name == "least-load", "{}", p.name);
+        assert_eq!(poll.is_some(), name == "least-load", "{name}");
     }
     assert_eq!(
         Router::new(policy("least-load")).engine_poll_interval(),

@@ -1,17 +1,13 @@
 //! The field's routers (the peer presets) run in the simulator: every one completes a small
 //! mixed-fleet scenario with sane totals, and a rule visibly uses its signal.
 
-use routelab_policies::{PolicyConfig, catalog};
+use routelab_policies::PolicyConfig;
 use routelab_sim::{RunMetrics, Scenario, run};
 use std::path::Path;
 
-/// The peer presets: every preset after the source's history (`seed-*`).
+/// The peer presets (the field's routers).
 fn peer_presets() -> Vec<&'static str> {
-    catalog::PRESETS
-        .iter()
-        .map(|p| p.name)
-        .filter(|n| !n.starts_with("seed-"))
-        .collect()
+    PolicyConfig::field_presets().collect()
 }
 
 fn scenario(yaml: &str) -> Scenario {
