@@ -79,7 +79,7 @@ fn trace_stats_matches_the_published_figures() {
     let o = routelab(&[
         "trace",
         "stats",
-        &repo("../shared/data/traces/azure_llm_2023/AzureLLMInferenceTrace_code.csv"),
+        &repo("data/traces/azure_llm_2023/AzureLLMInferenceTrace_code.csv"),
     ]);
     assert!(o.status.success(), "{}", text(&o));
     let t = text(&o);

@@ -115,7 +115,7 @@ fn every_rate_doubles_and_lengths_stay() {
 #[test]
 fn a_trace_scales_its_rate_scale() {
     let trace = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/data/traces/azure_llm_2023/AzureLLMInferenceTrace_code.csv");
+        .join("../data/traces/azure_llm_2023/AzureLLMInferenceTrace_code.csv");
     let src = format!(
         "seed: 1\nhardware_dir: hardware\nfleet:\n  - {{ name: a, profile: constant-rate }}\n\
          traffic:\n  - trace: {{ path: {}, rate_scale: 1.5, limit: 500 }}\n",

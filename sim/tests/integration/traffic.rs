@@ -14,14 +14,13 @@ use routelab_sim::traffic::{
 
 const S: u64 = 1_000_000_000;
 
-/// `shared/data/traces/`, a sibling of the repository clone. Fails (never skips) when absent.
+/// The repository's `data/traces/` (the vendored public traces). Fails (never skips) when absent.
 fn traces_dir() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/traces");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/traces");
     assert!(
         dir.is_dir(),
-        "trace directory {} not found: these tests replay the real public traces and need the \
-         `shared/` directory checked out next to the repository clone (see \
-         shared/data/traces/README.md)",
+        "trace directory {} not found: these tests replay the public traces vendored in the \
+         repository's data/traces/ (see data/README.md)",
         dir.display()
     );
     dir
