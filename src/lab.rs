@@ -4,7 +4,7 @@
 use anyhow::Context;
 use rayon::prelude::*;
 use routelab_policies::PolicyConfig;
-use routelab_sim::{RequestRecord, RunMetrics, Scenario, run};
+use routelab_sim::{RequestRecord, RequestSink, RunMetrics, Scenario, run};
 use std::time::Instant;
 
 /// One simulation to run.
@@ -33,20 +33,28 @@ pub struct Outcome {
 
 /// Run one job.
 pub fn run_job(job: Job<'_>) -> anyhow::Result<Outcome> {
+    run_job_into(job, None)
+}
+
+/// Run one job; its rows go to `stream` when given (and are then not kept), else are kept when
+/// the job asks for them.
+fn run_job_into(job: Job<'_>, stream: Option<&mut dyn RequestSink>) -> anyhow::Result<Outcome> {
     let started = Instant::now();
     let setup = job.scenario.setup_for_seed(job.seed);
     let mut traffic = job
         .scenario
         .traffic_source(job.seed)
         .with_context(|| format!("{}: traffic", job.scenario.path.display()))?;
-    let mut rows = job.rows.then(Vec::new);
-    let metrics = run(
-        &setup,
-        job.policy,
-        &mut *traffic,
-        rows.as_mut()
-            .map(|r| r as &mut dyn routelab_sim::RequestSink),
-    )
+    let mut rows = (job.rows && stream.is_none()).then(Vec::new);
+    let metrics = match stream {
+        Some(s) => run(&setup, job.policy, &mut *traffic, Some(s)),
+        None => run(
+            &setup,
+            job.policy,
+            &mut *traffic,
+            rows.as_mut().map(|r| r as &mut dyn RequestSink),
+        ),
+    }
     .with_context(|| {
         format!(
             "{} (policy {}, seed {})",
@@ -70,6 +78,21 @@ pub fn run_all(jobs: &[Job<'_>], progress: &(dyn Fn() + Sync)) -> anyhow::Result
             let r = run_job(*j);
             progress();
             r
+        })
+        .collect()
+}
+
+/// [`run_all`], with job `i`'s rows written to `sink(i)` as the simulation finishes them (for
+/// `routelab run`, a `requests.csv` stream) instead of being kept in memory.
+pub fn run_all_streaming<S: RequestSink + Send>(
+    jobs: &[Job<'_>],
+    sink: impl Fn(usize) -> S + Sync,
+) -> anyhow::Result<Vec<Outcome>> {
+    jobs.par_iter()
+        .enumerate()
+        .map(|(i, j)| {
+            let mut rows = sink(i);
+            run_job_into(*j, Some(&mut rows))
         })
         .collect()
 }

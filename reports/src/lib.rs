@@ -34,6 +34,8 @@ pub mod findings;
 pub mod gate;
 pub mod metric;
 mod num;
+mod requests_csv;
+pub use requests_csv::{RequestsCsvStream, RowSink};
 mod run;
 pub mod stats;
 pub mod summary;

@@ -11,6 +11,7 @@ use crate::export::table::TextTable;
 use crate::export::{create_dir, write_file};
 use crate::metric::{Direction, share, view, views};
 use crate::num::{fmt_fixed, fmt_pct, fmt_sig, r6};
+use crate::requests_csv::write_requests_csv;
 use crate::summary::{RunSummary, WorkerSummary};
 use routelab_sim::{RequestRecord, RunMetrics, Scenario};
 use serde::{Deserialize, Serialize};
@@ -177,9 +178,11 @@ pub fn write_run(dir: &Path, meta: &RunMeta, runs: &[PolicyRun]) -> Result<Writt
     write_json(&p, &summary)?;
     out.push(p);
 
-    let p = dir.join("requests.csv");
-    write_csv(&p, REQUEST_HEADER, request_rows(runs))?;
-    out.push(p);
+    if runs.iter().any(|r| r.requests.is_some()) {
+        let p = dir.join("requests.csv");
+        write_requests_csv(&p, runs)?;
+        out.push(p);
+    }
 
     let p = dir.join("timeline.csv");
     write_csv(&p, TIMELINE_HEADER, timeline_rows(runs))?;
@@ -197,53 +200,6 @@ pub fn write_run(dir: &Path, meta: &RunMeta, runs: &[PolicyRun]) -> Result<Writt
     write_file(&p, run_html(meta, runs, &summary, &charts))?;
     out.push(p);
     Ok(out)
-}
-
-const REQUEST_HEADER: &[&str] = &[
-    "policy",
-    "id",
-    "arrival_s",
-    "worker",
-    "status",
-    "prompt_tokens",
-    "output_tokens",
-    "cached_tokens",
-    "believed_cached_tokens",
-    "affinity_kept",
-    "queue_s",
-    "ttft_s",
-    "e2e_s",
-    "tpot_s",
-];
-
-/// `requests.csv` rows; an absent latency (a request that never got its first token, TPOT
-/// of a one-token output) is an empty cell.
-fn request_rows(runs: &[PolicyRun]) -> impl Iterator<Item = Vec<String>> + '_ {
-    runs.iter().flat_map(|r| {
-        r.requests.iter().flatten().map(move |q| {
-            vec![
-                r.policy.clone(),
-                q.id.to_string(),
-                fmt_fixed(q.arrival_s, 6),
-                q.worker.clone(),
-                q.status.as_str().to_string(),
-                q.prompt_tokens.to_string(),
-                q.output_tokens.to_string(),
-                q.cached_tokens.to_string(),
-                q.believed_cached_tokens.to_string(),
-                q.affinity_kept.to_string(),
-                fmt_fixed(q.queue_s, 6),
-                fmt_opt(q.ttft_s),
-                fmt_opt(q.e2e_s),
-                fmt_opt(q.tpot_s),
-            ]
-        })
-    })
-}
-
-/// An absent latency is an empty cell.
-fn fmt_opt(x: Option<f64>) -> String {
-    x.map_or_else(String::new, |x| fmt_fixed(x, 6))
 }
 
 const TIMELINE_HEADER: &[&str] = &[

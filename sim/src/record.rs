@@ -114,12 +114,12 @@ pub struct RequestRecord {
 /// Where per-request rows go, when asked for.
 pub trait RequestSink {
     /// One finished request.
-    fn record(&mut self, row: &RequestRecord);
+    fn record(&mut self, row: RequestRecord);
 }
 
 impl RequestSink for Vec<RequestRecord> {
-    fn record(&mut self, row: &RequestRecord) {
-        self.push(row.clone());
+    fn record(&mut self, row: RequestRecord) {
+        self.push(row);
     }
 }
 

@@ -237,7 +237,7 @@ impl Sim<'_> {
     fn record(&mut self, o: &Outcome, sink: Sink<'_, '_>) {
         self.rec.finished(o);
         if let Some(sink) = sink.as_deref_mut() {
-            sink.record(&self.rec.row(o));
+            sink.record(self.rec.row(o));
         }
     }
 
