@@ -4,4 +4,5 @@ mod case_studies;
 mod cli;
 mod common;
 mod compare_paired;
+mod readme;
 mod run_output;
