@@ -16,7 +16,8 @@
 //!     launch_args: "--max-model-len 32768"
 //! ```
 //!
-//! See `gateway/examples/gateway.yaml` for every field with its default.
+//! See `gateway/examples/gateway.yaml` for every field with its default (the request log and the
+//! capacity curve included: `request_log: {path, max_bytes, keep}`, `capacity: {min_observed_s}`).
 
 use crate::error::WorkerError;
 use routelab_policies::located::{parse_yaml, rule};
@@ -857,6 +858,19 @@ mod tests {
             ("clock_scale: 1e6\n", "clock_scale"),
             ("admin_listen: nowhere\n", "admin_listen"),
             (
+                "request_log: {path: r.jsonl, max_bytes: 0}\n",
+                "request_log.max_bytes",
+            ),
+            (
+                "request_log: {path: r.jsonl, max_bytes: -5}\n",
+                "request_log.max_bytes",
+            ),
+            ("request_log: {path: r.jsonl, keep: 5000}\n", "request_log.keep"),
+            ("request_log: {path: r.jsonl, keep: 1.5}\n", "request_log.keep"),
+            ("request_log: {path: \"\"}\n", "request_log.path"),
+            ("capacity: {min_observed_s: -1}\n", "capacity.min_observed_s"),
+            ("capacity: {min_observed_s: .nan}\n", "capacity.min_observed_s"),
+            (
                 "policy: {preset: seed-v3, weights: {kind: probe, concurrency: 4000000000}}\n",
                 "policy.weights.concurrency",
             ),
@@ -882,6 +896,37 @@ mod tests {
         let edge = "max_body_bytes: 1073741824\nretries: 100\nclock_scale: 1000\n\
                     health: {interval_s: 0}\nserver: {max_connections: 1000000}\n";
         GatewayConfig::from_yaml(edge, "g.yaml").unwrap();
+    }
+
+    #[test]
+    fn the_request_log_and_the_capacity_curve_have_their_defaults() {
+        let c = GatewayConfig::from_yaml("{}\n", "g.yaml").unwrap();
+        assert_eq!(c.request_log, None);
+        assert_eq!(
+            c.capacity.min_observed_s,
+            crate::capacity::DEFAULT_MIN_OBSERVED_S
+        );
+        let c = GatewayConfig::from_yaml(
+            "request_log: {path: /tmp/r.jsonl}\ncapacity: {min_observed_s: 0}\n",
+            "g.yaml",
+        )
+        .unwrap();
+        let log = c.request_log.unwrap();
+        assert_eq!(
+            (log.path.to_str(), log.max_bytes, log.keep),
+            (Some("/tmp/r.jsonl"), 104_857_600, 5)
+        );
+        assert_eq!(c.capacity.min_observed_s, 0.0);
+        let e = GatewayConfig::from_yaml("request_log: {max_bytes: 10}\n", "g.yaml").unwrap_err();
+        assert_eq!(e.field, "request_log");
+        assert!(e.message.contains("missing field `path`"), "{e}");
+        // The message says what would be valid.
+        let e = GatewayConfig::from_yaml("request_log: {path: r, keep: 5000}\n", "g.yaml")
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "g.yaml: request_log.keep: 5000 is not valid; expected a whole number from 0 to 1000"
+        );
     }
 
     #[test]
