@@ -396,10 +396,7 @@ pub(crate) async fn capacity(
 ) -> Result<Response, ApiError> {
     let asked = query
         .map_err(|e| {
-            ApiError::bad_request(
-                format!("{e}; the one parameter is `model`"),
-                Some("model"),
-            )
+            ApiError::bad_request(format!("{e}; the one parameter is `model`"), Some("model"))
         })?
         .0
         .model;

@@ -166,8 +166,7 @@ impl Curve {
                 let total: f64 = b.spent.iter().map(|(_, t)| t.as_secs_f64()).sum();
                 if total > 0.0 {
                     for (c, t) in &b.spent {
-                        self.bins[*c as usize - 1].tokens +=
-                            f64::from(n) * t.as_secs_f64() / total;
+                        self.bins[*c as usize - 1].tokens += f64::from(n) * t.as_secs_f64() / total;
                     }
                 } else {
                     // First byte and end at once: all of it where it ended.

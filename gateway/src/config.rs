@@ -589,7 +589,10 @@ impl GatewayConfig {
         [
             ("request_log.max_bytes", log.map(|l| l.max_bytes as f64)),
             ("request_log.keep", log.map(|l| f64::from(l.keep))),
-            ("capacity.min_observed_s", Some(self.capacity.min_observed_s)),
+            (
+                "capacity.min_observed_s",
+                Some(self.capacity.min_observed_s),
+            ),
             ("queue_timeout_s", Some(self.queue_timeout_s)),
             ("health.interval_s", Some(h.interval_s)),
             ("upstream.connect_timeout_s", Some(u.connect_timeout_s)),
@@ -865,11 +868,23 @@ mod tests {
                 "request_log: {path: r.jsonl, max_bytes: -5}\n",
                 "request_log.max_bytes",
             ),
-            ("request_log: {path: r.jsonl, keep: 5000}\n", "request_log.keep"),
-            ("request_log: {path: r.jsonl, keep: 1.5}\n", "request_log.keep"),
+            (
+                "request_log: {path: r.jsonl, keep: 5000}\n",
+                "request_log.keep",
+            ),
+            (
+                "request_log: {path: r.jsonl, keep: 1.5}\n",
+                "request_log.keep",
+            ),
             ("request_log: {path: \"\"}\n", "request_log.path"),
-            ("capacity: {min_observed_s: -1}\n", "capacity.min_observed_s"),
-            ("capacity: {min_observed_s: .nan}\n", "capacity.min_observed_s"),
+            (
+                "capacity: {min_observed_s: -1}\n",
+                "capacity.min_observed_s",
+            ),
+            (
+                "capacity: {min_observed_s: .nan}\n",
+                "capacity.min_observed_s",
+            ),
             (
                 "policy: {preset: seed-v3, weights: {kind: probe, concurrency: 4000000000}}\n",
                 "policy.weights.concurrency",
@@ -921,8 +936,8 @@ mod tests {
         assert_eq!(e.field, "request_log");
         assert!(e.message.contains("missing field `path`"), "{e}");
         // The message says what would be valid.
-        let e = GatewayConfig::from_yaml("request_log: {path: r, keep: 5000}\n", "g.yaml")
-            .unwrap_err();
+        let e =
+            GatewayConfig::from_yaml("request_log: {path: r, keep: 5000}\n", "g.yaml").unwrap_err();
         assert_eq!(
             e.to_string(),
             "g.yaml: request_log.keep: 5000 is not valid; expected a whole number from 0 to 1000"

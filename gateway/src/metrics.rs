@@ -201,8 +201,9 @@ pub fn render_connections(stats: &crate::server::ConnectionStats) -> String {
 /// The request log's counters in the Prometheus text format (zeros when there is no log, so
 /// the series exist whatever the configuration).
 pub fn render_request_log(counters: Option<&crate::reqlog::LogCounters>) -> String {
-    let (dropped, errors) =
-        counters.map_or((0, 0), |c| (c.dropped.load(Relaxed), c.write_errors.load(Relaxed)));
+    let (dropped, errors) = counters.map_or((0, 0), |c| {
+        (c.dropped.load(Relaxed), c.write_errors.load(Relaxed))
+    });
     format!(
         "# HELP routelab_gateway_request_log_dropped_total Request log lines dropped because the writer's queue was full.\n\
          # TYPE routelab_gateway_request_log_dropped_total counter\n\

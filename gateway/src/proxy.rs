@@ -474,10 +474,7 @@ async fn respond(
         Ok(Ok(())) => None,
         Ok(Err(BodyFailure::Broken(e))) => Some((
             LogStatus::UpstreamError,
-            ApiError::upstream(format!(
-                "the worker's response broke: {}",
-                error_chain(&e)
-            )),
+            ApiError::upstream(format!("the worker's response broke: {}", error_chain(&e))),
         )),
         Ok(Err(BodyFailure::Stalled)) => Some((
             LogStatus::Timeout,

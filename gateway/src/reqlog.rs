@@ -458,7 +458,11 @@ mod tests {
         assert!(!rotated(&path, 3).exists(), "keep: 2");
         let mut seen = Vec::new();
         // 40 lines of equal length, 3 to a file: 13 full files, the last line alone.
-        for (p, n) in [(rotated(&path, 2), 3), (rotated(&path, 1), 3), (path.clone(), 1)] {
+        for (p, n) in [
+            (rotated(&path, 2), 3),
+            (rotated(&path, 1), 3),
+            (path.clone(), 1),
+        ] {
             let text = std::fs::read_to_string(&p).unwrap();
             assert!(text.len() as u64 <= settings.max_bytes, "{}", p.display());
             assert!(text.ends_with('\n'));

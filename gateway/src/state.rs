@@ -7,10 +7,10 @@
 //! The lock is never held across an `.await`, never held while doing I/O, and every critical
 //! section is bounded (the longest is a queue pump, bounded by the queue length).
 
+use crate::capacity::Decoding;
 use crate::clock::Clock;
 use crate::config::{GatewayConfig, HealthConfig, WorkerConfig, secs};
 use crate::error::WorkerError;
-use crate::capacity::Decoding;
 use crate::metrics::{GlobalMetrics, WorkerMetrics};
 use crate::reqlog::{LogStatus, RequestLog, Trace};
 use crate::upstream::{BaseUrl, HttpClient};
