@@ -169,10 +169,9 @@ async fn each_finished_request_is_one_line_with_its_fields_and_no_prompt_text() 
         );
         assert!(ttft > 0.0 && ttft <= e2e && e2e < 10_000.0, "{l}");
     }
-    // The streamed one took its 12 tokens at 200 tok/s: about 60 ms from first byte to end.
+    // The streamed one cannot end before its 12th token, 60 ms after the worker started it.
     let streamed = line_for(&all, expected[0].0, "ok");
-    let span = streamed["e2e_ms"].as_f64().unwrap() - streamed["ttft_ms"].as_f64().unwrap();
-    assert!(span >= 40.0, "{streamed}");
+    assert!(streamed["e2e_ms"].as_f64().unwrap() >= 55.0, "{streamed}");
 
     let l = line_for(&all, refused_tokens, "rejected");
     assert_eq!(
