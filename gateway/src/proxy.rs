@@ -644,6 +644,8 @@ pub(crate) struct SseScan {
     /// Events that carry output text (one token each, as engines stream).
     content_events: u32,
     usage: Option<u32>,
+    /// The stream's `data: [DONE]` passed.
+    done: bool,
 }
 
 /// True if an SSE `data:` payload carries output text: a non-empty `"content"` (chat) or
@@ -691,6 +693,7 @@ impl SseScan {
         };
         let payload = payload.trim_ascii();
         if payload == b"[DONE]" {
+            self.done = true;
             return;
         }
         self.data_events += 1;
@@ -811,9 +814,18 @@ impl http_body::Body for SseBody {
 }
 
 impl Drop for SseBody {
-    /// Dropped before its end: the client went away mid-stream; the log keeps what it got.
+    /// Dropped before the worker's body ended. After `data: [DONE]` passed, the response was
+    /// whole (a client may close as soon as it reads `[DONE]`, before the body's end is
+    /// polled): it completed. Before, the client went away mid-stream; the log keeps what it
+    /// got.
     fn drop(&mut self) {
-        if !self.done {
+        if self.done {
+            return;
+        }
+        if self.scan.done {
+            self.flight
+                .complete(self.scan.output_tokens(), self.scan.logged_output());
+        } else {
             self.flight
                 .log_end(LogStatus::ClientGone, self.scan.logged_output());
         }
@@ -849,6 +861,9 @@ mod tests {
         assert_eq!(s.logged_output(), Some(2));
         s.feed(b"data: {\"choices\":[],\"usage\":{\"completion_tokens\":9}}\n\n");
         assert_eq!(s.logged_output(), Some(9));
+        assert!(!s.done);
+        s.feed(b"data: [DONE]\n\n");
+        assert!(s.done);
         assert!(!is_content_event(br#"{"choices":[{"text":""}]}"#));
     }
 
