@@ -19,7 +19,8 @@
 //!   `upstream.response_timeout_s`, or went silent longer than
 //!   `upstream.stream_idle_timeout_s`); `rejected` (refused without a generation: by the router
 //!   — every worker at its cap until `queue_timeout_s`, none healthy, the prompt too long — with
-//!   `worker` null, or by the worker with a 4xx); `client_gone` (the client went away first);
+//!   `worker` null, or the worker whose failure made it a retry; or by the worker with a 4xx);
+//!   `client_gone` (the client went away first);
 //! - `ttft_ms` (arrival to the first response byte) and `e2e_ms` (arrival to the end), null
 //!   when that point was not reached; in **policy time**, the router's clock ([`crate::clock`]):
 //!   wall time in production, the emulated engine's time under `clock_scale`.

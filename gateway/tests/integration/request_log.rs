@@ -205,6 +205,60 @@ fn base_of(chat: &str) -> &str {
     chat.strip_suffix("/v1/chat/completions").unwrap()
 }
 
+/// Through the gateway, a small `max_bytes` rotates the log several times: `keep` rotated
+/// files beside the live one, none over `max_bytes`, every line whole JSON, the newest kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_log_rotates_keeping_whole_lines_and_keep_files() {
+    let w = FakeWorker::start(0.0).await;
+    let dir = temp_dir("reqlog-rotate");
+    let path = dir.join("r.jsonl");
+    let gateway = serve(
+        "seed-v3",
+        &format!(
+            "request_log: {{path: {}, max_bytes: 700, keep: 2}}",
+            path.display()
+        ),
+        &[worker("w", &w.url, "m", &[], 4096)],
+    )
+    .await;
+    let Gateway { gw, chat, c, .. } = gateway;
+    // Each line is ~230 bytes (one prefix hash): 3 to a file; 20 requests rotate 6 times.
+    for i in 0..20 {
+        let a = post_chat(
+            &c,
+            &chat,
+            &format!("{i:02} {}", long_prompt("rotate")),
+            4,
+            false,
+        )
+        .await;
+        assert_eq!(a.status, StatusCode::OK);
+    }
+    gw.flush_request_log().await;
+    let rotated = |i: u32| dir.join(format!("r.jsonl.{i}"));
+    assert!(rotated(1).exists() && rotated(2).exists());
+    assert!(!rotated(3).exists(), "keep: 2");
+    let mut arrivals = Vec::new();
+    for p in [rotated(2), rotated(1), path.clone()] {
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(text.len() <= 700, "{}: {} bytes", p.display(), text.len());
+        assert!(text.ends_with('\n'), "{}", p.display());
+        for l in lines(&p) {
+            assert_eq!(l["status"], "ok");
+            arrivals.push(l["arrival_unix_ms"].as_i64().unwrap());
+        }
+    }
+    // Oldest file first: the requests, sent one after another, in order; the oldest dropped.
+    assert!(arrivals.windows(2).all(|a| a[0] <= a[1]), "{arrivals:?}");
+    assert!(
+        arrivals.len() < 20 && arrivals.len() >= 7,
+        "{}",
+        arrivals.len()
+    );
+    gw.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A log file that cannot be opened stops the start with a located error.
 #[tokio::test]
 async fn a_log_that_cannot_be_opened_is_a_located_error_at_start() {
