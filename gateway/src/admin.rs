@@ -10,6 +10,7 @@
 //! | `POST /admin/workers/{name}/pin` | pin the weight, body `{"weight": 1.5}`, within the policy's weight clamp (persisted; 500 and not applied if the state file cannot be written) |
 //! | `POST /admin/workers/{name}/unpin` | clear the pin (persisted, as pins are) |
 //! | `POST /admin/workers/{name}/reprobe` | measure again now → 202 |
+//! | `GET /admin/capacity[?model=NAME]` | the passive capacity curve of each worker of the model ([`crate::capacity`]); the model may be left out when every worker serves the same one |
 
 use crate::config::WorkerConfig;
 use crate::error::{ApiError, WorkerError};
@@ -379,6 +380,117 @@ pub(crate) async fn reprobe(
     };
     crate::log("admin_reprobe", &[("worker", &name)]);
     Ok((StatusCode::ACCEPTED, axum::Json(row)).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CapacityQuery {
+    model: Option<String>,
+}
+
+/// `GET /admin/capacity[?model=NAME]`: for each worker of the model (not removed), the points of
+/// its passive capacity curve observed at least `capacity.min_observed_s`, by concurrency.
+pub(crate) async fn capacity(
+    State(s): State<Arc<Shared>>,
+    query: Result<axum::extract::Query<CapacityQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let asked = query
+        .map_err(|e| {
+            ApiError::bad_request(format!("{e}; the one parameter is `model`"), Some("model"))
+        })?
+        .0
+        .model;
+    let (model, workers) = {
+        let core = s.core();
+        let live: Vec<&crate::state::WorkerRt> =
+            core.workers.iter().filter(|w| !w.removed).collect();
+        let mut models: Vec<&str> = live.iter().map(|w| w.cfg.model.as_str()).collect();
+        models.sort_unstable();
+        models.dedup();
+        let model = match (asked, models.as_slice()) {
+            (Some(m), _) if models.contains(&m.as_str()) => m,
+            (Some(m), _) => {
+                return Err(ApiError {
+                    param: Some("model"),
+                    ..ApiError::new(
+                        StatusCode::NOT_FOUND,
+                        "invalid_request_error",
+                        "model_not_found",
+                        format!(
+                            "no worker serves the model `{m}`; served: {}",
+                            models.join(", ")
+                        ),
+                    )
+                });
+            }
+            (None, [one]) => (*one).to_string(),
+            (None, []) => {
+                return Err(ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "invalid_request_error",
+                    "model_not_found",
+                    "the gateway has no worker, so no capacity curve",
+                ));
+            }
+            (None, several) => {
+                return Err(ApiError::bad_request(
+                    format!(
+                        "the workers serve several models: ask for one with ?model= (one of {})",
+                        several.join(", ")
+                    ),
+                    Some("model"),
+                ));
+            }
+        };
+        let workers: Vec<(String, Vec<String>, u32, Arc<crate::metrics::WorkerMetrics>)> = live
+            .iter()
+            .filter(|w| w.cfg.model == model)
+            .map(|w| {
+                (
+                    w.cfg.name.clone(),
+                    w.cfg.gpu_names.clone(),
+                    w.cfg.context_window,
+                    w.metrics.clone(),
+                )
+            })
+            .collect();
+        (model, workers)
+    };
+    let now = s.clock.now();
+    let workers: Vec<Value> = workers
+        .into_iter()
+        .map(|(name, gpu_names, context_window, metrics)| {
+            let points: Vec<Value> = metrics
+                .curve()
+                .points(now, s.settings.min_observed)
+                .into_iter()
+                .map(|p| {
+                    json!({
+                        "concurrency": p.concurrency,
+                        "aggregate_tok_s": p.aggregate_tok_s,
+                        "observed_s": p.observed_s,
+                        "tokens": p.tokens.round() as u64,
+                    })
+                })
+                .collect();
+            json!({
+                "name": name,
+                "gpu_names": gpu_names,
+                "context_window": context_window,
+                "points": points,
+            })
+        })
+        .collect();
+    let generated_unix_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    Ok(axum::Json(json!({
+        "schema": crate::capacity::SCHEMA,
+        "model": model,
+        "generated_unix_s": generated_unix_s,
+        "workers": workers,
+    }))
+    .into_response())
 }
 
 #[cfg(test)]

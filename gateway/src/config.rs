@@ -16,7 +16,8 @@
 //!     launch_args: "--max-model-len 32768"
 //! ```
 //!
-//! See `gateway/examples/gateway.yaml` for every field with its default.
+//! See `gateway/examples/gateway.yaml` for every field with its default (the request log and the
+//! capacity curve included: `request_log: {path, max_bytes, keep}`, `capacity: {min_observed_s}`).
 
 use crate::error::WorkerError;
 use routelab_policies::located::{parse_yaml, rule};
@@ -78,6 +79,12 @@ pub struct GatewayConfig {
     /// Burst-probe runner.
     #[serde(default)]
     pub probe: ProbeRunnerConfig,
+    /// The request log (one JSON line per finished request, rotated by size); none: no log.
+    #[serde(default)]
+    pub request_log: Option<RequestLogConfig>,
+    /// The passive capacity curve (`GET /admin/capacity`).
+    #[serde(default)]
+    pub capacity: CapacityConfig,
     /// Workers known at start (more can be added with the admin API).
     #[serde(default)]
     pub workers: Vec<WorkerConfig>,
@@ -223,6 +230,48 @@ impl Default for ProbeRunnerConfig {
     }
 }
 
+/// The request log ([`crate::reqlog`] has its line schema).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RequestLogConfig {
+    /// The live file (appended to; its directory must exist).
+    pub path: PathBuf,
+    /// Largest size of one file in bytes: a line that would take it past this first rotates it
+    /// to `<path>.1`.
+    #[serde(default = "default_log_max_bytes")]
+    pub max_bytes: u64,
+    /// Rotated files kept (`<path>.1` … `<path>.<keep>`); 0 keeps none.
+    #[serde(default = "default_log_keep")]
+    pub keep: u32,
+}
+
+/// The passive capacity curve.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CapacityConfig {
+    /// A concurrency is exported once it was observed this many seconds of policy time.
+    pub min_observed_s: f64,
+}
+
+impl Default for CapacityConfig {
+    fn default() -> Self {
+        CapacityConfig {
+            min_observed_s: crate::capacity::DEFAULT_MIN_OBSERVED_S,
+        }
+    }
+}
+
+impl RequestLogConfig {
+    /// The log's settings (the numbers were validated with the configuration).
+    pub fn settings(&self) -> crate::reqlog::LogSettings {
+        crate::reqlog::LogSettings {
+            path: self.path.clone(),
+            max_bytes: self.max_bytes,
+            keep: self.keep,
+        }
+    }
+}
+
 /// One worker.
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -304,6 +353,12 @@ fn default_retries() -> u32 {
 fn default_clock_scale() -> f64 {
     1.0
 }
+fn default_log_max_bytes() -> u64 {
+    100 * 1024 * 1024
+}
+fn default_log_keep() -> u32 {
+    5
+}
 
 /// Largest `max_body_bytes`: a body is held in memory while it is routed.
 pub const MAX_BODY_BYTES: u64 = 1 << 30;
@@ -313,6 +368,10 @@ pub const MAX_RETRIES: u64 = 100;
 pub const MAX_IDLE_PER_WORKER: u64 = 65_536;
 /// Largest `server.max_connections`.
 pub const MAX_CONNECTIONS: u64 = 1_000_000;
+/// Largest `request_log.max_bytes` (1 TiB).
+pub const MAX_LOG_BYTES: u64 = 1 << 40;
+/// Largest `request_log.keep`.
+pub const MAX_LOG_KEEP: u64 = 1000;
 /// Bounds of `clock_scale`: beyond them a wall-time period standing for policy time (the probe
 /// poll) would be absurdly long or shorter than a timer tick.
 pub const CLOCK_SCALE_RANGE: (f64, f64) = (1e-3, 1e3);
@@ -378,7 +437,9 @@ fn number_rule(field: &str) -> Option<NumberRule> {
         "upstream.max_idle_per_worker" => Whole(0, MAX_IDLE_PER_WORKER),
         "server.max_connections" => Whole(1, MAX_CONNECTIONS),
         "health.unhealthy_after" | "health.healthy_after" => Whole(1, u32::MAX.into()),
-        "queue_timeout_s" => Seconds,
+        "request_log.max_bytes" => Whole(1, MAX_LOG_BYTES),
+        "request_log.keep" => Whole(0, MAX_LOG_KEEP),
+        "queue_timeout_s" | "capacity.min_observed_s" => Seconds,
         "health.interval_s" => OffOrPeriod,
         "upstream.connect_timeout_s"
         | "upstream.response_timeout_s"
@@ -522,9 +583,16 @@ impl GatewayConfig {
 
     /// Every numeric field and its value (none: not set, nothing to check); [`number_rule`]
     /// says what each accepts.
-    fn numbers(&self) -> [(&'static str, Option<f64>); 17] {
+    fn numbers(&self) -> [(&'static str, Option<f64>); 20] {
         let (u, h, p, srv) = (&self.upstream, &self.health, &self.probe, &self.server);
+        let log = self.request_log.as_ref();
         [
+            ("request_log.max_bytes", log.map(|l| l.max_bytes as f64)),
+            ("request_log.keep", log.map(|l| f64::from(l.keep))),
+            (
+                "capacity.min_observed_s",
+                Some(self.capacity.min_observed_s),
+            ),
             ("queue_timeout_s", Some(self.queue_timeout_s)),
             ("health.interval_s", Some(h.interval_s)),
             ("upstream.connect_timeout_s", Some(u.connect_timeout_s)),
@@ -574,6 +642,14 @@ impl GatewayConfig {
             return Err(
                 InputError::new(file, "admin_listen", "must differ from `listen`")
                     .valid("another host:port, or no admin_listen to serve /admin on `listen`"),
+            );
+        }
+        if let Some(log) = &self.request_log
+            && log.path.as_os_str().is_empty()
+        {
+            return Err(
+                InputError::new(file, "request_log.path", "must not be empty")
+                    .valid("a file path, e.g. /var/log/routelab/requests.jsonl"),
             );
         }
         if !self.health.path.starts_with('/') {
@@ -785,6 +861,31 @@ mod tests {
             ("clock_scale: 1e6\n", "clock_scale"),
             ("admin_listen: nowhere\n", "admin_listen"),
             (
+                "request_log: {path: r.jsonl, max_bytes: 0}\n",
+                "request_log.max_bytes",
+            ),
+            (
+                "request_log: {path: r.jsonl, max_bytes: -5}\n",
+                "request_log.max_bytes",
+            ),
+            (
+                "request_log: {path: r.jsonl, keep: 5000}\n",
+                "request_log.keep",
+            ),
+            (
+                "request_log: {path: r.jsonl, keep: 1.5}\n",
+                "request_log.keep",
+            ),
+            ("request_log: {path: \"\"}\n", "request_log.path"),
+            (
+                "capacity: {min_observed_s: -1}\n",
+                "capacity.min_observed_s",
+            ),
+            (
+                "capacity: {min_observed_s: .nan}\n",
+                "capacity.min_observed_s",
+            ),
+            (
                 "policy: {preset: seed-v3, weights: {kind: probe, concurrency: 4000000000}}\n",
                 "policy.weights.concurrency",
             ),
@@ -810,6 +911,37 @@ mod tests {
         let edge = "max_body_bytes: 1073741824\nretries: 100\nclock_scale: 1000\n\
                     health: {interval_s: 0}\nserver: {max_connections: 1000000}\n";
         GatewayConfig::from_yaml(edge, "g.yaml").unwrap();
+    }
+
+    #[test]
+    fn the_request_log_and_the_capacity_curve_have_their_defaults() {
+        let c = GatewayConfig::from_yaml("{}\n", "g.yaml").unwrap();
+        assert_eq!(c.request_log, None);
+        assert_eq!(
+            c.capacity.min_observed_s,
+            crate::capacity::DEFAULT_MIN_OBSERVED_S
+        );
+        let c = GatewayConfig::from_yaml(
+            "request_log: {path: /tmp/r.jsonl}\ncapacity: {min_observed_s: 0}\n",
+            "g.yaml",
+        )
+        .unwrap();
+        let log = c.request_log.unwrap();
+        assert_eq!(
+            (log.path.to_str(), log.max_bytes, log.keep),
+            (Some("/tmp/r.jsonl"), 104_857_600, 5)
+        );
+        assert_eq!(c.capacity.min_observed_s, 0.0);
+        let e = GatewayConfig::from_yaml("request_log: {max_bytes: 10}\n", "g.yaml").unwrap_err();
+        assert_eq!(e.field, "request_log");
+        assert!(e.message.contains("missing field `path`"), "{e}");
+        // The message says what would be valid.
+        let e =
+            GatewayConfig::from_yaml("request_log: {path: r, keep: 5000}\n", "g.yaml").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "g.yaml: request_log.keep: 5000 is not valid; expected a whole number from 0 to 1000"
+        );
     }
 
     #[test]

@@ -9,7 +9,9 @@
 //!   SSE streams are passed through frame by frame.
 //! - `GET /v1/models`: the union of the workers' models.
 //! - `GET /metrics`: Prometheus text ([`metrics`]); `GET /health`: the gateway itself.
-//! - `/admin/...`: workers, drain, pins, re-probe, behind a bearer token ([`admin`]).
+//! - `/admin/...`: workers, drain, pins, re-probe, the passive capacity curve ([`capacity`]),
+//!   behind a bearer token ([`admin`]).
+//! - An optional request log, one JSON line per finished request ([`reqlog`]).
 //!   With `admin_listen` it is served on a listener of its own, and the public one answers 404.
 //!
 //! The HTTP server is our own accept loop ([`server`]): header and body read timeouts and a
@@ -30,6 +32,7 @@
 
 pub mod admin;
 mod admin_page;
+pub mod capacity;
 pub mod clock;
 pub mod config;
 pub mod error;
@@ -39,6 +42,7 @@ pub mod persist;
 pub mod probe;
 pub mod prompt;
 pub mod proxy;
+pub mod reqlog;
 pub mod server;
 mod state;
 pub mod upstream;
@@ -147,6 +151,7 @@ pub struct RunningGateway {
     server: Option<JoinHandle<()>>,
     tasks: Vec<JoinHandle<()>>,
     connections: Arc<server::ConnectionStats>,
+    request_log: Option<Arc<reqlog::RequestLog>>,
 }
 
 impl RunningGateway {
@@ -165,7 +170,8 @@ impl RunningGateway {
         &self.connections
     }
 
-    /// Stop accepting, let in-flight requests finish, stop the background tasks.
+    /// Stop accepting, let in-flight requests finish, flush the request log, stop the
+    /// background tasks.
     pub async fn shutdown(mut self) {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(true);
@@ -173,7 +179,16 @@ impl RunningGateway {
         if let Some(server) = self.server.take() {
             let _ = server.await;
         }
+        self.flush_request_log().await;
         // Drop aborts the background tasks.
+    }
+
+    /// Wait until every request log line of a request that has ended is written and flushed
+    /// (nothing to do without a log).
+    pub async fn flush_request_log(&self) {
+        if let Some(log) = &self.request_log {
+            log.sync().await;
+        }
     }
 
     /// Stop at once, without a graceful shutdown.
@@ -225,7 +240,27 @@ fn build(config: &GatewayConfig, settings: Settings) -> Result<Arc<Shared>, Gate
         )?,
         config.upstream.max_idle_per_worker,
     );
-    let shared = Arc::new(Shared::new(settings, clock, router, config.seed, client));
+    let request_log = match &config.request_log {
+        Some(l) => Some(Arc::new(reqlog::RequestLog::open(l.settings()).map_err(
+            |e| {
+                routelab_policies::InputError::new(
+                    config.origin(),
+                    "request_log.path",
+                    format!("cannot open `{}` for appending: {e}", l.path.display()),
+                )
+                .valid("a writable file in an existing directory")
+            },
+        )?)),
+        None => None,
+    };
+    let shared = Arc::new(Shared::new(
+        settings,
+        clock,
+        router,
+        config.seed,
+        client,
+        request_log,
+    ));
     {
         let mut core = shared.core();
         let now = shared.clock.now();
@@ -249,6 +284,7 @@ fn app(shared: Arc<Shared>) -> HttpRouter {
         .route("/admin/workers/{name}/pin", post(admin::pin))
         .route("/admin/workers/{name}/unpin", post(admin::unpin))
         .route("/admin/workers/{name}/reprobe", post(admin::reprobe))
+        .route("/admin/capacity", get(admin::capacity))
         .route_layer(axum::middleware::from_fn_with_state(
             shared.clone(),
             admin::require_token,
@@ -300,6 +336,9 @@ async fn metrics_handler(State(s): State<Arc<Shared>>) -> axum::response::Respon
         metrics::render(&rows, core.router.queued(), &s.global)
     };
     text.push_str(&metrics::render_connections(&s.connections));
+    text.push_str(&metrics::render_request_log(
+        s.request_log.as_deref().map(reqlog::RequestLog::counters),
+    ));
     (
         [(
             axum::http::header::CONTENT_TYPE,
@@ -354,6 +393,7 @@ pub async fn start_on(
         None => None,
     };
     let connections = shared.connections.clone();
+    let request_log = shared.request_log.clone();
     let routes = app(shared.clone());
     let (tx, rx) = watch::channel(false);
     let public_scope = if admin_listener.is_some() {
@@ -421,6 +461,7 @@ pub async fn start_on(
         server: Some(server),
         tasks,
         connections,
+        request_log,
     })
 }
 

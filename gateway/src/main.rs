@@ -53,8 +53,15 @@ fn main() -> std::process::ExitCode {
         let mut gateway = match routelab_gateway::start(config).await {
             Ok(g) => g,
             Err(e) => {
+                // A configuration that cannot be used (e.g. a request log that cannot be
+                // opened) is bad input, as at load: exit 2.
+                let code = if matches!(e, routelab_gateway::GatewayError::Config(_)) {
+                    2
+                } else {
+                    1
+                };
                 eprintln!("error: {:#}", anyhow::Error::new(e));
-                return std::process::ExitCode::FAILURE;
+                return std::process::ExitCode::from(code);
             }
         };
         tokio::select! {

@@ -96,6 +96,16 @@ pub struct WorkerMetrics {
     pub probes_ok: AtomicU64,
     /// Failed probe bursts.
     pub probes_failed: AtomicU64,
+    /// The passive capacity curve (customer traffic), behind a lock of its own: touched at a
+    /// request's first byte, its end and each streamed chunk, never with the router's lock held.
+    pub capacity: Mutex<crate::capacity::Curve>,
+}
+
+impl WorkerMetrics {
+    /// The capacity curve (a poisoned lock is recovered: the curve is plain numbers).
+    pub fn curve(&self) -> std::sync::MutexGuard<'_, crate::capacity::Curve> {
+        self.capacity.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl Default for WorkerMetrics {
@@ -107,6 +117,7 @@ impl Default for WorkerMetrics {
             e2e: Histogram::new(E2E_BUCKETS),
             probes_ok: AtomicU64::new(0),
             probes_failed: AtomicU64::new(0),
+            capacity: Mutex::default(),
         }
     }
 }
@@ -184,6 +195,22 @@ pub fn render_connections(stats: &crate::server::ConnectionStats) -> String {
          routelab_gateway_client_connections_rejected_total {}\n",
         stats.open.load(Relaxed),
         stats.rejected.load(Relaxed)
+    )
+}
+
+/// The request log's counters in the Prometheus text format (zeros when there is no log, so
+/// the series exist whatever the configuration).
+pub fn render_request_log(counters: Option<&crate::reqlog::LogCounters>) -> String {
+    let (dropped, errors) = counters.map_or((0, 0), |c| {
+        (c.dropped.load(Relaxed), c.write_errors.load(Relaxed))
+    });
+    format!(
+        "# HELP routelab_gateway_request_log_dropped_total Request log lines dropped because the writer's queue was full.\n\
+         # TYPE routelab_gateway_request_log_dropped_total counter\n\
+         routelab_gateway_request_log_dropped_total {dropped}\n\
+         # HELP routelab_gateway_request_log_write_errors_total Request log lines lost to a failed write.\n\
+         # TYPE routelab_gateway_request_log_write_errors_total counter\n\
+         routelab_gateway_request_log_write_errors_total {errors}\n"
     )
 }
 

@@ -2,6 +2,7 @@
 
 use crate::error::ApiError;
 use crate::prompt::{self, Endpoint};
+use crate::reqlog::{LogStatus, Trace};
 use crate::state::{Core, Flight, QueueTicket, Shared};
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -76,6 +77,11 @@ fn too_large(max: usize) -> ApiError {
 
 async fn handle(s: Arc<Shared>, req: Request, ep: Endpoint) -> Result<Response, ApiError> {
     let arrived = Instant::now();
+    let arrived_at = s.clock.now();
+    // The request log's arrival is the real wall clock, whatever `clock_scale` says.
+    let arrival_unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
     let max = s.settings.max_body;
     let (parts, body) = req.into_parts();
     let declared = parts
@@ -122,9 +128,28 @@ async fn handle(s: Arc<Shared>, req: Request, ep: Endpoint) -> Result<Response, 
         prefix: &prefix,
         prompt_tokens: parsed.prompt_tokens,
     };
+    // From here on the request is logged, however it ends (dropped: the client went away).
+    let mut trace = s.request_log.as_ref().map(|log| {
+        Trace::new(
+            log.clone(),
+            s.clock,
+            arrived_at,
+            arrival_unix_ms,
+            &parsed.model,
+            parsed.prompt_tokens,
+            &prefix,
+        )
+    });
+    // A request that ends in the gateway: no response byte, no output.
+    let log_end = |trace: &mut Option<Trace>, status: LogStatus| {
+        if let Some(t) = trace.as_mut() {
+            t.finish(status, None, None);
+        }
+    };
 
     let mut tried: Vec<WorkerId> = Vec::new();
     let mut last_error = String::from("no worker answered");
+    let mut last_status = LogStatus::UpstreamError;
     for attempt in 0..=s.settings.retries {
         let decision = match admit(&s, &route_req, &tried).await {
             Ok(d) => {
@@ -134,9 +159,11 @@ async fn handle(s: Arc<Shared>, req: Request, ep: Endpoint) -> Result<Response, 
                 d
             }
             Err(Refusal::Route(e)) if attempt == 0 => {
+                log_end(&mut trace, LogStatus::Rejected);
                 return Err(ApiError::route(e, &parsed.model));
             }
             Err(Refusal::QueueTimeout) => {
+                log_end(&mut trace, LogStatus::Rejected);
                 let earlier = (attempt > 0).then_some(last_error.as_str());
                 return Err(queue_timeout(s.settings.queue_timeout, earlier));
             }
@@ -155,6 +182,9 @@ async fn handle(s: Arc<Shared>, req: Request, ep: Endpoint) -> Result<Response, 
         };
         metrics.requests.fetch_add(1, Relaxed);
         tried.push(decision.worker);
+        if let Some(t) = trace.as_mut() {
+            t.worker(&name);
+        }
         let mut flight = Flight {
             shared: s.clone(),
             worker: decision.worker,
@@ -165,6 +195,9 @@ async fn handle(s: Arc<Shared>, req: Request, ep: Endpoint) -> Result<Response, 
             prompt_tokens: parsed.prompt_tokens,
             finished: false,
             charge: decision.charge,
+            curve: None,
+            decoding: None,
+            trace: None,
         };
         let mut up = hyper::Request::post(uri);
         if let Some(h) = up.headers_mut() {
@@ -186,17 +219,24 @@ async fn handle(s: Arc<Shared>, req: Request, ep: Endpoint) -> Result<Response, 
             Err(_) => {
                 flight.fail(false);
                 last_error = format!("worker `{name}` did not answer within the response timeout");
+                last_status = LogStatus::Timeout;
             }
             Ok(Err(e)) => {
                 let hard = crate::health::ejects_at_once(&e);
                 flight.fail(hard);
                 last_error = format!("worker `{name}`: {}", error_chain(&e));
+                last_status = LogStatus::UpstreamError;
             }
             Ok(Ok(r)) if r.status().is_server_error() => {
                 flight.fail(false);
                 last_error = format!("worker `{name}` answered {}", r.status());
+                last_status = LogStatus::UpstreamError;
             }
-            Ok(Ok(r)) => return Ok(respond(&s, flight, r, &name, first_chunk_by).await),
+            Ok(Ok(r)) => {
+                // This response is the request's answer: its flight writes the log line.
+                flight.trace = trace.take();
+                return Ok(respond(&s, flight, r, &name, first_chunk_by).await);
+            }
         }
         crate::log(
             "upstream_error",
@@ -207,6 +247,7 @@ async fn handle(s: Arc<Shared>, req: Request, ep: Endpoint) -> Result<Response, 
             ],
         );
     }
+    log_end(&mut trace, last_status);
     Err(ApiError::upstream(last_error))
 }
 
@@ -393,6 +434,8 @@ async fn respond(
         out.headers_mut().insert(WORKER_HEADER, v);
     }
     let idle = s.settings.stream_idle_timeout;
+    // Only a generation counts in the capacity curve, not an error body.
+    flight.curve = parts.status.is_success().then_some(!is_sse);
     if is_sse && parts.status.is_success() {
         *out.body_mut() = Body::new(SseBody {
             inner: body,
@@ -429,25 +472,29 @@ async fn respond(
     .await;
     let failure = match read {
         Ok(Ok(())) => None,
-        Ok(Err(BodyFailure::Broken(e))) => Some(ApiError::upstream(format!(
-            "the worker's response broke: {}",
-            error_chain(&e)
-        ))),
-        Ok(Err(BodyFailure::Stalled)) => {
-            Some(stalled(worker, idle, flight.first_token_at.is_some()))
-        }
-        Err(_) => Some(ApiError::upstream(
-            "the worker's response did not finish within the response timeout",
+        Ok(Err(BodyFailure::Broken(e))) => Some((
+            LogStatus::UpstreamError,
+            ApiError::upstream(format!("the worker's response broke: {}", error_chain(&e))),
+        )),
+        Ok(Err(BodyFailure::Stalled)) => Some((
+            LogStatus::Timeout,
+            stalled(worker, idle, flight.first_token_at.is_some()),
+        )),
+        Err(_) => Some((
+            LogStatus::Timeout,
+            ApiError::upstream("the worker's response did not finish within the response timeout"),
         )),
     };
-    if let Some(err) = failure {
+    if let Some((status, err)) = failure {
+        flight.log_end(status, None);
         flight.fail(false);
         return err.into_response();
     }
     if parts.status.is_success() {
-        flight.complete(output_tokens_of_json(&buf));
+        flight.complete(output_tokens_of_json(&buf), usage_tokens(&buf));
     } else {
         // The worker refused the request (4xx): the client's fault, not the worker's.
+        flight.log_end(LogStatus::Rejected, None);
         flight.abandon();
     }
     *out.body_mut() = Body::from(buf.freeze());
@@ -555,15 +602,22 @@ struct ChoicesOnly {
     choices: Vec<serde_json::Value>,
 }
 
+/// A non-streaming response's `usage.completion_tokens`.
+fn usage_tokens(body: &[u8]) -> Option<u32> {
+    match serde_json::from_slice(body) {
+        Ok(UsageOnly {
+            usage: Some(Usage {
+                completion_tokens: Some(n),
+            }),
+        }) => Some(n),
+        _ => None,
+    }
+}
+
 /// Output tokens of a non-streaming response: `usage.completion_tokens`, else the text's
 /// bytes / 4.
 fn output_tokens_of_json(body: &[u8]) -> u32 {
-    if let Ok(UsageOnly {
-        usage: Some(Usage {
-            completion_tokens: Some(n),
-        }),
-    }) = serde_json::from_slice(body)
-    {
+    if let Some(n) = usage_tokens(body) {
         return n;
     }
     let Ok(c) = serde_json::from_slice::<ChoicesOnly>(body) else {
@@ -582,12 +636,30 @@ fn output_tokens_of_json(body: &[u8]) -> u32 {
     prompt::estimate_tokens(bytes)
 }
 
-/// Counts SSE `data:` events and picks up a final `usage`.
+/// Counts SSE `data:` events and content events, and picks up a final `usage`.
 #[derive(Debug, Default)]
 pub(crate) struct SseScan {
     carry: Vec<u8>,
     data_events: u32,
+    /// Events that carry output text (one token each, as engines stream).
+    content_events: u32,
     usage: Option<u32>,
+    /// The stream's `data: [DONE]` passed.
+    done: bool,
+}
+
+/// True if an SSE `data:` payload carries output text: a non-empty `"content"` (chat) or
+/// `"text"` (completions) string. Recognised without a JSON parse: content events are the
+/// bulk of a stream.
+pub fn is_content_event(payload: &[u8]) -> bool {
+    [&b"\"content\":\""[..], &b"\"text\":\""[..]]
+        .iter()
+        .any(|needle| {
+            payload
+                .windows(needle.len())
+                .position(|w| w == *needle)
+                .is_some_and(|i| payload.get(i + needle.len()).is_some_and(|&b| b != b'"'))
+        })
 }
 
 /// Longest partial line kept between chunks.
@@ -621,9 +693,13 @@ impl SseScan {
         };
         let payload = payload.trim_ascii();
         if payload == b"[DONE]" {
+            self.done = true;
             return;
         }
         self.data_events += 1;
+        if is_content_event(payload) {
+            self.content_events += 1;
+        }
         if payload
             .windows(b"\"completion_tokens\"".len())
             .any(|w| w == b"\"completion_tokens\"")
@@ -641,6 +717,13 @@ impl SseScan {
     /// The final `usage.completion_tokens` if the stream had one, else the data events.
     pub fn output_tokens(&self) -> u32 {
         self.usage.unwrap_or(self.data_events)
+    }
+
+    /// The request log's output tokens: the final usage, else the content events, else (no
+    /// event came) none.
+    pub fn logged_output(&self) -> Option<u32> {
+        self.usage
+            .or((self.data_events > 0).then_some(self.content_events))
     }
 }
 
@@ -678,6 +761,8 @@ impl http_body::Body for SseBody {
                 // the client hears so now rather than waiting for a worker that may never
                 // send again. Ending the body drops the upstream connection.
                 this.done = true;
+                this.flight
+                    .log_end(LogStatus::Timeout, this.scan.logged_output());
                 this.flight.fail(false);
                 let name = {
                     let core = this.flight.shared.core();
@@ -691,13 +776,17 @@ impl http_body::Body for SseBody {
                     && !d.is_empty()
                 {
                     this.flight.first_byte();
+                    let before = this.scan.content_events;
                     this.scan.feed(d);
+                    this.flight.tokens(this.scan.content_events - before);
                     this.stall.chunk();
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
                 this.done = true;
+                this.flight
+                    .log_end(LogStatus::UpstreamError, this.scan.logged_output());
                 this.flight.fail(false);
                 let name = {
                     let core = this.flight.shared.core();
@@ -712,7 +801,8 @@ impl http_body::Body for SseBody {
             }
             Poll::Ready(None) => {
                 this.done = true;
-                this.flight.complete(this.scan.output_tokens());
+                this.flight
+                    .complete(this.scan.output_tokens(), this.scan.logged_output());
                 Poll::Ready(None)
             }
         }
@@ -720,6 +810,25 @@ impl http_body::Body for SseBody {
 
     fn is_end_stream(&self) -> bool {
         self.done
+    }
+}
+
+impl Drop for SseBody {
+    /// Dropped before the worker's body ended. After `data: [DONE]` passed, the response was
+    /// whole (a client may close as soon as it reads `[DONE]`, before the body's end is
+    /// polled): it completed. Before, the client went away mid-stream; the log keeps what it
+    /// got.
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        if self.scan.done {
+            self.flight
+                .complete(self.scan.output_tokens(), self.scan.logged_output());
+        } else {
+            self.flight
+                .log_end(LogStatus::ClientGone, self.scan.logged_output());
+        }
     }
 }
 
@@ -736,6 +845,26 @@ mod tests {
         assert_eq!(s.output_tokens(), 2);
         s.feed(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":17}}\r\n\r\n");
         assert_eq!(s.output_tokens(), 17);
+    }
+
+    /// Content events are the ones with output text: not a chat stream's role event (empty
+    /// content), its finish event, nor the usage event.
+    #[test]
+    fn sse_scan_counts_content_events_for_the_log_and_the_curve() {
+        let mut s = SseScan::default();
+        assert_eq!(s.logged_output(), None);
+        s.feed(b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n");
+        assert_eq!(s.logged_output(), Some(0));
+        s.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\" sea\"}}]}\n\ndata: {\"choices\":[{\"text\":\" sky\"}]}\n\n");
+        s.feed(b"data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"length\"}]}\n\n");
+        assert_eq!((s.content_events, s.data_events), (2, 4));
+        assert_eq!(s.logged_output(), Some(2));
+        s.feed(b"data: {\"choices\":[],\"usage\":{\"completion_tokens\":9}}\n\n");
+        assert_eq!(s.logged_output(), Some(9));
+        assert!(!s.done);
+        s.feed(b"data: [DONE]\n\n");
+        assert!(s.done);
+        assert!(!is_content_event(br#"{"choices":[{"text":""}]}"#));
     }
 
     /// The idle wait starts when the gateway asks for more, so a client that reads slowly

@@ -7,10 +7,12 @@
 //! The lock is never held across an `.await`, never held while doing I/O, and every critical
 //! section is bounded (the longest is a queue pump, bounded by the queue length).
 
+use crate::capacity::Decoding;
 use crate::clock::Clock;
 use crate::config::{GatewayConfig, HealthConfig, WorkerConfig, secs};
 use crate::error::WorkerError;
 use crate::metrics::{GlobalMetrics, WorkerMetrics};
+use crate::reqlog::{LogStatus, RequestLog, Trace};
 use crate::upstream::{BaseUrl, HttpClient};
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
@@ -43,6 +45,8 @@ pub(crate) struct Settings {
     pub admin_token: Option<crate::config::Secret>,
     /// The client-facing server's limits (`server.*`).
     pub server: crate::server::Limits,
+    /// `capacity.min_observed_s`, policy time.
+    pub min_observed: Duration,
 }
 
 impl Settings {
@@ -80,6 +84,7 @@ impl Settings {
                     .max_connections
                     .unwrap_or_else(crate::server::default_max_connections),
             },
+            min_observed: secs("capacity.min_observed_s", c.capacity.min_observed_s)?,
         })
     }
 }
@@ -96,6 +101,8 @@ pub(crate) struct Shared {
     /// Serialises state-file writes (snapshot and write happen under it, so the newest
     /// snapshot is always the last one written).
     pub persist_lock: tokio::sync::Mutex<()>,
+    /// The request log, when configured.
+    pub request_log: Option<Arc<RequestLog>>,
 }
 
 impl Shared {
@@ -105,6 +112,7 @@ impl Shared {
         router: Router,
         seed: u64,
         client: HttpClient,
+        request_log: Option<Arc<RequestLog>>,
     ) -> Shared {
         Shared {
             settings,
@@ -121,6 +129,7 @@ impl Shared {
             global: GlobalMetrics::default(),
             connections: Arc::default(),
             persist_lock: tokio::sync::Mutex::new(()),
+            request_log,
         }
     }
 
@@ -432,6 +441,14 @@ pub(crate) struct Flight {
     pub finished: bool,
     /// What the router charged for it; handed back at first token and at the end.
     pub charge: routelab_policies::Charge,
+    /// Counted in the worker's capacity curve from its first byte: `Some(buffered)` for a
+    /// successful response (a buffered body's tokens are known at its end only), `None` for
+    /// one that is not a generation (an error body).
+    pub curve: Option<bool>,
+    /// Its place in the capacity curve while decoding.
+    pub decoding: Option<Decoding>,
+    /// Its line in the request log, once the response is the request's answer.
+    pub trace: Option<Trace>,
 }
 
 impl Flight {
@@ -443,20 +460,48 @@ impl Flight {
         self.metrics.ttft.observe(self.arrived.elapsed());
         let now = self.shared.clock.now();
         self.first_token_at = Some(now);
+        if let Some(buffered) = self.curve {
+            self.decoding = Some(self.metrics.curve().start(now, buffered));
+        }
         self.shared
             .core()
             .router
             .first_token(now, self.worker, &mut self.charge);
     }
 
-    /// The response ended normally.
-    pub fn complete(&mut self, output_tokens: u32) {
+    /// `tokens` output tokens of a stream passed through.
+    pub fn tokens(&self, tokens: u32) {
+        if tokens > 0 && self.decoding.is_some() {
+            self.metrics.curve().tokens(tokens);
+        }
+    }
+
+    /// Leave the capacity curve (a buffered body's `tokens`, if it completed).
+    fn end_decoding(&mut self, now: Time, tokens: Option<u32>) {
+        if let Some(d) = self.decoding.take() {
+            self.metrics.curve().end(now, d, tokens);
+        }
+    }
+
+    /// Write the request's log line now, unless written already: it ended as `status` with
+    /// `output` tokens.
+    pub fn log_end(&mut self, status: LogStatus, output: Option<u32>) {
+        if let Some(t) = self.trace.as_mut() {
+            t.finish(status, self.first_token_at, output);
+        }
+    }
+
+    /// The response ended normally: `output_tokens` for the router and the capacity curve,
+    /// `logged` for the request log.
+    pub fn complete(&mut self, output_tokens: u32, logged: Option<u32>) {
         if self.finished {
             return;
         }
         self.finished = true;
         self.metrics.e2e.observe(self.arrived.elapsed());
         let now = self.shared.clock.now();
+        self.end_decoding(now, Some(output_tokens));
+        self.log_end(LogStatus::Ok, logged);
         let c = Completion {
             prompt_tokens: self.prompt_tokens,
             output_tokens,
@@ -469,7 +514,8 @@ impl Flight {
         core.note_success(now, self.worker, false, &self.shared);
     }
 
-    /// The worker failed the request (`hard`: the connection could not be made).
+    /// The worker failed the request (`hard`: the connection could not be made). Logged as
+    /// `upstream_error` unless [`Flight::log_end`] said otherwise first.
     pub fn fail(&mut self, hard: bool) {
         if self.finished {
             return;
@@ -479,18 +525,23 @@ impl Flight {
             .errors
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let now = self.shared.clock.now();
+        self.end_decoding(now, None);
+        self.log_end(LogStatus::UpstreamError, None);
         let mut core = self.shared.core();
         core.release(now, self.worker, self.charge, None);
         core.note_failure(now, self.worker, hard, &self.shared);
     }
 
     /// The request ended without a worker fault worth counting (client gone, client error).
+    /// Logged as `client_gone` unless [`Flight::log_end`] said otherwise first.
     pub fn abandon(&mut self) {
         if self.finished {
             return;
         }
         self.finished = true;
         let now = self.shared.clock.now();
+        self.end_decoding(now, None);
+        self.log_end(LogStatus::ClientGone, None);
         self.shared
             .core()
             .release(now, self.worker, self.charge, None);

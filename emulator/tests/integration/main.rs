@@ -4,6 +4,7 @@
 //! lock) so that they do not steal each other's CPU on a small machine.
 
 mod disconnect;
+mod request_log;
 
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;

@@ -7,6 +7,7 @@ mod hardening;
 mod harness;
 mod operations;
 mod protocol;
+mod request_log;
 
 use fake::{FakeWorker, MODE_500, MODE_DIE};
 use harness::*;
