@@ -494,15 +494,8 @@ impl SseScan {
                     .unwrap_or(0) as u32;
             }
         }
-        let has_content = [&b"\"content\":\""[..], &b"\"text\":\""[..]]
-            .iter()
-            .any(|needle| {
-                payload
-                    .windows(needle.len())
-                    .position(|w| w == *needle)
-                    .is_some_and(|i| payload.get(i + needle.len()).is_some_and(|&b| b != b'"'))
-            });
-        if has_content {
+        // The gateway's own rule, so the player and the gateway count the same chunks.
+        if routelab_gateway::proxy::is_content_event(payload) {
             o.content_events += 1;
             if o.first.is_none() {
                 o.first = Some(now);
