@@ -138,12 +138,26 @@ impl ArrivalUnit {
             });
         };
         let expect = "expected a number >= 0";
-        if let Ok(n) = text.parse::<i64>() {
-            if n < 0 {
-                return Err(format!("is negative ({text}); {expect}"));
-            }
-            return n
-                .checked_mul(per)
+        if text.starts_with('-') && text[1..].parse::<f64>().is_ok() {
+            return Err(format!("is negative ({text}); {expect}"));
+        }
+        // Plain decimals are converted exactly (an f64 of epoch seconds is off by ~100 ns).
+        if let Some((int, frac)) = text.split_once('.').or(Some((text, "")))
+            && !int.is_empty()
+            && int.bytes().all(|b| b.is_ascii_digit())
+            && frac.bytes().all(|b| b.is_ascii_digit())
+        {
+            let whole = int.parse::<i64>().ok().and_then(|n| n.checked_mul(per));
+            let frac = &frac[..frac.len().min(18)];
+            let part = if frac.is_empty() {
+                0
+            } else {
+                let scale = 10_i128.pow(frac.len() as u32);
+                let f: i128 = frac.parse().unwrap_or(0);
+                ((f * i128::from(per) + scale / 2) / scale) as i64
+            };
+            return whole
+                .and_then(|w| w.checked_add(part))
                 .ok_or_else(|| format!("is {text}, too large for a time in {self:?}"));
         }
         match text.parse::<f64>() {
