@@ -23,9 +23,9 @@ use crate::engine::{Action, LifecycleEvent, SimSetup, Slo, WorkerSetup};
 use crate::hardware::HardwareProfile;
 use crate::traffic::{
     ArrivalUnit, BadRowPolicy, Burst, BurstConfig, ClosedLoop, ClosedLoopConfig, Conversations,
-    ConversationsConfig, Diurnal, DiurnalConfig, DurationDist, LengthDist, LongPromptMix,
-    LongPromptMixConfig, Merge, OnOff, OnOffConfig, Poisson, PoissonConfig, ReplayOptions,
-    FieldPath, READY_MADE_MAPPINGS, TraceFormat, TraceLayout, TraceMapping, TraceReplay,
+    ConversationsConfig, Diurnal, DiurnalConfig, DurationDist, FieldPath, LengthDist,
+    LongPromptMix, LongPromptMixConfig, Merge, OnOff, OnOffConfig, Poisson, PoissonConfig,
+    READY_MADE_MAPPINGS, ReplayOptions, TraceFormat, TraceLayout, TraceMapping, TraceReplay,
     TraceStats, TrafficError, TrafficSource, Until,
 };
 use crate::worker::EngineOverrides;
@@ -1160,14 +1160,17 @@ impl Validator<'_> {
                 )
             })?,
         };
-        let key = |name: &str, value: Option<&String>| -> Result<Option<FieldPath>, ScenarioError> {
+        let key = |name: &str,
+                   value: Option<&String>|
+         -> Result<Option<FieldPath>, ScenarioError> {
             value
                 .map(|v| {
                     let parsed = match layout {
                         TraceLayout::Csv => FieldPath::column(v),
                         TraceLayout::Jsonl => FieldPath::parse(v),
                     };
-                    parsed.map_err(|e| self.invalid(Some(loc), format!("{field}.mapping.{name}"), e))
+                    parsed
+                        .map_err(|e| self.invalid(Some(loc), format!("{field}.mapping.{name}"), e))
                 })
                 .transpose()
         };
@@ -1201,7 +1204,7 @@ impl Validator<'_> {
             key("session_id", m.session_id.as_ref())?,
             key("prefix_hashes", m.prefix_hashes.as_ref())?,
         )
-        .map(TraceFormat::Mapped)
+        .map(|m| TraceFormat::Mapped(Box::new(m)))
         .map_err(|e| self.invalid(Some(loc), format!("{field}.mapping"), e))
     }
 

@@ -94,12 +94,7 @@ fn scenario_stats(
         }
         traces += 1;
         let stats = TraceStats::of_trace(path, format.clone(), overrides(options))?;
-        writeln!(
-            out,
-            "traffic[{i}]: {} ({})",
-            path.display(),
-            format.name()
-        )?;
+        writeln!(out, "traffic[{i}]: {} ({})", path.display(), format.name())?;
         write!(out, "{stats}")?;
     }
     if traces == 0 {

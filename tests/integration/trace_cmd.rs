@@ -64,7 +64,10 @@ fn otel_stats_count_the_spans_that_are_not_inference() {
     let (ok, _, t) = stats(&[log.to_str().unwrap(), "--format", "otel-genai"]);
     assert!(ok, "{t}");
     assert!(t.contains("rows          2 requests"), "{t}");
-    assert!(t.contains("ignored rows  1 (spans without gen_ai.usage"), "{t}");
+    assert!(
+        t.contains("ignored rows  1 (spans without gen_ai.usage"),
+        "{t}"
+    );
     assert!(t.contains("mean rate     2.000 req/s"), "{t}");
 }
 
@@ -100,10 +103,16 @@ fn a_scenarios_custom_mapping_is_used_for_its_trace_sources() {
     );
     let (ok, _, t) = stats(&[&sc]);
     assert!(ok, "{t}");
-    assert!(t.contains("traffic[0]: ") && t.contains("requests.csv (csv)"), "{t}");
+    assert!(
+        t.contains("traffic[0]: ") && t.contains("requests.csv (csv)"),
+        "{t}"
+    );
     assert!(t.contains("span          20.000 s"), "{t}");
     // c1's second request reuses its first full block; c2 shares nothing with c1.
-    assert!(t.contains("prefix reuse  14.29 % (1 of 7 block references"), "{t}");
+    assert!(
+        t.contains("prefix reuse  14.29 % (1 of 7 block references"),
+        "{t}"
+    );
     let (ok, _, t) = stats(&[&sc, "--limit", "1"]);
     assert!(ok && t.contains("rows          1 requests"), "{t}");
 }
@@ -130,10 +139,16 @@ fn bad_mapped_input_exits_2_with_a_located_error() {
     );
     let (_, code, t) = stats(&[&sc]);
     assert_eq!(code, Some(2), "{t}");
-    assert!(t.contains("unknown field `prompt`") && t.contains("prompt_tokens"), "{t}");
+    assert!(
+        t.contains("unknown field `prompt`") && t.contains("prompt_tokens"),
+        "{t}"
+    );
 
     let csv = dir.join("requests.csv");
     let (_, code, t) = stats(&[csv.to_str().unwrap(), "--format", "csv"]);
     assert_eq!(code, Some(2), "{t}");
-    assert!(t.contains("needs a mapping") && t.contains("SCENARIO.yaml"), "{t}");
+    assert!(
+        t.contains("needs a mapping") && t.contains("SCENARIO.yaml"),
+        "{t}"
+    );
 }

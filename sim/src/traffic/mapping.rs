@@ -13,7 +13,9 @@ use std::path::PathBuf;
 use serde_json::Value;
 
 use super::TrafficError;
-use super::hash::{blocks_for_tokens, chain_in_place, grow_prefix_blocks, key_of_bytes, splitmix64};
+use super::hash::{
+    blocks_for_tokens, chain_in_place, grow_prefix_blocks, key_of_bytes, splitmix64,
+};
 use super::trace::{check_count, parse_count, parse_datetime};
 
 /// How the rows of a mapped trace are laid out.
@@ -134,7 +136,9 @@ impl ArrivalUnit {
                 return unit.parse(text);
             }
             return parse_datetime(text.as_bytes()).ok_or_else(|| {
-                format!("`{text}` is not an ISO-8601 / RFC 3339 date-time; expected e.g. {ISO_EXAMPLES}")
+                format!(
+                    "`{text}` is not an ISO-8601 / RFC 3339 date-time; expected e.g. {ISO_EXAMPLES}"
+                )
             });
         };
         let expect = "expected a number >= 0";
@@ -165,7 +169,9 @@ impl ArrivalUnit {
             Ok(x) if x < 0.0 => Err(format!("is negative ({text}); {expect}")),
             Ok(x) if x * (per as f64) < 9.2e18 => Ok((x * per as f64).round() as i64),
             Ok(_) => Err(format!("is {text}, too large for a time in {self:?}")),
-            Err(_) => Err(format!("`{text}` is not a number; {expect} (arrival_unit {self:?})")),
+            Err(_) => Err(format!(
+                "`{text}` is not a number; {expect} (arrival_unit {self:?})"
+            )),
         }
     }
 }
@@ -285,9 +291,11 @@ impl TraceMapping {
         prefix_hashes: Option<FieldPath>,
     ) -> Result<Self, String> {
         if session_id.is_some() && prefix_hashes.is_some() {
-            return Err("sets both `session_id` and `prefix_hashes`; give one: the prefix \
+            return Err(
+                "sets both `session_id` and `prefix_hashes`; give one: the prefix \
                         blocks come either from the log's hashes or from the session's history"
-                .to_owned());
+                    .to_owned(),
+            );
         }
         Ok(Self {
             name: match layout {
@@ -709,9 +717,7 @@ impl MappedRows {
             Cell::Json(Value::String(s)) => parse_count(s.trim(), min),
             Cell::Text(t) => parse_count(t.trim(), min),
             Cell::Json(v) => Err(format!("is {}, not a number; {expect}", kind(v))),
-            Cell::Null if min > 0 => Err(format!(
-                "is empty or null (a failed request?); {expect}"
-            )),
+            Cell::Null if min > 0 => Err(format!("is empty or null (a failed request?); {expect}")),
             Cell::Null => Err(format!("is empty or null; {expect}")),
             Cell::Absent(keys) => return Err(self.absent(path, &keys)),
         }
@@ -725,7 +731,10 @@ impl MappedRows {
             Cell::Json(Value::Number(n)) => Ok(Some(n.to_string())),
             Cell::Json(v) => Err(self.bad(
                 path,
-                format!("is {}; expected a session id (a string or a number) or null", kind(v)),
+                format!(
+                    "is {}; expected a session id (a string or a number) or null",
+                    kind(v)
+                ),
             )),
             Cell::Text(t) => Ok(Some(t.trim().to_owned()).filter(|s| !s.is_empty())),
             Cell::Null => Ok(None),
@@ -734,7 +743,12 @@ impl MappedRows {
         }
     }
 
-    fn hashes(&self, path: &FieldPath, cell: Cell<'_>, prompt: u32) -> Result<Vec<u64>, TrafficError> {
+    fn hashes(
+        &self,
+        path: &FieldPath,
+        cell: Cell<'_>,
+        prompt: u32,
+    ) -> Result<Vec<u64>, TrafficError> {
         const EXPECT: &str = "expected an integer hash in 0..2^64";
         let element = |i: usize, v: &Value| -> Result<u64, TrafficError> {
             let parsed = match unwrap_any_value(v) {
@@ -756,7 +770,8 @@ impl MappedRows {
                     format!("is {}; expected a list of integer block hashes", kind(v)),
                 ));
             }
-            Cell::Text(t) => t.trim()
+            Cell::Text(t) => t
+                .trim()
                 .trim_start_matches('[')
                 .trim_end_matches(']')
                 .split(|c: char| c == ',' || c == ';' || c == '|' || c.is_whitespace())
@@ -940,15 +955,36 @@ mod tests {
             let ns = unit.parse(text).unwrap();
             assert!((ns - T0).abs() <= 500_000_000, "{text}: {ns}");
         }
-        assert_eq!(ArrivalUnit::EpochNs.parse("1740830400000000001"), Ok(T0 + 1));
-        assert!(ArrivalUnit::detect("12.5").unwrap_err().contains("offset_s"));
+        assert_eq!(
+            ArrivalUnit::EpochNs.parse("1740830400000000001"),
+            Ok(T0 + 1)
+        );
+        assert!(
+            ArrivalUnit::detect("12.5")
+                .unwrap_err()
+                .contains("offset_s")
+        );
         assert!(ArrivalUnit::detect("-3").unwrap_err().contains("negative"));
-        assert!(ArrivalUnit::detect("yesterday").unwrap_err().contains("ISO-8601"));
+        assert!(
+            ArrivalUnit::detect("yesterday")
+                .unwrap_err()
+                .contains("ISO-8601")
+        );
         assert_eq!(ArrivalUnit::OffsetMs.parse("1500"), Ok(1_500_000_000));
         assert_eq!(ArrivalUnit::OffsetS.parse("1.25"), Ok(1_250_000_000));
         assert!(ArrivalUnit::OffsetS.parse("NaN").is_err());
-        assert!(ArrivalUnit::OffsetS.parse("-1").unwrap_err().contains("negative"));
-        assert!(ArrivalUnit::Iso8601.parse("01/03/2025").unwrap_err().contains("RFC 3339"));
+        assert!(
+            ArrivalUnit::OffsetS
+                .parse("-1")
+                .unwrap_err()
+                .contains("negative")
+        );
+        assert!(
+            ArrivalUnit::Iso8601
+                .parse("01/03/2025")
+                .unwrap_err()
+                .contains("RFC 3339")
+        );
         assert_eq!(
             ArrivalUnit::Iso8601.parse("2025-03-01T14:00:00+02:00"),
             Ok(T0)
@@ -964,7 +1000,10 @@ mod tests {
 
     #[test]
     fn csv_split_handles_quotes() {
-        assert_eq!(split_csv("a, \"b,c\" ,\"d\"\"e\","), ["a", "b,c", "d\"e", ""]);
+        assert_eq!(
+            split_csv("a, \"b,c\" ,\"d\"\"e\","),
+            ["a", "b,c", "d\"e", ""]
+        );
         assert_eq!(split_csv("x"), ["x"]);
     }
 

@@ -9,8 +9,7 @@ use serde_json::Value;
 
 use super::hash::{blocks_for_tokens, chain_in_place};
 use super::mapping::{
-    MappedRow, MappedRows, Parsed, TraceLayout, TraceMapping,
-    sort_and_link_sessions,
+    MappedRow, MappedRows, Parsed, TraceLayout, TraceMapping, sort_and_link_sessions,
 };
 use super::{Arrival, TrafficError, TrafficSource};
 use std::collections::VecDeque;
@@ -30,7 +29,7 @@ pub enum TraceFormat {
     /// Any JSONL or CSV request log read through a [`TraceMapping`] (a custom one or a
     /// ready-made one: [`TraceMapping::gateway_log`], [`TraceMapping::otel_genai`]). Read whole
     /// and sorted by arrival.
-    Mapped(TraceMapping),
+    Mapped(Box<TraceMapping>),
 }
 
 impl TraceFormat {
@@ -44,7 +43,7 @@ impl TraceFormat {
         match name {
             "azure" => Some(Self::AzureCsv),
             "mooncake" => Some(Self::MooncakeJsonl),
-            other => TraceMapping::ready_made(other).map(Self::Mapped),
+            other => TraceMapping::ready_made(other).map(|m| Self::Mapped(Box::new(m))),
         }
     }
 
@@ -71,7 +70,7 @@ impl TraceFormat {
 
     /// The format's name (`azure`, `mooncake`, `jsonl`, `csv`, `gateway-log`, `otel-genai`).
     #[must_use]
-    pub const fn name(&self) -> &'static str {
+    pub fn name(&self) -> &'static str {
         match self {
             Self::AzureCsv => "azure",
             Self::MooncakeJsonl => "mooncake",
@@ -245,7 +244,11 @@ impl TraceReplay {
             TraceFormat::MooncakeJsonl => (Builtin::Mooncake, None),
             TraceFormat::Mapped(m) => (
                 Builtin::Mooncake,
-                Some(MappedRows::new(m.clone(), path.clone(), options.skip_rows)),
+                Some(MappedRows::new(
+                    (**m).clone(),
+                    path.clone(),
+                    options.skip_rows,
+                )),
             ),
         };
         Ok(Self {
@@ -340,7 +343,10 @@ impl TraceReplay {
             if self.buf.is_empty() {
                 break;
             }
-            let parser = self.mapped.as_mut().expect("a mapped replay has its parser");
+            let parser = self
+                .mapped
+                .as_mut()
+                .expect("a mapped replay has its parser");
             match parser.process(&self.buf) {
                 Ok(Parsed::Nothing) => {}
                 Ok(Parsed::Ignored) => self.ignored += 1,
@@ -499,17 +505,15 @@ impl ParseState {
             Ok(t) => t.trim(),
             Err(e) => {
                 let problem = format!("line is not valid UTF-8 ({e}); expected a UTF-8 text row");
-                return Err(
-                    if self.format == Builtin::Azure && self.columns.is_none() {
-                        TrafficError::BadHeader {
-                            path: self.path.clone(),
-                            line: self.line,
-                            problem,
-                        }
-                    } else {
-                        self.bad("<line>", problem)
-                    },
-                );
+                return Err(if self.format == Builtin::Azure && self.columns.is_none() {
+                    TrafficError::BadHeader {
+                        path: self.path.clone(),
+                        line: self.line,
+                        problem,
+                    }
+                } else {
+                    self.bad("<line>", problem)
+                });
             }
         };
         if text.is_empty() {

@@ -41,7 +41,7 @@ fn mapping(layout: TraceLayout, fields: [&str; 3], unit: ArrivalUnit) -> TraceFo
         TraceLayout::Jsonl => field(s),
         TraceLayout::Csv => column(s),
     };
-    TraceFormat::Mapped(
+    TraceFormat::Mapped(Box::new(
         TraceMapping::custom(
             layout,
             f(fields[0]),
@@ -52,7 +52,7 @@ fn mapping(layout: TraceLayout, fields: [&str; 3], unit: ArrivalUnit) -> TraceFo
             None,
         )
         .unwrap(),
-    )
+    ))
 }
 
 fn replay(path: &Path, format: TraceFormat, options: ReplayOptions) -> TraceReplay {
@@ -146,14 +146,24 @@ fn every_arrival_unit_gives_the_same_relative_times() {
             ArrivalUnit::Auto,
         ),
         ("1740830400", "1740830401.5", "epoch-s", ArrivalUnit::Auto),
-        ("1740830400000", "1740830401500", "epoch-ms", ArrivalUnit::Auto),
+        (
+            "1740830400000",
+            "1740830401500",
+            "epoch-ms",
+            ArrivalUnit::Auto,
+        ),
         (
             "\"1740830400000000000\"",
             "1740830401500000000",
             "epoch-ns",
             ArrivalUnit::EpochNs,
         ),
-        ("1740830400", "1740830401.5", "epoch-s-named", ArrivalUnit::EpochS),
+        (
+            "1740830400",
+            "1740830401.5",
+            "epoch-s-named",
+            ArrivalUnit::EpochS,
+        ),
         ("10", "11.5", "offset-s", ArrivalUnit::OffsetS),
         ("0", "1500", "offset-ms", ArrivalUnit::OffsetMs),
     ];
@@ -183,7 +193,7 @@ fn requests_of_a_session_share_the_previous_requests_blocks() {
 {"t": 9, "conv": null, "p": 1300, "o": 100}
 "#,
     );
-    let fmt = TraceFormat::Mapped(
+    let fmt = TraceFormat::Mapped(Box::new(
         TraceMapping::custom(
             TraceLayout::Jsonl,
             field("t"),
@@ -194,14 +204,18 @@ fn requests_of_a_session_share_the_previous_requests_blocks() {
             None,
         )
         .unwrap(),
-    );
+    ));
     let v = all(&p, fmt.clone()).unwrap();
     let (a1, b1, a2, none) = (&v[0], &v[1], &v[2], &v[3]);
     assert_eq!((a1.prefix_blocks.len(), a2.prefix_blocks.len()), (2, 3));
     // The second request of session `a` starts with the first's full block (its history).
     assert_eq!(a2.prefix_blocks[0], a1.prefix_blocks[0]);
     // Another session shares nothing; a request without a session has no blocks.
-    assert!(b1.prefix_blocks.iter().all(|h| !a1.prefix_blocks.contains(h)));
+    assert!(
+        b1.prefix_blocks
+            .iter()
+            .all(|h| !a1.prefix_blocks.contains(h))
+    );
     assert!(none.prefix_blocks.is_empty());
     // Deterministic: the same file gives the same hashes.
     assert_eq!(all(&p, fmt).unwrap(), v);
@@ -222,8 +236,10 @@ fn gateway_log_is_sorted_and_failed_requests_are_bad_rows() {
     assert!(e.is_row_error());
     let m = e.to_string();
     assert!(
-        m.starts_with(&format!("{}:3: field `output_tokens`: is empty or null", p.display()))
-            && m.contains("completed request"),
+        m.starts_with(&format!(
+            "{}:3: field `output_tokens`: is empty or null",
+            p.display()
+        )) && m.contains("completed request"),
         "{m}"
     );
     let mut r = replay(
@@ -235,13 +251,20 @@ fn gateway_log_is_sorted_and_failed_requests_are_bad_rows() {
         },
     );
     let v = drain(&mut r).unwrap();
-    assert_eq!(at_s(&v), [0.0, 2.0], "written at completion, replayed by arrival");
+    assert_eq!(
+        at_s(&v),
+        [0.0, 2.0],
+        "written at completion, replayed by arrival"
+    );
     assert_eq!((v[0].tag, v[1].tag), (2, 1));
     // The logged hashes are prefix hashes: the shared leading blocks stay shared.
     assert_eq!(v[0].prefix_blocks[..2], v[1].prefix_blocks[..]);
     assert_eq!(r.skipped_rows(), 2);
     let zero = r.skipped_examples()[1].to_string();
-    assert!(zero.contains(":4:") && zero.contains("zero length"), "{zero}");
+    assert!(
+        zero.contains(":4:") && zero.contains("zero length"),
+        "{zero}"
+    );
 }
 
 #[test]
@@ -262,20 +285,34 @@ fn otel_genai_reads_both_attribute_shapes_and_counts_other_spans() {
     assert_eq!(at_s(&v), [0.0, 2.0, 3.0]);
     assert_eq!((v[0].prompt_tokens, v[0].output_tokens), (812, 20));
     assert_eq!((v[1].prompt_tokens, v[1].output_tokens), (1300, 40));
-    assert_eq!(v[1].prefix_blocks[0], v[0].prefix_blocks[0], "same conversation");
+    assert_eq!(
+        v[1].prefix_blocks[0], v[0].prefix_blocks[0],
+        "same conversation"
+    );
     assert!(v[2].prefix_blocks.is_empty(), "no conversation id");
     assert_eq!(r.ignored_rows(), 1);
     let s = TraceStats::of_trace(&p, fmt, ReplayOptions::default()).unwrap();
     assert_eq!((s.rows, s.ignored_rows), (3, 1));
-    assert!(s.to_string().contains("ignored rows  1 (spans without gen_ai.usage"), "{s}");
+    assert!(
+        s.to_string()
+            .contains("ignored rows  1 (spans without gen_ai.usage"),
+        "{s}"
+    );
 }
 
 #[test]
 fn a_missing_csv_column_is_reported_at_the_header_with_the_columns_there() {
     let dir = scratch("csv-missing");
     let p = write(&dir, "log.csv", "time,in,out\n1,2,3\n");
-    let e = all(&p, mapping(TraceLayout::Csv, ["time", "prompt", "out"], ArrivalUnit::OffsetS))
-        .unwrap_err();
+    let e = all(
+        &p,
+        mapping(
+            TraceLayout::Csv,
+            ["time", "prompt", "out"],
+            ArrivalUnit::OffsetS,
+        ),
+    )
+    .unwrap_err();
     assert!(!e.is_row_error(), "a header error is never skipped");
     let m = e.to_string();
     assert!(
@@ -294,8 +331,11 @@ fn a_missing_json_key_is_reported_on_the_first_row_lacking_it() {
         "log.jsonl",
         "{\"t\": 0, \"p\": 1, \"o\": 1}\n\n{\"t\": 1, \"prompt\": 1, \"o\": 1}\n",
     );
-    let e = all(&p, mapping(TraceLayout::Jsonl, ["t", "p", "o"], ArrivalUnit::OffsetS))
-        .unwrap_err();
+    let e = all(
+        &p,
+        mapping(TraceLayout::Jsonl, ["t", "p", "o"], ArrivalUnit::OffsetS),
+    )
+    .unwrap_err();
     assert_eq!(e.line(), Some(3));
     let m = e.to_string();
     assert!(
@@ -308,18 +348,45 @@ fn a_missing_json_key_is_reported_on_the_first_row_lacking_it() {
 fn bad_values_are_located_and_say_what_is_valid() {
     let dir = scratch("bad-values");
     let cases = [
-        (r#"{"t": "01/03/2025 12:00", "p": 1, "o": 1}"#, "`t`", "ISO-8601"),
-        (r#"{"t": 5, "p": 1, "o": 1}"#, "`t`", "arrival_unit: offset_s"),
-        (r#"{"t": 1740830400, "p": -3, "o": 1}"#, "`p`", "is negative"),
-        (r#"{"t": 1740830400, "p": "NaN", "o": 1}"#, "`p`", "not a non-negative integer"),
-        (r#"{"t": 1740830400, "p": 1, "o": 2.5}"#, "`o`", "not an integer"),
-        (r#"{"t": 1740830400, "p": 1, "o": 1"#, "invalid JSON", "mapping `jsonl`"),
+        (
+            r#"{"t": "01/03/2025 12:00", "p": 1, "o": 1}"#,
+            "`t`",
+            "ISO-8601",
+        ),
+        (
+            r#"{"t": 5, "p": 1, "o": 1}"#,
+            "`t`",
+            "arrival_unit: offset_s",
+        ),
+        (
+            r#"{"t": 1740830400, "p": -3, "o": 1}"#,
+            "`p`",
+            "is negative",
+        ),
+        (
+            r#"{"t": 1740830400, "p": "NaN", "o": 1}"#,
+            "`p`",
+            "not a non-negative integer",
+        ),
+        (
+            r#"{"t": 1740830400, "p": 1, "o": 2.5}"#,
+            "`o`",
+            "not an integer",
+        ),
+        (
+            r#"{"t": 1740830400, "p": 1, "o": 1"#,
+            "invalid JSON",
+            "mapping `jsonl`",
+        ),
         (r#"[1, 2]"#, "invalid JSON", "not an object"),
     ];
     for (i, (row, where_, what)) in cases.into_iter().enumerate() {
         let p = write(&dir, &format!("{i}.jsonl"), &format!("{row}\n"));
-        let e = all(&p, mapping(TraceLayout::Jsonl, ["t", "p", "o"], ArrivalUnit::Auto))
-            .unwrap_err();
+        let e = all(
+            &p,
+            mapping(TraceLayout::Jsonl, ["t", "p", "o"], ArrivalUnit::Auto),
+        )
+        .unwrap_err();
         let m = e.to_string();
         assert!(
             e.is_row_error()
@@ -407,8 +474,14 @@ fn a_scenario_replays_a_mapped_log() {
     let v = drain(&mut *s.traffic_source(1).unwrap()).unwrap();
     assert_eq!(at_s(&v), [0.0, 2.0]);
     assert_eq!(v[1].prefix_blocks[0], v[0].prefix_blocks[0]);
-    let s = scenario(&dir, "      path: requests.csv\n      format: gateway-log\n").unwrap();
-    assert!(matches!(&s.traffic[0], TrafficSpec::Trace { format, .. } if format.name() == "gateway-log"));
+    let s = scenario(
+        &dir,
+        "      path: requests.csv\n      format: gateway-log\n",
+    )
+    .unwrap();
+    assert!(
+        matches!(&s.traffic[0], TrafficSpec::Trace { format, .. } if format.name() == "gateway-log")
+    );
 }
 
 #[test]
