@@ -77,6 +77,21 @@ impl ArrivalUnit {
         })
     }
 
+    /// The unit's name as a mapping writes it.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::EpochS => "epoch_s",
+            Self::EpochMs => "epoch_ms",
+            Self::EpochUs => "epoch_us",
+            Self::EpochNs => "epoch_ns",
+            Self::Iso8601 => "iso8601",
+            Self::OffsetS => "offset_s",
+            Self::OffsetMs => "offset_ms",
+        }
+    }
+
     /// Nanoseconds per unit of a numeric unit.
     const fn ns_per_unit(self) -> Option<i64> {
         match self {
@@ -118,6 +133,13 @@ impl ArrivalUnit {
             "`{text}` is neither a date-time nor a number; `arrival_unit: auto` accepts an \
              ISO-8601 date-time ({ISO_EXAMPLES}) or epoch seconds, ms, µs or ns (a number >= 1e8)"
         ))
+    }
+
+    fn too_large(self, text: &str) -> String {
+        format!(
+            "is {text}, too large for `arrival_unit: {}`; expected a time before the year 2262",
+            self.name()
+        )
     }
 
     /// Parse `text` in this unit into nanoseconds (absolute for epoch units and date-times,
@@ -162,15 +184,17 @@ impl ArrivalUnit {
             };
             return whole
                 .and_then(|w| w.checked_add(part))
-                .ok_or_else(|| format!("is {text}, too large for a time in {self:?}"));
+                .ok_or_else(|| self.too_large(text));
         }
         match text.parse::<f64>() {
             Ok(x) if !x.is_finite() => Err(format!("is {text}; {expect} (finite)")),
             Ok(x) if x < 0.0 => Err(format!("is negative ({text}); {expect}")),
             Ok(x) if x * (per as f64) < 9.2e18 => Ok((x * per as f64).round() as i64),
-            Ok(_) => Err(format!("is {text}, too large for a time in {self:?}")),
+            Ok(_) => Err(self.too_large(text)),
             Err(_) => Err(format!(
-                "`{text}` is not a number; {expect} (arrival_unit {self:?})"
+                "`{text}` is not a number; `arrival_unit: {}` expects a number >= 0 (for a \
+                 date-time like {ISO_EXAMPLES}, set `arrival_unit: iso8601` or `auto`)",
+                self.name()
             )),
         }
     }
@@ -973,6 +997,16 @@ mod tests {
         assert_eq!(ArrivalUnit::OffsetMs.parse("1500"), Ok(1_500_000_000));
         assert_eq!(ArrivalUnit::OffsetS.parse("1.25"), Ok(1_250_000_000));
         assert!(ArrivalUnit::OffsetS.parse("NaN").is_err());
+        let m = ArrivalUnit::EpochMs
+            .parse("2025-03-01T12:00:00Z")
+            .unwrap_err();
+        assert!(m.contains("epoch_ms") && m.contains("iso8601"), "{m}");
+        assert!(
+            ArrivalUnit::EpochS
+                .parse("1e300")
+                .unwrap_err()
+                .contains("2262")
+        );
         assert!(
             ArrivalUnit::OffsetS
                 .parse("-1")
@@ -994,7 +1028,10 @@ mod tests {
             Ok(T0 + 123_000_000)
         );
         for name in ArrivalUnit::NAMES.split(", ") {
-            assert!(ArrivalUnit::from_name(name).is_some(), "{name}");
+            assert_eq!(
+                ArrivalUnit::from_name(name).map(ArrivalUnit::name),
+                Some(name)
+            );
         }
     }
 
