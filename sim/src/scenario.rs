@@ -22,10 +22,11 @@ use crate::derive_seed;
 use crate::engine::{Action, LifecycleEvent, SimSetup, Slo, WorkerSetup};
 use crate::hardware::HardwareProfile;
 use crate::traffic::{
-    BadRowPolicy, Burst, BurstConfig, ClosedLoop, ClosedLoopConfig, Conversations,
-    ConversationsConfig, Diurnal, DiurnalConfig, DurationDist, LengthDist, LongPromptMix,
-    LongPromptMixConfig, Merge, OnOff, OnOffConfig, Poisson, PoissonConfig, ReplayOptions,
-    TraceFormat, TraceReplay, TraceStats, TrafficError, TrafficSource, Until,
+    ArrivalUnit, BadRowPolicy, Burst, BurstConfig, ClosedLoop, ClosedLoopConfig, Conversations,
+    ConversationsConfig, Diurnal, DiurnalConfig, DurationDist, FieldPath, LengthDist,
+    LongPromptMix, LongPromptMixConfig, Merge, OnOff, OnOffConfig, Poisson, PoissonConfig,
+    READY_MADE_MAPPINGS, ReplayOptions, TraceFormat, TraceLayout, TraceMapping, TraceReplay,
+    TraceStats, TrafficError, TrafficSource, Until,
 };
 use crate::worker::EngineOverrides;
 use routelab_policies::located::{InputError, parse_yaml, rule};
@@ -283,8 +284,11 @@ pub enum RawTraffic {
     Trace {
         /// Path, relative to the scenario file.
         path: String,
-        /// `azure` or `mooncake` (default: from the extension).
+        /// `azure`, `mooncake`, `gateway-log`, `otel-genai`, or `jsonl` / `csv` with a
+        /// `mapping` (default: from the extension).
         format: Option<String>,
+        /// Which key / column holds what, for a `jsonl` or `csv` log.
+        mapping: Option<RawTraceMapping>,
         /// Multiply inter-arrival times.
         time_scale: Option<f64>,
         /// Multiply the rate.
@@ -298,6 +302,24 @@ pub enum RawTraffic {
         /// `error` (default) or `skip` (counted, never silent).
         on_bad_row: Option<String>,
     },
+}
+
+/// A trace's field mapping as written (`docs/traces.md`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTraceMapping {
+    /// Arrival time key / column.
+    pub arrival: Option<String>,
+    /// What the arrival holds (default `auto`).
+    pub arrival_unit: Option<String>,
+    /// Prompt length key / column, tokens.
+    pub prompt_tokens: Option<String>,
+    /// Output length key / column, tokens.
+    pub output_tokens: Option<String>,
+    /// Session id key / column: a session's requests share a growing prefix.
+    pub session_id: Option<String>,
+    /// Prefix-block hashes key / column (one per 512-token block).
+    pub prefix_hashes: Option<String>,
 }
 
 /// A lifecycle event as written.
@@ -477,7 +499,7 @@ impl Scenario {
                 } => (
                     TrafficSpec::Trace {
                         path: path.clone(),
-                        format: *format,
+                        format: format.clone(),
                         options: options.with_load_scale(scale),
                     },
                     true,
@@ -1000,6 +1022,7 @@ impl Validator<'_> {
             RawTraffic::Trace {
                 path,
                 format,
+                mapping,
                 time_scale,
                 rate_scale,
                 limit,
@@ -1009,24 +1032,13 @@ impl Validator<'_> {
             } => {
                 let base = self.path.parent().unwrap_or(Path::new("."));
                 let resolved = base.join(path);
-                let format = match format.as_deref() {
-                    Some("azure") => TraceFormat::AzureCsv,
-                    Some("mooncake") => TraceFormat::MooncakeJsonl,
-                    Some(other) => {
-                        return Err(self.invalid(
-                            Some(loc),
-                            f("trace.format"),
-                            format!("unknown format `{other}`; valid: azure, mooncake"),
-                        ));
-                    }
-                    None => TraceFormat::from_path(&resolved).ok_or_else(|| {
-                        self.invalid(
-                            Some(loc),
-                            f("trace.format"),
-                            "cannot tell the format from the extension; set `format: azure` (CSV) or `format: mooncake` (JSONL)",
-                        )
-                    })?,
-                };
+                let format = self.trace_format(
+                    loc,
+                    &f("trace"),
+                    &resolved,
+                    format.as_deref(),
+                    mapping.as_ref(),
+                )?;
                 if !resolved.is_file() {
                     return Err(self.invalid(
                         Some(loc),
@@ -1083,6 +1095,117 @@ impl Validator<'_> {
             return Err(self.invalid(Some(loc), format!("traffic[{i}]"), e.to_string()));
         }
         Ok(spec)
+    }
+
+    /// The format of `traffic[i].trace` (`field`): a named one, or `jsonl` / `csv` (given or
+    /// guessed from the extension) read through its `mapping`.
+    fn trace_format(
+        &self,
+        loc: &serde_saphyr::Location,
+        field: &str,
+        file: &Path,
+        format: Option<&str>,
+        mapping: Option<&RawTraceMapping>,
+    ) -> Result<TraceFormat, ScenarioError> {
+        let named = |name: &str| {
+            TraceFormat::from_name(name).ok_or_else(|| {
+                self.invalid(
+                    Some(loc),
+                    format!("{field}.format"),
+                    format!("unknown format `{name}`"),
+                )
+                .valid(TraceFormat::NAMES)
+            })
+        };
+        let Some(m) = mapping else {
+            return match format {
+                Some(name @ ("jsonl" | "csv")) => Err(self.invalid(
+                    Some(loc),
+                    format!("{field}.mapping"),
+                    format!(
+                        "is missing: `format: {name}` reads any log through a mapping; give \
+                         `mapping: {{ arrival: <key>, prompt_tokens: <key>, output_tokens: <key> }}` \
+                         or a ready-made format ({READY_MADE_MAPPINGS})"
+                    ),
+                )),
+                Some(name) => named(name),
+                None => TraceFormat::from_path(file).ok_or_else(|| {
+                    self.invalid(
+                        Some(loc),
+                        format!("{field}.format"),
+                        "cannot tell the format from the extension; set `format: azure` (CSV) or `format: mooncake` (JSONL)",
+                    )
+                    .valid(TraceFormat::NAMES)
+                }),
+            };
+        };
+        let layout = match format {
+            Some("jsonl") => TraceLayout::Jsonl,
+            Some("csv") => TraceLayout::Csv,
+            Some(name) => {
+                named(name)?;
+                return Err(self
+                    .invalid(
+                        Some(loc),
+                        format!("{field}.mapping"),
+                        format!("does not apply to `format: {name}`, which has its own fields"),
+                    )
+                    .valid("a mapping with `format: jsonl` or `format: csv`, or no mapping"));
+            }
+            None => TraceFormat::layout_from_path(file).ok_or_else(|| {
+                self.invalid(
+                    Some(loc),
+                    format!("{field}.format"),
+                    "cannot tell the layout of a mapped log from the extension; set `format: jsonl` or `format: csv`",
+                )
+            })?,
+        };
+        let key = |name: &str,
+                   value: Option<&String>|
+         -> Result<Option<FieldPath>, ScenarioError> {
+            value
+                .map(|v| {
+                    let parsed = match layout {
+                        TraceLayout::Csv => FieldPath::column(v),
+                        TraceLayout::Jsonl => FieldPath::parse(v),
+                    };
+                    parsed
+                        .map_err(|e| self.invalid(Some(loc), format!("{field}.mapping.{name}"), e))
+                })
+                .transpose()
+        };
+        let required = |name: &str, value: Option<&String>| {
+            key(name, value)?.ok_or_else(|| {
+                self.invalid(
+                    Some(loc),
+                    format!("{field}.mapping.{name}"),
+                    "is missing; a mapping names the arrival, prompt_tokens and output_tokens \
+                     fields",
+                )
+            })
+        };
+        let unit = match m.arrival_unit.as_deref() {
+            None => ArrivalUnit::Auto,
+            Some(u) => ArrivalUnit::from_name(u).ok_or_else(|| {
+                self.invalid(
+                    Some(loc),
+                    format!("{field}.mapping.arrival_unit"),
+                    format!("unknown unit `{u}`"),
+                )
+                .valid(ArrivalUnit::NAMES)
+            })?,
+        };
+        TraceMapping::custom(
+            layout,
+            required("arrival", m.arrival.as_ref())?,
+            unit,
+            required("prompt_tokens", m.prompt_tokens.as_ref())?,
+            required("output_tokens", m.output_tokens.as_ref())?,
+            key("session_id", m.session_id.as_ref())?,
+            key("prefix_hashes", m.prefix_hashes.as_ref())?,
+        )
+        .map(|m| TraceFormat::Mapped(Box::new(m)))
+        .map_err(|e| self.invalid(Some(loc), format!("{field}.mapping"), e))
     }
 
     fn event(

@@ -8,13 +8,16 @@
 //! [`Conversations`], [`LongPromptMix`]) are built from a plain config struct and a `u64` seed
 //! and own a [`SourceRng`]: the same config and seed always give the same stream. [`Merge`]
 //! layers sources. [`TraceReplay`] streams Azure 2023 CSV and Mooncake JSONL traces line by
-//! line, and [`TraceStats`] summarises any source in one pass.
+//! line and replays any JSONL / CSV request log through a [`TraceMapping`] (custom, or the
+//! ready-made `gateway-log` and `otel-genai`), and [`TraceStats`] summarises any source in one
+//! pass.
 
 mod closed_loop;
 mod conversations;
 mod dist;
 mod error;
 mod hash;
+mod mapping;
 mod merge;
 mod open_loop;
 mod stats;
@@ -25,12 +28,13 @@ pub use conversations::{Conversations, ConversationsConfig};
 pub use dist::{DurationDist, LengthDist, SourceRng, Until};
 pub use error::TrafficError;
 pub use hash::{BLOCK_TOKENS, CHAIN_ROOT, blocks_for_tokens, chain_block_hash, splitmix64};
+pub use mapping::{ArrivalUnit, FieldPath, READY_MADE_MAPPINGS, TraceLayout, TraceMapping};
 pub use merge::Merge;
 pub use open_loop::{
     Burst, BurstConfig, Diurnal, DiurnalConfig, LongPromptMix, LongPromptMixConfig, OnOff,
     OnOffConfig, Poisson, PoissonConfig,
 };
-pub use stats::{LengthStats, PrefixReuse, TraceStats};
+pub use stats::{LengthStats, PrefixReuse, SKIPPED_EXAMPLES_SHOWN, TraceStats};
 pub use trace::{BadRowPolicy, MAX_SKIPPED_EXAMPLES, ReplayOptions, TraceFormat, TraceReplay};
 
 /// One request entering the gateway.

@@ -6,3 +6,4 @@ mod common;
 mod compare_paired;
 mod readme;
 mod run_output;
+mod trace_cmd;

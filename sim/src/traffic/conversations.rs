@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::dist::{DurationDist, LengthDist, SourceRng, check_rate, rng_from_seed};
-use super::hash::{BLOCK_TOKENS, CHAIN_ROOT, chain_block_hash, splitmix64};
+use super::hash::{BLOCK_TOKENS, grow_prefix_blocks, splitmix64};
 use super::open_loop::PoissonClock;
 use super::{Arrival, TrafficError, TrafficSource};
 
@@ -140,23 +140,9 @@ impl Conversations {
 
     /// Extend `full` to the full blocks of a `prompt`-token prompt and return its block list.
     fn blocks(&self, conv: u64, full: &mut Vec<u64>, prompt: u32) -> Vec<u64> {
-        let n_full = (prompt / BLOCK_TOKENS) as usize;
-        while full.len() < n_full {
-            let prev = full.last().copied().unwrap_or(CHAIN_ROOT);
-            let key = self.block_key(conv, full.len() as u64, BLOCK_TOKENS);
-            full.push(chain_block_hash(prev, key));
-        }
-        let fill = prompt % BLOCK_TOKENS;
-        let mut out = Vec::with_capacity(n_full + usize::from(fill != 0));
-        out.extend_from_slice(&full[..n_full]);
-        if fill != 0 {
-            let prev = out.last().copied().unwrap_or(CHAIN_ROOT);
-            out.push(chain_block_hash(
-                prev,
-                self.block_key(conv, n_full as u64, fill),
-            ));
-        }
-        out
+        grow_prefix_blocks(full, prompt, |index, fill| {
+            self.block_key(conv, index, fill)
+        })
     }
 
     fn fits(&self, prompt: u64) -> bool {

@@ -52,11 +52,7 @@ pub enum TrafficError {
         problem: String,
     },
     /// A JSON line is not a valid JSON object.
-    #[error(
-        "{path}:{line}: invalid JSON ({detail}); expected one object per line like \
-         {{\"timestamp\": <ms >= 0>, \"input_length\": <int >= 0>, \"output_length\": <int >= 1>, \
-         \"hash_ids\": [<int>, ...]}}"
-    )]
+    #[error("{path}:{line}: invalid JSON ({detail}); expected {expected}")]
     BadJson {
         /// Trace file.
         path: PathBuf,
@@ -64,6 +60,8 @@ pub enum TrafficError {
         line: u64,
         /// Parser message (includes the column within the line).
         detail: String,
+        /// What a valid line looks like in this format.
+        expected: String,
     },
     /// A row's timestamp is earlier than the previous accepted row's.
     #[error(
@@ -142,6 +140,26 @@ impl TrafficError {
             | Self::Unsorted { line, .. }
             | Self::HashIdsLength { line, .. } => Some(*line),
             _ => None,
+        }
+    }
+
+    /// A JSON line serde could not parse, located at its column.
+    pub(crate) fn bad_json(
+        path: &std::path::Path,
+        line: u64,
+        e: &serde_json::Error,
+        expected: String,
+    ) -> Self {
+        // serde_json's location names "line 1" of the single line it was given.
+        let msg = e.to_string();
+        let msg = msg
+            .rsplit_once(" at line ")
+            .map_or(msg.as_str(), |(m, _)| m);
+        Self::BadJson {
+            path: path.to_path_buf(),
+            line,
+            detail: format!("{msg} at column {}", e.column()),
+            expected,
         }
     }
 

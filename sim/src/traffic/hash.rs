@@ -37,6 +37,46 @@ pub fn chain_in_place(ids: &mut [u64]) {
     }
 }
 
+/// Extend `full` (the chained hashes of a prompt's full blocks so far) to the full blocks of a
+/// `prompt`-token prompt and return the prompt's block list: its full blocks, then a trailing
+/// partial block when `prompt` is not a multiple of [`BLOCK_TOKENS`].
+///
+/// `key(index, fill)` names block `index`'s content (`fill` = its tokens, [`BLOCK_TOKENS`] for a
+/// full block). Growing sources (conversations, trace sessions) keep `full` between requests,
+/// so a later, longer prompt shares every earlier full block and adds its own.
+pub(crate) fn grow_prefix_blocks(
+    full: &mut Vec<u64>,
+    prompt: u32,
+    key: impl Fn(u64, u32) -> u64,
+) -> Vec<u64> {
+    let n_full = (prompt / BLOCK_TOKENS) as usize;
+    while full.len() < n_full {
+        let prev = full.last().copied().unwrap_or(CHAIN_ROOT);
+        full.push(chain_block_hash(prev, key(full.len() as u64, BLOCK_TOKENS)));
+    }
+    let fill = prompt % BLOCK_TOKENS;
+    let mut out = Vec::with_capacity(n_full + usize::from(fill != 0));
+    out.extend_from_slice(&full[..n_full]);
+    if fill != 0 {
+        let prev = out.last().copied().unwrap_or(CHAIN_ROOT);
+        out.push(chain_block_hash(prev, key(n_full as u64, fill)));
+    }
+    out
+}
+
+/// A stable 64-bit key of a byte string (e.g. a session id), built on [`splitmix64`] so it is
+/// the same on every platform and Rust release (unlike `std`'s `DefaultHasher`).
+#[must_use]
+pub(crate) fn key_of_bytes(bytes: &[u8]) -> u64 {
+    let mut h = splitmix64(bytes.len() as u64);
+    for chunk in bytes.chunks(8) {
+        let mut word = [0u8; 8];
+        word[..chunk.len()].copy_from_slice(chunk);
+        h = splitmix64(h ^ u64::from_le_bytes(word));
+    }
+    h
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -51,6 +91,28 @@ mod tests {
         assert_ne!(a[2], b[2]);
         // Same id at the same position after a divergence still differs.
         assert_ne!(a[3], b[3]);
+    }
+
+    #[test]
+    fn grown_blocks_share_the_full_ones() {
+        let key = |i: u64, fill: u32| i << 10 | u64::from(fill);
+        let mut full = Vec::new();
+        let a = grow_prefix_blocks(&mut full, 1100, key);
+        let b = grow_prefix_blocks(&mut full, 1600, key);
+        assert_eq!((a.len(), b.len()), (3, 4));
+        assert_eq!(a[..2], b[..2]);
+        // a's partial third block (76 tokens) is not b's full third block.
+        assert_ne!(a[2], b[2]);
+        assert_eq!(full.len(), 3);
+        assert!(grow_prefix_blocks(&mut Vec::new(), 0, key).is_empty());
+    }
+
+    #[test]
+    fn byte_keys_are_stable_and_length_aware() {
+        assert_eq!(key_of_bytes(b"conv-1"), key_of_bytes(b"conv-1"));
+        assert_ne!(key_of_bytes(b"conv-1"), key_of_bytes(b"conv-2"));
+        assert_ne!(key_of_bytes(b""), key_of_bytes(b"\0"));
+        assert_ne!(key_of_bytes(b"abcdefgh"), key_of_bytes(b"abcdefgh\0"));
     }
 
     #[test]

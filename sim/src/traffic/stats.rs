@@ -7,7 +7,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::trace::{ReplayOptions, TraceFormat, TraceReplay};
-use super::{Arrival, TrafficError, TrafficSource};
+use super::{Arrival, BLOCK_TOKENS, TrafficError, TrafficSource};
 
 /// Exact summary of a token-length column.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
@@ -46,6 +46,12 @@ pub struct TraceStats {
     pub rows: u64,
     /// Invalid rows skipped (with [`BadRowPolicy::Skip`](super::BadRowPolicy::Skip)).
     pub skipped_rows: u64,
+    /// The first few skipped rows' errors ([`SKIPPED_EXAMPLES_SHOWN`] at most).
+    pub skipped_examples: Vec<String>,
+    /// Rows that are not requests, ignored and counted (e.g. OpenTelemetry spans of other kinds).
+    pub ignored_rows: u64,
+    /// What the ignored rows are.
+    pub ignored_rows_are: Option<&'static str>,
     /// First arrival time, ns.
     pub first_at: u64,
     /// Last arrival time, ns.
@@ -85,18 +91,44 @@ impl TraceStats {
         format: TraceFormat,
         options: ReplayOptions,
     ) -> Result<Self, TrafficError> {
+        let ignored_rows_are = match &format {
+            TraceFormat::Mapped(m) => m.ignored_rows_are(),
+            _ => None,
+        };
         let mut replay = TraceReplay::open(path, format, options)?;
         let mut stats = Self::from_source(&mut replay)?;
         stats.skipped_rows = replay.skipped_rows();
+        stats.skipped_examples = replay
+            .skipped_examples()
+            .iter()
+            .take(SKIPPED_EXAMPLES_SHOWN)
+            .map(ToString::to_string)
+            .collect();
+        stats.ignored_rows = replay.ignored_rows();
+        stats.ignored_rows_are = ignored_rows_are;
         Ok(stats)
     }
 }
 
+/// How many skipped rows' errors [`TraceStats`] keeps and prints.
+pub const SKIPPED_EXAMPLES_SHOWN: usize = 3;
+
 impl fmt::Display for TraceStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "rows          {}", self.rows)?;
+        writeln!(f, "rows          {} requests", self.rows)?;
         if self.skipped_rows > 0 {
-            writeln!(f, "skipped rows  {}", self.skipped_rows)?;
+            writeln!(f, "skipped rows  {} (invalid, skipped)", self.skipped_rows)?;
+            for e in &self.skipped_examples {
+                writeln!(f, "  e.g. {e}")?;
+            }
+        }
+        if self.ignored_rows > 0 {
+            writeln!(
+                f,
+                "ignored rows  {} ({})",
+                self.ignored_rows,
+                self.ignored_rows_are.unwrap_or("not requests")
+            )?;
         }
         writeln!(f, "span          {:.3} s", self.span_ns as f64 / 1e9)?;
         match self.mean_rate_per_s {
@@ -106,7 +138,7 @@ impl fmt::Display for TraceStats {
         for (name, s) in [("prompt", &self.prompt), ("output", &self.output)] {
             writeln!(
                 f,
-                "{name:<13} mean {:.1} / min {} / p50 {} / p99 {} / max {}",
+                "{name:<13} mean {:.1} / min {} / p50 {} / p99 {} / max {} tokens",
                 s.mean, s.min, s.p50, s.p99, s.max
             )?;
         }
@@ -120,6 +152,14 @@ impl fmt::Display for TraceStats {
                 p.distinct_blocks
             ),
             None => writeln!(f, "prefix reuse  n/a (no prefix information)"),
+        }?;
+        match self.prefix {
+            Some(p) => writeln!(
+                f,
+                "prefix blocks {} requests carry them ({} tokens each)",
+                p.requests, BLOCK_TOKENS
+            ),
+            None => Ok(()),
         }
     }
 }
@@ -167,6 +207,9 @@ impl Accumulator {
         TraceStats {
             rows: self.rows,
             skipped_rows: 0,
+            skipped_examples: Vec::new(),
+            ignored_rows: 0,
+            ignored_rows_are: None,
             first_at: first,
             last_at: self.last,
             span_ns,

@@ -8,11 +8,14 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::hash::{blocks_for_tokens, chain_in_place};
+use super::mapping::{
+    MappedRow, MappedRows, Parsed, TraceLayout, TraceMapping, sort_and_link_sessions,
+};
 use super::{Arrival, TrafficError, TrafficSource};
+use std::collections::VecDeque;
 
 /// Supported trace formats.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum TraceFormat {
     /// Azure LLM inference trace 2023: CSV with header `TIMESTAMP,ContextTokens,GeneratedTokens`
     /// (columns found by name, case-insensitive, any order, extra columns ignored).
@@ -23,9 +26,27 @@ pub enum TraceFormat {
     /// other keys are ignored. `hash_ids` (one id per 512-token block) are remapped to prefix
     /// hashes: block i's hash is the chain hash of ids `0..=i`.
     MooncakeJsonl,
+    /// Any JSONL or CSV request log read through a [`TraceMapping`] (a custom one or a
+    /// ready-made one: [`TraceMapping::gateway_log`], [`TraceMapping::otel_genai`]). Read whole
+    /// and sorted by arrival.
+    Mapped(Box<TraceMapping>),
 }
 
 impl TraceFormat {
+    /// The names [`TraceFormat::from_name`] accepts (`jsonl` and `csv` need a mapping).
+    pub const NAMES: &'static str = "azure, mooncake, gateway-log, otel-genai, jsonl, csv";
+
+    /// The named format: `azure`, `mooncake` or a ready-made mapping ([`READY_MADE_MAPPINGS`](super::READY_MADE_MAPPINGS)).
+    /// `jsonl` and `csv` are not complete without a mapping and give `None`.
+    #[must_use]
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "azure" => Some(Self::AzureCsv),
+            "mooncake" => Some(Self::MooncakeJsonl),
+            other => TraceMapping::ready_made(other).map(|m| Self::Mapped(Box::new(m))),
+        }
+    }
+
     /// Guess the format from the file extension (`.csv`, `.jsonl` / `.json`).
     #[must_use]
     pub fn from_path(path: &Path) -> Option<Self> {
@@ -34,6 +55,26 @@ impl TraceFormat {
             "csv" => Some(Self::AzureCsv),
             "jsonl" | "json" | "ndjson" => Some(Self::MooncakeJsonl),
             _ => None,
+        }
+    }
+
+    /// The layout of a custom mapping's file, guessed from the extension like
+    /// [`TraceFormat::from_path`].
+    #[must_use]
+    pub fn layout_from_path(path: &Path) -> Option<TraceLayout> {
+        match Self::from_path(path)? {
+            Self::AzureCsv => Some(TraceLayout::Csv),
+            _ => Some(TraceLayout::Jsonl),
+        }
+    }
+
+    /// The format's name (`azure`, `mooncake`, `jsonl`, `csv`, `gateway-log`, `otel-genai`).
+    #[must_use]
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::AzureCsv => "azure",
+            Self::MooncakeJsonl => "mooncake",
+            Self::Mapped(m) => m.name(),
         }
     }
 }
@@ -123,14 +164,23 @@ impl ReplayOptions {
 /// How many skipped-row errors [`TraceReplay`] keeps as examples.
 pub const MAX_SKIPPED_EXAMPLES: usize = 16;
 
-/// Streaming trace replayer: reads one line at a time (memory independent of the file length)
-/// and yields one [`Arrival`] per valid row; the arrival's `tag` is the row's 1-based line
-/// number. Rows must be sorted by time; an earlier timestamp than the previous row is an error
-/// ([`TrafficError::Unsorted`]). Output lengths must be ≥ 1; prompt lengths ≥ 0.
+/// Trace replayer: yields one [`Arrival`] per valid row; the arrival's `tag` is the row's
+/// 1-based line number. Output lengths must be ≥ 1; prompt lengths ≥ 0.
+///
+/// Azure and Mooncake traces are streamed one line at a time (memory independent of the file
+/// length); their rows must be sorted by time, an earlier timestamp than the previous row is an
+/// error ([`TrafficError::Unsorted`]). A [`TraceFormat::Mapped`] log is read whole on the first
+/// call (one small record per row) and replayed sorted by arrival, equal times in file order.
 pub struct TraceReplay {
     reader: Box<dyn BufRead + Send>,
     buf: Vec<u8>,
+    format: TraceFormat,
     st: ParseState,
+    /// The mapped log's parser (`None` for the streamed formats).
+    mapped: Option<MappedRows>,
+    /// The mapped log's rows, sorted, once read; and the first one's time.
+    sorted: Option<(VecDeque<MappedRow>, i64)>,
+    ignored: u64,
     factor: f64,
     limit: u64,
     start_offset: u64,
@@ -145,7 +195,7 @@ impl std::fmt::Debug for TraceReplay {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TraceReplay")
             .field("path", &self.st.path)
-            .field("format", &self.st.format)
+            .field("format", &self.format)
             .field("line", &self.st.line)
             .field("emitted", &self.emitted)
             .field("skipped", &self.skipped)
@@ -188,12 +238,29 @@ impl TraceReplay {
         options: ReplayOptions,
     ) -> Result<Self, TrafficError> {
         options.validate()?;
+        let path: PathBuf = name.into();
+        let (builtin, mapped) = match &format {
+            TraceFormat::AzureCsv => (Builtin::Azure, None),
+            TraceFormat::MooncakeJsonl => (Builtin::Mooncake, None),
+            TraceFormat::Mapped(m) => (
+                Builtin::Mooncake,
+                Some(MappedRows::new(
+                    (**m).clone(),
+                    path.clone(),
+                    options.skip_rows,
+                )),
+            ),
+        };
         Ok(Self {
             reader: Box::new(reader),
             buf: Vec::with_capacity(256),
+            format,
+            mapped,
+            sorted: None,
+            ignored: 0,
             st: ParseState {
-                path: name.into(),
-                format,
+                path,
+                format: builtin,
                 line: 0,
                 columns: None,
                 data_rows: 0,
@@ -220,8 +287,15 @@ impl TraceReplay {
 
     /// The trace's format.
     #[must_use]
-    pub const fn format(&self) -> TraceFormat {
-        self.st.format
+    pub const fn format(&self) -> &TraceFormat {
+        &self.format
+    }
+
+    /// Rows that are not requests, ignored and counted (OpenTelemetry spans of other kinds;
+    /// [`TraceMapping::ignored_rows_are`] says which).
+    #[must_use]
+    pub const fn ignored_rows(&self) -> u64 {
+        self.ignored
     }
 
     /// Rows replayed so far.
@@ -244,8 +318,78 @@ impl TraceReplay {
 
     /// Lines read so far.
     #[must_use]
-    pub const fn lines_read(&self) -> u64 {
-        self.st.line
+    pub fn lines_read(&self) -> u64 {
+        self.mapped.as_ref().map_or(self.st.line, MappedRows::line)
+    }
+
+    fn skip(&mut self, e: TrafficError) {
+        self.skipped += 1;
+        if self.examples.len() < MAX_SKIPPED_EXAMPLES {
+            self.examples.push(e);
+        }
+    }
+
+    /// Read a mapped log whole (at most `limit` valid rows, in file order), then sort it.
+    fn load_mapped(&mut self) -> Result<VecDeque<MappedRow>, TrafficError> {
+        let mut rows = Vec::new();
+        while (rows.len() as u64) < self.limit {
+            self.buf.clear();
+            if let Err(source) = self.reader.read_until(b'\n', &mut self.buf) {
+                return Err(TrafficError::Io {
+                    path: self.st.path.clone(),
+                    source,
+                });
+            }
+            if self.buf.is_empty() {
+                break;
+            }
+            let parser = self
+                .mapped
+                .as_mut()
+                .expect("a mapped replay has its parser");
+            match parser.process(&self.buf) {
+                Ok(Parsed::Nothing) => {}
+                Ok(Parsed::Ignored) => self.ignored += 1,
+                Ok(Parsed::Row(row)) => rows.push(row),
+                Err(e) if e.is_row_error() && self.policy == BadRowPolicy::Skip => self.skip(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(sort_and_link_sessions(rows).into())
+    }
+
+    fn next_mapped(&mut self) -> Result<Option<Arrival>, TrafficError> {
+        if self.sorted.is_none() {
+            if self.finished {
+                return Ok(None);
+            }
+            match self.load_mapped() {
+                Ok(rows) => {
+                    let first = rows.front().map_or(0, |r| r.ts);
+                    self.sorted = Some((rows, first));
+                }
+                Err(e) => {
+                    self.finished = true;
+                    return Err(e);
+                }
+            }
+        }
+        let Some((rows, first)) = self.sorted.as_mut() else {
+            return Ok(None);
+        };
+        let first = *first;
+        let Some(row) = rows.pop_front() else {
+            return Ok(None);
+        };
+        let delta = u64::try_from(row.ts - first).unwrap_or(0);
+        self.emitted += 1;
+        Ok(Some(Arrival {
+            at: self.start_offset.saturating_add(self.scale(delta)),
+            prompt_tokens: row.prompt,
+            output_tokens: row.output,
+            prefix_blocks: row.blocks,
+            tag: row.line,
+        }))
     }
 
     #[inline]
@@ -260,6 +404,9 @@ impl TraceReplay {
 
 impl TrafficSource for TraceReplay {
     fn next_arrival(&mut self) -> Result<Option<Arrival>, TrafficError> {
+        if self.mapped.is_some() {
+            return self.next_mapped();
+        }
         loop {
             if self.finished || self.emitted >= self.limit {
                 return Ok(None);
@@ -291,12 +438,7 @@ impl TrafficSource for TraceReplay {
                         tag: self.st.line,
                     }));
                 }
-                Err(e) if e.is_row_error() && self.policy == BadRowPolicy::Skip => {
-                    self.skipped += 1;
-                    if self.examples.len() < MAX_SKIPPED_EXAMPLES {
-                        self.examples.push(e);
-                    }
-                }
+                Err(e) if e.is_row_error() && self.policy == BadRowPolicy::Skip => self.skip(e),
                 Err(e) => {
                     self.finished = true;
                     return Err(e);
@@ -324,9 +466,16 @@ struct CsvColumns {
     output: usize,
 }
 
+/// The streamed formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Builtin {
+    Azure,
+    Mooncake,
+}
+
 struct ParseState {
     path: PathBuf,
-    format: TraceFormat,
+    format: Builtin,
     line: u64,
     columns: Option<CsvColumns>,
     data_rows: u64,
@@ -356,23 +505,21 @@ impl ParseState {
             Ok(t) => t.trim(),
             Err(e) => {
                 let problem = format!("line is not valid UTF-8 ({e}); expected a UTF-8 text row");
-                return Err(
-                    if self.format == TraceFormat::AzureCsv && self.columns.is_none() {
-                        TrafficError::BadHeader {
-                            path: self.path.clone(),
-                            line: self.line,
-                            problem,
-                        }
-                    } else {
-                        self.bad("<line>", problem)
-                    },
-                );
+                return Err(if self.format == Builtin::Azure && self.columns.is_none() {
+                    TrafficError::BadHeader {
+                        path: self.path.clone(),
+                        line: self.line,
+                        problem,
+                    }
+                } else {
+                    self.bad("<line>", problem)
+                });
             }
         };
         if text.is_empty() {
             return Ok(None);
         }
-        if self.format == TraceFormat::AzureCsv && self.columns.is_none() {
+        if self.format == Builtin::Azure && self.columns.is_none() {
             self.columns = Some(self.parse_header(text)?);
             return Ok(None);
         }
@@ -382,14 +529,14 @@ impl ParseState {
         }
         self.data_rows += 1;
         let row = match self.format {
-            TraceFormat::AzureCsv => self.parse_csv_row(text)?,
-            TraceFormat::MooncakeJsonl => self.parse_json_row(text)?,
+            Builtin::Azure => self.parse_csv_row(text)?,
+            Builtin::Mooncake => self.parse_json_row(text)?,
         };
         if let Some((prev, prev_line)) = self.prev
             && row.ts < prev
         {
             let (field, value) = match (&self.format, &self.columns) {
-                (TraceFormat::AzureCsv, Some(c)) => (
+                (Builtin::Azure, Some(c)) => (
                     "TIMESTAMP",
                     text.split(',')
                         .nth(c.ts)
@@ -503,16 +650,14 @@ impl ParseState {
 
     fn parse_json_row(&self, text: &str) -> Result<Row, TrafficError> {
         let raw: MooncakeRow = serde_json::from_str(text).map_err(|e| {
-            // serde_json's location names "line 1" of the single line it was given.
-            let msg = e.to_string();
-            let msg = msg
-                .rsplit_once(" at line ")
-                .map_or(msg.as_str(), |(m, _)| m);
-            TrafficError::BadJson {
-                path: self.path.clone(),
-                line: self.line,
-                detail: format!("{msg} at column {}", e.column()),
-            }
+            TrafficError::bad_json(
+                &self.path,
+                self.line,
+                &e,
+                "one object per line like {\"timestamp\": <ms >= 0>, \"input_length\": \
+                 <int >= 0>, \"output_length\": <int >= 1>, \"hash_ids\": [<int>, ...]}"
+                    .to_owned(),
+            )
         })?;
         let ts = json_timestamp_ns(raw.timestamp.as_ref()).map_err(|p| self.bad("timestamp", p))?;
         let prompt =
@@ -554,7 +699,7 @@ fn unquote(s: &str) -> &str {
 }
 
 /// Parse a token count `>= min` that fits in `u32`; the error says what would be valid.
-fn parse_count(s: &str, min: u32) -> Result<u32, String> {
+pub(crate) fn parse_count(s: &str, min: u32) -> Result<u32, String> {
     let expect = format!("expected an integer >= {min}");
     if s.is_empty() {
         return Err(format!("is empty; {expect}"));
@@ -570,7 +715,7 @@ fn parse_count(s: &str, min: u32) -> Result<u32, String> {
     check_count(v, min, &expect)
 }
 
-fn check_count(v: u64, min: u32, expect: &str) -> Result<u32, String> {
+pub(crate) fn check_count(v: u64, min: u32, expect: &str) -> Result<u32, String> {
     if v < u64::from(min) {
         let what = if v == 0 { "zero length" } else { "too small" };
         return Err(format!("is {v} ({what}); {expect}"));
@@ -677,7 +822,7 @@ fn digits(b: &[u8]) -> Option<i64> {
     Some(b.iter().fold(0, |acc, d| acc * 10 + i64::from(d - b'0')))
 }
 
-fn parse_datetime(b: &[u8]) -> Option<i64> {
+pub(crate) fn parse_datetime(b: &[u8]) -> Option<i64> {
     if b[7] != b'-' || !matches!(b[10], b' ' | b'T') || b[13] != b':' || b[16] != b':' {
         return None;
     }
