@@ -53,9 +53,12 @@ enum Command {
 enum TraceCommand {
     /// Rate, prompt/output lengths and prefix reuse, in one streaming pass.
     Stats {
-        /// Azure 2023 CSV or Mooncake JSONL trace.
+        /// A trace (Azure CSV, Mooncake JSONL, gateway log, OpenTelemetry GenAI spans) or a
+        /// scenario (`.yaml`) whose trace sources to summarise as it replays them (custom
+        /// `jsonl` / `csv` mappings; see docs/traces.md).
         file: PathBuf,
-        /// `azure` or `mooncake` (default: from the extension).
+        /// `azure`, `mooncake`, `gateway-log` or `otel-genai` (default: from the extension,
+        /// azure / mooncake). Not with a scenario.
         #[arg(long)]
         format: Option<String>,
         /// Read at most this many rows.
