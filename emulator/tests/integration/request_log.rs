@@ -1,6 +1,7 @@
 //! The gateway's request log and passive capacity curve, end to end: a scenario played through
-//! gateway + emulators is read back from the log file, and `/admin/capacity` is checked
-//! against the emulated hardware profiles.
+//! gateway + emulators is read back from the log file (as JSON, then as a scenario's trace
+//! through the lab's `gateway-log` reader), and `/admin/capacity` is checked against the
+//! emulated hardware profiles.
 
 use super::*;
 use routelab_gateway::config::RequestLogConfig;
@@ -157,6 +158,46 @@ async fn the_request_log_and_the_capacity_curve_reproduce_the_played_scenario() 
         worst <= 1000.0,
         "an arrival off by {worst:.1} ms of wall time"
     );
+
+    // The same log replayed by the lab: a scenario whose traffic is the log (`format:
+    // gateway-log`, `time_scale: K` to put the wall-clock arrivals back in scenario time)
+    // yields, in arrival order, exactly the logged requests — the arrivals and lengths that were
+    // just shown to equal the played ones.
+    let yaml = format!(
+        "name: replayed\nseed: 1\nmodel: gemma-27b\nfleet:\n  - {{ name: pro6000, profile: rtx-pro-6000-27b }}\n\
+         traffic:\n  - trace: {{ path: requests.jsonl, format: gateway-log, time_scale: {K} }}\n\
+         policies: [seed-v3]\n"
+    );
+    let replay_file = dir.join("replayed.yaml");
+    std::fs::write(&replay_file, yaml).unwrap();
+    let replayed = Scenario::load(&replay_file).unwrap_or_else(|e| panic!("{e:#}"));
+    let mut source = replayed.traffic_source(1).unwrap();
+    let mut arrivals = Vec::new();
+    while let Some(a) = source.next_arrival().unwrap() {
+        arrivals.push(a);
+    }
+    let mut logged = log.clone();
+    logged.sort_by_key(|l| l.arrival_unix_ms);
+    assert_eq!(arrivals.len(), logged.len(), "every logged request replays");
+    let first_ns = arrivals[0].at;
+    for (a, l) in arrivals.iter().zip(&logged) {
+        let want_ns = ((l.arrival_unix_ms - first_logged) as f64 * 1e6 * K).round() as u64;
+        assert_eq!(a.at - first_ns, want_ns, "{l:?}");
+        assert_eq!(a.prompt_tokens, l.prompt_tokens, "{l:?}");
+        assert_eq!(Some(a.output_tokens), l.output_tokens, "{l:?}");
+    }
+    // Played vs replayed, directly: the same multiset of (prompt, output) lengths.
+    let mut played_lengths: Vec<(u32, u32)> = played
+        .iter()
+        .map(|r| (r.record.prompt_tokens, r.record.output_tokens))
+        .collect();
+    let mut replayed_lengths: Vec<(u32, u32)> = arrivals
+        .iter()
+        .map(|a| (a.prompt_tokens, a.output_tokens))
+        .collect();
+    played_lengths.sort_unstable();
+    replayed_lengths.sort_unstable();
+    assert_eq!(played_lengths, replayed_lengths);
 
     // The capacity curve: per emulated worker, the best-observed concurrency's tok/s in the
     // engine's own time against its profile.
