@@ -160,7 +160,7 @@ pub fn summary_file(meta: &RunMeta, runs: &[PolicyRun]) -> SummaryFile {
             .map(|r| RunEntry {
                 summary: r.summary(),
                 workers: WorkerSummary::from_metrics(&r.metrics),
-                warnings: r.metrics.warnings.iter().map(|w| w.to_string()).collect(),
+                warnings: r.metrics.warning_lines(),
             })
             .collect(),
     }

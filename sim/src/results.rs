@@ -145,9 +145,22 @@ pub struct RunMetrics {
     pub events: u64,
     /// Scenario events that did not take effect (the router refused them), in time order.
     pub warnings: Vec<RunWarning>,
+    /// Bad trace rows the traffic skipped (`on_bad_row: skip`).
+    pub skipped_rows: crate::traffic::Skipped,
 }
 
 impl RunMetrics {
+    /// What a reader of the run must be told: scenario events that did not take effect, and
+    /// bad trace rows that were skipped.
+    #[must_use]
+    pub fn warning_lines(&self) -> Vec<String> {
+        let mut lines: Vec<String> = self.warnings.iter().map(ToString::to_string).collect();
+        if self.skipped_rows.rows > 0 {
+            lines.push(self.skipped_rows.to_string());
+        }
+        lines
+    }
+
     /// Empty metrics of a run of `policy` on the given workers.
     pub fn new(policy: impl Into<String>, workers: Vec<WorkerTotals>) -> RunMetrics {
         RunMetrics {
@@ -177,6 +190,7 @@ impl RunMetrics {
             end_ns: 0,
             events: 0,
             warnings: Vec::new(),
+            skipped_rows: crate::traffic::Skipped::default(),
         }
     }
 

@@ -85,6 +85,42 @@ pub trait TrafficSource: Send {
         let _ = (now, tag);
         None
     }
+
+    /// The rows a trace source skipped so far (`on_bad_row: skip`), so that a run can say so:
+    /// none for generators.
+    fn skipped(&self) -> Skipped {
+        Skipped::default()
+    }
+}
+
+/// Bad rows a source skipped: how many, and the first one's error (file, line, field).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Skipped {
+    /// Rows skipped.
+    pub rows: u64,
+    /// The error of the first skipped row.
+    pub first: Option<String>,
+}
+
+impl std::fmt::Display for Skipped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the traffic skipped {} bad trace row(s) (on_bad_row: skip)", self.rows)?;
+        if let Some(first) = &self.first {
+            write!(f, "; the first: {first}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Skipped {
+    /// Both counts; the first example of `self`, else of `other`.
+    #[must_use]
+    pub fn and(self, other: Skipped) -> Skipped {
+        Skipped {
+            rows: self.rows + other.rows,
+            first: self.first.or(other.first),
+        }
+    }
 }
 
 impl<T: TrafficSource + ?Sized> TrafficSource for Box<T> {
@@ -94,6 +130,10 @@ impl<T: TrafficSource + ?Sized> TrafficSource for Box<T> {
 
     fn on_complete(&mut self, now: u64, tag: u64) -> Option<Arrival> {
         (**self).on_complete(now, tag)
+    }
+
+    fn skipped(&self) -> Skipped {
+        (**self).skipped()
     }
 }
 

@@ -100,7 +100,7 @@ pub fn run(args: &RunArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
             .collect(),
     };
     for (o, p) in outcomes.iter().zip(&policies) {
-        for w in &o.metrics.warnings {
+        for w in o.metrics.warning_lines() {
             eprintln!("warning: {}: {w}", p.name);
         }
     }

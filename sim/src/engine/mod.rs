@@ -53,7 +53,9 @@ pub fn run(
 ) -> Result<RunMetrics, SimError> {
     let mut sim = Sim::new(setup, policy)?;
     sim.run(traffic, &mut sink)?;
-    Ok(sim.finish())
+    let mut metrics = sim.finish();
+    metrics.skipped_rows = traffic.skipped();
+    Ok(metrics)
 }
 
 /// Where per-request rows go (if anywhere) during a run.

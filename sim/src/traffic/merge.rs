@@ -1,6 +1,6 @@
 //! k-way merge of several traffic sources.
 
-use super::{Arrival, TrafficError, TrafficSource};
+use super::{Arrival, Skipped, TrafficError, TrafficSource};
 
 enum Head {
     /// Not pulled yet (or the pull failed and must be retried).
@@ -102,5 +102,11 @@ impl TrafficSource for Merge {
         let follow = self.sources[index].on_complete(now, tag / n)?;
         // Inner tags handed back by a source fit whenever its earlier tags did.
         self.encode(follow, index).ok()
+    }
+
+    fn skipped(&self) -> Skipped {
+        self.sources
+            .iter()
+            .fold(Skipped::default(), |all, s| all.and(s.skipped()))
     }
 }

@@ -11,7 +11,7 @@ use super::hash::{blocks_for_tokens, chain_in_place};
 use super::mapping::{
     MappedRow, MappedRows, Parsed, TraceLayout, TraceMapping, sort_and_link_sessions,
 };
-use super::{Arrival, TrafficError, TrafficSource};
+use super::{Arrival, Skipped, TrafficError, TrafficSource};
 use std::collections::VecDeque;
 
 /// Supported trace formats.
@@ -403,6 +403,13 @@ impl TraceReplay {
 }
 
 impl TrafficSource for TraceReplay {
+    fn skipped(&self) -> Skipped {
+        Skipped {
+            rows: self.skipped,
+            first: self.examples.first().map(ToString::to_string),
+        }
+    }
+
     fn next_arrival(&mut self) -> Result<Option<Arrival>, TrafficError> {
         if self.mapped.is_some() {
             return self.next_mapped();
