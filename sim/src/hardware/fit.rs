@@ -147,6 +147,12 @@ pub struct FittedProfile {
     pub moves: Vec<PointMove>,
 }
 
+/// `x` to the nearest `1 / per_unit`, never below it (a profile's figures are > 0). Dividing
+/// by the whole `per_unit` gives the shortest decimal, so the YAML stays readable.
+fn round_to(x: f64, per_unit: f64) -> f64 {
+    ((x * per_unit).round() / per_unit).max(1.0 / per_unit)
+}
+
 /// Weighted pool-adjacent-violators: the non-decreasing sequence closest to `values` in
 /// weighted least squares. Weights must be > 0.
 pub fn isotonic(values: &[f64], weights: &[f64]) -> Vec<f64> {
@@ -254,7 +260,13 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
         .map(|(p, &f)| PointMove {
             concurrency: p.concurrency,
             measured_tok_s: p.aggregate_tok_s,
-            fitted_tok_s: f,
+            // A pooled mean is written to the nearest 0.001 tok/s (rounding keeps the order);
+            // a point the fit left alone keeps the measured figure exactly.
+            fitted_tok_s: if f == p.aggregate_tok_s {
+                f
+            } else {
+                round_to(f, 1e3)
+            },
         })
         .collect();
     let curve_at = |c: f64| {
@@ -309,14 +321,14 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
         }
         (None, Some((p, how))) => {
             fitted_notes.push(how);
-            p
+            round_to(p, 10.0)
         }
         (None, None) => {
             extrapolated.push(format!(
                 "prefill_tok_s (not measured: {DEFAULT_PREFILL_PER_DECODE} x the single-sequence \
                  decode speed; pass --prefill-tok-s)"
             ));
-            DEFAULT_PREFILL_PER_DECODE * curve_at(1.0)
+            round_to(DEFAULT_PREFILL_PER_DECODE * curve_at(1.0), 10.0)
         }
     };
     extrapolated.push(format!(
@@ -396,7 +408,7 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
         Some(cold) => {
             let probe = ProbeConfig::default();
             let warm = curve_at(cold.concurrency);
-            let factor = (cold.tok_s / warm).min(1.0);
+            let factor = round_to((cold.tok_s / warm).min(1.0), 1e4);
             let warmup = cold.concurrency * f64::from(probe.prompt_tokens + probe.output_tokens);
             fitted_notes.push(format!(
                 "cold_start.speed_factor = cold burst {} tok/s / fitted warm {} tok/s at \
@@ -507,7 +519,7 @@ fn read_csv(input: &FitInput) -> Result<Measured, InputError> {
         }
     }
     let mut m = Measured {
-        weight_name: "nothing (every row counts once)",
+        weight_name: "equal weights (one per row)",
         ..Measured::default()
     };
     let mut cold_line: Option<u64> = None;
@@ -991,7 +1003,7 @@ mod tests {
         assert!((p.aggregate_tok_s(16.0) - 415.0).abs() < 1e-9);
         assert!((p.prefill_tok_s() - 1000.0).abs() < 1e-9);
         let cold = p.cold_start();
-        assert!((cold.speed_factor - 100.0 / 415.0).abs() < 1e-12);
+        assert!((cold.speed_factor - 100.0 / 415.0).abs() < 1e-4);
         assert_eq!(cold.warmup_tokens, 16.0 * 192.0);
         assert!(
             p.fitted().iter().any(|n| n.contains("2 of 3 points moved")),
