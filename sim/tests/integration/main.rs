@@ -4,5 +4,6 @@ mod common_random_numbers;
 mod engine;
 mod load_scale;
 mod peers;
+mod profiles;
 mod traffic;
 mod validation;
