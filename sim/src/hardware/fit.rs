@@ -245,6 +245,11 @@ pub fn fit(
     build(source, measured, opts)
 }
 
+/// The message of a broken value rule; its `expected` goes to the error's `valid`.
+fn not_valid(v: &rule::Violation) -> String {
+    format!("{} is not valid", v.got)
+}
+
 fn flag_error(flag: &str, message: impl Into<String>, valid: impl Into<String>) -> InputError {
     InputError::new("<command line>", flag, message).valid(valid)
 }
@@ -315,7 +320,7 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
     let prefill_tok_s = match (opts.prefill_tok_s, m.prefill) {
         (Some(p), _) => {
             rule::positive(p)
-                .map_err(|v| flag_error("--prefill-tok-s", v.to_string(), "tokens/s > 0"))?;
+                .map_err(|v| flag_error("--prefill-tok-s", not_valid(&v), v.expected))?;
             extrapolated.push("prefill_tok_s (from --prefill-tok-s)".to_string());
             p
         }
@@ -551,21 +556,21 @@ fn read_csv(input: &FitInput) -> Result<Measured, InputError> {
                 .map_err(|_| at(name, format!("`{text}` is not a number"), "a number > 0"))?;
             rule::positive(v)
                 .map(Some)
-                .map_err(|e| at(name, e.to_string(), "a finite number > 0"))
+                .map_err(|e| at(name, not_valid(&e), &e.expected))
         };
         let c = cell(0)?.expect("required column");
         let a = cell(1)?.expect("required column");
-        if let Some(prev) = m.points.last() {
-            if c <= prev.concurrency {
-                return Err(at(
-                    "concurrency",
-                    format!(
-                        "concurrency {c} is not greater than the previous row's {}",
-                        prev.concurrency
-                    ),
-                    "rows in strictly increasing concurrency, one row per concurrency",
-                ));
-            }
+        if let Some(prev) = m.points.last()
+            && c <= prev.concurrency
+        {
+            return Err(at(
+                "concurrency",
+                format!(
+                    "concurrency {c} is not greater than the previous row's {}",
+                    prev.concurrency
+                ),
+                "rows in strictly increasing concurrency, one row per concurrency",
+            ));
         }
         m.points.push(Obs {
             concurrency: c,
@@ -711,10 +716,10 @@ fn read_vllm_one(input: &FitInput) -> Result<BenchRun, InputError> {
         _ => num("max_concurrency", "a whole number >= 1")?,
     };
     rule::whole(concurrency, 1, 1 << 20)
-        .map_err(|e| err("max_concurrency", e.to_string(), "a whole number >= 1"))?;
+        .map_err(|e| err("max_concurrency", not_valid(&e), &e.expected))?;
     let positive = |key: &str| -> Result<f64, InputError> {
         let v = num(key, "a number > 0")?;
-        rule::positive(v).map_err(|e| err(key, e.to_string(), "a finite number > 0"))
+        rule::positive(v).map_err(|e| err(key, not_valid(&e), &e.expected))
     };
     Ok(BenchRun {
         origin: origin.to_string(),
@@ -917,7 +922,7 @@ fn read_gateway(input: &FitInput, worker: Option<&str>) -> Result<Measured, Inpu
                 .get(key)
                 .and_then(Value::as_f64)
                 .ok_or_else(|| bad(f.clone(), "missing or not a number".into(), "a number > 0"))?;
-            rule::positive(v).map_err(|e| bad(f, e.to_string(), "a finite number > 0"))
+            rule::positive(v).map_err(|e| bad(f, not_valid(&e), &e.expected))
         };
         m.points.push(Obs {
             concurrency: num("concurrency")?,

@@ -85,8 +85,8 @@ pub enum LookupError {
     Invalid {
         /// The `profile:` as written.
         spec: String,
-        /// What is wrong with it.
-        error: InputError,
+        /// What is wrong with it (boxed: the error stays small in every `Result`).
+        error: Box<InputError>,
     },
 }
 
@@ -124,11 +124,13 @@ impl LookupError {
         match self {
             LookupError::NotFound { .. } => e.valid(
                 "one of the available names, or a path to a profile file (containing `/` or \
-                 ending in .yaml / .yml, relative to the scenario)",
+                 ending in .yaml / .yml; relative to the scenario's directory, or to the \
+                 current directory for `routelab profile show`)",
             ),
             LookupError::MissingFile { .. } => e.valid(
-                "an existing profile file (a `profile:` containing `/` or ending in .yaml / \
-                 .yml is a path relative to the scenario's directory)",
+                "an existing profile file (a profile containing `/` or ending in .yaml / .yml \
+                 is a path, relative to the scenario's directory, or to the current directory \
+                 for `routelab profile show`)",
             ),
             LookupError::Invalid { .. } => e,
         }
@@ -164,10 +166,10 @@ impl ProfileLookup {
         if let Some(d) = hardware_dir {
             dirs.push(base.join(d));
         }
-        if let Some(walked) = nearest_hardware_dir(base) {
-            if !dirs.contains(&walked) {
-                dirs.push(walked);
-            }
+        if let Some(walked) = nearest_hardware_dir(base)
+            && !dirs.contains(&walked)
+        {
+            dirs.push(walked);
         }
         let env_dirs = env
             .map(|v| {
@@ -196,7 +198,7 @@ impl ProfileLookup {
     pub fn find(&self, spec: &str) -> Result<HardwareProfile, LookupError> {
         let invalid = |error| LookupError::Invalid {
             spec: spec.to_string(),
-            error,
+            error: Box::new(error),
         };
         if Self::is_path(spec) {
             let path = self.base.join(spec);
