@@ -34,7 +34,8 @@ pub const DEFAULT_CONTEXT_WINDOW: u32 = 32_768;
 /// if that is larger, so a full-window request can run).
 pub const DEFAULT_KV_CAPACITY_TOKENS: u64 = 131_072;
 /// `prefill_tok_s` when nothing measured it: this many times the single-sequence decode speed
-/// (the bundled GPU profiles sit at 10-60x; the low end keeps long prompts pessimistic).
+/// (the bundled profiles sit at 10-11x for the Macs and 40-90x for the GPUs; the low end keeps
+/// long prompts pessimistic rather than flattering).
 pub const DEFAULT_PREFILL_PER_DECODE: f64 = 10.0;
 /// The schema a gateway capacity file must declare.
 pub const GATEWAY_SCHEMA: &str = "routelab-gateway-capacity/1";
