@@ -42,6 +42,11 @@ enum Command {
     },
     /// The routing-quality regression gate: run the CI suite, compare with the baselines.
     Check(commands::check::CheckArgs),
+    /// Hardware profiles: fit one from measurements, or show one's curve and chart.
+    Profile {
+        #[command(subcommand)]
+        command: commands::profile::ProfileCommand,
+    },
     /// Inspect a trace file.
     Trace {
         #[command(subcommand)]
@@ -93,6 +98,9 @@ fn main() -> ExitCode {
             &mut std::io::stdout().lock(),
             &mut std::io::stderr().lock(),
         ),
+        Command::Profile { command } => {
+            commands::profile::run(&command, &mut std::io::stdout().lock())
+        }
         Command::Trace {
             command:
                 TraceCommand::Stats {

@@ -14,6 +14,8 @@
 //!   tables for the terminal.
 //! - [`capacity`]: `routelab capacity` — the SLO spec, the per-seed capacity search, the
 //!   study across policies and seeds, and its outputs.
+//! - [`profile_text`], [`write_profile_chart`]: a hardware profile's curve and fields for
+//!   `routelab profile show`, and its chart.
 //! - [`metric`]: the one metric catalog every output takes its metrics from.
 //! - [`gate`]: the routing-quality regression gate (suite, baselines, invariants, verdicts).
 //! - [`export`]: output formats (table, JSON, Markdown, CSV, HTML) behind [`Exporter`].
@@ -34,6 +36,7 @@ pub mod findings;
 pub mod gate;
 pub mod metric;
 mod num;
+mod profile;
 mod requests_csv;
 pub use requests_csv::{RequestsCsvStream, RowSink};
 mod run;
@@ -53,6 +56,7 @@ pub use error::ReportError;
 pub use export::{Exporter, Format};
 pub use gate::{Gate, GateError, GateReport};
 pub use metric::{CATALOG, Direction, Metric, Unit};
+pub use profile::{profile_concurrencies, profile_text, write_profile_chart};
 pub use run::{
     AppliedSlo, PerfInfo, PerfRun, PolicyRun, RunEntry, RunMeta, SummaryFile, Written, run_table,
     summary_file, summary_table, write_perf, write_run,

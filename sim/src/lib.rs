@@ -4,7 +4,8 @@
 //! `routelab-policies` crate a production gateway embeds.
 //!
 //! - [`hardware`]: worker hardware profiles (decode throughput over concurrency, prefill, KV,
-//!   cold start), loaded from YAML.
+//!   cold start), loaded from YAML, found by [`ProfileLookup`] (paths, directories, the bundled
+//!   profiles, `ROUTELAB_HARDWARE`) and fitted from measurements ([`hardware::fit`]).
 //! - [`worker`]: one inference engine as a fluid processor-sharing model ([`EngineModel`]).
 //! - [`traffic`]: synthetic generators and streaming trace replay.
 //! - [`engine`]: the event loop that ties a fleet, a router, probes and lifecycle events
@@ -28,7 +29,7 @@ pub mod traffic;
 pub mod worker;
 
 pub use engine::{Action, LifecycleEvent, NO_TIME_LIMIT_NS, SimError, SimSetup, WorkerSetup, run};
-pub use hardware::HardwareProfile;
+pub use hardware::{HardwareProfile, ProfileLookup};
 pub use record::{
     Outcome, Recorder, RequestRecord, RequestSink, RunWarning, Slo, Status, WarningReason,
 };

@@ -20,7 +20,7 @@
 
 use crate::derive_seed;
 use crate::engine::{Action, LifecycleEvent, SimSetup, Slo, WorkerSetup};
-use crate::hardware::HardwareProfile;
+use crate::hardware::{HardwareProfile, ProfileLookup};
 use crate::traffic::{
     ArrivalUnit, BadRowPolicy, Burst, BurstConfig, ClosedLoop, ClosedLoopConfig, Conversations,
     ConversationsConfig, Diurnal, DiurnalConfig, DurationDist, FieldPath, LengthDist,
@@ -55,7 +55,8 @@ pub struct RawScenario {
     pub seed: Option<u64>,
     /// Model name every request asks for (default `model`).
     pub model: Option<String>,
-    /// Directory of hardware profiles (default: the nearest `hardware/` beside or above the file).
+    /// Directory searched first for profile names (relative to the file); then the nearest
+    /// `hardware/` beside or above the file, the bundled profiles and `ROUTELAB_HARDWARE`.
     pub hardware_dir: Option<String>,
     /// The workers.
     pub fleet: Vec<Spanned<RawWorker>>,
@@ -87,7 +88,8 @@ pub struct RawScenario {
 pub struct RawWorker {
     /// Name (with `-1`, `-2`, … appended when `count` > 1).
     pub name: String,
-    /// Hardware profile name (a file `<name>.yaml` in the hardware directory).
+    /// Hardware profile: a path (containing `/` or ending in `.yaml` / `.yml`, relative to the
+    /// file) or a name found by [`ProfileLookup`].
     pub profile: String,
     /// How many identical workers.
     pub count: Option<u32>,
@@ -599,72 +601,24 @@ impl Validator<'_> {
         rule::positive(v).map_err(|e| self.invalid(Some(loc), field, e.to_string()))
     }
 
-    fn hardware_dir(&self, raw: &Option<String>) -> PathBuf {
-        let base = self.path.parent().unwrap_or(Path::new("."));
-        if let Some(d) = raw {
-            return base.join(d);
-        }
-        let mut dir = Some(base);
-        while let Some(d) = dir {
-            let candidate = d.join("hardware");
-            if candidate.is_dir() {
-                return candidate;
-            }
-            let candidate = d.join("scenarios").join("hardware");
-            if candidate.is_dir() {
-                return candidate;
-            }
-            dir = d.parent();
-        }
-        base.join("hardware")
-    }
-
+    /// The profile `spec` of a fleet entry, through the one lookup ([`ProfileLookup`]); each
+    /// `profile:` string is read once per scenario.
     fn profile(
         &mut self,
-        dir: &Path,
-        name: &str,
+        lookup: &ProfileLookup,
+        spec: &str,
         loc: &serde_saphyr::Location,
         field: &str,
     ) -> Result<Arc<HardwareProfile>, ScenarioError> {
-        if let Some(p) = self.profiles.get(name) {
+        if let Some(p) = self.profiles.get(spec) {
             return Ok(p.clone());
         }
-        let file = dir.join(format!("{name}.yaml"));
-        if !file.is_file() {
-            let mut known: Vec<String> = std::fs::read_dir(dir)
-                .map(|rd| {
-                    rd.filter_map(|e| e.ok())
-                        .filter_map(|e| {
-                            let p = e.path();
-                            (p.extension()? == "yaml")
-                                .then(|| p.file_stem()?.to_str().map(String::from))?
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            known.sort();
-            return Err(self.invalid(
-                Some(loc),
-                field,
-                format!(
-                    "no hardware profile `{name}` (looked for {}); available: {}",
-                    file.display(),
-                    if known.is_empty() {
-                        "none".to_string()
-                    } else {
-                        known.join(", ")
-                    }
-                ),
-            ));
-        }
-        let p = Arc::new(HardwareProfile::load(&file).map_err(|e| {
-            self.invalid(
-                Some(loc),
-                field,
-                format!("profile `{name}` is invalid: {e}"),
-            )
+        let to_u32 = |x: u64| u32::try_from(x).unwrap_or(u32::MAX);
+        let p = Arc::new(lookup.find(spec).map_err(|e| {
+            e.located(self.path.display().to_string(), field)
+                .at(Some(to_u32(loc.line())), Some(to_u32(loc.column())))
         })?);
-        self.profiles.insert(name.to_string(), p.clone());
+        self.profiles.insert(spec.to_string(), p.clone());
         Ok(p)
     }
 
@@ -682,7 +636,7 @@ impl Validator<'_> {
                 .to_string(),
         };
         let model = raw.model.unwrap_or_else(|| "model".to_string());
-        let hw_dir = self.hardware_dir(&raw.hardware_dir);
+        let lookup = ProfileLookup::for_scenario(self.path, raw.hardware_dir.as_deref());
         if raw.fleet.is_empty() {
             return Err(self.invalid(
                 None,
@@ -699,7 +653,7 @@ impl Validator<'_> {
             if w.name.trim().is_empty() {
                 return Err(self.invalid(Some(loc), f("name"), "must not be empty"));
             }
-            let profile = self.profile(&hw_dir, &w.profile, loc, &f("profile"))?;
+            let profile = self.profile(&lookup, &w.profile, loc, &f("profile"))?;
             let count = w.count.unwrap_or(1);
             if count == 0 || count > 100_000 {
                 return Err(self.invalid(

@@ -4,6 +4,7 @@ pub mod check;
 pub mod compare;
 pub mod emulate;
 pub mod policies;
+pub mod profile;
 pub mod realtime;
 pub mod run;
 pub mod sweep;

@@ -4,6 +4,7 @@ mod case_studies;
 mod cli;
 mod common;
 mod compare_paired;
+mod profile_cmd;
 mod readme;
 mod run_output;
 mod trace_cmd;

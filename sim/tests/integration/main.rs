@@ -5,5 +5,6 @@ mod engine;
 mod load_scale;
 mod mapped_traces;
 mod peers;
+mod profiles;
 mod traffic;
 mod validation;

@@ -1,6 +1,11 @@
 //! Hardware profiles: what one worker (card(s) + host + engine + launch arguments + model)
 //! can do, as read from `scenarios/hardware/*.yaml`.
 //!
+//! - [`lookup`]: where a scenario's `profile:` is found ([`ProfileLookup`]: a path, or a name
+//!   in the scenario's directories, the profiles bundled into the binary, `ROUTELAB_HARDWARE`).
+//! - [`fit`]: a profile fitted from measurements (a CSV, `vllm bench serve` results, the
+//!   gateway's `/admin/capacity`).
+//!
 //! Files are parsed into raw serde structs (`deny_unknown_fields`, every number wrapped in
 //! [`serde_saphyr::Spanned`] so that validation errors can point at a line and column), then
 //! validated into the plain domain type [`HardwareProfile`].
@@ -18,6 +23,11 @@ use std::path::Path;
 use routelab_policies::located::{InputError, parse_yaml, rule};
 use serde::Deserialize;
 use serde_saphyr::Spanned;
+
+pub mod fit;
+pub mod lookup;
+
+pub use lookup::{BUNDLED, LookupError, ProfileLookup};
 
 /// Default prefill chunk (vLLM's chunked-prefill token budget per step is of this order).
 pub const DEFAULT_PREFILL_CHUNK_TOKENS: u32 = 512;
@@ -52,6 +62,8 @@ struct RawProfile {
     context_window: Spanned<f64>,
     #[serde(default)]
     cold_start: Option<RawColdStart>,
+    #[serde(default)]
+    fitted: Vec<String>,
     #[serde(default)]
     extrapolated: Vec<String>,
 }
@@ -188,6 +200,7 @@ pub struct HardwareProfile {
     max_running: u32,
     context_window: u32,
     cold_start: ColdStart,
+    fitted: Vec<String>,
     extrapolated: Vec<String>,
 }
 
@@ -223,7 +236,8 @@ impl HardwareProfile {
         validate(raw, origin)
     }
 
-    /// Where the profile came from (file path or the origin given to `from_yaml_str`).
+    /// Where the profile came from: the file path, `bundled:<name>` for a profile built into
+    /// the binary, or the origin given to `from_yaml_str`.
     pub fn origin(&self) -> &str {
         &self.origin
     }
@@ -270,6 +284,10 @@ impl HardwareProfile {
     /// Cold-start penalty.
     pub fn cold_start(&self) -> ColdStart {
         self.cold_start
+    }
+    /// How numbers were fitted to measurements (documentation only, like `extrapolated`).
+    pub fn fitted(&self) -> &[String] {
+        &self.fitted
     }
     /// Which numbers are extrapolated rather than read from a source.
     pub fn extrapolated(&self) -> &[String] {
@@ -430,6 +448,7 @@ fn validate(raw: RawProfile, origin: &str) -> Result<HardwareProfile, HardwareEr
         max_running,
         context_window,
         cold_start,
+        fitted: raw.fitted,
         extrapolated: raw.extrapolated,
     })
 }
@@ -540,7 +559,7 @@ fn expected_for(field: &str) -> Option<&'static str> {
     let leaf = leaf.split('[').next().unwrap_or(leaf);
     Some(match leaf {
         "name" | "description" => "a string",
-        "gpu_names" | "sources" | "extrapolated" => "a list of strings",
+        "gpu_names" | "sources" | "fitted" | "extrapolated" => "a list of strings",
         "decode" => {
             "a mapping with either `points: [{concurrency, aggregate_tok_s}, ...]` or \
              `single_tok_s`, `saturation_tok_s`, `half_concurrency`"
@@ -558,7 +577,7 @@ fn expected_for(field: &str) -> Option<&'static str> {
         _ => {
             "the fields name, description, gpu_names, sources, decode, prefill_tok_s, \
              prefill_chunk_tokens, kv_capacity_tokens, max_running, context_window, \
-             cold_start, extrapolated"
+             cold_start, fitted, extrapolated"
         }
     })
 }

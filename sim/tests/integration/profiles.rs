@@ -1,0 +1,302 @@
+//! Hardware profiles as a user brings them: the lookup from a scenario anywhere, and profiles
+//! fitted from measurements that reproduce them.
+
+use std::path::{Path, PathBuf};
+
+use routelab_sim::Scenario;
+use routelab_sim::hardware::fit::{FitInput, FitOptions, FitSource, FittedProfile, fit};
+use routelab_sim::hardware::{BUNDLED, DecodeCurve};
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "routelab-sim-profiles-{name}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn scenario(fleet: &str, extra: &str) -> String {
+    format!(
+        "seed: 1\nmodel: m\n{extra}fleet:\n{fleet}traffic:\n  - poisson: {{ rate_per_s: 1, \
+         duration_s: 10, prompt: {{ fixed: 100 }}, output: {{ fixed: 10 }} }}\npolicies: [seed-v1]\n"
+    )
+}
+
+/// A bundled profile's text under another `name:` (to tell which copy was read).
+fn renamed(bundled: &str, name: &str) -> String {
+    BUNDLED
+        .iter()
+        .find(|(n, _)| *n == bundled)
+        .unwrap()
+        .1
+        .replace(&format!("name: {bundled}"), &format!("name: {name}"))
+}
+
+fn load(dir: &Path, body: &str) -> Result<Scenario, routelab_policies::InputError> {
+    let path = dir.join("scenario.yaml");
+    std::fs::write(&path, body).unwrap();
+    Scenario::load(&path)
+}
+
+#[test]
+fn a_scenario_outside_the_repository_uses_a_bundled_profile() {
+    let dir = scratch("bundled");
+    let s = load(
+        &dir,
+        &scenario("  - { name: a, profile: rtx-pro-6000-27b }\n", ""),
+    )
+    .unwrap();
+    let p = &s.setup.workers[0].profile;
+    assert_eq!(p.origin(), "bundled:rtx-pro-6000-27b");
+    assert_eq!(p.max_running(), 64);
+}
+
+#[test]
+fn a_path_profile_is_relative_to_the_scenario() {
+    let dir = scratch("path");
+    std::fs::create_dir_all(dir.join("gpus")).unwrap();
+    std::fs::write(dir.join("gpus/mine.yaml"), renamed("rtx4090-27b", "mine")).unwrap();
+    std::fs::write(dir.join("beside.yml"), renamed("rtx5090-27b", "beside")).unwrap();
+    let s = load(
+        &dir,
+        &scenario(
+            "  - { name: a, profile: gpus/mine.yaml }\n  - { name: b, profile: beside.yml }\n",
+            "",
+        ),
+    )
+    .unwrap();
+    assert_eq!(s.setup.workers[0].profile.name(), "mine");
+    assert!(s.setup.workers[0].profile.origin().ends_with("mine.yaml"));
+    assert_eq!(s.setup.workers[1].profile.name(), "beside");
+}
+
+#[test]
+fn hardware_dir_wins_over_the_bundled_profile() {
+    let dir = scratch("hwdir");
+    std::fs::create_dir_all(dir.join("own")).unwrap();
+    std::fs::write(
+        dir.join("own/rtx-pro-6000-27b.yaml"),
+        renamed("rtx4090-27b", "my-pro-6000"),
+    )
+    .unwrap();
+    let s = load(
+        &dir,
+        &scenario(
+            "  - { name: a, profile: rtx-pro-6000-27b }\n",
+            "hardware_dir: own\n",
+        ),
+    )
+    .unwrap();
+    assert_eq!(s.setup.workers[0].profile.name(), "my-pro-6000");
+}
+
+#[test]
+fn an_unknown_profile_is_located_and_lists_places_and_names() {
+    let dir = scratch("unknown");
+    let e = load(&dir, &scenario("  - { name: a, profile: rtx-9999 }\n", "")).unwrap_err();
+    assert_eq!(e.field, "fleet[0].profile", "{e}");
+    assert_eq!(e.line, Some(4), "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains("the profiles bundled into routelab"), "{msg}");
+    assert!(msg.contains("ROUTELAB_HARDWARE"), "{msg}");
+    assert!(msg.contains("rtx-pro-6000-27b, rtx4090-27b"), "{msg}");
+    let e = load(&dir, &scenario("  - { name: a, profile: gone.yaml }\n", "")).unwrap_err();
+    assert_eq!(e.field, "fleet[0].profile", "{e}");
+    assert!(e.to_string().contains("no profile file"), "{e}");
+}
+
+#[test]
+fn bundled_scenarios_still_read_their_profiles_from_disk() {
+    // The walk comes before the bundled copies, so a bundled scenario's runs do not change.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/seed");
+    for entry in std::fs::read_dir(&root).unwrap() {
+        let path = entry.unwrap().path();
+        let s = Scenario::load(&path).unwrap_or_else(|e| panic!("{e}"));
+        for w in &s.setup.workers {
+            assert!(
+                w.profile.origin().ends_with(".yaml"),
+                "{}: {}",
+                path.display(),
+                w.profile.origin()
+            );
+        }
+    }
+}
+
+// ----- fit --------------------------------------------------------------------------------
+
+fn data(rel: &str) -> FitInput {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/data/profiles")
+        .join(rel);
+    FitInput::read(&path).unwrap()
+}
+
+fn opts(worker: Option<&str>) -> FitOptions {
+    FitOptions {
+        name: "fitted".into(),
+        worker: worker.map(String::from),
+        ..FitOptions::default()
+    }
+}
+
+fn vllm_inputs() -> Vec<FitInput> {
+    [1, 2, 4, 8, 16]
+        .iter()
+        .map(|c| data(&format!("vllm-bench/c{c}.json")))
+        .collect()
+}
+
+/// The measured (concurrency, aggregate tok/s) pairs of each fixture, read independently of the
+/// fit.
+fn measured(source: FitSource) -> Vec<(f64, f64)> {
+    match source {
+        FitSource::Csv => data("measured.csv")
+            .text
+            .lines()
+            .skip(1)
+            .map(|l| {
+                let mut f = l.split(',');
+                (
+                    f.next().unwrap().parse().unwrap(),
+                    f.next().unwrap().parse().unwrap(),
+                )
+            })
+            .collect(),
+        FitSource::VllmBench => vllm_inputs()
+            .iter()
+            .map(|i| {
+                let v: serde_json::Value = serde_json::from_str(&i.text).unwrap();
+                (
+                    v["max_concurrency"].as_f64().unwrap(),
+                    v["output_throughput"].as_f64().unwrap(),
+                )
+            })
+            .collect(),
+        _ => {
+            let v: serde_json::Value =
+                serde_json::from_str(&data("gateway-capacity.json").text).unwrap();
+            v["workers"][0]["points"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| {
+                    (
+                        p["concurrency"].as_f64().unwrap(),
+                        p["aggregate_tok_s"].as_f64().unwrap(),
+                    )
+                })
+                .collect()
+        }
+    }
+}
+
+fn fitted(source: FitSource) -> FittedProfile {
+    match source {
+        FitSource::Csv => fit(source, &[data("measured.csv")], &opts(None)),
+        FitSource::VllmBench => fit(source, &vllm_inputs(), &opts(None)),
+        _ => fit(
+            source,
+            &[data("gateway-capacity.json")],
+            &opts(Some("pro6000")),
+        ),
+    }
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn a_fitted_profile_reproduces_its_input_points_within_2_percent() {
+    for source in [FitSource::Csv, FitSource::VllmBench, FitSource::Gateway] {
+        let f = fitted(source);
+        let points = measured(source);
+        assert!(points.len() >= 5, "{source:?}");
+        for (c, tok_s) in points {
+            let got = f.profile.aggregate_tok_s(c);
+            let rel = (got / tok_s - 1.0).abs();
+            assert!(
+                rel <= 0.02,
+                "{source:?} at {c}: {got} vs {tok_s} ({:.2} %)",
+                rel * 100.0
+            );
+        }
+        // the fixtures are noisy: the fit had to move something, and says so
+        assert!(
+            f.moves.iter().any(|m| m.fitted_tok_s != m.measured_tok_s),
+            "{source:?}"
+        );
+        assert!(
+            f.profile
+                .fitted()
+                .iter()
+                .any(|n| n.contains("points moved")),
+            "{source:?}"
+        );
+    }
+}
+
+#[test]
+fn fitting_a_fitted_curve_again_changes_nothing() {
+    for source in [FitSource::Csv, FitSource::VllmBench, FitSource::Gateway] {
+        let first = fitted(source);
+        let DecodeCurve::Points(points) = first.profile.decode() else {
+            panic!("a fit gives points")
+        };
+        let mut csv = String::from("concurrency,aggregate_tok_s\n");
+        for p in points {
+            csv.push_str(&format!("{},{}\n", p.concurrency, p.aggregate_tok_s));
+        }
+        let again = fit(
+            FitSource::Csv,
+            &[FitInput {
+                origin: "again.csv".into(),
+                text: csv,
+            }],
+            &opts(None),
+        )
+        .unwrap();
+        assert_eq!(again.profile.decode(), first.profile.decode(), "{source:?}");
+        assert!(
+            again
+                .moves
+                .iter()
+                .all(|m| m.fitted_tok_s == m.measured_tok_s)
+        );
+    }
+}
+
+#[test]
+fn the_written_yaml_is_the_profile() {
+    let f = fitted(FitSource::VllmBench);
+    let dir = scratch("yaml");
+    let path = dir.join("fitted.yaml");
+    std::fs::write(&path, &f.yaml).unwrap();
+    let read = routelab_sim::HardwareProfile::load(&path).unwrap();
+    assert_eq!(read.decode(), f.profile.decode());
+    assert_eq!(read.prefill_tok_s(), f.profile.prefill_tok_s());
+    // 512 input tokens over a 152.31 ms TTFT at max_concurrency 1
+    assert_eq!(read.prefill_tok_s(), 3361.6);
+    assert_eq!(read.fitted(), f.profile.fitted());
+    assert!(read.sources().len() == 5 && read.sources()[0].contains("c1.json"));
+}
+
+#[test]
+fn the_gateway_worker_brings_its_gpus_and_window() {
+    let f = fitted(FitSource::Gateway);
+    assert_eq!(f.profile.gpu_names(), ["RTX PRO 6000".to_string()]);
+    assert_eq!(f.profile.context_window(), 65_536);
+    assert!(
+        !f.profile
+            .extrapolated()
+            .iter()
+            .any(|e| e.starts_with("context_window"))
+    );
+    let e = fit(
+        FitSource::Gateway,
+        &[data("gateway-capacity.json")],
+        &opts(None),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("pro6000, mac"), "{e}");
+}

@@ -1,0 +1,122 @@
+//! `routelab profile fit` and `routelab profile show`: hardware profiles as a user brings them.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use routelab_reports::{profile_text, write_profile_chart};
+use routelab_sim::ProfileLookup;
+use routelab_sim::hardware::fit::{FitInput, FitOptions, FitSource, fit};
+use routelab_sim::hardware::lookup::ENV_VAR;
+
+/// The `profile` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum ProfileCommand {
+    /// Fit a profile YAML from measurements: a CSV of concurrency,aggregate_tok_s, the result
+    /// files of `vllm bench serve --save-result` (one per --max-concurrency), or a saved
+    /// `GET /admin/capacity` of the gateway.
+    Fit(FitArgs),
+    /// Print a profile's decode curve and fields and write its chart (SVG + PNG).
+    Show(ShowArgs),
+}
+
+/// Options of `routelab profile fit`.
+#[derive(Debug, clap::Args)]
+pub struct FitArgs {
+    /// What the files are.
+    #[arg(long = "from", value_parser = FitSource::NAMES)]
+    pub from: String,
+    /// The measurement file(s).
+    #[arg(required = true, value_name = "FILE")]
+    pub files: Vec<PathBuf>,
+    /// The profile's name.
+    #[arg(long)]
+    pub name: String,
+    /// Write the profile here (default: print it).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// KV-cache capacity, tokens (default: 131072, listed as extrapolated).
+    #[arg(long)]
+    pub kv_capacity_tokens: Option<u64>,
+    /// The engine's running-sequence limit, vLLM's max_num_seqs (default: 256).
+    #[arg(long)]
+    pub max_running: Option<u32>,
+    /// Context window, tokens (default: the gateway's figure, else 32768).
+    #[arg(long)]
+    pub context_window: Option<u32>,
+    /// Prefill tokens/s (default: measured, else 10 x the single-sequence decode speed).
+    #[arg(long)]
+    pub prefill_tok_s: Option<f64>,
+    /// The gateway worker to fit (required when the file has several).
+    #[arg(long)]
+    pub worker: Option<String>,
+}
+
+/// Options of `routelab profile show`.
+#[derive(Debug, clap::Args)]
+pub struct ShowArgs {
+    /// A profile name (looked up in ./hardware, ./scenarios/hardware, the bundled profiles,
+    /// then ROUTELAB_HARDWARE) or a path to a profile file.
+    pub profile: String,
+    /// Where to write the chart (default: out/profiles/<name>/).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// Run a `profile` subcommand.
+pub fn run(cmd: &ProfileCommand, out: &mut impl Write) -> anyhow::Result<ExitCode> {
+    match cmd {
+        ProfileCommand::Fit(args) => fit_cmd(args, out),
+        ProfileCommand::Show(args) => show(args, out),
+    }
+}
+
+fn fit_cmd(args: &FitArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
+    let source = FitSource::from_name(&args.from).context("clap checked the source name")?;
+    let inputs = args
+        .files
+        .iter()
+        .map(|f| FitInput::read(f))
+        .collect::<Result<Vec<_>, _>>()?;
+    let options = FitOptions {
+        name: args.name.clone(),
+        kv_capacity_tokens: args.kv_capacity_tokens,
+        max_running: args.max_running,
+        context_window: args.context_window,
+        prefill_tok_s: args.prefill_tok_s,
+        worker: args.worker.clone(),
+    };
+    let fitted = fit(source, &inputs, &options)?;
+    match &args.out {
+        None => write!(out, "{}", fitted.yaml)?,
+        Some(path) => {
+            std::fs::write(path, &fitted.yaml)
+                .with_context(|| format!("{}: cannot write", path.display()))?;
+            write!(out, "{}", profile_text(&fitted.profile))?;
+            writeln!(out, "\nprofile: {}", path.display())?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn show(args: &ShowArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
+    // Paths and the directory walk start from the current directory, as a scenario's start
+    // from the scenario's.
+    let env = std::env::var_os(ENV_VAR);
+    let lookup = ProfileLookup::new(Path::new(""), None, env.as_deref());
+    let profile = lookup
+        .find(&args.profile)
+        .map_err(|e| e.located("<command line>", "PROFILE"))?;
+    write!(out, "{}", profile_text(&profile))?;
+    let dir = args.out.clone().unwrap_or_else(|| {
+        Path::new("out")
+            .join("profiles")
+            .join(profile.name().replace(['/', '\\'], "_"))
+    });
+    let written = write_profile_chart(&profile, &dir)?;
+    for f in &written.files {
+        writeln!(out, "chart: {}", f.display())?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
