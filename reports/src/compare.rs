@@ -289,7 +289,7 @@ pub struct Winner {
     pub paired: Option<PairedDiff>,
 }
 
-fn interval(p: &PolicySeeds, m: &Metric) -> Option<Interval> {
+pub(crate) fn interval(p: &PolicySeeds, m: &Metric) -> Option<Interval> {
     Interval::of(p.runs.iter().filter_map(|r| r.summary.get(m)))
 }
 
@@ -531,7 +531,7 @@ fn fmt_metric(m: &Metric, v: Option<f64>) -> String {
 }
 
 /// `mean ± half-width` (percent points for fractions).
-fn fmt_interval(m: &Metric, iv: Option<Interval>) -> String {
+pub(crate) fn fmt_interval(m: &Metric, iv: Option<Interval>) -> String {
     let Some(iv) = iv else { return "-".into() };
     let mean = fmt_metric(m, Some(iv.mean));
     match iv.half_width {
