@@ -562,10 +562,20 @@ fn seed_independent(sc: &ScenarioComparison) -> bool {
 }
 
 /// Why a terminal cell reads `± 0`, decided from the runs: the whole scenario ignored its seed,
-/// or only some figures did. Empty when no shown interval is `± 0`.
-fn no_spread_note(sc: &ScenarioComparison, ivs: &[Vec<Option<Interval>>]) -> String {
-    let zero = ivs.iter().flatten().flatten().any(no_spread);
-    if !zero {
+/// or only some figures did (named). Empty when no shown interval is `± 0`. `ivs` is by metric
+/// (in `metrics` order), then policy.
+fn no_spread_note(
+    sc: &ScenarioComparison,
+    metrics: &[&Metric],
+    ivs: &[Vec<Option<Interval>>],
+) -> String {
+    let zero: Vec<&str> = metrics
+        .iter()
+        .zip(ivs)
+        .filter(|(_, col)| col.iter().flatten().any(no_spread))
+        .map(|(m, _)| m.label)
+        .collect();
+    if zero.is_empty() {
         String::new()
     } else if seed_independent(sc) {
         format!(
@@ -576,9 +586,11 @@ fn no_spread_note(sc: &ScenarioComparison, ivs: &[Vec<Option<Interval>>]) -> Str
             sc.seeds_run()
         )
     } else {
-        "± 0: every seed gave the same value of that metric for that policy (it does not vary \
-         with the seed here)\n"
-            .to_string()
+        format!(
+            "± 0 ({}): every seed gave that policy the same value (it does not vary with the seed \
+             here)\n",
+            zero.join(", ")
+        )
     }
 }
 
@@ -1033,7 +1045,7 @@ pub fn compare_table(scenarios: &[ScenarioComparison]) -> String {
             t.row(row);
         }
         out.push_str(&t.render());
-        out.push_str(&no_spread_note(sc, &ivs));
+        out.push_str(&no_spread_note(sc, &metrics, &ivs));
         out.push_str(&paired_table(sc, &metrics));
     }
     if !scenarios.is_empty() {
@@ -1533,7 +1545,10 @@ pub(crate) mod tests {
         let t = compare_table(&[comparison()]);
         assert!(t.contains("0 ± 0"), "{t}");
         assert!(
-            t.contains("± 0: every seed gave the same value of that metric for that policy"),
+            t.contains(
+                "± 0 (output tok/s, SLO attainment, probe GPU-s, failed, rejected): every seed gave \
+                 that policy the same value"
+            ),
             "{t}"
         );
         assert!(!t.contains("identical results"), "{t}");
