@@ -118,8 +118,8 @@ fn csv_metrics() -> impl Iterator<Item = &'static Metric> {
 /// `<metric>_ci95_high`, empty with one value), and `sweep_seeds.csv` holds every run (one row
 /// per point, policy and seed). The chart shows mean end-to-end latency, p99 TTFT and output
 /// throughput against the first parameter, one line per policy and combination of the other
-/// parameters, on logarithmic axes where the values span more than a factor of
-/// [`LOG_AXIS_RATIO`].
+/// parameters, on logarithmic axes where the values are positive and span more than a factor
+/// of 100.
 pub fn write_sweep(
     dir: &Path,
     scenario: &str,
