@@ -48,12 +48,13 @@ impl SweepRow {
     }
 }
 
-/// Values whose largest is more than this many times their smallest (all positive) are drawn
-/// on a logarithmic axis: a linear one would crush all but the top decade into its bottom.
+/// Values whose largest is at least this many times their smallest (all positive: two decades
+/// or more) are drawn on a logarithmic axis: a linear one would crush all but the top decade
+/// into its bottom.
 pub(crate) const LOG_AXIS_RATIO: f64 = 100.0;
 
 /// Whether an axis over `values` should be logarithmic: every value finite and positive, and
-/// the largest more than [`LOG_AXIS_RATIO`] times the smallest.
+/// the largest at least [`LOG_AXIS_RATIO`] times the smallest.
 pub(crate) fn spans_decades(values: impl IntoIterator<Item = f64>) -> bool {
     let mut lo = f64::INFINITY;
     let mut hi = f64::NEG_INFINITY;
@@ -64,7 +65,7 @@ pub(crate) fn spans_decades(values: impl IntoIterator<Item = f64>) -> bool {
         lo = lo.min(v);
         hi = hi.max(v);
     }
-    lo.is_finite() && hi / lo > LOG_AXIS_RATIO
+    lo.is_finite() && hi / lo >= LOG_AXIS_RATIO
 }
 
 fn check(dir: &Path, params: &[String], rows: &[SweepRow]) -> Result<(), ReportError> {
@@ -118,8 +119,8 @@ fn csv_metrics() -> impl Iterator<Item = &'static Metric> {
 /// `<metric>_ci95_high`, empty with one value), and `sweep_seeds.csv` holds every run (one row
 /// per point, policy and seed). The chart shows mean end-to-end latency, p99 TTFT and output
 /// throughput against the first parameter, one line per policy and combination of the other
-/// parameters, on logarithmic axes where the values are positive and span more than a factor
-/// of 100.
+/// parameters, on logarithmic axes where the values are positive and span a factor of 100 or
+/// more.
 pub fn write_sweep(
     dir: &Path,
     scenario: &str,
@@ -410,8 +411,8 @@ fn sweep_html(scenario: &str, params: &[String], rows: &[SweepRow], svg: &str) -
     page.figure(
         svg,
         &format!(
-            "Key metrics against {}{}; an axis is logarithmic where its values span more than a \
-             factor of {LOG_AXIS_RATIO}.",
+            "Key metrics against {}{}; an axis is logarithmic where its values span a factor of \
+             {LOG_AXIS_RATIO} or more.",
             params.first().map_or("the run", String::as_str),
             if several { " (mean across seeds)" } else { "" }
         ),
@@ -452,10 +453,13 @@ mod tests {
     }
 
     #[test]
-    fn an_axis_is_logarithmic_only_over_positive_values_spanning_more_than_a_factor_of_100() {
+    fn an_axis_is_logarithmic_only_over_positive_values_spanning_two_decades() {
         assert!(spans_decades([0.5, 2.0, 51.0]));
         assert!(spans_decades([1e-3, 1.0]));
-        assert!(!spans_decades([1.0, 100.0]), "exactly 100 is not more");
+        assert!(
+            spans_decades([4.0, 16.0, 64.0, 400.0]),
+            "exactly 100 is two decades"
+        );
         assert!(!spans_decades([1.0, 50.0, 99.0]));
         assert!(
             !spans_decades([0.0, 1.0, 1000.0]),
