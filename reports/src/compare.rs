@@ -20,7 +20,7 @@ use crate::export::json::write_json;
 use crate::export::markdown::cell as md;
 use crate::export::table::TextTable;
 use crate::export::{create_dir, write_file};
-use crate::metric::{Direction, Metric, Unit, view, views};
+use crate::metric::{CATALOG, Direction, Metric, Unit, view, views};
 use crate::num::{fmt_sig, r6, slug};
 use crate::run::{Written, latency_cdf_figure};
 use crate::stats::{AutoSeeds, Interval, SeedStop, excludes, paired_difference};
@@ -289,7 +289,7 @@ pub struct Winner {
     pub paired: Option<PairedDiff>,
 }
 
-fn interval(p: &PolicySeeds, m: &Metric) -> Option<Interval> {
+pub(crate) fn interval(p: &PolicySeeds, m: &Metric) -> Option<Interval> {
     Interval::of(p.runs.iter().filter_map(|r| r.summary.get(m)))
 }
 
@@ -531,15 +531,66 @@ fn fmt_metric(m: &Metric, v: Option<f64>) -> String {
 }
 
 /// `mean ± half-width` (percent points for fractions).
-fn fmt_interval(m: &Metric, iv: Option<Interval>) -> String {
+pub(crate) fn fmt_interval(m: &Metric, iv: Option<Interval>) -> String {
     let Some(iv) = iv else { return "-".into() };
     let mean = fmt_metric(m, Some(iv.mean));
     match iv.half_width {
-        // Rounding noise of identical seeds is no spread.
-        Some(h) if h <= iv.mean.abs() * 1e-9 => format!("{mean} ± 0"),
+        Some(_) if no_spread(&iv) => format!("{mean} ± 0"),
         Some(h) if m.unit == Unit::Fraction => format!("{mean} ± {:.1}", h * 100.0),
         Some(h) => format!("{mean} ± {}", fmt_sig(Some(h), 2)),
         None => mean,
+    }
+}
+
+/// Whether an interval over several seeds has no width: every seed gave the same value (up to
+/// the rounding noise of identical seeds).
+fn no_spread(iv: &Interval) -> bool {
+    iv.half_width.is_some_and(|h| h <= iv.mean.abs() * 1e-9)
+}
+
+/// Whether no run of the scenario depended on its seed: at least two seeds, and every policy
+/// got the very same value of every catalog metric on each.
+fn seed_independent(sc: &ScenarioComparison) -> bool {
+    sc.seeds_run() >= 2
+        && sc.policies.iter().all(|p| {
+            p.runs.windows(2).all(|w| {
+                CATALOG
+                    .iter()
+                    .all(|m| w[0].summary.get(m) == w[1].summary.get(m))
+            })
+        })
+}
+
+/// Why a terminal cell reads `± 0`, decided from the runs: the whole scenario ignored its seed,
+/// or only some figures did (named). Empty when no shown interval is `± 0`. `ivs` is by metric
+/// (in `metrics` order), then policy.
+fn no_spread_note(
+    sc: &ScenarioComparison,
+    metrics: &[&Metric],
+    ivs: &[Vec<Option<Interval>>],
+) -> String {
+    let zero: Vec<&str> = metrics
+        .iter()
+        .zip(ivs)
+        .filter(|(_, col)| col.iter().flatten().any(no_spread))
+        .map(|(m, _)| m.label)
+        .collect();
+    if zero.is_empty() {
+        String::new()
+    } else if seed_independent(sc) {
+        format!(
+            "± 0: every seed gave identical results for every policy and metric ({} seeds): \
+             nothing in this scenario depends on the seed (no random component: fixed arrivals \
+             and sizes, no engine noise, no random routing choice that matters), so more seeds \
+             add nothing\n",
+            sc.seeds_run()
+        )
+    } else {
+        format!(
+            "± 0 ({}): every seed gave that policy the same value (it does not vary with the seed \
+             here)\n",
+            zero.join(", ")
+        )
     }
 }
 
@@ -994,6 +1045,7 @@ pub fn compare_table(scenarios: &[ScenarioComparison]) -> String {
             t.row(row);
         }
         out.push_str(&t.render());
+        out.push_str(&no_spread_note(sc, &metrics, &ivs));
         out.push_str(&paired_table(sc, &metrics));
     }
     if !scenarios.is_empty() {
@@ -1468,6 +1520,41 @@ pub(crate) mod tests {
             grow_seeds(&mut fresh, &auto, |_| Err::<Vec<_>, _>("boom")),
             Err("boom")
         );
+    }
+
+    /// `± 0` is explained from the runs: a scenario whose seeds all gave identical results
+    /// says it has no random component; one where only some figures never vary says just that;
+    /// one seed (no interval at all) or real spread says nothing.
+    #[test]
+    fn zero_spread_is_explained_from_the_data() {
+        let identical = ScenarioComparison::new(
+            "test/fixed",
+            "no randomness",
+            vec![policy("a", &[2.0, 2.0, 2.0]), policy("b", &[1.0, 1.0, 1.0])],
+        );
+        let t = compare_table(&[identical]);
+        assert!(t.contains("2.00 ± 0 "), "{t}");
+        assert!(
+            t.contains(
+                "± 0: every seed gave identical results for every policy and metric (3 seeds): \
+                 nothing in this scenario depends on the seed"
+            ),
+            "{t}"
+        );
+        // Latencies vary with the seed, the failure count (0 on every seed) does not.
+        let t = compare_table(&[comparison()]);
+        assert!(t.contains("0 ± 0"), "{t}");
+        assert!(
+            t.contains(
+                "± 0 (output tok/s, SLO attainment, probe GPU-s, failed, rejected): every seed gave \
+                 that policy the same value"
+            ),
+            "{t}"
+        );
+        assert!(!t.contains("identical results"), "{t}");
+        let one = ScenarioComparison::new("test/one", "one seed", vec![policy("a", &[2.0])]);
+        let t = compare_table(&[one]);
+        assert!(!t.contains("± 0"), "{t}");
     }
 
     #[test]

@@ -467,6 +467,7 @@ pub mod views {
         "slo_attainment",
         "probe_gpu_s",
         "failed",
+        "rejected",
     ];
 
     /// Columns (metric, header) of the run's terminal table.
@@ -474,6 +475,7 @@ pub mod views {
         ("requests", "req"),
         ("completed", "done"),
         ("failed", "fail"),
+        ("rejected", "rej"),
         ("ttft_mean_s", "TTFT mean"),
         ("ttft_p50_s", "p50"),
         ("ttft_p99_s", "p99"),
@@ -514,6 +516,7 @@ pub mod views {
     pub const SWEEP_TERMINAL: &[(&str, &str)] = &[
         ("requests", "req"),
         ("failed", "fail"),
+        ("rejected", "rej"),
         ("ttft_mean_s", "TTFT mean"),
         ("ttft_p99_s", "TTFT p99"),
         ("e2e_mean_s", "e2e mean"),

@@ -20,7 +20,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 /// Where command-line errors are located.
-const COMMAND_LINE: &str = "command line";
+pub(crate) const COMMAND_LINE: &str = "command line";
 
 /// Options of `routelab compare`.
 #[derive(Debug, clap::Args)]
@@ -63,8 +63,16 @@ enum Seeds {
     Auto(AutoSeeds),
 }
 
-/// The most seeds `--max-seeds` may ask for (each is a run of every policy).
-const MAX_SEEDS_LIMIT: u64 = 1000;
+/// The most seeds `--max-seeds` (and `sweep --seeds`) may ask for (each is a run of every
+/// policy).
+pub(crate) const MAX_SEEDS_LIMIT: u64 = 1000;
+
+/// The `k`-th seed (from 0) of a study whose first seed is `first`: `first + k`. Every
+/// command that runs several seeds takes them from here, so seed k of `compare` and of
+/// `sweep` are the same run.
+pub(crate) fn seed_of(first: u64, k: usize) -> u64 {
+    first.wrapping_add(k as u64)
+}
 
 fn flag_error(flag: &str, v: &Violation) -> InputError {
     v.at_field(COMMAND_LINE, flag)
@@ -201,7 +209,7 @@ pub fn run(args: &CompareArgs, out: &mut impl Write) -> anyhow::Result<ExitCode>
                 jobs.push(Job {
                     scenario: sc,
                     policy: p,
-                    seed: sc.setup.seed + k as u64,
+                    seed: seed_of(sc.setup.seed, k),
                     rows: false,
                 });
             }
@@ -233,7 +241,7 @@ pub fn run(args: &CompareArgs, out: &mut impl Write) -> anyhow::Result<ExitCode>
                 });
                 metrics.push(o.metrics);
             }
-            results.push((sc.setup.seed + k as u64, metrics));
+            results.push((seed_of(sc.setup.seed, k), metrics));
         }
         Ok(results)
     };

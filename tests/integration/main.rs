@@ -1,10 +1,13 @@
 //! Integration tests of the `routelab` lab: the bundled case studies and the command line.
 mod capacity;
 mod case_studies;
+mod check_output;
 mod cli;
 mod common;
 mod compare_paired;
+mod console_tables;
 mod profile_cmd;
 mod readme;
 mod run_output;
+mod sweep_seeds;
 mod trace_cmd;

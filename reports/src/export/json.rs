@@ -22,10 +22,24 @@ pub(crate) fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), Rep
 }
 
 impl Exporter<GateReport> for Json {
-    /// `{"comparisons": [...], "invariants": [...]}`. Built through `serde_json::Value`, whose
-    /// objects keep keys sorted: the published key order of this document.
+    /// `{"comparisons": [...], "counts": {...}, "invariants": [...], "verdict": "passed" |
+    /// "failed"}`: every row, whatever the console or Markdown left out. Built through
+    /// `serde_json::Value`, whose objects keep keys sorted: the published key order of this
+    /// document.
     fn export(&self, report: &GateReport, out: &mut dyn Write) -> io::Result<()> {
+        let c = report.counts();
         let doc = serde_json::json!({
+            "verdict": if report.passed() { "passed" } else { "failed" },
+            "counts": {
+                "comparisons": c.comparisons,
+                "ok": c.ok,
+                "changed": c.changed,
+                "improved": c.improved,
+                "regressions": c.regressed,
+                "no_baseline": c.no_baseline,
+                "invariants": c.invariants,
+                "failed_invariants": c.failed_invariants,
+            },
             "comparisons": report.comparisons,
             "invariants": report.invariants,
         });
@@ -48,6 +62,11 @@ mod tests {
         assert!(rows[1]["current"].is_null());
         assert_eq!(rows[2]["status"], "no-baseline");
         assert_eq!(v["invariants"][0]["holds"], false);
+        assert_eq!(v["verdict"], "failed");
+        assert_eq!(v["counts"]["comparisons"], 3);
+        assert_eq!(v["counts"]["regressions"], 2);
+        assert_eq!(v["counts"]["no_baseline"], 1);
+        assert_eq!(v["counts"]["failed_invariants"], 1);
         // Sorted keys: the order of the published document.
         assert!(s.contains("\"baseline\": 1.0,\n      \"current\": 1.5,\n      \"delta_pct\""));
     }

@@ -61,7 +61,17 @@ impl Format {
         !matches!(self, Format::Table | Format::Markdown)
     }
 
-    /// The exporter of a gate report in this format.
+    /// The exporter of a gate report in this format showing `detail`: only the table has a
+    /// short form (failures and the verdict); Markdown is always written to its comment budget and
+    /// the documents always hold everything.
+    pub fn gate_with(self, detail: Detail) -> &'static dyn Exporter<GateReport> {
+        match (self, detail) {
+            (Format::Table, Detail::Failures) => &table::Failures,
+            _ => self.gate(),
+        }
+    }
+
+    /// The exporter of a gate report in this format, every row ([`Detail::Every`]).
     pub fn gate(self) -> &'static dyn Exporter<GateReport> {
         match self {
             Format::Table => &table::Table,
@@ -71,6 +81,16 @@ impl Format {
             Format::Html => &html::Html,
         }
     }
+}
+
+/// How much of a gate report a console format shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Detail {
+    /// What fails the gate and the one-line verdict.
+    Failures,
+    /// Every comparison and invariant.
+    Every,
 }
 
 impl std::str::FromStr for Format {

@@ -82,9 +82,20 @@ mod tests {
     }
 }
 
-/// The plain-text exporter.
+/// The plain-text exporter: every comparison and invariant (`check --verbose`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Table;
+
+/// The short plain-text exporter (`check` by default): only what fails the gate, then the
+/// one-line verdict.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Failures;
+
+impl Exporter<GateReport> for Failures {
+    fn export(&self, report: &GateReport, out: &mut dyn Write) -> io::Result<()> {
+        out.write_all(report.failures().as_bytes())
+    }
+}
 
 impl Exporter<GateReport> for Table {
     /// One aligned line per comparison (numbers right-aligned), then the invariants.
@@ -163,6 +174,43 @@ mod gate_tests {
         );
         assert!(
             s.ends_with("\ninvariants:\n  [FAILED] s/a: p is fast (p e2e_max_s = 1.000000 vs 2)\n")
+        );
+    }
+
+    #[test]
+    fn gate_failures_list_only_what_fails_then_the_verdict() {
+        let mut out = Vec::new();
+        Format::Table
+            .gate_with(crate::export::Detail::Failures)
+            .export(&crate::export::tests::report(), &mut out)
+            .unwrap();
+        let s = String::from_utf8(out).unwrap();
+        assert_eq!(
+            s,
+            "REGRESSION: scenario s/a policy p|q metric e2e_mean_s: 1.000000 -> 1.500000 (+50.00%, tolerance 2.00%)\n\
+             REGRESSION: scenario s/a policy p|q metric ttft_p99_s: 0.500000 -> - (-, tolerance 2.00%)\n\
+             INVARIANT FAILED: scenario s/a: p is fast (p e2e_max_s = 1.000000 vs 2)\n\
+             NO BASELINE: scenario s/a policy p|q: 1 metric(s): completed\n\
+             1 metric(s) have no baseline: run `routelab check --update` and commit baselines/\n\
+             check FAILED: 3 comparison(s): 2 regression(s), 0 improvement(s), 1 without baseline; 1 invariant(s), 1 failed; `--verbose` prints every row\n"
+        );
+    }
+
+    #[test]
+    fn gate_failures_of_a_passing_report_is_one_line() {
+        let mut report = crate::export::tests::report();
+        for r in &mut report.comparisons {
+            r.status = crate::gate::Verdict::Ok;
+        }
+        report.invariants[0].holds = true;
+        let mut out = Vec::new();
+        Format::Table
+            .gate_with(crate::export::Detail::Failures)
+            .export(&report, &mut out)
+            .unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "check passed: 3 comparison(s): 0 regression(s), 0 improvement(s), 0 without baseline; 1 invariant(s), 0 failed; `--verbose` prints every row\n"
         );
     }
 }

@@ -3,9 +3,9 @@
 
 use routelab_reports::metric;
 use routelab_reports::{
-    PolicyRun, PolicySeeds, RunMeta, RunSummary, ScenarioComparison, SweepRow, compare_table,
-    findings_markdown, run_table, summary_table, sweep_table, write_compare, write_run,
-    write_sweep,
+    PolicyRun, PolicySeeds, RunMeta, RunSummary, ScenarioComparison, SeedRun, SweepRow,
+    compare_table, findings_markdown, run_table, summary_table, sweep_table, write_compare,
+    write_run, write_sweep,
 };
 use routelab_sim::{RequestRecord, RunMetrics, Scenario};
 use serde_json::Value;
@@ -446,14 +446,19 @@ fn sweep_outputs() {
                 s.get(ttft)
                     .map(|v| v * f + rtt.parse::<f64>().unwrap() / 1000.0),
             );
-            rows.push((vec![size.to_string(), rtt.to_string()], m.policy.clone(), s));
+            let mut row = SweepRow::new(vec![size.to_string(), rtt.to_string()], &m.policy);
+            row.runs.runs.push(SeedRun {
+                seed: 1,
+                summary: s,
+            });
+            rows.push(row);
         }
     }
     let dir = out_dir("sweep");
-    let w = write_sweep(&dir, &params, &rows).unwrap();
-    assert_eq!(w.files.len(), 3);
+    let w = write_sweep(&dir, "t/sweep", &params, &rows).unwrap();
+    assert_eq!(w.files.len(), 4);
     if let Some(k) = keep("sweep") {
-        write_sweep(&k, &params, &rows).unwrap();
+        write_sweep(&k, "t/sweep", &params, &rows).unwrap();
     }
     let csv = std::fs::read_to_string(dir.join("sweep.csv")).unwrap();
     assert!(csv.starts_with("burst_size,rtt_ms,policy,requests,"));
@@ -467,25 +472,31 @@ fn sweep_outputs() {
     // Categorical first parameter (not numbers): one tick per value, in order of appearance.
     let cat: Vec<SweepRow> = rows
         .iter()
-        .map(|(v, p, s)| {
-            let label = if v[0] == "16" {
+        .map(|r| {
+            let label = if r.values[0] == "16" {
                 "small burst"
             } else {
                 "large burst"
             };
-            (vec![label.to_string()], p.clone(), s.clone())
+            SweepRow {
+                values: vec![label.to_string()],
+                ..r.clone()
+            }
         })
         .collect();
     let cat_dir = out_dir("sweep-categorical");
-    write_sweep(&cat_dir, &["traffic".to_string()], &cat).unwrap();
+    write_sweep(&cat_dir, "t/sweep", &["traffic".to_string()], &cat).unwrap();
     if let Some(k) = keep("sweep-categorical") {
-        write_sweep(&k, &["traffic".to_string()], &cat).unwrap();
+        write_sweep(&k, "t/sweep", &["traffic".to_string()], &cat).unwrap();
     }
     let svg = std::fs::read_to_string(cat_dir.join("sweep.svg")).unwrap();
     assert!(svg.contains("\nsmall burst\n</text>") && svg.contains("\nlarge burst\n</text>"));
     // A row with the wrong number of values is an error naming the file.
-    let bad = vec![(vec!["1".to_string()], "p".to_string(), rows[0].2.clone())];
-    let err = write_sweep(&out_dir("sweep-bad"), &params, &bad).unwrap_err();
+    let bad = vec![SweepRow {
+        values: vec!["1".to_string()],
+        ..rows[0].clone()
+    }];
+    let err = write_sweep(&out_dir("sweep-bad"), "t/sweep", &params, &bad).unwrap_err();
     assert!(err.to_string().contains("sweep.csv"));
 }
 
