@@ -8,7 +8,7 @@ use anyhow::Context;
 use routelab_policies::located::rule::{self, Violation};
 use routelab_policies::{InputError, PolicyConfig};
 use routelab_reports::findings;
-use routelab_reports::stats::AutoSeeds;
+use routelab_reports::stats::{AutoSeeds, seed_of};
 use routelab_reports::{
     PerfInfo, PerfRun, PolicySeeds, ScenarioComparison, compare_table, findings_document,
     grow_seeds, write_compare, write_perf,
@@ -66,13 +66,6 @@ enum Seeds {
 /// The most seeds `--max-seeds` (and `sweep --seeds`) may ask for (each is a run of every
 /// policy).
 pub(crate) const MAX_SEEDS_LIMIT: u64 = 1000;
-
-/// The `k`-th seed (from 0) of a study whose first seed is `first`: `first + k`. Every
-/// command that runs several seeds takes them from here, so seed k of `compare` and of
-/// `sweep` are the same run.
-pub(crate) fn seed_of(first: u64, k: usize) -> u64 {
-    first.wrapping_add(k as u64)
-}
 
 fn flag_error(flag: &str, v: &Violation) -> InputError {
     v.at_field(COMMAND_LINE, flag)

@@ -3,16 +3,17 @@
 
 use anyhow::Context;
 use routelab_emulator::{EmulatorOptions, serve};
+use routelab_sim::ProfileLookup;
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// Options of `routelab emulate`.
 #[derive(Debug, clap::Args)]
 pub struct EmulateArgs {
-    /// Hardware profile YAML (scenarios/hardware/<name>.yaml).
+    /// Hardware profile: a bundled or ROUTELAB_HARDWARE name (`rtx-pro-6000-27b`) or a YAML
+    /// file (see docs/profiles.md).
     #[arg(long)]
-    pub profile: PathBuf,
+    pub profile: String,
     /// Port (0: any free port).
     #[arg(long, default_value_t = 8001)]
     pub port: u16,
@@ -38,8 +39,10 @@ pub struct EmulateArgs {
 
 /// Serve until Ctrl-C.
 pub fn run(args: &EmulateArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
-    let mut opts = EmulatorOptions::load(&args.profile)
-        .with_context(|| format!("--profile {}", args.profile.display()))?;
+    let profile = ProfileLookup::for_command_line()
+        .find(&args.profile)
+        .map_err(|e| e.located("<command line>", "--profile"))?;
+    let mut opts = EmulatorOptions::new(profile);
     if let Some(m) = &args.model {
         opts.model = m.clone();
     }
@@ -58,7 +61,7 @@ pub fn run(args: &EmulateArgs, out: &mut impl Write) -> anyhow::Result<ExitCode>
         writeln!(
             out,
             "emulating {} as model `{model}` on {} (speed-up x{}); Ctrl-C stops",
-            args.profile.display(),
+            args.profile,
             emulator.base_url(),
             args.speedup
         )?;

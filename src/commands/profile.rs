@@ -8,7 +8,6 @@ use anyhow::Context;
 use routelab_reports::{profile_text, write_profile_chart};
 use routelab_sim::ProfileLookup;
 use routelab_sim::hardware::fit::{FitInput, FitOptions, FitSource, fit};
-use routelab_sim::hardware::lookup::ENV_VAR;
 
 /// The `profile` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -101,11 +100,7 @@ fn fit_cmd(args: &FitArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
 }
 
 fn show(args: &ShowArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
-    // Paths and the directory walk start from the current directory, as a scenario's start
-    // from the scenario's.
-    let env = std::env::var_os(ENV_VAR);
-    let lookup = ProfileLookup::new(Path::new(""), None, env.as_deref());
-    let profile = lookup
+    let profile = ProfileLookup::for_command_line()
         .find(&args.profile)
         .map_err(|e| e.located("<command line>", "PROFILE"))?;
     write!(out, "{}", profile_text(&profile))?;

@@ -66,7 +66,7 @@ pub fn run(args: &SweepArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
                 jobs.push(Job {
                     scenario: &point.scenario,
                     policy: p,
-                    seed: super::compare::seed_of(first_seed, k),
+                    seed: routelab_reports::stats::seed_of(first_seed, k),
                     rows: false,
                 });
             }

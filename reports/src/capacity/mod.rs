@@ -221,7 +221,7 @@ pub fn run_study<E>(
     };
     loop {
         let new: Vec<u64> = (study.seeds.len()..want)
-            .map(|k| plan.first_seed + k as u64)
+            .map(|k| crate::stats::seed_of(plan.first_seed, k))
             .collect();
         let batch: Vec<(usize, u64)> = (0..study.policies.len())
             .flat_map(|p| new.iter().map(move |s| (p, *s)))

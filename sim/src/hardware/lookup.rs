@@ -150,12 +150,21 @@ pub struct ProfileLookup {
     env_set: bool,
 }
 
+
 impl ProfileLookup {
     /// The lookup for a scenario file with its optional `hardware_dir`, reading
     /// `ROUTELAB_HARDWARE` from the environment.
     pub fn for_scenario(scenario: &Path, hardware_dir: Option<&str>) -> Self {
         let base = scenario.parent().unwrap_or(Path::new("."));
         Self::new(base, hardware_dir, std::env::var_os(ENV_VAR).as_deref())
+    }
+
+    /// The lookup of a profile named on the command line (`profile show`, `emulate`): paths
+    /// and the directory walk start from the current directory, as a scenario's start from
+    /// the scenario's.
+    #[must_use]
+    pub fn for_command_line() -> Self {
+        Self::new(Path::new(""), None, std::env::var_os(ENV_VAR).as_deref())
     }
 
     /// The lookup from directory `base` (paths are relative to it), with an optional
