@@ -5,6 +5,7 @@
 
 use super::*;
 use routelab_gateway::config::RequestLogConfig;
+use routelab_sim::hardware::fit::{FitInput, FitOptions, FitSource, fit};
 use routelab_sim::traffic::LengthDist;
 use serde_json::Value;
 
@@ -252,6 +253,32 @@ async fn the_request_log_and_the_capacity_curve_reproduce_the_played_scenario() 
             rel(tok_s, want) <= 0.10,
             "{name}: {tok_s} tok/s at {n}, profile {want}"
         );
+
+        // `routelab profile fit --from gateway` on this very answer: a valid profile whose
+        // curve passes through the measured points (moved only where noise made them
+        // decrease, and then by a few per cent).
+        let fitted = fit(
+            FitSource::Gateway,
+            &[FitInput {
+                origin: "admin-capacity.json".into(),
+                text: capacity.clone(),
+            }],
+            &FitOptions {
+                name: format!("{name}-fitted"),
+                worker: Some(name.clone()),
+                ..FitOptions::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        for p in points {
+            let n = p["concurrency"].as_u64().unwrap() as f64;
+            let measured = p["aggregate_tok_s"].as_f64().unwrap();
+            let curve = fitted.profile.aggregate_tok_s(n);
+            assert!(
+                rel(curve, measured) <= 0.05,
+                "{name}: fitted {curve} tok/s at {n}, measured {measured}"
+            );
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
