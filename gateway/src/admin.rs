@@ -410,25 +410,14 @@ pub(crate) async fn capacity(
         let model = match (asked, models.as_slice()) {
             (Some(m), _) if models.contains(&m.as_str()) => m,
             (Some(m), _) => {
-                return Err(ApiError {
-                    param: Some("model"),
-                    ..ApiError::new(
-                        StatusCode::NOT_FOUND,
-                        "invalid_request_error",
-                        "model_not_found",
-                        format!(
-                            "no worker serves the model `{m}`; served: {}",
-                            models.join(", ")
-                        ),
-                    )
-                });
+                return Err(ApiError::model_not_found(format!(
+                    "no worker serves the model `{m}`; served: {}",
+                    models.join(", ")
+                )));
             }
             (None, [one]) => (*one).to_string(),
             (None, []) => {
-                return Err(ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    "invalid_request_error",
-                    "model_not_found",
+                return Err(ApiError::model_not_found(
                     "the gateway has no worker, so no capacity curve",
                 ));
             }

@@ -146,6 +146,19 @@ impl ApiError {
         }
     }
 
+    /// 404 `model_not_found` on the `model` parameter: no worker serves the model asked for.
+    pub fn model_not_found(message: impl Into<String>) -> ApiError {
+        ApiError {
+            param: Some("model"),
+            ..ApiError::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "model_not_found",
+                message,
+            )
+        }
+    }
+
     /// 401 for the admin API.
     pub fn unauthorized() -> ApiError {
         ApiError::new(

@@ -109,18 +109,10 @@ async fn handle(s: Arc<Shared>, req: Request, ep: Endpoint) -> Result<Response, 
         .prompt_tokens
         .saturating_add(parsed.max_tokens.unwrap_or(0));
     let Some(model) = s.core().router.model_id(&parsed.model) else {
-        return Err(ApiError {
-            param: Some("model"),
-            ..ApiError::new(
-                StatusCode::NOT_FOUND,
-                "invalid_request_error",
-                "model_not_found",
-                format!(
-                    "The model `{}` does not exist or no worker serves it",
-                    parsed.model
-                ),
-            )
-        });
+        return Err(ApiError::model_not_found(format!(
+            "The model `{}` does not exist or no worker serves it",
+            parsed.model
+        )));
     };
     let route_req = RouteRequest {
         model,
