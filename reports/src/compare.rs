@@ -424,7 +424,9 @@ fn ranked() -> impl Iterator<Item = &'static Metric> {
     views::RANKED.iter().map(|n| view(n))
 }
 
-fn winner(sc: &ScenarioComparison, m: &Metric) -> Option<Winner> {
+/// The best policy of `sc` on `m` by mean across seeds, the runner-up and the paired
+/// difference between them (`None` when no policy has a value).
+pub(crate) fn winner(sc: &ScenarioComparison, m: &Metric) -> Option<Winner> {
     let mut ranked: Vec<(usize, Interval)> = sc
         .policies
         .iter()
@@ -894,6 +896,78 @@ fn winners_html(st: &ScenarioStats) -> String {
     s
 }
 
+/// The metric a report's opening sentence ([`headline`]) judges policies by: the first panel of
+/// the comparison's bar chart ([`views::COMPARE_BARS`]), mean end-to-end latency, what a user
+/// of the gateway waits for. The report leads with that sentence and that chart.
+pub(crate) fn headline_metric() -> &'static Metric {
+    view(views::COMPARE_BARS[0].0)
+}
+
+/// A value with its unit, for a sentence (`5.04 s`, `96.8%`, `1740 tok/s`).
+fn with_unit(m: &Metric, v: Option<f64>) -> String {
+    match m.unit {
+        Unit::Fraction => fmt_metric(m, v),
+        u => format!("{} {}", fmt_metric(m, v), u.as_str()),
+    }
+}
+
+/// The one sentence a report opens with: the best policy on `m` (the [`Winner`] that
+/// [`compare_file`] computed) against the runner-up, with their paired difference and its 95 %
+/// interval ([`fmt_diff`]). "Tied" when the means are equal or the interval includes 0; with
+/// one seed there is no interval, and the sentence says so and points to `routelab compare`.
+pub(crate) fn headline(w: Option<&Winner>, m: &Metric) -> String {
+    let what = m.label;
+    let Some(w) = w else {
+        return format!("No policy has a value for {what}, so there is no winner on it.");
+    };
+    let best = match m.direction {
+        Direction::Higher => "highest",
+        _ => "lowest",
+    };
+    let (Some(runner), Some(d)) = (&w.runner_up, &w.paired) else {
+        return format!(
+            "{} is the only policy ({what} {}): there is nothing to compare it with.",
+            w.winner,
+            with_unit(m, w.winner_mean)
+        );
+    };
+    let means = format!(
+        "{} against {}",
+        with_unit(m, w.winner_mean),
+        with_unit(m, w.runner_up_mean)
+    );
+    let diff = fmt_diff(m, d);
+    let seeds = format!("{} seed{}", d.n, if d.n == 1 { "" } else { "s" });
+    if d.n < 2 || d.ci95_low.is_none() {
+        if w.tie {
+            return format!(
+                "{} and {runner} are tied on {what} ({means}) on one seed; one seed gives no \
+                 interval: run `routelab compare` with several seeds (`--seeds auto`) to tell them \
+                 apart.",
+                w.winner
+            );
+        }
+        return format!(
+            "{} has the {best} {what} ({means} for the runner-up {runner}), on one seed only: \
+             one seed gives no interval, so whether the win holds is unknown; run `routelab \
+             compare` with several seeds (`--seeds auto`) to know.",
+            w.winner
+        );
+    }
+    if w.tie || !d.established {
+        return format!(
+            "{} and {runner} are tied on {what} ({means}): their paired difference {diff} \
+             (95 % interval, {seeds}) includes 0.",
+            w.winner
+        );
+    }
+    format!(
+        "{} wins on {what} ({best} is best): {means} for the runner-up {runner}, a paired \
+         difference of {diff} (95 % interval, {seeds}).",
+        w.winner
+    )
+}
+
 /// `yes` when the winner's paired difference from the runner-up excludes zero.
 fn established(w: &Winner) -> &'static str {
     match &w.paired {
@@ -1249,6 +1323,80 @@ pub(crate) mod tests {
                 .collect(),
             first_seed_e2e: None,
         }
+    }
+
+    /// The opening sentence of a comparison, through `compare_file`'s winners as the report
+    /// gets it.
+    fn headline_of(sc: &ScenarioComparison) -> String {
+        let file = compare_file(std::slice::from_ref(sc));
+        let m = headline_metric();
+        headline(
+            file.scenarios[0].winners.iter().find(|w| w.metric == m.name),
+            m,
+        )
+    }
+
+    #[test]
+    fn the_headline_names_an_established_win_with_its_paired_interval() {
+        // steady is 0.1 s faster than base on every seed: the paired interval excludes 0.
+        let sc = ScenarioComparison::new(
+            "t",
+            "",
+            vec![policy("base", &[1.0, 2.0, 3.0]), policy("steady", &[0.9, 1.9, 2.9])],
+        );
+        let s = headline_of(&sc);
+        assert!(s.starts_with("steady wins on e2e mean (lowest is best): "), "{s}");
+        assert!(s.contains("1.90 s against 2.00 s for the runner-up base"), "{s}");
+        // −0.1 s of base's 2 s mean: −5 %, with no spread across seeds.
+        assert!(s.contains("a paired difference of -5.0% [-5.0, -5.0]"), "{s}");
+        assert!(s.ends_with("(95 % interval, 3 seeds)."), "{s}");
+    }
+
+    #[test]
+    fn the_headline_says_tied_when_the_interval_includes_zero() {
+        // noisy is faster on average but slower on one seed: the interval includes 0.
+        let sc = ScenarioComparison::new(
+            "t",
+            "",
+            vec![policy("base", &[1.0, 2.0, 3.0]), policy("noisy", &[0.8, 2.3, 2.75])],
+        );
+        let s = headline_of(&sc);
+        assert!(s.starts_with("noisy and base are tied on e2e mean ("), "{s}");
+        assert!(s.contains("(95 % interval, 3 seeds) includes 0."), "{s}");
+        assert!(!s.contains("wins"), "{s}");
+        // Identical means are a tie too.
+        let same = ScenarioComparison::new(
+            "t",
+            "",
+            vec![policy("a", &[1.0, 2.0]), policy("b", &[1.0, 2.0])],
+        );
+        assert!(headline_of(&same).starts_with("a and b are tied on e2e mean"));
+    }
+
+    #[test]
+    fn the_headline_of_one_seed_names_the_best_and_asks_for_compare() {
+        let sc = ScenarioComparison::new(
+            "t",
+            "",
+            vec![policy("slow", &[2.0]), policy("fast", &[1.5])],
+        );
+        let s = headline_of(&sc);
+        assert!(
+            s.starts_with("fast has the lowest e2e mean (1.50 s against 2.00 s for the runner-up slow), on one seed only"),
+            "{s}"
+        );
+        assert!(s.contains("one seed gives no interval"), "{s}");
+        assert!(s.contains("`routelab compare` with several seeds"), "{s}");
+        // One policy: nothing to compare; no policy with a value: no winner.
+        let alone = ScenarioComparison::new("t", "", vec![policy("only", &[1.0])]);
+        assert_eq!(
+            headline_of(&alone),
+            "only is the only policy (e2e mean 1.00 s): there is nothing to compare it with."
+        );
+        assert_eq!(
+            headline(None, headline_metric()),
+            "No policy has a value for e2e mean, so there is no winner on it."
+        );
     }
 
     /// Seed noise (1, 2, 3 s) shared by every policy: `steady` is 0.1 s faster than the
