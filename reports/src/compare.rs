@@ -15,7 +15,7 @@
 use crate::chart::{self, BarGroup, BarPanel, Figure, Panel, Series};
 use crate::error::ReportError;
 use crate::export::csv::write_csv;
-use crate::export::html::{Cell, Page, best_indices, table};
+use crate::export::html::{Cell, Page, best_indices, split_table, table};
 use crate::export::json::write_json;
 use crate::export::markdown::cell as md;
 use crate::export::table::TextTable;
@@ -778,6 +778,16 @@ fn compare_html(
             if scenarios.len() == 1 { "" } else { "s" }
         ),
     );
+    // The report opens with the verdict: one sentence per scenario.
+    let m = headline_metric();
+    for st in &file.scenarios {
+        let sentence = headline(st.winners.iter().find(|w| w.metric == m.name), m);
+        if file.scenarios.len() == 1 {
+            page.el("p", Some("lead"), &sentence);
+        } else {
+            page.el("p", Some("lead"), &format!("{}: {sentence}", st.scenario));
+        }
+    }
     for ((sc, st), (bars, cdf)) in scenarios.iter().zip(&file.scenarios).zip(charts) {
         page.el("h2", None, &sc.scenario);
         if !sc.description.is_empty() {
@@ -842,7 +852,7 @@ fn scenario_table_html(sc: &ScenarioComparison) -> String {
             (false, cells)
         })
         .collect();
-    table(&header, &rows)
+    split_table(&header, &rows, 2)
 }
 
 fn winners_html(st: &ScenarioStats) -> String {
@@ -885,6 +895,7 @@ fn winners_html(st: &ScenarioStats) -> String {
     if rows.is_empty() {
         return "<p class=\"note\">No metric separates the policies.</p>".into();
     }
+    // One table: a win reads across its row, and only the policy names need room (they wrap).
     let mut s = table(&header, &rows);
     s.push_str(
         "\n<p class=\"note\">Winner by mean across seeds; margin in % of the runner-up's \
@@ -1012,7 +1023,7 @@ fn baseline_html(st: &ScenarioStats) -> String {
         "<h3>Paired difference from the baseline, {}</h3>\n",
         crate::export::html::esc(base)
     );
-    s.push_str(&table(&header, &rows));
+    s.push_str(&split_table(&header, &rows, 1));
     s.push_str(
         "\n<p class=\"note\">Policy minus baseline on each seed both ran (the same traffic), \
          mean and 95 % interval of those differences in % of the baseline's mean. Highlighted: \

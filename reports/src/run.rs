@@ -5,7 +5,8 @@
 use crate::chart::{self, BarGroup, BarPanel, Figure, Legend, LinePanel, Panel, Series};
 use crate::error::ReportError;
 use crate::export::csv::write_csv;
-use crate::export::html::{Cell, Page, best_indices, esc, table};
+use crate::compare::{PolicySeeds, ScenarioComparison, headline, headline_metric, winner};
+use crate::export::html::{Cell, Page, best_indices, esc, split_table};
 use crate::export::json::write_json;
 use crate::export::table::TextTable;
 use crate::export::{create_dir, write_file};
@@ -283,9 +284,10 @@ fn timeline_rows(runs: &[PolicyRun]) -> impl Iterator<Item = Vec<String>> + '_ {
     })
 }
 
-/// Most workers drawn in a share chart / a timeline chart.
+/// Most workers drawn in a share chart / a timeline chart (one small panel per worker: only
+/// the busiest few, or the panels get too small to read).
 const MAX_SHARE_WORKERS: usize = 32;
-const MAX_LINE_WORKERS: usize = 12;
+const MAX_LINE_WORKERS: usize = 8;
 /// Most points per timeline series (longer series are bucketed).
 const MAX_POINTS: usize = 600;
 
@@ -364,12 +366,16 @@ pub(crate) fn latency_cdf_figure(title: &str, axis: &str, series: Vec<Series>) -
     p.x_log = log;
     p.y_range = Some((0.0, 1.0));
     p.y_percent = true;
-    p.legend = Legend::LowerRight;
+    // The policies' full names, wrapped under the title rather than over the curves.
+    p.legend = Legend::None;
     if !log && hi > 0.0 {
         p.x_range = Some((0.0, chart::nice_max(hi)));
     }
+    let legend = series.iter().map(|s| (s.name.clone(), s.color)).collect();
     p.series = series;
-    Figure::new(title, vec![Panel::Lines(p)])
+    let mut fig = Figure::new(title, vec![Panel::Lines(p)]);
+    fig.legend = legend;
+    fig
 }
 
 fn share_figure(runs: &[PolicyRun]) -> Figure {
@@ -398,10 +404,20 @@ fn share_figure(runs: &[PolicyRun]) -> Figure {
         y_percent: true,
         color_by_category: false,
     };
-    Figure::new(
+    let mut fig = Figure::new(
         format!("Traffic share per worker{}", subset_note(keep.len(), n)),
         vec![Panel::Bars(panel)],
-    )
+    );
+    fig.legend = policy_legend(runs);
+    fig
+}
+
+/// The policies' full names and colours, for a legend shared by a figure's panels.
+fn policy_legend(runs: &[PolicyRun]) -> Vec<(String, plotters::style::RGBColor)> {
+    runs.iter()
+        .enumerate()
+        .map(|(j, r)| (r.policy.clone(), chart::color(j)))
+        .collect()
 }
 
 /// Per worker, the (t, value) series of a run's timeline, bucketed to ≤ MAX_POINTS points
@@ -428,6 +444,11 @@ fn timeline_series(
         .collect()
 }
 
+/// A timeline value as small multiples: one panel per worker (the busiest
+/// [`MAX_LINE_WORKERS`] by requests dispatched, [`busiest_workers`]), a line per policy in the
+/// policy's colour and dash pattern, every panel on the same axes. Per worker rather than per
+/// policy, so each panel holds as many lines as there are policies (a few) instead of one per
+/// worker, and the policies compare where they differ: on the same worker.
 fn timeline_figure(
     title: &str,
     y_label: &str,
@@ -441,18 +462,18 @@ fn timeline_figure(
         .max()
         .unwrap_or(0);
     let keep = busiest_workers(runs, MAX_LINE_WORKERS);
-    let mut panels: Vec<LinePanel> = runs
+    let mut panels: Vec<LinePanel> = keep
         .iter()
-        .map(|r| {
-            let mut p = LinePanel::new(r.policy.clone(), "simulated time (s)", y_label);
+        .map(|&i| {
+            let mut p = LinePanel::new(worker_name(runs, i), "simulated time (s)", y_label);
             p.step = true;
             p.legend = Legend::None;
-            p.series = keep
+            p.series = runs
                 .iter()
                 .enumerate()
-                .map(|(k, &i)| Series {
-                    name: worker_name(runs, i),
-                    color: chart::color(k),
+                .map(|(j, r)| Series {
+                    name: r.policy.clone(),
+                    color: chart::color(j),
                     points: timeline_series(&r.metrics, i, value, peak),
                 })
                 .collect();
@@ -476,15 +497,16 @@ fn timeline_figure(
             p.y_range = Some((0.0, chart::nice_max(y1)));
         }
     }
+    let multiple = panels.len() > 1;
     let mut fig = Figure::new(
         format!("{title}{}", subset_note(keep.len(), n)),
         panels.into_iter().map(Panel::Lines).collect(),
     );
-    fig.legend = keep
-        .iter()
-        .enumerate()
-        .map(|(k, &i)| (worker_name(runs, i), chart::color(k)))
-        .collect();
+    if multiple {
+        fig.columns = 2;
+        fig.panel_height = 280;
+    }
+    fig.legend = policy_legend(runs);
     fig
 }
 
@@ -512,7 +534,7 @@ fn run_figures(runs: &[PolicyRun]) -> Vec<(&'static str, Figure, String)> {
         (
             "weights",
             timeline_figure("Weight over time per worker", "weight", runs, |t| t.weight, false),
-            "The router's weight of each worker at each timeline sample, one panel per policy.".into(),
+            "The router's weight of each worker at each timeline sample: a panel per worker, a line per policy.".into(),
         ),
         (
             "in_flight",
@@ -523,7 +545,7 @@ fn run_figures(runs: &[PolicyRun]) -> Vec<(&'static str, Figure, String)> {
                 |t| f64::from(t.in_flight),
                 true,
             ),
-            "Customer requests in flight on each worker (router's count; peak per plotted interval), one panel per policy.".into(),
+            "Customer requests in flight on each worker (router's count; peak per plotted interval): a panel per worker, a line per policy.".into(),
         ),
     ]
 }
@@ -550,6 +572,7 @@ fn run_html(
             "policies"
         }
     ));
+    page.el("p", Some("lead"), &run_headline(meta, runs));
     page.raw(&format!(
         "<p class=\"meta\">SLO applied: {}</p>",
         esc(&meta.slo.to_string())
@@ -580,6 +603,22 @@ fn run_html(
     page.finish()
 }
 
+/// The sentence the run report opens with: the best policy on the headline metric, judged by
+/// the comparison's own rule ([`winner`], [`headline`]) on this run's one seed.
+fn run_headline(meta: &RunMeta, runs: &[PolicyRun]) -> String {
+    let policies = runs
+        .iter()
+        .map(|r| {
+            let mut p = PolicySeeds::new(r.policy.clone());
+            p.push(meta.seed, &r.metrics);
+            p
+        })
+        .collect();
+    let sc = ScenarioComparison::new(meta.scenario.clone(), meta.description.clone(), policies);
+    let m = headline_metric();
+    headline(winner(&sc, m).as_ref(), m)
+}
+
 fn summary_html(runs: &[&RunSummary]) -> String {
     let cols: Vec<_> = views::RUN_HTML.iter().map(|(n, h)| (view(n), *h)).collect();
     let mut header = vec![("policy", true)];
@@ -605,7 +644,7 @@ fn summary_html(runs: &[&RunSummary]) -> String {
             (false, cells)
         })
         .collect();
-    table(&header, &rows)
+    split_table(&header, &rows, 1)
 }
 
 fn workers_html(summary: &SummaryFile) -> String {
@@ -645,7 +684,7 @@ fn workers_html(summary: &SummaryFile) -> String {
             ));
         }
     }
-    table(&header, &rows)
+    split_table(&header, &rows, 2)
 }
 
 /// An aligned plain-text table of scalar summaries, one row per policy.

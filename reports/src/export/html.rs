@@ -22,7 +22,7 @@ pub(crate) fn esc(s: &str) -> String {
 }
 
 const CSS: &str = "\
-body{font-family:'DejaVu Sans',Verdana,Arial,sans-serif;margin:24px auto;max-width:1100px;\
+body{font-family:'DejaVu Sans',Verdana,Arial,sans-serif;margin:24px auto;max-width:1240px;\
 padding:0 16px;color:#222;line-height:1.4}\
 h1{font-size:1.6em;margin-bottom:.2em}h2{margin-top:1.6em;border-bottom:1px solid #ddd}\
 .desc{font-size:1.1em;color:#444}.meta,.note{color:#666;font-size:.9em}\
@@ -182,34 +182,36 @@ pub(crate) fn table(header: &[(&str, bool)], rows: &[(bool, Vec<Cell>)]) -> Stri
 }
 
 /// The widest a table may be estimated to render (CSS px) before [`split_table`] splits it:
-/// the page's content width (`max-width:1100px` in [`CSS`]) less a margin for the estimate's
+/// the page's content width (`max-width:1240px` in [`CSS`]) less a margin for the estimate's
 /// error.
-const TABLE_BUDGET_PX: usize = 1020;
+const TABLE_BUDGET_PX: usize = 1180;
 
-/// Estimated rendered width (CSS px) of a column: its header wraps between words (so its
-/// longest word counts, bold), numbers never wrap, and text cells (policy names) wrap when
-/// pressed, so they count up to 24 characters. The estimate is of DejaVu Sans at the tables'
-/// 0.9em (about 9 px a character), generous rather than tight.
+/// Estimated rendered width (CSS px) of a column at its natural (max-content) width: its
+/// header and its longest cell on one line, text cells (policy names) counted up to 40
+/// characters (beyond that they wrap). A browser lays a table out at those widths when they
+/// fit and squeezes the wrappable columns first when they do not, so the estimate is of the
+/// unwrapped widths, measured on DejaVu Sans at the tables' 0.9em (14.4 px): a digit is
+/// 0.636 em (9.2 px), other characters about 7.6 px, 8.2 px in the bold header.
 fn column_px(header: &str, cells: &[&Cell]) -> usize {
-    const CHAR_PX: usize = 9;
-    const BOLD_CHAR_PX: usize = 10;
-    const PADDING_PX: usize = 18;
-    let head = header
-        .split_whitespace()
-        .map(|w| w.chars().count())
-        .max()
-        .unwrap_or(0)
-        * BOLD_CHAR_PX;
+    const PADDING_PX: f64 = 18.0;
+    let px = |text: &str, other: f64| -> f64 {
+        text.chars()
+            .map(|c| if c.is_ascii_digit() { 9.2 } else { other })
+            .sum()
+    };
+    let head = px(header, 8.2);
     let body = cells
         .iter()
         .map(|c| {
-            let n = c.text.chars().count();
-            if c.left { n.min(24) } else { n }
+            let text: String = if c.left {
+                c.text.chars().take(40).collect()
+            } else {
+                c.text.clone()
+            };
+            px(&text, 7.6)
         })
-        .max()
-        .unwrap_or(0)
-        * CHAR_PX;
-    head.max(body) + PADDING_PX
+        .fold(0.0, f64::max);
+    (head.max(body) + PADDING_PX).ceil() as usize
 }
 
 /// The family of a column: its header's first word (`TTFT` of `TTFT p99`), so related
