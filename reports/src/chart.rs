@@ -73,11 +73,11 @@ pub(crate) fn color(i: usize) -> RGBColor {
 /// and for readers who cannot tell the colours apart.
 const DASHES: [Option<(u32, u32)>; 6] = [
     None,
-    Some((12, 6)),
+    Some((12, 5)),
     Some((3, 4)),
-    Some((20, 5)),
     Some((7, 3)),
-    Some((2, 8)),
+    Some((2, 7)),
+    Some((16, 4)),
 ];
 
 /// The dash pattern of a series of colour `c`: by the colour's place in the palette, so a line

@@ -4,3 +4,4 @@ mod case_studies;
 mod cli;
 mod common;
 mod compare_paired;
+mod report_browser;
