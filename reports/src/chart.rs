@@ -84,9 +84,61 @@ const DASHES: [Option<(u32, u32)>; 6] = [
 /// and its legend entry (which carries only the name and colour) are drawn alike, however a
 /// figure orders its series (a capacity knee shares its policy's colour and so its dashes).
 fn dash_of(c: RGBColor) -> Option<(u32, u32)> {
+    DASHES[palette_index(c) % DASHES.len()]
+}
+
+/// The colour's place in the palette ([`color`]); 0 for a colour not in its first 64.
+fn palette_index(c: RGBColor) -> usize {
     const SEARCHED: usize = 64;
-    let i = (0..SEARCHED).find(|&i| color(i) == c).unwrap_or(0);
-    DASHES[i % DASHES.len()]
+    (0..SEARCHED).find(|&i| color(i) == c).unwrap_or(0)
+}
+
+/// Marker shapes, one per series like [`DASHES`], so a line hidden under another (equal
+/// weights, identical latency curves) still shows its markers.
+const MARKERS: usize = 6;
+
+/// Markers spread along a line panel's x axis when series may hide each other.
+const SPREAD_MARKERS: usize = 6;
+
+/// Draw the marker of colour `c` ([`palette_index`] picks the shape) at `at`, in whatever
+/// coordinates `area` uses.
+fn marker_at<DB: DrawingBackend, CT: CoordTranslate>(
+    area: &DrawingArea<DB, CT>,
+    at: CT::From,
+    c: RGBColor,
+) -> Result<(), String>
+where
+    CT::From: Clone,
+{
+    let e = EmptyElement::at(at);
+    match palette_index(c) % MARKERS {
+        0 => area.draw(&(e + Circle::new((0, 0), 4, c.filled()))),
+        1 => area.draw(&(e + TriangleMarker::new((0, 0), 6, c.filled()))),
+        2 => area.draw(&(e + Rectangle::new([(-4, -4), (4, 4)], c.filled()))),
+        3 => area.draw(&(e + Cross::new((0, 0), 5, c.stroke_width(2)))),
+        4 => area.draw(&(e + Circle::new((0, 0), 4, c.stroke_width(2)))),
+        _ => area.draw(&(e + Rectangle::new([(-4, -4), (4, 4)], c.stroke_width(2)))),
+    }
+    .map_err(e2s)
+}
+
+/// Where to put a series' spread markers: [`SPREAD_MARKERS`] x positions across `[x0, x1]`,
+/// offset by the series' place in the palette so the markers of coinciding series fall side by
+/// side, each at the series' value there (the last point at or before it; none before the
+/// first point or after the last).
+fn spread_marker_points(pts: &[(f64, f64)], (x0, x1): (f64, f64), c: RGBColor) -> Vec<(f64, f64)> {
+    let offset = ((palette_index(c) % MARKERS) as f64 + 0.5) / MARKERS as f64;
+    let last_x = pts.last().map_or(f64::NEG_INFINITY, |p| p.0);
+    (0..SPREAD_MARKERS)
+        .filter_map(|j| {
+            let x = x0 + (x1 - x0) * (j as f64 + offset) / SPREAD_MARKERS as f64;
+            if x > last_x {
+                return None;
+            }
+            let at = pts.partition_point(|p| p.0 <= x);
+            at.checked_sub(1).map(|k| (x, pts[k].1))
+        })
+        .collect()
 }
 
 /// [`dash_of`] as a (dash, gap) pair for a path element: a solid line is one dash longer than
@@ -342,6 +394,7 @@ fn draw<DB: DrawingBackend>(fig: &Figure, root: &DrawingArea<DB, Shift>) -> Resu
                     c.stroke_width(3),
                 ))
                 .map_err(e2s)?;
+                marker_at(&top, (x + (LEGEND_SWATCH - 6) / 2, y), c)?;
             }
             top.draw(&Text::new(
                 name.clone(),
@@ -710,10 +763,17 @@ fn draw_lines<DB: DrawingBackend>(
         series.label(s.name.clone()).legend(move |(x, y)| {
             DashedPathElement::new(vec![(x, y), (x + 22, y)], dash, gap, c.stroke_width(3))
         });
-        if p.markers {
-            chart
-                .draw_series(pts.iter().map(|&pt| Circle::new(pt, 3, c.filled())))
-                .map_err(e2s)?;
+        // Markers in the series' own shape: at every point when the panel asks, else spread
+        // along the axis when there is another series it could hide under.
+        let marks = if p.markers {
+            pts.clone()
+        } else if p.series.len() > 1 {
+            spread_marker_points(&pts, (ax0, ax1), c)
+        } else {
+            Vec::new()
+        };
+        for pt in marks {
+            marker_at(chart.plotting_area(), pt, c)?;
         }
     }
     if let Some(pos) = legend_position(p.legend)
