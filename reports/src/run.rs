@@ -497,12 +497,13 @@ fn timeline_figure(
             p.y_range = Some((0.0, chart::nice_max(y1)));
         }
     }
-    let multiple = panels.len() > 1;
+    // Two panels side by side once there are more than two (two stacked stay full width).
+    let grid = panels.len() > 2;
     let mut fig = Figure::new(
         format!("{title}{}", subset_note(keep.len(), n)),
         panels.into_iter().map(Panel::Lines).collect(),
     );
-    if multiple {
+    if grid {
         fig.columns = 2;
         fig.panel_height = 280;
     }
