@@ -380,11 +380,8 @@ fn draw<DB: DrawingBackend>(fig: &Figure, root: &DrawingArea<DB, Shift>) -> Resu
         for (x, y, name, c) in items {
             let c = *c;
             if bars {
-                top.draw(&Rectangle::new(
-                    [(x, y - 7), (x + 14, y + 7)],
-                    c.filled(),
-                ))
-                .map_err(e2s)?;
+                top.draw(&Rectangle::new([(x, y - 7), (x + 14, y + 7)], c.filled()))
+                    .map_err(e2s)?;
             } else {
                 let (dash, gap) = dash_pair(c);
                 top.draw(&DashedPathElement::new(
@@ -1025,6 +1022,106 @@ mod tests {
         assert_eq!(cs[0], RGBColor(78, 121, 167));
         for (i, a) in cs.iter().enumerate().take(12) {
             assert!(cs[..i].iter().all(|b| b != a), "colour {i} repeats");
+        }
+    }
+
+    #[test]
+    fn dash_and_marker_follow_the_colour() {
+        for (i, dash) in DASHES.iter().enumerate() {
+            assert_eq!(palette_index(color(i)), i);
+            assert_eq!(dash_of(color(i)), *dash);
+        }
+        assert_eq!(palette_index(color(40)), 40, "beyond Tableau 10 too");
+        assert_eq!(palette_index(RGBColor(1, 2, 3)), 0, "not a palette colour");
+        // Every dash pattern differs from the others, and each shows a gap within a legend
+        // swatch (22 px), so the swatch tells them apart too.
+        for (i, a) in DASHES.iter().enumerate() {
+            assert!(DASHES[..i].iter().all(|b| b != a), "dash {i} repeats");
+            if let Some((dash, gap)) = a {
+                assert!(dash + gap < 22, "dash {i} looks solid in a swatch");
+            }
+        }
+    }
+
+    #[test]
+    fn spread_markers_of_coinciding_series_fall_side_by_side() {
+        // A step series from x = 0 to 12, value 3 then 5 from x = 6.
+        let pts = [(0.0, 3.0), (6.0, 5.0), (12.0, 5.0)];
+        let a = spread_marker_points(&pts, (0.0, 12.0), color(0));
+        let b = spread_marker_points(&pts, (0.0, 12.0), color(1));
+        assert_eq!(a.len(), SPREAD_MARKERS);
+        assert_eq!(b.len(), SPREAD_MARKERS);
+        for (p, q) in a.iter().zip(&b) {
+            assert!(
+                q.0 > p.0,
+                "series 1's marker right of series 0's: {p:?} {q:?}"
+            );
+            for m in [p, q] {
+                assert_eq!(
+                    m.1,
+                    if m.0 < 6.0 { 3.0 } else { 5.0 },
+                    "on the line at {m:?}"
+                );
+            }
+        }
+        // No marker where the series has no value: before its first point, after its last.
+        let short = [(4.0, 1.0), (8.0, 1.0)];
+        let m = spread_marker_points(&short, (0.0, 12.0), color(0));
+        assert!(
+            !m.is_empty() && m.iter().all(|p| (4.0..=8.0).contains(&p.0)),
+            "{m:?}"
+        );
+    }
+
+    fn bars_of(names: &[&str]) -> Figure {
+        Figure::new(
+            "t",
+            vec![Panel::Bars(BarPanel {
+                title: String::new(),
+                x_label: "policy".into(),
+                y_label: "s".into(),
+                categories: names.iter().map(|n| n.to_string()).collect(),
+                groups: Vec::new(),
+                y_percent: false,
+                color_by_category: true,
+            })],
+        )
+    }
+
+    #[test]
+    fn bars_coloured_by_policy_get_a_legend_of_full_names_numbered_when_they_do_not_fit() {
+        let short = bars_of(&["p2c", "jsq"]);
+        assert_eq!(
+            short.legend_items(),
+            vec![("p2c".to_string(), color(0)), ("jsq".to_string(), color(1))]
+        );
+        let long = [
+            "seed-v1",
+            "at-load/sed/capacity/weighted:24",
+            "oracle/sed/capacity/weighted:24",
+            "seed-next",
+            "sticky-until-saturated",
+        ];
+        let fig = bars_of(&long);
+        assert!(!names_fit(&fig_categories(&fig), fig.panel_width()));
+        let items = fig.legend_items();
+        assert_eq!(items.len(), long.len());
+        for (k, (name, c)) in items.iter().enumerate() {
+            assert_eq!(
+                name,
+                &format!("{} {}", k + 1, long[k]),
+                "full name, numbered"
+            );
+            assert_eq!(*c, color(k));
+        }
+        // The legend takes room under the title, wrapped to the figure's width.
+        assert!(fig.size().1 > short.size().1);
+    }
+
+    fn fig_categories(fig: &Figure) -> Vec<String> {
+        match &fig.panels[0] {
+            Panel::Bars(p) => p.categories.clone(),
+            Panel::Lines(_) => Vec::new(),
         }
     }
 

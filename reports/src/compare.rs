@@ -1342,7 +1342,10 @@ pub(crate) mod tests {
         let file = compare_file(std::slice::from_ref(sc));
         let m = headline_metric();
         headline(
-            file.scenarios[0].winners.iter().find(|w| w.metric == m.name),
+            file.scenarios[0]
+                .winners
+                .iter()
+                .find(|w| w.metric == m.name),
             m,
         )
     }
@@ -1353,13 +1356,25 @@ pub(crate) mod tests {
         let sc = ScenarioComparison::new(
             "t",
             "",
-            vec![policy("base", &[1.0, 2.0, 3.0]), policy("steady", &[0.9, 1.9, 2.9])],
+            vec![
+                policy("base", &[1.0, 2.0, 3.0]),
+                policy("steady", &[0.9, 1.9, 2.9]),
+            ],
         );
         let s = headline_of(&sc);
-        assert!(s.starts_with("steady wins on e2e mean (lowest is best): "), "{s}");
-        assert!(s.contains("1.90 s against 2.00 s for the runner-up base"), "{s}");
+        assert!(
+            s.starts_with("steady wins on e2e mean (lowest is best): "),
+            "{s}"
+        );
+        assert!(
+            s.contains("1.90 s against 2.00 s for the runner-up base"),
+            "{s}"
+        );
         // −0.1 s of base's 2 s mean: −5 %, with no spread across seeds.
-        assert!(s.contains("a paired difference of -5.0% [-5.0, -5.0]"), "{s}");
+        assert!(
+            s.contains("a paired difference of -5.0% [-5.0, -5.0]"),
+            "{s}"
+        );
         assert!(s.ends_with("(95 % interval, 3 seeds)."), "{s}");
     }
 
@@ -1369,10 +1384,16 @@ pub(crate) mod tests {
         let sc = ScenarioComparison::new(
             "t",
             "",
-            vec![policy("base", &[1.0, 2.0, 3.0]), policy("noisy", &[0.8, 2.3, 2.75])],
+            vec![
+                policy("base", &[1.0, 2.0, 3.0]),
+                policy("noisy", &[0.8, 2.3, 2.75]),
+            ],
         );
         let s = headline_of(&sc);
-        assert!(s.starts_with("noisy and base are tied on e2e mean ("), "{s}");
+        assert!(
+            s.starts_with("noisy and base are tied on e2e mean ("),
+            "{s}"
+        );
         assert!(s.contains("(95 % interval, 3 seeds) includes 0."), "{s}");
         assert!(!s.contains("wins"), "{s}");
         // Identical means are a tie too.

@@ -3,9 +3,9 @@
 //! figures.
 
 use crate::chart::{self, BarGroup, BarPanel, Figure, Legend, LinePanel, Panel, Series};
+use crate::compare::{PolicySeeds, ScenarioComparison, headline, headline_metric, winner};
 use crate::error::ReportError;
 use crate::export::csv::write_csv;
-use crate::compare::{PolicySeeds, ScenarioComparison, headline, headline_metric, winner};
 use crate::export::html::{Cell, Page, best_indices, esc, split_table};
 use crate::export::json::write_json;
 use crate::export::table::TextTable;
@@ -833,4 +833,88 @@ pub fn write_perf(dir: &Path, perf: &PerfInfo) -> Result<PathBuf, ReportError> {
     };
     write_json(&p, &out)?;
     Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use routelab_sim::WorkerTotals;
+
+    /// A run of `policy` over workers named `w0…` with the given dispatch counts.
+    fn run_of(policy: &str, requests: &[u64]) -> PolicyRun {
+        let workers = requests
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let mut w = WorkerTotals::new(format!("w{i}"));
+                w.requests = n;
+                w
+            })
+            .collect();
+        let mut m = RunMetrics::new(policy, workers);
+        m.requests = requests.iter().sum();
+        PolicyRun::new(m, None)
+    }
+
+    #[test]
+    fn timelines_are_small_multiples_of_the_busiest_workers_a_line_per_policy() {
+        // Ten workers; w9 and w0 busiest overall, w5 idle under both policies.
+        let counts_a = [50, 1, 2, 3, 4, 0, 6, 7, 8, 90];
+        let counts_b = [40, 2, 3, 4, 5, 0, 7, 8, 9, 10];
+        let runs = [run_of("p2c", &counts_a), run_of("least-load", &counts_b)];
+        let fig = timeline_figure("In flight", "requests", &runs, |t| t.weight, false);
+        assert_eq!(fig.panels.len(), MAX_LINE_WORKERS);
+        let titles: Vec<&str> = fig
+            .panels
+            .iter()
+            .map(|p| match p {
+                Panel::Lines(l) => l.title.as_str(),
+                Panel::Bars(_) => panic!("a line panel"),
+            })
+            .collect();
+        // The eight busiest in fleet order: all but w1 (3 requests) and w5 (none).
+        assert_eq!(titles, ["w0", "w2", "w3", "w4", "w6", "w7", "w8", "w9"]);
+        for p in &fig.panels {
+            let Panel::Lines(l) = p else { unreachable!() };
+            let names: Vec<&str> = l.series.iter().map(|s| s.name.as_str()).collect();
+            assert_eq!(names, ["p2c", "least-load"], "a line per policy");
+        }
+        let legend: Vec<&str> = fig.legend.iter().map(|l| l.0.as_str()).collect();
+        assert_eq!(legend, ["p2c", "least-load"], "the policies' full names");
+        assert_eq!(fig.columns, 2);
+        assert!(
+            fig.title.ends_with("(8 of 10 workers, most requests)"),
+            "{}",
+            fig.title
+        );
+    }
+
+    #[test]
+    fn the_run_headline_names_the_best_policy_on_one_seed() {
+        use routelab_sim::histogram::Histogram;
+        let with_e2e = |policy: &str, secs: f64| {
+            let mut r = run_of(policy, &[10]);
+            let mut h = Histogram::new();
+            for _ in 0..10 {
+                h.record_secs(secs);
+            }
+            r.metrics.e2e = h;
+            r
+        };
+        let meta = RunMeta {
+            scenario: "t".into(),
+            seed: 7,
+            description: String::new(),
+            scenario_path: "t.yaml".into(),
+            slo: AppliedSlo {
+                ttft_s: 2.0,
+                tpot_s: 0.1,
+            },
+        };
+        let runs = [with_e2e("slow", 2.0), with_e2e("fast", 1.0)];
+        let s = run_headline(&meta, &runs);
+        assert!(s.starts_with("fast has the lowest e2e mean ("), "{s}");
+        assert!(s.contains("for the runner-up slow"), "{s}");
+        assert!(s.contains("one seed gives no interval"), "{s}");
+    }
 }

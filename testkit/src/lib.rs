@@ -379,7 +379,11 @@ mod tests {
         ] {
             assert_eq!(decode_base64(encoded), decoded.as_bytes(), "{encoded}");
         }
-        assert_eq!(decode_base64("Zm9v\nYmFy"), b"foobar", "line breaks skipped");
+        assert_eq!(
+            decode_base64("Zm9v\nYmFy"),
+            b"foobar",
+            "line breaks skipped"
+        );
     }
 
     #[test]

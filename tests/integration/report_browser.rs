@@ -42,9 +42,7 @@ return {
 
 /// Open `report` at [`WIDTH`] px and measure it.
 async fn measure(browser: &Browser, report: &Path) -> Value {
-    browser
-        .go(&format!("file://{}", report.display()))
-        .await;
+    browser.go(&format!("file://{}", report.display())).await;
     let m = browser
         .execute(MEASURE, Vec::new())
         .await
@@ -64,15 +62,27 @@ async fn measure(browser: &Browser, report: &Path) -> Value {
 /// What every report must satisfy at 1,280 px; `charts`: the inline SVG charts it holds.
 fn assert_readable(what: &str, m: &Value, charts: usize) {
     let page = m["page"].as_f64().unwrap();
-    assert!(page <= f64::from(WIDTH), "{what}: the page is {page} px wide: {m}");
+    assert!(
+        page <= f64::from(WIDTH),
+        "{what}: the page is {page} px wide: {m}"
+    );
     let viewport = m["viewport"].as_f64().unwrap();
-    assert!(page <= viewport, "{what}: the page scrolls sideways ({page} > {viewport} px)");
+    assert!(
+        page <= viewport,
+        "{what}: the page scrolls sideways ({page} > {viewport} px)"
+    );
     let tables = m["tables"].as_array().unwrap();
     assert!(tables.len() >= 2, "{what}: tables {m}");
     for (i, t) in tables.iter().enumerate() {
         let (scroll, room) = (t["scroll"].as_f64().unwrap(), t["room"].as_f64().unwrap());
-        assert!(scroll <= room, "{what}: table {i} is {scroll} px in {room} px: {m}");
-        assert!(t["right"].as_f64().unwrap() <= viewport, "{what}: table {i} leaves the window");
+        assert!(
+            scroll <= room,
+            "{what}: table {i} is {scroll} px in {room} px: {m}"
+        );
+        assert!(
+            t["right"].as_f64().unwrap() <= viewport,
+            "{what}: table {i} leaves the window"
+        );
     }
     for img in m["images"].as_array().unwrap() {
         assert_eq!(img["loaded"], true, "{what}: image not loaded: {img}");

@@ -268,7 +268,11 @@ fn column_groups(header: &[(&str, bool)], widths: &[usize], keep: usize) -> Vec<
 /// 1,280 px window without horizontal scrolling. Splitting keeps each row readable across
 /// (a transposed table would not fit either once there are many policies); related columns
 /// ([`family`]) stay together. A table that fits is one table.
-pub(crate) fn split_table(header: &[(&str, bool)], rows: &[(bool, Vec<Cell>)], keep: usize) -> String {
+pub(crate) fn split_table(
+    header: &[(&str, bool)],
+    rows: &[(bool, Vec<Cell>)],
+    keep: usize,
+) -> String {
     let widths: Vec<usize> = header
         .iter()
         .enumerate()
