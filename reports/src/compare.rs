@@ -953,15 +953,15 @@ pub(crate) fn headline(w: Option<&Winner>, m: &Metric) -> String {
         if w.tie {
             return format!(
                 "{} and {runner} are tied on {what} ({means}) on one seed; one seed gives no \
-                 interval: run `routelab compare` with several seeds (`--seeds auto`) to tell them \
+                 interval: run routelab compare with several seeds (--seeds auto) to tell them \
                  apart.",
                 w.winner
             );
         }
         return format!(
             "{} has the {best} {what} ({means} for the runner-up {runner}), on one seed only: \
-             one seed gives no interval, so whether the win holds is unknown; run `routelab \
-             compare` with several seeds (`--seeds auto`) to know.",
+             one seed gives no interval, so whether the win holds is unknown; run routelab \
+             compare with several seeds (--seeds auto) to know.",
             w.winner
         );
     }
@@ -1418,7 +1418,7 @@ pub(crate) mod tests {
             "{s}"
         );
         assert!(s.contains("one seed gives no interval"), "{s}");
-        assert!(s.contains("`routelab compare` with several seeds"), "{s}");
+        assert!(s.contains("run routelab compare with several seeds"), "{s}");
         // One policy: nothing to compare; no policy with a value: no winner.
         let alone = ScenarioComparison::new("t", "", vec![policy("only", &[1.0])]);
         assert_eq!(
