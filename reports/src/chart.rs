@@ -8,6 +8,7 @@ use crate::error::ReportError;
 use crate::num::{fmt_axis, round_sig};
 use plotters::coord::Shift;
 use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint, Ranged};
+use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use std::path::{Path, PathBuf};
@@ -68,6 +69,84 @@ pub(crate) fn color(i: usize) -> RGBColor {
     RGBColor(to(r), to(g), to(b))
 }
 
+/// Dash patterns (dash, gap in pixels; `None`: solid) that tell series apart where they overlap
+/// and for readers who cannot tell the colours apart.
+const DASHES: [Option<(u32, u32)>; 6] = [
+    None,
+    Some((12, 5)),
+    Some((3, 4)),
+    Some((7, 3)),
+    Some((2, 7)),
+    Some((16, 4)),
+];
+
+/// The dash pattern of a series of colour `c`: by the colour's place in the palette, so a line
+/// and its legend entry (which carries only the name and colour) are drawn alike, however a
+/// figure orders its series (a capacity knee shares its policy's colour and so its dashes).
+fn dash_of(c: RGBColor) -> Option<(u32, u32)> {
+    DASHES[palette_index(c) % DASHES.len()]
+}
+
+/// The colour's place in the palette ([`color`]); 0 for a colour not in its first 64.
+fn palette_index(c: RGBColor) -> usize {
+    const SEARCHED: usize = 64;
+    (0..SEARCHED).find(|&i| color(i) == c).unwrap_or(0)
+}
+
+/// Marker shapes, one per series like [`DASHES`], so a line hidden under another (equal
+/// weights, identical latency curves) still shows its markers.
+const MARKERS: usize = 6;
+
+/// Markers spread along a line panel's x axis when series may hide each other.
+const SPREAD_MARKERS: usize = 6;
+
+/// Draw the marker of colour `c` ([`palette_index`] picks the shape) at `at`, in whatever
+/// coordinates `area` uses.
+fn marker_at<DB: DrawingBackend, CT: CoordTranslate>(
+    area: &DrawingArea<DB, CT>,
+    at: CT::From,
+    c: RGBColor,
+) -> Result<(), String>
+where
+    CT::From: Clone,
+{
+    let e = EmptyElement::at(at);
+    match palette_index(c) % MARKERS {
+        0 => area.draw(&(e + Circle::new((0, 0), 4, c.filled()))),
+        1 => area.draw(&(e + TriangleMarker::new((0, 0), 6, c.filled()))),
+        2 => area.draw(&(e + Rectangle::new([(-4, -4), (4, 4)], c.filled()))),
+        3 => area.draw(&(e + Cross::new((0, 0), 5, c.stroke_width(2)))),
+        4 => area.draw(&(e + Circle::new((0, 0), 4, c.stroke_width(2)))),
+        _ => area.draw(&(e + Rectangle::new([(-4, -4), (4, 4)], c.stroke_width(2)))),
+    }
+    .map_err(e2s)
+}
+
+/// Where to put a series' spread markers: [`SPREAD_MARKERS`] x positions across `[x0, x1]`,
+/// offset by the series' place in the palette so the markers of coinciding series fall side by
+/// side, each at the series' value there (the last point at or before it; none before the
+/// first point or after the last).
+fn spread_marker_points(pts: &[(f64, f64)], (x0, x1): (f64, f64), c: RGBColor) -> Vec<(f64, f64)> {
+    let offset = ((palette_index(c) % MARKERS) as f64 + 0.5) / MARKERS as f64;
+    let last_x = pts.last().map_or(f64::NEG_INFINITY, |p| p.0);
+    (0..SPREAD_MARKERS)
+        .filter_map(|j| {
+            let x = x0 + (x1 - x0) * (j as f64 + offset) / SPREAD_MARKERS as f64;
+            if x > last_x {
+                return None;
+            }
+            let at = pts.partition_point(|p| p.0 <= x);
+            at.checked_sub(1).map(|k| (x, pts[k].1))
+        })
+        .collect()
+}
+
+/// [`dash_of`] as a (dash, gap) pair for a path element: a solid line is one dash longer than
+/// any swatch.
+fn dash_pair(c: RGBColor) -> (u32, u32) {
+    dash_of(c).unwrap_or((1000, 1))
+}
+
 /// A line or step series.
 #[derive(Debug, Clone)]
 pub(crate) struct Series {
@@ -98,7 +177,6 @@ impl Series {
 pub(crate) enum Legend {
     None,
     UpperRight,
-    LowerRight,
 }
 
 /// A panel of lines.
@@ -200,9 +278,42 @@ impl Figure {
         }
     }
 
+    /// The legend drawn under the title, shared by every panel: the figure's own, else, for
+    /// bars coloured by category, the categories in full (numbered as their ticks are when the
+    /// names do not fit under the bars).
+    fn legend_items(&self) -> Vec<(String, RGBColor)> {
+        if !self.legend.is_empty() {
+            return self.legend.clone();
+        }
+        let Some(Panel::Bars(p)) = self.panels.first() else {
+            return Vec::new();
+        };
+        if !p.color_by_category {
+            return Vec::new();
+        }
+        let numbered = !names_fit(&p.categories, self.panel_width());
+        p.categories
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let name = if numbered {
+                    format!("{} {c}", i + 1)
+                } else {
+                    c.clone()
+                };
+                (name, color(i))
+            })
+            .collect()
+    }
+
+    /// Width of one panel, pixels.
+    fn panel_width(&self) -> u32 {
+        self.width / self.columns.max(1) as u32
+    }
+
     fn size(&self) -> (u32, u32) {
         let rows = self.panels.len().max(1).div_ceil(self.columns.max(1)) as u32;
-        let legend = legend_layout(&self.legend, self.width).1;
+        let legend = legend_layout(&self.legend_items(), self.width).1;
         (self.width, 40 + legend + rows * self.panel_height)
     }
 }
@@ -261,16 +372,27 @@ fn draw<DB: DrawingBackend>(fig: &Figure, root: &DrawingArea<DB, Shift>) -> Resu
         .margin(6, 0, 0, 0)
         .titled(&fig.title, (FAMILY, 24).into_font().color(&BLACK))
         .map_err(e2s)?;
-    let (items, legend_h) = legend_layout(&fig.legend, fig.width);
+    let legend = fig.legend_items();
+    let (items, legend_h) = legend_layout(&legend, fig.width);
+    let bars = fig.panels.iter().all(|p| matches!(p, Panel::Bars(_)));
     let body = if legend_h > 0 {
         let (top, rest) = body.split_vertically(legend_h);
         for (x, y, name, c) in items {
             let c = *c;
-            top.draw(&PathElement::new(
-                vec![(x, y), (x + LEGEND_SWATCH - 6, y)],
-                c.stroke_width(3),
-            ))
-            .map_err(e2s)?;
+            if bars {
+                top.draw(&Rectangle::new([(x, y - 7), (x + 14, y + 7)], c.filled()))
+                    .map_err(e2s)?;
+            } else {
+                let (dash, gap) = dash_pair(c);
+                top.draw(&DashedPathElement::new(
+                    vec![(x, y), (x + LEGEND_SWATCH - 6, y)],
+                    dash,
+                    gap,
+                    c.stroke_width(3),
+                ))
+                .map_err(e2s)?;
+                marker_at(&top, (x + (LEGEND_SWATCH - 6) / 2, y), c)?;
+            }
             top.draw(&Text::new(
                 name.clone(),
                 (x + LEGEND_SWATCH, y),
@@ -285,10 +407,11 @@ fn draw<DB: DrawingBackend>(fig: &Figure, root: &DrawingArea<DB, Shift>) -> Resu
     let cols = fig.columns.max(1);
     let rows = fig.panels.len().max(1).div_ceil(cols);
     let areas = body.split_evenly((rows, cols));
+    let shared = !legend.is_empty();
     for (panel, area) in fig.panels.iter().zip(areas.iter()) {
         match panel {
-            Panel::Lines(p) => draw_lines(area, p)?,
-            Panel::Bars(p) => draw_bars(area, p)?,
+            Panel::Lines(p) => draw_lines(area, p, shared)?,
+            Panel::Bars(p) => draw_bars(area, p, shared)?,
         }
     }
     Ok(())
@@ -474,7 +597,6 @@ fn legend_position(l: Legend) -> Option<SeriesLabelPosition> {
     match l {
         Legend::None => None,
         Legend::UpperRight => Some(SeriesLabelPosition::UpperRight),
-        Legend::LowerRight => Some(SeriesLabelPosition::LowerRight),
     }
 }
 
@@ -486,9 +608,11 @@ fn fmt_y(v: f64, percent: bool) -> String {
     }
 }
 
+/// Draw a panel of lines; its own legend only when the figure has no shared one.
 fn draw_lines<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     p: &LinePanel,
+    shared_legend: bool,
 ) -> Result<(), String> {
     let usable = |(x, y): &(f64, f64)| {
         x.is_finite() && y.is_finite() && (!p.x_log || *x > 0.0) && (!p.y_log || *y > 0.0)
@@ -624,20 +748,34 @@ fn draw_lines<DB: DrawingBackend>(
         } else {
             pts.clone()
         };
-        let series = chart
-            .draw_series(LineSeries::new(line, c.stroke_width(2)))
-            .map_err(e2s)?;
-        series
-            .label(s.name.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 22, y)], c.stroke_width(3)));
-        if p.markers {
-            chart
-                .draw_series(pts.iter().map(|&pt| Circle::new(pt, 3, c.filled())))
-                .map_err(e2s)?;
+        let series = match dash_of(c) {
+            None => chart
+                .draw_series(LineSeries::new(line, c.stroke_width(2)))
+                .map_err(e2s)?,
+            Some((dash, gap)) => chart
+                .draw_series(DashedLineSeries::new(line, dash, gap, c.stroke_width(2)))
+                .map_err(e2s)?,
+        };
+        let (dash, gap) = dash_pair(c);
+        series.label(s.name.clone()).legend(move |(x, y)| {
+            DashedPathElement::new(vec![(x, y), (x + 22, y)], dash, gap, c.stroke_width(3))
+        });
+        // Markers in the series' own shape: at every point when the panel asks, else spread
+        // along the axis when there is another series it could hide under.
+        let marks = if p.markers {
+            pts.clone()
+        } else if p.series.len() > 1 {
+            spread_marker_points(&pts, (ax0, ax1), c)
+        } else {
+            Vec::new()
+        };
+        for pt in marks {
+            marker_at(chart.plotting_area(), pt, c)?;
         }
     }
     if let Some(pos) = legend_position(p.legend)
         && p.series.len() <= MAX_LEGEND
+        && !shared_legend
     {
         chart
             .configure_series_labels()
@@ -662,9 +800,27 @@ fn truncate(s: &str, max: usize) -> String {
     }
 }
 
+/// Estimated width of a tick label's character (the 14 px label font), pixels.
+const LABEL_CHAR_PX: f64 = 7.5;
+
+/// Pixels per category on a bar panel `panel_width` wide.
+fn category_px(panel_width: u32, n: usize) -> f64 {
+    (f64::from(panel_width) - 110.0).max(100.0) / n.max(1) as f64
+}
+
+/// Whether every category's full name fits under its bars.
+fn names_fit(categories: &[String], panel_width: u32) -> bool {
+    let per_cat = category_px(panel_width, categories.len());
+    categories
+        .iter()
+        .all(|c| c.chars().count() as f64 * LABEL_CHAR_PX + 10.0 <= per_cat)
+}
+
+/// Draw a panel of bars; its own legend only when the figure has no shared one.
 fn draw_bars<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     p: &BarPanel,
+    shared_legend: bool,
 ) -> Result<(), String> {
     let n = p.categories.len();
     let ymax = p
@@ -689,25 +845,36 @@ fn draw_bars<DB: DrawingBackend>(
         nice_max(ymax)
     };
     let yticks = nice_ticks(0.0, y1.min(if p.y_percent { 1.0 } else { y1 }), 6);
-    // Label every category whose name fits; when they do not all fit, label every k-th one in
-    // full (names cut short to a few letters say nothing).
+    // Label every category whose name fits. Bars coloured by category (policies) that do not
+    // all fit are numbered, and the shared legend gives each number's full name; otherwise
+    // (workers) every k-th one is labelled in full (names cut short to a few letters say
+    // nothing).
     let (w, _) = area.dim_in_pixel();
-    let per_cat = (f64::from(w) - 110.0).max(100.0) / n as f64;
-    let longest = p
-        .categories
-        .iter()
-        .map(|c| c.chars().count())
-        .max()
-        .unwrap_or(1);
-    let needed = (longest.min(24) as f64 * 7.5 + 10.0).max(1.0);
-    let every = ((needed / per_cat).ceil() as usize).max(1);
-    let max_chars = ((per_cat * every as f64 - 10.0) / 7.5).max(6.0) as usize;
-    let xpos: Vec<f64> = (0..n).step_by(every).map(|i| i as f64).collect();
-    let labels: Vec<String> = p
-        .categories
-        .iter()
-        .map(|c| truncate(c, max_chars))
-        .collect();
+    let per_cat = category_px(w, n);
+    let (xpos, labels): (Vec<f64>, Vec<String>) =
+        if p.color_by_category && !names_fit(&p.categories, w) {
+            (
+                (0..n).map(|i| i as f64).collect(),
+                (1..=n).map(|i| i.to_string()).collect(),
+            )
+        } else {
+            let longest = p
+                .categories
+                .iter()
+                .map(|c| c.chars().count())
+                .max()
+                .unwrap_or(1);
+            let needed = (longest.min(24) as f64 * LABEL_CHAR_PX + 10.0).max(1.0);
+            let every = ((needed / per_cat).ceil() as usize).max(1);
+            let max_chars = ((per_cat * every as f64 - 10.0) / LABEL_CHAR_PX).max(6.0) as usize;
+            (
+                (0..n).step_by(every).map(|i| i as f64).collect(),
+                p.categories
+                    .iter()
+                    .map(|c| truncate(c, max_chars))
+                    .collect(),
+            )
+        };
     let mut chart = ChartBuilder::on(area)
         .caption(&p.title, (FAMILY, 19).into_font())
         .margin(8)
@@ -796,7 +963,7 @@ fn draw_bars<DB: DrawingBackend>(
         chart.draw_series(errs).map_err(e2s)?;
         chart.draw_series(texts).map_err(e2s)?;
     }
-    if !p.color_by_category && g <= MAX_LEGEND {
+    if !p.color_by_category && g <= MAX_LEGEND && !shared_legend {
         chart
             .configure_series_labels()
             .position(SeriesLabelPosition::UpperRight)
@@ -855,6 +1022,106 @@ mod tests {
         assert_eq!(cs[0], RGBColor(78, 121, 167));
         for (i, a) in cs.iter().enumerate().take(12) {
             assert!(cs[..i].iter().all(|b| b != a), "colour {i} repeats");
+        }
+    }
+
+    #[test]
+    fn dash_and_marker_follow_the_colour() {
+        for (i, dash) in DASHES.iter().enumerate() {
+            assert_eq!(palette_index(color(i)), i);
+            assert_eq!(dash_of(color(i)), *dash);
+        }
+        assert_eq!(palette_index(color(40)), 40, "beyond Tableau 10 too");
+        assert_eq!(palette_index(RGBColor(1, 2, 3)), 0, "not a palette colour");
+        // Every dash pattern differs from the others, and each shows a gap within a legend
+        // swatch (22 px), so the swatch tells them apart too.
+        for (i, a) in DASHES.iter().enumerate() {
+            assert!(DASHES[..i].iter().all(|b| b != a), "dash {i} repeats");
+            if let Some((dash, gap)) = a {
+                assert!(dash + gap < 22, "dash {i} looks solid in a swatch");
+            }
+        }
+    }
+
+    #[test]
+    fn spread_markers_of_coinciding_series_fall_side_by_side() {
+        // A step series from x = 0 to 12, value 3 then 5 from x = 6.
+        let pts = [(0.0, 3.0), (6.0, 5.0), (12.0, 5.0)];
+        let a = spread_marker_points(&pts, (0.0, 12.0), color(0));
+        let b = spread_marker_points(&pts, (0.0, 12.0), color(1));
+        assert_eq!(a.len(), SPREAD_MARKERS);
+        assert_eq!(b.len(), SPREAD_MARKERS);
+        for (p, q) in a.iter().zip(&b) {
+            assert!(
+                q.0 > p.0,
+                "series 1's marker right of series 0's: {p:?} {q:?}"
+            );
+            for m in [p, q] {
+                assert_eq!(
+                    m.1,
+                    if m.0 < 6.0 { 3.0 } else { 5.0 },
+                    "on the line at {m:?}"
+                );
+            }
+        }
+        // No marker where the series has no value: before its first point, after its last.
+        let short = [(4.0, 1.0), (8.0, 1.0)];
+        let m = spread_marker_points(&short, (0.0, 12.0), color(0));
+        assert!(
+            !m.is_empty() && m.iter().all(|p| (4.0..=8.0).contains(&p.0)),
+            "{m:?}"
+        );
+    }
+
+    fn bars_of(names: &[&str]) -> Figure {
+        Figure::new(
+            "t",
+            vec![Panel::Bars(BarPanel {
+                title: String::new(),
+                x_label: "policy".into(),
+                y_label: "s".into(),
+                categories: names.iter().map(|n| n.to_string()).collect(),
+                groups: Vec::new(),
+                y_percent: false,
+                color_by_category: true,
+            })],
+        )
+    }
+
+    #[test]
+    fn bars_coloured_by_policy_get_a_legend_of_full_names_numbered_when_they_do_not_fit() {
+        let short = bars_of(&["p2c", "jsq"]);
+        assert_eq!(
+            short.legend_items(),
+            vec![("p2c".to_string(), color(0)), ("jsq".to_string(), color(1))]
+        );
+        let long = [
+            "seed-v1",
+            "at-load/sed/capacity/weighted:24",
+            "oracle/sed/capacity/weighted:24",
+            "seed-next",
+            "sticky-until-saturated",
+        ];
+        let fig = bars_of(&long);
+        assert!(!names_fit(&fig_categories(&fig), fig.panel_width()));
+        let items = fig.legend_items();
+        assert_eq!(items.len(), long.len());
+        for (k, (name, c)) in items.iter().enumerate() {
+            assert_eq!(
+                name,
+                &format!("{} {}", k + 1, long[k]),
+                "full name, numbered"
+            );
+            assert_eq!(*c, color(k));
+        }
+        // The legend takes room under the title, wrapped to the figure's width.
+        assert!(fig.size().1 > short.size().1);
+    }
+
+    fn fig_categories(fig: &Figure) -> Vec<String> {
+        match &fig.panels[0] {
+            Panel::Bars(p) => p.categories.clone(),
+            Panel::Lines(_) => Vec::new(),
         }
     }
 

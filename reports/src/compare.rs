@@ -15,7 +15,7 @@
 use crate::chart::{self, BarGroup, BarPanel, Figure, Panel, Series};
 use crate::error::ReportError;
 use crate::export::csv::write_csv;
-use crate::export::html::{Cell, Page, best_indices, table};
+use crate::export::html::{Cell, Page, best_indices, split_table, table};
 use crate::export::json::write_json;
 use crate::export::markdown::cell as md;
 use crate::export::table::TextTable;
@@ -424,7 +424,9 @@ fn ranked() -> impl Iterator<Item = &'static Metric> {
     views::RANKED.iter().map(|n| view(n))
 }
 
-fn winner(sc: &ScenarioComparison, m: &Metric) -> Option<Winner> {
+/// The best policy of `sc` on `m` by mean across seeds, the runner-up and the paired
+/// difference between them (`None` when no policy has a value).
+pub(crate) fn winner(sc: &ScenarioComparison, m: &Metric) -> Option<Winner> {
     let mut ranked: Vec<(usize, Interval)> = sc
         .policies
         .iter()
@@ -827,6 +829,16 @@ fn compare_html(
             if scenarios.len() == 1 { "" } else { "s" }
         ),
     );
+    // The report opens with the verdict: one sentence per scenario.
+    let m = headline_metric();
+    for st in &file.scenarios {
+        let sentence = headline(st.winners.iter().find(|w| w.metric == m.name), m);
+        if file.scenarios.len() == 1 {
+            page.el("p", Some("lead"), &sentence);
+        } else {
+            page.el("p", Some("lead"), &format!("{}: {sentence}", st.scenario));
+        }
+    }
     for ((sc, st), (bars, cdf)) in scenarios.iter().zip(&file.scenarios).zip(charts) {
         page.el("h2", None, &sc.scenario);
         if !sc.description.is_empty() {
@@ -891,7 +903,7 @@ fn scenario_table_html(sc: &ScenarioComparison) -> String {
             (false, cells)
         })
         .collect();
-    table(&header, &rows)
+    split_table(&header, &rows, 2)
 }
 
 fn winners_html(st: &ScenarioStats) -> String {
@@ -934,6 +946,7 @@ fn winners_html(st: &ScenarioStats) -> String {
     if rows.is_empty() {
         return "<p class=\"note\">No metric separates the policies.</p>".into();
     }
+    // One table: a win reads across its row, and only the policy names need room (they wrap).
     let mut s = table(&header, &rows);
     s.push_str(
         "\n<p class=\"note\">Winner by mean across seeds; margin in % of the runner-up's \
@@ -943,6 +956,78 @@ fn winners_html(st: &ScenarioStats) -> String {
          (overlapping per-policy intervals do not mean there is no difference).</p>",
     );
     s
+}
+
+/// The metric a report's opening sentence ([`headline`]) judges policies by: the first panel of
+/// the comparison's bar chart ([`views::COMPARE_BARS`]), mean end-to-end latency, what a user
+/// of the gateway waits for. The report leads with that sentence and that chart.
+pub(crate) fn headline_metric() -> &'static Metric {
+    view(views::COMPARE_BARS[0].0)
+}
+
+/// A value with its unit, for a sentence (`5.04 s`, `96.8%`, `1740 tok/s`).
+fn with_unit(m: &Metric, v: Option<f64>) -> String {
+    match m.unit {
+        Unit::Fraction => fmt_metric(m, v),
+        u => format!("{} {}", fmt_metric(m, v), u.as_str()),
+    }
+}
+
+/// The one sentence a report opens with: the best policy on `m` (the [`Winner`] that
+/// [`compare_file`] computed) against the runner-up, with their paired difference and its 95 %
+/// interval ([`fmt_diff`]). "Tied" when the means are equal or the interval includes 0; with
+/// one seed there is no interval, and the sentence says so and points to `routelab compare`.
+pub(crate) fn headline(w: Option<&Winner>, m: &Metric) -> String {
+    let what = m.label;
+    let Some(w) = w else {
+        return format!("No policy has a value for {what}, so there is no winner on it.");
+    };
+    let best = match m.direction {
+        Direction::Higher => "highest",
+        _ => "lowest",
+    };
+    let (Some(runner), Some(d)) = (&w.runner_up, &w.paired) else {
+        return format!(
+            "{} is the only policy ({what} {}): there is nothing to compare it with.",
+            w.winner,
+            with_unit(m, w.winner_mean)
+        );
+    };
+    let means = format!(
+        "{} against {}",
+        with_unit(m, w.winner_mean),
+        with_unit(m, w.runner_up_mean)
+    );
+    let diff = fmt_diff(m, d);
+    let seeds = format!("{} seed{}", d.n, if d.n == 1 { "" } else { "s" });
+    if d.n < 2 || d.ci95_low.is_none() {
+        if w.tie {
+            return format!(
+                "{} and {runner} are tied on {what} ({means}) on one seed; one seed gives no \
+                 interval: run routelab compare with several seeds (--seeds auto) to tell them \
+                 apart.",
+                w.winner
+            );
+        }
+        return format!(
+            "{} has the {best} {what} ({means} for the runner-up {runner}), on one seed only: \
+             one seed gives no interval, so whether the win holds is unknown; run routelab \
+             compare with several seeds (--seeds auto) to know.",
+            w.winner
+        );
+    }
+    if w.tie || !d.established {
+        return format!(
+            "{} and {runner} are tied on {what} ({means}): their paired difference {diff} \
+             (95 % interval, {seeds}) includes 0.",
+            w.winner
+        );
+    }
+    format!(
+        "{} wins on {what} ({best} is best): {means} for the runner-up {runner}, a paired \
+         difference of {diff} (95 % interval, {seeds}).",
+        w.winner
+    )
 }
 
 /// `yes` when the winner's paired difference from the runner-up excludes zero.
@@ -989,7 +1074,7 @@ fn baseline_html(st: &ScenarioStats) -> String {
         "<h3>Paired difference from the baseline, {}</h3>\n",
         crate::export::html::esc(base)
     );
-    s.push_str(&table(&header, &rows));
+    s.push_str(&split_table(&header, &rows, 1));
     s.push_str(
         "\n<p class=\"note\">Policy minus baseline on each seed both ran (the same traffic), \
          mean and 95 % interval of those differences in % of the baseline's mean. Highlighted: \
@@ -1301,6 +1386,101 @@ pub(crate) mod tests {
                 .collect(),
             first_seed_e2e: None,
         }
+    }
+
+    /// The opening sentence of a comparison, through `compare_file`'s winners as the report
+    /// gets it.
+    fn headline_of(sc: &ScenarioComparison) -> String {
+        let file = compare_file(std::slice::from_ref(sc));
+        let m = headline_metric();
+        headline(
+            file.scenarios[0]
+                .winners
+                .iter()
+                .find(|w| w.metric == m.name),
+            m,
+        )
+    }
+
+    #[test]
+    fn the_headline_names_an_established_win_with_its_paired_interval() {
+        // steady is 0.1 s faster than base on every seed: the paired interval excludes 0.
+        let sc = ScenarioComparison::new(
+            "t",
+            "",
+            vec![
+                policy("base", &[1.0, 2.0, 3.0]),
+                policy("steady", &[0.9, 1.9, 2.9]),
+            ],
+        );
+        let s = headline_of(&sc);
+        assert!(
+            s.starts_with("steady wins on e2e mean (lowest is best): "),
+            "{s}"
+        );
+        assert!(
+            s.contains("1.90 s against 2.00 s for the runner-up base"),
+            "{s}"
+        );
+        // −0.1 s of base's 2 s mean: −5 %, with no spread across seeds.
+        assert!(
+            s.contains("a paired difference of -5.0% [-5.0, -5.0]"),
+            "{s}"
+        );
+        assert!(s.ends_with("(95 % interval, 3 seeds)."), "{s}");
+    }
+
+    #[test]
+    fn the_headline_says_tied_when_the_interval_includes_zero() {
+        // noisy is faster on average but slower on one seed: the interval includes 0.
+        let sc = ScenarioComparison::new(
+            "t",
+            "",
+            vec![
+                policy("base", &[1.0, 2.0, 3.0]),
+                policy("noisy", &[0.8, 2.3, 2.75]),
+            ],
+        );
+        let s = headline_of(&sc);
+        assert!(
+            s.starts_with("noisy and base are tied on e2e mean ("),
+            "{s}"
+        );
+        assert!(s.contains("(95 % interval, 3 seeds) includes 0."), "{s}");
+        assert!(!s.contains("wins"), "{s}");
+        // Identical means are a tie too.
+        let same = ScenarioComparison::new(
+            "t",
+            "",
+            vec![policy("a", &[1.0, 2.0]), policy("b", &[1.0, 2.0])],
+        );
+        assert!(headline_of(&same).starts_with("a and b are tied on e2e mean"));
+    }
+
+    #[test]
+    fn the_headline_of_one_seed_names_the_best_and_asks_for_compare() {
+        let sc = ScenarioComparison::new(
+            "t",
+            "",
+            vec![policy("slow", &[2.0]), policy("fast", &[1.5])],
+        );
+        let s = headline_of(&sc);
+        assert!(
+            s.starts_with("fast has the lowest e2e mean (1.50 s against 2.00 s for the runner-up slow), on one seed only"),
+            "{s}"
+        );
+        assert!(s.contains("one seed gives no interval"), "{s}");
+        assert!(s.contains("run routelab compare with several seeds"), "{s}");
+        // One policy: nothing to compare; no policy with a value: no winner.
+        let alone = ScenarioComparison::new("t", "", vec![policy("only", &[1.0])]);
+        assert_eq!(
+            headline_of(&alone),
+            "only is the only policy (e2e mean 1.00 s): there is nothing to compare it with."
+        );
+        assert_eq!(
+            headline(None, headline_metric()),
+            "No policy has a value for e2e mean, so there is no winner on it."
+        );
     }
 
     /// Seed noise (1, 2, 3 s) shared by every policy: `steady` is 0.1 s faster than the

@@ -3,9 +3,10 @@
 //! figures.
 
 use crate::chart::{self, BarGroup, BarPanel, Figure, Legend, LinePanel, Panel, Series};
+use crate::compare::{PolicySeeds, ScenarioComparison, headline, headline_metric, winner};
 use crate::error::ReportError;
 use crate::export::csv::write_csv;
-use crate::export::html::{Cell, Page, best_indices, esc, table};
+use crate::export::html::{Cell, Page, best_indices, esc, split_table};
 use crate::export::json::write_json;
 use crate::export::table::TextTable;
 use crate::export::{create_dir, write_file};
@@ -239,9 +240,10 @@ fn timeline_rows(runs: &[PolicyRun]) -> impl Iterator<Item = Vec<String>> + '_ {
     })
 }
 
-/// Most workers drawn in a share chart / a timeline chart.
+/// Most workers drawn in a share chart / a timeline chart (one small panel per worker: only
+/// the busiest few, or the panels get too small to read).
 const MAX_SHARE_WORKERS: usize = 32;
-const MAX_LINE_WORKERS: usize = 12;
+const MAX_LINE_WORKERS: usize = 8;
 /// Most points per timeline series (longer series are bucketed).
 const MAX_POINTS: usize = 600;
 
@@ -320,12 +322,16 @@ pub(crate) fn latency_cdf_figure(title: &str, axis: &str, series: Vec<Series>) -
     p.x_log = log;
     p.y_range = Some((0.0, 1.0));
     p.y_percent = true;
-    p.legend = Legend::LowerRight;
+    // The policies' full names, wrapped under the title rather than over the curves.
+    p.legend = Legend::None;
     if !log && hi > 0.0 {
         p.x_range = Some((0.0, chart::nice_max(hi)));
     }
+    let legend = series.iter().map(|s| (s.name.clone(), s.color)).collect();
     p.series = series;
-    Figure::new(title, vec![Panel::Lines(p)])
+    let mut fig = Figure::new(title, vec![Panel::Lines(p)]);
+    fig.legend = legend;
+    fig
 }
 
 fn share_figure(runs: &[PolicyRun]) -> Figure {
@@ -354,10 +360,20 @@ fn share_figure(runs: &[PolicyRun]) -> Figure {
         y_percent: true,
         color_by_category: false,
     };
-    Figure::new(
+    let mut fig = Figure::new(
         format!("Traffic share per worker{}", subset_note(keep.len(), n)),
         vec![Panel::Bars(panel)],
-    )
+    );
+    fig.legend = policy_legend(runs);
+    fig
+}
+
+/// The policies' full names and colours, for a legend shared by a figure's panels.
+fn policy_legend(runs: &[PolicyRun]) -> Vec<(String, plotters::style::RGBColor)> {
+    runs.iter()
+        .enumerate()
+        .map(|(j, r)| (r.policy.clone(), chart::color(j)))
+        .collect()
 }
 
 /// Per worker, the (t, value) series of a run's timeline, bucketed to ≤ MAX_POINTS points
@@ -384,6 +400,11 @@ fn timeline_series(
         .collect()
 }
 
+/// A timeline value as small multiples: one panel per worker (the busiest
+/// [`MAX_LINE_WORKERS`] by requests dispatched, [`busiest_workers`]), a line per policy in the
+/// policy's colour and dash pattern, every panel on the same axes. Per worker rather than per
+/// policy, so each panel holds as many lines as there are policies (a few) instead of one per
+/// worker, and the policies compare where they differ: on the same worker.
 fn timeline_figure(
     title: &str,
     y_label: &str,
@@ -397,18 +418,18 @@ fn timeline_figure(
         .max()
         .unwrap_or(0);
     let keep = busiest_workers(runs, MAX_LINE_WORKERS);
-    let mut panels: Vec<LinePanel> = runs
+    let mut panels: Vec<LinePanel> = keep
         .iter()
-        .map(|r| {
-            let mut p = LinePanel::new(r.policy.clone(), "simulated time (s)", y_label);
+        .map(|&i| {
+            let mut p = LinePanel::new(worker_name(runs, i), "simulated time (s)", y_label);
             p.step = true;
             p.legend = Legend::None;
-            p.series = keep
+            p.series = runs
                 .iter()
                 .enumerate()
-                .map(|(k, &i)| Series {
-                    name: worker_name(runs, i),
-                    color: chart::color(k),
+                .map(|(j, r)| Series {
+                    name: r.policy.clone(),
+                    color: chart::color(j),
                     points: timeline_series(&r.metrics, i, value, peak),
                 })
                 .collect();
@@ -432,15 +453,17 @@ fn timeline_figure(
             p.y_range = Some((0.0, chart::nice_max(y1)));
         }
     }
+    // Two panels side by side once there are more than two (two stacked stay full width).
+    let grid = panels.len() > 2;
     let mut fig = Figure::new(
         format!("{title}{}", subset_note(keep.len(), n)),
         panels.into_iter().map(Panel::Lines).collect(),
     );
-    fig.legend = keep
-        .iter()
-        .enumerate()
-        .map(|(k, &i)| (worker_name(runs, i), chart::color(k)))
-        .collect();
+    if grid {
+        fig.columns = 2;
+        fig.panel_height = 280;
+    }
+    fig.legend = policy_legend(runs);
     fig
 }
 
@@ -468,7 +491,7 @@ fn run_figures(runs: &[PolicyRun]) -> Vec<(&'static str, Figure, String)> {
         (
             "weights",
             timeline_figure("Weight over time per worker", "weight", runs, |t| t.weight, false),
-            "The router's weight of each worker at each timeline sample, one panel per policy.".into(),
+            "The router's weight of each worker at each timeline sample: a panel per worker, a line per policy.".into(),
         ),
         (
             "in_flight",
@@ -479,7 +502,7 @@ fn run_figures(runs: &[PolicyRun]) -> Vec<(&'static str, Figure, String)> {
                 |t| f64::from(t.in_flight),
                 true,
             ),
-            "Customer requests in flight on each worker (router's count; peak per plotted interval), one panel per policy.".into(),
+            "Customer requests in flight on each worker (router's count; peak per plotted interval): a panel per worker, a line per policy.".into(),
         ),
     ]
 }
@@ -506,6 +529,7 @@ fn run_html(
             "policies"
         }
     ));
+    page.el("p", Some("lead"), &run_headline(meta, runs));
     page.raw(&format!(
         "<p class=\"meta\">SLO applied: {}</p>",
         esc(&meta.slo.to_string())
@@ -536,6 +560,22 @@ fn run_html(
     page.finish()
 }
 
+/// The sentence the run report opens with: the best policy on the headline metric, judged by
+/// the comparison's own rule ([`winner`], [`headline`]) on this run's one seed.
+fn run_headline(meta: &RunMeta, runs: &[PolicyRun]) -> String {
+    let policies = runs
+        .iter()
+        .map(|r| {
+            let mut p = PolicySeeds::new(r.policy.clone());
+            p.push(meta.seed, &r.metrics);
+            p
+        })
+        .collect();
+    let sc = ScenarioComparison::new(meta.scenario.clone(), meta.description.clone(), policies);
+    let m = headline_metric();
+    headline(winner(&sc, m).as_ref(), m)
+}
+
 fn summary_html(runs: &[&RunSummary]) -> String {
     let cols: Vec<_> = views::RUN_HTML.iter().map(|(n, h)| (view(n), *h)).collect();
     let mut header = vec![("policy", true)];
@@ -561,7 +601,7 @@ fn summary_html(runs: &[&RunSummary]) -> String {
             (false, cells)
         })
         .collect();
-    table(&header, &rows)
+    split_table(&header, &rows, 1)
 }
 
 fn workers_html(summary: &SummaryFile) -> String {
@@ -601,7 +641,7 @@ fn workers_html(summary: &SummaryFile) -> String {
             ));
         }
     }
-    table(&header, &rows)
+    split_table(&header, &rows, 2)
 }
 
 /// An aligned plain-text table of scalar summaries, one row per policy.
@@ -749,4 +789,88 @@ pub fn write_perf(dir: &Path, perf: &PerfInfo) -> Result<PathBuf, ReportError> {
     };
     write_json(&p, &out)?;
     Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use routelab_sim::WorkerTotals;
+
+    /// A run of `policy` over workers named `w0…` with the given dispatch counts.
+    fn run_of(policy: &str, requests: &[u64]) -> PolicyRun {
+        let workers = requests
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let mut w = WorkerTotals::new(format!("w{i}"));
+                w.requests = n;
+                w
+            })
+            .collect();
+        let mut m = RunMetrics::new(policy, workers);
+        m.requests = requests.iter().sum();
+        PolicyRun::new(m, None)
+    }
+
+    #[test]
+    fn timelines_are_small_multiples_of_the_busiest_workers_a_line_per_policy() {
+        // Ten workers; w9 and w0 busiest overall, w5 idle under both policies.
+        let counts_a = [50, 1, 2, 3, 4, 0, 6, 7, 8, 90];
+        let counts_b = [40, 2, 3, 4, 5, 0, 7, 8, 9, 10];
+        let runs = [run_of("p2c", &counts_a), run_of("least-load", &counts_b)];
+        let fig = timeline_figure("In flight", "requests", &runs, |t| t.weight, false);
+        assert_eq!(fig.panels.len(), MAX_LINE_WORKERS);
+        let titles: Vec<&str> = fig
+            .panels
+            .iter()
+            .map(|p| match p {
+                Panel::Lines(l) => l.title.as_str(),
+                Panel::Bars(_) => panic!("a line panel"),
+            })
+            .collect();
+        // The eight busiest in fleet order: all but w1 (3 requests) and w5 (none).
+        assert_eq!(titles, ["w0", "w2", "w3", "w4", "w6", "w7", "w8", "w9"]);
+        for p in &fig.panels {
+            let Panel::Lines(l) = p else { unreachable!() };
+            let names: Vec<&str> = l.series.iter().map(|s| s.name.as_str()).collect();
+            assert_eq!(names, ["p2c", "least-load"], "a line per policy");
+        }
+        let legend: Vec<&str> = fig.legend.iter().map(|l| l.0.as_str()).collect();
+        assert_eq!(legend, ["p2c", "least-load"], "the policies' full names");
+        assert_eq!(fig.columns, 2);
+        assert!(
+            fig.title.ends_with("(8 of 10 workers, most requests)"),
+            "{}",
+            fig.title
+        );
+    }
+
+    #[test]
+    fn the_run_headline_names_the_best_policy_on_one_seed() {
+        use routelab_sim::histogram::Histogram;
+        let with_e2e = |policy: &str, secs: f64| {
+            let mut r = run_of(policy, &[10]);
+            let mut h = Histogram::new();
+            for _ in 0..10 {
+                h.record_secs(secs);
+            }
+            r.metrics.e2e = h;
+            r
+        };
+        let meta = RunMeta {
+            scenario: "t".into(),
+            seed: 7,
+            description: String::new(),
+            scenario_path: "t.yaml".into(),
+            slo: AppliedSlo {
+                ttft_s: 2.0,
+                tpot_s: 0.1,
+            },
+        };
+        let runs = [with_e2e("slow", 2.0), with_e2e("fast", 1.0)];
+        let s = run_headline(&meta, &runs);
+        assert!(s.starts_with("fast has the lowest e2e mean ("), "{s}");
+        assert!(s.contains("for the runner-up slow"), "{s}");
+        assert!(s.contains("one seed gives no interval"), "{s}");
+    }
 }
