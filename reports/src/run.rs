@@ -170,6 +170,10 @@ pub fn summary_file(meta: &RunMeta, runs: &[PolicyRun]) -> SummaryFile {
 /// Write every output of `routelab run` into `dir` (created if missing): `summary.json`,
 /// `requests.csv`, `timeline.csv`, `ttft_cdf`, `e2e_cdf`, `share`, `weights` and `in_flight`
 /// charts as `.svg` and `.png`, and `report.html`. Identical inputs give identical bytes.
+///
+/// `requests.csv` is written when some run carries its rows (`requests: Some`, possibly
+/// empty); when none does, it is left alone: the rows were streamed to it while the
+/// simulations ran ([`crate::RequestsCsvStream`]), or they were not asked for.
 pub fn write_run(dir: &Path, meta: &RunMeta, runs: &[PolicyRun]) -> Result<Written, ReportError> {
     create_dir(dir)?;
     let mut out = Written::default();

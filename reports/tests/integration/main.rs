@@ -539,7 +539,7 @@ fn degenerate_inputs_still_write_every_file() {
     let (meta, mut runs) = runs();
     for r in &mut runs {
         r.metrics.timeline.clear();
-        r.requests = None;
+        r.requests = Some(Vec::new());
     }
     let dir = out_dir("degenerate");
     write_run(&dir, &meta, &runs).unwrap();
@@ -548,6 +548,13 @@ fn degenerate_inputs_still_write_every_file() {
     }
     let req = std::fs::read_to_string(dir.join("requests.csv")).unwrap();
     assert_eq!(req.lines().count(), 1, "header only");
+    // Runs without rows (streamed elsewhere, or not asked for) leave requests.csv alone.
+    for r in &mut runs {
+        r.requests = None;
+    }
+    let streamed = out_dir("streamed-elsewhere");
+    write_run(&streamed, &meta, &runs).unwrap();
+    assert!(!streamed.join("requests.csv").exists());
     assert!(
         std::fs::read_to_string(dir.join("weights.svg"))
             .unwrap()
@@ -555,7 +562,7 @@ fn degenerate_inputs_still_write_every_file() {
     );
     let empty = out_dir("empty");
     write_run(&empty, &meta, &[]).unwrap();
-    for f in RUN_FILES {
+    for f in RUN_FILES.iter().filter(|f| **f != "requests.csv") {
         assert!(empty.join(f).exists(), "{f}");
     }
     let json: Value =
