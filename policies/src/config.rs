@@ -240,6 +240,12 @@ impl PolicyConfig {
     /// The tie rule of a composition's chooser when it names none.
     pub const DEFAULT_TIES: TieRule = TieRule::HigherWeight;
 
+    /// True when the weights are the oracle's: the true capacities, which only the lab knows,
+    /// so the policy is an upper bound to compare with, not one a gateway can deploy.
+    pub fn is_oracle(&self) -> bool {
+        matches!(self.weights, WeightsConfig::Oracle(_))
+    }
+
     /// What a composition fills in for the parts it omits: chooser, affinity, cap
     /// (`p2c:higher-weight`, `capacity`, `flat:24`).
     pub fn composition_default() -> (Chooser, Affinity, Cap) {

@@ -25,6 +25,7 @@ use crate::num::{fmt_sig, r6, slug};
 use crate::run::{Written, latency_cdf_figure};
 use crate::stats::{AutoSeeds, Interval, SeedStop, excludes, paired_difference};
 use crate::summary::{RunSummary, summary_csv_header};
+use routelab_policies::PolicyConfig;
 use routelab_sim::RunMetrics;
 use routelab_sim::histogram::Histogram;
 use serde::Serialize;
@@ -1005,29 +1006,44 @@ pub(crate) fn headline(w: Option<&Winner>, m: &Metric) -> String {
             return format!(
                 "{} and {runner} are tied on {what} ({means}) on one seed; one seed gives no \
                  interval: run routelab compare with several seeds (--seeds auto) to tell them \
-                 apart.",
-                w.winner
+                 apart.{}",
+                w.winner,
+                oracle_note(&w.winner)
             );
         }
         return format!(
             "{} has the {best} {what} ({means} for the runner-up {runner}), on one seed only: \
              one seed gives no interval, so whether the win holds is unknown; run routelab \
-             compare with several seeds (--seeds auto) to know.",
-            w.winner
+             compare with several seeds (--seeds auto) to know.{}",
+            w.winner,
+            oracle_note(&w.winner)
         );
     }
     if w.tie || !d.established {
         return format!(
             "{} and {runner} are tied on {what} ({means}): their paired difference {diff} \
-             (95 % interval, {seeds}) includes 0.",
-            w.winner
+             (95 % interval, {seeds}) includes 0.{}",
+            w.winner,
+            oracle_note(&w.winner)
         );
     }
     format!(
         "{} wins on {what} ({best} is best): {means} for the runner-up {runner}, a paired \
-         difference of {diff} (95 % interval, {seeds}).",
-        w.winner
+         difference of {diff} (95 % interval, {seeds}).{}",
+        w.winner,
+        oracle_note(&w.winner)
     )
+}
+
+/// Said after a sentence that names an oracle-weights policy first: it cannot be shipped.
+fn oracle_note(policy: &str) -> &'static str {
+    match PolicyConfig::from_name(policy) {
+        Ok(c) if c.is_oracle() => {
+            " Oracle weights read the true capacities, which only the lab knows: an upper \
+             bound to measure the others against, not a policy a gateway can deploy."
+        }
+        _ => "",
+    }
 }
 
 /// `yes` when the winner's paired difference from the runner-up excludes zero.
@@ -1428,6 +1444,31 @@ pub(crate) mod tests {
             "{s}"
         );
         assert!(s.ends_with("(95 % interval, 3 seeds)."), "{s}");
+    }
+
+    #[test]
+    fn an_oracle_winner_is_called_an_upper_bound_not_a_policy_to_ship() {
+        let sc = ScenarioComparison::new(
+            "t",
+            "",
+            vec![
+                policy("seed-v3", &[1.0, 2.0, 3.0]),
+                policy("oracle/sed/capacity/weighted:24", &[0.9, 1.9, 2.9]),
+            ],
+        );
+        let s = headline_of(&sc);
+        assert!(s.starts_with("oracle/sed/capacity/weighted:24 wins"), "{s}");
+        assert!(s.ends_with("not a policy a gateway can deploy."), "{s}");
+        // A deployable winner carries no such note.
+        let sc = ScenarioComparison::new(
+            "t",
+            "",
+            vec![
+                policy("seed-v1", &[1.0, 2.0, 3.0]),
+                policy("seed-v3", &[0.9, 1.9, 2.9]),
+            ],
+        );
+        assert!(!headline_of(&sc).contains("Oracle"));
     }
 
     #[test]

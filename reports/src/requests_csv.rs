@@ -266,7 +266,12 @@ fn push_row(out: &mut Vec<u8>, policy: &[u8], q: &RequestRecord) {
     push_field(out, &q.worker);
     out.push(b',');
     out.extend_from_slice(q.status.as_str().as_bytes());
-    for n in [q.prompt_tokens, q.output_tokens, q.cached_tokens, q.believed_cached_tokens] {
+    for n in [
+        q.prompt_tokens,
+        q.output_tokens,
+        q.cached_tokens,
+        q.believed_cached_tokens,
+    ] {
         out.push(b',');
         push_uint(out, u64::from(n));
     }
@@ -365,7 +370,10 @@ mod tests {
             })
             .collect();
         let runs = vec![
-            PolicyRun::new(RunMetrics::new("at-load/sed/capacity/weighted:24", vec![]), Some(many)),
+            PolicyRun::new(
+                RunMetrics::new("at-load/sed/capacity/weighted:24", vec![]),
+                Some(many),
+            ),
             PolicyRun::new(RunMetrics::new("seed-v3", vec![]), None),
             PolicyRun::new(
                 RunMetrics::new("odd,policy", vec![]),
@@ -377,7 +385,10 @@ mod tests {
         let path = dir.join("requests.csv");
         write_requests_csv(&path, &runs).unwrap();
         let fast = std::fs::read(&path).unwrap();
-        assert_eq!(String::from_utf8(fast).unwrap(), String::from_utf8(generic(&runs)).unwrap());
+        assert_eq!(
+            String::from_utf8(fast).unwrap(),
+            String::from_utf8(generic(&runs)).unwrap()
+        );
 
         // The stream, fed out of order (the last run first, rows arriving interleaved from
         // threads), writes the same bytes.
@@ -399,7 +410,10 @@ mod tests {
         assert_eq!(stream.finish().unwrap(), path);
         let streamed = std::fs::read(&path).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(String::from_utf8(streamed).unwrap(), String::from_utf8(generic(&runs)).unwrap());
+        assert_eq!(
+            String::from_utf8(streamed).unwrap(),
+            String::from_utf8(generic(&runs)).unwrap()
+        );
     }
 
     #[test]

@@ -104,7 +104,11 @@ pub struct Skipped {
 
 impl std::fmt::Display for Skipped {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "the traffic skipped {} bad trace row(s) (on_bad_row: skip)", self.rows)?;
+        write!(
+            f,
+            "the traffic skipped {} bad trace row(s) (on_bad_row: skip)",
+            self.rows
+        )?;
         if let Some(first) = &self.first {
             write!(f, "; the first: {first}")?;
         }

@@ -4,8 +4,11 @@ use super::common::{routelab, text};
 
 /// The fenced block of `lang` that follows the heading `heading` in README.md.
 fn block_after(heading: &str, lang: &str) -> String {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let after = &readme[readme.find(heading).unwrap_or_else(|| panic!("README has {heading}"))..];
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let after = &readme[readme
+        .find(heading)
+        .unwrap_or_else(|| panic!("README has {heading}"))..];
     let fence = format!("```{lang}\n");
     let start = after.find(&fence).expect("a fenced block") + fence.len();
     let len = after[start..].find("```").expect("a closed block");
@@ -40,8 +43,16 @@ fn the_readme_first_command_names_a_bundled_scenario() {
         .find(|w| w.ends_with(".yaml"))
         .expect("a scenario file");
     assert!(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(scenario).is_file(),
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(scenario)
+            .is_file(),
         "{scenario}"
     );
-    assert!(commands.lines().nth(1).unwrap().starts_with("cargo test --workspace"));
+    assert!(
+        commands
+            .lines()
+            .nth(1)
+            .unwrap()
+            .starts_with("cargo test --workspace")
+    );
 }

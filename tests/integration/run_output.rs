@@ -21,7 +21,12 @@ fn requests_csv_holds_each_policy_in_order_and_no_requests_writes_none() {
     assert!(runs.len() >= 2, "a multi-policy scenario");
     let csv = std::fs::read_to_string(out.join("requests.csv")).unwrap();
     let mut lines = csv.lines();
-    assert!(lines.next().unwrap().starts_with("policy,id,arrival_s,worker,status,"));
+    assert!(
+        lines
+            .next()
+            .unwrap()
+            .starts_with("policy,id,arrival_s,worker,status,")
+    );
     // Runs of equal policy cells, in file order.
     let mut blocks: Vec<(String, u64)> = Vec::new();
     for line in lines {

@@ -6,7 +6,7 @@ use super::CapacityStudy;
 use crate::findings;
 use crate::num::{fmt_half_width, fmt_sig};
 use crate::stats::{Interval, excludes};
-use routelab_policies::{PolicyConfig, WeightsConfig};
+use routelab_policies::PolicyConfig;
 use std::fmt::Write as _;
 
 /// What a policy is, for the verdict.
@@ -30,7 +30,7 @@ impl PolicyKind {
         }
         match PolicyConfig::from_name(&st.policies[i].policy) {
             Ok(c) if c.chooser.is_peer_rule() => PolicyKind::Field,
-            Ok(c) if matches!(c.weights, WeightsConfig::Oracle(_)) => PolicyKind::Oracle,
+            Ok(c) if c.is_oracle() => PolicyKind::Oracle,
             _ => PolicyKind::Ours,
         }
     }

@@ -150,7 +150,6 @@ pub struct ProfileLookup {
     env_set: bool,
 }
 
-
 impl ProfileLookup {
     /// The lookup for a scenario file with its optional `hardware_dir`, reading
     /// `ROUTELAB_HARDWARE` from the environment.
