@@ -324,7 +324,7 @@ mod tests {
             tpot_s: None,
             cached_tokens: 512,
             believed_cached_tokens: 1024,
-            affinity_kept: id % 2 == 0,
+            affinity_kept: id.is_multiple_of(2),
             status,
         }
     }
