@@ -124,9 +124,15 @@ where
 
 /// Where to put a series' spread markers: [`SPREAD_MARKERS`] x positions across `[x0, x1]`,
 /// offset by the series' place in the palette so the markers of coinciding series fall side by
-/// side, each at the series' value there (the last point at or before it; none before the
+/// side, each on the drawn line there (`pts` in axis coordinates: a step series holds the last
+/// point at or before x, a plain line is interpolated between its neighbours; none before the
 /// first point or after the last).
-fn spread_marker_points(pts: &[(f64, f64)], (x0, x1): (f64, f64), c: RGBColor) -> Vec<(f64, f64)> {
+fn spread_marker_points(
+    pts: &[(f64, f64)],
+    (x0, x1): (f64, f64),
+    c: RGBColor,
+    step: bool,
+) -> Vec<(f64, f64)> {
     let offset = ((palette_index(c) % MARKERS) as f64 + 0.5) / MARKERS as f64;
     let last_x = pts.last().map_or(f64::NEG_INFINITY, |p| p.0);
     (0..SPREAD_MARKERS)
@@ -136,7 +142,13 @@ fn spread_marker_points(pts: &[(f64, f64)], (x0, x1): (f64, f64), c: RGBColor) -
                 return None;
             }
             let at = pts.partition_point(|p| p.0 <= x);
-            at.checked_sub(1).map(|k| (x, pts[k].1))
+            let k = at.checked_sub(1)?;
+            let (xa, ya) = pts[k];
+            let y = match pts.get(k + 1) {
+                Some(&(xb, yb)) if !step && xb > xa => ya + (yb - ya) * (x - xa) / (xb - xa),
+                _ => ya,
+            };
+            Some((x, y))
         })
         .collect()
 }
@@ -765,7 +777,7 @@ fn draw_lines<DB: DrawingBackend>(
         let marks = if p.markers {
             pts.clone()
         } else if p.series.len() > 1 {
-            spread_marker_points(&pts, (ax0, ax1), c)
+            spread_marker_points(&pts, (ax0, ax1), c, p.step)
         } else {
             Vec::new()
         };
@@ -1047,8 +1059,8 @@ mod tests {
     fn spread_markers_of_coinciding_series_fall_side_by_side() {
         // A step series from x = 0 to 12, value 3 then 5 from x = 6.
         let pts = [(0.0, 3.0), (6.0, 5.0), (12.0, 5.0)];
-        let a = spread_marker_points(&pts, (0.0, 12.0), color(0));
-        let b = spread_marker_points(&pts, (0.0, 12.0), color(1));
+        let a = spread_marker_points(&pts, (0.0, 12.0), color(0), true);
+        let b = spread_marker_points(&pts, (0.0, 12.0), color(1), true);
         assert_eq!(a.len(), SPREAD_MARKERS);
         assert_eq!(b.len(), SPREAD_MARKERS);
         for (p, q) in a.iter().zip(&b) {
@@ -1066,11 +1078,18 @@ mod tests {
         }
         // No marker where the series has no value: before its first point, after its last.
         let short = [(4.0, 1.0), (8.0, 1.0)];
-        let m = spread_marker_points(&short, (0.0, 12.0), color(0));
+        let m = spread_marker_points(&short, (0.0, 12.0), color(0), true);
         assert!(
             !m.is_empty() && m.iter().all(|p| (4.0..=8.0).contains(&p.0)),
             "{m:?}"
         );
+        // A plain line: markers sit on the segment between the neighbouring points.
+        let line = [(0.0, 0.0), (12.0, 6.0)];
+        let m = spread_marker_points(&line, (0.0, 12.0), color(2), false);
+        assert!(!m.is_empty());
+        for p in m {
+            assert!((p.1 - p.0 / 2.0).abs() < 1e-12, "off the line: {p:?}");
+        }
     }
 
     fn bars_of(names: &[&str]) -> Figure {

@@ -202,7 +202,9 @@ pub fn write_run(dir: &Path, meta: &RunMeta, runs: &[PolicyRun]) -> Result<Writt
     }
 
     let p = dir.join("report.html");
-    write_file(&p, run_html(meta, runs, &summary, &charts))?;
+    // Linked only when present: with `--no-requests` there is none.
+    let has_requests = dir.join("requests.csv").is_file();
+    write_file(&p, run_html(meta, runs, &summary, &charts, has_requests))?;
     out.push(p);
     Ok(out)
 }
@@ -516,6 +518,7 @@ fn run_html(
     runs: &[PolicyRun],
     summary: &SummaryFile,
     charts: &[(chart::Rendered, String)],
+    has_requests: bool,
 ) -> String {
     let mut page = Page::new(&format!("routelab run: {}", meta.scenario));
     page.el("h1", None, &format!("routelab run: {}", meta.scenario));
@@ -556,11 +559,16 @@ fn run_html(
         page.figure(&r.svg, caption);
     }
     page.el("h2", None, "Data");
-    page.raw(
-        "<p class=\"meta\"><a href=\"summary.json\">summary.json</a> · \
-         <a href=\"requests.csv\">requests.csv</a> · <a href=\"timeline.csv\">timeline.csv</a> \
-         · every chart also as <code>.svg</code> and <code>.png</code> beside this file.</p>",
-    );
+    page.raw(&format!(
+        "<p class=\"meta\"><a href=\"summary.json\">summary.json</a> · {}\
+         <a href=\"timeline.csv\">timeline.csv</a> · every chart also as <code>.svg</code> and \
+         <code>.png</code> beside this file.</p>",
+        if has_requests {
+            "<a href=\"requests.csv\">requests.csv</a> · "
+        } else {
+            ""
+        }
+    ));
     page.finish()
 }
 

@@ -65,8 +65,15 @@ pub fn run(args: &RunArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
         .collect();
     let started = Instant::now();
     // requests.csv is written as the simulations produce rows, by a thread of its own, rather
-    // than from a million rows held until the end.
+    // than in a second pass over every row at the end (a policy's bytes wait in memory only
+    // while a policy before it in the file is still running).
     let outcomes = if args.no_requests {
+        // A requests.csv of an earlier run in the same directory would not belong to this one.
+        let stale = dir.join("requests.csv");
+        if stale.is_file() {
+            std::fs::remove_file(&stale)
+                .with_context(|| format!("{}: cannot remove", stale.display()))?;
+        }
         run_all(&jobs, &|| {})?
     } else {
         let names: Vec<String> = policies.iter().map(|p| p.name.clone()).collect();

@@ -157,11 +157,19 @@ impl ArrivalUnit {
             if unit != Self::Iso8601 {
                 return unit.parse(text);
             }
-            return parse_datetime(text.as_bytes()).ok_or_else(|| {
+            let ns = parse_datetime(text.as_bytes()).ok_or_else(|| {
                 format!(
                     "`{text}` is not an ISO-8601 / RFC 3339 date-time; expected e.g. {ISO_EXAMPLES}"
                 )
-            });
+            })?;
+            // Epoch numbers must be >= 0; a date-time before 1970 is refused the same way, so
+            // that arrivals never precede the epoch the replay measures from.
+            if ns < 0 {
+                return Err(format!(
+                    "`{text}` is before 1970-01-01T00:00:00Z; expected a date-time from 1970 on"
+                ));
+            }
+            return Ok(ns);
         };
         let expect = "expected a number >= 0";
         if text.starts_with('-') && text[1..].parse::<f64>().is_ok() {
@@ -986,6 +994,17 @@ mod tests {
             ArrivalUnit::detect("yesterday")
                 .unwrap_err()
                 .contains("ISO-8601")
+        );
+        // Date-like texts shorter than a full date-time are refused, never read past their end.
+        for short in ["2025-03-01", "2025-03-01T12:00", "2025-03-01T12:00:0", "2025-03-01T"] {
+            assert!(ArrivalUnit::detect(short).is_err(), "{short}");
+            assert!(ArrivalUnit::Iso8601.parse(short).is_err(), "{short}");
+        }
+        assert!(
+            ArrivalUnit::Iso8601
+                .parse("1969-12-31T23:59:59Z")
+                .unwrap_err()
+                .contains("before 1970")
         );
         assert_eq!(ArrivalUnit::OffsetMs.parse("1500"), Ok(1_500_000_000));
         assert_eq!(ArrivalUnit::OffsetS.parse("1.25"), Ok(1_250_000_000));

@@ -381,7 +381,7 @@ impl TraceReplay {
         let Some(row) = rows.pop_front() else {
             return Ok(None);
         };
-        let delta = u64::try_from(row.ts - first).unwrap_or(0);
+        let delta = u64::try_from(row.ts.saturating_sub(first)).unwrap_or(0);
         self.emitted += 1;
         Ok(Some(Arrival {
             at: self.start_offset.saturating_add(self.scale(delta)),
@@ -434,7 +434,7 @@ impl TrafficSource for TraceReplay {
                 Ok(None) => {}
                 Ok(Some(row)) => {
                     let first = *self.st.first.get_or_insert(row.ts);
-                    let delta = u64::try_from(row.ts - first).unwrap_or(0);
+                    let delta = u64::try_from(row.ts.saturating_sub(first)).unwrap_or(0);
                     let at = self.start_offset.saturating_add(self.scale(delta));
                     self.emitted += 1;
                     return Ok(Some(Arrival {
@@ -829,7 +829,12 @@ fn digits(b: &[u8]) -> Option<i64> {
     Some(b.iter().fold(0, |acc, d| acc * 10 + i64::from(d - b'0')))
 }
 
+/// `YYYY-MM-DD[T ]hh:mm:ss[.frac][Z|±hh:mm]` as nanoseconds since the Unix epoch; `None` for
+/// anything else, a shorter text included (the caller's bytes come straight from a user's file).
 pub(crate) fn parse_datetime(b: &[u8]) -> Option<i64> {
+    if b.len() < 19 {
+        return None;
+    }
     if b[7] != b'-' || !matches!(b[10], b' ' | b'T') || b[13] != b':' || b[16] != b':' {
         return None;
     }
