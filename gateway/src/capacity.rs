@@ -164,14 +164,14 @@ impl Curve {
             let b = self.buffered.swap_remove(i);
             if let Some(n) = buffered_tokens.filter(|&n| n > 0) {
                 let total: f64 = b.spent.iter().map(|(_, t)| t.as_secs_f64()).sum();
+                // A body that arrived all at once (first byte and end together) was decoded
+                // before the gateway saw anything: no observed time to set its tokens against,
+                // so they are left out rather than credited to whatever bin is open now (which
+                // would raise that bin's tok/s by tokens it did not produce).
                 if total > 0.0 {
                     for (c, t) in &b.spent {
                         self.bins[*c as usize - 1].tokens += f64::from(n) * t.as_secs_f64() / total;
                     }
-                } else {
-                    // First byte and end at once: all of it where it ended.
-                    self.pending += f64::from(n);
-                    self.advance(now);
                 }
             }
         }
@@ -286,15 +286,16 @@ mod tests {
         assert!((two.tokens - 240.0).abs() < 1e-9, "{two:?}");
         assert!((one.aggregate_tok_s - 50.0).abs() < 1e-9);
         assert!((two.aggregate_tok_s - 80.0).abs() < 1e-9);
-        // A failed buffered response adds time but no tokens; one that came at once adds its
-        // tokens where it ended.
+        // A failed buffered response adds time but no tokens; one that came at once (no time
+        // observed) adds nothing: its tokens would raise the open bin's rate by tokens that bin
+        // did not produce.
         let f = c.start(at(10.0), true);
         c.end(at(12.0), f, None);
         let now = c.start(at(20.0), true);
         c.end(at(20.0), now, Some(10));
         let one = point(&c.points(at(20.0), Duration::ZERO), 1);
         assert_eq!(one.observed_s, 5.0);
-        assert!((one.tokens - 160.0).abs() < 1e-9, "{one:?}");
+        assert!((one.tokens - 150.0).abs() < 1e-9, "{one:?}");
     }
 
     /// The interval still open counts up to the snapshot, and concurrencies beyond the last bin

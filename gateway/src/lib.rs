@@ -10,9 +10,9 @@
 //! - `GET /v1/models`: the union of the workers' models.
 //! - `GET /metrics`: Prometheus text ([`metrics`]); `GET /health`: the gateway itself.
 //! - `/admin/...`: workers, drain, pins, re-probe, the passive capacity curve ([`capacity`]),
-//!   behind a bearer token ([`admin`]).
+//!   behind a bearer token ([`admin`]). With `admin_listen` it is served on a listener of its
+//!   own, and the public one answers 404.
 //! - An optional request log, one JSON line per finished request ([`reqlog`]).
-//!   With `admin_listen` it is served on a listener of its own, and the public one answers 404.
 //!
 //! The HTTP server is our own accept loop ([`server`]): header and body read timeouts and a
 //! connection cap per listener, graceful shutdown.

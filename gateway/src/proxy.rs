@@ -483,7 +483,8 @@ async fn respond(
         return err.into_response();
     }
     if parts.status.is_success() {
-        flight.complete(output_tokens_of_json(&buf), usage_tokens(&buf));
+        let output = output_tokens_of_json(&buf);
+        flight.complete(output, Some(output));
     } else {
         // The worker refused the request (4xx): the client's fault, not the worker's.
         flight.log_end(LogStatus::Rejected, None);

@@ -11,15 +11,18 @@
 //!   wall clock**, also under `clock_scale` (the log is read as a trace of when traffic came);
 //! - `model` as the client asked it; `prompt_tokens`: the gateway's estimate, the router's
 //!   ([`crate::prompt`]); `prefix_hashes`: the prefix block hashes the router saw;
-//! - `output_tokens`: the response's `usage.completion_tokens` (a stream's final usage chunk),
-//!   else the stream's content events, else null (no response body came);
+//! - `output_tokens`, for a completed (`ok`) request only: the response's
+//!   `usage.completion_tokens` (a stream's final usage chunk), else the stream's content events
+//!   (a buffered body: its text's estimate, as the router counts it); null for every other
+//!   status, so that a failed request never replays as a short one;
 //! - `worker`: the worker that served it (the last one tried), null when none was chosen;
 //! - `status`, one of [`LogStatus`]: `ok`; `upstream_error` (the worker failed: connection,
 //!   5xx with no retry left, a broken stream); `timeout` (the worker did not answer within
 //!   `upstream.response_timeout_s`, or went silent longer than
 //!   `upstream.stream_idle_timeout_s`); `rejected` (refused without a generation: by the router
-//!   — every worker at its cap until `queue_timeout_s`, none healthy, the prompt too long — with
-//!   `worker` null, or the worker whose failure made it a retry; or by the worker with a 4xx);
+//!   on the first attempt — none healthy, the prompt too long — with `worker` null; a queue
+//!   timeout, on any attempt; or by the worker with a 4xx; a router refusal on a retry keeps
+//!   the status of the failure that caused the retry);
 //!   `client_gone` (the client went away first);
 //! - `ttft_ms` (arrival to the first response byte) and `e2e_ms` (arrival to the end), null
 //!   when that point was not reached; in **policy time**, the router's clock ([`crate::clock`]):
@@ -255,7 +258,9 @@ impl Trace {
         let now = self.clock.now();
         let r = &mut self.record;
         r.status = status;
-        r.output_tokens = output;
+        // Only a completed request has an output length: a partial count of a failed stream
+        // would replay as a request that wanted that few tokens.
+        r.output_tokens = output.filter(|_| status == LogStatus::Ok);
         r.ttft_ms = first_byte.map(ms);
         r.e2e_ms = Some(ms(now));
         let record = LogRecord {

@@ -213,6 +213,23 @@ fn a_scenario_anywhere_finds_profiles_bundled_by_path_and_in_routelab_hardware()
             "rtx-pro-6000-27b",
         ],
     );
+
+    // Run from the scenario's own directory (`cd scenarios/mine && routelab validate x.yaml`):
+    // the walk goes on above the current directory and finds `scenarios/hardware`.
+    let hw = dir.join("proj/scenarios/hardware");
+    let mine = dir.join("proj/scenarios/mine");
+    std::fs::create_dir_all(&hw).unwrap();
+    std::fs::create_dir_all(&mine).unwrap();
+    std::fs::copy(envdir.join("site-gpu.yaml"), hw.join("site-gpu.yaml")).unwrap();
+    std::fs::write(
+        mine.join("x.yaml"),
+        "seed: 1\nmodel: m\nfleet:\n  - { name: a, profile: site-gpu }\ntraffic:\n  - poisson: \
+         { rate_per_s: 1, duration_s: 10, prompt: { fixed: 100 }, output: { fixed: 10 } }\n\
+         policies: [seed-v1]\n",
+    )
+    .unwrap();
+    let o = routelab_in(&mine, None, &["validate", "x.yaml"]);
+    assert!(o.status.success(), "{}", text(&o));
 }
 
 #[test]

@@ -916,6 +916,9 @@ fn read_gateway(input: &FitInput, worker: Option<&str>) -> Result<Measured, Inpu
             "at least one point (let the gateway serve traffic first)",
         ));
     }
+    // A concurrency observed long enough but with no token counted (only failed or buffered
+    // responses were decoding there) says nothing about speed: left out, and said so.
+    let mut without_tokens = Vec::new();
     for (i, p) in points.iter().enumerate() {
         let num = |key: &str| -> Result<f64, InputError> {
             let f = format!("{wf}.points[{i}].{key}");
@@ -925,11 +928,33 @@ fn read_gateway(input: &FitInput, worker: Option<&str>) -> Result<Measured, Inpu
                 .ok_or_else(|| bad(f.clone(), "missing or not a number".into(), "a number > 0"))?;
             rule::positive(v).map_err(|e| bad(f, not_valid(&e), &e.expected))
         };
+        if p.get("aggregate_tok_s").and_then(Value::as_f64) == Some(0.0) {
+            without_tokens.push(num("concurrency")?);
+            continue;
+        }
         m.points.push(Obs {
             concurrency: num("concurrency")?,
             aggregate_tok_s: num("aggregate_tok_s")?,
             weight: num("observed_s")?,
         });
+    }
+    if m.points.is_empty() {
+        return Err(bad(
+            format!("{wf}.points"),
+            format!("worker `{wname}` has no point with tokens (every aggregate_tok_s is 0)"),
+            "at least one point with aggregate_tok_s > 0 (let the gateway serve streamed traffic)",
+        ));
+    }
+    if !without_tokens.is_empty() {
+        m.notes.push(format!(
+            "decode.points: left out the gateway's points at concurrency {} (observed, but no \
+             output token counted there)",
+            without_tokens
+                .iter()
+                .map(|c| c.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
     }
     m.points
         .sort_by(|a, b| a.concurrency.total_cmp(&b.concurrency));

@@ -269,14 +269,30 @@ impl ProfileLookup {
 
 /// The nearest `hardware/` or `scenarios/hardware/` at or above `base`.
 fn nearest_hardware_dir(base: &Path) -> Option<PathBuf> {
+    let found_in = |d: &Path| {
+        [d.join("hardware"), d.join("scenarios").join("hardware")]
+            .into_iter()
+            .find(|candidate| candidate.is_dir())
+    };
+    // The relative ancestors first, so a directory found there keeps the path it is named by.
     let mut dir = Some(base);
     while let Some(d) = dir {
-        for candidate in [d.join("hardware"), d.join("scenarios").join("hardware")] {
-            if candidate.is_dir() {
-                return Some(candidate);
-            }
+        if let Some(found) = found_in(d) {
+            return Some(found);
         }
         dir = d.parent();
+    }
+    // A relative path's ancestors end at the current directory (`""`); the walk goes on above
+    // it, so `cd scenarios/mine && routelab run x.yaml` finds `scenarios/hardware`.
+    if base.is_relative() {
+        let cwd = std::env::current_dir().ok()?;
+        let mut dir = cwd.parent();
+        while let Some(d) = dir {
+            if let Some(found) = found_in(d) {
+                return Some(found);
+            }
+            dir = d.parent();
+        }
     }
     None
 }

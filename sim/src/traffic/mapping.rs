@@ -837,15 +837,18 @@ impl MappedRows {
 }
 
 /// Sort rows by arrival (stably: equal times keep their file order) and give each session's
-/// requests their growing shared prefix.
-pub(crate) fn sort_and_link_sessions(mut rows: Vec<MappedRow>) -> Vec<MappedRow> {
+/// requests their growing shared prefix. `source` (the log's file name) salts the session keys,
+/// so that session `1` of one log shares nothing with session `1` of another in the same
+/// scenario.
+pub(crate) fn sort_and_link_sessions(mut rows: Vec<MappedRow>, source: &[u8]) -> Vec<MappedRow> {
     rows.sort_by_key(|r| r.ts);
+    let salt = key_of_bytes(source);
     let mut sessions: HashMap<String, (u64, Vec<u64>)> = HashMap::new();
     for row in &mut rows {
         let Some(id) = &row.session else { continue };
         let (key, full) = sessions
             .entry(id.clone())
-            .or_insert_with(|| (key_of_bytes(id.as_bytes()), Vec::new()));
+            .or_insert_with(|| (splitmix64(salt ^ key_of_bytes(id.as_bytes())), Vec::new()));
         let key = *key;
         // Block `index` of a session is the same content in each of its requests (the chat
         // history grows at the end); a trailing partial block also encodes its fill.
@@ -996,7 +999,12 @@ mod tests {
                 .contains("ISO-8601")
         );
         // Date-like texts shorter than a full date-time are refused, never read past their end.
-        for short in ["2025-03-01", "2025-03-01T12:00", "2025-03-01T12:00:0", "2025-03-01T"] {
+        for short in [
+            "2025-03-01",
+            "2025-03-01T12:00",
+            "2025-03-01T12:00:0",
+            "2025-03-01T",
+        ] {
             assert!(ArrivalUnit::detect(short).is_err(), "{short}");
             assert!(ArrivalUnit::Iso8601.parse(short).is_err(), "{short}");
         }
@@ -1080,14 +1088,14 @@ mod tests {
             blocks: Vec::new(),
             line: 0,
         };
-        let rows = sort_and_link_sessions(vec![
-            row(20, 2000, "a"),
-            row(10, 1100, "a"),
-            row(15, 1100, "b"),
-        ]);
-        assert_eq!(rows[0].blocks.len(), 3);
-        assert_eq!(rows[2].blocks.len(), 4);
-        assert_eq!(rows[0].blocks[..2], rows[2].blocks[..2]);
-        assert_ne!(rows[0].blocks[0], rows[1].blocks[0]);
+        let rows = || vec![row(20, 2000, "a"), row(10, 1100, "a"), row(15, 1100, "b")];
+        let linked = sort_and_link_sessions(rows(), b"one.jsonl");
+        assert_eq!(linked[0].blocks.len(), 3);
+        assert_eq!(linked[2].blocks.len(), 4);
+        assert_eq!(linked[0].blocks[..2], linked[2].blocks[..2]);
+        assert_ne!(linked[0].blocks[0], linked[1].blocks[0]);
+        // The same session ids in another log are other sessions.
+        let other = sort_and_link_sessions(rows(), b"two.jsonl");
+        assert_ne!(linked[0].blocks[0], other[0].blocks[0]);
     }
 }

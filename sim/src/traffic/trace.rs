@@ -355,7 +355,15 @@ impl TraceReplay {
                 Err(e) => return Err(e),
             }
         }
-        Ok(sort_and_link_sessions(rows).into())
+        // The file's name, not its path: the same scenario run from another directory (or
+        // through `./`) must give the same bytes.
+        let source = self
+            .st
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Ok(sort_and_link_sessions(rows, source.as_bytes()).into())
     }
 
     fn next_mapped(&mut self) -> Result<Option<Arrival>, TrafficError> {

@@ -300,3 +300,38 @@ fn the_gateway_worker_brings_its_gpus_and_window() {
     .unwrap_err();
     assert!(e.to_string().contains("pro6000, mac"), "{e}");
 }
+
+/// A point the gateway observed but with no token counted (only failed or buffered responses
+/// decoding there) is left out of the fit and named in its notes; with nothing else left the
+/// fit is a located error.
+#[test]
+fn gateway_points_without_tokens_are_left_out_and_said() {
+    let with_zero = FitInput {
+        origin: "cap.json".into(),
+        text: r#"{"schema": "routelab-gateway-capacity/1", "model": "m", "workers": [
+            {"name": "w", "points": [
+                {"concurrency": 1, "aggregate_tok_s": 60.0, "observed_s": 100.0, "tokens": 6000},
+                {"concurrency": 2, "aggregate_tok_s": 0.0, "observed_s": 9.0, "tokens": 0},
+                {"concurrency": 3, "aggregate_tok_s": 150.0, "observed_s": 50.0, "tokens": 7500}]}]}"#
+            .into(),
+    };
+    let f = fit(FitSource::Gateway, &[with_zero], &opts(None)).unwrap();
+    assert!((f.profile.aggregate_tok_s(3.0) - 150.0).abs() < 1e-9);
+    assert!(
+        f.profile
+            .fitted()
+            .iter()
+            .any(|n| n.contains("left out the gateway's points at concurrency 2")),
+        "{:?}",
+        f.profile.fitted()
+    );
+    let only_zero = FitInput {
+        origin: "cap.json".into(),
+        text: r#"{"schema": "routelab-gateway-capacity/1", "model": "m", "workers": [
+            {"name": "w", "points": [
+                {"concurrency": 2, "aggregate_tok_s": 0.0, "observed_s": 9.0, "tokens": 0}]}]}"#
+            .into(),
+    };
+    let e = fit(FitSource::Gateway, &[only_zero], &opts(None)).unwrap_err();
+    assert!(e.to_string().contains("no point with tokens"), "{e}");
+}
