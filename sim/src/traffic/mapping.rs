@@ -302,6 +302,10 @@ pub struct TraceMapping {
     /// Rows with neither length field are not requests (OpenTelemetry spans of other kinds):
     /// ignored and counted, not errors.
     ignore_without_lengths: Option<&'static str>,
+    /// More hashes than `ceil(prompt / 512)` blocks are cut to that many instead of refused:
+    /// the gateway hashes a token-id prompt's text (`"id,id,…"`, several bytes per token) while
+    /// its `prompt_tokens` counts the ids, so its own log can carry a few hashes more.
+    cut_extra_hashes: bool,
 }
 
 /// The ready-made mappings' names.
@@ -343,6 +347,7 @@ impl TraceMapping {
             prefix_hashes,
             optional_may_be_absent: false,
             ignore_without_lengths: None,
+            cut_extra_hashes: false,
         })
     }
 
@@ -366,6 +371,7 @@ impl TraceMapping {
             prefix_hashes: Some(Self::field("prefix_hashes")),
             optional_may_be_absent: true,
             ignore_without_lengths: None,
+            cut_extra_hashes: true,
         }
     }
 
@@ -389,6 +395,7 @@ impl TraceMapping {
             ignore_without_lengths: Some(
                 "spans without gen_ai.usage.input_tokens / output_tokens: not inference spans",
             ),
+            cut_extra_hashes: false,
         }
     }
 
@@ -819,6 +826,9 @@ impl MappedRows {
             Cell::Absent(keys) => return Err(self.absent(path, &keys)),
         };
         let blocks = blocks_for_tokens(u64::from(prompt));
+        if hashes.len() as u64 > blocks && self.mapping.cut_extra_hashes {
+            hashes.truncate(usize::try_from(blocks).unwrap_or(usize::MAX));
+        }
         if hashes.len() as u64 > blocks {
             return Err(self.bad(
                 path,

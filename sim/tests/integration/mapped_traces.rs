@@ -539,3 +539,17 @@ fn scenario_mapping_errors_are_located_with_what_is_valid() {
         );
     }
 }
+
+/// The gateway hashes a token-id prompt's text (`"id,id,…"`, several bytes per id) while its
+/// `prompt_tokens` counts the ids, so its own log can carry more hashes than 512-token blocks:
+/// `gateway-log` keeps the first `ceil(prompt/512)` instead of refusing the row; a custom
+/// mapping still refuses them.
+#[test]
+fn gateway_log_cuts_the_hashes_of_a_token_id_prompt_to_its_blocks() {
+    let dir = scratch("gateway-token-ids");
+    let row = r#"{"arrival_unix_ms": 1733050000000, "model": "m", "prompt_tokens": 1024, "output_tokens": 5, "prefix_hashes": [11, 12, 13], "worker": "w", "status": "ok", "ttft_ms": 1.0, "e2e_ms": 2.0}"#;
+    let p = write(&dir, "gw.jsonl", &format!("{row}\n"));
+    let v = all(&p, TraceFormat::from_name("gateway-log").unwrap()).unwrap();
+    assert_eq!(v.len(), 1);
+    assert_eq!(v[0].prefix_blocks.len(), 2, "ceil(1024/512) blocks");
+}
