@@ -642,17 +642,20 @@ pub(crate) struct SseScan {
 }
 
 /// True if an SSE `data:` payload carries output text: a non-empty `"content"` (chat) or
-/// `"text"` (completions) string. Recognised without a JSON parse: content events are the
-/// bulk of a stream.
+/// `"text"` (completions) string, compact or with spaces after the colon (as Python's `json`
+/// writes it). Recognised without a JSON parse: content events are the bulk of a stream.
 pub fn is_content_event(payload: &[u8]) -> bool {
-    [&b"\"content\":\""[..], &b"\"text\":\""[..]]
-        .iter()
-        .any(|needle| {
-            payload
-                .windows(needle.len())
-                .position(|w| w == *needle)
-                .is_some_and(|i| payload.get(i + needle.len()).is_some_and(|&b| b != b'"'))
-        })
+    [&b"\"content\":"[..], &b"\"text\":"[..]].iter().any(|key| {
+        payload
+            .windows(key.len())
+            .position(|w| w == *key)
+            .is_some_and(|i| {
+                let mut rest = payload[i + key.len()..]
+                    .iter()
+                    .skip_while(|b| b.is_ascii_whitespace());
+                rest.next() == Some(&b'"') && rest.next().is_some_and(|&b| b != b'"')
+            })
+    })
 }
 
 /// Longest partial line kept between chunks.
@@ -858,6 +861,16 @@ mod tests {
         s.feed(b"data: [DONE]\n\n");
         assert!(s.done);
         assert!(!is_content_event(br#"{"choices":[{"text":""}]}"#));
+        // Spaces after the colon (Python's json) count the same; an empty string still not.
+        assert!(is_content_event(
+            br#"{"choices": [{"delta": {"content": " sea"}}]}"#
+        ));
+        assert!(!is_content_event(
+            br#"{"choices": [{"delta": {"content": ""}}]}"#
+        ));
+        assert!(!is_content_event(
+            br#"{"choices": [{"delta": {"content": null}}]}"#
+        ));
     }
 
     /// The idle wait starts when the gateway asks for more, so a client that reads slowly

@@ -548,7 +548,8 @@ pub(crate) fn fmt_interval(m: &Metric, iv: Option<Interval>) -> String {
 /// Whether an interval over several seeds has no width: every seed gave the same value (up to
 /// the rounding noise of identical seeds).
 fn no_spread(iv: &Interval) -> bool {
-    iv.half_width.is_some_and(|h| h <= iv.mean.abs() * 1e-9)
+    iv.half_width
+        .is_some_and(|h| crate::num::no_spread(iv.mean, h))
 }
 
 /// Whether no run of the scenario depended on its seed: at least two seeds, and every policy

@@ -53,9 +53,9 @@ impl CheckArgs {
             (false, _) => Ok(Detail::Failures),
             (true, ExportFormat::Table) => Ok(Detail::Every),
             (true, _) => Err(InputError::new(
-                "command line",
+                super::compare::COMMAND_LINE,
                 "--verbose",
-                "applies only to `--format table` (JSON and CSV always hold every row; \
+                "applies only to `--format table` (JSON, CSV and HTML always hold every row; \
                  Markdown keeps to a pull-request comment's size)",
             )
             .valid("`--format table --verbose`, or `--format json` for every row")),

@@ -87,6 +87,15 @@ impl Verdict {
         }
     }
 
+    /// Every verdict.
+    pub const ALL: [Verdict; 5] = [
+        Verdict::Ok,
+        Verdict::Changed,
+        Verdict::Improved,
+        Verdict::Regression,
+        Verdict::NoBaseline,
+    ];
+
     /// Whether this verdict fails the gate: a regression, or nothing to compare with.
     pub fn fails(self) -> bool {
         matches!(self, Verdict::Regression | Verdict::NoBaseline)
@@ -134,9 +143,26 @@ impl VerdictCounts {
         }
     }
 
-    /// Whether these counts pass the gate.
+    /// Whether these counts pass the gate: no comparison whose verdict fails
+    /// ([`Verdict::fails`]: a regression, or no baseline) and no failed invariant.
     pub fn passed(&self) -> bool {
-        self.regressed + self.no_baseline + self.failed_invariants == 0
+        let failing = Verdict::ALL
+            .into_iter()
+            .filter(|v| v.fails())
+            .map(|v| self.of(v))
+            .sum::<usize>();
+        failing + self.failed_invariants == 0
+    }
+
+    /// The comparisons that got `verdict`.
+    pub fn of(&self, verdict: Verdict) -> usize {
+        match verdict {
+            Verdict::Ok => self.ok,
+            Verdict::Changed => self.changed,
+            Verdict::Improved => self.improved,
+            Verdict::Regression => self.regressed,
+            Verdict::NoBaseline => self.no_baseline,
+        }
     }
 }
 
@@ -237,9 +263,10 @@ impl GateReport {
         self.invariants.iter().filter(|i| !i.holds).count()
     }
 
-    /// The gate passes: no regression, no failed invariant, every metric has a baseline.
+    /// The gate passes: no regression, no failed invariant, every metric has a baseline
+    /// ([`VerdictCounts::passed`], the one rule).
     pub fn passed(&self) -> bool {
-        self.regressions() + self.failed_invariants() + self.without_baseline() == 0
+        self.counts().passed()
     }
 
     /// Every count, over the whole report.
