@@ -2,8 +2,9 @@
 //!
 //! A `--set` path addresses the scenario's YAML: `traffic[0].poisson.rate_per_s`,
 //! `fleet[1].speed_factor`, `slo.ttft_s`. Several `--set` make a grid (their cartesian product).
-//! `--seeds N` runs every point and policy on N seeds (those `compare` runs: the scenario's seed,
-//! or `--seed`, plus 0, 1, …) and reports the mean and 95 % interval across them.
+//! `--seeds N` runs every point and policy on N seeds, `first + k` for k = 0, 1, … from the
+//! scenario's seed (or `--seed`), by the rule `compare` uses too (`stats::seed_of`), and reports
+//! the mean and 95 % interval across them.
 
 use crate::lab::{Job, run_all};
 use anyhow::Context;
