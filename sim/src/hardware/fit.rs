@@ -259,20 +259,26 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
     let values: Vec<f64> = m.points.iter().map(|p| p.aggregate_tok_s).collect();
     let weights: Vec<f64> = m.points.iter().map(|p| p.weight).collect();
     let fitted = isotonic(&values, &weights);
+    // A pooled mean is written to the nearest 0.001 tok/s; a point the fit left alone keeps
+    // the measured figure exactly. Rounding a pooled mean down could put it under an exact
+    // neighbour within 0.0005 before it, so each value is at least the one before.
+    let mut floor = f64::NEG_INFINITY;
     let moves: Vec<PointMove> = m
         .points
         .iter()
         .zip(&fitted)
-        .map(|(p, &f)| PointMove {
-            concurrency: p.concurrency,
-            measured_tok_s: p.aggregate_tok_s,
-            // A pooled mean is written to the nearest 0.001 tok/s (rounding keeps the order);
-            // a point the fit left alone keeps the measured figure exactly.
-            fitted_tok_s: if f == p.aggregate_tok_s {
+        .map(|(p, &f)| {
+            let written = if f == p.aggregate_tok_s {
                 f
             } else {
                 round_to(f, 1e3)
-            },
+            };
+            floor = floor.max(written);
+            PointMove {
+                concurrency: p.concurrency,
+                measured_tok_s: p.aggregate_tok_s,
+                fitted_tok_s: floor,
+            }
         })
         .collect();
     let curve_at = |c: f64| {
@@ -364,6 +370,13 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
     }
     let kv_capacity_tokens = match opts.kv_capacity_tokens {
         Some(k) => {
+            if k > super::MAX_KV_CAPACITY_TOKENS {
+                return Err(flag_error(
+                    "--kv-capacity-tokens",
+                    format!("{k} tokens is above the largest KV cache a profile may declare"),
+                    format!("at most {}", super::MAX_KV_CAPACITY_TOKENS),
+                ));
+            }
             if k < u64::from(context_window) {
                 return Err(flag_error(
                     "--kv-capacity-tokens",
@@ -391,6 +404,13 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
                 "--max-running",
                 "0 sequences",
                 "a whole number >= 1",
+            ));
+        }
+        Some(n) if n > super::MAX_RUNNING_LIMIT => {
+            return Err(flag_error(
+                "--max-running",
+                format!("{n} sequences is above the largest limit a profile may declare"),
+                format!("a whole number from 1 to {}", super::MAX_RUNNING_LIMIT),
             ));
         }
         Some(n) => {
@@ -1078,6 +1098,27 @@ mod tests {
         };
         let e = fit(FitSource::Csv, &input, &bad).unwrap_err();
         assert_eq!(e.field, "--kv-capacity-tokens", "{e}");
+        // Above what a profile may declare: refused at the flag, not in the generated YAML.
+        let huge = FitOptions {
+            kv_capacity_tokens: Some(super::super::MAX_KV_CAPACITY_TOKENS + 1),
+            ..opts()
+        };
+        let e = fit(FitSource::Csv, &input, &huge).unwrap_err();
+        assert_eq!(
+            (e.file.as_str(), e.field.as_str()),
+            ("<command line>", "--kv-capacity-tokens"),
+            "{e}"
+        );
+        let many = FitOptions {
+            max_running: Some(super::super::MAX_RUNNING_LIMIT + 1),
+            ..opts()
+        };
+        let e = fit(FitSource::Csv, &input, &many).unwrap_err();
+        assert_eq!(
+            (e.file.as_str(), e.field.as_str()),
+            ("<command line>", "--max-running"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -33,6 +33,10 @@ pub use lookup::{BUNDLED, LookupError, ProfileLookup};
 pub const DEFAULT_PREFILL_CHUNK_TOKENS: u32 = 512;
 /// The smallest context window a profile may declare: the probe prompt must fit.
 pub const MIN_CONTEXT_WINDOW: u32 = 1024;
+/// The largest `kv_capacity_tokens` a profile may declare (2⁴⁰ tokens).
+pub const MAX_KV_CAPACITY_TOKENS: u64 = 1 << 40;
+/// The largest `max_running` a profile may declare (2²⁰ sequences).
+pub const MAX_RUNNING_LIMIT: u32 = 1 << 20;
 
 /// An error loading or validating a hardware profile: the one located error of routelab
 /// ([`InputError`]), naming the file, the field path and, when known, the line and column, and
@@ -393,9 +397,18 @@ fn validate(raw: RawProfile, origin: &str) -> Result<HardwareProfile, HardwareEr
         Some(v) => cx.integer("prefill_chunk_tokens", v, 1, u32::MAX as u64)? as u32,
         None => DEFAULT_PREFILL_CHUNK_TOKENS,
     };
-    let kv_capacity_tokens =
-        cx.integer("kv_capacity_tokens", &raw.kv_capacity_tokens, 1, 1 << 40)?;
-    let max_running = cx.integer("max_running", &raw.max_running, 1, 1 << 20)? as u32;
+    let kv_capacity_tokens = cx.integer(
+        "kv_capacity_tokens",
+        &raw.kv_capacity_tokens,
+        1,
+        MAX_KV_CAPACITY_TOKENS,
+    )?;
+    let max_running = cx.integer(
+        "max_running",
+        &raw.max_running,
+        1,
+        u64::from(MAX_RUNNING_LIMIT),
+    )? as u32;
     let context_window = cx.integer(
         "context_window",
         &raw.context_window,
