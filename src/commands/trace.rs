@@ -50,14 +50,14 @@ pub fn stats(
         Some(name) => TraceFormat::from_name(name).with_context(|| {
             format!(
                 "unknown trace format `{name}`; valid: {}",
-                TraceFormat::NAMES.replace(", jsonl, csv", "")
+                TraceFormat::COMPLETE_NAMES
             )
         })?,
         None => TraceFormat::from_path(file).with_context(|| {
             format!(
-                "{}: cannot tell the format from the extension; pass --format azure, mooncake, \
-                 gateway-log or otel-genai",
-                file.display()
+                "{}: cannot tell the format from the extension; pass --format (one of {})",
+                file.display(),
+                TraceFormat::COMPLETE_NAMES
             )
         })?,
     };

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::dist::{DurationDist, LengthDist, SourceRng, check_rate, rng_from_seed};
-use super::hash::{BLOCK_TOKENS, grow_prefix_blocks, splitmix64};
+use super::hash::{BLOCK_TOKENS, block_content_key, grow_prefix_blocks, splitmix64};
 use super::open_loop::PoissonClock;
 use super::{Arrival, TrafficError, TrafficSource};
 
@@ -134,7 +134,7 @@ impl Conversations {
         if (index + 1) * b <= u64::from(self.cfg.system_prompt_tokens) {
             splitmix64(self.system_key ^ index)
         } else {
-            splitmix64(splitmix64(self.salt ^ splitmix64(conv)) ^ (index << 10 | u64::from(fill)))
+            block_content_key(splitmix64(self.salt ^ splitmix64(conv)), index, fill)
         }
     }
 

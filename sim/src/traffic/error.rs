@@ -116,6 +116,32 @@ pub enum TrafficError {
 }
 
 impl TrafficError {
+    /// Line `line` of `path` is not UTF-8: a bad header when it was to be the CSV header, else
+    /// a bad row (skippable).
+    pub(crate) fn not_utf8(
+        path: &std::path::Path,
+        line: u64,
+        header: bool,
+        e: std::str::Utf8Error,
+    ) -> TrafficError {
+        let problem = format!("line is not valid UTF-8 ({e}); expected a UTF-8 text row");
+        let path = path.to_path_buf();
+        if header {
+            TrafficError::BadHeader {
+                path,
+                line,
+                problem,
+            }
+        } else {
+            TrafficError::BadRow {
+                path,
+                line,
+                field: "<line>".to_owned(),
+                problem,
+            }
+        }
+    }
+
     /// True for errors about a single trace row (those [`BadRowPolicy::Skip`] skips).
     ///
     /// [`BadRowPolicy::Skip`]: super::BadRowPolicy::Skip

@@ -64,6 +64,15 @@ pub(crate) fn grow_prefix_blocks(
     out
 }
 
+/// The content key of block `index` of a growing prompt whose source is named by `key` (a
+/// conversation, a trace session): the `key` argument [`grow_prefix_blocks`] takes. `fill` (the
+/// block's tokens) is part of it, so a trailing partial block is shared only by a prompt that
+/// ends in the same place.
+#[must_use]
+pub(crate) fn block_content_key(key: u64, index: u64, fill: u32) -> u64 {
+    splitmix64(key ^ (index << 10 | u64::from(fill)))
+}
+
 /// A stable 64-bit key of a byte string (e.g. a session id), built on [`splitmix64`] so it is
 /// the same on every platform and Rust release (unlike `std`'s `DefaultHasher`).
 #[must_use]

@@ -14,7 +14,8 @@ use serde_json::Value;
 
 use super::TrafficError;
 use super::hash::{
-    blocks_for_tokens, chain_in_place, grow_prefix_blocks, key_of_bytes, splitmix64,
+    block_content_key, blocks_for_tokens, chain_in_place, grow_prefix_blocks, key_of_bytes,
+    splitmix64,
 };
 use super::trace::{check_count, parse_count, parse_datetime};
 
@@ -521,23 +522,7 @@ impl MappedRows {
         let is_header = self.mapping.layout == TraceLayout::Csv && self.columns.is_none();
         let text = match std::str::from_utf8(raw) {
             Ok(t) => t.trim(),
-            Err(e) => {
-                let problem = format!("line is not valid UTF-8 ({e}); expected a UTF-8 text row");
-                return Err(if is_header {
-                    TrafficError::BadHeader {
-                        path: self.path.clone(),
-                        line: self.line,
-                        problem,
-                    }
-                } else {
-                    TrafficError::BadRow {
-                        path: self.path.clone(),
-                        line: self.line,
-                        field: "<line>".to_owned(),
-                        problem,
-                    }
-                });
-            }
+            Err(e) => return Err(TrafficError::not_utf8(&self.path, self.line, is_header, e)),
         };
         if text.is_empty() {
             return Ok(Parsed::Nothing);
@@ -863,7 +848,7 @@ pub(crate) fn sort_and_link_sessions(mut rows: Vec<MappedRow>, source: &[u8]) ->
         // Block `index` of a session is the same content in each of its requests (the chat
         // history grows at the end); a trailing partial block also encodes its fill.
         row.blocks = grow_prefix_blocks(full, row.prompt, |index, fill| {
-            splitmix64(key ^ (index << 10 | u64::from(fill)))
+            block_content_key(key, index, fill)
         });
     }
     rows

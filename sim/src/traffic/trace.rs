@@ -33,7 +33,10 @@ pub enum TraceFormat {
 }
 
 impl TraceFormat {
-    /// The names [`TraceFormat::from_name`] accepts (`jsonl` and `csv` need a mapping).
+    /// The formats a file names on its own, with no mapping: what [`TraceFormat::from_name`]
+    /// returns a format for.
+    pub const COMPLETE_NAMES: &'static str = "azure, mooncake, gateway-log, otel-genai";
+    /// Every format name a scenario accepts (`jsonl` and `csv` need a mapping).
     pub const NAMES: &'static str = "azure, mooncake, gateway-log, otel-genai, jsonl, csv";
 
     /// The named format: `azure`, `mooncake` or a ready-made mapping ([`READY_MADE_MAPPINGS`](super::READY_MADE_MAPPINGS)).
@@ -519,16 +522,8 @@ impl ParseState {
         let text = match std::str::from_utf8(raw) {
             Ok(t) => t.trim(),
             Err(e) => {
-                let problem = format!("line is not valid UTF-8 ({e}); expected a UTF-8 text row");
-                return Err(if self.format == Builtin::Azure && self.columns.is_none() {
-                    TrafficError::BadHeader {
-                        path: self.path.clone(),
-                        line: self.line,
-                        problem,
-                    }
-                } else {
-                    self.bad("<line>", problem)
-                });
+                let header = self.format == Builtin::Azure && self.columns.is_none();
+                return Err(TrafficError::not_utf8(&self.path, self.line, header, e));
             }
         };
         if text.is_empty() {
@@ -1192,6 +1187,18 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("/nonexistent/x.csv"), "{e}");
+    }
+
+    #[test]
+    fn format_name_lists_agree_with_from_name() {
+        for name in TraceFormat::COMPLETE_NAMES.split(", ") {
+            assert!(TraceFormat::from_name(name).is_some(), "{name}");
+        }
+        assert_eq!(
+            TraceFormat::NAMES,
+            format!("{}, jsonl, csv", TraceFormat::COMPLETE_NAMES)
+        );
+        assert!(TraceFormat::from_name("jsonl").is_none());
     }
 
     #[test]
