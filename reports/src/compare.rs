@@ -265,6 +265,22 @@ pub struct MetricStats {
     pub ci95_high: Option<f64>,
 }
 
+impl MetricStats {
+    /// The figures of metric `m`'s interval across seeds, as `compare.json` and `sweep.csv`
+    /// write them: rounded to 6 significant digits; the interval's ends only when it has a
+    /// width (two seeds or more).
+    pub(crate) fn of(m: &Metric, iv: Option<Interval>) -> MetricStats {
+        MetricStats {
+            metric: m.name.to_string(),
+            n: iv.map_or(0, |i| i.n),
+            mean: iv.and_then(|i| r6(i.mean)),
+            sd: iv.and_then(|i| i.sd).and_then(r6),
+            ci95_low: iv.and_then(|i| i.half_width.and_then(|_| r6(i.low()))),
+            ci95_high: iv.and_then(|i| i.half_width.and_then(|_| r6(i.high()))),
+        }
+    }
+}
+
 /// The best policy on one metric (by mean across seeds) and its margin over the runner-up.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Winner {
@@ -483,19 +499,7 @@ pub fn compare_file(scenarios: &[ScenarioComparison]) -> CompareFile {
                         policy: p.policy.clone(),
                         seeds: p.runs.iter().map(|r| r.seed).collect(),
                         metrics: ranked()
-                            .map(|m| {
-                                let iv = interval(p, m);
-                                MetricStats {
-                                    metric: m.name.to_string(),
-                                    n: iv.map_or(0, |i| i.n),
-                                    mean: iv.and_then(|i| r6(i.mean)),
-                                    sd: iv.and_then(|i| i.sd).and_then(r6),
-                                    ci95_low: iv
-                                        .and_then(|i| i.half_width.and_then(|_| r6(i.low()))),
-                                    ci95_high: iv
-                                        .and_then(|i| i.half_width.and_then(|_| r6(i.high()))),
-                                }
-                            })
+                            .map(|m| MetricStats::of(m, interval(p, m)))
                             .collect(),
                         runs: p.runs.clone(),
                         vs_baseline: match sc.baseline_policy() {

@@ -7,14 +7,13 @@
 //! of plain values per point and policy.
 
 use crate::chart::{self, Figure, Legend, LinePanel, Panel, Series};
-use crate::compare::{PolicySeeds, fmt_interval, interval};
+use crate::compare::{MetricStats, PolicySeeds, fmt_interval, interval};
 use crate::error::ReportError;
 use crate::export::csv::write_csv;
 use crate::export::html::{Cell, Page, table};
 use crate::export::table::TextTable;
 use crate::export::{create_dir, write_file};
 use crate::metric::{CATALOG, Metric, view, views};
-use crate::num::r6;
 use crate::run::Written;
 use crate::summary::summary_csv_header;
 use std::path::Path;
@@ -155,11 +154,8 @@ pub fn write_sweep(
                 row.push(r.runs.runs.len().to_string());
                 let o = |x: Option<f64>| x.map(|v| v.to_string()).unwrap_or_default();
                 for m in csv_metrics() {
-                    let iv = r.interval(m);
-                    let width = iv.filter(|iv| iv.half_width.is_some());
-                    row.push(o(iv.and_then(|iv| r6(iv.mean))));
-                    row.push(o(width.and_then(|iv| r6(iv.low()))));
-                    row.push(o(width.and_then(|iv| r6(iv.high()))));
+                    let st = MetricStats::of(m, r.interval(m));
+                    row.extend([o(st.mean), o(st.ci95_low), o(st.ci95_high)]);
                 }
             } else {
                 row.extend(r.runs.runs[0].summary.csv_fields());
