@@ -12,9 +12,10 @@
 //! - **Buffered** (non-streaming) responses only say how many tokens they carried at the end
 //!   (`usage.completion_tokens`); those are spread uniformly over the request's time from first
 //!   byte to end, i.e. each bin the request lived through gets the share of its tokens that its
-//!   time there is of the whole. A body that arrives all at once (first byte ≈ end) puts its
-//!   tokens in the bin it ended in, and its decode time, spent before the gateway saw a byte, is
-//!   not seen: the curve is exact for streamed traffic and a rough one for buffered traffic.
+//!   time there is of the whole. A body that arrives all at once (first byte and end together)
+//!   was decoded before the gateway saw a byte: with no observed time to set them against, its
+//!   tokens are left out. The curve is exact for streamed traffic; buffered traffic adds to it
+//!   only what the gateway saw being produced.
 //!
 //! **Time base**: the policy clock ([`crate::clock`]), the one the router uses. With
 //! `clock_scale: K` in front of emulators at `--speedup K`, a wall second is K seconds of the
