@@ -104,7 +104,7 @@ pub struct LogRecord {
     pub model: String,
     /// The gateway's prompt-token estimate.
     pub prompt_tokens: u32,
-    /// Output tokens, if a response body came.
+    /// Output tokens of a completed (`ok`) request; `None` for every other status.
     pub output_tokens: Option<u32>,
     /// Prefix block hashes as routed.
     pub prefix_hashes: Vec<u64>,
