@@ -55,8 +55,9 @@ pub struct FitArgs {
 /// Options of `routelab profile show`.
 #[derive(Debug, clap::Args)]
 pub struct ShowArgs {
-    /// A profile name (looked up in ./hardware, ./scenarios/hardware, the bundled profiles,
-    /// then ROUTELAB_HARDWARE) or a path to a profile file.
+    /// A profile name (looked up in the nearest hardware/ or scenarios/hardware/ here or in a
+    /// parent directory, the bundled profiles, then ROUTELAB_HARDWARE) or a path to a profile
+    /// file; see docs/profiles.md.
     pub profile: String,
     /// Where to write the chart (default: out/profiles/<name>/).
     #[arg(long)]
