@@ -46,6 +46,7 @@ fn fleet(preset: &str, n: usize, rng: &mut Xoshiro256PlusPlus) -> Router {
                 gpu_names: gpus[i % 4].iter().map(|g| g.to_string()).collect(),
                 context_window: [32_768, 131_072][i % 2],
                 launch_args: String::new(),
+                cache_blocks: None,
             },
         );
     }

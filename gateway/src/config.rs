@@ -325,6 +325,7 @@ impl WorkerConfig {
             gpu_names: self.gpu_names.clone(),
             context_window: self.context_window,
             launch_args: self.launch_args.clone(),
+            cache_blocks: None,
         }
     }
 }

@@ -28,6 +28,7 @@
 //!     gpu_names: gpus.iter().map(|g| g.to_string()).collect(),
 //!     context_window: 32_768,
 //!     launch_args: String::new(),
+//!     cache_blocks: None,
 //! };
 //! let pair = router.register(Time::ZERO, spec("pair", &["RTX 4090", "RTX 4090"]));
 //! let pro = router.register(Time::ZERO, spec("pro6000", &["RTX PRO 6000"]));
@@ -49,6 +50,7 @@ pub mod catalog;
 mod chooser;
 mod config;
 mod error;
+mod kv;
 pub mod located;
 mod prefix;
 mod router;
@@ -65,6 +67,7 @@ pub use config::{
     RawChooser, RawPolicy, RawWeights, WeightsConfig,
 };
 pub use error::{AdminError, ConfigError, RouteError};
+pub use kv::KvEvent;
 pub use located::InputError;
 pub use prefix::PrefixIndex;
 pub use router::{Decision, RouteRequest, Router};

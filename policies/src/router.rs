@@ -147,6 +147,23 @@ impl Router {
         &self.prefix
     }
 
+    /// When the policy mirrors the engines' KV events (`prefix_knowledge: kv-events`), the
+    /// delay after which the host should hand each worker's events to
+    /// [`Router::apply_kv_events`]; `None` when the policy does not read them (the host then
+    /// need not produce any).
+    pub fn kv_event_delay(&self) -> Option<std::time::Duration> {
+        // INTERFACE STUB (issue 10, part 4): implemented with the knowledge modes.
+        None
+    }
+
+    /// Mirror a worker's prefix-cache events (in the order the engine published them) into
+    /// the router's knowledge of that worker's cache. Ignored unless the policy's knowledge is
+    /// `kv-events`, and for unknown or removed workers.
+    pub fn apply_kv_events(&mut self, now: Time, worker: WorkerId, events: &[crate::KvEvent]) {
+        // INTERFACE STUB (issue 10, part 4): implemented with the knowledge modes.
+        let _ = (now, worker, events);
+    }
+
     /// Interned id of a model name, if any worker ever served it.
     pub fn model_id(&self, model: &str) -> Option<ModelId> {
         self.model_ids.get(model).copied()
@@ -777,6 +794,7 @@ mod tests {
             gpu_names: vec![],
             context_window: 8192,
             launch_args: "--a".into(),
+            cache_blocks: None,
         }
     }
 

@@ -44,6 +44,10 @@ pub struct WorkerSpec {
     pub context_window: u32,
     /// The engine's launch arguments; a restart with other arguments is a different machine.
     pub launch_args: String,
+    /// The engine's prefix-cache size in 512-token blocks, as its launch arguments give it
+    /// (KV memory / block size); `None` when unknown. Bounds what the router may believe the
+    /// worker still holds.
+    pub cache_blocks: Option<u32>,
 }
 
 /// Where a worker's current weight comes from.

@@ -94,6 +94,7 @@ fn warm_router(config: PolicyConfig, rng: &mut Xoshiro256PlusPlus) -> Router {
                 gpu_names: gpus[i % 4].iter().map(|g| g.to_string()).collect(),
                 context_window: [32_768, 131_072][i % 2],
                 launch_args: String::new(),
+                cache_blocks: None,
             },
         );
     }

@@ -690,6 +690,13 @@ impl Validator<'_> {
                 .gpu_names
                 .clone()
                 .unwrap_or_else(|| profile.gpu_names().to_vec());
+            // What the engine's launch arguments tell a gateway: its KV memory in cache blocks.
+            let cache_blocks = u32::try_from(
+                w.kv_capacity_tokens
+                    .unwrap_or(profile.kv_capacity_tokens())
+                    / u64::from(crate::traffic::BLOCK_TOKENS),
+            )
+            .unwrap_or(u32::MAX);
             for k in 0..count {
                 let wname = if count == 1 {
                     w.name.clone()
@@ -716,6 +723,7 @@ impl Validator<'_> {
                         gpu_names: gpu_names.clone(),
                         context_window,
                         launch_args: w.launch_args.clone().unwrap_or_default(),
+                        cache_blocks: Some(cache_blocks),
                     },
                     profile: profile.clone(),
                     overrides: overrides.clone(),

@@ -42,6 +42,7 @@ pub fn spec_full(
         gpu_names: gpus.iter().map(|g| g.to_string()).collect(),
         context_window,
         launch_args: launch_args.into(),
+        cache_blocks: None,
     }
 }
 
