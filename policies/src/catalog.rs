@@ -14,7 +14,9 @@
 
 use crate::chooser::Chooser;
 use crate::config::{Affinity, Allowance, Cap, PolicyConfig};
-use crate::weights::{AtLoadConfig, Clamp, LiveConfig, ProbeConfig, TableConfig};
+use crate::weights::{
+    AtLoadConfig, Clamp, LiveConfig, ProbeConfig, SlowStart, TableConfig, Unmeasured,
+};
 use std::time::Duration;
 
 /// A parameter of a part, as written in a policy's YAML.
@@ -114,6 +116,39 @@ const UNKNOWN: Param = Param {
     default: Some(|| format!("{}", TableConfig::default().unknown)),
 };
 
+/// The weight of a worker not yet measured (live, probe, at-load).
+const UNMEASURED: Param = Param {
+    name: "unmeasured",
+    default: Some(|| Unmeasured::default().name().to_string()),
+};
+/// Slow start of new and restarted workers (live, probe, at-load); off unless given, so its
+/// default is not a single value (`slow_start: {}` takes [`slow_start_defaults`]).
+const SLOW_START: Param = Param {
+    name: "slow_start",
+    default: None,
+};
+
+/// The fields of a `slow_start` block and their defaults, as YAML.
+pub fn slow_start_defaults() -> String {
+    let d = SlowStart::default();
+    format!(
+        "{{ window_s: {}, aggression: {}, floor: {} }}",
+        secs(d.window),
+        d.aggression,
+        d.floor
+    )
+}
+
+/// The sentence the measured strategies' descriptions end with.
+fn shaping_sentence() -> String {
+    format!(
+        "; unmeasured: {} (default {}); slow_start: {} (off unless given)",
+        Unmeasured::NAMES.join(" | "),
+        Unmeasured::default().name(),
+        slow_start_defaults()
+    )
+}
+
 // ----- the sections ---------------------------------------------------------------------------
 
 /// Weight strategies.
@@ -135,8 +170,9 @@ pub const WEIGHTS: [Part; 6] = [
         name: "live",
         describe: || {
             format!(
-                "v2: every {} min, median per-request speed x busy fraction / median of peers, blended with the table",
-                LiveConfig::default().interval.as_secs() / 60
+                "v2: every {} min, median per-request speed x busy fraction / median of peers, blended with the table{}",
+                LiveConfig::default().interval.as_secs() / 60,
+                shaping_sentence()
             )
         },
         params: &[
@@ -151,6 +187,8 @@ pub const WEIGHTS: [Part; 6] = [
                 name: "min_requests",
                 default: Some(|| LiveConfig::default().min_requests.to_string()),
             },
+            UNMEASURED,
+            SLOW_START,
         ],
     },
     Part {
@@ -158,12 +196,13 @@ pub const WEIGHTS: [Part; 6] = [
         describe: || {
             let p = ProbeConfig::default();
             format!(
-                "v3: {} x {}-token burst; throughput / median of the model's workers, clamped [{}, {}]; warm-up, {} h cache, pins",
+                "v3: {} x {}-token burst; throughput / median of the model's workers, clamped [{}, {}]; warm-up, {} h cache, pins{}",
                 p.concurrency,
                 p.output_tokens,
                 p.clamp.min,
                 p.clamp.max,
-                p.cache_ttl.as_secs() / 3600
+                p.cache_ttl.as_secs() / 3600,
+                shaping_sentence()
             )
         },
         params: &[
@@ -196,6 +235,8 @@ pub const WEIGHTS: [Part; 6] = [
                 name: "retry_after_s",
                 default: Some(|| secs(ProbeConfig::default().retry_after)),
             },
+            UNMEASURED,
+            SLOW_START,
         ],
     },
     Part {
@@ -213,7 +254,14 @@ pub const WEIGHTS: [Part; 6] = [
     Part {
         name: "at-load",
         describe: || {
-            "ours: capacity measured passively from live traffic while the worker is busy; no GPU cost, reacts in minutes".into()
+            let d = AtLoadConfig::default();
+            format!(
+                "ours: capacity measured passively from live traffic while the worker is busy; no GPU cost, reacts in minutes; a measured weight moves after {} s busy, half-way per {} s busy, at most x{} per update{}",
+                secs(d.min_busy),
+                secs(d.half_life),
+                d.max_step,
+                shaping_sentence()
+            )
         },
         params: &[
             TABLE,
@@ -235,6 +283,20 @@ pub const WEIGHTS: [Part; 6] = [
                 name: "prior",
                 default: Some(|| AT_LOAD_PRIORS[0].to_string()),
             },
+            Param {
+                name: "half_life_s",
+                default: Some(|| secs(AtLoadConfig::default().half_life)),
+            },
+            Param {
+                name: "min_busy_s",
+                default: Some(|| secs(AtLoadConfig::default().min_busy)),
+            },
+            Param {
+                name: "max_step",
+                default: Some(|| AtLoadConfig::default().max_step.to_string()),
+            },
+            UNMEASURED,
+            SLOW_START,
         ],
     },
 ];

@@ -21,7 +21,8 @@ use crate::error::ConfigError;
 use crate::located::{InputError, rule};
 use crate::weights::{
     AtLoadConfig, AtLoadWeights, Clamp, EqualWeights, LiveConfig, LiveWeights, OracleWeights,
-    ProbeConfig, ProbeWeights, TableConfig, TableWeights, WeightStrategy,
+    ProbeConfig, ProbeWeights, Shaping, SlowStart, TableConfig, TableWeights, Unmeasured,
+    WeightStrategy,
 };
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -73,15 +74,21 @@ impl WeightsConfig {
         })
     }
 
-    /// A fresh strategy.
+    /// A fresh strategy (wrapped in its [`Shaping`] when that changes anything).
     pub fn build(&self) -> Box<dyn WeightStrategy> {
         match self {
             WeightsConfig::Table(c) => Box::new(TableWeights::new(c.clone())),
-            WeightsConfig::Live(c) => Box::new(LiveWeights::new(c.clone())),
-            WeightsConfig::Probe(c) => Box::new(ProbeWeights::new(c.clone())),
+            WeightsConfig::Live(c) => c
+                .shaping
+                .wrap(Box::new(LiveWeights::new(c.clone())), c.clamp),
+            WeightsConfig::Probe(c) => c
+                .shaping
+                .wrap(Box::new(ProbeWeights::new(c.clone())), c.clamp),
             WeightsConfig::Oracle(c) => Box::new(OracleWeights::new(*c)),
             WeightsConfig::Equal => Box::new(EqualWeights),
-            WeightsConfig::AtLoad(c) => Box::new(AtLoadWeights::new(c.clone())),
+            WeightsConfig::AtLoad(c) => c
+                .shaping
+                .wrap(Box::new(AtLoadWeights::new(c.clone())), c.clamp),
         }
     }
 }
@@ -575,6 +582,50 @@ pub struct RawWeights {
     pub update_interval_s: Option<f64>,
     /// at-load: `equal` or `table`.
     pub prior: Option<String>,
+    /// at-load: half-life of the weight's approach to its estimate, seconds of busy time.
+    pub half_life_s: Option<f64>,
+    /// at-load: busy seconds needed since the last change before a measured weight moves.
+    pub min_busy_s: Option<f64>,
+    /// at-load: largest factor one update may move a measured weight by.
+    pub max_step: Option<f64>,
+    /// live, probe, at-load: weight of an unmeasured worker (`neutral`, `floor`, `median`).
+    pub unmeasured: Option<String>,
+    /// live, probe, at-load: slow start of new and restarted workers.
+    pub slow_start: Option<RawSlowStart>,
+}
+
+/// Raw slow start (Envoy's slow-start mode); omitted fields take [`SlowStart::default`].
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawSlowStart {
+    /// Length of the ramp, seconds (> 0).
+    pub window_s: Option<f64>,
+    /// Shape of the ramp (> 0; 1 is linear).
+    pub aggression: Option<f64>,
+    /// Smallest factor, in (0, 1].
+    pub floor: Option<f64>,
+}
+
+impl RawSlowStart {
+    /// Validate into a [`SlowStart`]; fields are named relative to `slow_start`.
+    pub fn validate(&self) -> Result<SlowStart, ConfigError> {
+        let d = SlowStart::default();
+        let floor = match self.floor {
+            None => d.floor,
+            Some(x) if x.is_finite() && x > 0.0 && x <= 1.0 => x,
+            Some(x) => {
+                return Err(invalid(
+                    "floor",
+                    rule::Violation::new(x, "a number > 0 and at most 1").to_string(),
+                ));
+            }
+        };
+        Ok(SlowStart {
+            window: seconds("window_s", self.window_s, d.window)?,
+            aggression: positive("aggression", self.aggression, d.aggression)?,
+            floor,
+        })
+    }
 }
 
 /// Raw chooser.
@@ -699,6 +750,17 @@ fn seconds(field: &str, v: Option<f64>, default: Duration) -> Result<Duration, C
     })
 }
 
+/// A duration that may be 0 ("no minimum"), bounded like every other.
+fn non_negative_seconds(
+    field: &str,
+    v: Option<f64>,
+    default: Duration,
+) -> Result<Duration, ConfigError> {
+    v.map_or(Ok(default), |x| {
+        rule::seconds(x).map_err(|e| invalid(field, e.to_string()))
+    })
+}
+
 fn count(field: &str, v: Option<u32>, default: u32) -> Result<u32, ConfigError> {
     v.map_or(Ok(default), |n| {
         rule::count(n).map_err(|e| invalid(field, e.to_string()))
@@ -783,9 +845,36 @@ impl RawWeights {
             time_constant_s,
             min_samples,
             update_interval_s,
-            prior
+            prior,
+            half_life_s,
+            min_busy_s,
+            max_step,
+            unmeasured,
+            slow_start
         );
         v
+    }
+
+    /// The shaping of new and unmeasured workers (live, probe, at-load).
+    fn shaping(&self) -> Result<Shaping, ConfigError> {
+        let unmeasured = match self.unmeasured.as_deref() {
+            None => Unmeasured::default(),
+            Some(n) => Unmeasured::from_name(n).ok_or_else(|| ConfigError::UnknownName {
+                field: "unmeasured".into(),
+                what: "unmeasured weight",
+                got: n.into(),
+                valid: Unmeasured::NAMES.join(", "),
+            })?,
+        };
+        let slow_start = self
+            .slow_start
+            .as_ref()
+            .map(|s| s.validate().map_err(|e| e.within("slow_start")))
+            .transpose()?;
+        Ok(Shaping {
+            unmeasured,
+            slow_start,
+        })
     }
 
     /// Validate into a [`WeightsConfig`].
@@ -809,6 +898,7 @@ impl RawWeights {
                     interval: seconds("interval_s", self.interval_s, d.interval)?,
                     min_requests: count("min_requests", self.min_requests, d.min_requests)?,
                     clamp: clamp(self.clamp)?,
+                    shaping: self.shaping()?,
                 })
             }
             "probe" => {
@@ -836,6 +926,7 @@ impl RawWeights {
                     )?,
                     clamp: clamp(self.clamp)?,
                     retry_after: seconds("retry_after_s", self.retry_after_s, d.retry_after)?,
+                    shaping: self.shaping()?,
                 })
             }
             "oracle" => WeightsConfig::Oracle(clamp(self.clamp)?),
@@ -877,6 +968,19 @@ impl RawWeights {
                     )?,
                     prior,
                     clamp: clamp(self.clamp)?,
+                    half_life: seconds("half_life_s", self.half_life_s, d.half_life)?,
+                    min_busy: non_negative_seconds("min_busy_s", self.min_busy_s, d.min_busy)?,
+                    max_step: match self.max_step {
+                        None => d.max_step,
+                        Some(x) if x.is_finite() && x > 1.0 => x,
+                        Some(x) => {
+                            return Err(invalid(
+                                "max_step",
+                                rule::Violation::new(x, "a finite number > 1").to_string(),
+                            ));
+                        }
+                    },
+                    shaping: self.shaping()?,
                 })
             }
         })

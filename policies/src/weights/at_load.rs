@@ -11,10 +11,30 @@
 //! requests the same per-request speed: a worker whose requests run faster than its peers' has
 //! a throughput-to-load ratio above its weight ratio, so it is given more until the speeds meet.
 //! The per-concurrency curve is kept as well (reported, and usable for derived caps).
+//!
+//! ## Stability
+//!
+//! The raw estimate is noisy (one sample per completed request, taken at whatever concurrency
+//! the router happened to give the worker) and it is fed back: a worker whose weight drops gets
+//! less traffic, runs at a lower concurrency and measures a lower aggregate throughput. Left to
+//! itself, on the Mooncake trace the weights swung between the clamp limits. Three brakes, each
+//! a parameter of [`AtLoadConfig`]:
+//! - **smoothing** (`half_life`, 60 s): the weight moves towards the estimate exponentially in
+//!   log space, half the remaining distance per half-life, so one burst of slow or fast samples
+//!   cannot flip it;
+//! - **evidence** (`min_busy`, 20 s): a measured weight changes only after the worker was busy
+//!   (something in flight) for that long since its last change; an idle worker keeps its weight
+//!   (no traffic is no evidence), and a measured weight never falls back to the placeholder
+//!   when its samples age out;
+//! - **bounded steps** (`max_step`, 1.5): one update moves a weight by at most that factor up
+//!   or down, so a wrong estimate costs at most a few updates' worth of misrouting.
+//!
+//! The first measurement of a worker is taken as it is (its samples already passed
+//! `min_samples`): a slow newcomer must not keep a neutral weight for minutes.
 
 use super::{
-    Clamp, TableConfig, WeightChange, WeightEvent, WeightStrategy, ensure_slot, relative_to,
-    sorted_by_model, sorted_median,
+    Clamp, Shaping, TableConfig, WeightChange, WeightEvent, WeightStrategy, ensure_slot,
+    relative_to, sorted_by_model, sorted_median,
 };
 use crate::time::Time;
 use crate::worker::{Fleet, Provenance, Weight, WorkerId};
@@ -33,6 +53,15 @@ pub struct AtLoadConfig {
     pub prior: Option<TableConfig>,
     /// Bounds of the weight.
     pub clamp: Clamp,
+    /// Half-life of the weight's approach to the estimate (log space).
+    pub half_life: Duration,
+    /// Busy time (something in flight) a worker needs since its last change before its
+    /// measured weight moves again.
+    pub min_busy: Duration,
+    /// Largest factor (> 1) by which one update may raise or lower a measured weight.
+    pub max_step: f64,
+    /// New and unmeasured workers' weights.
+    pub shaping: Shaping,
 }
 
 impl Default for AtLoadConfig {
@@ -43,6 +72,10 @@ impl Default for AtLoadConfig {
             update_interval: Duration::from_secs(10),
             prior: None,
             clamp: Clamp::SOURCE,
+            half_life: Duration::from_secs(60),
+            min_busy: Duration::from_secs(20),
+            max_step: 1.5,
+            shaping: Shaping::default(),
         }
     }
 }
@@ -96,6 +129,11 @@ struct WorkerAtLoad {
     overall: Decayed,
     curve: [Decayed; CURVE_BUCKETS],
     weight: Option<Weight>,
+    /// Busy time (something in flight) since the worker (re)started, ns, as of the last
+    /// checkpoint.
+    busy_ns: u64,
+    /// `busy_ns` (with the open interval) when the measured weight last changed.
+    busy_at_change: u64,
 }
 
 impl WorkerAtLoad {
@@ -112,6 +150,17 @@ impl WorkerAtLoad {
         w
     }
 
+    /// Busy time since the worker (re)started, up to `now`, ns.
+    fn busy_total(&self, now: Time) -> u64 {
+        let last = self.last();
+        let open = if last.in_flight > 0 {
+            now.as_nanos().saturating_sub(last.at)
+        } else {
+            0
+        };
+        self.busy_ns + open
+    }
+
     fn last(&self) -> Checkpoint {
         self.checkpoints[self.head]
     }
@@ -121,6 +170,9 @@ impl WorkerAtLoad {
         let last = self.last();
         let t = now.as_nanos().max(last.at);
         let area = last.area + f64::from(last.in_flight) * (t - last.at) as f64 / 1e9;
+        if last.in_flight > 0 {
+            self.busy_ns += t - last.at;
+        }
         let cp = Checkpoint {
             at: t,
             area,
@@ -219,8 +271,10 @@ impl AtLoadWeights {
         }
     }
 
-    /// Re-derive every weight: measured where the evidence suffices, else the prior relative to
-    /// the model's priors (when a prior is configured), else unmeasured.
+    /// Re-derive every weight: measured where the evidence suffices (moved towards the
+    /// estimate through the brakes of the module docs), else the prior relative to the model's
+    /// priors (when a prior is configured), else unmeasured. A measured weight whose samples
+    /// aged out is kept.
     fn rederive(&mut self, now: Time, fleet: &Fleet) {
         let estimates: Vec<Option<f64>> = fleet
             .iter()
@@ -239,21 +293,26 @@ impl AtLoadWeights {
             .as_ref()
             .map(|_| sorted_by_model(fleet, |id| Some(self.prior(fleet, id))));
         for (id, info) in fleet.iter() {
-            if self.workers.get(id.index()).is_none() {
+            let Some(slot) = self.workers.get(id.index()) else {
                 continue;
-            }
-            let weight = match (estimates[id.index()], &priors) {
-                (Some(tp), _) => Some(Weight {
-                    value: relative_to(
+            };
+            let current = slot.weight.filter(|w| w.provenance == Provenance::Measured);
+            let weight = match (estimates[id.index()], current, &priors) {
+                (Some(tp), _, _) => {
+                    let target = relative_to(
                         tp,
                         measured
                             .get(&info.model)
                             .and_then(|v| sorted_median(v, None)),
                         self.config.clamp,
-                    ),
-                    provenance: Provenance::Measured,
-                }),
-                (None, Some(priors)) => {
+                    );
+                    Some(Weight {
+                        value: self.step(id, now, current.map(|w| w.value), target),
+                        provenance: Provenance::Measured,
+                    })
+                }
+                (None, Some(kept), _) => Some(kept),
+                (None, None, Some(priors)) => {
                     let own = self.prior(fleet, id);
                     Some(Weight {
                         value: relative_to(
@@ -267,10 +326,33 @@ impl AtLoadWeights {
                         provenance: Provenance::Table,
                     })
                 }
-                (None, None) => None,
+                (None, None, None) => None,
             };
             self.workers[id.index()].weight = weight;
         }
+    }
+
+    /// The measured weight of `id` after one update towards `target`: the first measurement
+    /// as it is; later ones only after `min_busy` of busy time since the last change, then
+    /// smoothed over that busy time with `half_life` and bounded by `max_step`.
+    fn step(&mut self, id: WorkerId, now: Time, current: Option<f64>, target: f64) -> f64 {
+        let c = &self.config;
+        let w = &mut self.workers[id.index()];
+        let busy_total = w.busy_total(now);
+        let busy = Duration::from_nanos(busy_total.saturating_sub(w.busy_at_change));
+        let value = match current {
+            None => target,
+            Some(v) if busy < c.min_busy => return v,
+            Some(v) => {
+                let half_life = c.half_life.as_secs_f64().max(1e-9);
+                let alpha = 1.0 - 0.5f64.powf(busy.as_secs_f64() / half_life);
+                let max_ln = c.max_step.ln();
+                let ln = ((target / v).ln() * alpha).clamp(-max_ln, max_ln);
+                c.clamp.apply(v * ln.exp())
+            }
+        };
+        w.busy_at_change = busy_total;
+        value
     }
 }
 

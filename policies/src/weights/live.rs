@@ -7,7 +7,7 @@
 //! re-derivation the worker keeps its registration weight (the table's sum over cards) — the
 //! disagreement the source describes.
 
-use super::{Clamp, TableConfig, WeightChange, WeightEvent, WeightStrategy, ensure_slot};
+use super::{Clamp, Shaping, TableConfig, WeightChange, WeightEvent, WeightStrategy, ensure_slot};
 use crate::time::Time;
 use crate::worker::{Fleet, Provenance, Weight, WorkerId};
 use std::time::Duration;
@@ -23,6 +23,8 @@ pub struct LiveConfig {
     pub min_requests: u32,
     /// Bounds of the weight.
     pub clamp: Clamp,
+    /// New and unmeasured workers' weights.
+    pub shaping: Shaping,
 }
 
 impl Default for LiveConfig {
@@ -32,6 +34,7 @@ impl Default for LiveConfig {
             interval: Duration::from_secs(180),
             min_requests: 20,
             clamp: Clamp::SOURCE,
+            shaping: Shaping::default(),
         }
     }
 }

@@ -7,6 +7,7 @@
 mod at_load;
 mod live;
 mod probe;
+mod shaping;
 mod simple;
 
 pub use at_load::{AtLoadConfig, AtLoadWeights};
@@ -15,7 +16,8 @@ pub use probe::{
     MAX_PROBE_CONCURRENCY, MAX_PROBE_PROMPT_TOKENS, PersistedProbeState, ProbeCacheEntry,
     ProbeConfig, ProbePin, ProbeWeights,
 };
-pub use simple::{EqualWeights, OracleWeights, TableConfig, TableWeights};
+pub use shaping::{Shaped, Shaping, SlowStart, Unmeasured};
+pub use simple::{EqualWeights, OracleWeights, TableConfig, TableWeights, oracle_weights};
 
 use crate::time::Time;
 use crate::worker::{Fleet, ModelId, Weight, WorkerId};

@@ -2,7 +2,7 @@
 //! exactly that, the same way for every worker.
 
 use super::{
-    Clamp, ProbeOrder, ProbePhase, WeightChange, WeightEvent, WeightStrategy, ensure_slot,
+    Clamp, ProbeOrder, ProbePhase, Shaping, WeightChange, WeightEvent, WeightStrategy, ensure_slot,
     relative_to, sorted_by_model, sorted_median,
 };
 use crate::time::Time;
@@ -36,6 +36,8 @@ pub struct ProbeConfig {
     pub clamp: Clamp,
     /// Wait before retrying after a failed burst.
     pub retry_after: Duration,
+    /// New and unmeasured workers' weights.
+    pub shaping: Shaping,
 }
 
 impl Default for ProbeConfig {
@@ -49,6 +51,7 @@ impl Default for ProbeConfig {
             reprobe_period: Duration::from_secs(6 * 3600),
             clamp: Clamp::SOURCE,
             retry_after: Duration::from_secs(60),
+            shaping: Shaping::default(),
         }
     }
 }

@@ -166,27 +166,35 @@ impl OracleWeights {
     }
 
     fn recompute(&mut self, fleet: &Fleet) {
-        let capacity = |id: WorkerId| self.capacity.get(id.index()).copied().filter(|c| *c > 0.0);
-        let known = sorted_by_model(fleet, capacity);
-        let weights = fleet
-            .iter()
-            .map(|(id, info)| match capacity(id) {
-                Some(cap) => Weight {
-                    value: relative_to(
-                        cap,
-                        known
-                            .get(&info.model)
-                            .and_then(|v| sorted_median(v, None))
-                            .or(Some(cap)),
-                        self.clamp,
-                    ),
-                    provenance: Provenance::Oracle,
-                },
-                None => Weight::UNMEASURED,
-            })
-            .collect();
-        self.weights = weights;
+        self.weights = oracle_weights(fleet, &self.capacity, self.clamp);
     }
+}
+
+/// The oracle's rule, shared with hosts that measure how far a strategy is from it: each
+/// worker's true capacity (`capacity[id]`, tokens/s; 0 or missing: unknown) relative to the
+/// median of its model's active workers' known capacities, clamped. A worker of unknown
+/// capacity gets the unmeasured placeholder; one that is not active is relative to its active
+/// peers (or itself when there are none).
+pub fn oracle_weights(fleet: &Fleet, capacity: &[f64], clamp: Clamp) -> Vec<Weight> {
+    let capacity = |id: WorkerId| capacity.get(id.index()).copied().filter(|c| *c > 0.0);
+    let known = sorted_by_model(fleet, capacity);
+    fleet
+        .iter()
+        .map(|(id, info)| match capacity(id) {
+            Some(cap) => Weight {
+                value: relative_to(
+                    cap,
+                    known
+                        .get(&info.model)
+                        .and_then(|v| sorted_median(v, None))
+                        .or(Some(cap)),
+                    clamp,
+                ),
+                provenance: Provenance::Oracle,
+            },
+            None => Weight::UNMEASURED,
+        })
+        .collect()
 }
 
 impl WeightStrategy for OracleWeights {

@@ -119,6 +119,7 @@ fn any_weights() -> impl Strategy<Value = WeightsConfig> {
                 min_samples,
                 time_constant: Duration::from_secs(tc),
                 update_interval: Duration::from_secs(1),
+                ..AtLoadConfig::default()
             })
         ),
     ]
