@@ -69,6 +69,8 @@ pub enum Unit {
     Bursts,
     /// A router weight (dimensionless).
     Weight,
+    /// The absolute natural log of a ratio (0: equal; 0.69: a factor of 2 either way).
+    LogRatio,
 }
 
 impl Unit {
@@ -84,6 +86,7 @@ impl Unit {
             Unit::Tokens => "tokens",
             Unit::Bursts => "bursts",
             Unit::Weight => "weight",
+            Unit::LogRatio => "|ln ratio|",
         }
     }
 
@@ -349,6 +352,20 @@ pub const CATALOG: &[Metric] = &[
         "99th percentile of the inter-token latency, each request's mean gap weighted by its \
          gaps.",
         |m| quantile(&m.itl, 0.99)),
+    // The weight error (issue 10): how far the router's weights were from the oracle's.
+    metric!("weight_error", "weight error", LogRatio, Lower, Top("weight_error"), csv: true,
+        gate: false,
+        "Time-averaged |ln(weight / oracle weight)| over every worker's active time (a \
+         time-weighted mean over workers); the oracle weight is the true capacity relative to \
+         the median of the model's active workers, clamped as the oracle strategy clamps it. \
+         Weights are compared as the router holds them (table and live weights are not \
+         normalised to their median).",
+        |m| m.weight_error().mean()),
+    metric!("weight_error_after_10m", "weight error after 10 min", LogRatio, Lower,
+        Top("weight_error_after_10m"), csv: true, gate: false,
+        "The weight error from the 10th minute of simulated time on: the steady state, \
+         without registration and first measurements.",
+        |m| m.weight_error().after_warmup()),
 ];
 
 /// A per-worker metric: one value per worker of a run.
@@ -440,6 +457,8 @@ pub mod views {
         "prefix_hit_fraction",
         "probe_gpu_s",
         "failed",
+        "weight_error",
+        "weight_error_after_10m",
     ];
 
     /// The comparison's key metrics: the HTML table, its winners and the findings.

@@ -55,6 +55,59 @@ pub struct WorkerTotals {
     pub ttft_sum_s: f64,
     /// Sum of its completed requests' end-to-end latency, s.
     pub e2e_sum_s: f64,
+    /// How far its weight was from the oracle's while it was active.
+    pub weight_error: WeightError,
+}
+
+/// The time after which [`WeightError::after_warmup`] counts: the first 10 minutes of a run
+/// (registration, first measurements) are left out of the steady-state figure.
+pub const WEIGHT_ERROR_WARMUP_S: f64 = 600.0;
+
+/// `|ln(weight / oracle weight)|` integrated over the time a worker was active (connected, up
+/// or draining), exactly: weights are piecewise constant between the router's weight changes.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct WeightError {
+    /// ∫ |ln(weight / oracle)| dt over the whole run, s.
+    pub area_s: f64,
+    /// Active time over the whole run, s.
+    pub active_s: f64,
+    /// The same integral from [`WEIGHT_ERROR_WARMUP_S`] on, s.
+    pub area_after_s: f64,
+    /// Active time from [`WEIGHT_ERROR_WARMUP_S`] on, s.
+    pub active_after_s: f64,
+}
+
+impl WeightError {
+    /// Add `error` held from `from_s` to `to_s` (seconds of simulated time).
+    pub fn add(&mut self, error: f64, from_s: f64, to_s: f64) {
+        let dt = (to_s - from_s).max(0.0);
+        self.area_s += error * dt;
+        self.active_s += dt;
+        let after = (to_s - from_s.max(WEIGHT_ERROR_WARMUP_S)).max(0.0);
+        self.area_after_s += error * after;
+        self.active_after_s += after;
+    }
+
+    /// Sum of two (a run's total over its workers).
+    #[must_use]
+    pub fn plus(self, o: WeightError) -> WeightError {
+        WeightError {
+            area_s: self.area_s + o.area_s,
+            active_s: self.active_s + o.active_s,
+            area_after_s: self.area_after_s + o.area_after_s,
+            active_after_s: self.active_after_s + o.active_after_s,
+        }
+    }
+
+    /// The time-averaged error; `None` when never active.
+    pub fn mean(&self) -> Option<f64> {
+        (self.active_s > 0.0).then(|| self.area_s / self.active_s)
+    }
+
+    /// The time-averaged error after [`WEIGHT_ERROR_WARMUP_S`]; `None` when never active then.
+    pub fn after_warmup(&self) -> Option<f64> {
+        (self.active_after_s > 0.0).then(|| self.area_after_s / self.active_after_s)
+    }
 }
 
 impl WorkerTotals {
@@ -71,6 +124,7 @@ impl WorkerTotals {
             probe_bursts: 0,
             ttft_sum_s: 0.0,
             e2e_sum_s: 0.0,
+            weight_error: WeightError::default(),
         }
     }
 
@@ -220,6 +274,15 @@ impl RunMetrics {
     /// Fraction of completed requests within the SLO.
     pub fn slo_attainment(&self) -> f64 {
         ratio(self.slo_met, self.requests)
+    }
+
+    /// The weight error of the whole fleet: every worker's integral over every worker's
+    /// active time (a time-weighted mean over workers). A host that has no oracle (the
+    /// real-time player) leaves it empty: `mean()` is then `None`.
+    pub fn weight_error(&self) -> WeightError {
+        self.workers
+            .iter()
+            .fold(WeightError::default(), |a, w| a.plus(w.weight_error))
     }
 }
 

@@ -86,6 +86,7 @@ impl Sim<'_> {
         let cap =
             setup.profile.aggregate_tok_s(self.setup.oracle_concurrency) * w.engine.speed_factor();
         self.router.set_true_capacity(self.now, id, cap);
+        self.werr.set_capacity(id, cap);
     }
 
     pub(super) fn lifecycle(

@@ -21,6 +21,7 @@ mod probes;
 pub(crate) mod queue;
 mod requests;
 pub mod setup;
+mod weight_error;
 
 pub use setup::{Action, LifecycleEvent, NO_TIME_LIMIT_NS, SimError, SimSetup, WorkerSetup};
 // The result types moved out of the engine (they are shared with the real-time player); their
@@ -37,6 +38,7 @@ use queue::EventQueue;
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use requests::Req;
+use weight_error::WeightErrorTracker;
 use routelab_policies::{
     EngineReport, PolicyConfig, ProbeOrder, Provenance, Router, Time, WorkerId,
 };
@@ -130,6 +132,8 @@ struct Sim<'a> {
     next_id: u64,
     events: u64,
     rec: Recorder,
+    /// The weight error's running integral.
+    werr: WeightErrorTracker,
 }
 
 impl<'a> Sim<'a> {
@@ -186,6 +190,7 @@ impl<'a> Sim<'a> {
             next_id: 0,
             events: 0,
             rec: Recorder::new(RunMetrics::new(policy.name.clone(), totals), setup.slo),
+            werr: WeightErrorTracker::default(),
         })
     }
 
@@ -234,6 +239,7 @@ impl<'a> Sim<'a> {
             }
             self.now = at;
             self.events += 1;
+            let measurements = self.rec.metrics().probe_measurements;
             match ev {
                 Ev::Arrive { req, epoch } => {
                     if self.valid(req, epoch) {
@@ -292,11 +298,19 @@ impl<'a> Sim<'a> {
                     }
                 }
                 Ev::Sample => {
+                    self.check_weights_tracked();
                     self.sample();
                     if !self.finished() {
                         self.push(self.after(self.setup.timeline_ns), Ev::Sample);
                     }
                 }
+            }
+            // The router's weights and the fleet change only at these events (and at probe
+            // measurements): the weight error is re-read exactly there.
+            if matches!(ev, Ev::Tick | Ev::Register { .. } | Ev::Lifecycle { .. })
+                || self.rec.metrics().probe_measurements != measurements
+            {
+                self.track_weights();
             }
         }
         Ok(())
@@ -374,6 +388,7 @@ impl<'a> Sim<'a> {
     }
 
     fn finish(mut self) -> RunMetrics {
+        self.close_weight_interval();
         let m = self.rec.metrics_mut();
         m.end_ns = self.now.as_nanos();
         m.events = self.events;

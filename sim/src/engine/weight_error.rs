@@ -1,0 +1,93 @@
+//! The weight error: how far the router's weight of each worker is from the oracle's, as
+//! `|ln(weight / oracle weight)|` integrated over the time the worker is active.
+//!
+//! The oracle weight is what the `oracle` strategy (with its default clamp) would give: the
+//! true capacity the simulator tells the router ([`Sim::tell_oracle`]) relative to the median of
+//! the model's active workers, by the oracle's own rule (`weights::oracle_weights`). Both
+//! weights only change where the router's weights or the fleet change — registration,
+//! lifecycle events, ticks and probe measurements — so the engine closes the running interval
+//! and re-reads every weight at exactly those events ([`Sim::track_weights`]) and the integral
+//! is exact. Debug builds check at each timeline sample that nothing moved in between.
+
+use super::Sim;
+use routelab_policies::weights::oracle_weights;
+use routelab_policies::{Clamp, Time, WorkerId};
+
+/// The clamp of the reference: the `oracle` strategy's default.
+const ORACLE_CLAMP: Clamp = Clamp::SOURCE;
+
+/// The running state of the integral.
+#[derive(Debug, Default)]
+pub(super) struct WeightErrorTracker {
+    /// True capacity by router id, tokens/s, as told to the router.
+    capacity: Vec<f64>,
+    /// By router id: the error held since `since`, or `None` while the worker is not active
+    /// (or its oracle weight is unknown).
+    held: Vec<Option<f64>>,
+    since: Time,
+}
+
+impl WeightErrorTracker {
+    /// Remember the true capacity the router was told for `id`.
+    pub(super) fn set_capacity(&mut self, id: WorkerId, tok_s: f64) {
+        if self.capacity.len() <= id.index() {
+            self.capacity.resize(id.index() + 1, 0.0);
+        }
+        self.capacity[id.index()] = tok_s;
+    }
+}
+
+impl Sim<'_> {
+    /// Close the running interval at `now` and re-read every weight and oracle weight.
+    pub(super) fn track_weights(&mut self) {
+        self.close_weight_interval();
+        let held = self.weight_errors_now();
+        self.werr.held = held;
+    }
+
+    /// Add the held errors from the last re-read to `now`.
+    pub(super) fn close_weight_interval(&mut self) {
+        let from = self.werr.since.as_secs_f64();
+        let to = self.now.as_secs_f64();
+        if to > from {
+            let m = self.rec.metrics_mut();
+            for (id, e) in self.werr.held.iter().enumerate() {
+                if let Some(e) = e {
+                    m.workers[self.by_id[id] as usize]
+                        .weight_error
+                        .add(*e, from, to);
+                }
+            }
+        }
+        self.werr.since = self.now;
+    }
+
+    /// Each router id's `|ln(weight / oracle weight)|` now (`None`: not active, or no oracle
+    /// weight).
+    fn weight_errors_now(&self) -> Vec<Option<f64>> {
+        let fleet = self.router.fleet();
+        let oracle = oracle_weights(fleet, &self.werr.capacity, ORACLE_CLAMP);
+        fleet
+            .iter()
+            .map(|(id, info)| {
+                let o = oracle[id.index()];
+                if !info.is_active() || o.is_unmeasured() {
+                    return None;
+                }
+                let w = self.router.weight(id)?.value;
+                Some((w / o.value).ln().abs()).filter(|e| e.is_finite())
+            })
+            .collect()
+    }
+
+    /// Debug builds: the held errors are still the current ones (no weight moved at an event
+    /// the engine does not re-read at).
+    pub(super) fn check_weights_tracked(&self) {
+        debug_assert_eq!(
+            self.werr.held,
+            self.weight_errors_now(),
+            "a weight changed at {} without the weight error being re-read",
+            self.now
+        );
+    }
+}
