@@ -462,6 +462,32 @@ mod tests {
     }
 
     #[test]
+    fn a_step_waits_for_busy_time_then_is_smoothed_and_bounded() {
+        let mut s = AtLoadWeights::new(AtLoadConfig::default());
+        let id = WorkerId(0);
+        s.workers.push(WorkerAtLoad::fresh(Time::ZERO));
+        // The first measurement is taken as it is.
+        assert_eq!(s.step(id, Time::ZERO, None, 3.0), 3.0);
+        s.workers[0].change(Time::ZERO, 1); // busy from 0 s on
+        // 10 s busy is below the 20 s minimum: no change.
+        assert_eq!(s.step(id, Time::from_secs_f64(10.0), Some(1.0), 8.0), 1.0);
+        // 30 s busy: half-life 60 s moves 1 - 2^-0.5 = 29 % of the way in log space, i.e.
+        // x8^0.29 = x1.84, bounded to x1.5.
+        assert_eq!(s.step(id, Time::from_secs_f64(30.0), Some(1.0), 8.0), 1.5);
+        // Idle from 30 s to 100 s, then busy to 130 s: 30 s of busy time since the change.
+        s.workers[0].change(Time::from_secs_f64(30.0), 0);
+        s.workers[0].change(Time::from_secs_f64(100.0), 1);
+        let alpha = 1.0 - 0.5f64.powf(0.5);
+        let got = s.step(id, Time::from_secs_f64(130.0), Some(1.0), 1.2);
+        assert!((got - 1.2f64.powf(alpha)).abs() < 1e-12, "{got}");
+        // Downwards the same bound, and the clamp holds.
+        assert_eq!(
+            s.step(id, Time::from_secs_f64(200.0), Some(0.3), 0.01),
+            AtLoadConfig::default().clamp.min
+        );
+    }
+
+    #[test]
     fn bucket_edges() {
         assert_eq!(bucket(0.5), 0);
         assert_eq!(bucket(1.9), 0);

@@ -13,3 +13,4 @@ mod peers;
 mod probe_lifecycle;
 mod regressions;
 mod source_figures;
+mod weights_shaping;

@@ -38,10 +38,10 @@ use queue::EventQueue;
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use requests::Req;
-use weight_error::WeightErrorTracker;
 use routelab_policies::{
     EngineReport, PolicyConfig, ProbeOrder, Provenance, Router, Time, WorkerId,
 };
+use weight_error::WeightErrorTracker;
 
 /// Run one policy over one traffic source on one fleet.
 ///
