@@ -8,3 +8,4 @@ mod peers;
 mod profiles;
 mod traffic;
 mod validation;
+mod weight_error;
