@@ -87,7 +87,7 @@ impl SlowStart {
     pub fn factor(&self, elapsed: Duration) -> f64 {
         let window = self.window.as_secs_f64();
         let t = elapsed.as_secs_f64();
-        if !(window > 0.0) || t >= window {
+        if window <= 0.0 || t >= window {
             return 1.0;
         }
         let ramp = (t / window).powf(1.0 / self.aggression);

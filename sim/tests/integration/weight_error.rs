@@ -72,7 +72,11 @@ fn a_restart_counts_the_unmeasured_gap_and_not_the_disconnected_time() {
     let pair = &m.workers[0].weight_error;
     let pro = &m.workers[1].weight_error;
     assert!((pair.active_s - end_s).abs() < 1e-9);
-    assert!((pro.active_s - (end_s - 65.0)).abs() < 1e-6, "{}", pro.active_s);
+    assert!(
+        (pro.active_s - (end_s - 65.0)).abs() < 1e-6,
+        "{}",
+        pro.active_s
+    );
     assert!((pro.active_after_s - (end_s - 665.0)).abs() < 1e-6);
     // The warm probe lands within a few per cent of the truth; the unmeasured seconds after the
     // restart and the cold first measurement dominate what is left.
@@ -80,7 +84,7 @@ fn a_restart_counts_the_unmeasured_gap_and_not_the_disconnected_time() {
 }
 
 /// The bundled Mooncake scenario cut to its first 20 minutes: 10 of warm-up, 10 measured.
-/// About 3 s in a release build, 40 s in a debug build for the three policies.
+/// Under a second for the four policies, even in a debug build.
 #[test]
 fn on_a_shortened_trace_the_oracle_has_no_error_and_the_probe_little() {
     let mut sc = load("../scenarios/traces/mooncake-conv.yaml");
