@@ -6,5 +6,6 @@ mod load_scale;
 mod mapped_traces;
 mod peers;
 mod profiles;
+mod queueing;
 mod traffic;
 mod validation;
