@@ -458,7 +458,15 @@ mod tests {
         // completion at step 4
         let at = |d: f64| tokens_out(d, 5);
         assert_eq!(
-            [at(0.0), at(0.99), at(1.0), at(2.5), at(3.0), at(3.99), at(4.0)],
+            [
+                at(0.0),
+                at(0.99),
+                at(1.0),
+                at(2.5),
+                at(3.0),
+                at(3.99),
+                at(4.0)
+            ],
             [1, 1, 2, 3, 4, 4, 4]
         );
         // two tokens: the second only with the completion
@@ -508,6 +516,10 @@ mod tests {
             assert!(w[1] - w[0] <= step_ns + 1, "token {}: {w:?}", k + 2);
             assert!(w[1] - w[0] + 1_000_000 >= step_ns, "token {}: {w:?}", k + 2);
         }
-        assert!((done - first).abs_diff(4 * step_ns) <= 1, "{}", done - first);
+        assert!(
+            (done - first).abs_diff(4 * step_ns) <= 1,
+            "{}",
+            done - first
+        );
     }
 }

@@ -183,4 +183,3 @@ fn every_shipped_profile_loads() {
     }
     assert!(n >= 7, "expected at least 7 profiles, found {n}");
 }
-

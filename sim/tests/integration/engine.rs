@@ -301,7 +301,6 @@ fn refused_scenario_events_become_run_warnings() {
     );
 }
 
-
 /// Regression (issue 10 §1): the first output token, produced by the prefill, was counted
 /// again by decode. N output tokens took the prefill plus N decode steps, so a 1-token output
 /// ended a decode step after its first token and the TPOT of a 2-token output was two steps.
@@ -344,5 +343,8 @@ fn n_output_tokens_are_n_emissions_the_first_at_the_prefill() {
         "e2e - TTFT {} s, one step at 8 is {step} s",
         e2e - ttft
     );
-    assert!(two.tpot_s.is_some_and(|t| (t - step).abs() < 1e-6), "{two:?}");
+    assert!(
+        two.tpot_s.is_some_and(|t| (t - step).abs() < 1e-6),
+        "{two:?}"
+    );
 }

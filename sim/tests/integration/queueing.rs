@@ -180,8 +180,15 @@ fn simulate(sc: &Scenario, seed: u64) -> (f64, f64) {
         outputs: 0,
     };
     let m = run(&setup, &sc.policies[0], &mut *t, Some(&mut sink)).unwrap();
-    assert_eq!((m.failed, m.completed), (0, m.requests), "every request completes");
-    (sink.e2e / sink.n as f64, sink.outputs as f64 / sink.n as f64)
+    assert_eq!(
+        (m.failed, m.completed),
+        (0, m.requests),
+        "every request completes"
+    );
+    (
+        sink.e2e / sink.n as f64,
+        sink.outputs as f64 / sink.n as f64,
+    )
 }
 
 /// Runs `seeds` independent seeds (batch means) and checks the mean response time against the
@@ -245,7 +252,10 @@ fn the_interpolation_is_the_profiles_curve_and_the_solver_is_exact_on_mm1() {
     let top = a * a / 2.0 / (1.0 - a / 2.0);
     let c = top / (1.0 + a + top);
     let t = exact_mean_response(&linear, 2, lambda, 10.0);
-    assert!((t - (1.0 / mu + c / (2.0 * mu - lambda))).abs() < 1e-9, "{t}");
+    assert!(
+        (t - (1.0 / mu + c / (2.0 * mu - lambda))).abs() < 1e-9,
+        "{t}"
+    );
     // E[N] of the rounded exponential, against a direct sum
     let m = MEAN_OUTPUT;
     let direct: f64 = (0..20_000u32)
@@ -254,7 +264,11 @@ fn the_interpolation_is_the_profiles_curve_and_the_solver_is_exact_on_mm1() {
             f64::from(k.max(1)) * pk
         })
         .sum();
-    assert!((mean_steps(m) - direct).abs() < 1e-6, "{} vs {direct}", mean_steps(m));
+    assert!(
+        (mean_steps(m) - direct).abs() < 1e-6,
+        "{} vs {direct}",
+        mean_steps(m)
+    );
 }
 
 // Statistics: the standard error of the mean response time comes from the spread of
@@ -269,7 +283,10 @@ fn the_interpolation_is_the_profiles_curve_and_the_solver_is_exact_on_mm1() {
 /// No cap: the engine's running set never binds, the engine is a processor-sharing server of
 /// rate `R(n)` in every state.
 #[test]
-#[cfg_attr(debug_assertions, ignore = "statistical, millions of requests: run in --release")]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "statistical, millions of requests: run in --release"
+)]
 fn no_cap_matches_the_birth_death_chain() {
     check_against_the_chain("equal/round-robin/no-affinity/none", u32::MAX, 4, 500_000);
 }
@@ -277,7 +294,10 @@ fn no_cap_matches_the_birth_death_chain() {
 /// The router's flat cap of 8 with its FIFO queue: the queue is served at the capped rate
 /// `R(8)`.
 #[test]
-#[cfg_attr(debug_assertions, ignore = "statistical, millions of requests: run in --release")]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "statistical, millions of requests: run in --release"
+)]
 fn flat_cap_and_fifo_queue_match_the_birth_death_chain() {
     check_against_the_chain("equal/round-robin/no-affinity/flat:8", 8, 8, 600_000);
 }
