@@ -22,19 +22,19 @@
 //! share of the server for `N` steps: its prefill step and `N − 1` decode steps. Measured (8
 //! seeds × 10⁶ requests): with `E[N] − 1` steps the chain is off by +0.40 % without a cap and by
 //! +1.47 % with `flat:8` (outside the 1 % band); with `E[N]` steps by −0.08 % and −0.10 %
-//! (standard errors 0.03 % and 0.16 %). What
-//! is left is second order: during its prefill step a sequence is not among the `n` that set
-//! the step's length (the step lasts `(n−1) / R(n−1)`, a little shorter than `n / R(n)`, for
-//! one step in 256), and a request arriving at an empty engine is prefilled at once.
+//! (standard errors 0.03 % and 0.16 %). What is left is second order: during its prefill step
+//! a sequence is not among the `n` that set the step's length (the step lasts
+//! `(n−1) / R(n−1)`, a little shorter than `n / R(n)`, for one step in 256), and a request
+//! arriving at an empty engine is prefilled at once.
 //!
 //! **Rounding.** `round(Exp(m))` clamped to ≥ 1 is geometric in the number of steps (`P(N = k)
 //! ∝ e^{−k/m}` for `k ≥ 2`): memoryless at every step boundary, the discrete twin of the
 //! exponential, with a squared coefficient of variation `1 − 1/E[N]` instead of 1, 0.4 % off at
 //! `m = 256`. Without a cap the server is a symmetric (processor-sharing) queue, whose mean is
 //! insensitive to the work's distribution beyond its mean (F. P. Kelly, *Reversibility and
-//! Stochastic Networks*, 1979, on symmetric queues); with the cap, only the FIFO wait (a third of `T` here)
-//! depends on it, through that 0.4 %: of the order of 0.15 % of `T`. `E[N]` itself is computed
-//! exactly ([`mean_steps`]).
+//! Stochastic Networks*, 1979, on symmetric queues); with the cap, only the FIFO wait (a third
+//! of `T` here) depends on it, through that 0.4 %: of the order of 0.15 % of `T`. `E[N]` itself
+//! is computed exactly ([`mean_steps`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
