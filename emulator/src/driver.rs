@@ -19,6 +19,15 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
+/// Tokens a decoding sequence of `output` tokens has produced after `decoded` decode steps
+/// ([`EngineModel::decoded_tokens`]): the prefill's step produced the first, decode step `k`
+/// produces token `k + 1`. The last one is left to the completion, which delivers it, so this
+/// stays below `output` (and at least 1: a decoding sequence has its first token).
+fn tokens_out(decoded: f64, output: u32) -> u32 {
+    let after_first = decoded.max(0.0).floor().min(f64::from(u32::MAX - 1)) as u32;
+    (1 + after_first).min(output.saturating_sub(1)).max(1)
+}
+
 /// Wall clock → model clock.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ModelClock {
@@ -330,7 +339,7 @@ impl Driver {
             }
         }
         self.advance(st, now);
-        // pacing: tokens 2..T are spread over the T decode steps after the first token
+        // pacing: token k + 1 comes out with decode step k after the first token
         let State {
             engine,
             streams,
@@ -342,9 +351,7 @@ impl Driver {
                 continue;
             }
             if let Some(d) = engine.decoded_tokens(now, seq) {
-                let t = f64::from(s.output);
-                let n = (1.0 + (d * (t - 1.0) / t).floor()) as u32;
-                let n = n.min(s.output.saturating_sub(1)).max(1);
+                let n = tokens_out(d, s.output);
                 if n > s.produced {
                     s.produced = n;
                     deliveries.push_back((now + half, seq, Update::Tokens(n)));
@@ -437,5 +444,82 @@ impl Driver {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use routelab_sim::worker::EngineOverrides;
+
+    #[test]
+    fn token_k_plus_one_comes_with_decode_step_k() {
+        // 5 tokens: the first from the prefill, tokens 2..=4 at steps 1..=3, the fifth with the
+        // completion at step 4
+        let at = |d: f64| tokens_out(d, 5);
+        assert_eq!(
+            [
+                at(0.0),
+                at(0.99),
+                at(1.0),
+                at(2.5),
+                at(3.0),
+                at(3.99),
+                at(4.0)
+            ],
+            [1, 1, 2, 3, 4, 4, 4]
+        );
+        // two tokens: the second only with the completion
+        assert_eq!((tokens_out(0.0, 2), tokens_out(0.999, 2)), (1, 1));
+        assert_eq!(tokens_out(f64::MAX, 7), 6);
+    }
+
+    /// Driven by the engine: every token of a 5-token output comes out one decode step after
+    /// the one before, the first at the prefill's end, 5 in all.
+    #[test]
+    fn an_n_token_output_streams_n_tokens_one_step_apart() {
+        let profile = Arc::new(
+            routelab_sim::HardwareProfile::from_yaml_str(
+                "name: t\ndecode:\n  points:\n    - { concurrency: 1, aggregate_tok_s: 100 }\n\
+                 prefill_tok_s: 1000\nkv_capacity_tokens: 100000\nmax_running: 8\n\
+                 context_window: 1024\n",
+                "t.yaml",
+            )
+            .unwrap(),
+        );
+        let mut engine = EngineModel::new(profile, EngineOverrides::default(), 1);
+        engine.admit(0, 1, 100, 5, &[]);
+        let mut out = Vec::new();
+        let first = engine.next_event_time().unwrap();
+        engine.advance_to(first, &mut out);
+        // 100 prompt tokens at 1,000 tok/s
+        assert_eq!(out[0].at(), 100_000_000);
+        let step_ns = 10_000_000; // 100 tok/s alone
+        let mut emitted = vec![first];
+        let mut produced = 1;
+        for t in (first..first + 5 * step_ns).step_by(1_000_000) {
+            if let Some(d) = engine.decoded_tokens(t, 1) {
+                let n = tokens_out(d, 5);
+                if n > produced {
+                    produced = n;
+                    emitted.push(t);
+                }
+            }
+        }
+        out.clear();
+        let done = engine.next_event_time().unwrap();
+        engine.advance_to(done, &mut out);
+        assert!(matches!(out[0], EngineOutput::Completed(_)));
+        emitted.push(done);
+        assert_eq!(emitted.len(), 5, "{emitted:?}");
+        for (k, w) in emitted.windows(2).enumerate() {
+            assert!(w[1] - w[0] <= step_ns + 1, "token {}: {w:?}", k + 2);
+            assert!(w[1] - w[0] + 1_000_000 >= step_ns, "token {}: {w:?}", k + 2);
+        }
+        assert!(
+            (done - first).abs_diff(4 * step_ns) <= 1,
+            "{}",
+            done - first
+        );
     }
 }

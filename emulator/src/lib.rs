@@ -8,8 +8,8 @@
 //!   /v1/completions`, `GET /v1/models`, `GET /health`, and `GET /emulator/stats`) driven by one
 //!   [`routelab_sim::EngineModel`] in real time — `speedup` times faster than the wall clock
 //!   when asked, so a 300 s scenario plays in 30 s. First token at the model's first-token
-//!   time, then tokens paced by the sequence's decode progress, the last one at the model's
-//!   completion; round trips, cold start, degraded speed and the prefix cache as in the
+//!   time (the end of the prefill), then one token per decode step of the sequence's
+//!   progress, the last one at the model's completion: `N` tokens in all for `N` asked; round trips, cold start, degraded speed and the prefix cache as in the
 //!   simulator. It always generates exactly `max_tokens` tokens (there is no end-of-sequence
 //!   model; `min_tokens` and `ignore_eos` are accepted and checked). A request whose client
 //!   goes away before its end (the connection closes) is aborted in the engine at once, as vLLM

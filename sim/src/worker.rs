@@ -18,10 +18,12 @@
 //!   prefill tokens)` of the FIFO prefill queue, so a step lasts `step_time_s(n) + c /
 //!   prefill_tok_s`. Each decoding sequence therefore advances at `1 / step` tokens/s
 //!   (processor sharing; with no prefill that is `per_request_tok_s(n)`), the prefill queue at
-//!   `c / step` tokens/s (the full `prefill_tok_s` when nothing decodes). The first token of a
-//!   sequence is emitted when its prefill ends; it completes after `output_tokens` further
-//!   decode steps' worth of service (so one sequence alone completes at
-//!   `prefill + T / per_request_tok_s(1)`).
+//!   `c / step` tokens/s (the full `prefill_tok_s` when nothing decodes).
+//! * **The first token is the prefill's.** As in vLLM, the step that finishes a sequence's
+//!   prefill also samples its first output token, so `T` output tokens are `T` emissions in
+//!   all: the first when the prefill ends, then `T - 1` decode steps' worth of service (one
+//!   sequence alone completes at `prefill + (T - 1) / per_request_tok_s(1)`; a 1-token output
+//!   completes at its first token, and TPOT = (e2e - TTFT) / (T - 1) is one decode step).
 //! * **Speed multipliers** (all rates): the node's `speed_factor` (degraded node), the cold
 //!   penalty (`cold_start.speed_factor` until `cold_start.warmup_tokens` of decode + prefill work
 //!   have been done since ready), and an epoch factor, lognormal with mean 1, redrawn every
@@ -477,8 +479,9 @@ impl EngineModel {
     }
 
     /// Decode progress of sequence `seq` at `now` (ns): the decode steps' worth of service it
-    /// has received since its first token, in `0..=output_tokens` (fractional; it completes
-    /// after `output_tokens` of them). `None` if `seq` is not decoding (waiting, prefilling,
+    /// has received since its first token, in `0..=output_tokens - 1` (fractional; the prefill
+    /// produced the first token, decode step `k` the token `k + 1`, and it completes after
+    /// `output_tokens - 1` of them). `None` if `seq` is not decoding (waiting, prefilling,
     /// finished or unknown). Read-only and allocation-free (a scan of the engine's slots);
     /// exact for `now` between the last event processed and [`Self::next_event_time`], clamped
     /// beyond it, so call [`Self::advance_to`] first. For hosts that pace a token stream.
@@ -490,7 +493,7 @@ impl EngineModel {
         let dt = now.saturating_sub(self.t0) as f64 / NS_PER_S;
         let v = self.v + self.rate_v * dt;
         let done = (v - s.decode_start) / s.noise;
-        Some(done.clamp(0.0, f64::from(s.output)))
+        Some(done.clamp(0.0, f64::from(s.output - 1)))
     }
 
     /// Sequences in the engine (running + waiting).
@@ -781,9 +784,15 @@ impl EngineModel {
             at: now,
             cached_tokens: s.cached,
         });
+        // The prefill step produced the first token: `output - 1` decode steps remain, none
+        // for a 1-token output, which is complete now.
+        if s.output == 1 {
+            self.complete(h, now, out);
+            return;
+        }
         s.phase = Phase::Decode;
         s.decode_start = self.v;
-        let finish = self.v + f64::from(s.output) * s.noise;
+        let finish = self.v + f64::from(s.output - 1) * s.noise;
         self.decode.push(DecodeKey {
             finish,
             seq: s.seq,

@@ -106,10 +106,14 @@ fn decode_heavy_probe_misjudges_long_prompts() {
 
 #[test]
 fn trace_scenarios_replay_whole_and_rank_the_estimators() {
-    for (file, rows) in [
-        ("traces/azure-conv.yaml", 19_366),
-        ("traces/azure-code.yaml", 8_819),
-        ("traces/mooncake-conv.yaml", 12_031),
+    // On the code trace the tail difference between v3 and v1 is not established (6 seeds
+    // since issue 10's first-token accounting: e2e p99 +2.2 % [-10.3, +14.6]; before it, also
+    // undetermined in docs/findings.md), so one seed's tail may fall either way: there v3 is
+    // held to its established lead on the mean (-8.0 % [-9.8, -6.1]).
+    for (file, rows, tail_established) in [
+        ("traces/azure-conv.yaml", 19_366, true),
+        ("traces/azure-code.yaml", 8_819, false),
+        ("traces/mooncake-conv.yaml", 12_031, true),
     ] {
         let sc = load(file);
         let v1 = run_named(&sc, "seed-v1");
@@ -122,14 +126,24 @@ fn trace_scenarios_replay_whole_and_rank_the_estimators() {
             );
             assert_eq!(m.completed + m.failed + m.rejected, rows);
         }
-        // Measured weights never lose to the GPU-name table on the tail, and the oracle bounds both.
+        // Measured weights do not lose to the GPU-name table on the tail (on the mean where the
+        // tail is undetermined), and the oracle bounds both.
         let p99 = |m: &RunMetrics| m.e2e.quantile_secs(0.99).unwrap();
-        assert!(
-            p99(&v3) <= p99(&v1) * 1.02,
-            "{file}: v3 p99 {} vs v1 {}",
-            p99(&v3),
-            p99(&v1)
-        );
+        if tail_established {
+            assert!(
+                p99(&v3) <= p99(&v1) * 1.02,
+                "{file}: v3 p99 {} vs v1 {}",
+                p99(&v3),
+                p99(&v1)
+            );
+        } else {
+            assert!(
+                mean_e2e(&v3) <= mean_e2e(&v1),
+                "{file}: v3 mean {} vs v1 {}",
+                mean_e2e(&v3),
+                mean_e2e(&v1)
+            );
+        }
         assert!(mean_e2e(&oracle) <= mean_e2e(&v3) * 1.02, "{file}");
     }
 }

@@ -164,7 +164,8 @@ async fn post(c: &HttpClient, url: &str, body: &str) -> (u16, String, Duration) 
     )
 }
 
-/// One request alone on an emulator takes the model's time: prefill + T / per-request speed.
+/// One request alone on an emulator takes the model's time: prefill (which brings the first
+/// token) + (T - 1) / per-request speed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lone_request_takes_the_models_time_and_speaks_openai() {
     let _serial = SERIAL.lock().await;
@@ -181,7 +182,8 @@ async fn a_lone_request_takes_the_models_time_and_speaks_openai() {
     assert_eq!(s, 200);
     assert!(models.contains("\"id\":\"m\""), "{models}");
 
-    // non-streaming: 600 prompt tokens at 6,000 tok/s + 212 tokens at 106 tok/s = 2.1 s model
+    // non-streaming: 600 prompt tokens at 6,000 tok/s, then the 211 tokens after the first at
+    // 106 tok/s: 2.09 s model
     let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":212,"prompt_tokens":600}"#;
     let (s, text, took) = post(&c, &format!("{base}/v1/chat/completions"), body).await;
     assert_eq!(s, 200, "{text}");
@@ -189,7 +191,7 @@ async fn a_lone_request_takes_the_models_time_and_speaks_openai() {
     assert_eq!(v["usage"]["completion_tokens"], 212);
     assert_eq!(v["usage"]["prompt_tokens"], 600);
     assert_eq!(v["choices"][0]["finish_reason"], "length");
-    let want = 0.1 + 212.0 / 106.0;
+    let want = 0.1 + 211.0 / 106.0;
     let got = took.as_secs_f64() * 10.0;
     assert!(
         (got - want).abs() < 0.05 * want,
@@ -209,6 +211,13 @@ async fn a_lone_request_takes_the_models_time_and_speaks_openai() {
     let content = events.iter().filter(|e| e.contains("\"text\":\" ")).count();
     assert_eq!(content, 20, "{text}");
     assert!(events[events.len() - 2].contains("\"completion_tokens\":20"));
+    // one token: it is the prefill's, and the request ends with it (issue 10)
+    let body = r#"{"model":"m","prompt":"once","max_tokens":1,"stream":true,"stream_options":{"include_usage":true}}"#;
+    let (s, text, _) = post(&c, &format!("{base}/v1/completions"), body).await;
+    assert_eq!(s, 200, "{text}");
+    let content = text.matches("\"text\":\" ").count();
+    assert_eq!(content, 1, "{text}");
+    assert!(text.contains("\"completion_tokens\":1"), "{text}");
 
     // errors
     let (s, text, _) = post(
@@ -228,7 +237,7 @@ async fn a_lone_request_takes_the_models_time_and_speaks_openai() {
     assert!(text.contains("context_length_exceeded"));
     let snap = emu.snapshot();
     assert_eq!((snap.in_flight, snap.streams), (0, 0));
-    assert_eq!(snap.counters.completed, 2);
+    assert_eq!(snap.counters.completed, 3);
     emu.shutdown(Duration::from_secs(1)).await;
 }
 
@@ -239,7 +248,7 @@ async fn round_trip_and_cold_start_follow_the_model() {
     let p = profile("rtx-pro-6000-27b");
     let c = client();
     let body = r#"{"model":"gemma-27b","messages":[{"role":"user","content":"x"}],"max_tokens":212,"prompt_tokens":600}"#;
-    let warm_s = 0.1 + 212.0 / 106.0;
+    let warm_s = 0.1 + 211.0 / 106.0;
 
     // 400 ms round trip at x5: before admission and on the way back
     let mut opts = EmulatorOptions::new(p.clone());
@@ -260,7 +269,7 @@ async fn round_trip_and_cold_start_follow_the_model() {
     );
     emu.kill();
 
-    // cold: every rate x0.25 until 2,800 tokens of work (this request is 812)
+    // cold: every rate x0.25 until 2,800 tokens of work (this request is 600 + 211)
     let mut opts = EmulatorOptions::new(p);
     opts.speedup = 20.0;
     opts.overrides.start_cold = true;

@@ -435,7 +435,11 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
             let probe = ProbeConfig::default();
             let warm = curve_at(cold.concurrency);
             let factor = round_to((cold.tok_s / warm).min(1.0), 1e4);
-            let warmup = cold.concurrency * f64::from(probe.prompt_tokens + probe.output_tokens);
+            // The engine's work for one burst: each sequence prefills its prompt, and its
+            // first output token comes with the prefill's step, so `output - 1` decode tokens
+            // follow. Counting all `output` would leave the next burst a little cold.
+            let decode_tokens = probe.output_tokens.saturating_sub(1);
+            let warmup = cold.concurrency * f64::from(probe.prompt_tokens + decode_tokens);
             fitted_notes.push(format!(
                 "cold_start.speed_factor = cold burst {} tok/s / fitted warm {} tok/s at \
                  concurrency {} (capped at 1)",
@@ -443,8 +447,9 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
             ));
             extrapolated.push(format!(
                 "cold_start.warmup_tokens (assumed: the cold penalty lasts one burst of the \
-                 probe's shape, {} x ({} prompt + {} output) tokens)",
-                cold.concurrency, probe.prompt_tokens, probe.output_tokens
+                 probe's shape, the engine's work for it: {} x ({} prompt + {} decode) tokens, \
+                 the first of the {} output tokens coming with the prefill)",
+                cold.concurrency, probe.prompt_tokens, decode_tokens, probe.output_tokens
             ));
             Some((factor, warmup))
         }
@@ -1055,7 +1060,15 @@ mod tests {
         assert!((p.prefill_tok_s() - 1000.0).abs() < 1e-9);
         let cold = p.cold_start();
         assert!((cold.speed_factor - 100.0 / 415.0).abs() < 1e-4);
-        assert_eq!(cold.warmup_tokens, 16.0 * 192.0);
+        // one probe burst of work: 64 prompt + 127 decode tokens per sequence
+        assert_eq!(cold.warmup_tokens, 16.0 * 191.0);
+        assert!(
+            p.extrapolated()
+                .iter()
+                .any(|e| e.contains("16 x (64 prompt + 127 decode) tokens")),
+            "{:?}",
+            p.extrapolated()
+        );
         assert!(
             p.fitted().iter().any(|n| n.contains("2 of 3 points moved")),
             "{:?}",

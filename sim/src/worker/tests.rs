@@ -62,11 +62,12 @@ fn single_sequence_alone() {
         }
         _ => panic!("first token first"),
     }
+    // the prefill produced token 1: 199 decode steps at 100 tok/s follow
     let c = completions(&out)[0];
-    assert!(close_ns(c.at, prefill + 200.0 / 100.0), "{}", c.at);
+    assert!(close_ns(c.at, prefill + 199.0 / 100.0), "{}", c.at);
     assert_eq!(e.in_flight(), 0);
     assert!(e.next_event_time().is_none());
-    assert!(close_ns(e.busy_ns(), 2.5));
+    assert!(close_ns(e.busy_ns(), 2.49));
 }
 
 #[test]
@@ -83,10 +84,10 @@ fn equal_sequences_finish_together_at_the_shared_rate() {
         let per = p.per_request_tok_s(n as f64);
         for c in &cs {
             assert!(
-                close_ns(c.at, 300.0 / per),
+                close_ns(c.at, 299.0 / per),
                 "n={n}: {} vs {}",
                 c.at,
-                300.0 / per
+                299.0 / per
             );
         }
         // ties by sequence id
@@ -104,7 +105,8 @@ fn shorter_sequence_leaves_and_the_other_speeds_up() {
     let cs = completions(&drain(&mut e));
     let per2 = p.per_request_tok_s(2.0);
     let per1 = p.per_request_tok_s(1.0);
-    let t1 = 100.0 / per2;
+    // 99 and 299 decode steps after the first tokens
+    let t1 = 99.0 / per2;
     assert!(close_ns(cs[0].at, t1));
     assert!(close_ns(cs[1].at, t1 + 200.0 / per1));
 }
@@ -258,8 +260,9 @@ fn restart_fails_in_flight_and_comes_back_cold() {
     e.admit(S, 4, 10, 200, &[]);
     let cs = completions(&drain(&mut e));
     assert_eq!(cs.len(), 1);
-    // from t = 2 s: 10 prefill tokens + 90 decode tokens at 50 tok/s, then 110 at 100 tok/s
-    assert!(close_ns(cs[0].at, 2.0 + 1.8 + 1.1), "{}", cs[0].at);
+    // from t = 2 s: 10 prefill tokens + 90 decode tokens at 50 tok/s, then the remaining 109
+    // of its 199 decode steps at 100 tok/s
+    assert!(close_ns(cs[0].at, 2.0 + 1.8 + 1.09), "{}", cs[0].at);
     assert!(e.is_warm());
     let failed = e.crash(10 * S);
     assert!(failed.is_empty());
@@ -304,7 +307,7 @@ fn degraded_node_is_slower() {
     let mut e = EngineModel::new(p.clone(), o, 1);
     e.admit(0, 1, 10, 100, &[]);
     let cs = completions(&drain(&mut e));
-    assert!(close_ns(cs[0].at, 2.0));
+    assert!(close_ns(cs[0].at, 99.0 / 50.0));
 }
 
 fn burst_tok_s(e: &mut EngineModel, start: u64) -> f64 {
@@ -511,8 +514,8 @@ fn decoded_tokens_tracks_decode_progress() {
     e.admit(t1, 8, 1, 50, &[]);
     let d1 = e.decoded_tokens(t1, 7).unwrap();
     assert!((d1 - 100.0).abs() < 1e-3, "{d1}");
-    // clamped at the output length far in the future
-    assert_eq!(e.decoded_tokens(first + 1000 * S, 7), Some(200.0));
+    // clamped at its decode steps (the output length less the prefill's token) far ahead
+    assert_eq!(e.decoded_tokens(first + 1000 * S, 7), Some(199.0));
     let out = drain(&mut e);
     assert_eq!(completions(&out).len(), 2);
     assert_eq!(e.decoded_tokens(first + 1000 * S, 7), None);
@@ -545,7 +548,8 @@ fn aborting_a_decoding_sequence_frees_its_slot_and_the_other_speeds_up() {
     out.extend(drain(&mut e));
     let cs = completions(&out);
     assert_eq!(cs.iter().map(|c| c.seq).collect::<Vec<_>>(), vec![1]);
-    let want = half as f64 / S as f64 + 200.0 / per1;
+    // 100 of its 299 decode steps done at 2, the other 199 alone
+    let want = half as f64 / S as f64 + 199.0 / per1;
     assert!(close_ns(cs[0].at, want), "{} vs {want}", cs[0].at);
     assert_eq!(e.in_flight(), 0);
 }
@@ -609,4 +613,74 @@ fn aborting_an_unknown_or_finished_sequence_changes_nothing() {
     let t = out.last().unwrap().at();
     assert!(!e.abort(t, 1));
     assert_eq!(e.in_flight(), 0);
+}
+
+// ---- first-token accounting (issue 10 §1) ---------------------------------------------------
+// The prefill step produces the first output token (as in vLLM): `T` output tokens are `T`
+// emissions, the first at the prefill's end and `T - 1` decode steps after it.
+
+#[test]
+fn one_token_output_completes_at_its_first_token() {
+    let p = profile();
+    let mut e = engine(&p);
+    e.admit(0, 3, 250, 1, &[]);
+    let out = drain(&mut e);
+    assert_eq!(out.len(), 2, "{out:?}");
+    let first = first_token_of(&out, 3).expect("a first token");
+    assert!(close_ns(first, 250.0 / 1000.0), "{first}");
+    let c = completions(&out)[0];
+    // e2e == TTFT exactly: no decode step follows the prefill's token
+    assert_eq!(c.at, first);
+    assert_eq!(c.first_token_at, first);
+    // the first token is reported before the completion at the same instant
+    assert!(matches!(out[0], EngineOutput::FirstToken { seq: 3, .. }));
+    assert_eq!((e.in_flight(), e.decoding(), e.kv_used_tokens()), (0, 0, 0));
+}
+
+#[test]
+fn two_token_output_completes_one_decode_step_after_its_first_token() {
+    // prefill negligible: seven long sequences and the 2-token one decode together, so the
+    // 2-token one needs exactly one step at concurrency 8
+    let p = profile_with("", 1e12, 64, 100_000);
+    let mut e = engine(&p);
+    for s in 0..7 {
+        e.admit(0, s, 10, 1_000, &[]);
+    }
+    e.admit(0, 7, 10, 2, &[]);
+    let out = drain(&mut e);
+    let first = first_token_of(&out, 7).expect("a first token");
+    let c = completions(&out)
+        .into_iter()
+        .find(|c| c.seq == 7)
+        .expect("completes");
+    let step = 1.0 / p.per_request_tok_s(8.0);
+    assert!(
+        close_ns(c.at - first, step),
+        "e2e - TTFT {} ns, one step at 8 is {step} s",
+        c.at - first
+    );
+    // the long ones: 999 steps, the first at concurrency 8, the rest at 7
+    let long = completions(&out).into_iter().find(|c| c.seq == 0).unwrap();
+    let want = step + 998.0 / p.per_request_tok_s(7.0);
+    assert!(
+        close_ns(long.at - long.first_token_at, want),
+        "{} vs {want}",
+        long.at - long.first_token_at
+    );
+}
+
+#[test]
+fn decoded_tokens_of_a_two_token_output_ends_at_one_step() {
+    let p = profile_with("", 1e12, 64, 100_000);
+    let mut e = engine(&p);
+    e.admit(0, 1, 10, 2, &[]);
+    let first = e.next_event_time().unwrap();
+    let mut out = Vec::new();
+    e.advance_to(first, &mut out);
+    assert_eq!(e.decoded_tokens(first, 1), Some(0.0));
+    // half a step in: half of its one decode step; far ahead: clamped at that one step
+    let half = first + (0.5 / p.per_request_tok_s(1.0) * S as f64) as u64;
+    let d = e.decoded_tokens(half, 1).unwrap();
+    assert!((d - 0.5).abs() < 1e-6, "{d}");
+    assert_eq!(e.decoded_tokens(first + 10 * S, 1), Some(1.0));
 }

@@ -128,6 +128,10 @@ fn quiet_hours_ties_to_the_higher_weight_lower_latency() {
 }
 
 /// M/G/1 processor sharing: mean response = E[S] / (1 - rho), whatever the service distribution.
+/// The decode server's work is the `N - 1` tokens after the first (the prefill produced it).
+/// The prefill of a one-token prompt costs the server nothing but the request one engine step,
+/// which with `n` decoding lasts `n / 1000` s; an arrival sees on average `rho / (1 - rho)`
+/// decoding, so that step adds `rho / (1 - rho) / 1000` s (~0.7 % of the response time here).
 #[test]
 fn single_worker_matches_processor_sharing_theory() {
     let sc = load("tests/data/mm1-ps.yaml");
@@ -135,13 +139,19 @@ fn single_worker_matches_processor_sharing_theory() {
     let mut t = sc.traffic_source(sc.setup.seed).unwrap();
     let m = run(&sc.setup, &sc.policies[0], &mut *t, Some(&mut rows)).unwrap();
     assert_eq!(m.completed, 300_000);
-    // Exact E[S] of the lengths drawn (rounded exponential), at 1000 tok/s.
-    let mean_s =
-        rows.iter().map(|r| f64::from(r.output_tokens)).sum::<f64>() / rows.len() as f64 / 1000.0;
+    // Exact E[S] of the lengths drawn (rounded exponential), less the prefill's token, at
+    // 1000 tok/s.
+    let mean_s = rows
+        .iter()
+        .map(|r| f64::from(r.output_tokens - 1))
+        .sum::<f64>()
+        / rows.len() as f64
+        / 1000.0;
     let span = m.last_completion_ns as f64 / 1e9;
     let rate = rows.len() as f64 / span;
     let rho = rate * mean_s;
-    let expected = mean_s / (1.0 - rho);
+    let prefill_step = rho / (1.0 - rho) / 1000.0;
+    let expected = mean_s / (1.0 - rho) + prefill_step;
     let got = rows
         .iter()
         .map(|r| r.e2e_s.expect("completed"))
@@ -288,5 +298,53 @@ fn refused_scenario_events_become_run_warnings() {
     assert_eq!(
         probe.workers[0].final_provenance,
         routelab_policies::Provenance::Pinned
+    );
+}
+
+/// Regression (issue 10 §1): the first output token, produced by the prefill, was counted
+/// again by decode. N output tokens took the prefill plus N decode steps, so a 1-token output
+/// ended a decode step after its first token and the TPOT of a 2-token output was two steps.
+/// As in vLLM, the prefill step emits the first token and N − 1 decode steps follow.
+#[test]
+fn n_output_tokens_are_n_emissions_the_first_at_the_prefill() {
+    // Seven long requests keep the engine decoding; at 1 s one short request of `output`
+    // tokens arrives: its prefill rides in a step beside the seven, then it decodes with them.
+    let src = |output: u32| {
+        format!(
+            "name: test/first-token\nseed: 3\n\
+             fleet:\n  - {{ name: pro, profile: rtx-pro-6000-27b }}\n\
+             traffic:\n  - burst: {{ at_s: 0, size: 7, prompt: {{ fixed: 8 }}, output: {{ fixed: 4000 }} }}\n\
+             \x20 - burst: {{ at_s: 1, size: 1, prompt: {{ fixed: 8 }}, output: {{ fixed: {output} }} }}\n\
+             policies: [\"equal/p2c/no-affinity/none\"]\ntimeline_s: 0\n"
+        )
+    };
+    let short_row = |output: u32| {
+        let sc = inline("first-token.yaml", &src(output));
+        let mut rows: Vec<RequestRecord> = Vec::new();
+        let mut t = sc.traffic_source(sc.setup.seed).unwrap();
+        let m = run(&sc.setup, &sc.policies[0], &mut *t, Some(&mut rows)).unwrap();
+        assert_eq!((m.completed, rows.len()), (8, 8));
+        let short = rows
+            .into_iter()
+            .find(|r| r.output_tokens == output)
+            .expect("the short request");
+        (sc, short)
+    };
+    // One token: the request ends with its first token.
+    let (_, one) = short_row(1);
+    assert!(one.ttft_s.is_some_and(|t| t > 0.0), "{one:?}");
+    assert_eq!(one.e2e_s, one.ttft_s, "{one:?}");
+    // Two tokens: one decode step at concurrency 8 after the first token.
+    let (sc, two) = short_row(2);
+    let step = 1.0 / sc.setup.workers[0].profile.per_request_tok_s(8.0);
+    let (ttft, e2e) = (two.ttft_s.unwrap(), two.e2e_s.unwrap());
+    assert!(
+        ((e2e - ttft) - step).abs() < 1e-6,
+        "e2e - TTFT {} s, one step at 8 is {step} s",
+        e2e - ttft
+    );
+    assert!(
+        two.tpot_s.is_some_and(|t| (t - step).abs() < 1e-6),
+        "{two:?}"
     );
 }

@@ -6,6 +6,7 @@ mod load_scale;
 mod mapped_traces;
 mod peers;
 mod profiles;
+mod queueing;
 mod traffic;
 mod validation;
 mod weight_error;
