@@ -2,16 +2,19 @@
 //! (`prefix_knowledge: kv-events`): for every worker, exactly the blocks it announced stored and
 //! has not announced removed.
 //!
-//! A lookup finds the worker with the longest leading match of a request's block chain by a
-//! binary search over the chain (7 probes for 64 blocks), which is exact when each engine's
-//! cache holds whole leading chains: a block is only of use with every block before it, and
-//! vLLM frees a finished request's blocks tail first, so it evicts a chain from its end. Among
-//! workers with the same longest match the one that stored the deepest block last is the
-//! holder. Looking up never allocates; applying events may (a block seen for the first time).
+//! A block is of use to an engine only with every block before it, so the mirror also keeps,
+//! per worker, which of its blocks are *rooted* (their whole chain of parents, as the `Stored`
+//! events name them, is held too). Rooted blocks are closed under "parent of", so a binary
+//! search over a request's chain (7 probes for 64 blocks) finds the longest leading match
+//! exactly, whatever order the engine evicts in. Removing a block un-roots the blocks below it
+//! on that worker and storing it again re-roots them (both rare: vLLM evicts a chain from its
+//! end, whose blocks have nothing below them). Among the workers with the longest match, the
+//! one whose deepest matched block became rooted last is the holder. Looking up never
+//! allocates; applying events may (a block seen for the first time).
 
 use crate::kv::KvEvent;
 use crate::worker::WorkerId;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// Block hashes are already chain hashes; one multiply spreads them over the table's bits
@@ -38,13 +41,29 @@ impl Hasher for BlockHasher {
 
 type Build = BuildHasherDefault<BlockHasher>;
 
+/// A block a worker holds.
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    parent: Option<u64>,
+    rooted: bool,
+}
+
+/// One worker's announced blocks.
+#[derive(Clone, Default)]
+struct Cache {
+    held: HashMap<u64, Held, Build>,
+    /// Parent → its children the worker holds, in the order they were stored.
+    children: HashMap<u64, Vec<u64>, Build>,
+}
+
 /// Every worker's announced blocks.
 #[derive(Clone, Default)]
 pub(crate) struct KvMirror {
-    /// Block → the workers holding it, in the order they stored it (the last is the holder).
-    holders: HashMap<u64, Vec<u32>, Build>,
-    /// Per worker (by id): the blocks it holds.
-    held: Vec<HashSet<u64, Build>>,
+    /// Block → the workers on which it is rooted, in the order it became so (the last is the
+    /// holder).
+    rooted: HashMap<u64, Vec<u32>, Build>,
+    /// Per worker (by id).
+    caches: Vec<Cache>,
     /// (worker, block) pairs held.
     pairs: usize,
 }
@@ -52,8 +71,8 @@ pub(crate) struct KvMirror {
 impl KvMirror {
     /// Make room for workers `0..n`.
     pub fn reserve_workers(&mut self, n: usize) {
-        if self.held.len() < n {
-            self.held.resize_with(n, HashSet::default);
+        if self.caches.len() < n {
+            self.caches.resize_with(n, Cache::default);
         }
     }
 
@@ -62,57 +81,137 @@ impl KvMirror {
         self.reserve_workers(worker.index() + 1);
         for e in events {
             match *e {
-                // The parent is implied: a chain hash names the whole prefix up to its block.
-                KvEvent::Stored { block, .. } => {
-                    if self.held[worker.index()].insert(block) {
-                        self.holders.entry(block).or_default().push(worker.0);
-                        self.pairs += 1;
-                    }
-                }
-                KvEvent::Removed { block } => {
-                    if self.held[worker.index()].remove(&block) {
-                        self.unhold(block, worker.0);
-                    }
-                }
+                KvEvent::Stored { block, parent } => self.store(worker.0, block, parent),
+                KvEvent::Removed { block } => self.remove(worker.0, block),
                 KvEvent::AllCleared => self.forget_worker(worker),
             }
         }
     }
 
-    fn unhold(&mut self, block: u64, worker: u32) {
+    fn store(&mut self, w: u32, block: u64, parent: Option<u64>) {
+        let cache = &mut self.caches[w as usize];
+        if cache.held.contains_key(&block) {
+            return;
+        }
+        let rooted = match parent {
+            None => true,
+            Some(p) => cache.held.get(&p).is_some_and(|h| h.rooted),
+        };
+        cache.held.insert(
+            block,
+            Held {
+                parent,
+                rooted: false,
+            },
+        );
+        if let Some(p) = parent {
+            cache.children.entry(p).or_default().push(block);
+        }
+        self.pairs += 1;
+        if rooted {
+            self.set_rooted(w, block, true);
+        }
+    }
+
+    fn remove(&mut self, w: u32, block: u64) {
+        let cache = &mut self.caches[w as usize];
+        let Some(gone) = cache.held.remove(&block) else {
+            return;
+        };
+        if let Some(p) = gone.parent
+            && let Some(list) = cache.children.get_mut(&p)
+        {
+            if let Some(pos) = list.iter().position(|&c| c == block) {
+                list.remove(pos);
+            }
+            if list.is_empty() {
+                cache.children.remove(&p);
+            }
+        }
         self.pairs -= 1;
-        if let Some(list) = self.holders.get_mut(&block) {
-            if let Some(pos) = list.iter().position(|&w| w == worker) {
+        if gone.rooted {
+            self.unroot_block(block, w);
+            // What hung below it is held still but no longer of use.
+            self.set_rooted(w, block, false);
+        }
+    }
+
+    /// Root (or un-root) the held blocks below `from` on worker `w` (and `from` itself when it
+    /// is held), depth first in the order they were stored.
+    fn set_rooted(&mut self, w: u32, from: u64, rooted: bool) {
+        let cache = &mut self.caches[w as usize];
+        if !cache.children.contains_key(&from) {
+            // The common case (a new leaf, an evicted tail): nothing below, no walk.
+            if let Some(h) = cache.held.get_mut(&from)
+                && h.rooted != rooted
+            {
+                h.rooted = rooted;
+                if rooted {
+                    self.rooted.entry(from).or_default().push(w);
+                } else {
+                    self.unroot_block(from, w);
+                }
+            }
+            return;
+        }
+        let mut stack = vec![from];
+        while let Some(b) = stack.pop() {
+            let cache = &mut self.caches[w as usize];
+            if let Some(h) = cache.held.get_mut(&b) {
+                if h.rooted == rooted {
+                    continue;
+                }
+                h.rooted = rooted;
+                if rooted {
+                    self.rooted.entry(b).or_default().push(w);
+                } else {
+                    self.unroot_block(b, w);
+                }
+            } else if b != from {
+                continue;
+            }
+            if let Some(kids) = self.caches[w as usize].children.get(&b) {
+                stack.extend(kids.iter().rev());
+            }
+        }
+    }
+
+    fn unroot_block(&mut self, block: u64, w: u32) {
+        if let Some(list) = self.rooted.get_mut(&block) {
+            if let Some(pos) = list.iter().position(|&x| x == w) {
                 // Order-preserving, so the holder left is the same whatever order blocks go in.
                 list.remove(pos);
             }
             if list.is_empty() {
-                self.holders.remove(&block);
+                self.rooted.remove(&block);
             }
         }
     }
 
     /// Drop everything a worker holds (its engine restarted, or it left).
     pub fn forget_worker(&mut self, worker: WorkerId) {
-        let Some(set) = self.held.get_mut(worker.index()) else {
+        let Some(cache) = self.caches.get_mut(worker.index()) else {
             return;
         };
-        let blocks = std::mem::take(set);
-        for block in blocks {
-            self.unhold(block, worker.0);
+        let cache = std::mem::take(cache);
+        self.pairs -= cache.held.len();
+        for (block, h) in cache.held {
+            if h.rooted {
+                self.unroot_block(block, worker.0);
+            }
         }
     }
 
-    /// True when `worker` holds `block`.
+    /// True when `worker` holds `block` (rooted or not).
     pub fn holds(&self, worker: WorkerId, block: u64) -> bool {
-        self.held
+        self.caches
             .get(worker.index())
-            .is_some_and(|s| s.contains(&block))
+            .is_some_and(|c| c.held.contains_key(&block))
     }
 
     /// Blocks `worker` holds.
     pub fn blocks_of(&self, worker: WorkerId) -> usize {
-        self.held.get(worker.index()).map_or(0, HashSet::len)
+        self.caches.get(worker.index()).map_or(0, |c| c.held.len())
     }
 
     /// (worker, block) pairs held.
@@ -122,22 +221,24 @@ impl KvMirror {
 
     /// The worker with the longest leading match of `blocks`, and its length in blocks.
     pub fn longest(&self, blocks: &[u64]) -> Option<(WorkerId, usize)> {
-        let depth = leading(blocks, |b| self.holders.contains_key(&b));
-        let last = *self.holders.get(&blocks[depth.checked_sub(1)?])?.last()?;
+        let depth = leading(blocks, |b| self.rooted.contains_key(&b));
+        let last = *self.rooted.get(&blocks[depth.checked_sub(1)?])?.last()?;
         Some((WorkerId(last), depth))
     }
 
     /// Leading blocks of `blocks` that `worker` holds.
     pub fn match_of(&self, blocks: &[u64], worker: WorkerId) -> usize {
-        match self.held.get(worker.index()) {
-            Some(set) if !set.is_empty() => leading(blocks, |b| set.contains(&b)),
+        match self.caches.get(worker.index()) {
+            Some(c) if !c.held.is_empty() => {
+                leading(blocks, |b| c.held.get(&b).is_some_and(|h| h.rooted))
+            }
             _ => 0,
         }
     }
 }
 
-/// Length of the leading run of `blocks` for which `held` is true, by binary search (exact when
-/// `held` is prefix-closed along the chain: see the module notes).
+/// Length of the leading run of `blocks` for which `held` is true, by binary search (exact
+/// because `held` is closed under "parent of" along the chain: see the module notes).
 #[inline]
 fn leading(blocks: &[u64], held: impl Fn(u64) -> bool) -> usize {
     let (mut lo, mut hi) = (0usize, blocks.len());
@@ -192,6 +293,32 @@ mod tests {
         assert_eq!(m.len(), 4);
         assert_eq!(m.longest(&[1, 2]), None);
         assert_eq!(m.longest(&[]), None);
+    }
+
+    #[test]
+    fn a_chain_without_its_root_is_of_no_use_until_the_root_is_stored_again() {
+        let mut m = KvMirror::default();
+        let chain: Vec<u64> = (1..=8).collect();
+        m.apply(WorkerId(0), &stored(&chain));
+        m.apply(WorkerId(1), &stored(&chain[..3]));
+        // Worker 0 evicts its root first (an LRU that ties by block order would).
+        m.apply(WorkerId(0), &[KvEvent::Removed { block: 1 }]);
+        assert_eq!(m.blocks_of(WorkerId(0)), 7);
+        assert_eq!(m.match_of(&chain, WorkerId(0)), 0);
+        assert_eq!(m.longest(&chain), Some((WorkerId(1), 3)));
+        // Stored again: the blocks below it are of use again.
+        m.apply(
+            WorkerId(0),
+            &[KvEvent::Stored {
+                block: 1,
+                parent: None,
+            }],
+        );
+        assert_eq!(m.longest(&chain), Some((WorkerId(0), 8)));
+        // A hole in the middle cuts the match there.
+        m.apply(WorkerId(0), &[KvEvent::Removed { block: 5 }]);
+        assert_eq!(m.longest(&chain), Some((WorkerId(0), 4)));
+        assert_eq!(m.len(), 7 + 3);
     }
 
     #[test]

@@ -464,12 +464,22 @@ impl Recorded {
         }
         let n = blocks.len();
         let m = self.marks(n);
-        for k in 0..m {
-            let pos = self.mark(k, m, n);
-            // A prompt longer than the worker's cache: its leading part is what fits.
-            if bound.is_some_and(|b| pos as u64 + 1 > b) {
-                break;
+        let Some(bound) = bound else {
+            for k in 0..m {
+                let pos = self.mark(k, m, n);
+                let weight = if self.dense { 1 } else { span(pos) };
+                self.upsert(blocks[pos], worker.0, weight, pool);
             }
+            return;
+        };
+        // A worker's own ring: a prompt longer than its cache leaves its leading part (what
+        // fits). Recorded deepest first, so its ring ages a chain from its end, as vLLM frees
+        // a finished request's blocks tail first.
+        let fits = (0..m)
+            .take_while(|&k| (self.mark(k, m, n) as u64) < bound)
+            .count();
+        for k in (0..fits).rev() {
+            let pos = self.mark(k, m, n);
             let weight = if self.dense { 1 } else { span(pos) };
             self.upsert(blocks[pos], worker.0, weight, pool);
         }
@@ -566,10 +576,14 @@ impl Recorded {
         while self.slots[i].key != 0 {
             i = (i + 1) & self.mask;
         }
+        // In a worker's own ring a new block counts as used (CLOCK's usual rule), so the sweep
+        // that makes room for a prompt takes the oldest blocks, not the prompt's own; the
+        // shared ring keeps the rule of the index before issue 10 (inserted unreferenced).
+        let referenced = self.pools[pool as usize].bound.is_some();
         self.slots[i] = Slot {
             key: stored,
             worker,
-            referenced: false,
+            referenced,
             weight,
         };
         self.len += 1;
