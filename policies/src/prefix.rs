@@ -781,7 +781,11 @@ mod tests {
         p.record(&first, WorkerId(0));
         assert_eq!((p.blocks_of(WorkerId(0)), p.len()), (64, 11));
         p.record(&second, WorkerId(0));
-        assert!(p.blocks_of(WorkerId(0)) <= 100, "{}", p.blocks_of(WorkerId(0)));
+        assert!(
+            p.blocks_of(WorkerId(0)) <= 100,
+            "{}",
+            p.blocks_of(WorkerId(0))
+        );
         assert_eq!(p.longest(&second), Some((WorkerId(0), 64)));
         // The older conversation lost its deepest blocks, not its root.
         let (w, kept) = p.longest(&first).unwrap();
@@ -791,7 +795,11 @@ mod tests {
         // A prompt longer than the cache: its leading 100 blocks are believed.
         let long: Vec<u64> = (5_001..=5_300).collect();
         p.record(&long, WorkerId(0));
-        assert_eq!(p.longest(&long).map(|(_, n)| n), Some(96), "checkpoint 95 of 100");
+        assert_eq!(
+            p.longest(&long).map(|(_, n)| n),
+            Some(96),
+            "checkpoint 95 of 100"
+        );
         assert!(p.blocks_of(WorkerId(0)) <= 100);
         // Another worker serving a prefix takes it over: the first worker's credit drops.
         let before = p.blocks_of(WorkerId(0));
