@@ -13,7 +13,7 @@
 //! exist.
 
 use crate::chooser::Chooser;
-use crate::config::{Affinity, Allowance, Cap, PolicyConfig};
+use crate::config::{Affinity, Allowance, Cap, PolicyConfig, PrefixKnowledge};
 use crate::weights::{
     AtLoadConfig, Clamp, LiveConfig, ProbeConfig, SlowStart, TableConfig, Unmeasured,
 };
@@ -622,6 +622,46 @@ pub const AFFINITIES: [Part; 3] = [
     },
 ];
 
+/// What the router knows about the engines' prefix caches (the policy's `prefix_knowledge`;
+/// in a composition, a part such as `/kv-events:0.05`). It informs whatever reads the prefix
+/// index: a prefix affinity and the field's routers.
+pub const KNOWLEDGE: [Part; 3] = [
+    Part {
+        name: "approximate",
+        describe: || {
+            format!(
+                "the default: the router records what it dispatches; its record of each worker holds at most that worker's cache size in {}-token blocks (from its registration: the engine's KV capacity) and forgets the oldest first; a worker whose size is unknown shares one bound of index_blocks ({} by default) with the others",
+                crate::PREFIX_BLOCK_TOKENS,
+                Affinity::DEFAULT_INDEX_BLOCKS
+            )
+        },
+        params: &[],
+    },
+    Part {
+        name: "unbounded",
+        describe: || {
+            format!(
+                "the behaviour before issue 10: one record of index_blocks ({} by default) for the whole fleet, whatever the engines still hold",
+                Affinity::DEFAULT_INDEX_BLOCKS
+            )
+        },
+        params: &[],
+    },
+    Part {
+        name: "kv-events",
+        describe: || {
+            "simulator only for now: the router mirrors the blocks each engine stores and evicts (vLLM's KV events, as Dynamo's KV router and llm-d's precise prefix scorer consume them), kv_event_delay_s after they happen; the holder is the worker with the longest leading match; nothing is recorded at dispatch".into()
+        },
+        params: &[Param {
+            name: "kv_event_delay_s",
+            default: Some(|| match PrefixKnowledge::from_name("kv-events") {
+                Some(PrefixKnowledge::KvEvents { delay }) => secs(delay),
+                other => unreachable!("kv-events is {other:?}"),
+            }),
+        }],
+    },
+];
+
 const LIMIT: Param = Param {
     name: "limit",
     default: Some(|| Cap::DEFAULT_LIMIT.to_string()),
@@ -786,7 +826,14 @@ mod tests {
         for p in &PRESETS {
             assert_eq!(PolicyConfig::preset(p.name).unwrap().name, p.name);
         }
+        for p in &KNOWLEDGE {
+            let k = PrefixKnowledge::from_name(p.name).expect(p.name);
+            assert_eq!(k.name(), p.name);
+            let c = PolicyConfig::from_name(&format!("equal/{}", k.composition())).unwrap();
+            assert_eq!(c.knowledge, k);
+        }
         // The parser's lists are the catalog's.
+        assert_eq!(PrefixKnowledge::NAMES, names(&KNOWLEDGE));
         assert_eq!(WeightsConfig::NAMES, names(&WEIGHTS));
         assert_eq!(Chooser::NAMES, names(&CHOOSERS));
         assert_eq!(TieRule::NAMES, names(&TIES));
@@ -867,6 +914,34 @@ mod tests {
             }
         }
         assert!(checked > 25, "{checked}");
+    }
+
+    #[test]
+    fn every_printed_knowledge_default_is_the_default_used() {
+        let build = |yaml: &str| {
+            let raw: crate::RawPolicy = parse_yaml(yaml, "t").unwrap();
+            PolicyConfig::from_raw(&raw).unwrap().knowledge
+        };
+        let mut checked = 0;
+        for part in &KNOWLEDGE {
+            let base = format!("preset: seed-v3\nprefix_knowledge: {}\n", part.name);
+            assert_eq!(build(&base), PrefixKnowledge::from_name(part.name).unwrap());
+            for param in part.params {
+                let default = param.default.expect("a single value")();
+                let given = build(&format!("{base}{}: {default}\n", param.name));
+                assert_eq!(given, build(&base), "{} {}", part.name, param.name);
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 1);
+        // Unnamed, a policy gets the default, which the catalog lists first.
+        assert_eq!(build("preset: seed-v3\n"), PrefixKnowledge::DEFAULT);
+        assert_eq!(KNOWLEDGE[0].name, PrefixKnowledge::DEFAULT.name());
+        let d = find(&KNOWLEDGE, "approximate").unwrap().description();
+        assert!(
+            d.contains("512-token blocks") && d.contains("index_blocks (65536 by default)"),
+            "{d}"
+        );
     }
 
     #[test]

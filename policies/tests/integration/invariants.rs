@@ -13,8 +13,8 @@ use rand::rngs::Xoshiro256PlusPlus;
 use routelab_policies::weights::{AtLoadConfig, LiveConfig, ProbeConfig, TableConfig};
 use routelab_policies::{
     Affinity, AffinityUnits, Allowance, Cap, Charge, Chooser, Clamp, Completion, Decision, ModelId,
-    PolicyConfig, ProbeOrder, ProbeResult, Provenance, RouteError, RouteRequest, Router, TieRule,
-    Time, WeightsConfig, WorkerId, WorkerState,
+    PolicyConfig, PrefixKnowledge, ProbeOrder, ProbeResult, Provenance, RouteError, RouteRequest,
+    Router, TieRule, Time, WeightsConfig, WorkerId, WorkerState,
 };
 use std::time::Duration;
 
@@ -204,16 +204,34 @@ fn any_cap() -> impl Strategy<Value = Cap> {
     ]
 }
 
+fn any_knowledge() -> impl Strategy<Value = PrefixKnowledge> {
+    prop_oneof![
+        Just(PrefixKnowledge::Approximate),
+        Just(PrefixKnowledge::Unbounded),
+        (0u64..3).prop_map(|s| PrefixKnowledge::KvEvents {
+            delay: Duration::from_secs(s)
+        }),
+    ]
+}
+
 fn any_policy() -> impl Strategy<Value = PolicyConfig> {
-    (any_weights(), any_chooser(), any_affinity(), any_cap()).prop_map(
-        |(weights, chooser, affinity, cap)| PolicyConfig {
-            name: "prop".into(),
-            weights,
-            chooser,
-            affinity,
-            cap,
-        },
+    (
+        any_weights(),
+        any_chooser(),
+        any_affinity(),
+        any_cap(),
+        any_knowledge(),
     )
+        .prop_map(
+            |(weights, chooser, affinity, cap, knowledge)| PolicyConfig {
+                name: "prop".into(),
+                weights,
+                chooser,
+                affinity,
+                cap,
+                knowledge,
+            },
+        )
 }
 
 fn any_reg() -> impl Strategy<Value = Reg> {
@@ -297,7 +315,7 @@ impl Sim {
 
     fn register(&mut self, r: &Reg) {
         let name = format!("w{}", self.router.fleet().len());
-        let spec = spec_full(
+        let mut spec = spec_full(
             &name,
             &format!("node{}", r.node),
             MODELS[usize::from(r.model) % 3],
@@ -305,6 +323,8 @@ impl Sim {
             WINDOWS[usize::from(r.window) % WINDOWS.len()],
             ["", "--tp 2", "--max-model-len 65536"][usize::from(r.args) % 3],
         );
+        // Known and unknown cache sizes, tiny ones included (approximate bounds each).
+        spec.cache_blocks = [None, Some(0), Some(3), Some(64)][usize::from(r.node) % 4];
         self.router.register(self.now, spec);
     }
 
@@ -604,6 +624,21 @@ impl Sim {
         }
     }
 
+    /// Under `approximate` no worker is believed to hold more blocks than its cache.
+    fn check_knowledge(&self) {
+        let index = self.router.prefix_index();
+        for (id, info) in self.router.fleet().iter() {
+            if let Some(bound) = index.bound_of(id) {
+                assert_eq!(Some(bound), info.spec.cache_blocks.map(u64::from), "{id}");
+                assert!(
+                    index.blocks_of(id) as u64 <= bound,
+                    "{id}: {}",
+                    index.blocks_of(id)
+                );
+            }
+        }
+    }
+
     fn check_weights(&self) {
         let cfg = self.router.config();
         for (id, info) in self.router.fleet().iter() {
@@ -672,6 +707,7 @@ fn run(policy: &PolicyConfig, fleet: &[Reg], ops: &[Op], seed: u64) -> Vec<Seen>
             assert_eq!(info.in_flight, host, "{id}");
         }
         sim.check_signals();
+        sim.check_knowledge();
     }
     // Every request completes or fails, in any order: the counters return to exactly 0.
     while let Some((id, _, charge)) = sim.in_flight.pop() {
@@ -688,6 +724,7 @@ fn run(policy: &PolicyConfig, fleet: &[Reg], ops: &[Op], seed: u64) -> Vec<Seen>
             sim.router.complete(sim.now, id, charge, &c);
         }
         sim.check_signals();
+        sim.check_knowledge();
     }
     for (id, _) in sim.router.fleet().iter() {
         let s = sim.router.signals(id).unwrap();
