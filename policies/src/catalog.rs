@@ -641,7 +641,7 @@ pub const KNOWLEDGE: [Part; 3] = [
         name: "unbounded",
         describe: || {
             format!(
-                "the behaviour before issue 10: one record of index_blocks ({} by default) for the whole fleet, whatever the engines still hold",
+                "for comparison: one record of index_blocks ({} by default) for the whole fleet, kept whatever the engines still hold (routelab's index before the knowledge modes)",
                 Affinity::DEFAULT_INDEX_BLOCKS
             )
         },

@@ -11,13 +11,14 @@ pub fn run(out: &mut impl Write) -> anyhow::Result<ExitCode> {
     section(out, "chooser", &catalog::CHOOSERS)?;
     section(out, "affinity", &catalog::AFFINITIES)?;
     section(out, "cap", &catalog::CAPS)?;
+    section(out, "prefix knowledge", &catalog::KNOWLEDGE)?;
     section(out, "presets", &catalog::PRESETS)?;
     let defaults = catalog::composition_defaults();
     // The defaults list is wrapped where the original prose wrapped it: after the chooser.
     let (first, rest) = defaults.split_once(", ").unwrap_or((&defaults, ""));
     writeln!(
         out,
-        "\nA policy is a preset or a composition WEIGHTS[/CHOOSER[:TIES]][/AFFINITY][/CAP[:N]],\n\
+        "\nA policy is a preset or a composition WEIGHTS[/CHOOSER[:TIES]][/AFFINITY][/CAP[:N]][/KNOWLEDGE[:DELAY_S]],\n\
          e.g. `at-load/sed/capacity/weighted:24`; omitted parts default to {first},\n\
          {rest}."
     )?;
