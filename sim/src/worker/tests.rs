@@ -221,11 +221,11 @@ fn cached_prefix_skips_prefill() {
 
 #[test]
 fn prefix_cache_is_lru_bounded() {
-    // 2 blocks of capacity
+    // 2 blocks of KV; a running 101-token sequence leaves room for one cached block
     let p = profile_with("", 1e12, 64, 1024);
     let mut e = engine(&p);
     for (i, b) in [1u64, 2, 3].iter().enumerate() {
-        e.admit(i as u64 * S, i as u64, 600, 1, &[*b]);
+        e.admit(i as u64 * S, i as u64, 100, 1, &[*b]);
         drain(&mut e);
     }
     assert_eq!(e.cached_blocks(), 2);
@@ -357,7 +357,11 @@ fn steady_state_does_not_grow() {
         e.admit(t, i, 200, 20, &prefix);
     }
     assert!(e.slots.len() < 20, "slab grew to {}", e.slots.len());
-    assert!(e.cache.len() <= e.cache.cap);
+    // the cache holds at most what the running sequences hold plus the free KV's blocks
+    let held: usize = e.slots.iter().map(|s| s.held as usize).sum();
+    let free_blocks = (e.kv_capacity_tokens() - e.kv_used_tokens()) / u64::from(BLOCK_TOKENS);
+    assert!(e.cache.evictable() as u64 <= free_blocks);
+    assert!(e.cache.len() <= held + e.cache.evictable());
 }
 
 #[derive(Debug, Clone)]
