@@ -69,6 +69,8 @@ pub enum Unit {
     Bursts,
     /// A router weight (dimensionless).
     Weight,
+    /// Tokens per request, averaged or a quantile (not a count: a mean keeps its decimals).
+    TokensPerRequest,
 }
 
 impl Unit {
@@ -84,6 +86,7 @@ impl Unit {
             Unit::Tokens => "tokens",
             Unit::Bursts => "bursts",
             Unit::Weight => "weight",
+            Unit::TokensPerRequest => "tokens/request",
         }
     }
 
@@ -349,6 +352,21 @@ pub const CATALOG: &[Metric] = &[
         "99th percentile of the inter-token latency, each request's mean gap weighted by its \
          gaps.",
         |m| quantile(&m.itl, 0.99)),
+    // ---- overlap regret (issue 10 §4): a neutral diagnostic of what the router knows, not a
+    // gate metric — a policy without prefix affinity has a large regret by design and can
+    // still be the better policy; its cost shows in the latency metrics the gate tracks.
+    metric!("overlap_regret_mean_tokens", "overlap regret mean", TokensPerRequest, Neutral,
+        Nested("overlap_regret_tokens", "mean"), csv: true, gate: false,
+        "Mean over routed requests with a prefix of the best cached prompt overlap (tokens) \
+         among the eligible workers' engines minus the chosen worker's, at routing time \
+         (engine truth, whatever the router believed).",
+        |m| m.overlap_regret.mean()),
+    metric!("overlap_regret_p99_tokens", "overlap regret p99", TokensPerRequest, Neutral,
+        Nested("overlap_regret_tokens", "p99"), csv: true, gate: false,
+        "99th percentile over routed requests with a prefix of the best cached prompt overlap \
+         (tokens) among the eligible workers' engines minus the chosen worker's.",
+        |m| m.overlap_regret.quantile(0.99).map(|t| t as f64)),
+    // ---- end overlap regret
 ];
 
 /// A per-worker metric: one value per worker of a run.

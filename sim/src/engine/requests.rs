@@ -193,6 +193,9 @@ impl Sim<'_> {
 
     fn dispatched(&mut self, req: u32, d: Decision) {
         let worker = self.by_id[d.worker.index()];
+        if self.reqs[req as usize].kind.is_customer() {
+            self.record_overlap_regret(req, worker);
+        }
         self.rec.dispatched(worker as usize);
         let w = &mut self.workers[worker as usize];
         w.interval_dispatched += 1;
