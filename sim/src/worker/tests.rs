@@ -681,7 +681,11 @@ fn under_kv_pressure_cached_blocks_are_evicted_lru_and_running_ones_are_not() {
     // a long answer reserves 1,024 + 2,000 tokens: 1,072 free tokens = room for 2 cached
     // blocks, so the least recently used conversation goes
     step(&mut e, 3, 1024, 2000, &[5, 6]);
-    assert_eq!(e.cached_blocks() - 2, 2, "[5, 6] are held, two others cached");
+    assert_eq!(
+        e.cached_blocks() - 2,
+        2,
+        "[5, 6] are held, two others cached"
+    );
     assert_eq!(e.peek_cached_tokens(1100, &[1, 2]), 0);
     assert_eq!(e.peek_cached_tokens(1100, &[3, 4]), 1024);
     // its own prompt blocks are cached as soon as prefilled, and held
@@ -698,7 +702,11 @@ fn under_kv_pressure_cached_blocks_are_evicted_lru_and_running_ones_are_not() {
     assert_eq!(e.evictable_blocks(), 2);
     // under full pressure every evictable block goes, never a held one
     let info = step(&mut e, 5, 100, 900, &[3, 8]);
-    assert_eq!(info.cached_tokens, Some(99), "its hit is held before eviction");
+    assert_eq!(
+        info.cached_tokens,
+        Some(99),
+        "its hit is held before eviction"
+    );
     assert_eq!(e.peek_cached_tokens(1100, &[5, 6]), 1024);
     assert_eq!(e.peek_cached_tokens(1100, &[7]), 0);
 }
@@ -743,7 +751,14 @@ fn kv_events_replayed_in_order_give_the_engine_cache() {
         }
         apply(&mut e, &mut mirror);
         assert_eq!(mirror.len(), e.cached_blocks(), "after admission {i}");
-        assert!(mirror.iter().all(|&b| e.peek_cached_tokens(600, &[b]) == 512));
+        assert!(
+            mirror
+                .iter()
+                .all(|&b| e.peek_cached_tokens(600, &[b]) == 512)
+        );
     }
-    assert!(stored_mid_prefill, "the scenario exercised mid-prefill blocks");
+    assert!(
+        stored_mid_prefill,
+        "the scenario exercised mid-prefill blocks"
+    );
 }
