@@ -13,7 +13,7 @@
 //! exist.
 
 use crate::chooser::Chooser;
-use crate::config::{Affinity, Allowance, Cap, PolicyConfig};
+use crate::config::{Affinity, Allowance, Cap, PolicyConfig, PrefixKnowledge};
 use crate::weights::{AtLoadConfig, Clamp, LiveConfig, ProbeConfig, TableConfig};
 use std::time::Duration;
 
@@ -557,6 +557,46 @@ pub const AFFINITIES: [Part; 3] = [
             "the same rule in in_flight / weight units, the unit of the main choice".into()
         },
         params: ALLOWANCE_PARAMS,
+    },
+];
+
+/// What the router knows about the engines' prefix caches (the policy's `prefix_knowledge`;
+/// in a composition, a part such as `/kv-events:0.05`). It informs whatever reads the prefix
+/// index: a prefix affinity and the field's routers.
+pub const KNOWLEDGE: [Part; 3] = [
+    Part {
+        name: "approximate",
+        describe: || {
+            format!(
+                "the default: the router records what it dispatches; its record of each worker holds at most that worker's cache size in {}-token blocks (from its registration: the engine's KV capacity) and forgets the oldest first; a worker whose size is unknown shares one bound of index_blocks ({} by default) with the others",
+                crate::PREFIX_BLOCK_TOKENS,
+                Affinity::DEFAULT_INDEX_BLOCKS
+            )
+        },
+        params: &[],
+    },
+    Part {
+        name: "unbounded",
+        describe: || {
+            format!(
+                "the behaviour before issue 10: one record of index_blocks ({} by default) for the whole fleet, whatever the engines still hold",
+                Affinity::DEFAULT_INDEX_BLOCKS
+            )
+        },
+        params: &[],
+    },
+    Part {
+        name: "kv-events",
+        describe: || {
+            "simulator only for now: the router mirrors the blocks each engine stores and evicts (vLLM's KV events, as Dynamo's KV router and llm-d's precise prefix scorer consume them), kv_event_delay_s after they happen; the holder is the worker with the longest leading match; nothing is recorded at dispatch".into()
+        },
+        params: &[Param {
+            name: "kv_event_delay_s",
+            default: Some(|| match PrefixKnowledge::from_name("kv-events") {
+                Some(PrefixKnowledge::KvEvents { delay }) => secs(delay),
+                other => unreachable!("kv-events is {other:?}"),
+            }),
+        }],
     },
 ];
 

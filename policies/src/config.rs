@@ -186,6 +186,84 @@ impl Affinity {
     }
 }
 
+/// What the router knows about the engines' prefix caches: the knowledge behind whatever reads
+/// the prefix index (prefix affinity and the field's routers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PrefixKnowledge {
+    /// The router records what it dispatched, and its record of each worker is bounded by that
+    /// worker's cache size in blocks ([`crate::WorkerSpec::cache_blocks`]; a worker whose size is
+    /// unknown shares one bound of the affinity's `index_blocks`), forgetting the oldest first.
+    Approximate,
+    /// One index of `index_blocks` blocks for the whole fleet, whatever the engines hold (the
+    /// behaviour before issue 10, kept for comparison).
+    Unbounded,
+    /// The engines publish the blocks they store and evict (vLLM's KV events) and the router
+    /// mirrors them, `delay` after they happen; nothing is recorded at dispatch.
+    KvEvents {
+        /// How long an event takes to reach the router.
+        delay: Duration,
+    },
+}
+
+impl PrefixKnowledge {
+    /// Valid mode names.
+    pub const NAMES: &'static [&'static str] = &catalog::names(&catalog::KNOWLEDGE);
+    /// The knowledge of a policy that names none.
+    pub const DEFAULT: PrefixKnowledge = PrefixKnowledge::Approximate;
+
+    /// The mode's name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            PrefixKnowledge::Approximate => "approximate",
+            PrefixKnowledge::Unbounded => "unbounded",
+            PrefixKnowledge::KvEvents { .. } => "kv-events",
+        }
+    }
+
+    /// A mode with its default parameters.
+    pub fn from_name(name: &str) -> Option<PrefixKnowledge> {
+        Some(match name {
+            "approximate" => PrefixKnowledge::Approximate,
+            "unbounded" => PrefixKnowledge::Unbounded,
+            "kv-events" => PrefixKnowledge::KvEvents {
+                delay: Duration::ZERO,
+            },
+            _ => return None,
+        })
+    }
+
+    /// The part as a composition writes it: `approximate`, `kv-events:0.05`.
+    pub fn composition(&self) -> String {
+        match self {
+            PrefixKnowledge::KvEvents { delay } if !delay.is_zero() => {
+                format!("{}:{}", self.name(), delay.as_secs_f64())
+            }
+            _ => self.name().to_string(),
+        }
+    }
+
+    /// The delay of a `kv-events` mode written `SECONDS` (a composition's `kv-events:0.05`, a
+    /// YAML `kv_event_delay_s`): the shared rule for seconds (finite, 0 or more).
+    fn with_delay(self, field: &str, seconds: f64) -> Result<PrefixKnowledge, ConfigError> {
+        match self {
+            PrefixKnowledge::KvEvents { .. } => Ok(PrefixKnowledge::KvEvents {
+                delay: rule::seconds(seconds).map_err(|e| invalid(field, e.to_string()))?,
+            }),
+            other => Err(invalid(
+                field,
+                format!(
+                    "applies only to `{KNOWLEDGE_FIELD}: kv-events`, not `{}`",
+                    other.name()
+                ),
+            )),
+        }
+    }
+}
+
+/// The YAML field that names a policy's [`PrefixKnowledge`].
+pub const KNOWLEDGE_FIELD: &str = "prefix_knowledge";
+
 /// Per-worker concurrency cap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cap {
@@ -234,6 +312,8 @@ pub struct PolicyConfig {
     pub affinity: Affinity,
     /// Concurrency cap.
     pub cap: Cap,
+    /// What the router knows about the engines' prefix caches.
+    pub knowledge: PrefixKnowledge,
 }
 
 impl PolicyConfig {
@@ -244,6 +324,22 @@ impl PolicyConfig {
     /// so the policy is an upper bound to compare with, not one a gateway can deploy.
     pub fn is_oracle(&self) -> bool {
         matches!(self.weights, WeightsConfig::Oracle(_))
+    }
+
+    /// True when something reads the router's prefix index: a prefix affinity or one of the
+    /// field's routers (their rules carry their own prefix preference). Without a reader the
+    /// knowledge mode has nothing to inform.
+    pub fn reads_prefixes(&self) -> bool {
+        self.affinity != Affinity::None || self.chooser.is_peer_rule()
+    }
+
+    /// When the router mirrors the engines' KV events: the delay after which a host should hand
+    /// them over; `None` for the other modes and for a policy that reads no prefixes.
+    pub fn kv_event_delay(&self) -> Option<Duration> {
+        match self.knowledge {
+            PrefixKnowledge::KvEvents { delay } if self.reads_prefixes() => Some(delay),
+            _ => None,
+        }
     }
 
     /// What a composition fills in for the parts it omits: chooser, affinity, cap
@@ -343,6 +439,7 @@ impl PolicyConfig {
             chooser,
             affinity,
             cap,
+            knowledge: PrefixKnowledge::DEFAULT,
         })
     }
 
@@ -362,6 +459,7 @@ impl PolicyConfig {
             valid: WeightsConfig::NAMES.join(", "),
         })?;
         let (mut chooser, mut affinity, mut cap) = PolicyConfig::composition_default();
+        let mut knowledge = None;
         for part in parts {
             let (head, arg) = match part.split_once(':') {
                 Some((h, a)) => (h, Some(a)),
@@ -382,6 +480,21 @@ impl PolicyConfig {
                 affinity = Affinity::from_name(head).expect("listed");
             } else if head == Affinity::NO_AFFINITY {
                 affinity = Affinity::None;
+            } else if let Some(k) = PrefixKnowledge::from_name(head) {
+                knowledge = Some(match arg {
+                    None => k,
+                    Some(a) => {
+                        let seconds = a.parse::<f64>().map_err(|_| {
+                            invalid(
+                                KNOWLEDGE_FIELD,
+                                format!(
+                                    "`{a}` is not a number of seconds (as in `kv-events:0.05`)"
+                                ),
+                            )
+                        })?;
+                        k.with_delay(KNOWLEDGE_FIELD, seconds)?
+                    }
+                });
             } else if Cap::NAMES.contains(&head) {
                 let n = match arg {
                     None => Cap::DEFAULT_LIMIT,
@@ -403,7 +516,7 @@ impl PolicyConfig {
                     what: "policy part",
                     got: part.into(),
                     valid: format!(
-                        "a chooser ({}) optionally with :TIES, an affinity ({}), or a cap ({}) optionally with :N",
+                        "a chooser ({}) optionally with :TIES, an affinity ({}), a cap ({}) optionally with :N, or a prefix knowledge ({}; kv-events optionally with :DELAY_S)",
                         Chooser::NAMES.join(", "),
                         Affinity::NAMES
                             .iter()
@@ -413,18 +526,40 @@ impl PolicyConfig {
                             .chain([Affinity::NO_AFFINITY])
                             .collect::<Vec<_>>()
                             .join(", "),
-                        Cap::NAMES.join(", ")
+                        Cap::NAMES.join(", "),
+                        PrefixKnowledge::NAMES.join(", ")
                     ),
                 });
             }
         }
-        Ok(PolicyConfig {
+        let mut cfg = PolicyConfig {
             name: name.to_string(),
             weights,
             chooser,
             affinity,
             cap,
-        })
+            knowledge: PrefixKnowledge::DEFAULT,
+        };
+        if let Some(k) = knowledge {
+            cfg.set_knowledge(k, KNOWLEDGE_FIELD)?;
+        }
+        Ok(cfg)
+    }
+
+    /// Set the knowledge a policy asked for explicitly: only a policy that reads prefixes can
+    /// use one (an ignored setting would be silently dropped data).
+    fn set_knowledge(&mut self, k: PrefixKnowledge, field: &str) -> Result<(), ConfigError> {
+        if !self.reads_prefixes() {
+            return Err(invalid(
+                field,
+                format!(
+                    "`{}` has nothing to inform: the policy reads no prompt prefixes (give it a prefix affinity, raw or capacity, or one of the field's routers)",
+                    k.name()
+                ),
+            ));
+        }
+        self.knowledge = k;
+        Ok(())
     }
 
     /// Validate a raw (deserialized) policy.
@@ -461,6 +596,10 @@ impl PolicyConfig {
         if let Some(c) = &raw.cap {
             cfg.cap = c.validate().map_err(|e| e.within("cap"))?;
             parts.push(cfg.cap.name().into());
+        }
+        if let Some(k) = raw.knowledge()? {
+            cfg.set_knowledge(k, KNOWLEDGE_FIELD)?;
+            parts.push(k.name().into());
         }
         cfg.name = match (&raw.name, &raw.preset) {
             (Some(n), _) => {
@@ -535,6 +674,35 @@ pub struct RawPolicy {
     pub affinity: Option<RawAffinity>,
     /// Cap.
     pub cap: Option<RawCap>,
+    /// What the router knows about the engines' caches: one of [`PrefixKnowledge::NAMES`].
+    pub prefix_knowledge: Option<String>,
+    /// `kv-events` only: seconds before an engine's event reaches the router (default 0).
+    pub kv_event_delay_s: Option<f64>,
+}
+
+impl RawPolicy {
+    /// The prefix knowledge it asks for, validated; `None` when it names none.
+    fn knowledge(&self) -> Result<Option<PrefixKnowledge>, ConfigError> {
+        let Some(name) = self.prefix_knowledge.as_deref() else {
+            return match self.kv_event_delay_s {
+                None => Ok(None),
+                Some(_) => Err(invalid(
+                    "kv_event_delay_s",
+                    format!("applies only with `{KNOWLEDGE_FIELD}: kv-events`"),
+                )),
+            };
+        };
+        let k = PrefixKnowledge::from_name(name).ok_or_else(|| ConfigError::UnknownName {
+            field: KNOWLEDGE_FIELD.into(),
+            what: "prefix knowledge",
+            got: name.into(),
+            valid: PrefixKnowledge::NAMES.join(", "),
+        })?;
+        match self.kv_event_delay_s {
+            None => Ok(Some(k)),
+            Some(s) => k.with_delay("kv_event_delay_s", s).map(Some),
+        }
+    }
 }
 
 /// Raw weight-strategy parameters; which apply depends on `kind`.

@@ -13,7 +13,10 @@
 //!   `least-load`, `sticky-until-saturated`, `pulsar`, `wait-and-widen`, `kv-cost`,
 //!   `hit-minus-load`), which read router-local [`Signals`] and polled [`EngineReport`]s;
 //! - **affinity** ([`Affinity`]): `none`, `raw`, `capacity` prefix-cache preference;
-//! - **cap** ([`Cap`]): `none`, `flat`, `weighted`, with FIFO queueing at the host.
+//! - **cap** ([`Cap`]): `none`, `flat`, `weighted`, with FIFO queueing at the host;
+//!
+//! and the **prefix knowledge** ([`PrefixKnowledge`]) behind the affinity and the field's
+//! routers: `approximate` (bounded per worker by its cache size), `unbounded`, `kv-events`.
 //!
 //! ```
 //! use rand::SeedableRng;
@@ -52,6 +55,7 @@ mod config;
 mod error;
 mod kv;
 pub mod located;
+mod mirror;
 mod prefix;
 mod router;
 mod rules;
@@ -63,8 +67,8 @@ mod worker;
 pub use catalog::{PRESETS, Part};
 pub use chooser::{Chooser, TieRule};
 pub use config::{
-    Affinity, AffinityUnits, Allowance, Cap, PolicyConfig, PolicyEntry, RawAffinity, RawCap,
-    RawChooser, RawPolicy, RawWeights, WeightsConfig,
+    Affinity, AffinityUnits, Allowance, Cap, KNOWLEDGE_FIELD, PolicyConfig, PolicyEntry,
+    PrefixKnowledge, RawAffinity, RawCap, RawChooser, RawPolicy, RawWeights, WeightsConfig,
 };
 pub use error::{AdminError, ConfigError, RouteError};
 pub use kv::KvEvent;

@@ -16,9 +16,25 @@
 //!   "referenced" bit swept by a clock hand over a ring of keys, not a linked list. Everything is
 //!   allocated up front: recording and looking up never allocate.
 //!
-//! It is an approximation of the engines' caches — it forgets by its own clock, not theirs — and
-//! the simulator measures how far it is from the truth.
+//! What the router knows about the engines' caches is the policy's
+//! [`PrefixKnowledge`](crate::PrefixKnowledge), and this index serves all three modes:
+//!
+//! - **`unbounded`**: one table and one CLOCK for the whole fleet, `capacity` blocks (the
+//!   behaviour before issue 10). It forgets by its own clock, not the engines'.
+//! - **`approximate`**: the same table, but each worker whose cache size is known
+//!   ([`crate::WorkerSpec::cache_blocks`]) has its own CLOCK ring and may be *credited* with at
+//!   most that many blocks; recording more forgets its oldest first. Credit counts blocks, not
+//!   entries: a recorded checkpoint stands for the blocks since the previous regular checkpoint
+//!   (block 63 of a 64-block prompt stands for blocks 56 to 63), so a recorded chain of `n`
+//!   blocks is credited `n`, as the engine would hold it (two chains that part between two
+//!   checkpoints are credited up to 7 blocks more than they hold: the error forgets early, never
+//!   late). A prompt longer than the cache is recorded up to the cache size. Workers whose size
+//!   is unknown share one ring of `capacity` entries, as in `unbounded`.
+//! - **`kv-events`**: the engines' announced blocks, mirrored exactly ([`crate::mirror`]);
+//!   recording at dispatch does nothing.
 
+use crate::kv::KvEvent;
+use crate::mirror::KvMirror;
 use crate::worker::WorkerId;
 
 /// Key stored for a block hash of 0 (0 marks an empty slot).
@@ -29,29 +45,75 @@ struct Slot {
     key: u64,
     worker: u32,
     referenced: bool,
+    /// Blocks this entry credits to its worker (see the module notes).
+    weight: u8,
 }
 
-/// Bounded map from prefix-block hash to the worker that last served it.
-#[derive(Clone)]
-pub struct PrefixIndex {
-    slots: Vec<Slot>,
-    mask: usize,
-    /// Keys in insertion order; the clock hand sweeps it to choose a victim.
+/// One CLOCK: a ring of keys in insertion order swept by a hand.
+#[derive(Debug, Clone)]
+struct Pool {
     ring: Vec<u64>,
     hand: usize,
+    /// Most keys the ring holds.
+    entries: usize,
+    /// Most blocks its one worker may be credited with (`None`: a shared pool, bounded by
+    /// entries only).
+    bound: Option<u64>,
+}
+
+impl Pool {
+    fn new(entries: usize, bound: Option<u64>) -> Pool {
+        Pool {
+            ring: Vec::with_capacity(entries),
+            hand: 0,
+            entries,
+            bound,
+        }
+    }
+}
+
+/// Sentinel of [`Recorded::pool_of`] for a worker not registered yet.
+const NO_POOL: u32 = u32::MAX;
+
+/// The recorded modes' table.
+#[derive(Clone)]
+struct Recorded {
+    slots: Vec<Slot>,
+    mask: usize,
     len: usize,
-    capacity: usize,
-    /// Blocks attributed to each worker (its "tree size"), indexed by worker id.
-    per_worker: Vec<u32>,
+    pools: Vec<Pool>,
+    /// Pool of each worker, by id.
+    pool_of: Vec<u32>,
+    /// The pool of workers without a per-worker bound.
+    shared: Option<u32>,
+    /// Entries of the shared pool (created on first use in `approximate`).
+    shared_entries: usize,
+    /// Per-worker bounds from the workers' cache sizes (`approximate`).
+    per_worker_bounds: bool,
+    /// Blocks credited to each worker (its "tree size"), indexed by worker id.
+    credit: Vec<u64>,
     /// Record and look up every block, not only the checkpoints (see [`PrefixIndex::dense`]).
     dense: bool,
+}
+
+#[derive(Clone)]
+enum Inner {
+    Recorded(Recorded),
+    Mirrored(KvMirror),
+}
+
+/// The router's knowledge of which worker holds which prompt prefix.
+#[derive(Clone)]
+pub struct PrefixIndex {
+    inner: Inner,
 }
 
 impl std::fmt::Debug for PrefixIndex {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PrefixIndex")
-            .field("len", &self.len)
-            .field("capacity", &self.capacity)
+            .field("mode", &self.mode())
+            .field("len", &self.len())
+            .field("capacity", &self.capacity())
             .finish()
     }
 }
@@ -94,33 +156,245 @@ fn position(k: usize, m: usize, n: usize) -> usize {
     if k + 1 == m { n - 1 } else { checkpoint(k) }
 }
 
+/// Blocks a checkpoint at block `p` stands for: those after the previous regular checkpoint.
+#[inline]
+fn span(p: usize) -> u8 {
+    let w = match p {
+        0..=2 => 1,
+        3 => 2,
+        4..=7 => p - 3,
+        _ => p % 8 + 1,
+    };
+    w as u8
+}
+
 impl PrefixIndex {
-    /// An index remembering at most `capacity` blocks (0 disables it).
+    /// An `unbounded` index remembering at most `capacity` blocks for the whole fleet (0
+    /// disables it).
     pub fn new(capacity: usize) -> Self {
-        let slots = if capacity == 0 {
-            0
-        } else {
-            (capacity * 2).next_power_of_two()
-        };
-        PrefixIndex {
-            slots: vec![Slot::default(); slots],
-            mask: slots.saturating_sub(1),
-            ring: Vec::with_capacity(capacity),
-            hand: 0,
-            len: 0,
-            capacity,
-            per_worker: Vec::new(),
-            dense: false,
-        }
+        Self::recorded(capacity, false, false)
     }
 
     /// An index that records every block of a prompt, not only the checkpoints: exact match
     /// lengths, as a radix tree would give, for rules that compare the match to the prompt
     /// (the field's routers); about 6 × the upserts of the sparse index on a 64-block prompt.
     pub fn dense(capacity: usize) -> Self {
+        Self::recorded(capacity, true, false)
+    }
+
+    /// An `approximate` index: each worker registered with a cache size is credited with at
+    /// most that many blocks; the others share `capacity` entries. `dense` as
+    /// [`PrefixIndex::dense`].
+    pub fn approximate(capacity: usize, dense: bool) -> Self {
+        Self::recorded(capacity, dense, true)
+    }
+
+    /// A `kv-events` index: the engines' announced blocks ([`PrefixIndex::apply`]).
+    pub fn mirrored() -> Self {
         PrefixIndex {
-            dense: true,
-            ..PrefixIndex::new(capacity)
+            inner: Inner::Mirrored(KvMirror::default()),
+        }
+    }
+
+    fn recorded(capacity: usize, dense: bool, per_worker_bounds: bool) -> Self {
+        let mut r = Recorded {
+            slots: Vec::new(),
+            mask: 0,
+            len: 0,
+            pools: Vec::new(),
+            pool_of: Vec::new(),
+            shared: None,
+            shared_entries: capacity,
+            per_worker_bounds,
+            credit: Vec::new(),
+            dense,
+        };
+        // `approximate` creates the shared pool when a worker of unknown size registers.
+        if !per_worker_bounds {
+            r.add_pool(Pool::new(capacity, None));
+            r.shared = Some(0);
+        }
+        PrefixIndex {
+            inner: Inner::Recorded(r),
+        }
+    }
+
+    /// The knowledge mode's name.
+    pub fn mode(&self) -> &'static str {
+        match &self.inner {
+            Inner::Recorded(r) if r.per_worker_bounds => "approximate",
+            Inner::Recorded(_) => "unbounded",
+            Inner::Mirrored(_) => "kv-events",
+        }
+    }
+
+    /// Make room for workers `0..n` of unknown cache size (so recording never allocates).
+    pub fn reserve_workers(&mut self, n: usize) {
+        for id in 0..n {
+            self.register_worker(WorkerId(id as u32), None);
+        }
+    }
+
+    /// Make room for a worker and, in `approximate`, bound it by its cache size in blocks (done
+    /// once per worker; called at registration, so recording never allocates).
+    pub fn register_worker(&mut self, worker: WorkerId, cache_blocks: Option<u32>) {
+        match &mut self.inner {
+            Inner::Recorded(r) => r.register(worker, cache_blocks),
+            Inner::Mirrored(m) => m.reserve_workers(worker.index() + 1),
+        }
+    }
+
+    /// Blocks the index credits to `worker` (in `kv-events`, the blocks its engine announced).
+    pub fn blocks_of(&self, worker: WorkerId) -> usize {
+        match &self.inner {
+            Inner::Recorded(r) => r.credit.get(worker.index()).map_or(0, |&n| n as usize),
+            Inner::Mirrored(m) => m.blocks_of(worker),
+        }
+    }
+
+    /// Most blocks `worker` may be credited with, when bounded on its own (`approximate` with a
+    /// known cache size).
+    pub fn bound_of(&self, worker: WorkerId) -> Option<u64> {
+        match &self.inner {
+            Inner::Recorded(r) => r
+                .pool_of
+                .get(worker.index())
+                .and_then(|&p| r.pools.get(p as usize))
+                .and_then(|p| p.bound),
+            Inner::Mirrored(_) => None,
+        }
+    }
+
+    /// Entries remembered (in `kv-events`, (worker, block) pairs).
+    pub fn len(&self) -> usize {
+        match &self.inner {
+            Inner::Recorded(r) => r.len,
+            Inner::Mirrored(m) => m.len(),
+        }
+    }
+
+    /// True when nothing is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Most entries it will remember (unbounded in `kv-events`: the engines bound it).
+    pub fn capacity(&self) -> usize {
+        match &self.inner {
+            Inner::Recorded(r) => r.pools.iter().map(|p| p.entries).sum(),
+            Inner::Mirrored(_) => usize::MAX,
+        }
+    }
+
+    /// The worker believed to hold the longest prefix of `blocks`, and how many leading blocks
+    /// that prefix has (recorded modes: the last worker that served it, to checkpoint
+    /// granularity; see the module notes).
+    pub fn longest(&self, blocks: &[u64]) -> Option<(WorkerId, usize)> {
+        match &self.inner {
+            Inner::Recorded(r) => r.longest(blocks),
+            Inner::Mirrored(m) => m.longest(blocks),
+        }
+    }
+
+    /// Leading blocks of `blocks` believed held by `worker` when it is not the holder
+    /// [`PrefixIndex::longest`] named: in the recorded modes a block has one holder, so 0; in
+    /// `kv-events` several workers may hold a prefix and this is the worker's own match.
+    pub fn match_besides_holder(&self, blocks: &[u64], worker: WorkerId) -> usize {
+        match &self.inner {
+            Inner::Recorded(_) => 0,
+            Inner::Mirrored(m) => m.match_of(blocks, worker),
+        }
+    }
+
+    /// True when the index believes `worker` holds `block` (recorded modes: the block was
+    /// recorded, as a checkpoint, for that worker and not forgotten since).
+    pub fn holds(&self, worker: WorkerId, block: u64) -> bool {
+        match &self.inner {
+            Inner::Recorded(r) => r.find(block).is_some_and(|i| r.slots[i].worker == worker.0),
+            Inner::Mirrored(m) => m.holds(worker, block),
+        }
+    }
+
+    /// Remember that `worker` now holds the prefix `blocks` (the recorded modes; `kv-events`
+    /// learns only from the engines).
+    pub fn record(&mut self, blocks: &[u64], worker: WorkerId) {
+        if let Inner::Recorded(r) = &mut self.inner {
+            r.record(blocks, worker);
+        }
+    }
+
+    /// Mirror a worker's cache events (`kv-events`; the recorded modes ignore them).
+    pub fn apply(&mut self, worker: WorkerId, events: &[KvEvent]) {
+        if let Inner::Mirrored(m) = &mut self.inner {
+            m.apply(worker, events);
+        }
+    }
+
+    /// Forget every block held by `worker` (its engine restarted or crashed, or it left).
+    pub fn forget_worker(&mut self, worker: WorkerId) {
+        match &mut self.inner {
+            Inner::Recorded(r) => r.forget_worker(worker),
+            Inner::Mirrored(m) => m.forget_worker(worker),
+        }
+    }
+}
+
+impl Recorded {
+    fn add_pool(&mut self, pool: Pool) -> u32 {
+        self.pools.push(pool);
+        let total: usize = self.pools.iter().map(|p| p.entries).sum();
+        let want = if total == 0 {
+            0
+        } else {
+            (total * 2).next_power_of_two()
+        };
+        if want > self.slots.len() {
+            // Rare (a registration): rebuild the table at its new size.
+            let old = std::mem::replace(&mut self.slots, vec![Slot::default(); want]);
+            self.mask = want - 1;
+            for s in old.into_iter().filter(|s| s.key != 0) {
+                let mut i = self.home(s.key);
+                while self.slots[i].key != 0 {
+                    i = (i + 1) & self.mask;
+                }
+                self.slots[i] = s;
+            }
+        }
+        (self.pools.len() - 1) as u32
+    }
+
+    fn register(&mut self, worker: WorkerId, cache_blocks: Option<u32>) {
+        let i = worker.index();
+        if self.pool_of.len() <= i {
+            self.pool_of.resize(i + 1, NO_POOL);
+            self.credit.resize(i + 1, 0);
+        }
+        if self.pool_of[i] != NO_POOL {
+            return;
+        }
+        self.pool_of[i] = match (self.per_worker_bounds, cache_blocks) {
+            (true, Some(blocks)) => {
+                let blocks = blocks as usize;
+                self.add_pool(Pool::new(blocks, Some(blocks as u64)))
+            }
+            _ => match self.shared {
+                Some(p) => p,
+                None => {
+                    let p = self.add_pool(Pool::new(self.shared_entries, None));
+                    self.shared = Some(p);
+                    p
+                }
+            },
+        };
+    }
+
+    /// The pool of a worker; a worker never registered is in the shared pool (when there is
+    /// one: `unbounded`, or `approximate` once a worker of unknown size registered).
+    #[inline]
+    fn pool(&self, worker: u32) -> Option<u32> {
+        match self.pool_of.get(worker as usize) {
+            Some(&p) if p != NO_POOL => Some(p),
+            _ => self.shared,
         }
     }
 
@@ -136,45 +410,24 @@ impl PrefixIndex {
         if self.dense { k } else { position(k, m, n) }
     }
 
-    /// Make room for per-worker block counts of workers `0..n` (called at registration, so
-    /// recording never allocates).
-    pub fn reserve_workers(&mut self, n: usize) {
-        if self.per_worker.len() < n {
-            self.per_worker.resize(n, 0);
+    #[inline]
+    fn credit_of(&self, worker: u32) -> u64 {
+        self.credit.get(worker as usize).copied().unwrap_or(0)
+    }
+
+    /// Credit (or debit) a worker's blocks; a worker never registered has no count.
+    #[inline]
+    fn add_credit(&mut self, worker: u32, blocks: u64, add: bool) {
+        if let Some(c) = self.credit.get_mut(worker as usize) {
+            *c = if add {
+                *c + blocks
+            } else {
+                c.saturating_sub(blocks)
+            };
         }
     }
 
-    /// Blocks the index attributes to `worker` (checkpoint blocks: see the module notes).
-    pub fn blocks_of(&self, worker: WorkerId) -> usize {
-        self.per_worker
-            .get(worker.index())
-            .map_or(0, |&n| n as usize)
-    }
-
-    fn count(&mut self, worker: u32, add: bool) {
-        if let Some(n) = self.per_worker.get_mut(worker as usize) {
-            *n = if add { *n + 1 } else { n.saturating_sub(1) };
-        }
-    }
-
-    /// Blocks remembered.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// True when nothing is remembered.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Most blocks it will remember.
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    /// The worker that last served the longest remembered prefix of `blocks`, and how many
-    /// leading blocks that prefix has (see the module notes on checkpoint granularity).
-    pub fn longest(&self, blocks: &[u64]) -> Option<(WorkerId, usize)> {
+    fn longest(&self, blocks: &[u64]) -> Option<(WorkerId, usize)> {
         if blocks.is_empty() || self.len == 0 {
             return None;
         }
@@ -198,38 +451,65 @@ impl PrefixIndex {
         found
     }
 
-    /// Remember that `worker` now holds the prefix `blocks`.
-    pub fn record(&mut self, blocks: &[u64], worker: WorkerId) {
-        if self.capacity == 0 || blocks.is_empty() {
+    fn record(&mut self, blocks: &[u64], worker: WorkerId) {
+        let Some(pool) = self.pool(worker.0) else {
+            return;
+        };
+        let (entries, bound) = {
+            let p = &self.pools[pool as usize];
+            (p.entries, p.bound)
+        };
+        if entries == 0 || blocks.is_empty() {
             return;
         }
         let n = blocks.len();
         let m = self.marks(n);
-        for k in 0..m {
-            self.upsert(blocks[self.mark(k, m, n)], worker.0);
+        let Some(bound) = bound else {
+            for k in 0..m {
+                let pos = self.mark(k, m, n);
+                let weight = if self.dense { 1 } else { span(pos) };
+                self.upsert(blocks[pos], worker.0, weight, pool);
+            }
+            return;
+        };
+        // A worker's own ring: a prompt longer than its cache leaves its leading part (what
+        // fits). Recorded deepest first, so its ring ages a chain from its end, as vLLM frees
+        // a finished request's blocks tail first.
+        let fits = (0..m)
+            .take_while(|&k| (self.mark(k, m, n) as u64) < bound)
+            .count();
+        for k in (0..fits).rev() {
+            let pos = self.mark(k, m, n);
+            let weight = if self.dense { 1 } else { span(pos) };
+            self.upsert(blocks[pos], worker.0, weight, pool);
         }
     }
 
-    /// Forget every block held by `worker` (its engine restarted or crashed).
-    pub fn forget_worker(&mut self, worker: WorkerId) {
-        // Rare: drop the worker's keys and rebuild the ring in clock order.
-        let mut kept = Vec::with_capacity(self.ring.len());
-        let n = self.ring.len();
+    fn forget_worker(&mut self, worker: WorkerId) {
+        let Some(pool) = self.pool(worker.0) else {
+            return;
+        };
+        // Rare: drop the worker's keys and rebuild the pool's ring in clock order.
+        let p = &self.pools[pool as usize];
+        let n = p.ring.len();
+        let mut kept = Vec::with_capacity(n);
         for step in 0..n {
-            let key = self.ring[(self.hand + step) % n];
+            let p = &self.pools[pool as usize];
+            let key = p.ring[(p.hand + step) % n];
             if let Some(i) = self.find(key) {
-                if self.slots[i].worker == worker.0 {
+                let owner = self.slots[i].worker;
+                if owner == worker.0 {
                     self.remove_at(i);
                     self.len -= 1;
-                } else {
+                } else if self.pool(owner) == Some(pool) {
                     kept.push(key);
                 }
             }
         }
-        self.ring = kept;
-        self.ring
-            .reserve_exact(self.capacity.saturating_sub(self.ring.len()));
-        self.hand = 0;
+        let p = &mut self.pools[pool as usize];
+        p.ring = kept;
+        p.ring.reserve_exact(p.entries.saturating_sub(p.ring.len()));
+        p.hand = 0;
     }
 
     #[inline]
@@ -239,6 +519,9 @@ impl PrefixIndex {
 
     #[inline]
     fn find(&self, key: u64) -> Option<usize> {
+        if self.slots.is_empty() {
+            return None;
+        }
         let key = if key == 0 { ZERO_KEY } else { key };
         let mut i = self.home(key);
         loop {
@@ -253,73 +536,92 @@ impl PrefixIndex {
         }
     }
 
-    fn upsert(&mut self, key: u64, worker: u32) {
-        let key = if key == 0 { ZERO_KEY } else { key };
-        let mut i = self.home(key);
-        loop {
-            let s = &mut self.slots[i];
-            if s.key == key {
-                let old = s.worker;
-                s.worker = worker;
-                s.referenced = true;
-                if old != worker {
-                    self.count(old, false);
-                    self.count(worker, true);
-                }
+    fn upsert(&mut self, key: u64, worker: u32, weight: u8, pool: u32) {
+        let stored = if key == 0 { ZERO_KEY } else { key };
+        if let Some(i) = self.find(key) {
+            let old = self.slots[i].worker;
+            self.slots[i].referenced = true;
+            if old == worker {
                 return;
             }
-            if s.key == 0 {
-                break;
+            if self.pool(old) == Some(pool) {
+                // Taken over within one ring (the shared pool): the key keeps its place.
+                let w = u64::from(self.slots[i].weight);
+                self.slots[i].worker = worker;
+                self.add_credit(old, w, false);
+                self.add_credit(worker, w, true);
+                return;
             }
-            i = (i + 1) & self.mask;
+            // Taken over from another worker's ring: it leaves that record (its ring entry
+            // goes stale and is reclaimed by that ring's hand) and joins this one as new.
+            self.remove_at(i);
+            self.len -= 1;
         }
         // A new block: make room first (which may move slots), then insert.
-        if self.len == self.capacity {
-            self.evict_one();
+        let mut free = None;
+        if let Some(bound) = self.pools[pool as usize].bound {
+            while self.credit_of(worker) + u64::from(weight) > bound
+                && !self.pools[pool as usize].ring.is_empty()
+            {
+                free = Some(self.evict_one(pool));
+            }
         }
-        let mut i = self.home(key);
+        {
+            let p = &self.pools[pool as usize];
+            if free.is_none() && p.ring.len() == p.entries {
+                free = Some(self.evict_one(pool));
+            }
+        }
+        let mut i = self.home(stored);
         while self.slots[i].key != 0 {
             i = (i + 1) & self.mask;
         }
+        // In a worker's own ring a new block counts as used (CLOCK's usual rule), so the sweep
+        // that makes room for a prompt takes the oldest blocks, not the prompt's own; the
+        // shared ring keeps the rule of the index before issue 10 (inserted unreferenced).
+        let referenced = self.pools[pool as usize].bound.is_some();
         self.slots[i] = Slot {
-            key,
+            key: stored,
             worker,
-            referenced: false,
+            referenced,
+            weight,
         };
         self.len += 1;
-        self.count(worker, true);
-        if self.ring.len() < self.capacity {
-            self.ring.push(key);
-        } else {
-            // The hand stands just past the victim's place in the ring: reuse it.
-            let at = (self.hand + self.ring.len() - 1) % self.ring.len();
-            self.ring[at] = key;
+        self.add_credit(worker, u64::from(weight), true);
+        let p = &mut self.pools[pool as usize];
+        match free {
+            Some(at) => p.ring[at] = key,
+            None => p.ring.push(key),
         }
     }
 
-    /// CLOCK: sweep the ring, giving referenced blocks a second chance, remove the first other.
-    fn evict_one(&mut self) {
-        let n = self.ring.len();
+    /// CLOCK over one pool: sweep its ring, giving referenced blocks a second chance, remove the
+    /// first other. Returns the ring place freed (a stale entry's, whose key left the pool, is
+    /// a free place too).
+    fn evict_one(&mut self, pool: u32) -> usize {
         loop {
-            let key = self.ring[self.hand];
-            self.hand = (self.hand + 1) % n;
+            let p = &mut self.pools[pool as usize];
+            let n = p.ring.len();
+            let at = p.hand;
+            let key = p.ring[at];
+            p.hand = (p.hand + 1) % n;
             match self.find(key) {
+                Some(i) if self.pool(self.slots[i].worker) != Some(pool) => return at,
                 Some(i) if self.slots[i].referenced => self.slots[i].referenced = false,
                 Some(i) => {
                     self.remove_at(i);
                     self.len -= 1;
-                    return;
+                    return at;
                 }
-                // Defensive: a ring entry whose block is gone is a free place.
-                None => return,
+                None => return at,
             }
         }
     }
 
     /// Backward-shift deletion for linear probing (no tombstones).
     fn remove_at(&mut self, mut hole: usize) {
-        let gone = self.slots[hole].worker;
-        self.count(gone, false);
+        let gone = self.slots[hole];
+        self.add_credit(gone.worker, u64::from(gone.weight), false);
         self.slots[hole] = Slot::default();
         let mut j = hole;
         loop {

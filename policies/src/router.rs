@@ -1,7 +1,7 @@
 //! The router: filters, prefix affinity, chooser and caps over the live fleet.
 
 use crate::chooser::Hot;
-use crate::config::{Affinity, AffinityUnits, Cap, PolicyConfig};
+use crate::config::{Affinity, AffinityUnits, Cap, PolicyConfig, PrefixKnowledge};
 use crate::error::{AdminError, RouteError};
 use crate::prefix::PrefixIndex;
 use crate::rules::RuleCtx;
@@ -100,10 +100,14 @@ impl Router {
         };
         // The field's rules compare a match with the prompt (cache-aware's 50 %, llm-d's 80 %):
         // they get exact match lengths; the other policies keep the sparse index.
-        let prefix = if config.chooser.is_peer_rule() {
-            PrefixIndex::dense(blocks)
-        } else {
-            PrefixIndex::new(blocks)
+        let dense = config.chooser.is_peer_rule();
+        let prefix = match config.knowledge {
+            // Nothing reads it: a disabled index.
+            _ if blocks == 0 => PrefixIndex::new(0),
+            PrefixKnowledge::Unbounded if dense => PrefixIndex::dense(blocks),
+            PrefixKnowledge::Unbounded => PrefixIndex::new(blocks),
+            PrefixKnowledge::KvEvents { .. } => PrefixIndex::mirrored(),
+            _ => PrefixIndex::approximate(blocks, dense),
         };
         Router {
             config,
@@ -152,16 +156,17 @@ impl Router {
     /// [`Router::apply_kv_events`]; `None` when the policy does not read them (the host then
     /// need not produce any).
     pub fn kv_event_delay(&self) -> Option<std::time::Duration> {
-        // INTERFACE STUB (issue 10, part 4): implemented with the knowledge modes.
-        None
+        self.config.kv_event_delay()
     }
 
     /// Mirror a worker's prefix-cache events (in the order the engine published them) into
     /// the router's knowledge of that worker's cache. Ignored unless the policy's knowledge is
     /// `kv-events`, and for unknown or removed workers.
-    pub fn apply_kv_events(&mut self, now: Time, worker: WorkerId, events: &[crate::KvEvent]) {
-        // INTERFACE STUB (issue 10, part 4): implemented with the knowledge modes.
-        let _ = (now, worker, events);
+    pub fn apply_kv_events(&mut self, _now: Time, worker: WorkerId, events: &[crate::KvEvent]) {
+        if self.kv_event_delay().is_none() || self.check(worker).is_err() {
+            return;
+        }
+        self.prefix.apply(worker, events);
     }
 
     /// Interned id of a model name, if any worker ever served it.
@@ -245,7 +250,7 @@ impl Router {
         });
         self.wrr_current.push(0.0);
         self.signals.push(Signals::default());
-        self.prefix.reserve_workers(self.signals.len());
+        self.prefix.register_worker(id, spec.cache_blocks);
         self.fleet.workers.push(WorkerInfo {
             spec,
             model,
@@ -619,7 +624,9 @@ impl Router {
         let worker = WorkerId(entry.members[pos]);
         let believed = match remembered {
             Some((w, b)) if w == worker => b,
-            _ => 0,
+            None => 0,
+            // Another worker may hold the prefix too (only `kv-events` knows several holders).
+            Some(_) => self.prefix.match_besides_holder(req.prefix, worker),
         };
         Ok(Decision {
             worker,

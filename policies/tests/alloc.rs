@@ -6,14 +6,15 @@
 //! 10,000 requests, with and without a 64-block prefix, without a single allocation; and a
 //! saturated or disconnected fleet must refuse 10,000 requests each (`AllAtCap`,
 //! `NoHealthyWorker`, `PromptTooLong`) without one either. The field's routers (the peer
-//! presets) are held to the same steady-state test.
+//! presets) are held to the same steady-state test, and so is every prefix knowledge
+//! (`approximate` with per-worker bounds, `unbounded`, `kv-events` over a full mirror).
 
 use rand::RngExt;
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use routelab_policies::{
-    Affinity, Completion, PolicyConfig, ProbeResult, RouteError, RouteRequest, Router, Time,
-    WorkerSpec,
+    Affinity, Completion, KvEvent, PolicyConfig, PrefixKnowledge, ProbeResult, RouteError,
+    RouteRequest, Router, Time, WorkerSpec,
 };
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -75,8 +76,13 @@ const MODEL: &str = "gemma-27b";
 const WORKERS: usize = 64;
 const BLOCKS: usize = 64;
 
-/// `seed-v3` (or a variant), 64 measured workers, 2 requests in flight each.
-fn warm_router(config: PolicyConfig, rng: &mut Xoshiro256PlusPlus) -> Router {
+/// `seed-v3` (or a variant), 64 measured workers (each announcing a cache of `cache_blocks`),
+/// 2 requests in flight each.
+fn warm_router(
+    config: PolicyConfig,
+    rng: &mut Xoshiro256PlusPlus,
+    cache_blocks: Option<u32>,
+) -> Router {
     let mut router = Router::new(config);
     let gpus: [&[&str]; 4] = [
         &["RTX 4090", "RTX 4090"],
@@ -94,7 +100,7 @@ fn warm_router(config: PolicyConfig, rng: &mut Xoshiro256PlusPlus) -> Router {
                 gpu_names: gpus[i % 4].iter().map(|g| g.to_string()).collect(),
                 context_window: [32_768, 131_072][i % 2],
                 launch_args: String::new(),
-                cache_blocks: None,
+                cache_blocks,
             },
         );
     }
@@ -193,13 +199,34 @@ fn steady_state(
 }
 
 fn check(config: PolicyConfig) {
+    check_with_caches(config, None);
+}
+
+/// [`check`] over workers announcing `cache_blocks` each. Under `kv-events` the warm-up
+/// prompts are announced stored by the workers they went to (applying events is the host's
+/// work, outside the decision), so the measured decisions look up a full mirror.
+fn check_with_caches(config: PolicyConfig, cache_blocks: Option<u32>) {
     let name = config.name.clone();
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(17);
-    let mut router = warm_router(config, &mut rng);
+    let mut router = warm_router(config, &mut rng, cache_blocks);
     // Warm-up: fill the prefix index past its capacity so evictions are in steady state too.
     let warm = prefixes(20_000, &mut rng, 1 << 32);
     let measured = prefixes(10_000, &mut rng, 1 << 40);
     steady_state(&mut router, &warm, true, &mut rng, 10.0);
+    if router.kv_event_delay().is_some() {
+        let workers: Vec<_> = router.fleet().iter().map(|(id, _)| id).collect();
+        for (i, p) in warm.iter().enumerate() {
+            let events: Vec<KvEvent> = p
+                .iter()
+                .enumerate()
+                .map(|(k, &block)| KvEvent::Stored {
+                    block,
+                    parent: k.checked_sub(1).map(|j| p[j]),
+                })
+                .collect();
+            router.apply_kv_events(Time::ZERO, workers[i % workers.len()], &events);
+        }
+    }
     assert!(!router.prefix_index().is_empty());
 
     // Sanity check of the counter itself.
@@ -236,6 +263,29 @@ fn the_field_routers_decisions_do_not_allocate() {
     }
     softmax.name = "kv-cost at temperature 2".into();
     check(softmax);
+}
+
+#[test]
+fn every_prefix_knowledge_decides_without_allocating() {
+    for preset in ["seed-v3", "cache-aware"] {
+        for (knowledge, caches) in [
+            // Each worker bounded by a 96-block cache: constant eviction in every ring.
+            (PrefixKnowledge::Approximate, Some(96)),
+            (PrefixKnowledge::Approximate, None),
+            (PrefixKnowledge::Unbounded, Some(96)),
+            (
+                PrefixKnowledge::KvEvents {
+                    delay: Duration::ZERO,
+                },
+                Some(96),
+            ),
+        ] {
+            let mut config = PolicyConfig::preset(preset).unwrap();
+            config.knowledge = knowledge;
+            config.name = format!("{preset} {knowledge:?} caches {caches:?}");
+            check_with_caches(config, caches);
+        }
+    }
 }
 
 #[test]
@@ -279,7 +329,7 @@ fn refusals(
 #[test]
 fn refused_decisions_do_not_allocate() {
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(23);
-    let mut router = warm_router(PolicyConfig::preset("seed-v3").unwrap(), &mut rng);
+    let mut router = warm_router(PolicyConfig::preset("seed-v3").unwrap(), &mut rng, None);
     let model = router.model_id(MODEL).unwrap();
     // Saturate the fleet: every worker at its flat cap of 24.
     let req = RouteRequest {

@@ -13,8 +13,8 @@ use rand::rngs::Xoshiro256PlusPlus;
 use routelab_policies::weights::{AtLoadConfig, LiveConfig, ProbeConfig, TableConfig};
 use routelab_policies::{
     Affinity, AffinityUnits, Allowance, Cap, Charge, Chooser, Clamp, Completion, Decision, ModelId,
-    PolicyConfig, ProbeOrder, ProbeResult, Provenance, RouteError, RouteRequest, Router, TieRule,
-    Time, WeightsConfig, WorkerId, WorkerState,
+    PolicyConfig, PrefixKnowledge, ProbeOrder, ProbeResult, Provenance, RouteError, RouteRequest,
+    Router, TieRule, Time, WeightsConfig, WorkerId, WorkerState,
 };
 use std::time::Duration;
 
@@ -203,16 +203,34 @@ fn any_cap() -> impl Strategy<Value = Cap> {
     ]
 }
 
+fn any_knowledge() -> impl Strategy<Value = PrefixKnowledge> {
+    prop_oneof![
+        Just(PrefixKnowledge::Approximate),
+        Just(PrefixKnowledge::Unbounded),
+        (0u64..3).prop_map(|s| PrefixKnowledge::KvEvents {
+            delay: Duration::from_secs(s)
+        }),
+    ]
+}
+
 fn any_policy() -> impl Strategy<Value = PolicyConfig> {
-    (any_weights(), any_chooser(), any_affinity(), any_cap()).prop_map(
-        |(weights, chooser, affinity, cap)| PolicyConfig {
-            name: "prop".into(),
-            weights,
-            chooser,
-            affinity,
-            cap,
-        },
+    (
+        any_weights(),
+        any_chooser(),
+        any_affinity(),
+        any_cap(),
+        any_knowledge(),
     )
+        .prop_map(
+            |(weights, chooser, affinity, cap, knowledge)| PolicyConfig {
+                name: "prop".into(),
+                weights,
+                chooser,
+                affinity,
+                cap,
+                knowledge,
+            },
+        )
 }
 
 fn any_reg() -> impl Strategy<Value = Reg> {
@@ -296,7 +314,7 @@ impl Sim {
 
     fn register(&mut self, r: &Reg) {
         let name = format!("w{}", self.router.fleet().len());
-        let spec = spec_full(
+        let mut spec = spec_full(
             &name,
             &format!("node{}", r.node),
             MODELS[usize::from(r.model) % 3],
@@ -304,6 +322,8 @@ impl Sim {
             WINDOWS[usize::from(r.window) % WINDOWS.len()],
             ["", "--tp 2", "--max-model-len 65536"][usize::from(r.args) % 3],
         );
+        // Known and unknown cache sizes, tiny ones included (approximate bounds each).
+        spec.cache_blocks = [None, Some(0), Some(3), Some(64)][usize::from(r.node) % 4];
         self.router.register(self.now, spec);
     }
 

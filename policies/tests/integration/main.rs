@@ -9,6 +9,7 @@ mod common;
 mod config_errors;
 mod errors;
 mod invariants;
+mod knowledge;
 mod peers;
 mod probe_lifecycle;
 mod regressions;

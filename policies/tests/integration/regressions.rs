@@ -47,6 +47,7 @@ fn at_load_prior_weights_follow_newcomers() {
         },
         affinity: routelab_policies::Affinity::None,
         cap: Cap::Weighted(24),
+        knowledge: routelab_policies::PrefixKnowledge::DEFAULT,
     };
     let mut router = Router::new(config);
     let pair = router.register(Time::ZERO, spec("pair", &["RTX 4090", "RTX 4090"]));
