@@ -334,6 +334,8 @@ pub struct EngineModel {
     epoch_factor: f64,
     // --- sequences
     n_decoding: u32,
+    /// Prefilling sequences with prefix blocks (what `cache_computed_blocks` looks at).
+    prefills_with_blocks: u32,
     running: u32,
     kv_used: u64,
     slots: Vec<Slot>,
@@ -399,6 +401,7 @@ impl EngineModel {
             epoch_idx: u64::MAX,
             epoch_factor: 1.0,
             n_decoding: 0,
+            prefills_with_blocks: 0,
             running: 0,
             kv_used: 0,
             slots: Vec::new(),
@@ -662,6 +665,7 @@ impl EngineModel {
         self.cache.clear();
         self.running = 0;
         self.n_decoding = 0;
+        self.prefills_with_blocks = 0;
         self.kv_used = 0;
         self.v = 0.0;
         self.q = 0.0;
@@ -720,6 +724,9 @@ impl EngineModel {
                 }
                 self.q_tail -= left;
                 self.q = self.q.min(self.q_tail);
+                if !self.slots[h as usize].blocks.is_empty() {
+                    self.prefills_with_blocks -= 1;
+                }
                 self.running -= 1;
                 self.kv_used -= self.slots[h as usize].kv_tokens();
                 self.release_blocks(h);
@@ -782,7 +789,7 @@ impl EngineModel {
             self.busy_ns += dt_ns;
         }
         self.t0 = t;
-        if dq > 0.0 {
+        if dq > 0.0 && self.prefills_with_blocks > 0 {
             self.cache_computed_blocks();
         }
     }
@@ -857,6 +864,9 @@ impl EngineModel {
     fn finish_prefill(&mut self, h: u32, now: u64, out: &mut Vec<EngineOutput>) {
         let s = &mut self.slots[h as usize];
         s.first_token_at = now;
+        if !s.blocks.is_empty() {
+            self.prefills_with_blocks -= 1;
+        }
         if (s.held as usize) < s.blocks.len() {
             self.cache.hold(&s.blocks, s.held as usize, s.blocks.len());
             s.held = s.blocks.len() as u32;
@@ -941,6 +951,9 @@ impl EngineModel {
             self.q_tail += work;
             s.prefill_end = self.q_tail;
             s.prefill_work = work;
+            if !s.blocks.is_empty() {
+                self.prefills_with_blocks += 1;
+            }
             self.prefill.push_back(h);
             self.running += 1;
             self.kv_used += kv;
