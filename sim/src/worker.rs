@@ -819,14 +819,19 @@ impl EngineModel {
     /// Drops sequence `h`'s hold on its blocks and evicts what no longer fits.
     fn release_blocks(&mut self, h: u32) {
         let s = &mut self.slots[h as usize];
-        self.cache.release(&s.blocks, s.held as usize);
-        s.held = 0;
+        if s.held > 0 {
+            self.cache.release(&s.blocks, s.held as usize);
+            s.held = 0;
+        }
         self.fit_cache();
     }
 
     /// Evicts cached blocks (LRU) until the evictable ones fit in the KV memory the running
     /// sequences do not reserve.
     fn fit_cache(&mut self) {
+        if self.cache.evictable() == 0 {
+            return;
+        }
         let free_blocks = self.kv_capacity.saturating_sub(self.kv_used) / u64::from(BLOCK_TOKENS);
         self.cache
             .evict_to(usize::try_from(free_blocks).unwrap_or(usize::MAX));
@@ -930,13 +935,15 @@ impl EngineModel {
             }
             self.waiting.pop_front();
             let s = &mut self.slots[h as usize];
-            let hits = if s.prompt == 0 {
+            let hits = if s.prompt == 0 || s.blocks.is_empty() {
                 0
             } else {
                 self.cache.leading_hits(&s.blocks)
             };
             // The hits are held before anything is evicted for the room it needs.
-            self.cache.hold(&s.blocks, 0, hits);
+            if hits > 0 {
+                self.cache.hold(&s.blocks, 0, hits);
+            }
             s.held = hits as u32;
             let cached = cached_tokens(s.prompt, hits);
             s.cached = cached;
