@@ -83,3 +83,26 @@ fn overlap_regret_is_zero_with_one_worker_and_positive_for_a_prefix_blind_router
     assert_eq!(alone.overlap_regret.count(), routed_with_prefix);
     assert_eq!(alone.overlap_regret.max(), Some(0));
 }
+
+#[test]
+fn delayed_kv_events_leave_the_router_behind_the_engines() {
+    let sc = mooncake(ROWS);
+    let gap = |delay_s: u64| {
+        let m = run_with(
+            &sc,
+            seed_v3(),
+            PrefixKnowledge::KvEvents {
+                delay: Duration::from_secs(delay_s),
+            },
+        );
+        println!(
+            "kv-events:{delay_s}: believed {:.2} %, actual {:.2} %, {} events",
+            100.0 * m.believed_hit_fraction(),
+            100.0 * m.prefix_hit_fraction(),
+            m.events
+        );
+        (m.believed_hit_fraction() - m.prefix_hit_fraction()).abs()
+    };
+    let (now, late) = (gap(0), gap(60));
+    assert!(late > now, "a minute late {late:.4} vs at once {now:.4}");
+}
