@@ -605,8 +605,10 @@ impl EngineModel {
         self.cache.has_events()
     }
 
-    /// The prompt tokens the engine would serve from its prefix cache right now
-    /// (without touching the cache), for comparison with the router's belief.
+    /// The prompt tokens the engine would serve from its prefix cache right now (without
+    /// touching the cache), for comparison with the router's belief: the blocks running
+    /// sequences hold (those prefilling: as far as computed when the engine last moved, at its
+    /// last event or call) and the evictable ones.
     pub fn peek_cached_tokens(&self, prompt_tokens: u32, prefix: &[u64]) -> u32 {
         self.cached_for(prompt_tokens, prefix)
     }
