@@ -797,7 +797,9 @@ impl EngineModel {
     }
 
     /// Caches the full blocks the prefilling sequences have computed by the prefill clock `q`
-    /// (FIFO: only the front ones have started). Allocation-free; O(new blocks).
+    /// (FIFO: only the front ones have started). Allocation-free; O(new blocks). Kept out of
+    /// line so that `move_to`, on every event's path, stays small.
+    #[inline(never)]
     fn cache_computed_blocks(&mut self) {
         for &h in &self.prefill {
             let s = &mut self.slots[h as usize];

@@ -38,6 +38,7 @@ impl KvDelivery {
     }
 
     /// Whether the engines publish KV events in this run.
+    #[inline]
     pub(super) fn enabled(&self) -> bool {
         self.delay_ns.is_some()
     }
@@ -89,12 +90,10 @@ impl Sim<'_> {
         self.kv.recycle(batch);
     }
 
-    /// Records the overlap regret of routing customer request `req` to fleet worker `chosen`.
+    /// Records the overlap regret of routing customer request `req` (with a prefix) to fleet
+    /// worker `chosen`.
     pub(super) fn record_overlap_regret(&mut self, req: u32, chosen: u32) {
         let r = &self.reqs[req as usize];
-        if r.prefix.is_empty() {
-            return;
-        }
         let Some(model) = self.model else { return };
         let context_tokens = r.prompt.saturating_add(r.output);
         let fleet = self.router.fleet();

@@ -357,7 +357,9 @@ impl<'a> Sim<'a> {
     /// pushing only when the next event moves *earlier* keeps stale entries out of the queue.
     fn reschedule(&mut self, worker: u32) {
         // Every engine mutation ends here: what it did to the prefix cache is published now.
-        self.publish_kv_events(worker);
+        if self.kv.enabled() {
+            self.publish_kv_events(worker);
+        }
         let now = self.now;
         let w = &mut self.workers[worker as usize];
         if let Some(t) = w.engine.next_event_time() {
