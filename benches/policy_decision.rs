@@ -9,6 +9,12 @@
 //! A second group, `peer rules route+complete`, times the field's routers (`cache-aware`,
 //! `least-load`, …, as presets) the same way over 64 workers with the 64-block prefix.
 //!
+//! A third, `prefix knowledge route+complete`, times `seed-v3` and `cache-aware` with the 64-block
+//! prefix under each prefix knowledge over 8, 64 and 1,024 workers that announce a 1,024-block
+//! cache each: `approximate` (every worker's own ring evicting), `unbounded`, and `kv-events`
+//! over a mirror into which each prompt's blocks were announced stored by a worker before the
+//! measurement (applying events is the host's work, not the decision's).
+//!
 //! ```text
 //! cargo bench --bench policy_decision -- --warm-up-time 1 --measurement-time 3
 //! ```
@@ -17,7 +23,8 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 use routelab_policies::{
-    Completion, PolicyConfig, ProbeResult, RouteRequest, Router, Time, WorkerSpec,
+    Completion, KvEvent, PolicyConfig, PrefixKnowledge, ProbeResult, RouteRequest, Router, Time,
+    WorkerSpec,
 };
 use std::hint::black_box;
 use std::time::Duration;
@@ -26,10 +33,18 @@ const MODEL: &str = "gemma-27b";
 const BLOCKS: usize = 64;
 const PROMPTS: usize = 4_096;
 
-/// `preset` over `n` workers, every one measured by the probe (if it probes), 2 requests in
-/// flight each.
-fn fleet(preset: &str, n: usize, rng: &mut Xoshiro256PlusPlus) -> Router {
-    let mut router = Router::new(PolicyConfig::preset(preset).expect("preset"));
+/// Blocks of KV cache each worker announces in the knowledge group.
+const CACHE_BLOCKS: u32 = 1_024;
+
+/// `config` over `n` workers (announcing `cache_blocks`), every one measured by the probe (if
+/// it probes), 2 requests in flight each.
+fn fleet(
+    config: PolicyConfig,
+    n: usize,
+    cache_blocks: Option<u32>,
+    rng: &mut Xoshiro256PlusPlus,
+) -> Router {
+    let mut router = Router::new(config);
     let gpus: [&[&str]; 4] = [
         &["RTX 4090", "RTX 4090"],
         &["RTX PRO 6000"],
@@ -46,7 +61,7 @@ fn fleet(preset: &str, n: usize, rng: &mut Xoshiro256PlusPlus) -> Router {
                 gpu_names: gpus[i % 4].iter().map(|g| g.to_string()).collect(),
                 context_window: [32_768, 131_072][i % 2],
                 launch_args: String::new(),
-                cache_blocks: None,
+                cache_blocks,
             },
         );
     }
@@ -114,31 +129,58 @@ fn prompts(rng: &mut Xoshiro256PlusPlus) -> Vec<Vec<u64>> {
 }
 
 fn decision(c: &mut Criterion) {
+    let preset = |name: &str| PolicyConfig::preset(name).expect("preset");
     let mut group = c.benchmark_group("seed-v3 route+complete");
     for n in [8usize, 64, 1_024] {
         for with_prefix in [false, true] {
-            bench_one(&mut group, "seed-v3", n, with_prefix, None);
+            bench_one(&mut group, preset("seed-v3"), n, None, with_prefix, None);
         }
     }
     group.finish();
     let mut group = c.benchmark_group("peer rules route+complete");
-    for preset in PolicyConfig::field_presets() {
-        bench_one(&mut group, preset, 64, true, Some(preset));
+    for name in PolicyConfig::field_presets() {
+        bench_one(&mut group, preset(name), 64, None, true, Some(name));
+    }
+    group.finish();
+    let mut group = c.benchmark_group("prefix knowledge route+complete");
+    for name in ["seed-v3", "cache-aware"] {
+        for knowledge in [
+            PrefixKnowledge::Approximate,
+            PrefixKnowledge::Unbounded,
+            PrefixKnowledge::KvEvents {
+                delay: Duration::ZERO,
+            },
+        ] {
+            for n in [8usize, 64, 1_024] {
+                let mut config = preset(name);
+                config.knowledge = knowledge;
+                let label = format!("{name} {}", knowledge.name());
+                bench_one(
+                    &mut group,
+                    config,
+                    n,
+                    Some(CACHE_BLOCKS),
+                    true,
+                    Some(&label),
+                );
+            }
+        }
     }
     group.finish();
 }
 
-/// Time route + complete of `preset` over `n` workers; the bench id is `label` or the prompt
+/// Time route + complete of `config` over `n` workers; the bench id is `label` or the prompt
 /// kind, with `n`.
 fn bench_one(
     group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
-    preset: &str,
+    config: PolicyConfig,
     n: usize,
+    cache_blocks: Option<u32>,
     with_prefix: bool,
     label: Option<&str>,
 ) {
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(42);
-    let mut router = fleet(preset, n, &mut rng);
+    let mut router = fleet(config, n, cache_blocks, &mut rng);
     let prompts = prompts(&mut rng);
     let model = router.model_id(MODEL).expect("model");
     let now = Time::from_secs_f64(10.0);
@@ -166,6 +208,21 @@ fn bench_one(
     // Fill the prefix index and reach steady state before measuring.
     for i in 0..4 * PROMPTS {
         step(&mut router, i, &mut rng);
+    }
+    // Under kv-events the engines announce what they hold: each prompt on one worker.
+    if router.kv_event_delay().is_some() {
+        let workers: Vec<_> = router.fleet().iter().map(|(id, _)| id).collect();
+        for (i, p) in prompts.iter().enumerate() {
+            let events: Vec<KvEvent> = p
+                .iter()
+                .enumerate()
+                .map(|(k, &block)| KvEvent::Stored {
+                    block,
+                    parent: k.checked_sub(1).map(|j| p[j]),
+                })
+                .collect();
+            router.apply_kv_events(now, workers[i % workers.len()], &events);
+        }
     }
     let id = BenchmarkId::new(
         label.unwrap_or(if with_prefix {

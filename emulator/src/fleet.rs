@@ -1,7 +1,9 @@
 //! One emulator per worker of a scenario, and a gateway configuration in front of them.
 
 use crate::server::{Emulator, EmulatorError, EmulatorOptions, serve};
+use routelab_gateway::config::CacheTokens;
 use routelab_gateway::{GatewayConfig, PolicyEntry, WorkerConfig};
+use routelab_policies::PREFIX_BLOCK_TOKENS;
 use routelab_sim::{SimSetup, derive_seed};
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -38,6 +40,11 @@ pub async fn start_fleet(setup: &SimSetup, speedup: f64) -> Result<EmulatedFleet
             gpu_names: w.spec.gpu_names.clone(),
             context_window: w.spec.context_window,
             launch_args: w.spec.launch_args.clone(),
+            // The emulated engine's cache, as the simulator announces it.
+            cache_tokens: w
+                .spec
+                .cache_blocks
+                .and_then(|b| CacheTokens::new(f64::from(b) * f64::from(PREFIX_BLOCK_TOKENS)).ok()),
         });
         emulators.push(Some(emu));
     }

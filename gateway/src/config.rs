@@ -14,6 +14,7 @@
 //!     gpu_names: [RTX 4090, RTX 4090]
 //!     context_window: 32768
 //!     launch_args: "--max-model-len 32768"
+//!     cache_tokens: 262144         # optional: the engine's KV cache size, from its logs
 //! ```
 //!
 //! See `gateway/examples/gateway.yaml` for every field with its default (the request log and the
@@ -21,7 +22,9 @@
 
 use crate::error::WorkerError;
 use routelab_policies::located::{parse_yaml, rule};
-use routelab_policies::{InputError, PolicyEntry, WorkerSpec};
+use routelab_policies::{
+    InputError, KNOWLEDGE_FIELD, PREFIX_BLOCK_TOKENS, PolicyEntry, PrefixKnowledge, WorkerSpec,
+};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -294,6 +297,48 @@ pub struct WorkerConfig {
     /// Engine launch arguments (a change is a new machine for the probe cache).
     #[serde(default)]
     pub launch_args: String,
+    /// The engine's KV cache size in tokens, from its launch arguments or its start-up log
+    /// (vLLM logs "GPU KV cache size: N tokens"). The policy's `approximate` prefix knowledge
+    /// (the default) then believes the worker holds at most that many tokens of prompt
+    /// prefixes; without it the worker shares the router's fleet-wide bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_tokens: Option<CacheTokens>,
+}
+
+/// Most KV cache tokens a worker may announce: the policy crate counts a cache in 512-token
+/// blocks with a `u32`.
+pub const MAX_CACHE_TOKENS: u64 = u32::MAX as u64 * PREFIX_BLOCK_TOKENS as u64;
+
+/// An engine's KV cache size in tokens, checked as it is read (whole, at least one prefix block
+/// of [`PREFIX_BLOCK_TOKENS`], at most [`MAX_CACHE_TOKENS`]), so the file and the admin API
+/// refuse a bad one alike, at its line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(transparent)]
+pub struct CacheTokens(u64);
+
+impl CacheTokens {
+    /// A size within the rule.
+    pub fn new(tokens: f64) -> Result<CacheTokens, rule::Violation> {
+        rule::whole(tokens, u64::from(PREFIX_BLOCK_TOKENS), MAX_CACHE_TOKENS).map(CacheTokens)
+    }
+
+    /// The tokens.
+    pub fn tokens(self) -> u64 {
+        self.0
+    }
+
+    /// Whole prefix blocks that fit.
+    pub fn blocks(self) -> u32 {
+        u32::try_from(self.0 / u64::from(PREFIX_BLOCK_TOKENS)).unwrap_or(u32::MAX)
+    }
+}
+
+impl<'de> Deserialize<'de> for CacheTokens {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // Read as a number so a fraction or a negative gets the rule's words, not serde's.
+        let x = f64::deserialize(d)?;
+        CacheTokens::new(x).map_err(serde::de::Error::custom)
+    }
 }
 
 impl WorkerConfig {
@@ -325,7 +370,7 @@ impl WorkerConfig {
             gpu_names: self.gpu_names.clone(),
             context_window: self.context_window,
             launch_args: self.launch_args.clone(),
-            cache_blocks: None,
+            cache_blocks: self.cache_tokens.map(CacheTokens::blocks),
         }
     }
 }
@@ -453,6 +498,9 @@ fn number_rule(field: &str) -> Option<NumberRule> {
         "clock_scale" => Scale,
         f if f.starts_with("workers[") && f.ends_with("].context_window") => {
             Whole(1, u32::MAX.into())
+        }
+        f if f.starts_with("workers[") && f.ends_with("].cache_tokens") => {
+            Whole(PREFIX_BLOCK_TOKENS.into(), MAX_CACHE_TOKENS)
         }
         _ => return None,
     })
@@ -624,7 +672,22 @@ impl GatewayConfig {
     pub fn validate(&self) -> Result<(), InputError> {
         let file = self.origin.as_str();
         // The probe's shape is bounded by the policy crate (a burst is real requests here).
-        self.policy.build_in(file, "policy")?;
+        let policy = self.policy.build_in(file, "policy")?;
+        if let PrefixKnowledge::KvEvents { .. } = policy.knowledge {
+            // A name or composition is wrong as a whole; a mapping at its field.
+            let field = match &self.policy {
+                PolicyEntry::Name(_) => "policy".to_string(),
+                PolicyEntry::Full(_) => format!("policy.{KNOWLEDGE_FIELD}"),
+            };
+            return Err(InputError::new(
+                file,
+                field,
+                "`kv-events` is simulator-only for now: the gateway has no KV event subscriber",
+            )
+            .valid(format!(
+                "{KNOWLEDGE_FIELD}: approximate (the default: give each worker its cache_tokens) or unbounded"
+            )));
+        }
         for (field, value) in self.numbers() {
             if let (Some(x), Some(rule)) = (value, number_rule(field)) {
                 rule.check(x).map_err(|e| e.at_field(file, field))?;
@@ -692,6 +755,86 @@ mod tests {
         assert_eq!(c.policy.build().unwrap().name, "seed-v3+probe+weighted");
         assert_eq!(c.origin(), "gateway.yaml");
         assert_eq!(c.workers[0].spec().node, "node-a");
+        // 262,144 tokens of KV cache: 512 prefix blocks; the second worker gives none.
+        assert_eq!(c.workers[0].spec().cache_blocks, Some(512));
+        assert_eq!(c.workers[1].spec().cache_blocks, None);
+    }
+
+    const WORKER: &str = "workers:\n  - {name: a, base_url: http://h, model: m, context_window: 9";
+
+    #[test]
+    fn cache_tokens_become_whole_cache_blocks() {
+        for (tokens, blocks) in [(512, 1), (1_000, 1), (1_048_576, 2_048)] {
+            let c = GatewayConfig::from_yaml(
+                &format!("{WORKER}, cache_tokens: {tokens}}}\n"),
+                "g.yaml",
+            )
+            .unwrap();
+            assert_eq!(c.workers[0].spec().cache_blocks, Some(blocks), "{tokens}");
+            // It survives the admin API's JSON both ways.
+            let json = serde_json::to_string(&c.workers[0]).unwrap();
+            assert!(
+                json.contains(&format!("\"cache_tokens\":{tokens}")),
+                "{json}"
+            );
+            let back: WorkerConfig = serde_json::from_str(&json).unwrap();
+            assert_eq!(back, c.workers[0]);
+        }
+    }
+
+    #[test]
+    fn a_bad_cache_size_is_located_with_what_is_valid() {
+        let valid = format!("a whole number from 512 to {MAX_CACHE_TOKENS}");
+        for bad in ["0", "511", "-4096", "1536.5", ".nan", "1e30"] {
+            let e =
+                GatewayConfig::from_yaml(&format!("{WORKER}, cache_tokens: {bad}}}\n"), "g.yaml")
+                    .unwrap_err();
+            assert_eq!(e.field, "workers[0].cache_tokens", "{bad}: {e}");
+            assert_eq!(e.line, Some(2), "{bad}: {e}");
+            assert!(e.to_string().contains(&valid), "{bad}: {e}");
+        }
+        // The admin API reads workers as JSON: the same rule.
+        let e = serde_json::from_str::<WorkerConfig>(
+            r#"{"name": "a", "base_url": "http://h", "model": "m", "context_window": 9, "cache_tokens": 0}"#,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains(&valid), "{e}");
+    }
+
+    #[test]
+    fn a_policy_that_asks_for_kv_events_is_refused_as_simulator_only() {
+        for (policy, field) in [
+            (
+                "{preset: seed-v3, prefix_knowledge: kv-events}",
+                "policy.prefix_knowledge",
+            ),
+            (
+                "{preset: seed-v3, prefix_knowledge: kv-events, kv_event_delay_s: 0.1}",
+                "policy.prefix_knowledge",
+            ),
+            ("probe/sed/capacity/kv-events", "policy"),
+        ] {
+            let e = GatewayConfig::from_yaml(&format!("policy: {policy}\n"), "g.yaml").unwrap_err();
+            assert_eq!(
+                (e.file.as_str(), e.field.as_str()),
+                ("g.yaml", field),
+                "{e}"
+            );
+            let text = e.to_string();
+            assert!(text.contains("simulator-only for now"), "{text}");
+            assert!(
+                text.contains("prefix_knowledge: approximate (the default: give each worker its cache_tokens) or unbounded"),
+                "{text}"
+            );
+        }
+        for ok in [
+            "{preset: seed-v3, prefix_knowledge: unbounded}",
+            "seed-v3",
+            "probe/approximate",
+        ] {
+            let c = GatewayConfig::from_yaml(&format!("policy: {ok}\n"), "g.yaml").unwrap();
+            assert!(c.policy.build().unwrap().kv_event_delay().is_none(), "{ok}");
+        }
     }
 
     #[test]

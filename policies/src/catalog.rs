@@ -764,7 +764,14 @@ mod tests {
         for p in &PRESETS {
             assert_eq!(PolicyConfig::preset(p.name).unwrap().name, p.name);
         }
+        for p in &KNOWLEDGE {
+            let k = PrefixKnowledge::from_name(p.name).expect(p.name);
+            assert_eq!(k.name(), p.name);
+            let c = PolicyConfig::from_name(&format!("equal/{}", k.composition())).unwrap();
+            assert_eq!(c.knowledge, k);
+        }
         // The parser's lists are the catalog's.
+        assert_eq!(PrefixKnowledge::NAMES, names(&KNOWLEDGE));
         assert_eq!(WeightsConfig::NAMES, names(&WEIGHTS));
         assert_eq!(Chooser::NAMES, names(&CHOOSERS));
         assert_eq!(TieRule::NAMES, names(&TIES));
@@ -845,6 +852,34 @@ mod tests {
             }
         }
         assert!(checked > 25, "{checked}");
+    }
+
+    #[test]
+    fn every_printed_knowledge_default_is_the_default_used() {
+        let build = |yaml: &str| {
+            let raw: crate::RawPolicy = parse_yaml(yaml, "t").unwrap();
+            PolicyConfig::from_raw(&raw).unwrap().knowledge
+        };
+        let mut checked = 0;
+        for part in &KNOWLEDGE {
+            let base = format!("preset: seed-v3\nprefix_knowledge: {}\n", part.name);
+            assert_eq!(build(&base), PrefixKnowledge::from_name(part.name).unwrap());
+            for param in part.params {
+                let default = param.default.expect("a single value")();
+                let given = build(&format!("{base}{}: {default}\n", param.name));
+                assert_eq!(given, build(&base), "{} {}", part.name, param.name);
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 1);
+        // Unnamed, a policy gets the default, which the catalog lists first.
+        assert_eq!(build("preset: seed-v3\n"), PrefixKnowledge::DEFAULT);
+        assert_eq!(KNOWLEDGE[0].name, PrefixKnowledge::DEFAULT.name());
+        let d = find(&KNOWLEDGE, "approximate").unwrap().description();
+        assert!(
+            d.contains("512-token blocks") && d.contains("index_blocks (65536 by default)"),
+            "{d}"
+        );
     }
 
     #[test]

@@ -10,10 +10,15 @@
 //! chooser: { kind: sed, ties: higher-weight }
 //! affinity: { kind: capacity, base: 2, per_1k_tokens: 0.25, max: 8 }
 //! cap: { kind: weighted, limit: 24 }
+//! prefix_knowledge: approximate   # the default; or unbounded, or kv-events (simulator only)
+//! kv_event_delay_s: 0             # kv-events only: how late the engines' events arrive
 //! ```
 //!
 //! On a command line a policy is a preset name (`seed-v3`) or a composition
-//! `WEIGHTS[/CHOOSER[:TIES]][/AFFINITY][/CAP[:N]]`, e.g. `at-load/sed/capacity/weighted:24`.
+//! `WEIGHTS[/CHOOSER[:TIES]][/AFFINITY][/CAP[:N]][/KNOWLEDGE[:DELAY_S]]`, e.g.
+//! `at-load/sed/capacity/weighted:24` or `probe/p2c/capacity/flat:24/kv-events:0.05`. The
+//! knowledge is a policy-level field, not part of `affinity`, because the field's routers read
+//! the prefix index too and have no affinity part.
 
 use crate::catalog;
 use crate::chooser::{Chooser, TieRule};
@@ -134,7 +139,9 @@ pub enum Affinity {
         units: AffinityUnits,
         /// How much busier is allowed.
         allowance: Allowance,
-        /// Blocks the router's prefix index remembers.
+        /// Blocks the router's prefix index remembers: the whole fleet's under `unbounded`; under
+        /// `approximate`, those of the workers whose cache size is unknown (the others are
+        /// bounded by their own).
         index_blocks: usize,
     },
 }
@@ -443,9 +450,10 @@ impl PolicyConfig {
         })
     }
 
-    /// A preset name or a composition `WEIGHTS[/CHOOSER[:TIES]][/AFFINITY][/CAP[:N]]`.
-    /// Omitted parts default to [`PolicyConfig::composition_default`] (`p2c:higher-weight`,
-    /// `capacity`, `flat:24`).
+    /// A preset name or a composition
+    /// `WEIGHTS[/CHOOSER[:TIES]][/AFFINITY][/CAP[:N]][/KNOWLEDGE[:DELAY_S]]`. Omitted parts
+    /// default to [`PolicyConfig::composition_default`] (`p2c:higher-weight`, `capacity`,
+    /// `flat:24`) and [`PrefixKnowledge::DEFAULT`].
     pub fn from_name(name: &str) -> Result<PolicyConfig, ConfigError> {
         if !name.contains('/') && WeightsConfig::from_name(name).is_none() {
             return PolicyConfig::preset(name);
@@ -802,7 +810,7 @@ pub struct RawAffinity {
     pub per_1k_tokens: Option<f64>,
     /// Largest allowance.
     pub max: Option<f64>,
-    /// Blocks the router's prefix index remembers.
+    /// Blocks the router's prefix index remembers (see [`Affinity::Prefix`]).
     pub index_blocks: Option<usize>,
 }
 

@@ -763,6 +763,58 @@ mod tests {
     }
 
     #[test]
+    fn a_recorded_chain_is_credited_its_length_in_blocks() {
+        for n in 1..300 {
+            let m = checkpoints(n);
+            let credited: usize = (0..m).map(|k| usize::from(span(position(k, m, n)))).sum();
+            assert_eq!(credited, n, "{n} blocks");
+        }
+    }
+
+    #[test]
+    fn approximate_credits_blocks_and_forgets_a_chain_from_its_end() {
+        let mut p = PrefixIndex::approximate(64, false);
+        p.register_worker(WorkerId(0), Some(100));
+        p.register_worker(WorkerId(1), None);
+        let first: Vec<u64> = (1..=64).collect();
+        let second: Vec<u64> = (1_001..=1_064).collect();
+        p.record(&first, WorkerId(0));
+        assert_eq!((p.blocks_of(WorkerId(0)), p.len()), (64, 11));
+        p.record(&second, WorkerId(0));
+        assert!(
+            p.blocks_of(WorkerId(0)) <= 100,
+            "{}",
+            p.blocks_of(WorkerId(0))
+        );
+        assert_eq!(p.longest(&second), Some((WorkerId(0), 64)));
+        // The older conversation lost its deepest blocks, not its root.
+        let (w, kept) = p.longest(&first).unwrap();
+        assert_eq!(w, WorkerId(0));
+        assert!((1..64).contains(&kept), "{kept}");
+        assert!(p.holds(WorkerId(0), first[0]));
+        // A prompt longer than the cache: its leading 100 blocks are believed.
+        let long: Vec<u64> = (5_001..=5_300).collect();
+        p.record(&long, WorkerId(0));
+        assert_eq!(
+            p.longest(&long).map(|(_, n)| n),
+            Some(96),
+            "checkpoint 95 of 100"
+        );
+        assert!(p.blocks_of(WorkerId(0)) <= 100);
+        // Another worker serving a prefix takes it over: the first worker's credit drops.
+        let before = p.blocks_of(WorkerId(0));
+        p.record(&second[..8], WorkerId(1));
+        assert_eq!(p.blocks_of(WorkerId(1)), 8);
+        assert_eq!(p.longest(&second[..8]), Some((WorkerId(1), 8)));
+        assert!(p.blocks_of(WorkerId(0)) < before);
+        p.forget_worker(WorkerId(0));
+        assert_eq!(p.blocks_of(WorkerId(0)), 0);
+        assert_eq!(p.longest(&second[..8]), Some((WorkerId(1), 8)));
+        assert_eq!(p.mode(), "approximate");
+        assert_eq!(p.capacity(), 164);
+    }
+
+    #[test]
     fn zero_capacity_remembers_nothing() {
         let mut p = PrefixIndex::new(0);
         p.record(&[1, 2], WorkerId(0));

@@ -623,6 +623,21 @@ impl Sim {
         }
     }
 
+    /// Under `approximate` no worker is believed to hold more blocks than its cache.
+    fn check_knowledge(&self) {
+        let index = self.router.prefix_index();
+        for (id, info) in self.router.fleet().iter() {
+            if let Some(bound) = index.bound_of(id) {
+                assert_eq!(Some(bound), info.spec.cache_blocks.map(u64::from), "{id}");
+                assert!(
+                    index.blocks_of(id) as u64 <= bound,
+                    "{id}: {}",
+                    index.blocks_of(id)
+                );
+            }
+        }
+    }
+
     fn check_weights(&self) {
         let cfg = self.router.config();
         for (id, info) in self.router.fleet().iter() {
@@ -691,6 +706,7 @@ fn run(policy: &PolicyConfig, fleet: &[Reg], ops: &[Op], seed: u64) -> Vec<Seen>
             assert_eq!(info.in_flight, host, "{id}");
         }
         sim.check_signals();
+        sim.check_knowledge();
     }
     // Every request completes or fails, in any order: the counters return to exactly 0.
     while let Some((id, _, charge)) = sim.in_flight.pop() {
@@ -707,6 +723,7 @@ fn run(policy: &PolicyConfig, fleet: &[Reg], ops: &[Op], seed: u64) -> Vec<Seen>
             sim.router.complete(sim.now, id, charge, &c);
         }
         sim.check_signals();
+        sim.check_knowledge();
     }
     for (id, _) in sim.router.fleet().iter() {
         let s = sim.router.signals(id).unwrap();
