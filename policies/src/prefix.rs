@@ -24,12 +24,14 @@
 //! - **`approximate`**: the same table, but each worker whose cache size is known
 //!   ([`crate::WorkerSpec::cache_blocks`]) has its own CLOCK ring and may be *credited* with at
 //!   most that many blocks; recording more forgets its oldest first. Credit counts blocks, not
-//!   entries: a recorded checkpoint stands for the blocks since the previous regular checkpoint
-//!   (block 63 of a 64-block prompt stands for blocks 56 to 63), so a recorded chain of `n`
-//!   blocks is credited `n`, as the engine would hold it (two chains that part between two
-//!   checkpoints are credited up to 7 blocks more than they hold: the error forgets early, never
-//!   late). A prompt longer than the cache is recorded up to the cache size. Workers whose size
-//!   is unknown share one ring of `capacity` entries, as in `unbounded`.
+//!   entries: a recorded regular checkpoint stands for the blocks since the previous one (block
+//!   63 of a 64-block prompt for blocks 56 to 63), and a prompt's last block, when it is not a
+//!   regular checkpoint, for none (the next turn's checkpoint beyond it covers it), so a chain
+//!   of `n` blocks is credited `n` rounded down to its last regular checkpoint: up to 7 blocks
+//!   less than the engine holds for the newest turn of each conversation, where crediting every
+//!   turn's last block would have counted up to 7 blocks twice per turn. A prompt longer than
+//!   the cache is recorded up to the cache size. Workers whose size is unknown share one ring
+//!   of `capacity` entries, as in `unbounded`.
 //! - **`kv-events`**: the engines' announced blocks, mirrored exactly ([`crate::mirror`]);
 //!   recording at dispatch does nothing.
 
@@ -156,7 +158,21 @@ fn position(k: usize, m: usize, n: usize) -> usize {
     if k + 1 == m { n - 1 } else { checkpoint(k) }
 }
 
-/// Blocks a checkpoint at block `p` stands for: those after the previous regular checkpoint.
+/// Blocks the `k`-th of the `m` checkpoints of an `n`-block prompt credits: a regular
+/// checkpoint stands for the blocks since the previous one ([`span`]); a prompt's last block,
+/// when it is not a regular checkpoint, for none, because the next turn of the conversation
+/// records the regular checkpoint beyond it, whose span covers it again (crediting both counted
+/// up to 7 blocks twice per turn, and a conversation of 12 turns nearly twice its length).
+#[inline]
+fn credit(k: usize, m: usize, n: usize) -> u8 {
+    if k + 1 == m && checkpoint(k) != n - 1 {
+        0
+    } else {
+        span(position(k, m, n))
+    }
+}
+
+/// Blocks a regular checkpoint at block `p` stands for: those after the previous one.
 #[inline]
 fn span(p: usize) -> u8 {
     let w = match p {
@@ -467,7 +483,7 @@ impl Recorded {
         let Some(bound) = bound else {
             for k in 0..m {
                 let pos = self.mark(k, m, n);
-                let weight = if self.dense { 1 } else { span(pos) };
+                let weight = if self.dense { 1 } else { credit(k, m, n) };
                 self.upsert(blocks[pos], worker.0, weight, pool);
             }
             return;
@@ -480,7 +496,7 @@ impl Recorded {
             .count();
         for k in (0..fits).rev() {
             let pos = self.mark(k, m, n);
-            let weight = if self.dense { 1 } else { span(pos) };
+            let weight = if self.dense { 1 } else { credit(k, m, n) };
             self.upsert(blocks[pos], worker.0, weight, pool);
         }
     }
@@ -763,12 +779,22 @@ mod tests {
     }
 
     #[test]
-    fn a_recorded_chain_is_credited_its_length_in_blocks() {
+    fn a_recorded_chain_is_credited_its_blocks_to_its_last_regular_checkpoint() {
         for n in 1..300 {
             let m = checkpoints(n);
-            let credited: usize = (0..m).map(|k| usize::from(span(position(k, m, n)))).sum();
-            assert_eq!(credited, n, "{n} blocks");
+            let credited: usize = (0..m).map(|k| usize::from(credit(k, m, n))).sum();
+            let regular = (0..).map(checkpoint).take_while(|&p| p < n).last().unwrap();
+            assert_eq!(credited, regular + 1, "{n} blocks");
+            assert!(n - credited <= 7, "{n} blocks");
         }
+        // A conversation whose turns grow by 3 blocks is credited its length, not once per turn.
+        let mut p = PrefixIndex::approximate(64, false);
+        p.register_worker(WorkerId(0), Some(1_000));
+        let chain: Vec<u64> = (1..=64).collect();
+        for n in (4..=64).step_by(3) {
+            p.record(&chain[..n], WorkerId(0));
+        }
+        assert_eq!(p.blocks_of(WorkerId(0)), 64);
     }
 
     #[test]

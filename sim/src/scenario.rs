@@ -692,7 +692,8 @@ impl Validator<'_> {
                 .unwrap_or_else(|| profile.gpu_names().to_vec());
             // What the engine's launch arguments tell a gateway: its KV memory in cache blocks.
             let cache_blocks = u32::try_from(
-                w.kv_capacity_tokens.unwrap_or(profile.kv_capacity_tokens())
+                w.kv_capacity_tokens
+                    .unwrap_or(profile.kv_capacity_tokens())
                     / u64::from(crate::traffic::BLOCK_TOKENS),
             )
             .unwrap_or(u32::MAX);
