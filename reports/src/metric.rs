@@ -71,6 +71,8 @@ pub enum Unit {
     Weight,
     /// The absolute natural log of a ratio (0: equal; 0.69: a factor of 2 either way).
     LogRatio,
+    /// Tokens per request, averaged or a quantile (not a count: a mean keeps its decimals).
+    TokensPerRequest,
 }
 
 impl Unit {
@@ -87,6 +89,7 @@ impl Unit {
             Unit::Bursts => "bursts",
             Unit::Weight => "weight",
             Unit::LogRatio => "|ln ratio|",
+            Unit::TokensPerRequest => "tokens/request",
         }
     }
 
@@ -366,6 +369,21 @@ pub const CATALOG: &[Metric] = &[
         "The weight error from the 10th minute of simulated time on: the steady state, \
          without registration and first measurements.",
         |m| m.weight_error().after_warmup()),
+    // ---- overlap regret (issue 10 §4): a neutral diagnostic of what the router knows, not a
+    // gate metric — a policy without prefix affinity has a large regret by design and can
+    // still be the better policy; its cost shows in the latency metrics the gate tracks.
+    metric!("overlap_regret_mean_tokens", "overlap regret mean", TokensPerRequest, Neutral,
+        Nested("overlap_regret_tokens", "mean"), csv: true, gate: false,
+        "Mean over routed requests with a prefix of the best cached prompt overlap (tokens) \
+         among the eligible workers' engines minus the chosen worker's, at routing time \
+         (engine truth, whatever the router believed).",
+        |m| m.overlap_regret.mean()),
+    metric!("overlap_regret_p99_tokens", "overlap regret p99", TokensPerRequest, Neutral,
+        Nested("overlap_regret_tokens", "p99"), csv: true, gate: false,
+        "99th percentile over routed requests with a prefix of the best cached prompt overlap \
+         (tokens) among the eligible workers' engines minus the chosen worker's.",
+        |m| m.overlap_regret.quantile(0.99).map(|t| t as f64)),
+    // ---- end overlap regret
 ];
 
 /// A per-worker metric: one value per worker of a run.

@@ -291,6 +291,15 @@ impl Recorder {
         self.m.workers[worker].failed += 1;
     }
 
+    // ---- overlap regret (issue 10 §4)
+    /// A customer request with a prefix was routed: the best cached overlap among the
+    /// eligible workers minus the chosen worker's, in tokens.
+    #[inline]
+    pub fn overlap_regret(&mut self, tokens: u32) {
+        self.m.overlap_regret.record(u64::from(tokens));
+    }
+    // ---- end overlap regret
+
     /// A scenario event did not take effect.
     pub fn warn(&mut self, warning: RunWarning) {
         self.m.warnings.push(warning);

@@ -179,6 +179,13 @@ pub struct RunMetrics {
     pub cached_tokens: u64,
     /// Of those, believed cached by the router.
     pub believed_cached_tokens: u64,
+    // ---- overlap regret (issue 10 §4)
+    /// Overlap regret, **in tokens** (not ns): for each routing decision of a customer request
+    /// with a prefix, the most prompt tokens any eligible worker's engine had cached minus what
+    /// the chosen worker's had, at routing time. Empty where not observable (the real-time
+    /// player sees no engine caches).
+    pub overlap_regret: Histogram,
+    // ---- end overlap regret
     /// First arrival, ns.
     pub first_arrival_ns: u64,
     /// Last completion, ns.
@@ -234,6 +241,7 @@ impl RunMetrics {
             prompt_tokens: 0,
             cached_tokens: 0,
             believed_cached_tokens: 0,
+            overlap_regret: Histogram::new(),
             first_arrival_ns: u64::MAX,
             last_completion_ns: 0,
             probe_bursts: 0,

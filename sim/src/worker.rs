@@ -9,10 +9,22 @@
 //!   the running set has room (`max_running`) and its KV reservation (prompt + output tokens)
 //!   fits in `kv_capacity_tokens` next to the running ones; otherwise it waits, FIFO, inside the
 //!   engine (a request larger than the whole KV cache runs alone once the engine is empty).
-//! * **Prefix cache.** An LRU of 512-token blocks with `kv_capacity_tokens / 512` entries. When
-//!   a sequence starts, its leading blocks found in the cache are its cached prefix (capped at
-//!   `prompt - 1`: at least one token is always computed); only the rest is prefilled. At the
-//!   end of its prefill all its blocks are inserted / touched.
+//! * **Prefix cache** (`cache.rs`, as vLLM's block manager keeps it). 512-token blocks,
+//!   reference-counted: a running sequence holds the leading blocks it found cached when it
+//!   started and every block it has computed since; what finished sequences leave behind stays
+//!   cached, LRU, in the KV memory the running sequences do not reserve (`kv_capacity_tokens -
+//!   kv_used`), and is evicted when a starting sequence needs the room. When a sequence starts,
+//!   its leading blocks found in the cache are its cached prefix (capped at `prompt - 1`: at
+//!   least one token is always computed); only the rest is prefilled.
+//! * **Blocks are reusable as soon as computed.** While a sequence prefills, the full blocks
+//!   its prefill has passed (`(cached + prefilled tokens) / 512`) are cached; at the end of its
+//!   prefill all its blocks are. The engine has no per-token events, so this is brought up to
+//!   date whenever the engine moves in time (every event and every call), from the prefill
+//!   clock and the sequence's start mark — a sequence that starts then sees exactly the blocks
+//!   computed so far, and the event count is unchanged.
+//! * **KV events.** On request ([`EngineModel::publish_kv_events`]) the engine records the
+//!   [`KvEvent`]s vLLM's publisher sends (block stored with its parent, block removed, all
+//!   cleared on restart or crash), drained with [`EngineModel::drain_kv_events`].
 //! * **Chunked prefill, processor-shared decode.** One engine step decodes one token for each
 //!   of the `n` decoding sequences and processes a chunk `c = min(prefill_chunk_tokens, queued
 //!   prefill tokens)` of the FIFO prefill queue, so a step lasts `step_time_s(n) + c /
@@ -51,8 +63,7 @@
 //! Every mutating call takes `now` and `now` must never go backwards.
 
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 
 use rand::SeedableRng;
@@ -61,6 +72,10 @@ use rand_distr::{Distribution, LogNormal};
 
 use crate::hardware::HardwareProfile;
 use crate::seed::splitmix64;
+use routelab_policies::KvEvent;
+
+mod cache;
+use cache::PrefixCache;
 
 /// Prefix-cache block size in tokens: the traffic's prefix block, so that one arrival block is
 /// one engine cache block.
@@ -237,6 +252,10 @@ struct Slot {
     noise: f64,
     /// Cumulative prefill mark at which this sequence's prefill ends.
     prefill_end: f64,
+    /// Its prefill work (noise-scaled tokens): it starts at the mark `prefill_end - work`.
+    prefill_work: f64,
+    /// Leading blocks of `blocks` it holds in the prefix cache (found cached or computed).
+    held: u32,
     admitted_at: u64,
     started_at: u64,
     first_token_at: u64,
@@ -317,6 +336,8 @@ pub struct EngineModel {
     epoch_factor: f64,
     // --- sequences
     n_decoding: u32,
+    /// Prefilling sequences with prefix blocks (what `cache_computed_blocks` looks at).
+    prefills_with_blocks: u32,
     running: u32,
     kv_used: u64,
     slots: Vec<Slot>,
@@ -382,6 +403,7 @@ impl EngineModel {
             epoch_idx: u64::MAX,
             epoch_factor: 1.0,
             n_decoding: 0,
+            prefills_with_blocks: 0,
             running: 0,
             kv_used: 0,
             slots: Vec::new(),
@@ -430,6 +452,8 @@ impl EngineModel {
                     cached: 0,
                     noise: 1.0,
                     prefill_end: 0.0,
+                    prefill_work: 0.0,
+                    held: 0,
                     admitted_at: 0,
                     started_at: 0,
                     first_token_at: 0,
@@ -445,6 +469,7 @@ impl EngineModel {
         s.prompt = prompt_tokens;
         s.output = output_tokens;
         s.cached = 0;
+        s.held = 0;
         s.noise = noise;
         s.admitted_at = now;
         s.blocks.clear();
@@ -556,13 +581,37 @@ impl EngineModel {
         now >= self.ready_at
     }
 
-    /// Blocks currently in the prefix cache.
+    /// Blocks currently in the prefix cache (held by running sequences and evictable).
     pub fn cached_blocks(&self) -> usize {
         self.cache.len()
     }
 
-    /// The prompt tokens the engine would serve from its prefix cache right now
-    /// (without touching the cache), for comparison with the router's belief.
+    /// Blocks in the prefix cache that no running sequence holds (the evictable part).
+    pub fn evictable_blocks(&self) -> usize {
+        self.cache.evictable()
+    }
+
+    /// From now on record the [`KvEvent`]s vLLM's KV event publisher would send (or stop,
+    /// dropping undrained ones). Off by default, so runs that do not need them pay nothing.
+    pub fn publish_kv_events(&mut self, on: bool) {
+        self.cache.set_publish(on);
+    }
+
+    /// Appends the KV events recorded since the last drain, in the order they happened. The
+    /// cache they describe is the one [`Self::peek_cached_tokens`] reads.
+    pub fn drain_kv_events(&mut self, out: &mut Vec<KvEvent>) {
+        self.cache.drain_events(out);
+    }
+
+    /// Whether KV events are waiting to be drained.
+    pub fn has_kv_events(&self) -> bool {
+        self.cache.has_events()
+    }
+
+    /// The prompt tokens the engine would serve from its prefix cache right now (without
+    /// touching the cache), for comparison with the router's belief: the blocks running
+    /// sequences hold (those prefilling: as far as computed when the engine last moved, at its
+    /// last event or call) and the evictable ones.
     pub fn peek_cached_tokens(&self, prompt_tokens: u32, prefix: &[u64]) -> u32 {
         self.cached_for(prompt_tokens, prefix)
     }
@@ -610,6 +659,7 @@ impl EngineModel {
         self.free.clear();
         for (i, s) in self.slots.iter_mut().enumerate() {
             s.phase = Phase::Free;
+            s.held = 0;
             s.blocks.clear();
             self.free.push(i as u32);
         }
@@ -620,6 +670,7 @@ impl EngineModel {
         self.cache.clear();
         self.running = 0;
         self.n_decoding = 0;
+        self.prefills_with_blocks = 0;
         self.kv_used = 0;
         self.v = 0.0;
         self.q = 0.0;
@@ -678,14 +729,19 @@ impl EngineModel {
                 }
                 self.q_tail -= left;
                 self.q = self.q.min(self.q_tail);
+                if !self.slots[h as usize].blocks.is_empty() {
+                    self.prefills_with_blocks -= 1;
+                }
                 self.running -= 1;
                 self.kv_used -= self.slots[h as usize].kv_tokens();
+                self.release_blocks(h);
             }
             Phase::Decode => {
                 self.decode.retain(|k| k.slot != h);
                 self.n_decoding -= 1;
                 self.running -= 1;
                 self.kv_used -= self.slots[h as usize].kv_tokens();
+                self.release_blocks(h);
             }
         }
         let s = &mut self.slots[h as usize];
@@ -738,6 +794,54 @@ impl EngineModel {
             self.busy_ns += dt_ns;
         }
         self.t0 = t;
+        if dq > 0.0 && self.prefills_with_blocks > 0 {
+            self.cache_computed_blocks();
+        }
+    }
+
+    /// Caches the full blocks the prefilling sequences have computed by the prefill clock `q`
+    /// (FIFO: only the front ones have started). Allocation-free; O(new blocks). Kept out of
+    /// line so that `move_to`, on every event's path, stays small.
+    #[inline(never)]
+    fn cache_computed_blocks(&mut self) {
+        for &h in &self.prefill {
+            let s = &mut self.slots[h as usize];
+            let start = s.prefill_end - s.prefill_work;
+            if self.q <= start {
+                break;
+            }
+            if s.held as usize >= s.blocks.len() {
+                continue;
+            }
+            let done = (self.q - start).min(s.prefill_work) / s.noise;
+            let tokens = f64::from(s.cached) + done + EPS_TOKENS;
+            let computed = ((tokens / f64::from(BLOCK_TOKENS)) as usize).min(s.blocks.len());
+            if computed > s.held as usize {
+                self.cache.hold(&s.blocks, s.held as usize, computed);
+                s.held = computed as u32;
+            }
+        }
+    }
+
+    /// Drops sequence `h`'s hold on its blocks and evicts what no longer fits.
+    fn release_blocks(&mut self, h: u32) {
+        let s = &mut self.slots[h as usize];
+        if s.held > 0 {
+            self.cache.release(&s.blocks, s.held as usize);
+            s.held = 0;
+        }
+        self.fit_cache();
+    }
+
+    /// Evicts cached blocks (LRU) until the evictable ones fit in the KV memory the running
+    /// sequences do not reserve.
+    fn fit_cache(&mut self) {
+        if self.cache.evictable() == 0 {
+            return;
+        }
+        let free_blocks = self.kv_capacity.saturating_sub(self.kv_used) / u64::from(BLOCK_TOKENS);
+        self.cache
+            .evict_to(usize::try_from(free_blocks).unwrap_or(usize::MAX));
     }
 
     /// Processes everything due at `te` (the current next event).
@@ -773,7 +877,11 @@ impl EngineModel {
         let s = &mut self.slots[h as usize];
         s.first_token_at = now;
         if !s.blocks.is_empty() {
-            self.cache.insert_all(&s.blocks);
+            self.prefills_with_blocks -= 1;
+        }
+        if (s.held as usize) < s.blocks.len() {
+            self.cache.hold(&s.blocks, s.held as usize, s.blocks.len());
+            s.held = s.blocks.len() as u32;
         }
         if s.output == 0 {
             self.complete(h, now, out);
@@ -813,10 +921,12 @@ impl EngineModel {
             output_tokens: s.output,
             cached_tokens: s.cached,
         }));
-        s.phase = Phase::Free;
-        s.blocks.clear();
         self.running -= 1;
         self.kv_used -= s.kv_tokens();
+        self.release_blocks(h);
+        let s = &mut self.slots[h as usize];
+        s.phase = Phase::Free;
+        s.blocks.clear();
         self.free.push(h);
     }
 
@@ -824,8 +934,7 @@ impl EngineModel {
         if prefix.is_empty() || prompt == 0 {
             return 0;
         }
-        let blocks = self.cache.leading_hits(prefix) as u64;
-        (blocks * u64::from(BLOCK_TOKENS)).min(u64::from(prompt - 1)) as u32
+        cached_tokens(prompt, self.cache.leading_hits(prefix))
     }
 
     /// Moves sequences from the waiting queue into the running set while they fit.
@@ -838,11 +947,18 @@ impl EngineModel {
                 break;
             }
             self.waiting.pop_front();
-            let cached = {
-                let s = &self.slots[h as usize];
-                self.cached_for(s.prompt, &s.blocks)
-            };
             let s = &mut self.slots[h as usize];
+            let hits = if s.prompt == 0 || s.blocks.is_empty() {
+                0
+            } else {
+                self.cache.leading_hits(&s.blocks)
+            };
+            // The hits are held before anything is evicted for the room it needs.
+            if hits > 0 {
+                self.cache.hold(&s.blocks, 0, hits);
+            }
+            s.held = hits as u32;
+            let cached = cached_tokens(s.prompt, hits);
             s.cached = cached;
             s.started_at = now;
             s.phase = Phase::Prefill;
@@ -854,9 +970,14 @@ impl EngineModel {
             }
             self.q_tail += work;
             s.prefill_end = self.q_tail;
+            s.prefill_work = work;
+            if !s.blocks.is_empty() {
+                self.prefills_with_blocks += 1;
+            }
             self.prefill.push_back(h);
             self.running += 1;
             self.kv_used += kv;
+            self.fit_cache();
         }
     }
 
@@ -961,140 +1082,13 @@ impl EngineModel {
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Prefix cache
-// ---------------------------------------------------------------------------------------------
-
-/// Hasher for u64 keys that may be small sequential integers (trace block ids).
-#[derive(Default, Clone, Copy)]
-struct MixHasher(u64);
-
-impl Hasher for MixHasher {
-    fn finish(&self) -> u64 {
-        self.0
+/// Prompt tokens served from `hit_blocks` cached leading blocks: at least one prompt token is
+/// always computed (the engine needs it for the first output token).
+fn cached_tokens(prompt: u32, hit_blocks: usize) -> u32 {
+    if prompt == 0 {
+        return 0;
     }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-    fn write_u64(&mut self, x: u64) {
-        let p = u128::from(x ^ self.0) * 0x9E37_79B9_7F4A_7C15_u128;
-        self.0 = (p as u64) ^ ((p >> 64) as u64);
-    }
-}
-
-const NIL: u32 = u32::MAX;
-
-#[derive(Debug, Clone, Copy)]
-struct LruNode {
-    hash: u64,
-    prev: u32,
-    next: u32,
-}
-
-/// LRU set of block hashes; allocation-free once it has filled up.
-#[derive(Debug, Clone)]
-struct PrefixCache {
-    cap: usize,
-    map: HashMap<u64, u32, BuildHasherDefault<MixHasher>>,
-    nodes: Vec<LruNode>,
-    /// Most recently used.
-    head: u32,
-    /// Least recently used.
-    tail: u32,
-}
-
-impl PrefixCache {
-    fn new(cap: usize) -> Self {
-        PrefixCache {
-            cap,
-            // twice the entries so that tombstones are cleaned by in-place rehashing
-            map: HashMap::with_capacity_and_hasher(
-                cap.min(1 << 22).saturating_mul(2),
-                BuildHasherDefault::default(),
-            ),
-            nodes: Vec::new(),
-            head: NIL,
-            tail: NIL,
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.map.len()
-    }
-
-    fn clear(&mut self) {
-        self.map.clear();
-        self.nodes.clear();
-        self.head = NIL;
-        self.tail = NIL;
-    }
-
-    fn leading_hits(&self, blocks: &[u64]) -> usize {
-        blocks
-            .iter()
-            .take_while(|h| self.map.contains_key(h))
-            .count()
-    }
-
-    fn unlink(&mut self, i: u32) {
-        let LruNode { prev, next, .. } = self.nodes[i as usize];
-        if prev == NIL {
-            self.head = next;
-        } else {
-            self.nodes[prev as usize].next = next;
-        }
-        if next == NIL {
-            self.tail = prev;
-        } else {
-            self.nodes[next as usize].prev = prev;
-        }
-    }
-
-    fn push_front(&mut self, i: u32) {
-        self.nodes[i as usize].prev = NIL;
-        self.nodes[i as usize].next = self.head;
-        if self.head != NIL {
-            self.nodes[self.head as usize].prev = i;
-        }
-        self.head = i;
-        if self.tail == NIL {
-            self.tail = i;
-        }
-    }
-
-    fn insert_all(&mut self, blocks: &[u64]) {
-        if self.cap == 0 {
-            return;
-        }
-        for &h in blocks {
-            if let Some(&i) = self.map.get(&h) {
-                if self.head != i {
-                    self.unlink(i);
-                    self.push_front(i);
-                }
-                continue;
-            }
-            let i = if self.nodes.len() < self.cap {
-                self.nodes.push(LruNode {
-                    hash: h,
-                    prev: NIL,
-                    next: NIL,
-                });
-                (self.nodes.len() - 1) as u32
-            } else {
-                let i = self.tail;
-                self.unlink(i);
-                let old = self.nodes[i as usize].hash;
-                self.map.remove(&old);
-                self.nodes[i as usize].hash = h;
-                i
-            };
-            self.map.insert(h, i);
-            self.push_front(i);
-        }
-    }
+    (hit_blocks as u64 * u64::from(BLOCK_TOKENS)).min(u64::from(prompt - 1)) as u32
 }
 
 #[cfg(test)]

@@ -128,6 +128,8 @@ impl Sim<'_> {
             }
             Action::Crash => {
                 let failed = self.workers[worker as usize].engine.crash(now.as_nanos());
+                // A crashed engine has no wake-up to reschedule; its cleared cache is news.
+                self.publish_kv_events(worker);
                 self.workers[worker as usize].up = false;
                 if let Some(id) = id {
                     let result = self.router.disconnect(now, id);

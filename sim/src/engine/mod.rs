@@ -8,6 +8,8 @@
 //! - `requests`: a customer request's life — arrival, routing, the gateway queue, network
 //!   round trips, first token, completion, failure and retry;
 //! - `probes`: probe orders of the router served as real traffic on the engines;
+//! - `kv`: the engines' KV events delivered to a router that mirrors them, and the overlap
+//!   regret of each routing decision;
 //! - `lifecycle`: registration and the scenario's lifecycle events (restarts, crashes, pins…),
 //!   where a call the router refuses becomes a [`RunWarning`](crate::record::RunWarning);
 //! - [`setup`]: what a run is given ([`SimSetup`], [`WorkerSetup`], [`LifecycleEvent`]).
@@ -16,6 +18,7 @@
 //! code the emulator's real-time player uses. Each worker has at most one live wake-up event; a
 //! wake-up whose token no longer matches the worker's is stale and skipped.
 
+mod kv;
 mod lifecycle;
 mod probes;
 pub(crate) mod queue;
@@ -85,6 +88,8 @@ enum Ev {
     EnginePoll,
     /// Timeline sample.
     Sample,
+    /// A batch of a worker's KV events reaches the router (index into the run's batches).
+    KvEvents { worker: u32, batch: u32 },
 }
 
 /// One worker at run time.
@@ -134,6 +139,8 @@ struct Sim<'a> {
     rec: Recorder,
     /// The weight error's running integral.
     werr: WeightErrorTracker,
+    /// The engines' KV events on their way to the router (only when the policy reads them).
+    kv: kv::KvDelivery,
 }
 
 impl<'a> Sim<'a> {
@@ -141,7 +148,7 @@ impl<'a> Sim<'a> {
         if setup.workers.is_empty() {
             return Err(SimError::Setup("the fleet has no workers".into()));
         }
-        let workers = setup
+        let mut workers: Vec<WorkerRt> = setup
             .workers
             .iter()
             .enumerate()
@@ -169,9 +176,16 @@ impl<'a> Sim<'a> {
             .iter()
             .map(|w| WorkerTotals::new(w.spec.name.clone()))
             .collect();
+        let router = Router::new(policy.clone());
+        let kv = kv::KvDelivery::new(router.kv_event_delay());
+        if kv.enabled() {
+            for w in &mut workers {
+                w.engine.publish_kv_events(true);
+            }
+        }
         Ok(Sim {
             setup,
-            router: Router::new(policy.clone()),
+            router,
             weights: policy.weights.name(),
             rng: Xoshiro256PlusPlus::seed_from_u64(derive_seed(setup.seed, 1)),
             model: None,
@@ -189,6 +203,7 @@ impl<'a> Sim<'a> {
             outputs: Vec::new(),
             next_id: 0,
             events: 0,
+            kv,
             rec: Recorder::new(RunMetrics::new(policy.name.clone(), totals), setup.slo),
             werr: WeightErrorTracker::default(),
         })
@@ -236,6 +251,14 @@ impl<'a> Sim<'a> {
         while let Some((at, ev)) = self.queue.pop() {
             if at > stop {
                 break;
+            }
+            if let Ev::KvEvents { batch, .. } = ev
+                && self.finished()
+            {
+                // Nothing is left to route: the router's knowledge no longer matters, and the
+                // run still ends at its last event of substance.
+                self.kv.recycle(batch);
+                continue;
             }
             self.now = at;
             self.events += 1;
@@ -304,6 +327,7 @@ impl<'a> Sim<'a> {
                         self.push(self.after(self.setup.timeline_ns), Ev::Sample);
                     }
                 }
+                Ev::KvEvents { worker, batch } => self.deliver_kv_events(worker, batch),
             }
             // The router's weights and the fleet change only at these events (and at probe
             // measurements): the weight error is re-read exactly there.
@@ -346,6 +370,10 @@ impl<'a> Sim<'a> {
     /// that is earlier than needed is kept (it fires, finds nothing due, and re-schedules):
     /// pushing only when the next event moves *earlier* keeps stale entries out of the queue.
     fn reschedule(&mut self, worker: u32) {
+        // Every engine mutation ends here: what it did to the prefix cache is published now.
+        if self.kv.enabled() {
+            self.publish_kv_events(worker);
+        }
         let now = self.now;
         let w = &mut self.workers[worker as usize];
         if let Some(t) = w.engine.next_event_time() {

@@ -193,6 +193,11 @@ impl Sim<'_> {
 
     fn dispatched(&mut self, req: u32, d: Decision) {
         let worker = self.by_id[d.worker.index()];
+        let r = &self.reqs[req as usize];
+        // Only requests with a prefix have an overlap to regret (and cost the look-ups).
+        if r.kind.is_customer() && !r.prefix.is_empty() {
+            self.record_overlap_regret(req, worker);
+        }
         self.rec.dispatched(worker as usize);
         let w = &mut self.workers[worker as usize];
         w.interval_dispatched += 1;

@@ -223,11 +223,11 @@ fn cached_prefix_skips_prefill() {
 
 #[test]
 fn prefix_cache_is_lru_bounded() {
-    // 2 blocks of capacity
+    // 2 blocks of KV; a running 101-token sequence leaves room for one cached block
     let p = profile_with("", 1e12, 64, 1024);
     let mut e = engine(&p);
     for (i, b) in [1u64, 2, 3].iter().enumerate() {
-        e.admit(i as u64 * S, i as u64, 600, 1, &[*b]);
+        e.admit(i as u64 * S, i as u64, 100, 1, &[*b]);
         drain(&mut e);
     }
     assert_eq!(e.cached_blocks(), 2);
@@ -360,7 +360,11 @@ fn steady_state_does_not_grow() {
         e.admit(t, i, 200, 20, &prefix);
     }
     assert!(e.slots.len() < 20, "slab grew to {}", e.slots.len());
-    assert!(e.cache.len() <= e.cache.cap);
+    // the cache holds at most what the running sequences hold plus the free KV's blocks
+    let held: usize = e.slots.iter().map(|s| s.held as usize).sum();
+    let free_blocks = (e.kv_capacity_tokens() - e.kv_used_tokens()) / u64::from(BLOCK_TOKENS);
+    assert!(e.cache.evictable() as u64 <= free_blocks);
+    assert!(e.cache.len() <= held + e.cache.evictable());
 }
 
 #[derive(Debug, Clone)]
@@ -683,4 +687,151 @@ fn decoded_tokens_of_a_two_token_output_ends_at_one_step() {
     let d = e.decoded_tokens(half, 1).unwrap();
     assert!((d - 0.5).abs() < 1e-6, "{d}");
     assert_eq!(e.decoded_tokens(first + 10 * S, 1), Some(1.0));
+}
+// ---- engine prefix cache (issue 10 §3)
+
+fn first_token_cached(out: &[EngineOutput], want: u64) -> Option<(u64, u32)> {
+    out.iter().find_map(|o| match *o {
+        EngineOutput::FirstToken {
+            seq,
+            at,
+            cached_tokens,
+        } if seq == want => Some((at, cached_tokens)),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_shared_prefix_arriving_mid_prefill_hits_the_blocks_computed_so_far() {
+    // 1,000 prefill tokens/s with nothing decoding: block k of a 4,096-token prompt is
+    // computed at (k + 1) × 0.512 s
+    let p = profile();
+    let mut e = engine(&p);
+    let chain: Vec<u64> = (1..=8).collect();
+    assert_eq!(e.admit(0, 1, 4096, 1, &chain).cached_tokens, Some(0));
+    // before its first block is complete: nothing to share yet
+    let early = 300 * S / 1000;
+    e.advance_to(early, &mut Vec::new());
+    assert_eq!(e.admit(early, 2, 4096, 1, &chain).cached_tokens, Some(0));
+    // 2,600 tokens prefilled (its own and none of seq 2's yet): 5 full blocks, not the rest
+    let mid = 2_600 * S / 1000;
+    e.advance_to(mid, &mut Vec::new());
+    assert_eq!(e.admit(mid, 3, 4096, 1, &chain).cached_tokens, Some(2560));
+    assert_eq!(e.cached_blocks(), 5);
+    // a prompt that shares 3 of them and then differs hits those 3 only
+    let fork = [1, 2, 3, 40, 41, 42, 43, 44];
+    assert_eq!(e.admit(mid, 4, 4096, 1, &fork).cached_tokens, Some(1536));
+    let out = drain(&mut e);
+    // seq 3 prefills only its last 1,536 tokens, after seqs 1 and 2 (FIFO)
+    let (t2, c2) = first_token_cached(&out, 2).unwrap();
+    let (t3, c3) = first_token_cached(&out, 3).unwrap();
+    assert_eq!((c2, c3), (0, 2560));
+    // a second after seq 2's, not a whole prefill's 4 s
+    assert!(t3 > t2 && t3 - t2 < 2 * S, "{t2} {t3}");
+    // once everything has finished the chain and the fork's own blocks stay cached
+    assert_eq!(e.cached_blocks(), 8 + 5);
+    assert_eq!(e.peek_cached_tokens(5000, &chain), 4096);
+}
+
+#[test]
+fn under_kv_pressure_cached_blocks_are_evicted_lru_and_running_ones_are_not() {
+    // 8 blocks of KV, prefill fast enough that prefills end within the tick
+    let p = profile_with("", 1e9, 64, 4096);
+    let mut e = engine(&p);
+    let mut t = 0;
+    let mut step = |e: &mut EngineModel, seq: u64, prompt: u32, output: u32, blocks: &[u64]| {
+        // a second apart; the first (10 s) lets the first two finish
+        t += if seq == 3 { 10 * S } else { S };
+        e.advance_to(t, &mut Vec::new());
+        let info = e.admit(t, seq, prompt, output, blocks);
+        // its prefill (and a one-token answer) is over half a second later
+        e.advance_to(t + S / 2, &mut Vec::new());
+        info
+    };
+    // two finished conversations leave 4 evictable blocks: [1, 2] older than [3, 4]
+    step(&mut e, 1, 1024, 1, &[1, 2]);
+    step(&mut e, 2, 1024, 1, &[3, 4]);
+    // a long answer reserves 1,024 + 2,000 tokens: 1,072 free tokens = room for 2 cached
+    // blocks, so the least recently used conversation goes
+    step(&mut e, 3, 1024, 2000, &[5, 6]);
+    assert_eq!(
+        e.cached_blocks() - 2,
+        2,
+        "[5, 6] are held, two others cached"
+    );
+    assert_eq!(e.peek_cached_tokens(1100, &[1, 2]), 0);
+    assert_eq!(e.peek_cached_tokens(1100, &[3, 4]), 1024);
+    // its own prompt blocks are cached as soon as prefilled, and held
+    assert_eq!(e.peek_cached_tokens(1100, &[5, 6]), 1024);
+    assert_eq!(e.evictable_blocks(), 2);
+    // one more sequence (101 tokens) leaves room for one block: the tail of [3, 4] goes (a
+    // sequence's blocks are released last first), the running sequence's blocks stay
+    let info = step(&mut e, 4, 100, 1, &[7]);
+    assert_eq!(info.cached_tokens, Some(0));
+    assert_eq!(e.peek_cached_tokens(1100, &[3, 4]), 512);
+    assert_eq!(e.peek_cached_tokens(1100, &[5, 6]), 1024);
+    // it has finished: its block is cached beside [3]
+    assert_eq!(e.peek_cached_tokens(1100, &[7]), 512);
+    assert_eq!(e.evictable_blocks(), 2);
+    // under full pressure every evictable block goes, never a held one
+    let info = step(&mut e, 5, 100, 900, &[3, 8]);
+    assert_eq!(
+        info.cached_tokens,
+        Some(99),
+        "its hit is held before eviction"
+    );
+    assert_eq!(e.peek_cached_tokens(1100, &[5, 6]), 1024);
+    assert_eq!(e.peek_cached_tokens(1100, &[7]), 0);
+}
+
+#[test]
+fn kv_events_replayed_in_order_give_the_engine_cache() {
+    use std::collections::HashSet;
+    let p = profile_with("", 2000.0, 8, 6000);
+    let mut e = engine(&p);
+    e.publish_kv_events(true);
+    let mut mirror: HashSet<u64> = HashSet::new();
+    let mut events = Vec::new();
+    let mut apply = |e: &mut EngineModel, mirror: &mut HashSet<u64>| {
+        events.clear();
+        e.drain_kv_events(&mut events);
+        for ev in &events {
+            match *ev {
+                KvEvent::Stored { block, parent } => {
+                    assert!(parent.is_none_or(|p| mirror.contains(&p)), "{ev:?}");
+                    assert!(mirror.insert(block), "stored twice: {ev:?}");
+                }
+                KvEvent::Removed { block } => assert!(mirror.remove(&block), "{ev:?}"),
+                KvEvent::AllCleared => mirror.clear(),
+                _ => {}
+            }
+        }
+    };
+    let mut t = 0;
+    let mut stored_mid_prefill = false;
+    for i in 0..400u64 {
+        t += S / 3;
+        e.advance_to(t, &mut Vec::new());
+        // conversations of growing prefixes: chain hashes c*1000 + k
+        let conv = i % 13;
+        let len = 1 + (i / 13) % 6;
+        let chain: Vec<u64> = (0..len).map(|k| conv * 1000 + k).collect();
+        let before = e.cached_blocks();
+        e.admit(t, i, 512 * len as u32 + 100, 30, &chain);
+        stored_mid_prefill |= e.cached_blocks() > before;
+        if i == 250 {
+            e.restart(t, t + S, false);
+        }
+        apply(&mut e, &mut mirror);
+        assert_eq!(mirror.len(), e.cached_blocks(), "after admission {i}");
+        assert!(
+            mirror
+                .iter()
+                .all(|&b| e.peek_cached_tokens(600, &[b]) == 512)
+        );
+    }
+    assert!(
+        stored_mid_prefill,
+        "the scenario exercised mid-prefill blocks"
+    );
 }

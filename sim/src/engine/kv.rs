@@ -1,0 +1,122 @@
+//! What the router can know about the engines' prefix caches, and what its not knowing costs.
+//!
+//! **KV events.** When the policy mirrors the engines' KV events (`Router::kv_event_delay` is
+//! `Some(d)`), every engine publishes them (`EngineModel::publish_kv_events`) and the run hands
+//! each worker's batch to `Router::apply_kv_events` `d` after the engine published it. A batch
+//! is everything one engine mutation did to its cache (a sequence started and evicted blocks,
+//! prefills passed block boundaries, a restart cleared it), drained when the mutation ends, so
+//! batches of one worker arrive in the order they were published (the event queue runs equal
+//! times in scheduling order). With **zero delay** a batch is applied at once, before anything
+//! else happens at that instant: the router's belief then equals the engines' caches as they
+//! stand at every routing decision (each engine as of its last event, which is what the
+//! engine itself would use for a sequence admitted then). Batches still in flight when nothing
+//! is left to route are dropped, so they never stretch the run's end.
+//!
+//! **Overlap regret.** At each routing decision of a customer request with a prefix, the run
+//! asks every eligible worker's engine how many of the prompt's tokens it holds
+//! (`EngineModel::peek_cached_tokens`) and records the best minus the chosen worker's. Requests
+//! without a prefix cost nothing.
+
+use super::Sim;
+use routelab_policies::{KvEvent, WorkerState};
+
+/// The KV-event batches in flight, in recycled buffers (allocation-free in steady state).
+pub(super) struct KvDelivery {
+    /// Delay in ns; `None` when the policy does not read KV events.
+    delay_ns: Option<u64>,
+    batches: Vec<Vec<KvEvent>>,
+    spare: Vec<u32>,
+}
+
+impl KvDelivery {
+    pub(super) fn new(delay: Option<std::time::Duration>) -> Self {
+        KvDelivery {
+            delay_ns: delay.map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+            batches: Vec::new(),
+            spare: Vec::new(),
+        }
+    }
+
+    /// Whether the engines publish KV events in this run.
+    #[inline]
+    pub(super) fn enabled(&self) -> bool {
+        self.delay_ns.is_some()
+    }
+
+    /// A free batch buffer (empty).
+    fn take(&mut self) -> u32 {
+        match self.spare.pop() {
+            Some(b) => b,
+            None => {
+                self.batches.push(Vec::new());
+                u32::try_from(self.batches.len() - 1).expect("fewer than 2^32 batches in flight")
+            }
+        }
+    }
+
+    /// Returns a delivered (or dropped) batch's buffer.
+    pub(super) fn recycle(&mut self, batch: u32) {
+        self.batches[batch as usize].clear();
+        self.spare.push(batch);
+    }
+}
+
+impl Sim<'_> {
+    /// Drains what `worker`'s engine published and sends it on its way to the router.
+    pub(super) fn publish_kv_events(&mut self, worker: u32) {
+        let Some(delay) = self.kv.delay_ns else {
+            return;
+        };
+        let w = &mut self.workers[worker as usize];
+        if !w.engine.has_kv_events() {
+            return;
+        }
+        let batch = self.kv.take();
+        w.engine
+            .drain_kv_events(&mut self.kv.batches[batch as usize]);
+        if delay == 0 {
+            self.deliver_kv_events(worker, batch);
+        } else {
+            self.push(self.after(delay), super::Ev::KvEvents { worker, batch });
+        }
+    }
+
+    /// Hands a batch to the router (a worker not registered yet has nobody to tell).
+    pub(super) fn deliver_kv_events(&mut self, worker: u32, batch: u32) {
+        if let Some(id) = self.workers[worker as usize].id {
+            self.router
+                .apply_kv_events(self.now, id, &self.kv.batches[batch as usize]);
+        }
+        self.kv.recycle(batch);
+    }
+
+    /// Records the overlap regret of routing customer request `req` (with a prefix) to fleet
+    /// worker `chosen`.
+    pub(super) fn record_overlap_regret(&mut self, req: u32, chosen: u32) {
+        let r = &self.reqs[req as usize];
+        let Some(model) = self.model else { return };
+        let context_tokens = r.prompt.saturating_add(r.output);
+        let fleet = self.router.fleet();
+        // The router's own filter (`Router::route`): connected and up, serving the model, a
+        // context window that holds the request. The cap is left out: a worker at its cap
+        // still shows what the request could have reused.
+        let eligible = |w: &super::WorkerRt| {
+            w.id.and_then(|id| fleet.get(id)).is_some_and(|info| {
+                info.state == WorkerState::Up
+                    && info.model == model
+                    && info.spec.context_window >= context_tokens
+            })
+        };
+        let best = self
+            .workers
+            .iter()
+            .filter(|w| eligible(w))
+            .map(|w| w.engine.peek_cached_tokens(r.prompt, &r.prefix))
+            .max()
+            .unwrap_or(0);
+        let got = self.workers[chosen as usize]
+            .engine
+            .peek_cached_tokens(r.prompt, &r.prefix);
+        self.rec.overlap_regret(best.saturating_sub(got));
+    }
+}
