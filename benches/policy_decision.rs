@@ -213,14 +213,7 @@ fn bench_one(
     if router.kv_event_delay().is_some() {
         let workers: Vec<_> = router.fleet().iter().map(|(id, _)| id).collect();
         for (i, p) in prompts.iter().enumerate() {
-            let events: Vec<KvEvent> = p
-                .iter()
-                .enumerate()
-                .map(|(k, &block)| KvEvent::Stored {
-                    block,
-                    parent: k.checked_sub(1).map(|j| p[j]),
-                })
-                .collect();
+            let events: Vec<KvEvent> = KvEvent::stored_chain(p).collect();
             router.apply_kv_events(now, workers[i % workers.len()], &events);
         }
     }

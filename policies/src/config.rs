@@ -210,7 +210,7 @@ pub enum PrefixKnowledge {
     /// unknown shares one bound of the affinity's `index_blocks`), forgetting the oldest first.
     Approximate,
     /// One index of `index_blocks` blocks for the whole fleet, whatever the engines hold (the
-    /// behaviour before issue 10, kept for comparison).
+    /// index before the knowledge modes, kept for comparison).
     Unbounded,
     /// The engines publish the blocks they store and evict (vLLM's KV events) and the router
     /// mirrors them, `delay` after they happen; nothing is recorded at dispatch.

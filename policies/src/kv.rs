@@ -26,3 +26,41 @@ pub enum KvEvent {
     /// The engine dropped its whole cache (restart, crash, reset).
     AllCleared,
 }
+
+impl KvEvent {
+    /// The events an engine publishes when it stores a whole chain of blocks, first to last:
+    /// each block `Stored` with the one before it as its parent.
+    pub fn stored_chain(chain: &[u64]) -> impl Iterator<Item = KvEvent> + '_ {
+        chain.iter().enumerate().map(|(i, &block)| KvEvent::Stored {
+            block,
+            parent: i.checked_sub(1).map(|p| chain[p]),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stored_chain_links_each_block_to_the_one_before() {
+        let events: Vec<KvEvent> = KvEvent::stored_chain(&[7, 8, 9]).collect();
+        assert_eq!(
+            events,
+            [
+                KvEvent::Stored {
+                    block: 7,
+                    parent: None
+                },
+                KvEvent::Stored {
+                    block: 8,
+                    parent: Some(7)
+                },
+                KvEvent::Stored {
+                    block: 9,
+                    parent: Some(8)
+                },
+            ]
+        );
+    }
+}

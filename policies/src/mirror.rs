@@ -258,14 +258,7 @@ mod tests {
     use super::*;
 
     fn stored(chain: &[u64]) -> Vec<KvEvent> {
-        chain
-            .iter()
-            .enumerate()
-            .map(|(i, &block)| KvEvent::Stored {
-                block,
-                parent: i.checked_sub(1).map(|p| chain[p]),
-            })
-            .collect()
+        KvEvent::stored_chain(chain).collect()
     }
 
     #[test]

@@ -20,7 +20,7 @@
 //! [`PrefixKnowledge`](crate::PrefixKnowledge), and this index serves all three modes:
 //!
 //! - **`unbounded`**: one table and one CLOCK for the whole fleet, `capacity` blocks (the
-//!   behaviour before issue 10). It forgets by its own clock, not the engines'.
+//!   index before the knowledge modes). It forgets by its own clock, not the engines'.
 //! - **`approximate`**: the same table, but each worker whose cache size is known
 //!   ([`crate::WorkerSpec::cache_blocks`]) has its own CLOCK ring and may be *credited* with at
 //!   most that many blocks; recording more forgets its oldest first. Credit counts blocks, not

@@ -141,6 +141,16 @@ impl WorkerInfo {
     pub fn is_active(&self) -> bool {
         matches!(self.state, WorkerState::Up | WorkerState::Draining)
     }
+
+    /// Whether [`crate::Router::route`] may send this worker a request for `model` that needs
+    /// `context_tokens`: connected and up, serving the model, a context window that holds it
+    /// (its cap aside). The router applies the same filter from its compact routing state; a
+    /// host that asks "which workers could have taken this request" asks here.
+    pub fn accepts(&self, model: ModelId, context_tokens: u32) -> bool {
+        self.state == WorkerState::Up
+            && self.model == model
+            && self.spec.context_window >= context_tokens
+    }
 }
 
 /// Read-only view of every worker the router has seen, indexed by [`WorkerId`].

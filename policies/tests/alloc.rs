@@ -216,14 +216,7 @@ fn check_with_caches(config: PolicyConfig, cache_blocks: Option<u32>) {
     if router.kv_event_delay().is_some() {
         let workers: Vec<_> = router.fleet().iter().map(|(id, _)| id).collect();
         for (i, p) in warm.iter().enumerate() {
-            let events: Vec<KvEvent> = p
-                .iter()
-                .enumerate()
-                .map(|(k, &block)| KvEvent::Stored {
-                    block,
-                    parent: k.checked_sub(1).map(|j| p[j]),
-                })
-                .collect();
+            let events: Vec<KvEvent> = KvEvent::stored_chain(p).collect();
             router.apply_kv_events(Time::ZERO, workers[i % workers.len()], &events);
         }
     }

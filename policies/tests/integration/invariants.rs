@@ -407,6 +407,14 @@ impl Sim {
                     "{} is not eligible (eligible: {eligible:?})",
                     d.worker
                 );
+                // The filter hosts ask (`WorkerInfo::accepts`) is the one the router applied.
+                assert!(
+                    self.router
+                        .fleet()
+                        .get(d.worker)
+                        .unwrap()
+                        .accepts(model, tokens)
+                );
                 assert!(d.believed_cached_blocks as usize <= prefix.len());
                 self.in_flight.push((d.worker, self.now, d.charge));
             }

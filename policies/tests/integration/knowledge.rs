@@ -234,14 +234,7 @@ fn approximate_without_a_cache_size_keeps_the_shared_bound() {
 }
 
 fn stored(chain: &[u64]) -> Vec<KvEvent> {
-    chain
-        .iter()
-        .enumerate()
-        .map(|(i, &block)| KvEvent::Stored {
-            block,
-            parent: i.checked_sub(1).map(|p| chain[p]),
-        })
-        .collect()
+    KvEvent::stored_chain(chain).collect()
 }
 
 #[test]

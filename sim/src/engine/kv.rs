@@ -18,7 +18,7 @@
 //! without a prefix cost nothing.
 
 use super::Sim;
-use routelab_policies::{KvEvent, WorkerState};
+use routelab_policies::KvEvent;
 
 /// The KV-event batches in flight, in recycled buffers (allocation-free in steady state).
 pub(super) struct KvDelivery {
@@ -97,15 +97,11 @@ impl Sim<'_> {
         let Some(model) = self.model else { return };
         let context_tokens = r.prompt.saturating_add(r.output);
         let fleet = self.router.fleet();
-        // The router's own filter (`Router::route`): connected and up, serving the model, a
-        // context window that holds the request. The cap is left out: a worker at its cap
-        // still shows what the request could have reused.
+        // The router's own filter (`WorkerInfo::accepts`). The cap is left out: a worker at its
+        // cap still shows what the request could have reused.
         let eligible = |w: &super::WorkerRt| {
-            w.id.and_then(|id| fleet.get(id)).is_some_and(|info| {
-                info.state == WorkerState::Up
-                    && info.model == model
-                    && info.spec.context_window >= context_tokens
-            })
+            w.id.and_then(|id| fleet.get(id))
+                .is_some_and(|info| info.accepts(model, context_tokens))
         };
         let best = self
             .workers
