@@ -23,7 +23,8 @@
 use crate::error::WorkerError;
 use routelab_policies::located::{parse_yaml, rule};
 use routelab_policies::{
-    InputError, KNOWLEDGE_FIELD, PREFIX_BLOCK_TOKENS, PolicyEntry, PrefixKnowledge, WorkerSpec,
+    InputError, KNOWLEDGE_FIELD, MAX_CACHE_BLOCKS, PREFIX_BLOCK_TOKENS, PolicyEntry,
+    PrefixKnowledge, WorkerSpec,
 };
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -305,9 +306,9 @@ pub struct WorkerConfig {
     pub cache_tokens: Option<CacheTokens>,
 }
 
-/// Most KV cache tokens a worker may announce: the policy crate counts a cache in 512-token
-/// blocks with a `u32`.
-pub const MAX_CACHE_TOKENS: u64 = u32::MAX as u64 * PREFIX_BLOCK_TOKENS as u64;
+/// Most KV cache tokens a worker may announce: the policy crate's largest per-worker record,
+/// [`MAX_CACHE_BLOCKS`] blocks of [`PREFIX_BLOCK_TOKENS`] (about 2.1 billion tokens).
+pub const MAX_CACHE_TOKENS: u64 = MAX_CACHE_BLOCKS as u64 * PREFIX_BLOCK_TOKENS as u64;
 
 /// An engine's KV cache size in tokens, checked as it is read (whole, at least one prefix block
 /// of [`PREFIX_BLOCK_TOKENS`], at most [`MAX_CACHE_TOKENS`]), so the file and the admin API

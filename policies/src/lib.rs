@@ -83,5 +83,6 @@ pub use weights::{
     WeightStrategy,
 };
 pub use worker::{
-    Fleet, ModelId, Provenance, Weight, WorkerId, WorkerInfo, WorkerSpec, WorkerState,
+    Fleet, MAX_CACHE_BLOCKS, ModelId, Provenance, Weight, WorkerId, WorkerInfo, WorkerSpec,
+    WorkerState,
 };

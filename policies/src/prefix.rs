@@ -390,7 +390,7 @@ impl Recorded {
         }
         self.pool_of[i] = match (self.per_worker_bounds, cache_blocks) {
             (true, Some(blocks)) => {
-                let blocks = blocks as usize;
+                let blocks = blocks.min(crate::worker::MAX_CACHE_BLOCKS) as usize;
                 self.add_pool(Pool::new(blocks, Some(blocks as u64)))
             }
             _ => match self.shared {
@@ -576,9 +576,15 @@ impl Recorded {
         // A new block: make room first (which may move slots), then insert.
         let mut free = None;
         if let Some(bound) = self.pools[pool as usize].bound {
+            // At most two sweeps of the ring: every live key is evicted within them, so a
+            // credit still over the bound after that is not this ring's to free (a worker
+            // credited before it had its own pool) and must not spin the hand for ever.
+            let mut sweeps_left = 2 * self.pools[pool as usize].ring.len() + 1;
             while self.credit_of(worker) + u64::from(weight) > bound
                 && !self.pools[pool as usize].ring.is_empty()
+                && sweeps_left > 0
             {
+                sweeps_left -= 1;
                 free = Some(self.evict_one(pool));
             }
         }

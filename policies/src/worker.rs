@@ -46,9 +46,15 @@ pub struct WorkerSpec {
     pub launch_args: String,
     /// The engine's prefix-cache size in 512-token blocks, as its launch arguments give it
     /// (KV memory / block size); `None` when unknown. Bounds what the router may believe the
-    /// worker still holds.
+    /// worker still holds. Sizes above [`MAX_CACHE_BLOCKS`] count as that many (the router
+    /// reserves its per-worker record up front).
     pub cache_blocks: Option<u32>,
 }
+
+/// The largest prefix-cache size, in 512-token blocks, the router keeps a per-worker record
+/// for: 2²² blocks (about 2.1 billion tokens, far beyond any engine's KV memory), so a record
+/// costs at most 32 MiB however large a size is announced.
+pub const MAX_CACHE_BLOCKS: u32 = 1 << 22;
 
 /// Where a worker's current weight comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -800,8 +800,11 @@ impl EngineModel {
     }
 
     /// Caches the full blocks the prefilling sequences have computed by the prefill clock `q`
-    /// (FIFO: only the front ones have started). Allocation-free; O(new blocks). Kept out of
-    /// line so that `move_to`, on every event's path, stays small.
+    /// (FIFO: only the front ones have started). Allocation-free; O(started prefills + new
+    /// blocks): the started part of the queue is walked, sequences already holding all their
+    /// blocks are skipped in O(1) (the queue is short: chunked prefill keeps few sequences
+    /// started at once). Kept out of line so that `move_to`, on every event's path, stays
+    /// small, and only called while a prefilling sequence has prefix blocks.
     #[inline(never)]
     fn cache_computed_blocks(&mut self) {
         for &h in &self.prefill {

@@ -303,3 +303,35 @@ fn cache_aware_spreads_prompts_without_prefix_hashes() {
         );
     }
 }
+
+/// A worker announcing an absurd cache size (`cache_tokens: 1e12` in a gateway config) made
+/// the approximate index reserve its whole record up front: tens of GiB, and the gateway was
+/// killed. Sizes are now capped at `MAX_CACHE_BLOCKS`.
+#[test]
+fn an_absurd_cache_size_is_capped_not_reserved() {
+    use routelab_policies::{MAX_CACHE_BLOCKS, PrefixIndex, WorkerId};
+    let mut index = PrefixIndex::approximate(1 << 16, false);
+    index.register_worker(WorkerId(0), Some(u32::MAX));
+    assert_eq!(
+        index.bound_of(WorkerId(0)),
+        Some(u64::from(MAX_CACHE_BLOCKS))
+    );
+}
+
+/// A worker credited in the shared record before it got a bounded record of its own (possible
+/// through `PrefixIndex`'s public calls, not through `Router`) made the bound's eviction loop
+/// sweep its own ring for ever: that credit was never its ring's to free.
+#[test]
+fn credit_from_before_a_workers_own_record_does_not_spin_the_eviction_loop() {
+    use routelab_policies::{PrefixIndex, WorkerId};
+    let mut index = PrefixIndex::approximate(64, false);
+    index.register_worker(WorkerId(1), None);
+    let early: Vec<u64> = (1..=64).collect();
+    index.record(&early, WorkerId(0));
+    index.register_worker(WorkerId(0), Some(4));
+    let later: Vec<u64> = (1000..1008).collect();
+    index.record(&later, WorkerId(0));
+    index.record(&later, WorkerId(0));
+    // It returned; what it holds of the new chain is within its own ring's reach.
+    assert!(index.longest(&later).is_some());
+}
