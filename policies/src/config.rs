@@ -788,13 +788,7 @@ impl RawSlowStart {
         let d = SlowStart::default();
         let floor = match self.floor {
             None => d.floor,
-            Some(x) if x.is_finite() && x > 0.0 && x <= 1.0 => x,
-            Some(x) => {
-                return Err(invalid(
-                    "floor",
-                    rule::Violation::new(x, "a number > 0 and at most 1").to_string(),
-                ));
-            }
+            Some(x) => rule::share(x).map_err(|v| invalid("floor", v.to_string()))?,
         };
         Ok(SlowStart {
             window: seconds("window_s", self.window_s, d.window)?,

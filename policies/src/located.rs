@@ -233,6 +233,15 @@ pub mod rule {
         }
     }
 
+    /// A share in `(0, 1]`: a part of something that cannot be nothing (slow start's floor).
+    pub fn share(x: f64) -> Result<f64, Violation> {
+        if x.is_finite() && x > 0.0 && x <= 1.0 {
+            Ok(x)
+        } else {
+            Err(Violation::new(x, "a number > 0 and at most 1"))
+        }
+    }
+
     /// A count >= 1.
     pub fn count(n: u32) -> Result<u32, Violation> {
         if n >= 1 {
