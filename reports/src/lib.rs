@@ -40,6 +40,7 @@ mod profile;
 mod requests_csv;
 pub use requests_csv::{RequestsCsvStream, RowSink};
 mod run;
+pub mod shard;
 pub mod stats;
 pub mod summary;
 mod sweep;
