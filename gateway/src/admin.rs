@@ -318,7 +318,7 @@ pub(crate) async fn unpin(
 /// roll-back), so no other writer can save a pin the administrator is then told failed. The
 /// core lock is not held across the write.
 async fn change_pin(s: &Arc<Shared>, name: &str, to: Option<f64>) -> Result<Value, ApiError> {
-    let held = s.persist_lock.lock().await;
+    let mut held = s.persist_lock.lock().await;
     let (id, before) = {
         let mut core = s.core();
         let id = find(&core, name)?;
@@ -345,7 +345,7 @@ async fn change_pin(s: &Arc<Shared>, name: &str, to: Option<f64>) -> Result<Valu
         }
         (id, before)
     };
-    if let Err(e) = crate::write_state(s, &held).await {
+    if let Err(e) = crate::write_state(s, &mut held).await {
         {
             let mut core = s.core();
             let now = s.clock.now();

@@ -115,31 +115,39 @@ fn log_line(event: &str, fields: &[(&str, &str)]) -> String {
 /// logged (`state_write_failed`). For background writers (the probe runner); an admin change
 /// that must not outlive a failed write uses [`write_state`] and rolls back.
 pub(crate) async fn persist_state(s: &Arc<Shared>) {
-    let held = s.persist_lock.lock().await;
-    if let Err(e) = write_state(s, &held).await {
+    let mut held = s.persist_lock.lock().await;
+    if let Err(e) = write_state(s, &mut held).await {
         log("state_write_failed", &[("error", &e.to_string())]);
     }
 }
 
-/// Snapshot the router's durable state and write it to the state file (if configured). The
-/// caller holds `persist_lock` (`_held`), so the newest snapshot is always the last one written
-/// and a caller can undo its change before anyone else writes.
+/// Snapshot the router's durable state and merge what changed since the last write into the
+/// state file (if configured; [`persist::save`], safe with other gateways sharing the file).
+/// The caller holds `persist_lock`, whose value is what this gateway last wrote (or loaded at
+/// start): the newest snapshot is always the last one written, a caller can undo its change
+/// before anyone else writes, and after a failed write the next one carries its changes too.
 pub(crate) async fn write_state(
     s: &Shared,
-    _held: &tokio::sync::MutexGuard<'_, ()>,
+    written: &mut tokio::sync::MutexGuard<'_, routelab_policies::weights::PersistedProbeState>,
 ) -> Result<(), persist::StateFileError> {
     let Some(path) = s.settings.state_file.clone() else {
         return Ok(());
     };
-    let Some(state) = s.core().router.strategy().export_state() else {
+    let Some(now) = s.core().router.strategy().export_state() else {
         return Ok(());
     };
-    let bytes = persist::encode(&state, &s.clock);
-    let target = path.clone();
-    let written = tokio::task::spawn_blocking(move || persist::write_atomic(&target, &bytes))
+    let (target, before, snapshot, clock) =
+        (path.clone(), (**written).clone(), now.clone(), s.clock);
+    tokio::task::spawn_blocking(move || persist::save(&target, &before, &snapshot, &clock))
         .await
-        .unwrap_or_else(|join| Err(std::io::Error::other(join.to_string())));
-    written.map_err(|error| persist::StateFileError::Write { path, error })
+        .unwrap_or_else(|join| {
+            Err(persist::StateFileError::Write {
+                path,
+                error: std::io::Error::other(join.to_string()),
+            })
+        })?;
+    **written = now;
+    Ok(())
 }
 
 /// A running gateway. Dropping it (or [`RunningGateway::kill`]) stops everything at once,
@@ -232,6 +240,9 @@ fn build(config: &GatewayConfig, settings: Settings) -> Result<Arc<Shared>, Gate
         );
         router.import_state(state);
     }
+    // What the state file holds as far as this gateway knows: its later writes merge only what
+    // changed from here (other replicas may share the file).
+    let loaded = router.strategy().export_state().unwrap_or_default();
     let client = upstream::client(
         config::secs(
             config.origin(),
@@ -260,6 +271,7 @@ fn build(config: &GatewayConfig, settings: Settings) -> Result<Arc<Shared>, Gate
         config.seed,
         client,
         request_log,
+        loaded,
     ));
     {
         let mut core = shared.core();

@@ -99,8 +99,9 @@ pub(crate) struct Shared {
     /// Client connection counters, kept by the accept loop ([`crate::server`]).
     pub connections: Arc<crate::server::ConnectionStats>,
     /// Serialises state-file writes (snapshot and write happen under it, so the newest
-    /// snapshot is always the last one written).
-    pub persist_lock: tokio::sync::Mutex<()>,
+    /// snapshot is always the last one written); holds the durable state this gateway last
+    /// wrote (or loaded at start), from which the next write's changes are computed.
+    pub persist_lock: tokio::sync::Mutex<PersistedProbeState>,
     /// The request log, when configured.
     pub request_log: Option<Arc<RequestLog>>,
 }
@@ -113,6 +114,7 @@ impl Shared {
         seed: u64,
         client: HttpClient,
         request_log: Option<Arc<RequestLog>>,
+        written: PersistedProbeState,
     ) -> Shared {
         Shared {
             settings,
@@ -128,7 +130,7 @@ impl Shared {
             client,
             global: GlobalMetrics::default(),
             connections: Arc::default(),
-            persist_lock: tokio::sync::Mutex::new(()),
+            persist_lock: tokio::sync::Mutex::new(written),
             request_log,
         }
     }
