@@ -8,6 +8,7 @@ mod harness;
 mod operations;
 mod protocol;
 mod request_log;
+mod shared_state;
 
 use fake::{FakeWorker, MODE_500, MODE_DIE};
 use harness::*;
