@@ -6,6 +6,7 @@ mod cli;
 mod common;
 mod compare_paired;
 mod console_tables;
+mod deploy;
 mod profile_cmd;
 mod readme;
 mod report_browser;
