@@ -45,7 +45,8 @@ pub struct GatewayConfig {
     /// Seed of the routing RNG (`Xoshiro256PlusPlus`).
     #[serde(default = "default_seed")]
     pub seed: u64,
-    /// Where the probe cache and pins are persisted (JSON); none: not persisted.
+    /// Where the probe cache and pins are persisted (JSON); none: not persisted. Several
+    /// gateways may share one file (`persist::save` merges under a lock).
     #[serde(default)]
     pub state_file: Option<PathBuf>,
     /// Bearer token of the admin API; none: the admin API answers 401 to everyone.
