@@ -105,13 +105,7 @@ pub fn encode(state: &PersistedProbeState, clock: &Clock) -> Vec<u8> {
         cache: state
             .cache
             .iter()
-            .map(|e| CacheEntry {
-                node: e.node.clone(),
-                model: e.model.clone(),
-                launch_args: e.launch_args.clone(),
-                throughput_tok_s: e.throughput_tok_s,
-                measured_at_unix_ms: clock.to_unix_ms(e.measured_at),
-            })
+            .map(|e| CacheEntry::of(e, clock))
             .collect(),
         pins: state
             .pins
@@ -124,6 +118,19 @@ pub fn encode(state: &PersistedProbeState, clock: &Clock) -> Vec<u8> {
             .collect(),
     };
     to_bytes(&file)
+}
+
+impl CacheEntry {
+    /// A measurement as the file holds it (wall-clock milliseconds).
+    fn of(e: &ProbeCacheEntry, clock: &Clock) -> CacheEntry {
+        CacheEntry {
+            node: e.node.clone(),
+            model: e.model.clone(),
+            launch_args: e.launch_args.clone(),
+            throughput_tok_s: e.throughput_tok_s,
+            measured_at_unix_ms: clock.to_unix_ms(e.measured_at),
+        }
+    }
 }
 
 fn to_bytes(file: &StateFile) -> Vec<u8> {
@@ -391,21 +398,12 @@ fn merge(file: &mut StateFile, changes: &Changes, clock: &Clock) {
         .collect();
     let key = |e: &ProbeCacheEntry| (e.node.clone(), e.model.clone(), e.launch_args.clone());
     for e in &changes.measured {
-        let at = clock.to_unix_ms(e.measured_at);
+        let entry = CacheEntry::of(e, clock);
         let newer_on_file = cache
             .get(&key(e))
-            .is_some_and(|f| f.measured_at_unix_ms > at);
+            .is_some_and(|f| f.measured_at_unix_ms > entry.measured_at_unix_ms);
         if !newer_on_file {
-            cache.insert(
-                key(e),
-                CacheEntry {
-                    node: e.node.clone(),
-                    model: e.model.clone(),
-                    launch_args: e.launch_args.clone(),
-                    throughput_tok_s: e.throughput_tok_s,
-                    measured_at_unix_ms: at,
-                },
-            );
+            cache.insert(key(e), entry);
         }
     }
     for e in &changes.forgotten {
