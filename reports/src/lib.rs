@@ -36,6 +36,7 @@ pub mod findings;
 pub mod gate;
 pub mod metric;
 mod num;
+pub mod partial;
 mod profile;
 mod requests_csv;
 pub use requests_csv::{RequestsCsvStream, RowSink};
