@@ -174,7 +174,7 @@ fn non_finite_values_round_trip_too() {
 fn malformed_partials_are_located_errors() {
     for (text, field, says) in [
         ("{", "", "EOF"),
-        ("[1]", "", "invalid type"),
+        ("[1]", "", "invalid length"),
         (
             r#"{"routelab_partial":1,"command":"compare","args":[],"shard":"3/2","units":1,"inputs_hash":"0000000000000001","wall_s":0,"threads":1,"records":{"compare":[]}}"#,
             "shard",
