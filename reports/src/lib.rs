@@ -47,7 +47,7 @@ pub mod summary;
 mod sweep;
 
 pub use compare::{
-    AutoSeedsRule, PairedDiff, Verdict, findings_baseline_markdown, grow_seeds,
+    AutoSeedsRule, PairedDiff, SeedResult, Verdict, findings_baseline_markdown, grow_seeds,
     reported_differences,
 };
 pub use compare::{

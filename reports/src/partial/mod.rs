@@ -47,6 +47,12 @@ pub struct CompareRun {
     pub perf: PerfRun,
 }
 
+impl crate::compare::SeedResult for CompareRun {
+    fn push_to(&self, policy: &mut crate::compare::PolicySeeds, seed: u64) {
+        policy.push_summary(seed, self.summary.clone(), self.e2e.as_ref());
+    }
+}
+
 /// One run of `sweep`: job `job` in the command's order (grid point, policy, seed).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SweepRun {
