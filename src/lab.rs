@@ -161,9 +161,9 @@ fn recorded_args() -> anyhow::Result<Vec<String>> {
     let mut kept = Vec::new();
     let mut args = std::env::args_os().skip(2);
     while let Some(a) = args.next() {
-        let a = a
-            .into_string()
-            .map_err(|a| anyhow::anyhow!("argument {a:?} is not UTF-8; a partial records its arguments as text"))?;
+        let a = a.into_string().map_err(|a| {
+            anyhow::anyhow!("argument {a:?} is not UTF-8; a partial records its arguments as text")
+        })?;
         match a.as_str() {
             "--shard" | "--partial" => {
                 args.next();
@@ -175,17 +175,35 @@ fn recorded_args() -> anyhow::Result<Vec<String>> {
     Ok(kept)
 }
 
+/// What a sharded run did, for its partial result.
+#[derive(Debug, Clone, Copy)]
+pub struct ShardRun {
+    /// The command.
+    pub command: &'static str,
+    /// Which shard.
+    pub shard: Shard,
+    /// Units in the whole job list.
+    pub units: usize,
+    /// The inputs and options hash.
+    pub inputs_hash: u64,
+    /// How long it took.
+    pub timing: Timing,
+}
+
 /// A sharded run's end: write its records as a partial result and name it on one line.
 pub fn write_partial(
-    command: &str,
     sharding: &ShardArgs,
-    shard: Shard,
-    units: usize,
-    inputs_hash: u64,
-    timing: Timing,
+    run: ShardRun,
     records: Records,
     out: &mut impl Write,
 ) -> anyhow::Result<ExitCode> {
+    let ShardRun {
+        command,
+        shard,
+        units,
+        inputs_hash,
+        timing,
+    } = run;
     let file = sharding
         .partial
         .clone()
@@ -204,7 +222,8 @@ pub fn write_partial(
     .write(&file)?;
     writeln!(
         out,
-        "partial: {} (shard {shard}: {owned} of {units} units; `routelab merge` combines the {} shards)",
+        "partial: {} (shard {shard}: {owned} of {units} units; `routelab merge` combines the {} \
+         shards)",
         file.display(),
         shard.count()
     )?;

@@ -3,7 +3,8 @@
 //! baseline policy; with `--findings`, the capacity section of the findings document.
 
 use crate::lab::{
-    Job, ShardArgs, Timing, canonical_options, map_parallel, run_job, same_inputs, write_partial,
+    Job, ShardArgs, ShardRun, Timing, canonical_options, map_parallel, run_job, same_inputs,
+    write_partial,
 };
 use anyhow::Context;
 use routelab_policies::{InputError, PolicyConfig};
@@ -289,12 +290,14 @@ pub fn run(args: &CapacityArgs, out: &mut impl Write) -> anyhow::Result<ExitCode
     let records = plan.run_units(shard.unwrap_or(Shard::WHOLE))?;
     match shard {
         Some(shard) => write_partial(
-            "capacity",
             &args.shard,
-            shard,
-            plan.units().len(),
-            plan.inputs_hash()?,
-            Timing::since(started),
+            ShardRun {
+                command: "capacity",
+                shard,
+                units: plan.units().len(),
+                inputs_hash: plan.inputs_hash()?,
+                timing: Timing::since(started),
+            },
             Records::Capacity(records),
             out,
         ),

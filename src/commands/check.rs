@@ -11,7 +11,7 @@
 //! document only and the plain-text verdict goes to stderr.
 
 use crate::lab::{
-    Job, ShardArgs, Timing, canonical_options, run_all, same_inputs, write_partial,
+    Job, ShardArgs, ShardRun, Timing, canonical_options, run_all, same_inputs, write_partial,
 };
 use anyhow::Context;
 use clap::builder::TypedValueParser as _;
@@ -101,12 +101,14 @@ pub fn run(
         .collect();
     match shard {
         Some(shard) => write_partial(
-            "check",
             &args.shard,
-            shard,
-            jobs.len(),
-            inputs_hash(args, &gate)?,
-            Timing::since(started),
+            ShardRun {
+                command: "check",
+                shard,
+                units: jobs.len(),
+                inputs_hash: inputs_hash(args, &gate)?,
+                timing: Timing::since(started),
+            },
             Records::Check(records),
             out,
         ),

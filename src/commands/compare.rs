@@ -4,7 +4,7 @@
 //! paired differences are precise enough (`routelab_reports::grow_seeds`).
 
 use crate::lab::{
-    Job, ShardArgs, Timing, canonical_options, run_all, same_inputs, write_partial,
+    Job, ShardArgs, ShardRun, Timing, canonical_options, run_all, same_inputs, write_partial,
 };
 use anyhow::Context;
 use routelab_policies::located::rule::{self, Violation};
@@ -404,12 +404,14 @@ pub fn run(args: &CompareArgs, out: &mut impl Write) -> anyhow::Result<ExitCode>
     let timing = Timing::since(started);
     match shard {
         Some(shard) => write_partial(
-            "compare",
             &args.shard,
-            shard,
-            plan.units().len(),
-            plan.inputs_hash()?,
-            timing,
+            ShardRun {
+                command: "compare",
+                shard,
+                units: plan.units().len(),
+                inputs_hash: plan.inputs_hash()?,
+                timing,
+            },
             Records::Compare(records),
             out,
         ),

@@ -7,7 +7,7 @@
 //! the mean and 95 % interval across them.
 
 use crate::lab::{
-    Job, ShardArgs, Timing, canonical_options, run_all, same_inputs, write_partial,
+    Job, ShardArgs, ShardRun, Timing, canonical_options, run_all, same_inputs, write_partial,
 };
 use anyhow::Context;
 use routelab_policies::PolicyConfig;
@@ -165,12 +165,14 @@ pub fn run(args: &SweepArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
     let records = plan.run_units(shard.unwrap_or(Shard::WHOLE))?;
     match shard {
         Some(shard) => write_partial(
-            "sweep",
             &args.shard,
-            shard,
-            plan.jobs().len(),
-            plan.inputs_hash()?,
-            Timing::since(started),
+            ShardRun {
+                command: "sweep",
+                shard,
+                units: plan.jobs().len(),
+                inputs_hash: plan.inputs_hash()?,
+                timing: Timing::since(started),
+            },
             Records::Sweep(records),
             out,
         ),

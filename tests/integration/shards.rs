@@ -21,7 +21,10 @@ fn tree(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
             if p.is_dir() {
                 todo.push(p);
             } else if p.file_name().is_some_and(|n| n != "perf.json") {
-                files.insert(p.strip_prefix(dir).unwrap().to_path_buf(), std::fs::read(&p).unwrap());
+                files.insert(
+                    p.strip_prefix(dir).unwrap().to_path_buf(),
+                    std::fs::read(&p).unwrap(),
+                );
             }
         }
     }
@@ -59,12 +62,21 @@ fn shards_then_merge(args: &[String], n: u32, partials: &Path) -> Output {
     for (k, o) in children.iter().enumerate() {
         assert!(o.status.success(), "shard {}/{n}: {}", k + 1, text(o));
         let said = String::from_utf8_lossy(&o.stdout);
-        assert_eq!(said.lines().count(), 1, "one line naming the partial: {said}");
+        assert_eq!(
+            said.lines().count(),
+            1,
+            "one line naming the partial: {said}"
+        );
         assert!(said.starts_with("partial: "), "{said}");
     }
     let mut merge = vec!["merge".to_string()];
     // In reverse order: the merge does not depend on the order it is given the partials.
-    merge.extend((1..=n).rev().map(|k| partials.join(format!("shard-{k}.json")).display().to_string()));
+    merge.extend((1..=n).rev().map(|k| {
+        partials
+            .join(format!("shard-{k}.json"))
+            .display()
+            .to_string()
+    }));
     let refs: Vec<&str> = merge.iter().map(String::as_str).collect();
     routelab(&refs)
 }
@@ -75,14 +87,27 @@ fn same_as_whole(name: &str, args: &[&str], out: &Path, ns: &[u32]) {
     let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let whole = routelab(&refs);
-    assert!(whole.status.code().is_some_and(|c| c < 2), "{name}: {}", text(&whole));
+    assert!(
+        whole.status.code().is_some_and(|c| c < 2),
+        "{name}: {}",
+        text(&whole)
+    );
     let expected = tree(out);
-    assert!(expected.len() >= 2, "{name}: the whole run wrote {:?}", expected.keys());
+    assert!(
+        expected.len() >= 2,
+        "{name}: the whole run wrote {:?}",
+        expected.keys()
+    );
     std::fs::remove_dir_all(out).unwrap();
     for &n in ns {
         let partials = out.with_extension(format!("partials-{n}"));
         let merged = shards_then_merge(&args, n, &partials);
-        assert_eq!(merged.status.code(), whole.status.code(), "{name} N={n}: {}", text(&merged));
+        assert_eq!(
+            merged.status.code(),
+            whole.status.code(),
+            "{name} N={n}: {}",
+            text(&merged)
+        );
         assert_eq!(console(&merged), console(&whole), "{name} N={n}");
         assert_eq!(
             String::from_utf8_lossy(&merged.stderr),
@@ -90,9 +115,17 @@ fn same_as_whole(name: &str, args: &[&str], out: &Path, ns: &[u32]) {
             "{name} N={n}"
         );
         let got = tree(out);
-        assert_eq!(got.keys().collect::<Vec<_>>(), expected.keys().collect::<Vec<_>>(), "{name} N={n}");
+        assert_eq!(
+            got.keys().collect::<Vec<_>>(),
+            expected.keys().collect::<Vec<_>>(),
+            "{name} N={n}"
+        );
         for (file, bytes) in &expected {
-            assert!(got[file] == *bytes, "{name} N={n}: {} differs", file.display());
+            assert!(
+                got[file] == *bytes,
+                "{name} N={n}: {} differs",
+                file.display()
+            );
         }
         std::fs::remove_dir_all(out).unwrap();
     }
@@ -102,10 +135,27 @@ fn same_as_whole(name: &str, args: &[&str], out: &Path, ns: &[u32]) {
 fn compare_with_fixed_seeds_merges_to_the_whole_run_for_1_2_3_and_7_shards() {
     let dir = scratch("shards-compare");
     let out = dir.join("out");
-    let (o, f) = (out.display().to_string(), out.join("findings.md").display().to_string());
+    let (o, f) = (
+        out.display().to_string(),
+        out.join("findings.md").display().to_string(),
+    );
     same_as_whole(
         "compare",
-        &["compare", CRASH, AZURE, "--policy", "seed-v1", "--policy", "seed-v3", "--seeds", "2", "--out", &o, "--findings", &f],
+        &[
+            "compare",
+            CRASH,
+            AZURE,
+            "--policy",
+            "seed-v1",
+            "--policy",
+            "seed-v3",
+            "--seeds",
+            "2",
+            "--out",
+            &o,
+            "--findings",
+            &f,
+        ],
         &out,
         &[1, 2, 3, 7],
     );
@@ -118,7 +168,21 @@ fn compare_with_auto_seeds_merges_to_the_whole_run() {
     let o = out.display().to_string();
     same_as_whole(
         "compare --seeds auto",
-        &["compare", CRASH, AZURE, "--policy", "seed-v1", "--policy", "seed-next", "--seeds", "auto", "--max-seeds", "4", "--out", &o],
+        &[
+            "compare",
+            CRASH,
+            AZURE,
+            "--policy",
+            "seed-v1",
+            "--policy",
+            "seed-next",
+            "--seeds",
+            "auto",
+            "--max-seeds",
+            "4",
+            "--out",
+            &o,
+        ],
         &out,
         &[1, 2, 3],
     );
@@ -131,7 +195,20 @@ fn sweep_merges_to_the_whole_run() {
     let o = out.display().to_string();
     same_as_whole(
         "sweep",
-        &["sweep", CRASH, "--set", "traffic[0].poisson.rate_per_s=2,4", "--policy", "seed-v1", "--policy", "seed-v3", "--seeds", "2", "--out", &o],
+        &[
+            "sweep",
+            CRASH,
+            "--set",
+            "traffic[0].poisson.rate_per_s=2,4",
+            "--policy",
+            "seed-v1",
+            "--policy",
+            "seed-v3",
+            "--seeds",
+            "2",
+            "--out",
+            &o,
+        ],
         &out,
         &[1, 3, 7],
     );
@@ -141,10 +218,28 @@ fn sweep_merges_to_the_whole_run() {
 fn capacity_merges_to_the_whole_run() {
     let dir = scratch("shards-capacity");
     let out = dir.join("out");
-    let (o, f) = (out.display().to_string(), out.join("findings.md").display().to_string());
+    let (o, f) = (
+        out.display().to_string(),
+        out.join("findings.md").display().to_string(),
+    );
     same_as_whole(
         "capacity",
-        &["capacity", CRASH, "--policy", "seed-v3", "--slo", "ttft_p99<=2s", "--seeds", "2", "--precision", "0.2", "--out", &o, "--findings", &f],
+        &[
+            "capacity",
+            CRASH,
+            "--policy",
+            "seed-v3",
+            "--slo",
+            "ttft_p99<=2s",
+            "--seeds",
+            "2",
+            "--precision",
+            "0.2",
+            "--out",
+            &o,
+            "--findings",
+            &f,
+        ],
         &out,
         &[1, 2, 3],
     );
@@ -166,7 +261,11 @@ fn small_suite(dir: &Path) -> (PathBuf, PathBuf) {
         ),
     )
     .unwrap();
-    std::fs::copy(root.join("baselines/ci__crash.json"), baselines.join("ci__crash.json")).unwrap();
+    std::fs::copy(
+        root.join("baselines/ci__crash.json"),
+        baselines.join("ci__crash.json"),
+    )
+    .unwrap();
     (suite, baselines)
 }
 
@@ -178,17 +277,34 @@ fn check_merges_to_the_whole_run_with_its_exit_code() {
     // The gate writes no files: the console (report on stdout, verdict on stderr for JSON)
     // and the exit code are its output.
     for format in ["table", "json"] {
-        let args: Vec<String> = ["check", "--suite", &s, "--baselines", &b, "--format", format]
-            .iter()
-            .map(|a| a.to_string())
-            .collect();
+        let args: Vec<String> = [
+            "check",
+            "--suite",
+            &s,
+            "--baselines",
+            &b,
+            "--format",
+            format,
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         let whole = routelab(&refs);
-        assert!(whole.status.code().is_some_and(|c| c < 2), "{}", text(&whole));
+        assert!(
+            whole.status.code().is_some_and(|c| c < 2),
+            "{}",
+            text(&whole)
+        );
         assert!(!whole.stdout.is_empty());
         for n in [1, 3] {
             let merged = shards_then_merge(&args, n, &dir.join(format!("partials-{format}-{n}")));
-            assert_eq!(merged.status.code(), whole.status.code(), "{format} N={n}: {}", text(&merged));
+            assert_eq!(
+                merged.status.code(),
+                whole.status.code(),
+                "{format} N={n}: {}",
+                text(&merged)
+            );
             assert_eq!(merged.stdout, whole.stdout, "{format} N={n}");
             assert_eq!(merged.stderr, whole.stderr, "{format} N={n}");
         }
@@ -209,7 +325,10 @@ fn check_merges_to_the_whole_run_with_its_exit_code() {
     .unwrap();
     let merged = shards_then_merge(&update, 2, &dir.join("partials-update"));
     assert_eq!(merged.status.code(), Some(0), "{}", text(&merged));
-    assert_eq!(std::fs::read(baselines.join("ci__crash.json")).unwrap(), written);
+    assert_eq!(
+        std::fs::read(baselines.join("ci__crash.json")).unwrap(),
+        written
+    );
 }
 
 /// Two shards of a compare of `scenario` into `dir`, with `extra` options on shard 2 only.
@@ -217,7 +336,9 @@ fn two_shards(dir: &Path, scenario: &str, extra2: &[&str]) -> (String, String) {
     let mut files = Vec::new();
     for k in 1..=2 {
         let partial = dir.join(format!("p{k}.json")).display().to_string();
-        let mut args = vec!["compare", scenario, "--policy", "seed-v1", "--seeds", "1", "--shard"];
+        let mut args = vec![
+            "compare", scenario, "--policy", "seed-v1", "--seeds", "1", "--shard",
+        ];
         let shard = format!("{k}/2");
         args.push(&shard);
         args.extend(["--partial", &partial]);
@@ -245,59 +366,109 @@ fn merge_refuses_partials_from_different_inputs_naming_them() {
     let dir = scratch("shards-refuse-inputs");
     // One option changed on one shard.
     let (a, b) = two_shards(&dir, CRASH, &["--baseline", "seed-v1"]);
-    refused(&["merge", &a, &b], &[&format!("{a} and {b} were made from different inputs")]);
+    refused(
+        &["merge", &a, &b],
+        &[&format!("{a} and {b} were made from different inputs")],
+    );
 
     // One byte of the scenario changed between the shards.
     let scenario = dir.join("crash.yaml");
-    let original = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(CRASH)).unwrap();
+    let original =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(CRASH)).unwrap();
     std::fs::write(&scenario, &original).unwrap();
     let s = scenario.display().to_string();
     let p1 = dir.join("s1.json").display().to_string();
     let p2 = dir.join("s2.json").display().to_string();
     let run = |k: &str, p: &str| {
-        let o = routelab(&["compare", &s, "--policy", "seed-v1", "--seeds", "1", "--shard", k, "--partial", p]);
+        let o = routelab(&[
+            "compare",
+            &s,
+            "--policy",
+            "seed-v1",
+            "--seeds",
+            "1",
+            "--shard",
+            k,
+            "--partial",
+            p,
+        ]);
         assert!(o.status.success(), "{}", text(&o));
     };
     run("1/2", &p1);
     std::fs::write(&scenario, original.replacen("# CI", "# ci", 1)).unwrap();
     run("2/2", &p2);
-    refused(&["merge", &p1, &p2], &[&format!("{p1} and {p2} were made from different inputs")]);
+    refused(
+        &["merge", &p1, &p2],
+        &[&format!("{p1} and {p2} were made from different inputs")],
+    );
 
     // The shards agree, but the input changed before the merge.
     std::fs::write(&scenario, &original).unwrap();
     run("2/2", &p2);
     std::fs::write(&scenario, original.replacen("# CI", "# Ci", 1)).unwrap();
-    refused(&["merge", &p1, &p2], &["the inputs or options changed since the shards ran"]);
+    refused(
+        &["merge", &p1, &p2],
+        &["the inputs or options changed since the shards ran"],
+    );
 }
 
 #[test]
 fn merge_reports_missing_duplicate_and_malformed_partials() {
     let dir = scratch("shards-refuse-set");
-    let partial = |k: u32| dir.join(format!("shard-{k}-of-3.json")).display().to_string();
+    let partial = |k: u32| {
+        dir.join(format!("shard-{k}-of-3.json"))
+            .display()
+            .to_string()
+    };
     for k in [1, 3] {
         let p = partial(k);
         let shard = format!("{k}/3");
-        let o = routelab(&["compare", CRASH, "--policy", "seed-v1", "--seeds", "3", "--shard", &shard, "--partial", &p]);
+        let o = routelab(&[
+            "compare",
+            CRASH,
+            "--policy",
+            "seed-v1",
+            "--seeds",
+            "3",
+            "--shard",
+            &shard,
+            "--partial",
+            &p,
+        ]);
         assert!(o.status.success(), "{}", text(&o));
     }
-    refused(&["merge", &partial(1), &partial(3)], &["missing shards 2 of 3"]);
+    refused(
+        &["merge", &partial(1), &partial(3)],
+        &["missing shards 2 of 3"],
+    );
     let copy = dir.join("copy.json").display().to_string();
     std::fs::copy(partial(1), &copy).unwrap();
     refused(
         &["merge", &partial(1), &partial(3), &copy],
-        &[&format!("shard 1/3 is given twice: {} and {copy}", partial(1))],
+        &[&format!(
+            "shard 1/3 is given twice: {} and {copy}",
+            partial(1)
+        )],
     );
     let bad = dir.join("bad.json");
     std::fs::write(&bad, "{\"routelab_partial\": 1, \"command\": 3}").unwrap();
     let b = bad.display().to_string();
-    refused(&["merge", &b, &partial(1)], &[&format!("{b}:1:"), "command", "a partial result written by"]);
+    refused(
+        &["merge", &b, &partial(1)],
+        &[&format!("{b}:1:"), "command", "a partial result written by"],
+    );
     let nothing = dir.join("absent.json").display().to_string();
     refused(&["merge", &nothing], &[&nothing]);
 }
 
 #[test]
 fn shard_errors_are_located_with_exit_2() {
-    for (shard, says) in [("0/3", "count from 1"), ("4/3", "does not exist"), ("2", "form K/N"), ("x/2", "whole numbers")] {
+    for (shard, says) in [
+        ("0/3", "count from 1"),
+        ("4/3", "does not exist"),
+        ("2", "form K/N"),
+        ("x/2", "whole numbers"),
+    ] {
         for cmd in [
             &["compare", CRASH][..],
             &["sweep", CRASH, "--set", "traffic[0].poisson.rate_per_s=2"][..],

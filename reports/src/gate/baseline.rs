@@ -129,7 +129,10 @@ pub fn measure_values<'a>(
 }
 
 /// A JSON error as an [`InputError`]: file, line, column and field path.
-pub(crate) fn json_error(file: &str, e: &serde_path_to_error::Error<serde_json::Error>) -> InputError {
+pub(crate) fn json_error(
+    file: &str,
+    e: &serde_path_to_error::Error<serde_json::Error>,
+) -> InputError {
     let inner = e.inner();
     // serde_json appends the position to its message; it is in the location already.
     let message = inner.to_string();

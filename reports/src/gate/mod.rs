@@ -13,12 +13,12 @@
 mod baseline;
 mod suite;
 
+pub(crate) use baseline::json_error;
 pub use baseline::{
-    Baseline, Baselines, Stat, baseline_file, gate_values, load_baselines, measure,
-    measure_values, parse_baseline, write_baselines,
+    Baseline, Baselines, Stat, baseline_file, gate_values, load_baselines, measure, measure_values,
+    parse_baseline, write_baselines,
 };
 pub use suite::{Invariant, Op, Rhs, Suite};
-pub(crate) use baseline::json_error;
 
 use crate::metric::{Direction, direction_of_key};
 use routelab_policies::{InputError, PolicyConfig};

@@ -115,6 +115,9 @@ mod tests {
         let a = InputsHash::new().item("x", b"ab").item("y", b"c").finish();
         let b = InputsHash::new().item("x", b"a").item("y", b"bc").finish();
         assert_ne!(a, b);
-        assert_eq!(a, InputsHash::new().item("x", b"ab").item("y", b"c").finish());
+        assert_eq!(
+            a,
+            InputsHash::new().item("x", b"ab").item("y", b"c").finish()
+        );
     }
 }

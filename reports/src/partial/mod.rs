@@ -145,9 +145,11 @@ pub struct Partial {
 
 /// Where a shard writes its partial by default: `out/partials/shard-K-of-N.json`.
 pub fn default_partial_path(shard: Shard) -> PathBuf {
-    Path::new("out")
-        .join("partials")
-        .join(format!("shard-{}-of-{}.json", shard.index(), shard.count()))
+    Path::new("out").join("partials").join(format!(
+        "shard-{}-of-{}.json",
+        shard.index(),
+        shard.count()
+    ))
 }
 
 /// A partial that cannot be written, read, or merged with the others.
@@ -305,11 +307,8 @@ pub fn check_set(partials: Vec<(String, Partial)>) -> Result<MergeSet, MergeErro
                 .join(", "),
         });
     }
-    let (command, args, inputs_hash) = (
-        first.command.clone(),
-        first.args.clone(),
-        first.inputs_hash,
-    );
+    let (command, args, inputs_hash) =
+        (first.command.clone(), first.args.clone(), first.inputs_hash);
     let mut sorted = partials;
     sorted.sort_by_key(|(_, p)| p.shard);
     let mut wall_s = 0.0;

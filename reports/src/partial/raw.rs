@@ -272,7 +272,11 @@ pub(super) fn to_json(p: &Partial) -> Result<String, MergeError> {
             runs.iter()
                 .map(|r| RawCheckRun {
                     job: r.job,
-                    values: r.values.iter().map(|(k, v)| (k.clone(), v.map(Exact))).collect(),
+                    values: r
+                        .values
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.map(Exact)))
+                        .collect(),
                 })
                 .collect(),
         ),
@@ -288,9 +292,8 @@ pub(super) fn to_json(p: &Partial) -> Result<String, MergeError> {
         threads: p.threads,
         records,
     };
-    let mut text = serde_json::to_string(&raw).map_err(|e| {
-        InputError::new("partial result", "", format!("cannot serialise: {e}"))
-    })?;
+    let mut text = serde_json::to_string(&raw)
+        .map_err(|e| InputError::new("partial result", "", format!("cannot serialise: {e}")))?;
     text.push('\n');
     Ok(text)
 }
@@ -311,7 +314,10 @@ pub(super) fn from_json(text: &str, file: &str) -> Result<Partial, InputError> {
     if raw.routelab_partial != FORMAT {
         return Err(bad(
             "routelab_partial".into(),
-            &format!("format {} is not the one this routelab reads", raw.routelab_partial),
+            &format!(
+                "format {} is not the one this routelab reads",
+                raw.routelab_partial
+            ),
         )
         .valid(format!("{FORMAT} (re-run the shards with this routelab)")));
     }
@@ -380,17 +386,13 @@ pub(super) fn from_json(text: &str, file: &str) -> Result<Partial, InputError> {
                         scale: r.scale.0,
                         failing_scale: r.failing_scale.0,
                         censored: r.censored.map(|c| match c {
-                            RawCensored::NeverHolds { min_scale, why } => {
-                                Censored::NeverHolds {
-                                    min_scale: min_scale.0,
-                                    why,
-                                }
-                            }
-                            RawCensored::AlwaysHolds { max_scale } => {
-                                Censored::AlwaysHolds {
-                                    max_scale: max_scale.0,
-                                }
-                            }
+                            RawCensored::NeverHolds { min_scale, why } => Censored::NeverHolds {
+                                min_scale: min_scale.0,
+                                why,
+                            },
+                            RawCensored::AlwaysHolds { max_scale } => Censored::AlwaysHolds {
+                                max_scale: max_scale.0,
+                            },
                         }),
                         evaluations: r
                             .evaluations
@@ -411,7 +413,11 @@ pub(super) fn from_json(text: &str, file: &str) -> Result<Partial, InputError> {
             runs.into_iter()
                 .map(|r| CheckRun {
                     job: r.job,
-                    values: r.values.into_iter().map(|(k, v)| (k, v.map(|x| x.0))).collect(),
+                    values: r
+                        .values
+                        .into_iter()
+                        .map(|(k, v)| (k, v.map(|x| x.0)))
+                        .collect(),
                 })
                 .collect(),
         ),

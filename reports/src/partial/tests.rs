@@ -225,8 +225,12 @@ fn sweep(job: usize) -> Records {
 
 #[test]
 fn a_complete_set_merges_in_shard_order() {
-    let set = check_set(vec![named(3, 3, sweep(2)), named(1, 3, sweep(0)), named(2, 3, sweep(1))])
-        .unwrap();
+    let set = check_set(vec![
+        named(3, 3, sweep(2)),
+        named(1, 3, sweep(0)),
+        named(2, 3, sweep(1)),
+    ])
+    .unwrap();
     assert_eq!(set.command, "sweep");
     let Records::Sweep(runs) = set.records else {
         panic!("sweep")
@@ -239,20 +243,41 @@ fn a_complete_set_merges_in_shard_order() {
 fn sets_that_do_not_belong_together_are_refused_naming_the_files() {
     let mut other = named(2, 3, sweep(1));
     other.1.inputs_hash ^= 1;
-    let e = check_set(vec![named(1, 3, sweep(0)), other]).unwrap_err().to_string();
-    assert!(e.contains("shard-1-of-3.json and shard-2-of-3.json were made from different inputs"), "{e}");
+    let e = check_set(vec![named(1, 3, sweep(0)), other])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("shard-1-of-3.json and shard-2-of-3.json were made from different inputs"),
+        "{e}"
+    );
 
-    let e = check_set(vec![named(1, 2, sweep(0)), named(2, 3, sweep(1))]).unwrap_err().to_string();
-    assert!(e.contains("different inputs") && e.contains("3 shards"), "{e}");
+    let e = check_set(vec![named(1, 2, sweep(0)), named(2, 3, sweep(1))])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("different inputs") && e.contains("3 shards"),
+        "{e}"
+    );
 
     let mut dup = named(1, 3, sweep(0));
     dup.0 = "copy.json".into();
-    let e = check_set(vec![named(1, 3, sweep(0)), dup, named(2, 3, sweep(1))]).unwrap_err().to_string();
-    assert_eq!(e, "shard 1/3 is given twice: shard-1-of-3.json and copy.json");
-
-    let e = check_set(vec![named(1, 7, sweep(0)), named(3, 7, sweep(2)), named(4, 7, sweep(3)), named(6, 7, sweep(5)), named(7, 7, sweep(6))])
+    let e = check_set(vec![named(1, 3, sweep(0)), dup, named(2, 3, sweep(1))])
         .unwrap_err()
         .to_string();
+    assert_eq!(
+        e,
+        "shard 1/3 is given twice: shard-1-of-3.json and copy.json"
+    );
+
+    let e = check_set(vec![
+        named(1, 7, sweep(0)),
+        named(3, 7, sweep(2)),
+        named(4, 7, sweep(3)),
+        named(6, 7, sweep(5)),
+        named(7, 7, sweep(6)),
+    ])
+    .unwrap_err()
+    .to_string();
     assert!(e.starts_with("missing shards 2, 5 of 7"), "{e}");
 
     assert!(matches!(check_set(Vec::new()), Err(MergeError::Empty)));
