@@ -5,8 +5,9 @@
 //! option), not against an adversary, which is all a merge needs.
 
 use routelab_sim::{Scenario, TrafficSpec};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const PRIME: u64 = 0x0000_0100_0000_01b3;
@@ -74,10 +75,13 @@ impl InputsHash {
     /// points are made from one file): the resolved hardware profiles, in a fixed order, and
     /// the trace files.
     pub fn scenario_reads(&mut self, scenario: &Scenario) -> Result<&mut Self, HashReadError> {
+        // Workers of one fleet entry share their profile; render each distinct one once.
+        let mut seen = HashSet::new();
         let profiles: BTreeSet<String> = scenario
             .setup
             .workers
             .iter()
+            .filter(|w| seen.insert(Arc::as_ptr(&w.profile)))
             .map(|w| format!("{:?}", w.profile))
             .collect();
         for p in &profiles {
