@@ -3,8 +3,13 @@
 
 use anyhow::Context;
 use rayon::prelude::*;
-use routelab_policies::PolicyConfig;
+use routelab_policies::{InputError, PolicyConfig};
+use routelab_reports::partial::{Partial, Records, default_partial_path};
+use routelab_reports::shard::Shard;
 use routelab_sim::{RequestRecord, RequestSink, RunMetrics, Scenario, run};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Instant;
 
 /// One simulation to run.
@@ -104,4 +109,140 @@ pub fn map_parallel<T: Sync, R: Send>(
     f: impl Fn(&T) -> anyhow::Result<R> + Sync + Send,
 ) -> anyhow::Result<Vec<R>> {
     items.par_iter().map(f).collect()
+}
+
+/// `--shard K/N` and `--partial FILE`, taken by `compare`, `sweep`, `capacity` and `check`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ShardArgs {
+    /// Run only shard K of N (K counts from 1) of the command's job list and write a partial
+    /// result instead of the outputs; `routelab merge` combines the N partials into exactly
+    /// what the whole command writes.
+    #[arg(long, value_name = "K/N")]
+    pub shard: Option<String>,
+    /// With `--shard`: where to write the partial result (default
+    /// out/partials/shard-K-of-N.json).
+    #[arg(long, value_name = "FILE", requires = "shard")]
+    pub partial: Option<PathBuf>,
+}
+
+impl ShardArgs {
+    /// The shard asked for, if any (a located error, exit 2, when it is not K/N).
+    pub fn shard(&self) -> Result<Option<Shard>, InputError> {
+        self.shard
+            .as_deref()
+            .map(|s| Shard::parse(s, crate::commands::compare::COMMAND_LINE, "--shard"))
+            .transpose()
+    }
+}
+
+/// How long the runs took and on how many threads (the console's last line and `perf.json`;
+/// for a merge, the shards' figures summed).
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// Wall seconds.
+    pub wall_s: f64,
+    /// Worker threads.
+    pub threads: usize,
+}
+
+impl Timing {
+    /// This process since `started`, on rayon's threads.
+    pub fn since(started: Instant) -> Timing {
+        Timing {
+            wall_s: started.elapsed().as_secs_f64(),
+            threads: rayon::current_num_threads(),
+        }
+    }
+}
+
+/// The command line's arguments after the subcommand, without `--shard` and `--partial` (what
+/// a partial records, so `merge` can take the same options).
+fn recorded_args() -> anyhow::Result<Vec<String>> {
+    let mut kept = Vec::new();
+    let mut args = std::env::args_os().skip(2);
+    while let Some(a) = args.next() {
+        let a = a.into_string().map_err(|a| {
+            anyhow::anyhow!("argument {a:?} is not UTF-8; a partial records its arguments as text")
+        })?;
+        match a.as_str() {
+            "--shard" | "--partial" => {
+                args.next();
+            }
+            _ if a.starts_with("--shard=") || a.starts_with("--partial=") => {}
+            _ => kept.push(a),
+        }
+    }
+    Ok(kept)
+}
+
+/// What a sharded run did, for its partial result.
+#[derive(Debug, Clone, Copy)]
+pub struct ShardRun {
+    /// The command.
+    pub command: &'static str,
+    /// Which shard.
+    pub shard: Shard,
+    /// Units in the whole job list.
+    pub units: usize,
+    /// The inputs and options hash.
+    pub inputs_hash: u64,
+    /// How long it took.
+    pub timing: Timing,
+}
+
+/// A sharded run's end: write its records as a partial result and name it on one line.
+pub fn write_partial(
+    sharding: &ShardArgs,
+    run: ShardRun,
+    records: Records,
+    out: &mut impl Write,
+) -> anyhow::Result<ExitCode> {
+    let ShardRun {
+        command,
+        shard,
+        units,
+        inputs_hash,
+        timing,
+    } = run;
+    let file = sharding
+        .partial
+        .clone()
+        .unwrap_or_else(|| default_partial_path(shard));
+    let owned = (0..units).filter(|&u| shard.owns(u)).count();
+    Partial {
+        command: command.to_string(),
+        args: recorded_args()?,
+        shard,
+        units,
+        inputs_hash,
+        wall_s: timing.wall_s,
+        threads: timing.threads,
+        records,
+    }
+    .write(&file)?;
+    writeln!(
+        out,
+        "partial: {} (shard {shard}: {owned} of {units} units; `routelab merge` combines the {} \
+         shards)",
+        file.display(),
+        shard.count()
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The options that decide a command's results, as hashed into its partials: the parsed
+/// arguments with those that do not (where outputs go, the shard itself) cleared.
+pub fn canonical_options(args: &impl std::fmt::Debug) -> String {
+    format!("{args:?}")
+}
+
+/// A merge's check that the inputs read now are those the shards read.
+pub fn same_inputs(recorded: u64, now: u64) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        recorded == now,
+        "the inputs or options changed since the shards ran (the partials' inputs hash is \
+         {recorded:016x}, the files here hash to {now:016x}); merge where the shards' input \
+         files are, or run the shards again"
+    );
+    Ok(())
 }

@@ -30,6 +30,9 @@ enum Command {
     Capacity(commands::capacity::CapacityArgs),
     /// Run a parameter grid in parallel: --set path.to.field=v1,v2 (several make a grid).
     Sweep(commands::sweep::SweepArgs),
+    /// Combine the partial results of `compare | sweep | capacity | check --shard K/N` into
+    /// exactly what the command run whole writes, prints and returns.
+    Merge(commands::merge::MergeArgs),
     /// Serve an OpenAI-compatible engine that streams in real time following a hardware profile.
     Emulate(commands::emulate::EmulateArgs),
     /// Play a scenario's traffic in real time against a running gateway; write summary.json.
@@ -86,6 +89,11 @@ fn main() -> ExitCode {
         Command::Compare(args) => commands::compare::run(&args, &mut std::io::stdout().lock()),
         Command::Capacity(args) => commands::capacity::run(&args, &mut std::io::stdout().lock()),
         Command::Sweep(args) => commands::sweep::run(&args, &mut std::io::stdout().lock()),
+        Command::Merge(args) => commands::merge::run(
+            &args,
+            &mut std::io::stdout().lock(),
+            &mut std::io::stderr().lock(),
+        ),
         Command::Emulate(args) => commands::emulate::run(&args, &mut std::io::stdout().lock()),
         Command::Realtime(args) => commands::realtime::run(&args, &mut std::io::stdout().lock()),
         Command::Check(args) => commands::check::run(

@@ -65,13 +65,32 @@ impl PolicySeeds {
 
     /// Add one seed's metrics (the first one added also provides the CDF).
     pub fn push(&mut self, seed: u64, metrics: &RunMetrics) {
+        self.push_summary(seed, RunSummary::from_metrics(metrics), Some(&metrics.e2e));
+    }
+
+    /// Add one seed's summary and, for the first seed, its end-to-end latency histogram (what
+    /// [`PolicySeeds::push`] keeps of a run; a partial result holds exactly this).
+    pub fn push_summary(&mut self, seed: u64, summary: RunSummary, e2e: Option<&Histogram>) {
         if self.runs.is_empty() {
-            self.first_seed_e2e = Some(metrics.e2e.clone());
+            self.first_seed_e2e = e2e.cloned();
         }
         self.runs.push(SeedRun {
             seed,
-            summary: RunSummary::from_metrics(metrics).with_policy(self.policy.clone()),
+            summary: summary.with_policy(self.policy.clone()),
         });
+    }
+}
+
+/// What [`grow_seeds`] adds to a policy for one seed: a run's metrics, or what a partial result
+/// kept of them.
+pub trait SeedResult {
+    /// Add this seed's result to `policy`.
+    fn push_to(&self, policy: &mut PolicySeeds, seed: u64);
+}
+
+impl SeedResult for RunMetrics {
+    fn push_to(&self, policy: &mut PolicySeeds, seed: u64) {
+        policy.push(seed, self);
     }
 }
 
@@ -398,10 +417,10 @@ pub fn reported_differences(sc: &ScenarioComparison) -> Vec<(Interval, f64)> {
 /// comparison) and returns, for each, the seed it ran and one [`RunMetrics`] per policy in the
 /// comparison's order; a batch holds every seed the open comparisons need next, so a caller can
 /// run it in parallel.
-pub fn grow_seeds<E>(
+pub fn grow_seeds<E, R: SeedResult>(
     comparisons: &mut [ScenarioComparison],
     auto: &AutoSeeds,
-    mut run: impl FnMut(&[(usize, usize)]) -> Result<Vec<(u64, Vec<RunMetrics>)>, E>,
+    mut run: impl FnMut(&[(usize, usize)]) -> Result<Vec<(u64, Vec<R>)>, E>,
 ) -> Result<(), E> {
     let first = auto.start.clamp(1, auto.max.max(1));
     let mut target: Vec<Option<usize>> = vec![Some(first); comparisons.len()];
@@ -418,7 +437,7 @@ pub fn grow_seeds<E>(
         let results = run(&batch)?;
         for ((i, _), (seed, metrics)) in batch.iter().zip(results) {
             for (p, m) in comparisons[*i].policies.iter_mut().zip(&metrics) {
-                p.push(seed, m);
+                m.push_to(p, seed);
             }
         }
         for (i, t) in target.iter_mut().enumerate() {
@@ -1743,7 +1762,9 @@ pub(crate) mod tests {
             vec![PolicySeeds::new("a")],
         )];
         assert_eq!(
-            grow_seeds(&mut fresh, &auto, |_| Err::<Vec<_>, _>("boom")),
+            grow_seeds(&mut fresh, &auto, |_| {
+                Err::<Vec<(u64, Vec<RunMetrics>)>, _>("boom")
+            }),
             Err("boom")
         );
     }

@@ -36,6 +36,7 @@ pub mod findings;
 pub mod gate;
 pub mod metric;
 mod num;
+pub mod partial;
 mod profile;
 mod requests_csv;
 pub use requests_csv::{RequestsCsvStream, RowSink};
@@ -46,7 +47,7 @@ pub mod summary;
 mod sweep;
 
 pub use compare::{
-    AutoSeedsRule, PairedDiff, Verdict, findings_baseline_markdown, grow_seeds,
+    AutoSeedsRule, PairedDiff, SeedResult, Verdict, findings_baseline_markdown, grow_seeds,
     reported_differences,
 };
 pub use compare::{

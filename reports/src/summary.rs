@@ -34,6 +34,22 @@ impl RunSummary {
         self
     }
 
+    /// Every catalog value, indexed like [`CATALOG`] (what a partial result records).
+    pub fn values(&self) -> &[Option<f64>] {
+        &self.values
+    }
+
+    /// A summary from values indexed like [`CATALOG`] (a partial result read back); `None`
+    /// when there is not exactly one value per catalog metric or a value is not finite.
+    pub fn from_values(policy: impl Into<String>, values: Vec<Option<f64>>) -> Option<RunSummary> {
+        (values.len() == CATALOG.len() && values.iter().flatten().all(|v| v.is_finite())).then(
+            || RunSummary {
+                policy: policy.into(),
+                values,
+            },
+        )
+    }
+
     /// The value of a catalog metric.
     pub fn get(&self, metric: &Metric) -> Option<f64> {
         self.values.get(metric.index()).copied().flatten()

@@ -3,17 +3,22 @@
 //! with `--findings`, the Markdown findings document). `--seeds auto` adds seeds until the
 //! paired differences are precise enough (`routelab_reports::grow_seeds`).
 
-use crate::lab::{Job, run_all};
+use crate::lab::{
+    Job, ShardArgs, ShardRun, Timing, canonical_options, run_all, same_inputs, write_partial,
+};
 use anyhow::Context;
 use routelab_policies::located::rule::{self, Violation};
 use routelab_policies::{InputError, PolicyConfig};
 use routelab_reports::findings;
+use routelab_reports::partial::{CompareRun, InputsHash, Records};
+use routelab_reports::shard::Shard;
 use routelab_reports::stats::{AutoSeeds, seed_of};
 use routelab_reports::{
-    PerfInfo, PerfRun, PolicySeeds, ScenarioComparison, compare_table, findings_document,
-    grow_seeds, write_compare, write_perf,
+    PerfInfo, PerfRun, PolicySeeds, RunSummary, ScenarioComparison, SeedResult, compare_table,
+    findings_document, grow_seeds, write_compare, write_perf,
 };
-use routelab_sim::{RunMetrics, Scenario};
+use routelab_sim::Scenario;
+use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -23,7 +28,7 @@ use std::time::Instant;
 pub(crate) const COMMAND_LINE: &str = "command line";
 
 /// Options of `routelab compare`.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct CompareArgs {
     /// Scenario YAML files.
     #[arg(required = true)]
@@ -52,6 +57,9 @@ pub struct CompareArgs {
     /// Also write the Markdown findings document to this file (e.g. docs/findings.md).
     #[arg(long)]
     pub findings: Option<PathBuf>,
+    /// Sharded runs.
+    #[command(flatten)]
+    pub shard: ShardArgs,
 }
 
 /// How many seeds to run.
@@ -162,43 +170,129 @@ pub fn progress(len: u64, what: &str) -> Option<indicatif::ProgressBar> {
     })
 }
 
-/// Run it.
-pub fn run(args: &CompareArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
-    let seeds = seeds_of(args)?;
-    let scenarios: Vec<Scenario> = args
-        .scenarios
-        .iter()
-        .map(Scenario::load)
-        .collect::<Result<_, _>>()?;
-    let policies: Vec<Vec<PolicyConfig>> = scenarios
-        .iter()
-        .map(|s| super::run::policies_for(s, &args.policies))
-        .collect::<anyhow::Result<_>>()?;
-    let mut comparisons: Vec<ScenarioComparison> = Vec::new();
-    for (sc, ps) in scenarios.iter().zip(&policies) {
-        let mut c = ScenarioComparison::new(
-            sc.name.clone(),
-            sc.description.clone(),
-            ps.iter()
-                .map(|p| PolicySeeds::new(p.name.clone()))
-                .collect(),
-        );
-        c.baseline = baseline_index(args.baseline.as_deref(), sc, ps)?;
-        comparisons.push(c);
+/// What `compare` runs, worked out from its arguments and inputs before anything runs.
+struct Plan {
+    scenarios: Vec<Scenario>,
+    policies: Vec<Vec<PolicyConfig>>,
+    /// One per scenario, its policies listed, no runs yet.
+    comparisons: Vec<ScenarioComparison>,
+    seeds: Seeds,
+    /// The options that decide the results (hashed with the inputs).
+    options: String,
+}
+
+impl Plan {
+    fn new(args: &CompareArgs) -> anyhow::Result<Plan> {
+        let seeds = seeds_of(args)?;
+        let scenarios: Vec<Scenario> = args
+            .scenarios
+            .iter()
+            .map(Scenario::load)
+            .collect::<Result<_, _>>()?;
+        let policies: Vec<Vec<PolicyConfig>> = scenarios
+            .iter()
+            .map(|s| super::run::policies_for(s, &args.policies))
+            .collect::<anyhow::Result<_>>()?;
+        let mut comparisons: Vec<ScenarioComparison> = Vec::new();
+        for (sc, ps) in scenarios.iter().zip(&policies) {
+            let mut c = ScenarioComparison::new(
+                sc.name.clone(),
+                sc.description.clone(),
+                ps.iter()
+                    .map(|p| PolicySeeds::new(p.name.clone()))
+                    .collect(),
+            );
+            c.baseline = baseline_index(args.baseline.as_deref(), sc, ps)?;
+            comparisons.push(c);
+        }
+        let options = canonical_options(&CompareArgs {
+            out: PathBuf::new(),
+            findings: None,
+            shard: ShardArgs::default(),
+            ..args.clone()
+        });
+        Ok(Plan {
+            scenarios,
+            policies,
+            comparisons,
+            seeds,
+            options,
+        })
     }
 
-    let bar = progress(0, "compare");
-    let started = Instant::now();
-    let mut perf_runs = Vec::new();
-    let mut requests: u64 = 0;
-    let mut runs: usize = 0;
-    // One batch of (scenario, seed ordinal): every policy on each, in parallel; the results
-    // come back in job order, so the outputs do not depend on the thread count.
-    let mut run_batch = |batch: &[(usize, usize)]| -> anyhow::Result<Vec<(u64, Vec<RunMetrics>)>> {
+    /// [`InputsHash`] of the scenarios, what they read, and the options (only a sharded run
+    /// and a merge read the files again for it).
+    fn inputs_hash(&self) -> anyhow::Result<u64> {
+        let mut hash = InputsHash::new();
+        for sc in &self.scenarios {
+            hash.scenario(sc)?;
+        }
+        Ok(hash.item("options", self.options.as_bytes()).finish())
+    }
+
+    /// The units shards are dealt: with a fixed seed count, (scenario, seed ordinal) — every
+    /// policy on it; with `--seeds auto`, a scenario, whose seeds grow until its own paired
+    /// differences are precise (each scenario's stopping depends on its runs only).
+    fn units(&self) -> Vec<(usize, Option<usize>)> {
+        match self.seeds {
+            Seeds::Fixed(n) => (0..self.scenarios.len())
+                .flat_map(|i| (0..n as usize).map(move |k| (i, Some(k))))
+                .collect(),
+            Seeds::Auto(_) => (0..self.scenarios.len()).map(|i| (i, None)).collect(),
+        }
+    }
+
+    /// Run the units `shard` owns; one record per simulation.
+    fn run_units(&self, shard: Shard) -> anyhow::Result<Vec<CompareRun>> {
+        let owned: Vec<(usize, Option<usize>)> = self
+            .units()
+            .into_iter()
+            .enumerate()
+            .filter(|(u, _)| shard.owns(*u))
+            .map(|(_, unit)| unit)
+            .collect();
+        let bar = progress(0, "compare");
+        let mut records = Vec::new();
+        match self.seeds {
+            Seeds::Fixed(_) => {
+                let batch: Vec<(usize, usize)> =
+                    owned.iter().map(|&(i, k)| (i, k.unwrap_or(0))).collect();
+                for (_, runs) in self.run_batch(&batch, bar.as_ref())? {
+                    records.extend(runs);
+                }
+            }
+            Seeds::Auto(auto) => {
+                let scenarios: Vec<usize> = owned.iter().map(|&(i, _)| i).collect();
+                let mut mine: Vec<ScenarioComparison> = scenarios
+                    .iter()
+                    .map(|&i| self.comparisons[i].clone())
+                    .collect();
+                grow_seeds(&mut mine, &auto, |batch| {
+                    let batch: Vec<(usize, usize)> =
+                        batch.iter().map(|&(j, k)| (scenarios[j], k)).collect();
+                    let results = self.run_batch(&batch, bar.as_ref())?;
+                    records.extend(results.iter().flat_map(|(_, runs)| runs.iter().cloned()));
+                    Ok::<_, anyhow::Error>(results)
+                })?;
+            }
+        }
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+        Ok(records)
+    }
+
+    /// One batch of (scenario, seed ordinal): every policy on each, in parallel; the results
+    /// come back in job order, so the outputs do not depend on the thread count.
+    fn run_batch(
+        &self,
+        batch: &[(usize, usize)],
+        bar: Option<&indicatif::ProgressBar>,
+    ) -> anyhow::Result<Vec<(u64, Vec<CompareRun>)>> {
         let mut jobs = Vec::new();
         for &(i, k) in batch {
-            let sc = &scenarios[i];
-            for p in &policies[i] {
+            let sc = &self.scenarios[i];
+            for p in &self.policies[i] {
                 jobs.push(Job {
                     scenario: sc,
                     policy: p,
@@ -207,77 +301,161 @@ pub fn run(args: &CompareArgs, out: &mut impl Write) -> anyhow::Result<ExitCode>
                 });
             }
         }
-        if let Some(b) = &bar {
+        if let Some(b) = bar {
             b.inc_length(jobs.len() as u64);
         }
         let outcomes = run_all(&jobs, &|| {
-            if let Some(b) = &bar {
+            if let Some(b) = bar {
                 b.inc(1);
             }
         })?;
-        runs += jobs.len();
         let mut next = jobs.iter().zip(outcomes);
         let mut results = Vec::with_capacity(batch.len());
         for &(i, k) in batch {
-            let sc = &scenarios[i];
-            let mut metrics = Vec::with_capacity(policies[i].len());
-            for p in &policies[i] {
+            let sc = &self.scenarios[i];
+            let mut runs = Vec::with_capacity(self.policies[i].len());
+            for (p, policy) in self.policies[i].iter().enumerate() {
                 let (job, o) = next.next().context("one outcome per job")?;
-                requests += o.metrics.requests;
-                perf_runs.push(PerfRun {
-                    scenario: sc.name.clone(),
-                    policy: p.name.clone(),
+                runs.push(CompareRun {
+                    scenario: i,
+                    ordinal: k,
+                    policy: p,
                     seed: job.seed,
-                    wall_s: o.wall_s,
-                    sim_events: o.metrics.events,
-                    simulated_s: o.metrics.end_ns as f64 / 1e9,
+                    summary: RunSummary::from_metrics(&o.metrics),
+                    // Only the first seed's distribution is drawn (the CDF chart).
+                    e2e: (k == 0).then(|| o.metrics.e2e.clone()),
+                    requests: o.metrics.requests,
+                    perf: PerfRun {
+                        scenario: sc.name.clone(),
+                        policy: policy.name.clone(),
+                        seed: job.seed,
+                        wall_s: o.wall_s,
+                        sim_events: o.metrics.events,
+                        simulated_s: o.metrics.end_ns as f64 / 1e9,
+                    },
                 });
-                metrics.push(o.metrics);
             }
-            results.push((seed_of(sc.setup.seed, k), metrics));
+            results.push((seed_of(sc.setup.seed, k), runs));
         }
         Ok(results)
-    };
-    let seeds_note = match seeds {
-        Seeds::Fixed(n) => {
-            let batch: Vec<(usize, usize)> = (0..comparisons.len())
-                .flat_map(|i| (0..n as usize).map(move |k| (i, k)))
-                .collect();
-            for ((i, _), (seed, metrics)) in batch.iter().zip(run_batch(&batch)?) {
-                for (p, m) in comparisons[*i].policies.iter_mut().zip(&metrics) {
-                    p.push(seed, m);
-                }
-            }
-            format!("{n} seeds each")
-        }
-        Seeds::Auto(auto) => {
-            grow_seeds(&mut comparisons, &auto, &mut run_batch)?;
-            format!(
-                "`--seeds auto` (from {} to at most {} seeds per scenario, until every paired \
-                 difference from the baseline on the key metrics had a 95 % half-width within {} % \
-                 of the baseline's mean)",
-                auto.start,
-                auto.max,
-                auto.rel_half_width * 100.0
-            )
-        }
-    };
-    let total_wall_s = started.elapsed().as_secs_f64();
-    if let Some(b) = bar {
-        b.finish_and_clear();
     }
+
+    /// The comparisons built from every unit's records, as a single run builds them, and the
+    /// records in report order.
+    fn assemble(
+        &self,
+        records: Vec<CompareRun>,
+    ) -> anyhow::Result<(Vec<ScenarioComparison>, Vec<CompareRun>, String)> {
+        let by_key: BTreeMap<(usize, usize, usize), CompareRun> = records
+            .into_iter()
+            .map(|r| ((r.scenario, r.ordinal, r.policy), r))
+            .collect();
+        let seed_runs = |i: usize, k: usize| -> anyhow::Result<(u64, Vec<CompareRun>)> {
+            let runs = (0..self.policies[i].len())
+                .map(|p| {
+                    by_key.get(&(i, k, p)).cloned().with_context(|| {
+                        format!(
+                            "the results hold no run of `{}`, seed ordinal {k}, policy `{}`; \
+                             were the partial results edited?",
+                            self.scenarios[i].name, self.policies[i][p].name
+                        )
+                    })
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            Ok((seed_of(self.scenarios[i].setup.seed, k), runs))
+        };
+        let mut comparisons = self.comparisons.clone();
+        let seeds_note = match self.seeds {
+            Seeds::Fixed(n) => {
+                for (i, c) in comparisons.iter_mut().enumerate() {
+                    for k in 0..n as usize {
+                        let (seed, runs) = seed_runs(i, k)?;
+                        for (p, r) in c.policies.iter_mut().zip(&runs) {
+                            r.push_to(p, seed);
+                        }
+                    }
+                }
+                format!("{n} seeds each")
+            }
+            Seeds::Auto(auto) => {
+                grow_seeds(&mut comparisons, &auto, |batch| {
+                    batch.iter().map(|&(i, k)| seed_runs(i, k)).collect()
+                })?;
+                format!(
+                    "`--seeds auto` (from {} to at most {} seeds per scenario, until every paired \
+                     difference from the baseline on the key metrics had a 95 % half-width within {} % \
+                     of the baseline's mean)",
+                    auto.start,
+                    auto.max,
+                    auto.rel_half_width * 100.0
+                )
+            }
+        };
+        Ok((comparisons, by_key.into_values().collect(), seeds_note))
+    }
+}
+
+/// Run it: the whole job, or with `--shard` one shard's units into a partial result.
+pub fn run(args: &CompareArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
+    let shard = args.shard.shard()?;
+    let plan = Plan::new(args)?;
+    let started = Instant::now();
+    let records = plan.run_units(shard.unwrap_or(Shard::WHOLE))?;
+    let timing = Timing::since(started);
+    match shard {
+        Some(shard) => write_partial(
+            &args.shard,
+            ShardRun {
+                command: "compare",
+                shard,
+                units: plan.units().len(),
+                inputs_hash: plan.inputs_hash()?,
+                timing,
+            },
+            Records::Compare(records),
+            out,
+        ),
+        None => finish(args, &plan, records, timing, out),
+    }
+}
+
+/// `routelab merge` of compare partials: the outputs of the whole run from the shards' records.
+pub fn merged(
+    args: &CompareArgs,
+    inputs_hash: u64,
+    records: Vec<CompareRun>,
+    timing: Timing,
+    out: &mut impl Write,
+) -> anyhow::Result<ExitCode> {
+    let plan = Plan::new(args)?;
+    same_inputs(inputs_hash, plan.inputs_hash()?)?;
+    finish(args, &plan, records, timing, out)
+}
+
+/// Build the comparisons from the records and write every output.
+fn finish(
+    args: &CompareArgs,
+    plan: &Plan,
+    records: Vec<CompareRun>,
+    timing: Timing,
+    out: &mut impl Write,
+) -> anyhow::Result<ExitCode> {
+    let (comparisons, records, seeds_note) = plan.assemble(records)?;
+    let runs = records.len();
+    let requests: u64 = records.iter().map(|r| r.requests).sum();
+    let total_wall_s = timing.wall_s;
     write_compare(&args.out, &comparisons)?;
     write_perf(
         &args.out,
         &PerfInfo {
             total_wall_s,
-            threads: rayon::current_num_threads(),
-            runs: perf_runs,
+            threads: timing.threads,
+            runs: records.into_iter().map(|r| r.perf).collect(),
         },
     )?;
     write!(out, "{}", compare_table(&comparisons))?;
     if let Some(f) = &args.findings {
-        let names: Vec<&str> = scenarios.iter().map(|s| s.name.as_str()).collect();
+        let names: Vec<&str> = plan.scenarios.iter().map(|s| s.name.as_str()).collect();
         // Keep the capacity section `capacity --findings` wrote (it is generated separately).
         let kept: Vec<String> = std::fs::read_to_string(f)
             .ok()
@@ -295,7 +473,7 @@ pub fn run(args: &CompareArgs, out: &mut impl Write) -> anyhow::Result<ExitCode>
     writeln!(
         out,
         "\n{runs} runs, {requests} requests simulated in {total_wall_s:.2} s wall on {} threads",
-        rayon::current_num_threads()
+        timing.threads
     )?;
     writeln!(out, "report: {}", args.out.join("report.html").display())?;
     Ok(ExitCode::SUCCESS)

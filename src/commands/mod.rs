@@ -3,6 +3,7 @@ pub mod capacity;
 pub mod check;
 pub mod compare;
 pub mod emulate;
+pub mod merge;
 pub mod policies;
 pub mod profile;
 pub mod realtime;

@@ -11,5 +11,6 @@ mod profile_cmd;
 mod readme;
 mod report_browser;
 mod run_output;
+mod shards;
 mod sweep_seeds;
 mod trace_cmd;

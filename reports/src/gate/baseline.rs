@@ -87,9 +87,22 @@ pub fn measure<'a>(
     seeds: &[u64],
     runs: impl IntoIterator<Item = (&'a str, &'a str, &'a RunMetrics)>,
 ) -> Baselines {
+    measure_values(
+        seeds,
+        runs.into_iter()
+            .map(|(scenario, policy, m)| (scenario, policy, gate_values(m))),
+    )
+}
+
+/// [`measure`] over each run's [`gate_values`] (what a partial result of `check` records), in
+/// the same order.
+pub fn measure_values<'a>(
+    seeds: &[u64],
+    runs: impl IntoIterator<Item = (&'a str, &'a str, Vec<(String, Option<f64>)>)>,
+) -> Baselines {
     let mut per_seed: BTreeMap<(String, String, String), Vec<Option<f64>>> = BTreeMap::new();
-    for (scenario, policy, m) in runs {
-        for (key, v) in gate_values(m) {
+    for (scenario, policy, values) in runs {
+        for (key, v) in values {
             per_seed
                 .entry((scenario.to_string(), policy.to_string(), key))
                 .or_default()
@@ -116,7 +129,10 @@ pub fn measure<'a>(
 }
 
 /// A JSON error as an [`InputError`]: file, line, column and field path.
-fn json_error(file: &str, e: &serde_path_to_error::Error<serde_json::Error>) -> InputError {
+pub(crate) fn json_error(
+    file: &str,
+    e: &serde_path_to_error::Error<serde_json::Error>,
+) -> InputError {
     let inner = e.inner();
     // serde_json appends the position to its message; it is in the location already.
     let message = inner.to_string();

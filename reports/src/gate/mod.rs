@@ -13,9 +13,10 @@
 mod baseline;
 mod suite;
 
+pub(crate) use baseline::json_error;
 pub use baseline::{
-    Baseline, Baselines, Stat, baseline_file, gate_values, load_baselines, measure, parse_baseline,
-    write_baselines,
+    Baseline, Baselines, Stat, baseline_file, gate_values, load_baselines, measure, measure_values,
+    parse_baseline, write_baselines,
 };
 pub use suite::{Invariant, Op, Rhs, Suite};
 

@@ -1,0 +1,336 @@
+//! Partial results of a sharded run (`--shard K/N`) and the checks `routelab merge` makes.
+//!
+//! A command's job list is cut into *units* (deterministic, numbered the same whatever N is;
+//! [`crate::shard::Shard::owns`] deals them out). A shard runs its units and records what the
+//! command's writers need of each run — never the outputs themselves — in a [`Partial`]: the
+//! command, its arguments, K and N, and a content hash of the inputs and options
+//! ([`InputsHash`]). `merge` checks the partials belong together ([`check_set`]), hands the
+//! records back to the command, which assembles exactly the structures a single run builds and
+//! calls the same writers. A single run goes the same way with one shard that owns every unit,
+//! so the two cannot drift apart.
+//!
+//! The file is JSON (raw serde structs in `raw.rs`; the domain types stay non-`Serialize`):
+//! `f64` values round-trip exactly through serde_json, integers stay integers.
+
+mod hash;
+mod raw;
+
+pub use hash::{HashReadError, InputsHash};
+
+use crate::capacity::SeedCapacity;
+use crate::run::PerfRun;
+use crate::shard::Shard;
+use crate::summary::RunSummary;
+use routelab_policies::InputError;
+use routelab_sim::histogram::Histogram;
+use std::path::{Path, PathBuf};
+
+/// One run of `compare`: scenario `scenario`, seed ordinal `ordinal`, policy `policy` (indices
+/// into the command's lists).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompareRun {
+    /// Scenario index.
+    pub scenario: usize,
+    /// Seed ordinal (k of [`crate::stats::seed_of`]).
+    pub ordinal: usize,
+    /// Policy index within the scenario.
+    pub policy: usize,
+    /// The seed.
+    pub seed: u64,
+    /// Its catalog values.
+    pub summary: RunSummary,
+    /// The end-to-end latency histogram, kept for the first seed only (the CDF chart's).
+    pub e2e: Option<Histogram>,
+    /// Requests simulated (the console's total).
+    pub requests: u64,
+    /// Wall-clock figures (`perf.json` only).
+    pub perf: PerfRun,
+}
+
+impl crate::compare::SeedResult for CompareRun {
+    fn push_to(&self, policy: &mut crate::compare::PolicySeeds, seed: u64) {
+        policy.push_summary(seed, self.summary.clone(), self.e2e.as_ref());
+    }
+}
+
+/// One run of `sweep`: job `job` in the command's order (grid point, policy, seed).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SweepRun {
+    /// Job index.
+    pub job: usize,
+    /// The seed.
+    pub seed: u64,
+    /// Its catalog values.
+    pub summary: RunSummary,
+}
+
+/// One capacity search of `capacity`: scenario, policy (indices) and seed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CapacityRun {
+    /// Scenario index.
+    pub scenario: usize,
+    /// Policy index within the study.
+    pub policy: usize,
+    /// What the search found (its seed inside).
+    pub found: SeedCapacity,
+}
+
+/// One run of `check`: job `job` in the gate's order, and its gate values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckRun {
+    /// Job index (`Gate::jobs` order).
+    pub job: usize,
+    /// [`crate::gate::gate_values`] of the run.
+    pub values: Vec<(String, Option<f64>)>,
+}
+
+/// The records of one or more shards.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Records {
+    /// `compare`.
+    Compare(Vec<CompareRun>),
+    /// `sweep`.
+    Sweep(Vec<SweepRun>),
+    /// `capacity`.
+    Capacity(Vec<CapacityRun>),
+    /// `check`.
+    Check(Vec<CheckRun>),
+}
+
+impl Records {
+    /// The command these records belong to.
+    pub fn command(&self) -> &'static str {
+        match self {
+            Records::Compare(_) => "compare",
+            Records::Sweep(_) => "sweep",
+            Records::Capacity(_) => "capacity",
+            Records::Check(_) => "check",
+        }
+    }
+
+    fn append(&mut self, other: Records) {
+        match (self, other) {
+            (Records::Compare(a), Records::Compare(b)) => a.extend(b),
+            (Records::Sweep(a), Records::Sweep(b)) => a.extend(b),
+            (Records::Capacity(a), Records::Capacity(b)) => a.extend(b),
+            (Records::Check(a), Records::Check(b)) => a.extend(b),
+            // `check_set` has made sure every partial is of one command.
+            _ => unreachable!("records of different commands"),
+        }
+    }
+}
+
+/// One shard's partial result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Partial {
+    /// `compare`, `sweep`, `capacity` or `check`.
+    pub command: String,
+    /// The command's arguments as given, without `--shard` and `--partial` (so `merge` can
+    /// take the same options, `--out` and `--findings` included).
+    pub args: Vec<String>,
+    /// Which shard.
+    pub shard: Shard,
+    /// Units in the whole job list (the same for every shard).
+    pub units: usize,
+    /// [`InputsHash`] of the inputs and canonical options.
+    pub inputs_hash: u64,
+    /// Wall seconds this shard took (for `perf.json`).
+    pub wall_s: f64,
+    /// Worker threads it used (for `perf.json`).
+    pub threads: usize,
+    /// What its units produced.
+    pub records: Records,
+}
+
+/// Where a shard writes its partial by default: `out/partials/shard-K-of-N.json`.
+pub fn default_partial_path(shard: Shard) -> PathBuf {
+    Path::new("out").join("partials").join(format!(
+        "shard-{}-of-{}.json",
+        shard.index(),
+        shard.count()
+    ))
+}
+
+/// A partial that cannot be written, read, or merged with the others.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MergeError {
+    /// Unreadable or malformed (not a partial, or values that are not what a shard writes).
+    #[error(transparent)]
+    Input(#[from] InputError),
+    /// Could not be written.
+    #[error("{file}: cannot write the partial result: {source}")]
+    Write {
+        /// The file.
+        file: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Partials of different commands, inputs, options or shard counts.
+    #[error(
+        "{first} and {other} were made from different inputs ({first}: {first_what}; {other}: \
+         {other_what}); run every shard with the same files and options"
+    )]
+    DifferentInputs {
+        /// The first partial given.
+        first: String,
+        /// What it was made from.
+        first_what: String,
+        /// A partial that differs from it.
+        other: String,
+        /// What that one was made from.
+        other_what: String,
+    },
+    /// The same shard twice.
+    #[error("shard {shard} is given twice: {first} and {second}")]
+    Duplicate {
+        /// Which shard.
+        shard: Shard,
+        /// One file.
+        first: String,
+        /// The other.
+        second: String,
+    },
+    /// Some shards have no partial.
+    #[error("missing shards {missing} of {count} (given: {given})")]
+    Missing {
+        /// The missing shard numbers, e.g. `2, 5`.
+        missing: String,
+        /// N.
+        count: u32,
+        /// The files given.
+        given: String,
+    },
+    /// Nothing to merge.
+    #[error("no partial results given")]
+    Empty,
+}
+
+impl Partial {
+    /// Write the partial as JSON to `file` (creating its directory).
+    pub fn write(&self, file: &Path) -> Result<(), MergeError> {
+        let text = raw::to_json(self)?;
+        let write = |source| MergeError::Write {
+            file: file.to_path_buf(),
+            source,
+        };
+        if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(write)?;
+        }
+        std::fs::write(file, text).map_err(write)
+    }
+
+    /// Read a partial written by [`Partial::write`].
+    pub fn read(file: &Path) -> Result<Partial, MergeError> {
+        let name = file.display().to_string();
+        let text = std::fs::read_to_string(file).map_err(|e| InputError::unreadable(&name, &e))?;
+        Ok(raw::from_json(&text, &name)?)
+    }
+
+    /// What this partial was made from, as the "different inputs" error shows it.
+    fn made_from(&self) -> String {
+        format!(
+            "`{}` with {} shards, inputs and options hash {:016x}",
+            self.command,
+            self.shard.count(),
+            self.inputs_hash
+        )
+    }
+}
+
+/// Partials that belong together: one command, one inputs hash, every shard exactly once.
+#[derive(Debug, Clone)]
+pub struct MergeSet {
+    /// The command.
+    pub command: String,
+    /// Its arguments (those of the first partial; all hash the same).
+    pub args: Vec<String>,
+    /// The inputs hash they share.
+    pub inputs_hash: u64,
+    /// Every shard's records, in shard order.
+    pub records: Records,
+    /// The shards' wall seconds, summed (for `perf.json`).
+    pub wall_s: f64,
+    /// The shards' threads, summed.
+    pub threads: usize,
+}
+
+/// Check that `partials` (file name, partial) are the N shards of one run, and combine their
+/// records. Refuses partials made from different inputs, a shard given twice and missing
+/// shards, naming the files.
+pub fn check_set(partials: Vec<(String, Partial)>) -> Result<MergeSet, MergeError> {
+    let Some((first_file, first)) = partials.first() else {
+        return Err(MergeError::Empty);
+    };
+    let count = first.shard.count();
+    for (file, p) in &partials[1..] {
+        if p.command != first.command
+            || p.inputs_hash != first.inputs_hash
+            || p.shard.count() != count
+            || p.units != first.units
+        {
+            return Err(MergeError::DifferentInputs {
+                first: first_file.clone(),
+                first_what: first.made_from(),
+                other: file.clone(),
+                other_what: p.made_from(),
+            });
+        }
+    }
+    let mut by_shard: Vec<Option<&str>> = vec![None; count as usize];
+    for (file, p) in &partials {
+        let slot = &mut by_shard[p.shard.index() as usize - 1];
+        if let Some(earlier) = slot {
+            return Err(MergeError::Duplicate {
+                shard: p.shard,
+                first: earlier.to_string(),
+                second: file.clone(),
+            });
+        }
+        *slot = Some(file);
+    }
+    let missing: Vec<String> = by_shard
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| f.is_none())
+        .map(|(i, _)| (i + 1).to_string())
+        .collect();
+    if !missing.is_empty() {
+        return Err(MergeError::Missing {
+            missing: missing.join(", "),
+            count,
+            given: partials
+                .iter()
+                .map(|(f, _)| f.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    }
+    let (command, args, inputs_hash) =
+        (first.command.clone(), first.args.clone(), first.inputs_hash);
+    let mut sorted = partials;
+    sorted.sort_by_key(|(_, p)| p.shard);
+    let mut wall_s = 0.0;
+    let mut threads = 0;
+    let mut records: Option<Records> = None;
+    for (_, p) in sorted {
+        wall_s += p.wall_s;
+        threads += p.threads;
+        match &mut records {
+            Some(r) => r.append(p.records),
+            None => records = Some(p.records),
+        }
+    }
+    Ok(MergeSet {
+        command,
+        args,
+        inputs_hash,
+        records: records.ok_or(MergeError::Empty)?,
+        wall_s,
+        threads,
+    })
+}
+
+#[cfg(test)]
+mod tests;
