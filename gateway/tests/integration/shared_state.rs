@@ -281,13 +281,14 @@ async fn two_gateway_processes_sharing_a_state_file_lose_nothing() {
         file["cache"].as_array().unwrap().len(),
         2 * WORKERS_EACH + 1
     );
-    // Each write is a whole file: no temporary file is left behind.
-    let leftovers: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.contains(".tmp."))
-        .collect();
-    assert!(leftovers.is_empty(), "{leftovers:?}");
+    // Each write is a whole file: no temporary file is left behind. One may exist for a moment,
+    // while a write of a probe still running is under way; a leaked one stays.
+    wait_for("no temporary file left behind", SECS_20, async || {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .all(|e| !e.unwrap().file_name().to_string_lossy().contains(".tmp."))
+    })
+    .await;
     drop(replicas);
     let _ = std::fs::remove_dir_all(&dir);
 }
