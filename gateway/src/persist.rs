@@ -497,7 +497,7 @@ pub const LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10)
 /// Write this gateway's state to `path`, shared safely with other writers: take an exclusive
 /// advisory lock on [`lock_path`] (waiting up to [`LOCK_TIMEOUT`] for other writers), read the
 /// current file, merge into it what `update` carries ([`Changes::between`] its last write and
-/// now, plus its explicit pin change; [`merge`]), write it atomically ([`write_atomic`]),
+/// now, plus its explicit pin change; `merge`), write it atomically ([`write_atomic`]),
 /// release the lock. When the file does not exist, the whole of `now` is written. When it
 /// exists and nothing changed (and there is no explicit pin change), nothing is written. A file
 /// that cannot be parsed or has another version is an error and is left alone (it is not
