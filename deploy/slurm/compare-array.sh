@@ -29,7 +29,9 @@ fi
 # with these; a rerun of one index names the original run in ROUTELAB_RUN.
 partials="out/partials/${ROUTELAB_RUN:-${SLURM_ARRAY_JOB_ID}}"
 mkdir -p "$partials"
-# The simulator's thread pool sizes itself to the CPUs Slurm allots (--cpus-per-task).
+# The simulator's thread pool (rayon) would otherwise size itself to the node's CPUs, not the
+# ones Slurm allots to this task (--cpus-per-task).
+export RAYON_NUM_THREADS="${SLURM_CPUS_PER_TASK:-1}"
 exec routelab compare scenarios/seed/*.yaml --seeds 5 \
   --shard "${SLURM_ARRAY_TASK_ID}/${shards}" \
   --partial "${partials}/shard-${SLURM_ARRAY_TASK_ID}-of-${shards}.json"

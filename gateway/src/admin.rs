@@ -314,14 +314,27 @@ pub(crate) async fn unpin(
 
 /// Pin (`Some`) or unpin (`None`) a worker and persist it, failing closed: if the state file
 /// cannot be written, the router goes back to the worker's previous pin and the caller gets a
-/// 500 (`state_write_failed`). The persist lock is held from the change to the write (and the
-/// roll-back), so no other writer can save a pin the administrator is then told failed. The
-/// core lock is not held across the write.
+/// 500 (`state_write_failed`). The change itself is written even when this gateway's view
+/// already held it: another replica may have changed the file since. The persist lock is held
+/// from the change to the write (and the roll-back), so no other writer can save a pin the
+/// administrator is then told failed. The core lock is not held across the write.
 async fn change_pin(s: &Arc<Shared>, name: &str, to: Option<f64>) -> Result<Value, ApiError> {
     let mut held = s.persist_lock.lock().await;
-    let (id, before) = {
+    let (id, before, explicit) = {
         let mut core = s.core();
         let id = find(&core, name)?;
+        // Pins are kept per (node, model), as in the state file.
+        let spec = &core
+            .router
+            .fleet()
+            .get(id)
+            .ok_or_else(|| ApiError::unknown_worker(name))?
+            .spec;
+        let explicit = crate::persist::PinChange {
+            node: spec.node.clone(),
+            model: spec.model.clone(),
+            weight: to,
+        };
         if let Some(weight) = to {
             crate::persist::check_pin(weight, crate::persist::pin_range(core.router.config()))
                 .map_err(|m| ApiError::bad_request(m, Some("weight")))?;
@@ -343,9 +356,9 @@ async fn change_pin(s: &Arc<Shared>, name: &str, to: Option<f64>) -> Result<Valu
                 ),
             ));
         }
-        (id, before)
+        (id, before, explicit)
     };
-    if let Err(e) = crate::write_state(s, &mut held).await {
+    if let Err(e) = crate::write_state(s, &mut held, Some(explicit)).await {
         {
             let mut core = s.core();
             let now = s.clock.now();

@@ -116,36 +116,51 @@ fn log_line(event: &str, fields: &[(&str, &str)]) -> String {
 /// that must not outlive a failed write uses [`write_state`] and rolls back.
 pub(crate) async fn persist_state(s: &Arc<Shared>) {
     let mut held = s.persist_lock.lock().await;
-    if let Err(e) = write_state(s, &mut held).await {
+    if let Err(e) = write_state(s, &mut held, None).await {
         log("state_write_failed", &[("error", &e.to_string())]);
     }
 }
 
 /// Snapshot the router's durable state and merge what changed since the last write into the
-/// state file (if configured; [`persist::save`], safe with other gateways sharing the file).
-/// The caller holds `persist_lock`, whose value is what this gateway last wrote (or loaded at
-/// start): the newest snapshot is always the last one written, a caller can undo its change
-/// before anyone else writes, and after a failed write the next one carries its changes too.
+/// state file (if configured; [`persist::save`], safe with other gateways sharing the file),
+/// with `explicit_pin`, the administrator's pin or unpin this write is for, written whether or
+/// not it changed this gateway's view. The caller holds `persist_lock`, whose value is what
+/// this gateway last wrote (or loaded at start): the newest snapshot is always the last one
+/// written, a caller can undo its change before anyone else writes, and after a failed write
+/// the next one carries its changes too.
 pub(crate) async fn write_state(
     s: &Shared,
     written: &mut tokio::sync::MutexGuard<'_, routelab_policies::weights::PersistedProbeState>,
+    explicit_pin: Option<persist::PinChange>,
 ) -> Result<(), persist::StateFileError> {
     let Some(path) = s.settings.state_file.clone() else {
         return Ok(());
     };
-    let Some(now) = s.core().router.strategy().export_state() else {
-        return Ok(());
+    let (now, taken_at) = {
+        let core = s.core();
+        let Some(now) = core.router.strategy().export_state() else {
+            return Ok(());
+        };
+        (now, s.clock.now())
     };
     let (target, before, snapshot, clock) =
         (path.clone(), (**written).clone(), now.clone(), s.clock);
-    tokio::task::spawn_blocking(move || persist::save(&target, &before, &snapshot, &clock))
-        .await
-        .unwrap_or_else(|join| {
-            Err(persist::StateFileError::Write {
-                path,
-                error: std::io::Error::other(join.to_string()),
-            })
-        })?;
+    tokio::task::spawn_blocking(move || {
+        let update = persist::Update {
+            written: &before,
+            now: &snapshot,
+            taken_at,
+            explicit_pin,
+        };
+        persist::save(&target, &update, &clock)
+    })
+    .await
+    .unwrap_or_else(|join| {
+        Err(persist::StateFileError::Write {
+            path,
+            error: std::io::Error::other(join.to_string()),
+        })
+    })?;
     **written = now;
     Ok(())
 }

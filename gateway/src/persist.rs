@@ -8,13 +8,14 @@
 //! Several gateway replicas may share one state file (on one host or a shared volume). Each
 //! write is a read-merge-write under an exclusive advisory lock on the sibling file
 //! `<state>.lock` ([`save`]): the writer reads the current file, merges into it only what it
-//! changed since its own last write ([`Changes`]), and replaces the file. So no replica
-//! overwrites another's pins or measurements with its older view. The load at start takes no
-//! lock: the atomic replace already guarantees a whole file, and a load changes nothing.
+//! changed since its own last write and the pin or unpin the write is for ([`Changes`]), and
+//! replaces the file. So no replica overwrites another's pins or measurements with its older
+//! view, and an administrator's pin or unpin always reaches the file. The load at start takes
+//! no lock: the atomic replace already guarantees a whole file, and a load changes nothing.
 
 use crate::clock::Clock;
 use routelab_policies::weights::{Clamp, PersistedProbeState, ProbeCacheEntry, ProbePin};
-use routelab_policies::{PolicyConfig, WeightsConfig};
+use routelab_policies::{PolicyConfig, Time, WeightsConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -95,29 +96,6 @@ pub enum StateFileError {
         /// The version found.
         version: u32,
     },
-}
-
-/// Serialize a strategy's durable state.
-pub fn encode(state: &PersistedProbeState, clock: &Clock) -> Vec<u8> {
-    let file = StateFile {
-        version: VERSION,
-        saved_at_unix_ms: clock.to_unix_ms(clock.now()),
-        cache: state
-            .cache
-            .iter()
-            .map(|e| CacheEntry::of(e, clock))
-            .collect(),
-        pins: state
-            .pins
-            .iter()
-            .map(|p| Pin {
-                node: p.node.clone(),
-                model: p.model.clone(),
-                weight: p.weight,
-            })
-            .collect(),
-    };
-    to_bytes(&file)
 }
 
 impl CacheEntry {
@@ -297,7 +275,7 @@ pub fn check_pin(weight: f64, range: Option<Clamp>) -> Result<(), String> {
     }
 }
 
-/// A pin this gateway set (`Some`) or removed (`None`) since it last wrote the state file.
+/// A pin set (`Some`) or removed (`None`) by this gateway.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PinChange {
     /// Node name.
@@ -308,6 +286,26 @@ pub struct PinChange {
     pub weight: Option<f64>,
 }
 
+/// A measurement this gateway dropped (a node manager restart with `keep_cache: false`): the
+/// file's measurement of the same (node, model, launch arguments) is removed if it was made at
+/// or before `invalidated_at`, whoever made it. A measurement another replica made after the
+/// invalidation is kept.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Forget {
+    /// Node name.
+    pub node: String,
+    /// Model name.
+    pub model: String,
+    /// Launch arguments.
+    pub launch_args: String,
+    /// When the measurement stopped being valid, as far as this gateway can tell: the moment
+    /// its state was taken for the write ([`Update::taken_at`]). The forget itself happened
+    /// between its last write and then; taking the later bound may also remove a measurement
+    /// another replica made in between, which costs a re-probe, whereas the earlier bound could
+    /// keep a measurement of the restarted node, which is what the forget is there to drop.
+    pub invalidated_at: Time,
+}
+
 /// What this gateway changed in its durable state since it last wrote the state file: the part
 /// of its view it merges into the file. Recording changes rather than the whole view is what
 /// lets replicas share a file: a replica that never heard of another's pin does not erase it,
@@ -316,10 +314,26 @@ pub struct PinChange {
 pub struct Changes {
     /// Measurements new or different since the last write.
     pub measured: Vec<ProbeCacheEntry>,
-    /// Measurements dropped from this gateway's cache since the last write, as they were.
-    pub forgotten: Vec<ProbeCacheEntry>,
-    /// Pins set, changed or removed since the last write.
+    /// Measurements dropped from this gateway's cache since the last write.
+    pub forgotten: Vec<Forget>,
+    /// Pins set, changed or removed since the last write, and the caller's explicit one.
     pub pins: Vec<PinChange>,
+}
+
+/// One write of this gateway's state ([`save`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Update<'a> {
+    /// What this gateway last wrote, or loaded at start.
+    pub written: &'a PersistedProbeState,
+    /// Its durable state now.
+    pub now: &'a PersistedProbeState,
+    /// When `now` was taken (this gateway's clock).
+    pub taken_at: Time,
+    /// The pin or unpin an administrator asked this gateway for, which the write must carry:
+    /// merged and written even when it does not change this gateway's view (re-pinning a
+    /// value another replica has since replaced in the file, or unpinning a pin this gateway
+    /// never had).
+    pub explicit_pin: Option<PinChange>,
 }
 
 type CacheKey<'a> = (&'a str, &'a str, &'a str);
@@ -330,8 +344,12 @@ fn cache_key(e: &ProbeCacheEntry) -> CacheKey<'_> {
 
 impl Changes {
     /// The changes that turn `written` (what this gateway last wrote, or loaded at start) into
-    /// `now` (its current state).
-    pub fn between(written: &PersistedProbeState, now: &PersistedProbeState) -> Changes {
+    /// `now` (its current state, taken at `taken_at`).
+    pub fn between(
+        written: &PersistedProbeState,
+        now: &PersistedProbeState,
+        taken_at: Time,
+    ) -> Changes {
         let before: BTreeMap<CacheKey<'_>, &ProbeCacheEntry> =
             written.cache.iter().map(|e| (cache_key(e), e)).collect();
         let after: BTreeMap<CacheKey<'_>, &ProbeCacheEntry> =
@@ -344,7 +362,12 @@ impl Changes {
         let forgotten = before
             .iter()
             .filter(|(k, _)| !after.contains_key(*k))
-            .map(|(_, e)| (*e).clone())
+            .map(|(_, e)| Forget {
+                node: e.node.clone(),
+                model: e.model.clone(),
+                launch_args: e.launch_args.clone(),
+                invalidated_at: taken_at,
+            })
             .collect();
         let pin_map = |s: &PersistedProbeState| -> BTreeMap<(String, String), f64> {
             s.pins
@@ -379,6 +402,23 @@ impl Changes {
         }
     }
 
+    /// What `update` carries into the file: its changes since the last write, and its explicit
+    /// pin change whether or not that changed anything here (it replaces the diff's change of
+    /// the same pin, which can only agree with it). When the file does not exist yet
+    /// (`file_exists` false), the whole of `now` is a change.
+    fn of(update: &Update<'_>, file_exists: bool) -> Changes {
+        let none = PersistedProbeState::default();
+        let since = if file_exists { update.written } else { &none };
+        let mut changes = Changes::between(since, update.now, update.taken_at);
+        if let Some(p) = &update.explicit_pin {
+            changes
+                .pins
+                .retain(|c| (&c.node, &c.model) != (&p.node, &p.model));
+            changes.pins.push(p.clone());
+        }
+        changes
+    }
+
     /// Nothing changed.
     pub fn is_empty(&self) -> bool {
         self.measured.is_empty() && self.forgotten.is_empty() && self.pins.is_empty()
@@ -387,10 +427,10 @@ impl Changes {
 
 /// Merge one writer's `changes` into the file's entries. Per measurement (node, model, launch
 /// arguments) the newer one by its timestamp wins, whoever wrote it; a forgotten measurement is
-/// removed unless the file holds a newer one. A pin set or removed by this writer wins for its
-/// (node, model). Entries the writer did not change are kept as they are, including ones this
-/// gateway ignores on load (another replica's policy may accept them). Entries come out sorted
-/// by key, as [`encode`] writes them.
+/// removed if the file's was made at or before the invalidation. A pin set or removed by this
+/// writer wins for its (node, model). Entries the writer did not change are kept as they are,
+/// including ones this gateway ignores on load (another replica's policy may accept them).
+/// Entries come out sorted by key.
 fn merge(file: &mut StateFile, changes: &Changes, clock: &Clock) {
     let mut cache: BTreeMap<(String, String, String), CacheEntry> = std::mem::take(&mut file.cache)
         .into_iter()
@@ -406,13 +446,14 @@ fn merge(file: &mut StateFile, changes: &Changes, clock: &Clock) {
             cache.insert(key(e), entry);
         }
     }
-    for e in &changes.forgotten {
-        let at = clock.to_unix_ms(e.measured_at);
+    for f in &changes.forgotten {
+        let k = (f.node.clone(), f.model.clone(), f.launch_args.clone());
+        let invalidated_ms = clock.to_unix_ms(f.invalidated_at);
         if cache
-            .get(&key(e))
-            .is_some_and(|f| f.measured_at_unix_ms <= at)
+            .get(&k)
+            .is_some_and(|e| e.measured_at_unix_ms <= invalidated_ms)
         {
-            cache.remove(&key(e));
+            cache.remove(&k);
         }
     }
     let mut pins: BTreeMap<(String, String), Pin> = std::mem::take(&mut file.pins)
@@ -449,52 +490,34 @@ pub fn lock_path(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// How long [`save`] waits for another writer's lock before it gives up: a write takes
+/// milliseconds, so a lock held this long belongs to a writer that hangs.
+pub const LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Write this gateway's state to `path`, shared safely with other writers: take an exclusive
-/// advisory lock on [`lock_path`] (blocking until other writers are done), read the current
-/// file, merge into it the changes from `written` (what this gateway last wrote, or loaded at
-/// start) to `now` ([`Changes::between`], [`merge`]), write it atomically ([`write_atomic`]),
+/// advisory lock on [`lock_path`] (waiting up to [`LOCK_TIMEOUT`] for other writers), read the
+/// current file, merge into it what `update` carries ([`Changes::between`] its last write and
+/// now, plus its explicit pin change; `merge`), write it atomically ([`write_atomic`]),
 /// release the lock. When the file does not exist, the whole of `now` is written. When it
-/// exists and nothing changed, nothing is written. A file that cannot be parsed or has another
-/// version is an error and is left alone (it is not overwritten with a partial view).
+/// exists and nothing changed (and there is no explicit pin change), nothing is written. A file
+/// that cannot be parsed or has another version is an error and is left alone (it is not
+/// overwritten with a partial view).
 ///
 /// Blocking: call it from a blocking thread.
-pub fn save(
-    path: &Path,
-    written: &PersistedProbeState,
-    now: &PersistedProbeState,
-    clock: &Clock,
-) -> Result<(), StateFileError> {
-    let lock_at = lock_path(path);
-    let locked = |error| StateFileError::Lock {
-        path: lock_at.clone(),
-        error,
-    };
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_at)
-        .map_err(locked)?;
-    // flock(2) on Unix, LockFileEx on Windows; released when `lock` is closed, also when the
-    // process dies while holding it.
-    lock.lock().map_err(locked)?;
+pub fn save(path: &Path, update: &Update<'_>, clock: &Clock) -> Result<(), StateFileError> {
+    let _lock = lock(path, LOCK_TIMEOUT)?;
     let existing = read(path)?;
     let existed = existing.is_some();
-    let (mut file, changes) = match existing {
-        Some(file) => (file, Changes::between(written, now)),
-        None => (
-            StateFile {
-                version: VERSION,
-                saved_at_unix_ms: 0,
-                cache: Vec::new(),
-                pins: Vec::new(),
-            },
-            Changes::between(&PersistedProbeState::default(), now),
-        ),
-    };
+    let changes = Changes::of(update, existed);
     if existed && changes.is_empty() {
         return Ok(());
     }
+    let mut file = existing.unwrap_or(StateFile {
+        version: VERSION,
+        saved_at_unix_ms: 0,
+        cache: Vec::new(),
+        pins: Vec::new(),
+    });
     merge(&mut file, &changes, clock);
     file.saved_at_unix_ms = clock.to_unix_ms(clock.now());
     write_atomic(path, &to_bytes(&file)).map_err(|error| StateFileError::Write {
@@ -503,9 +526,63 @@ pub fn save(
     })
 }
 
+/// Take the exclusive lock on [`lock_path`]`(path)`, trying until `timeout` has passed. Held
+/// until the returned file is closed (flock(2) on Unix, LockFileEx on Windows), which also
+/// happens when the process dies while holding it.
+fn lock(path: &Path, timeout: std::time::Duration) -> Result<std::fs::File, StateFileError> {
+    let lock_at = lock_path(path);
+    let locked = |error| StateFileError::Lock {
+        path: lock_at.clone(),
+        error,
+    };
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_at)
+        .map_err(locked)?;
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(std::fs::TryLockError::Error(error)) => return Err(locked(error)),
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(locked(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "another process has held the lock for more than {} s; a write takes \
+                         milliseconds, so check for a hung gateway sharing this state file \
+                         (`fuser` or `lsof` on the lock file name it) and, on a network file \
+                         system, that its lock service works",
+                        timeout.as_secs_f64()
+                    ),
+                )));
+            }
+        }
+    }
+}
+
 /// Replace `path` with `bytes` atomically (temp file in the same directory, fsync, rename,
 /// fsync of the directory).
+///
+/// Once the rename has succeeded, every reader sees the new file, so a failed fsync of the
+/// directory after it is logged (`state_dir_sync_failed`) and counted as success: the data is
+/// in place and only the rename's durability across a power loss is in doubt. Reporting it as
+/// a failure would make an admin change roll back in memory while the file keeps it, and nothing
+/// would correct that later: the gateway's next writes carry only what changes in its view.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_atomic_with(path, bytes, |dir| std::fs::File::open(dir)?.sync_all())
+}
+
+/// [`write_atomic`] with the directory fsync given (so a test can make it fail).
+fn write_atomic_with(
+    path: &Path,
+    bytes: &[u8],
+    sync_dir: impl FnOnce(&Path) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => std::path::PathBuf::from("."),
@@ -517,19 +594,28 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     tmp_name.push(name);
     tmp_name.push(format!(".tmp.{}", std::process::id()));
     let tmp = dir.join(tmp_name);
-    let result = (|| {
+    let replaced = (|| {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
         drop(f);
-        std::fs::rename(&tmp, path)?;
-        // Make the rename itself durable.
-        std::fs::File::open(&dir)?.sync_all()
+        std::fs::rename(&tmp, path)
     })();
-    if result.is_err() {
+    if let Err(e) = replaced {
         let _ = std::fs::remove_file(&tmp);
+        return Err(e);
     }
-    result
+    // Make the rename itself durable.
+    if let Err(e) = sync_dir(&dir) {
+        crate::log(
+            "state_dir_sync_failed",
+            &[
+                ("path", &path.display().to_string()),
+                ("error", &e.to_string()),
+            ],
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -557,8 +643,10 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("state.json");
         assert_eq!(load(&path, &clock, None).unwrap(), None);
-        write_atomic(&path, &encode(&state, &clock)).unwrap();
-        write_atomic(&path, &encode(&state, &clock)).unwrap();
+        // Written whole when there is no file; merged into it (the same entries) when there is.
+        let none = PersistedProbeState::default();
+        save(&path, &update(&none, &state, &clock), &clock).unwrap();
+        save(&path, &update(&none, &state, &clock), &clock).unwrap();
         let back = load(&path, &clock, None).unwrap().unwrap();
         assert_eq!(back.pins, state.pins);
         assert_eq!(back.cache[0].throughput_tok_s, 992.0);
@@ -568,7 +656,7 @@ mod tests {
             .abs_diff(state.cache[0].measured_at.as_nanos());
         assert!(dt < 2_000_000, "{dt}");
         // No temp file left behind.
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        assert_eq!(names_in(&dir), ["state.json", "state.json.lock"]);
         std::fs::write(&path, b"{broken").unwrap();
         assert!(matches!(
             load(&path, &clock, None),
@@ -587,6 +675,29 @@ mod tests {
             "{e}"
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A write of `now` by a gateway that last wrote `written`, taken now, no explicit pin.
+    fn update<'a>(
+        written: &'a PersistedProbeState,
+        now: &'a PersistedProbeState,
+        clock: &Clock,
+    ) -> Update<'a> {
+        Update {
+            written,
+            now,
+            taken_at: clock.now(),
+            explicit_pin: None,
+        }
+    }
+
+    fn names_in(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
     }
 
     fn file(cache: Vec<CacheEntry>, pins: Vec<Pin>) -> StateFile {
@@ -690,6 +801,15 @@ mod tests {
         }
     }
 
+    fn forget(clock: &Clock, node: &str, invalidated_at_ms: i64) -> Forget {
+        Forget {
+            node: node.into(),
+            model: "m".into(),
+            launch_args: "--x".into(),
+            invalidated_at: clock.from_unix_ms(invalidated_at_ms),
+        }
+    }
+
     fn probe_pin(node: &str, weight: f64) -> ProbePin {
         ProbePin {
             node: node.into(),
@@ -726,14 +846,20 @@ mod tests {
                 probe_pin("d", 0.5),
             ],
         };
-        let c = Changes::between(&written, &now);
+        let taken_at = clock.from_unix_ms(t + 5000);
+        let c = Changes::between(&written, &now, taken_at);
         let nodes = |v: &[ProbeCacheEntry]| v.iter().map(|e| e.node.clone()).collect::<Vec<_>>();
         assert_eq!(nodes(&c.measured), ["b", "new"]);
-        assert_eq!(nodes(&c.forgotten), ["gone"]);
+        let forgotten: Vec<(&str, Time)> = c
+            .forgotten
+            .iter()
+            .map(|f| (f.node.as_str(), f.invalidated_at))
+            .collect();
+        assert_eq!(forgotten, [("gone", taken_at)]);
         let pins: Vec<(&str, Option<f64>)> =
             c.pins.iter().map(|p| (p.node.as_str(), p.weight)).collect();
         assert_eq!(pins, [("b", Some(4.0)), ("d", Some(0.5)), ("c", None)]);
-        assert!(Changes::between(&now, &now).is_empty());
+        assert!(Changes::between(&now, &now, taken_at).is_empty());
     }
 
     #[test]
@@ -761,9 +887,11 @@ mod tests {
                 measured(&clock, "newer-here", 222.0, t + 3000),
                 measured(&clock, "only-here", 333.0, t),
             ],
+            // Both invalidated at t + 1000: the file's measurement from before goes, the one
+            // made after stays.
             forgotten: vec![
-                measured(&clock, "forgotten-here", 100.0, t),
-                measured(&clock, "remeasured-there", 90.0, t + 1000),
+                forget(&clock, "forgotten-here", t + 1000),
+                forget(&clock, "remeasured-there", t + 1000),
             ],
             pins: vec![
                 PinChange {
@@ -819,17 +947,17 @@ mod tests {
             cache: vec![measured(&clock, "a", 100.0, t)],
             pins: vec![probe_pin("a", 2.0)],
         };
-        save(&path, &empty, &a1, &clock).unwrap();
+        save(&path, &update(&empty, &a1, &clock), &clock).unwrap();
         let b1 = PersistedProbeState {
             cache: vec![measured(&clock, "b", 200.0, t)],
             pins: vec![probe_pin("b", 3.0)],
         };
-        save(&path, &empty, &b1, &clock).unwrap();
+        save(&path, &update(&empty, &b1, &clock), &clock).unwrap();
         let a2 = PersistedProbeState {
             cache: vec![measured(&clock, "a", 150.0, t + 1000)],
             pins: vec![],
         };
-        save(&path, &a1, &a2, &clock).unwrap();
+        save(&path, &update(&a1, &a2, &clock), &clock).unwrap();
         let back = load(&path, &clock, None).unwrap().unwrap();
         let cache: Vec<(&str, f64)> = back
             .cache
@@ -842,10 +970,164 @@ mod tests {
         // A file this gateway cannot read is an error, not overwritten with a partial view.
         std::fs::write(&path, b"{broken").unwrap();
         assert!(matches!(
-            save(&path, &a2, &a1, &clock),
+            save(&path, &update(&a2, &a1, &clock), &clock),
             Err(StateFileError::Invalid { .. })
         ));
         assert_eq!(std::fs::read(&path).unwrap(), b"{broken");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The pins in the file at `path`, by node.
+    fn pins_in(path: &Path, clock: &Clock) -> Vec<(String, f64)> {
+        load(path, clock, None)
+            .unwrap()
+            .unwrap()
+            .pins
+            .into_iter()
+            .map(|p| (p.node, p.weight))
+            .collect()
+    }
+
+    /// Regression: an administrator's pin or unpin that did not change the replica's own view
+    /// (it had loaded X=2 and another replica has since written X=3; or it never had the pin)
+    /// was not written, though answered 200: the file kept the other value.
+    #[test]
+    fn an_explicit_pin_or_unpin_is_written_even_when_this_replicas_view_already_held_it() {
+        let clock = Clock::new();
+        let dir =
+            std::env::temp_dir().join(format!("routelab-persist-explicit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("state.json");
+        let none = PersistedProbeState::default();
+        let x = |w: f64| PersistedProbeState {
+            cache: vec![],
+            pins: vec![probe_pin("x", w)],
+        };
+        let explicit = |w: Option<f64>| PinChange {
+            node: "x".into(),
+            model: "m".into(),
+            weight: w,
+        };
+        let (x2, x3) = (x(2.0), x(3.0));
+        // A wrote (or loaded) X=2; B then pins X=3.
+        save(&path, &update(&none, &x2, &clock), &clock).unwrap();
+        let b = Update {
+            explicit_pin: Some(explicit(Some(3.0))),
+            ..update(&x2, &x3, &clock)
+        };
+        save(&path, &b, &clock).unwrap();
+        assert_eq!(pins_in(&path, &clock), [("x".to_string(), 3.0)]);
+        // A's view is unchanged at X=2: a background write (no explicit change) leaves the
+        // file alone, the administrator's X=2 through A is written.
+        save(&path, &update(&x2, &x2, &clock), &clock).unwrap();
+        assert_eq!(pins_in(&path, &clock), [("x".to_string(), 3.0)]);
+        let a = Update {
+            explicit_pin: Some(explicit(Some(2.0))),
+            ..update(&x2, &x2, &clock)
+        };
+        save(&path, &a, &clock).unwrap();
+        assert_eq!(pins_in(&path, &clock), [("x".to_string(), 2.0)]);
+        // C never had the pin: its unpin is written as a removal all the same.
+        let c = Update {
+            explicit_pin: Some(explicit(None)),
+            ..update(&none, &none, &clock)
+        };
+        save(&path, &c, &clock).unwrap();
+        assert_eq!(pins_in(&path, &clock), []);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Regression: a forget removed the file's measurement only up to the time of the
+    /// forgetting replica's own (older) measurement, so another replica's measurement from
+    /// before the restart survived it.
+    #[test]
+    fn a_forget_removes_every_measurement_made_before_it_whoever_made_it() {
+        let clock = Clock::new();
+        let t = clock.to_unix_ms(clock.now()) - 60_000;
+        let dir =
+            std::env::temp_dir().join(format!("routelab-persist-forget-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("state.json");
+        let none = PersistedProbeState::default();
+        let at = |tp: f64, ms: i64| PersistedProbeState {
+            cache: vec![measured(&clock, "x", tp, ms)],
+            pins: vec![],
+        };
+        let a_measured = at(100.0, t);
+        // A measured X at t, B at t + 1000 (newer: the file keeps B's).
+        save(&path, &update(&none, &a_measured, &clock), &clock).unwrap();
+        save(&path, &update(&none, &at(120.0, t + 1000), &clock), &clock).unwrap();
+        // X's node manager restarts without its cache at t + 2000; A drops X and writes.
+        let forget_at = Update {
+            taken_at: clock.from_unix_ms(t + 2000),
+            ..update(&a_measured, &none, &clock)
+        };
+        save(&path, &forget_at, &clock).unwrap();
+        let back = load(&path, &clock, None).unwrap().unwrap();
+        assert_eq!(
+            back.cache,
+            [],
+            "B's measurement from before the restart survived"
+        );
+        // A measurement made after the invalidation is kept.
+        save(&path, &update(&none, &at(130.0, t + 3000), &clock), &clock).unwrap();
+        save(&path, &forget_at, &clock).unwrap();
+        let back = load(&path, &clock, None).unwrap().unwrap();
+        assert_eq!(back.cache.len(), 1);
+        assert_eq!(back.cache[0].throughput_tok_s, 130.0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Regression: a directory fsync failing after the rename made the write an error, so an
+    /// admin pin was rolled back in memory while the file kept it, and nothing corrected it.
+    #[test]
+    fn a_failed_directory_sync_after_the_rename_is_a_successful_write() {
+        let dir =
+            std::env::temp_dir().join(format!("routelab-persist-dirsync-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("state.json");
+        let failing = |_: &Path| Err(std::io::Error::other("EIO"));
+        write_atomic_with(&path, b"first\n", failing).unwrap();
+        write_atomic_with(&path, b"second\n", failing).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"second\n");
+        assert_eq!(names_in(&dir), ["state.json"]);
+        // A failure before the rename is still an error, and leaves the file as it was.
+        let missing = dir.join("no-such-dir").join("state.json");
+        assert!(write_atomic_with(&missing, b"x", |_| Ok(())).is_err());
+        assert_eq!(names_in(&dir), ["state.json"]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Regression: the lock was taken without a timeout, so a writer that hung while holding
+    /// it blocked every other writer's thread for good.
+    #[test]
+    fn a_lock_held_past_the_timeout_is_an_error_naming_the_lock_file() {
+        let dir =
+            std::env::temp_dir().join(format!("routelab-persist-lock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("state.json");
+        let held = lock(&path, LOCK_TIMEOUT).unwrap();
+        let started = std::time::Instant::now();
+        let e = lock(&path, std::time::Duration::from_millis(100)).unwrap_err();
+        assert!(started.elapsed() >= std::time::Duration::from_millis(100));
+        let StateFileError::Lock { path: at, error } = &e else {
+            panic!("{e}");
+        };
+        assert_eq!(at, &lock_path(&path));
+        assert_eq!(error.kind(), std::io::ErrorKind::TimedOut);
+        let shown = e.to_string();
+        assert!(
+            shown.starts_with(&lock_path(&path).display().to_string()),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("held the lock for more than 0.1 s"),
+            "{shown}"
+        );
+        assert!(shown.contains("hung gateway"), "{shown}");
+        // Released, it is taken again at once.
+        drop(held);
+        lock(&path, std::time::Duration::ZERO).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

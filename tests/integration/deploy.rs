@@ -19,11 +19,13 @@ fn read(rel: &str) -> String {
 }
 
 /// The stand-in: one file per call (parallel shards never interleave), arguments
-/// tab-separated. It writes the `--partial` file without creating its directory (the real
+/// tab-separated, and beside it the call's `RAYON_NUM_THREADS` (the thread pool size it would
+/// run with). It writes the `--partial` file without creating its directory (the real
 /// command's caller must), and fails when its `--shard` equals `$STUB_FAIL`.
 const STUB: &str = r#"#!/bin/sh
 call=$(mktemp "$(dirname "$0")/call.XXXXXX")
 for a in "$@"; do printf '%s\t' "$a"; done > "$call"
+printf '%s' "${RAYON_NUM_THREADS:-unset}" > "$(dirname "$0")/threads.${call##*.}"
 shard=""
 while [ "$#" -gt 0 ]; do
   case "$1" in
@@ -83,10 +85,28 @@ impl Stub {
         calls
     }
 
-    /// A command run from `cwd` with the stand-in on the `PATH`.
+    /// Every call's `RAYON_NUM_THREADS` (`unset` when it had none).
+    fn threads(&self) -> Vec<String> {
+        std::fs::read_dir(&self.dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("threads.")
+            })
+            .map(|p| std::fs::read_to_string(p).unwrap())
+            .collect()
+    }
+
+    /// A command run from `cwd` with the stand-in on the `PATH` (and no `RAYON_NUM_THREADS`
+    /// from the test's own environment).
     fn command(&self, program: &str, cwd: &Path) -> Command {
         let mut c = Command::new(program);
-        c.current_dir(cwd).env("PATH", self.path());
+        c.current_dir(cwd)
+            .env("PATH", self.path())
+            .env_remove("RAYON_NUM_THREADS");
         c
     }
 }
@@ -110,7 +130,8 @@ fn value<'a>(call: &'a [String], flag: &str) -> Option<&'a str> {
 }
 
 /// The shard calls' `--shard` values (parsed as the CLI parses them) and `--partial` paths;
-/// checks that the shards are exactly 1..=n of n and the partials distinct.
+/// checks that the shards are exactly 1..=n of n, and that each partial is named after its
+/// shard (`shard-K-of-N.json`, what the merges select), so distinct.
 fn shards_and_partials(calls: &[Vec<String>], command: &str, n: u32) -> BTreeSet<String> {
     let shard_calls: Vec<&Vec<String>> = calls.iter().filter(|c| c[0] == command).collect();
     assert_eq!(
@@ -127,7 +148,11 @@ fn shards_and_partials(calls: &[Vec<String>], command: &str, n: u32) -> BTreeSet
         assert_eq!(shard.count(), n, "{call:?}");
         indices.push(shard.index());
         let partial = value(call, "--partial").unwrap_or_else(|| panic!("no --partial: {call:?}"));
-        assert!(partial.ends_with(".json"), "{partial}");
+        let name = format!("shard-{}-of-{n}.json", shard.index());
+        assert!(
+            Path::new(partial).file_name() == Some(name.as_ref()),
+            "{partial} is not named {name}"
+        );
         assert!(
             partials.insert(partial.to_string()),
             "partial {partial} written twice"
@@ -182,9 +207,41 @@ fn kubernetes_expand(text: &str, env: &[(&str, String)]) -> String {
     out
 }
 
-/// The one container of a Job document: its `sh -c` program and script, and where the results
-/// volume is mounted.
-fn container_script(job: &Value) -> (Vec<String>, String, String) {
+/// The one container of a Job document.
+struct Container {
+    /// Its `sh -c` program.
+    command: Vec<String>,
+    /// The script the shell is given, as written (before Kubernetes' `$(NAME)` expansion).
+    script: String,
+    /// Where the results volume is mounted.
+    mount: String,
+    /// Its environment variables with a literal `value`.
+    env: Vec<(String, String)>,
+}
+
+impl Container {
+    /// The script as the container's shell gets it, with `more` variables set in the pod (as
+    /// JOB_COMPLETION_INDEX is by the Job controller).
+    fn expanded(&self, more: &[(&str, String)]) -> String {
+        let mut env: Vec<(&str, String)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
+        env.extend(more.iter().cloned());
+        kubernetes_expand(&self.script, &env)
+    }
+
+    fn var(&self, name: &str) -> &str {
+        self.env
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+            .unwrap_or_else(|| panic!("no {name} in {:?}", self.env))
+    }
+}
+
+fn container(job: &Value) -> Container {
     let pod = &job["spec"]["template"]["spec"];
     let containers = pod["containers"].as_array().expect("containers");
     assert_eq!(containers.len(), 1, "{job}");
@@ -217,7 +274,27 @@ fn container_script(job: &Value) -> (Vec<String>, String, String) {
         claim["persistentVolumeClaim"]["claimName"],
         "routelab-results"
     );
-    (command, args[0].as_str().unwrap().to_string(), mount)
+    let env = c["env"]
+        .as_array()
+        .map(|vars| {
+            vars.iter()
+                .map(|v| {
+                    let name = v["name"].as_str().expect("an env name").to_string();
+                    let value = v["value"]
+                        .as_str()
+                        .expect("a literal env value")
+                        .to_string();
+                    (name, value)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Container {
+        command,
+        script: args[0].as_str().unwrap().to_string(),
+        mount,
+        env,
+    }
 }
 
 #[test]
@@ -239,7 +316,9 @@ fn the_kubernetes_indexed_job_runs_each_shard_once_and_the_merge_reads_every_par
     assert!(n >= 2, "a sharded job: {n}");
     let parallelism = spec["parallelism"].as_u64().expect("parallelism");
     assert!((1..=u64::from(n)).contains(&parallelism), "{parallelism}");
-    let (command, script, mount) = container_script(job);
+    let shard = container(job);
+    let mount = shard.mount.clone();
+    let run = shard.var("RUN");
 
     let work = scratch("deploy-kubernetes");
     let stub = Stub::new(&work);
@@ -251,17 +330,19 @@ fn the_kubernetes_indexed_job_runs_each_shard_once_and_the_merge_reads_every_par
         // The Job controller sets JOB_COMPLETION_INDEX in each pod, 0..completions-1.
         let env = [("JOB_COMPLETION_INDEX", index.to_string())];
         let o = stub
-            .command(&command[0], &work)
-            .args(&command[1..])
-            .arg(local(&kubernetes_expand(&script, &env)))
+            .command(&shard.command[0], &work)
+            .args(&shard.command[1..])
+            .arg(local(&shard.expanded(&env)))
             .env("JOB_COMPLETION_INDEX", index.to_string())
             .output()
             .unwrap();
         ok(&o, &format!("pod {index}"));
     }
     let calls = stub.calls();
+    // `completions` agrees with the `/N` of `--shard` and the `-of-N` of the partial's name.
     let partials = shards_and_partials(&calls, "compare", n);
-    let partial_dir = results.join("partials");
+    // In this run's own directory, so an earlier run's partials are not merged with these.
+    let partial_dir = results.join(run).join("partials");
     for p in &partials {
         assert_eq!(Path::new(p).parent(), Some(partial_dir.as_path()), "{p}");
     }
@@ -270,12 +351,22 @@ fn the_kubernetes_indexed_job_runs_each_shard_once_and_the_merge_reads_every_par
         .expect("the merge manifest parses");
     let merge_job = docs.iter().find(|d| d["kind"] == "Job").expect("a Job");
     assert_ne!(merge_job["metadata"]["name"], job["metadata"]["name"]);
-    let (command, script, merge_mount) = container_script(merge_job);
-    assert_eq!(merge_mount, mount, "both Jobs mount the volume at one path");
+    let merge = container(merge_job);
+    assert_eq!(merge.mount, mount, "both Jobs mount the volume at one path");
+    assert_eq!(
+        merge.var("RUN"),
+        run,
+        "the merge reads the run the Job wrote"
+    );
+    // A partial of another N and one of an earlier run on the volume are not merged.
+    std::fs::write(partial_dir.join(format!("shard-1-of-{}.json", n + 1)), "").unwrap();
+    let earlier = results.join(format!("{run}-earlier")).join("partials");
+    std::fs::create_dir_all(&earlier).unwrap();
+    std::fs::write(earlier.join(format!("shard-1-of-{n}.json")), "").unwrap();
     let o = stub
-        .command(&command[0], &work)
-        .args(&command[1..])
-        .arg(local(&kubernetes_expand(&script, &[])))
+        .command(&merge.command[0], &work)
+        .args(&merge.command[1..])
+        .arg(local(&merge.expanded(&[])))
         .output()
         .unwrap();
     ok(&o, "merge");
@@ -283,7 +374,7 @@ fn the_kubernetes_indexed_job_runs_each_shard_once_and_the_merge_reads_every_par
     assert_eq!(merged(&calls), partials);
     let merge = calls.iter().find(|c| c[0] == "merge").unwrap();
     let out = value(merge, "--out").expect("the merge writes to the volume");
-    assert!(Path::new(out).starts_with(&results), "{out}");
+    assert!(Path::new(out).starts_with(results.join(run)), "{out}");
     let _ = std::fs::remove_dir_all(&work);
 }
 
@@ -329,6 +420,7 @@ fn the_slurm_array_runs_each_shard_once_and_its_dependent_merge_reads_every_part
                 if run.is_some() { "5555" } else { job },
             )
             .env("SLURM_ARRAY_TASK_ID", id.to_string())
+            .env("SLURM_CPUS_PER_TASK", "3")
             .env_remove("ROUTELAB_RUN");
         if let Some(run) = run {
             c.env("ROUTELAB_RUN", run);
@@ -351,6 +443,8 @@ fn the_slurm_array_runs_each_shard_once_and_its_dependent_merge_reads_every_part
     for p in &partials {
         assert!(p.starts_with(&format!("out/partials/{job}/")), "{p}");
     }
+    // Each task's thread pool is the CPUs Slurm allots it, not the node's.
+    assert_eq!(stub.threads(), vec!["3"; n as usize]);
 
     // The merge, as the script's header submits it: after every task succeeded.
     let submit = text
@@ -414,7 +508,9 @@ fn the_local_script_runs_every_shard_with_xargs_then_merges_and_stops_on_a_failu
             .unwrap();
         assert!(!o.status.success(), "{o:?}");
         let calls = stub.calls();
-        assert!(calls.iter().all(|c| c[0] == "sweep"), "{calls:?}");
+        // Every shard ran (xargs goes on past a failing one), then no merge.
+        shards_and_partials(&calls, "sweep", n);
+        assert_eq!(calls.len(), n as usize, "{calls:?}");
         let _ = std::fs::remove_dir_all(&work);
     }
 }
