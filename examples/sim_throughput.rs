@@ -34,7 +34,11 @@ fn start_up(setup: &SimSetup, policy: &PolicyConfig) -> Duration {
         router.poll_probes(Time::ZERO, &mut orders);
         ids.push(id);
     }
-    let total: f64 = ids.iter().filter_map(|&id| router.weight(id)).map(|w| w.value).sum();
+    let total: f64 = ids
+        .iter()
+        .filter_map(|&id| router.weight(id))
+        .map(|w| w.value)
+        .sum();
     std::hint::black_box(total);
     t0.elapsed()
 }

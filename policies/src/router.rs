@@ -712,7 +712,9 @@ impl Router {
             (false, true) => entry.free += 1,
             _ => {}
         }
-        if let Some(units) = self.affinity_units {
+        if let Some(units) = self.affinity_units
+            && !entry.loads.is_stale()
+        {
             entry
                 .loads
                 .set(self.position[i] as usize, affinity_load(&h, units));
@@ -745,19 +747,29 @@ impl Router {
             WeightChange::None => {}
             WeightChange::One(id) => self.refresh_weight(id),
             WeightChange::All => {
-                // Every load may move: one rebuild at the next query is cheaper than an update
-                // per worker.
-                for m in &mut self.models {
-                    m.loads.invalidate();
-                }
+                // Every load and cap may move: one recount and one rebuild at the next query
+                // are cheaper than an update per worker.
                 for i in 0..self.hot.len() {
-                    self.refresh_weight(WorkerId(i as u32));
+                    self.apply_weight(WorkerId(i as u32));
+                }
+                for m in 0..self.models.len() {
+                    self.models[m].loads.invalidate();
+                    self.recount_free(m as u32);
                 }
             }
         }
     }
 
+    /// Apply the strategy's current weight of `id` and the cap it implies, keeping its model's
+    /// free count and load index in step.
     fn refresh_weight(&mut self, id: WorkerId) {
+        let was_open = self.hot[id.index()].open();
+        self.apply_weight(id);
+        self.member_changed(id.index(), was_open);
+    }
+
+    /// Set `id`'s weight and cap in `hot` from the strategy (the caller updates its model).
+    fn apply_weight(&mut self, id: WorkerId) {
         let w = self.strategy.weight(id, &self.fleet).value;
         // The strategy promises finite and positive; the router never divides by zero anyway.
         let w = if w.is_finite() && w > 0.0 { w } else { 1e-6 };
@@ -767,10 +779,8 @@ impl Router {
             Cap::Weighted(n) => ((f64::from(n) * w).round() as u32).max(1),
         };
         let h = &mut self.hot[id.index()];
-        let was_open = h.open();
         h.weight = w;
         h.cap = cap;
-        self.member_changed(id.index(), was_open);
     }
 
     fn recount_free(&mut self, model: u32) {

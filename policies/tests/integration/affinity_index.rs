@@ -214,7 +214,10 @@ fn affinity_at_10240_workers_compares_with_the_freest_eligible_candidate() {
     for i in 0..N {
         let name = format!("w{i}");
         let window = if i < N / 2 { 131_072 } else { 32_768 };
-        router.register(Time::ZERO, spec_full(&name, &name, "m", &["H100"], window, ""));
+        router.register(
+            Time::ZERO,
+            spec_full(&name, &name, "m", &["H100"], window, ""),
+        );
     }
     let model = router.model_id("m").unwrap();
     let mut rng = rng(7);
@@ -226,7 +229,9 @@ fn affinity_at_10240_workers_compares_with_the_freest_eligible_candidate() {
     };
     let mut charges: Vec<Vec<Charge>> = vec![Vec::new(); N];
     for _ in 0..2 * N {
-        let d = router.route(Time::ZERO, &req(1_000, &[]), &mut rng).unwrap();
+        let d = router
+            .route(Time::ZERO, &req(1_000, &[]), &mut rng)
+            .unwrap();
         charges[d.worker.index()].push(d.charge);
     }
     assert!(router.fleet().iter().all(|(_, w)| w.in_flight == 2));
@@ -238,13 +243,20 @@ fn affinity_at_10240_workers_compares_with_the_freest_eligible_candidate() {
     assert_eq!(router.freest_load(model, 100_000), Some(2.0));
 
     let prefix: &'static [u64] = Box::leak(blocks(1, 8).into_boxed_slice());
-    let first = router.route(Time::ZERO, &req(100_000, prefix), &mut rng).unwrap();
+    let first = router
+        .route(Time::ZERO, &req(100_000, prefix), &mut rng)
+        .unwrap();
     assert!(!first.affinity_kept);
     let holder = first.worker;
-    assert!(holder.index() < N / 2, "a long prompt goes to the large-window group");
+    assert!(
+        holder.index() < N / 2,
+        "a long prompt goes to the large-window group"
+    );
     let mut kept = 0;
     loop {
-        let d = router.route(Time::ZERO, &req(100_000, prefix), &mut rng).unwrap();
+        let d = router
+            .route(Time::ZERO, &req(100_000, prefix), &mut rng)
+            .unwrap();
         if !d.affinity_kept {
             assert_ne!(d.worker, holder);
             break;
