@@ -1,5 +1,5 @@
 //! One routing decision of `seed-v3` (filters + capacity-unit prefix affinity + p2c with ties to
-//! the higher weight, flat cap 24) over 8, 64 and 1,024 measured workers, without a prefix and
+//! the higher weight, flat cap 24) over 8, 64, 1,024 and 10,240 measured workers, without a prefix and
 //! with a 64-block prefix.
 //!
 //! Each iteration is **route + complete** of one request, so the fleet stays in a steady state
@@ -131,7 +131,7 @@ fn prompts(rng: &mut Xoshiro256PlusPlus) -> Vec<Vec<u64>> {
 fn decision(c: &mut Criterion) {
     let preset = |name: &str| PolicyConfig::preset(name).expect("preset");
     let mut group = c.benchmark_group("seed-v3 route+complete");
-    for n in [8usize, 64, 1_024] {
+    for n in [8usize, 64, 1_024, 10_240] {
         for with_prefix in [false, true] {
             bench_one(&mut group, preset("seed-v3"), n, None, with_prefix, None);
         }

@@ -5,9 +5,43 @@
 //! ```
 //! REQUESTS overrides the `count` of count-limited generators (e.g. 10000000 for the memory
 //! check). Per-request output is off. Linux only for the CPU-time and RSS figures.
+//!
+//! Before each run it also times the router's start-up on the scenario's fleet, as the
+//! simulator performs it: every worker registered (with its round trip, its true capacity and
+//! the probe orders polled after each registration, as the engine does) and then every
+//! worker's first weight read.
 
-use routelab_sim::{Scenario, TrafficSpec, run};
-use std::time::Instant;
+use routelab_policies::{PolicyConfig, Router, Time};
+use routelab_sim::{Scenario, SimSetup, TrafficSpec, run};
+use std::time::{Duration, Instant};
+
+/// Wall time of the router's start-up on `setup`'s fleet under `policy`: registration and the
+/// first weight derivation.
+fn start_up(setup: &SimSetup, policy: &PolicyConfig) -> Duration {
+    let t0 = Instant::now();
+    let mut router = Router::new(policy.clone());
+    let mut orders = Vec::new();
+    let mut ids = Vec::with_capacity(setup.workers.len());
+    for w in &setup.workers {
+        let id = router.register(Time::ZERO, w.spec.clone());
+        router.set_round_trip(id, Duration::from_nanos(w.rtt_ns));
+        router.set_true_capacity(
+            Time::ZERO,
+            id,
+            w.profile.aggregate_tok_s(setup.oracle_concurrency),
+        );
+        orders.clear();
+        router.poll_probes(Time::ZERO, &mut orders);
+        ids.push(id);
+    }
+    let total: f64 = ids
+        .iter()
+        .filter_map(|&id| router.weight(id))
+        .map(|w| w.value)
+        .sum();
+    std::hint::black_box(total);
+    t0.elapsed()
+}
 
 fn cpu_seconds() -> Option<f64> {
     // utime + stime, fields 14 and 15 of /proc/self/stat, in clock ticks (100 Hz on Linux).
@@ -40,6 +74,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     for policy in &sc.policies {
+        let boot = start_up(&sc.setup, policy);
+        println!(
+            "{} / {}: start-up (registration of {} workers and first weight derivation) {:.1} ms",
+            sc.name,
+            policy.name,
+            sc.setup.workers.len(),
+            boot.as_secs_f64() * 1e3,
+        );
         let mut traffic = sc.traffic_source(sc.setup.seed)?;
         let cpu0 = cpu_seconds();
         let wall0 = Instant::now();

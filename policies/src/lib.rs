@@ -54,6 +54,7 @@ mod chooser;
 mod config;
 mod error;
 mod kv;
+mod load_index;
 pub mod located;
 mod mirror;
 mod prefix;

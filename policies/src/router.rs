@@ -3,6 +3,7 @@
 use crate::chooser::Hot;
 use crate::config::{Affinity, AffinityUnits, Cap, PolicyConfig, PrefixKnowledge};
 use crate::error::{AdminError, RouteError};
+use crate::load_index::{LoadIndex, affinity_load};
 use crate::prefix::PrefixIndex;
 use crate::rules::RuleCtx;
 use crate::signals::{Charge, EngineReport, PREFIX_BLOCK_TOKENS, Signals};
@@ -50,8 +51,11 @@ struct ModelEntry {
     members: Vec<u32>,
     /// `members`' context windows, same order.
     windows: Vec<u32>,
-    /// Members below their cap.
+    /// Members below their cap, kept in step with every change of a member's in-flight count,
+    /// cap or membership (never recounted on the request path).
     free: u32,
+    /// The members' affinity loads, for the freest candidate (only with a prefix affinity).
+    loads: LoadIndex,
     /// Largest window among the model's registered (not removed) workers, connected or not.
     largest_registered_window: u32,
     /// Round-robin cursor.
@@ -86,6 +90,12 @@ pub struct Router {
     /// Router-local signals the field's rules read, apart from `hot` so the other choosers'
     /// scans are unchanged.
     signals: Vec<Signals>,
+    /// The prefix affinity's units when the policy has one: the models' load indexes are kept
+    /// only then.
+    affinity_units: Option<AffinityUnits>,
+    /// Each worker's position in its model's `members` (meaningful while it is routable and its
+    /// model's load index is not stale).
+    position: Vec<u32>,
 }
 
 impl Router {
@@ -109,6 +119,10 @@ impl Router {
             PrefixKnowledge::KvEvents { .. } => PrefixIndex::mirrored(),
             _ => PrefixIndex::approximate(blocks, dense),
         };
+        let affinity_units = match config.affinity {
+            Affinity::Prefix { units, .. } => Some(units),
+            Affinity::None => None,
+        };
         Router {
             config,
             fleet: Fleet::default(),
@@ -120,6 +134,8 @@ impl Router {
             wrr_current: Vec::new(),
             queue: VecDeque::new(),
             signals: Vec::new(),
+            affinity_units,
+            position: Vec::new(),
         }
     }
 
@@ -250,7 +266,9 @@ impl Router {
         });
         self.wrr_current.push(0.0);
         self.signals.push(Signals::default());
+        self.position.push(u32::MAX);
         self.prefix.register_worker(id, spec.cache_blocks);
+        let window = spec.context_window;
         self.fleet.workers.push(WorkerInfo {
             spec,
             model,
@@ -258,13 +276,25 @@ impl Router {
             in_flight: 0,
             since: now,
         });
-        self.rebuild_model(model);
+        self.join_model(model, id, window);
         self.feed(now, WeightEvent::Registered(id));
         // A strategy may report no change on registration (`equal`): the cap and weight must
         // still be applied, or the worker stays uncapped.
         self.refresh_weight(id);
-        self.recount_free(model.0);
         id
+    }
+
+    /// The least affinity load (in the policy's units: in-flight requests, or in-flight per
+    /// unit of weight) among `model`'s routable workers below their cap whose context window
+    /// holds `context_tokens`: what the prefix affinity compares a prefix holder with. +∞ when
+    /// none is free; `None` when the policy has no prefix affinity or the model is unknown.
+    /// O(log n) (after a change of the model's members, the first call rebuilds in O(n)).
+    pub fn freest_load(&mut self, model: ModelId, context_tokens: u32) -> Option<f64> {
+        self.affinity_units?;
+        let entry = self.models.get(model.0 as usize)?;
+        let k = entry.windows.partition_point(|&w| w >= context_tokens);
+        self.fresh_loads(model.0);
+        Some(self.models[model.0 as usize].loads.prefix_min(k))
     }
 
     /// The worker's connection dropped; not routable until it reconnects.
@@ -420,15 +450,14 @@ impl Router {
             .map(|id| (id.index(), self.hot[id.index()].in_flight))
             .collect();
         for &(i, _) in &saved {
-            self.hot[i].in_flight = self.hot[i].cap;
+            let cap = self.hot[i].cap;
+            self.set_in_flight(i, cap);
         }
-        self.recount_free(req.model.0);
         let outcome = self.choose(req, rng);
         // Reverse order restores the true count even when an id is listed twice.
         for &(i, in_flight) in saved.iter().rev() {
-            self.hot[i].in_flight = in_flight;
+            self.set_in_flight(i, in_flight);
         }
-        self.recount_free(req.model.0);
         let decision = outcome?;
         self.dispatch(now, &decision, req.prefix);
         Ok(decision)
@@ -563,8 +592,6 @@ impl Router {
         if entry.free == 0 {
             return Err(RouteError::AllAtCap { model: req.model });
         }
-        let cands = &entry.members[..k];
-        let hot = &self.hot;
         let chooser = self.config.chooser;
 
         // One lookup serves both the affinity rule and the believed-cached figure.
@@ -575,23 +602,17 @@ impl Router {
         } = self.config.affinity
             && let Some((holder, blocks)) = remembered
         {
-            let h = hot[holder.index()];
+            let h = self.hot[holder.index()];
             if h.routable
                 && h.model == req.model.0
                 && h.context_window >= req.context_tokens
                 && h.in_flight < h.cap
             {
-                let load = |x: &Hot| match units {
-                    AffinityUnits::Raw => f64::from(x.in_flight),
-                    AffinityUnits::Capacity => f64::from(x.in_flight) / x.weight,
-                };
-                let freest = cands
-                    .iter()
-                    .map(|&i| &hot[i as usize])
-                    .filter(|x| x.in_flight < x.cap)
-                    .map(load)
-                    .fold(f64::INFINITY, f64::min);
-                if load(&h) - freest <= allowance.at(req.context_tokens) {
+                // The freest candidate among `members[..k]`, from the model's load index
+                // (exactly the minimum a scan of the candidates finds: see `load_index`).
+                self.fresh_loads(req.model.0);
+                let freest = self.models[req.model.0 as usize].loads.prefix_min(k);
+                if affinity_load(&h, units) - freest <= allowance.at(req.context_tokens) {
                     return Ok(Decision {
                         worker: holder,
                         believed_cached_blocks: blocks as u32,
@@ -602,6 +623,7 @@ impl Router {
             }
         }
 
+        let hot = &self.hot;
         let ctx = RuleCtx {
             prompt_tokens: req.prompt_tokens,
             prefix: req.prefix,
@@ -642,13 +664,8 @@ impl Router {
         if prefix.is_empty() {
             self.signals[id.index()].grow_unhashed(d.charge.tokens);
         }
-        let h = &mut self.hot[id.index()];
-        h.in_flight += 1;
-        let now_full = h.in_flight == h.cap;
-        let model = h.model as usize;
-        if now_full && h.routable {
-            self.models[model].free -= 1;
-        }
+        let in_flight = self.hot[id.index()].in_flight + 1;
+        self.set_in_flight(id.index(), in_flight);
         self.fleet.workers[id.index()].in_flight += 1;
         if !prefix.is_empty() {
             self.prefix.record(prefix, id);
@@ -659,42 +676,100 @@ impl Router {
     /// Decrement in-flight and release the charge; false if the id is unknown or nothing was
     /// in flight.
     fn release_slot(&mut self, id: WorkerId, charge: Charge) -> bool {
-        let Some(h) = self.hot.get_mut(id.index()) else {
+        let Some(h) = self.hot.get(id.index()) else {
             return false;
         };
         if h.in_flight == 0 {
             return false;
         }
         self.signals[id.index()].release(charge);
-        let was_full = h.in_flight == h.cap;
-        h.in_flight -= 1;
-        if was_full && h.routable {
-            self.models[h.model as usize].free += 1;
-        }
+        self.set_in_flight(id.index(), h.in_flight - 1);
         self.fleet.workers[id.index()].in_flight -= 1;
         true
+    }
+
+    /// Set a worker's in-flight count in `hot`, keeping its model's free count and load index
+    /// in step.
+    #[inline]
+    fn set_in_flight(&mut self, i: usize, in_flight: u32) {
+        let was_open = self.hot[i].open();
+        self.hot[i].in_flight = in_flight;
+        self.member_changed(i, was_open);
+    }
+
+    /// Worker `i`'s in-flight count, cap or weight changed (it was below its cap before when
+    /// `was_open`): update its model's free count and its load in the index, if it is a member.
+    #[inline]
+    fn member_changed(&mut self, i: usize, was_open: bool) {
+        let h = self.hot[i];
+        // Members are exactly the routable workers.
+        if !h.routable {
+            return;
+        }
+        let entry = &mut self.models[h.model as usize];
+        match (was_open, h.open()) {
+            (true, false) => entry.free -= 1,
+            (false, true) => entry.free += 1,
+            _ => {}
+        }
+        if let Some(units) = self.affinity_units
+            && !entry.loads.is_stale()
+        {
+            entry
+                .loads
+                .set(self.position[i] as usize, affinity_load(&h, units));
+        }
+    }
+
+    /// Rebuild `model`'s load index if its members or many loads changed since the last query.
+    fn fresh_loads(&mut self, model: u32) {
+        let Some(units) = self.affinity_units else {
+            return;
+        };
+        let entry = &mut self.models[model as usize];
+        if !entry.loads.is_stale() {
+            return;
+        }
+        for (pos, &i) in entry.members.iter().enumerate() {
+            self.position[i as usize] = pos as u32;
+        }
+        let hot = &self.hot;
+        entry.loads.rebuild(
+            entry
+                .members
+                .iter()
+                .map(|&i| affinity_load(&hot[i as usize], units)),
+        );
     }
 
     fn feed(&mut self, now: Time, event: WeightEvent<'_>) {
         match self.strategy.observe(now, event, &self.fleet) {
             WeightChange::None => {}
-            WeightChange::One(id) => {
-                self.refresh_weight(id);
-                let m = self.hot[id.index()].model;
-                self.recount_free(m);
-            }
+            WeightChange::One(id) => self.refresh_weight(id),
             WeightChange::All => {
+                // Every load and cap may move: one recount and one rebuild at the next query
+                // are cheaper than an update per worker.
                 for i in 0..self.hot.len() {
-                    self.refresh_weight(WorkerId(i as u32));
+                    self.apply_weight(WorkerId(i as u32));
                 }
                 for m in 0..self.models.len() {
+                    self.models[m].loads.invalidate();
                     self.recount_free(m as u32);
                 }
             }
         }
     }
 
+    /// Apply the strategy's current weight of `id` and the cap it implies, keeping its model's
+    /// free count and load index in step.
     fn refresh_weight(&mut self, id: WorkerId) {
+        let was_open = self.hot[id.index()].open();
+        self.apply_weight(id);
+        self.member_changed(id.index(), was_open);
+    }
+
+    /// Set `id`'s weight and cap in `hot` from the strategy (the caller updates its model).
+    fn apply_weight(&mut self, id: WorkerId) {
         let w = self.strategy.weight(id, &self.fleet).value;
         // The strategy promises finite and positive; the router never divides by zero anyway.
         let w = if w.is_finite() && w > 0.0 { w } else { 1e-6 };
@@ -718,6 +793,24 @@ impl Router {
                 h.in_flight < h.cap
             })
             .count() as u32;
+    }
+
+    /// A newly registered (routable) worker joins its model: inserted where the sorted rebuild
+    /// would put it (after every member with a window at least as large, as the newest id), with
+    /// the free count and largest window updated instead of recounted.
+    fn join_model(&mut self, model: ModelId, id: WorkerId, window: u32) {
+        let entry = &mut self.models[model.0 as usize];
+        let at = entry.windows.partition_point(|&w| w >= window);
+        entry.members.insert(at, id.0);
+        entry.windows.insert(at, window);
+        entry.cursor = 0;
+        entry.largest_registered_window = entry.largest_registered_window.max(window);
+        // Nothing in flight and no cap yet (`u32::MAX` until its weight is applied).
+        if self.hot[id.index()].open() {
+            entry.free += 1;
+        }
+        entry.loads.invalidate();
+        entry.loads.reserve(entry.members.len());
     }
 
     fn intern(&mut self, model: &str) -> ModelId {
@@ -748,6 +841,8 @@ impl Router {
             .map(|&i| hot[i as usize].context_window)
             .collect();
         entry.cursor = 0;
+        entry.loads.invalidate();
+        entry.loads.reserve(entry.members.len());
         entry.largest_registered_window = (0..hot.len())
             .filter(|&i| {
                 hot[i].model == model.0 && self.fleet.workers[i].state != WorkerState::Removed

@@ -3,6 +3,7 @@
 //! invariants. One test binary; modules by theme.
 
 mod affinity;
+mod affinity_index;
 mod caps;
 mod choosers;
 mod common;

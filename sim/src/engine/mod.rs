@@ -252,6 +252,9 @@ impl<'a> Sim<'a> {
             if at > stop {
                 break;
             }
+            if at > self.now {
+                self.flush_weights();
+            }
             if let Ev::KvEvents { batch, .. } = ev
                 && self.finished()
             {
@@ -321,6 +324,7 @@ impl<'a> Sim<'a> {
                     }
                 }
                 Ev::Sample => {
+                    self.flush_weights();
                     self.check_weights_tracked();
                     self.sample();
                     if !self.finished() {
@@ -330,13 +334,16 @@ impl<'a> Sim<'a> {
                 Ev::KvEvents { worker, batch } => self.deliver_kv_events(worker, batch),
             }
             // The router's weights and the fleet change only at these events (and at probe
-            // measurements): the weight error is re-read exactly there.
-            if matches!(ev, Ev::Tick | Ev::Register { .. } | Ev::Lifecycle { .. })
+            // measurements): the weight error is re-read after them, before time moves on.
+            let fleet = matches!(ev, Ev::Register { .. } | Ev::Lifecycle { .. });
+            if fleet
+                || matches!(ev, Ev::Tick)
                 || self.rec.metrics().probe_measurements != measurements
             {
-                self.track_weights();
+                self.weights_changed(fleet);
             }
         }
+        self.flush_weights();
         Ok(())
     }
 

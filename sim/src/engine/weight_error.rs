@@ -6,12 +6,19 @@
 //! the model's active workers, by the oracle's own rule (`weights::oracle_weights`). Both
 //! weights only change where the router's weights or the fleet change — registration,
 //! lifecycle events, ticks and probe measurements — so the engine closes the running interval
-//! and re-reads every weight at exactly those events ([`Sim::track_weights`]) and the integral
+//! and re-reads every weight after those events ([`Sim::track_weights`]) and the integral
 //! is exact. Debug builds check at each timeline sample that nothing moved in between.
+//!
+//! Two things keep it cheap on a large fleet without changing a figure: the re-read is due at
+//! such an event but done once, before time moves on ([`Sim::weights_changed`]; intervals of
+//! zero length add nothing, so a burst of registrations at one instant is one re-read instead
+//! of one per worker), and the oracle weights are kept between re-reads unless a registration
+//! or a lifecycle event (the only events that change the true capacities or the active fleet)
+//! came in between.
 
 use super::Sim;
 use routelab_policies::weights::oracle_weights;
-use routelab_policies::{Clamp, Time, WorkerId};
+use routelab_policies::{Clamp, Time, Weight, WorkerId};
 
 /// The clamp of the reference: the `oracle` strategy's default.
 const ORACLE_CLAMP: Clamp = Clamp::SOURCE;
@@ -25,6 +32,11 @@ pub(super) struct WeightErrorTracker {
     /// (or its oracle weight is unknown).
     held: Vec<Option<f64>>,
     since: Time,
+    /// A re-read is due before time moves on.
+    due: bool,
+    /// The oracle weights by router id, while neither the true capacities nor the fleet
+    /// changed.
+    oracle: Option<Vec<Weight>>,
 }
 
 impl WeightErrorTracker {
@@ -34,13 +46,36 @@ impl WeightErrorTracker {
             self.capacity.resize(id.index() + 1, 0.0);
         }
         self.capacity[id.index()] = tok_s;
+        self.oracle = None;
     }
 }
 
 impl Sim<'_> {
+    /// The event just handled may have changed weights (`fleet` when it may have changed the
+    /// active fleet or true capacities too): re-read before time moves on.
+    pub(super) fn weights_changed(&mut self, fleet: bool) {
+        self.werr.due = true;
+        if fleet {
+            self.werr.oracle = None;
+        }
+    }
+
+    /// Re-read now if a re-read is due (call before time moves on, before a timeline sample's
+    /// check and at the end of the run).
+    pub(super) fn flush_weights(&mut self) {
+        if self.werr.due {
+            self.track_weights();
+        }
+    }
+
     /// Close the running interval at `now` and re-read every weight and oracle weight.
-    pub(super) fn track_weights(&mut self) {
+    fn track_weights(&mut self) {
+        self.werr.due = false;
         self.close_weight_interval();
+        if self.werr.oracle.is_none() {
+            let fleet = self.router.fleet();
+            self.werr.oracle = Some(oracle_weights(fleet, &self.werr.capacity, ORACLE_CLAMP));
+        }
         let held = self.weight_errors_now();
         self.werr.held = held;
     }
@@ -66,7 +101,14 @@ impl Sim<'_> {
     /// weight).
     fn weight_errors_now(&self) -> Vec<Option<f64>> {
         let fleet = self.router.fleet();
-        let oracle = oracle_weights(fleet, &self.werr.capacity, ORACLE_CLAMP);
+        let computed;
+        let oracle = match &self.werr.oracle {
+            Some(o) => o,
+            None => {
+                computed = oracle_weights(fleet, &self.werr.capacity, ORACLE_CLAMP);
+                &computed
+            }
+        };
         fleet
             .iter()
             .map(|(id, info)| {
