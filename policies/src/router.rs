@@ -774,6 +774,32 @@ impl Router {
         self.rebuild_model(model);
         Ok(())
     }
+
+    // ----- several replicas ------------------------------------------------------------------
+
+    /// Another gateway replica's requests in flight on `id`, as the replicas exchange them
+    /// (`remote` replaces what an earlier call said). From now on the choosers, the prefix
+    /// affinity and the cap compare the worker's own in-flight count plus `remote`: a worker
+    /// at its cap counting the other replicas' requests takes no more from this one. What this
+    /// router counts and releases itself (`WorkerInfo::in_flight`, the weight strategies'
+    /// view, the field's token signals) stays its own. An unknown id is ignored.
+    pub fn set_remote_in_flight(&mut self, id: WorkerId, remote: u32) {
+        let Some(local) = self.fleet.get(id).map(|i| i.in_flight) else {
+            return;
+        };
+        let h = &mut self.hot[id.index()];
+        h.in_flight = local.saturating_add(remote);
+        let model = h.model;
+        self.recount_free(model);
+    }
+
+    /// What [`Router::set_remote_in_flight`] last said about `id` (0 for an unknown id).
+    pub fn remote_in_flight(&self, id: WorkerId) -> u32 {
+        match (self.hot.get(id.index()), self.fleet.get(id)) {
+            (Some(h), Some(i)) => h.in_flight - i.in_flight,
+            _ => 0,
+        }
+    }
 }
 
 /// What a request adds to its worker's signals: its prompt, and the part of it the router does
