@@ -155,6 +155,8 @@ pub struct ReplicaTotals {
     /// Its weights' distance from the oracle's, over every worker (see
     /// [`RunMetrics::weight_error`]).
     pub weight_error: WeightError,
+    /// Its weight of each worker at the end, by fleet index (1.0 for one never registered).
+    pub final_weights: Vec<f64>,
 }
 
 /// What a run measured.

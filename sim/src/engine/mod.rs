@@ -488,6 +488,17 @@ impl<'a> Sim<'a> {
         let m = self.rec.metrics_mut();
         m.end_ns = self.now.as_nanos();
         m.events = self.events;
+        for (r, totals) in m.replicas.iter_mut().enumerate() {
+            let router = &self.replicas[r].router;
+            totals.final_weights = self
+                .workers
+                .iter()
+                .map(|w| {
+                    w.id.and_then(|id| router.weight(id))
+                        .map_or(1.0, |wt| wt.value)
+                })
+                .collect();
+        }
         for (w, totals) in self.workers.iter().zip(&mut m.workers) {
             if let Some(id) = w.id
                 && let Some(wt) = self.replicas[0].router.weight(id)
