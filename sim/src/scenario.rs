@@ -847,21 +847,27 @@ impl Validator<'_> {
                 .valid(names(&valid))
             })?,
         };
-        let share = g.share.as_deref().unwrap_or(Share::NAMES[0]);
-        let share = match (share, g.sync_interval_s) {
-            ("none", None) => Share::None,
-            ("probes", None) => Share::Probes,
-            ("probes-and-load", Some(s)) => {
-                let ns = rule::period(s)
+        let name = g.share.as_deref().unwrap_or(Share::NAMES[0]);
+        let sync_ns = match g.sync_interval_s {
+            None => None,
+            Some(s) => Some(
+                rule::period(s)
                     .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
                     .map_err(|e| {
                         self.invalid(Some(loc), "gateways.sync_interval_s", e.to_string())
-                    })?;
-                Share::ProbesAndLoad {
-                    sync_interval_ns: ns,
-                }
-            }
-            ("probes-and-load", None) => {
+                    })?,
+            ),
+        };
+        let share = Share::from_name(name, sync_ns.unwrap_or(0)).ok_or_else(|| {
+            self.invalid(
+                Some(loc),
+                "gateways.share",
+                format!("unknown share `{name}`"),
+            )
+            .valid(names(&Share::NAMES))
+        })?;
+        match (share, sync_ns) {
+            (Share::ProbesAndLoad { .. }, None) => {
                 return Err(self.invalid(
                     Some(loc),
                     "gateways.sync_interval_s",
@@ -869,26 +875,18 @@ impl Validator<'_> {
                      `sync_interval_s` seconds (a number > 0)",
                 ));
             }
-            ("none" | "probes", Some(_)) => {
+            (Share::None | Share::Probes, Some(_)) => {
                 return Err(self.invalid(
                     Some(loc),
                     "gateways.sync_interval_s",
                     format!(
-                        "is given with `share: {share}`; only `share: probes-and-load` \
+                        "is given with `share: {name}`; only `share: probes-and-load` \
                          exchanges in-flight counts"
                     ),
                 ));
             }
-            (other, _) => {
-                return Err(self
-                    .invalid(
-                        Some(loc),
-                        "gateways.share",
-                        format!("unknown share `{other}`"),
-                    )
-                    .valid(names(&Share::NAMES)));
-            }
-        };
+            _ => {}
+        }
         Ok(Gateways {
             replicas,
             split,

@@ -6,6 +6,7 @@ pub mod emulate;
 pub mod policies;
 pub mod profile;
 pub mod realtime;
+pub mod replicas;
 pub mod run;
 pub mod sweep;
 pub mod trace;

@@ -89,6 +89,16 @@ impl Share {
     /// The names of the sharing modes, in a scenario.
     pub const NAMES: [&'static str; 3] = ["none", "probes", "probes-and-load"];
 
+    /// The mode of a name (`probes-and-load` exchanging every `sync_interval_ns`), if any.
+    pub fn from_name(name: &str, sync_interval_ns: u64) -> Option<Share> {
+        match name {
+            "none" => Some(Share::None),
+            "probes" => Some(Share::Probes),
+            "probes-and-load" => Some(Share::ProbesAndLoad { sync_interval_ns }),
+            _ => None,
+        }
+    }
+
     /// Its name in a scenario.
     pub fn name(self) -> &'static str {
         match self {
@@ -279,6 +289,20 @@ mod tests {
             let mut b = Balancer::new(gateways(1, split), 3);
             assert!((0..20).all(|i| b.pick(i) == 0));
         }
+    }
+
+    #[test]
+    fn share_names_round_trip() {
+        for name in Share::NAMES {
+            assert_eq!(Share::from_name(name, 5).map(Share::name), Some(name));
+        }
+        assert_eq!(
+            Share::from_name("probes-and-load", 5),
+            Some(Share::ProbesAndLoad {
+                sync_interval_ns: 5
+            })
+        );
+        assert_eq!(Share::from_name("all", 5), None);
     }
 
     #[test]
