@@ -13,7 +13,7 @@
 use crate::capacity::{CapacityStudy, PolicyKind, best, ratio_cell};
 use crate::findings;
 use crate::metric::{REPLICA_METRICS, view};
-use crate::num::fmt_sig;
+use crate::num::{fmt_half_width, fmt_sig};
 use crate::stats::{Interval, excludes, paired_ratio};
 use routelab_sim::{Gateways, RunMetrics, Share, Split};
 use std::fmt::Write as _;
@@ -114,7 +114,11 @@ fn interval_cell(iv: Option<Interval>) -> String {
     match iv {
         None => "-".into(),
         Some(iv) => match iv.half_width {
-            Some(h) => format!("{} ± {}", fmt_sig(Some(iv.mean), 3), fmt_sig(Some(h), 2)),
+            Some(h) => format!(
+                "{} {}",
+                fmt_sig(Some(iv.mean), 3),
+                fmt_half_width(iv.mean, h)
+            ),
             None => fmt_sig(Some(iv.mean), 3),
         },
     }
