@@ -8,6 +8,7 @@ mod compare_paired;
 mod console_tables;
 mod profile_cmd;
 mod readme;
+mod replicas_cmd;
 mod report_browser;
 mod run_output;
 mod sweep_seeds;
