@@ -211,8 +211,25 @@ pub fn scenario_part(st: &ReplicaStudy) -> String {
                 .map(|d| d.gateways.replicas)
                 .max()
                 .unwrap_or(1);
+            let ratio_at = |n: u32| {
+                let d = st
+                    .deployments
+                    .iter()
+                    .position(|d| d.gateways.share == share && d.gateways.replicas == n);
+                ratio_cell(d.and_then(|d| st.ratio(d, p)))
+            };
             let verdict = match st.degrades_at(p, share) {
-                Some(n) => format!("degrades from {n} replicas"),
+                Some(n) if n == most => {
+                    format!(
+                        "degrades from {n} replicas ({} one gateway's load)",
+                        ratio_at(n)
+                    )
+                }
+                Some(n) => format!(
+                    "degrades from {n} replicas ({} one gateway's load; {} at {most})",
+                    ratio_at(n),
+                    ratio_at(most)
+                ),
                 None => format!("no established loss up to {most} replicas"),
             };
             let _ = writeln!(
@@ -393,7 +410,9 @@ mod tests {
         assert_eq!(st.degrades_at(0, load), None);
         let md = scenario_part(&st);
         assert!(
-            md.contains("- `seed-v3`, share `none`: degrades from 16 replicas."),
+            md.contains(
+                "- `seed-v3`, share `none`: degrades from 16 replicas (0.744x [0.729, 0.759] one gateway's load)."
+            ),
             "{md}"
         );
         assert!(
