@@ -218,7 +218,22 @@ pub fn scenario_part(st: &ReplicaStudy) -> String {
                     .position(|d| d.gateways.share == share && d.gateways.replicas == n);
                 ratio_cell(d.and_then(|d| st.ratio(d, p)))
             };
+            let reference_has_none = st.deployments[0].capacity.policies[p]
+                .scales()
+                .iter()
+                .all(|&x| x == 0.0);
             let verdict = match st.degrades_at(p, share) {
+                // Nothing to lose: say what the replicas carry instead.
+                None if reference_has_none => format!(
+                    "meets the SLO at no load tried behind one gateway; {} load scale at {most} \
+                     replicas",
+                    interval_cell(
+                        st.deployments
+                            .iter()
+                            .find(|d| d.gateways.share == share && d.gateways.replicas == most)
+                            .and_then(|d| d.capacity.policies[p].interval())
+                    )
+                ),
                 Some(n) if n == most => {
                     format!(
                         "degrades from {n} replicas ({} one gateway's load)",
@@ -425,6 +440,22 @@ mod tests {
         assert!(md.contains("probes-and-load (sync 1.00 s)"), "{md}");
         // The overlap regret of every run was 100 tokens.
         assert!(md.contains("| - | 100 |"), "{md}");
+    }
+
+    #[test]
+    fn a_policy_without_capacity_behind_one_gateway_is_said_so() {
+        let mut st = sample();
+        st.deployments[0].capacity.policies[1]
+            .seeds
+            .iter_mut()
+            .for_each(|s| s.scale = 0.0);
+        let md = scenario_part(&st);
+        assert!(
+            md.contains(
+                "- `cache-aware`, share `none`: meets the SLO at no load tried behind one gateway; 3.00 ± 0.25 load scale at 16 replicas."
+            ),
+            "{md}"
+        );
     }
 
     #[test]
