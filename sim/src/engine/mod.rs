@@ -372,6 +372,8 @@ impl<'a> Sim<'a> {
                 Ev::KvEvents { worker, batch } => self.deliver_kv_events(worker, batch),
                 Ev::SyncLoad => {
                     self.sync_load();
+                    // Fewer requests elsewhere may leave room under a cap now.
+                    self.drain_queue(traffic, sink);
                     if !self.finished()
                         && let Some(ns) = sync_ns
                     {

@@ -202,22 +202,18 @@ impl Balancer {
 impl Sim<'_> {
     /// `probes-and-load`: every replica learns the others' in-flight count of every worker.
     pub(super) fn sync_load(&mut self) {
-        let n = self.replicas.len();
-        let workers = self.workers.len();
-        for w in 0..workers {
-            let Some(id) = self.workers[w].id else {
+        for w in &self.workers {
+            let Some(id) = w.id else {
                 continue;
             };
-            let local: Vec<u32> = self
+            let total: u32 = self
                 .replicas
                 .iter()
                 .map(|r| local_in_flight(&r.router, id))
-                .collect();
-            let total: u32 = local.iter().sum();
-            for (r, own) in local.iter().enumerate().take(n) {
-                self.replicas[r]
-                    .router
-                    .set_remote_in_flight(id, total - own);
+                .sum();
+            for r in &mut self.replicas {
+                let own = local_in_flight(&r.router, id);
+                r.router.set_remote_in_flight(id, total - own);
             }
         }
     }

@@ -337,3 +337,41 @@ fn bad_gateways_blocks_are_located_errors() {
         );
     }
 }
+
+#[test]
+fn exchanged_counts_hold_the_cap_fleet_wide() {
+    // A flat cap of 4 per worker and a stream that would keep more in flight: without the
+    // exchange each of 8 replicas caps only its own requests; with it, a replica counts the
+    // others' requests too, so far fewer than 8 × 4 run on a worker at once.
+    let sc = small(
+        "poisson: { rate_per_s: 12, duration_s: 300, prompt: { fixed: 500 }, output: { fixed: 256 } }",
+        "[\"equal/p2c:higher-weight/no-affinity/flat:4\"]",
+    );
+    let mut sc = sc;
+    sc.setup.timeline_ns = 500_000_000;
+    let p = sc.policies[0].clone();
+    let peak = |m: &RunMetrics| m.timeline.iter().map(|r| r.in_flight).max().unwrap();
+    let one = run_policy(&sc, &p);
+    let none = run_policy(&with(&sc, gateways(8, Split::Random, Share::None)), &p);
+    let load = run_policy(
+        &with(
+            &sc,
+            gateways(
+                8,
+                Split::Random,
+                Share::ProbesAndLoad {
+                    sync_interval_ns: 50_000_000,
+                },
+            ),
+        ),
+        &p,
+    );
+    assert_eq!(peak(&one), 4);
+    assert!(peak(&none) > 8, "{}", peak(&none));
+    assert!(
+        peak(&load) < peak(&none),
+        "{} vs {}",
+        peak(&load),
+        peak(&none)
+    );
+}
