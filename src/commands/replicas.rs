@@ -42,6 +42,10 @@ pub struct ReplicasArgs {
     /// every field preset).
     #[arg(long = "policy")]
     pub policies: Vec<String>,
+    /// Without `--policy`: the seed's policy to study beside the best field router (preset or
+    /// composition; default: the scenario's first policy).
+    #[arg(long, conflicts_with = "policies")]
+    pub seed_policy: Option<String>,
     /// How the L4 balancer splits requests: random, hash-by-session or round-robin.
     #[arg(long, default_value = DEFAULT_SPLIT.name())]
     pub split: String,
@@ -164,7 +168,12 @@ fn study(
     let (policies, first) = if args.policies.is_empty() {
         // The scenario's own policy and every field preset behind the reference; the best
         // field router joins the study.
-        let own = scenario.policies[0].clone();
+        let own = match &args.seed_policy {
+            Some(name) => {
+                PolicyConfig::from_name(name).with_context(|| format!("--seed-policy {name}"))?
+            }
+            None => scenario.policies[0].clone(),
+        };
         let field: Vec<PolicyConfig> = PRESETS
             .iter()
             .filter_map(|p| PolicyConfig::preset(p.name).ok())

@@ -65,6 +65,10 @@ fn replicas_refuses_bad_options_with_exit_code_2() {
             &["--share", "all"][..],
             "error: --share: unknown share `all`",
         ),
+        (
+            &["--seed-policy", "no-such-policy"][..],
+            "error: --seed-policy no-such-policy: ",
+        ),
     ] {
         let mut args = vec![
             "replicas",
