@@ -28,6 +28,9 @@ enum Command {
     /// Each policy's capacity at an SLO: the largest load scale at which it holds, per seed,
     /// with a paired ratio to a baseline (default: round robin).
     Capacity(commands::capacity::CapacityArgs),
+    /// How many gateway replicas a fleet takes: capacity, weight error and overlap regret
+    /// against the number of replicas behind an L4 balancer.
+    Replicas(commands::replicas::ReplicasArgs),
     /// Run a parameter grid in parallel: --set path.to.field=v1,v2 (several make a grid).
     Sweep(commands::sweep::SweepArgs),
     /// Combine the partial results of `compare | sweep | capacity | check --shard K/N` into
@@ -88,6 +91,7 @@ fn main() -> ExitCode {
         Command::Run(args) => commands::run::run(&args, &mut std::io::stdout().lock()),
         Command::Compare(args) => commands::compare::run(&args, &mut std::io::stdout().lock()),
         Command::Capacity(args) => commands::capacity::run(&args, &mut std::io::stdout().lock()),
+        Command::Replicas(args) => commands::replicas::run(&args, &mut std::io::stdout().lock()),
         Command::Sweep(args) => commands::sweep::run(&args, &mut std::io::stdout().lock()),
         Command::Merge(args) => commands::merge::run(
             &args,

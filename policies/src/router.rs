@@ -869,6 +869,32 @@ impl Router {
         self.rebuild_model(model);
         Ok(())
     }
+
+    // ----- several replicas ------------------------------------------------------------------
+
+    /// Another gateway replica's requests in flight on `id`, as the replicas exchange them
+    /// (`remote` replaces what an earlier call said). From now on the choosers, the prefix
+    /// affinity and the cap compare the worker's own in-flight count plus `remote`: a worker
+    /// at its cap counting the other replicas' requests takes no more from this one. What this
+    /// router counts and releases itself (`WorkerInfo::in_flight`, the weight strategies'
+    /// view, the field's token signals) stays its own. An unknown id is ignored.
+    pub fn set_remote_in_flight(&mut self, id: WorkerId, remote: u32) {
+        let Some(local) = self.fleet.get(id).map(|i| i.in_flight) else {
+            return;
+        };
+        let h = &mut self.hot[id.index()];
+        h.in_flight = local.saturating_add(remote);
+        let model = h.model;
+        self.recount_free(model);
+    }
+
+    /// What [`Router::set_remote_in_flight`] last said about `id` (0 for an unknown id).
+    pub fn remote_in_flight(&self, id: WorkerId) -> u32 {
+        match (self.hot.get(id.index()), self.fleet.get(id)) {
+            (Some(h), Some(i)) => h.in_flight - i.in_flight,
+            _ => 0,
+        }
+    }
 }
 
 /// What a request adds to its worker's signals: its prompt, and the part of it the router does
@@ -974,5 +1000,53 @@ mod tests {
         // Without the exclusion a still takes requests: the counts were restored.
         assert_eq!(r.route(Time::ZERO, &req, &mut rng).unwrap().worker, a);
         assert_eq!(r.fleet().get(a).unwrap().in_flight, 1);
+    }
+
+    #[test]
+    fn remote_in_flight_counts_for_the_choosers_and_the_cap_but_not_the_local_view() {
+        let mut r = Router::new(
+            PolicyConfig::from_name("equal/jsq:higher-weight/no-affinity/flat:4").unwrap(),
+        );
+        let a = r.register(Time::ZERO, spec("a"));
+        let b = r.register(Time::ZERO, spec("b"));
+        let model = r.model_id("m").unwrap();
+        let req = RouteRequest {
+            model,
+            context_tokens: 10,
+            prefix: &[],
+            prompt_tokens: 10,
+        };
+        let mut rng = rand::rngs::Xoshiro256PlusPlus::seed_from_u64(3);
+        // Other replicas hold 3 requests on `a`: the least-in-flight rule sends to `b` until
+        // `b` holds as many.
+        r.set_remote_in_flight(a, 3);
+        assert_eq!(r.remote_in_flight(a), 3);
+        for _ in 0..3 {
+            assert_eq!(r.route(Time::ZERO, &req, &mut rng).unwrap().worker, b);
+        }
+        // The local view is this router's own requests only.
+        assert_eq!(r.fleet().get(a).unwrap().in_flight, 0);
+        assert_eq!(r.fleet().get(b).unwrap().in_flight, 3);
+        // The cap counts the remote requests: `a` takes one more (3 + 1 = 4) and `b` one,
+        // then nothing fits anywhere.
+        let mut next_two = [0, 1].map(|_| r.route(Time::ZERO, &req, &mut rng).unwrap().worker);
+        next_two.sort();
+        assert_eq!(next_two, [a, b]);
+        assert!(matches!(
+            r.route(Time::ZERO, &req, &mut rng),
+            Err(RouteError::AllAtCap { .. })
+        ));
+        // A newer count replaces the old one (not added to it) and frees `a` again.
+        r.set_remote_in_flight(a, 0);
+        assert_eq!(r.remote_in_flight(a), 0);
+        assert_eq!(r.route(Time::ZERO, &req, &mut rng).unwrap().worker, a);
+        // Releasing this router's own requests leaves the remote count alone.
+        r.set_remote_in_flight(b, 2);
+        r.fail(Time::ZERO, b, Charge::NONE);
+        assert_eq!(r.remote_in_flight(b), 2);
+        assert_eq!(r.fleet().get(b).unwrap().in_flight, 3);
+        // An unknown id is ignored.
+        r.set_remote_in_flight(WorkerId(99), 5);
+        assert_eq!(r.remote_in_flight(WorkerId(99)), 0);
     }
 }

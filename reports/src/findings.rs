@@ -1,9 +1,26 @@
-//! `docs/findings.md` is written by two commands: `compare --findings` writes the document and
-//! `capacity --findings` writes its capacity section. Each generated section sits between two
-//! marker comments, so either command can regenerate its part and keep the other's.
+//! `docs/findings.md` is written by three commands: `compare --findings` writes the document,
+//! `capacity --findings` its capacity section and `replicas --findings` its replicas section.
+//! Each generated section sits between two marker comments, so each command can regenerate its
+//! part and keep the others'.
 
 /// The section `capacity --findings` writes.
 pub const CAPACITY: &str = "capacity";
+
+/// The section `replicas --findings` writes.
+pub const REPLICAS: &str = "replicas";
+
+/// The sections generated apart from `compare --findings`'s document, in the order it keeps
+/// them after its own text.
+pub const GENERATED_APART: &[&str] = &[CAPACITY, REPLICAS];
+
+/// Each section of [`GENERATED_APART`] that `doc` has, whole (markers included), in that
+/// order: what `compare --findings` keeps when it rewrites the document.
+pub fn kept_sections(doc: &str) -> Vec<String> {
+    GENERATED_APART
+        .iter()
+        .filter_map(|name| section(doc, name).map(str::to_string))
+        .collect()
+}
 
 /// The comment that opens the generated section `name`.
 fn begin(name: &str) -> String {
@@ -108,6 +125,24 @@ mod tests {
         assert_eq!(twice.matches("routelab:capacity:begin").count(), 1);
         assert_eq!(section("no markers", "capacity"), None);
         assert_eq!(splice("", "x", "c"), marked("x", "c"));
+    }
+
+    #[test]
+    fn compare_keeps_the_capacity_and_replicas_sections_in_order() {
+        let doc = format!(
+            "# Findings\n{}{}{}",
+            marked(REPLICAS, "R"),
+            marked("other", "O"),
+            marked(CAPACITY, "C")
+        );
+        assert_eq!(
+            kept_sections(&doc),
+            [marked(CAPACITY, "C"), marked(REPLICAS, "R")]
+        );
+        assert!(kept_sections("# Findings\n").is_empty());
+        // Splicing one keeps the other.
+        let capacity_again = splice(&doc, CAPACITY, "C2");
+        assert_eq!(section(&capacity_again, REPLICAS), section(&doc, REPLICAS));
     }
 
     #[test]

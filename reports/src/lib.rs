@@ -40,6 +40,7 @@ pub mod partial;
 mod profile;
 mod requests_csv;
 pub use requests_csv::{RequestsCsvStream, RowSink};
+pub mod replicas;
 mod run;
 pub mod shard;
 pub mod stats;
@@ -63,5 +64,5 @@ pub use run::{
     AppliedSlo, PerfInfo, PerfRun, PolicyRun, RunEntry, RunMeta, SummaryFile, Written, run_table,
     summary_file, summary_table, write_perf, write_run,
 };
-pub use summary::{RunSummary, WorkerSummary};
+pub use summary::{ReplicaSummary, RunSummary, WorkerSummary};
 pub use sweep::{SweepRow, sweep_table, write_sweep};

@@ -13,8 +13,8 @@
 //! regression.
 
 use crate::num::{fmt_pct, fmt_sig, r6};
-use routelab_sim::RunMetrics;
 use routelab_sim::histogram::Histogram;
+use routelab_sim::{ReplicaTotals, RunMetrics};
 
 /// Which way is better.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -443,6 +443,79 @@ pub const WORKER_METRICS: &[WorkerMetric] = &[
     },
 ];
 
+/// A metric of one gateway replica in a run with several (`summary.json`'s `replicas` list):
+/// a [`CATALOG`] metric — its name, label, unit, direction and description — read from the
+/// requests that replica routed and the weights it held.
+#[derive(Debug, Clone, Copy)]
+pub struct ReplicaMetric {
+    /// The catalog metric it is (`ttft_mean_s`); its key in each replica's entry.
+    pub name: &'static str,
+    read: fn(&ReplicaTotals) -> Option<f64>,
+}
+
+impl ReplicaMetric {
+    /// The catalog entry it shares its label, unit, direction and description with.
+    pub fn metric(&self) -> &'static Metric {
+        view(self.name)
+    }
+
+    /// Its exact value for a replica (`None`: no value, never NaN).
+    pub fn read(&self, r: &ReplicaTotals) -> Option<f64> {
+        (self.read)(r).filter(|v| v.is_finite())
+    }
+
+    /// The value as reported in summaries (the catalog's rounding).
+    pub fn reported(&self, r: &ReplicaTotals) -> Option<f64> {
+        let v = self.read(r)?;
+        if self.metric().unit.is_count() {
+            Some(v)
+        } else {
+            r6(v)
+        }
+    }
+}
+
+/// The per-replica metrics, in `summary.json` order: what each replica routed, the routing
+/// quality of its decisions (weight error, overlap regret) and the latency of its requests.
+pub const REPLICA_METRICS: &[ReplicaMetric] = &[
+    ReplicaMetric {
+        name: "requests",
+        read: |r| count(r.routed),
+    },
+    ReplicaMetric {
+        name: "completed",
+        read: |r| count(r.completed),
+    },
+    ReplicaMetric {
+        name: "weight_error",
+        read: |r| r.weight_error.mean(),
+    },
+    ReplicaMetric {
+        name: "overlap_regret_mean_tokens",
+        read: |r| r.overlap_regret.mean(),
+    },
+    ReplicaMetric {
+        name: "overlap_regret_p99_tokens",
+        read: |r| r.overlap_regret.quantile(0.99).map(|v| v as f64),
+    },
+    ReplicaMetric {
+        name: "ttft_mean_s",
+        read: |r| mean(&r.ttft),
+    },
+    ReplicaMetric {
+        name: "ttft_p99_s",
+        read: |r| quantile(&r.ttft, 0.99),
+    },
+    ReplicaMetric {
+        name: "e2e_mean_s",
+        read: |r| mean(&r.e2e),
+    },
+    ReplicaMetric {
+        name: "e2e_p99_s",
+        read: |r| quantile(&r.e2e, 0.99),
+    },
+];
+
 /// The direction of a gate key: a catalog metric's, or a per-worker metric's (`share:pair`).
 /// `None` for a key that names no metric.
 pub fn direction_of_key(key: &str) -> Option<Direction> {
@@ -647,6 +720,18 @@ mod tests {
                 by_name(w.name).is_none(),
                 "{} clashes with a run metric",
                 w.name
+            );
+        }
+    }
+
+    #[test]
+    fn replica_metrics_are_catalog_metrics_listed_once() {
+        for (i, r) in REPLICA_METRICS.iter().enumerate() {
+            assert!(by_name(r.name).is_some(), "{} is not in CATALOG", r.name);
+            assert!(
+                REPLICA_METRICS[..i].iter().all(|o| o.name != r.name),
+                "{} twice",
+                r.name
             );
         }
     }

@@ -13,7 +13,7 @@ use crate::export::{create_dir, write_file};
 use crate::metric::{Direction, share, view, views};
 use crate::num::{fmt_fixed, fmt_pct, fmt_sig, r6};
 use crate::requests_csv::write_requests_csv;
-use crate::summary::{RunSummary, WorkerSummary};
+use crate::summary::{ReplicaSummary, RunSummary, WorkerSummary};
 use routelab_sim::{RequestRecord, RunMetrics, Scenario};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -146,6 +146,9 @@ pub struct RunEntry {
     /// Scenario events that did not take effect (absent when there are none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// Per gateway replica (absent with one gateway).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<ReplicaSummary>,
 }
 
 /// Build the content of `summary.json`.
@@ -162,6 +165,7 @@ pub fn summary_file(meta: &RunMeta, runs: &[PolicyRun]) -> SummaryFile {
                 summary: r.summary(),
                 workers: WorkerSummary::from_metrics(&r.metrics),
                 warnings: r.metrics.warning_lines(),
+                replicas: ReplicaSummary::from_metrics(&r.metrics),
             })
             .collect(),
     }

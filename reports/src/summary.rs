@@ -1,7 +1,7 @@
 //! Scalar summaries of a run ([`RunSummary`]) and the per-worker rows ([`WorkerSummary`]),
 //! both filled from the metric catalog ([`crate::metric`]).
 
-use crate::metric::{CATALOG, JsonKey, Metric, share};
+use crate::metric::{CATALOG, JsonKey, Metric, REPLICA_METRICS, share};
 use crate::num::r6;
 use routelab_sim::RunMetrics;
 use serde::ser::{SerializeMap, Serializer};
@@ -182,6 +182,48 @@ impl WorkerSummary {
     }
 }
 
+/// One gateway replica of a run with several, in `summary.json`'s `replicas` list: its index,
+/// then each [`REPLICA_METRICS`] value under its catalog name (counts as integers, missing as
+/// `null`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaSummary {
+    /// Replica index (0-based, as the balancer numbers them).
+    pub replica: usize,
+    /// Indexed like [`REPLICA_METRICS`].
+    values: Vec<Option<f64>>,
+}
+
+impl ReplicaSummary {
+    /// The per-replica entries of a run (empty with one gateway).
+    pub fn from_metrics(m: &RunMetrics) -> Vec<ReplicaSummary> {
+        m.replicas
+            .iter()
+            .enumerate()
+            .map(|(replica, r)| ReplicaSummary {
+                replica,
+                values: REPLICA_METRICS.iter().map(|x| x.reported(r)).collect(),
+            })
+            .collect()
+    }
+
+    /// The value of a per-replica metric by its catalog name.
+    pub fn get(&self, name: &str) -> Option<f64> {
+        let i = REPLICA_METRICS.iter().position(|x| x.name == name)?;
+        self.values[i]
+    }
+}
+
+impl Serialize for ReplicaSummary {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(REPLICA_METRICS.len() + 1))?;
+        map.serialize_entry("replica", &self.replica)?;
+        for (x, v) in REPLICA_METRICS.iter().zip(&self.values) {
+            map.serialize_entry(x.name, &JsonValue(*v, x.metric().unit.is_count()))?;
+        }
+        map.end()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,6 +259,33 @@ mod tests {
         assert_eq!(csv.len(), summary_csv_header().len());
         assert_eq!(&csv[..3], ["3", "0", "0"]);
         assert_eq!(csv[5], "", "missing TTFT mean is an empty cell");
+    }
+
+    #[test]
+    fn replicas_are_listed_only_with_several_and_read_like_the_catalog() {
+        let mut m = RunMetrics::new("p", vec![WorkerTotals::new("a")]);
+        assert!(ReplicaSummary::from_metrics(&m).is_empty());
+        m.replicas = vec![routelab_sim::ReplicaTotals::default(); 2];
+        m.replicas[1].routed = 4;
+        m.replicas[1].completed = 1;
+        m.replicas[1].e2e.record_secs(2.0);
+        m.e2e.record_secs(2.0);
+        let rows = ReplicaSummary::from_metrics(&m);
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[1].get("requests"), Some(4.0));
+        assert_eq!(rows[1].get("ttft_mean_s"), None, "missing is null, not 0");
+        // The same histogram reads the same through the catalog and per replica.
+        assert_eq!(
+            rows[1].get("e2e_mean_s"),
+            RunSummary::from_metrics(&m).get(view("e2e_mean_s"))
+        );
+        let json = serde_json::to_string(&rows[1]).unwrap();
+        assert!(
+            json.starts_with(r#"{"replica":1,"requests":4,"completed":1,"weight_error":null,"#),
+            "{json}"
+        );
+        assert!(json.contains(r#""e2e_mean_s":2.0"#), "{json}");
+        assert_eq!(rows[0].get("requests"), Some(0.0));
     }
 
     #[test]

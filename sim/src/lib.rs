@@ -28,12 +28,15 @@ pub mod sweep;
 pub mod traffic;
 pub mod worker;
 
-pub use engine::{Action, LifecycleEvent, NO_TIME_LIMIT_NS, SimError, SimSetup, WorkerSetup, run};
+pub use engine::{
+    Action, Gateways, LifecycleEvent, MAX_REPLICAS, NO_TIME_LIMIT_NS, Share, SimError, SimSetup,
+    Split, WorkerSetup, run,
+};
 pub use hardware::{HardwareProfile, ProfileLookup};
 pub use record::{
     Outcome, Recorder, RequestRecord, RequestSink, RunWarning, Slo, Status, WarningReason,
 };
-pub use results::{RunMetrics, TimelineRow, WorkerTotals};
+pub use results::{ReplicaTotals, RunMetrics, TimelineRow, WorkerTotals};
 pub use scenario::{Scenario, ScenarioError, TrafficSpec};
 pub use seed::derive_seed;
 pub use worker::{EngineModel, EngineOverrides};

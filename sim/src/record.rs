@@ -239,6 +239,13 @@ pub struct Recorder {
     slo: Slo,
 }
 
+/// A completed request's TTFT and end-to-end latency as a run counts them, s.
+fn completed_latencies(o: &Outcome) -> (f64, f64) {
+    let e2e = secs(o.end.nanos_since(o.arrival));
+    // A completion without a seen first token had it at the end.
+    (o.ttft_s().unwrap_or(e2e), e2e)
+}
+
 impl Recorder {
     /// Record into `metrics` (usually fresh) against `slo`.
     pub fn new(metrics: RunMetrics, slo: Slo) -> Recorder {
@@ -309,9 +316,7 @@ impl Recorder {
     pub fn finished(&mut self, o: &Outcome) {
         match o.status {
             Status::Ok => {
-                let e2e = secs(o.end.nanos_since(o.arrival));
-                // A completion without a seen first token had it at the end.
-                let ttft = o.ttft_s().unwrap_or(e2e);
+                let (ttft, e2e) = completed_latencies(o);
                 let tpot = o.tpot_s();
                 let m = &mut self.m;
                 m.completed += 1;
@@ -348,6 +353,19 @@ impl Recorder {
             Status::Failed => self.m.failed += 1,
             Status::Rejected => self.m.rejected += 1,
         }
+    }
+
+    /// Count a finished customer request for the gateway replica that routed it (runs with
+    /// several replicas; [`Recorder::finished`] counts it for the whole run).
+    pub fn replica_finished(&mut self, replica: usize, o: &Outcome) {
+        if o.status != Status::Ok {
+            return;
+        }
+        let (ttft, e2e) = completed_latencies(o);
+        let r = &mut self.m.replicas[replica];
+        r.completed += 1;
+        r.ttft.record_secs(ttft);
+        r.e2e.record_secs(e2e);
     }
 
     /// The `requests.csv` row of a finished request.

@@ -139,6 +139,26 @@ impl WorkerTotals {
     }
 }
 
+/// What one gateway replica of a run with several saw (see the scenario's `gateways:`).
+#[derive(Debug, Clone, Default)]
+pub struct ReplicaTotals {
+    /// Customer requests it routed (retries on it not counted again).
+    pub routed: u64,
+    /// Of those, completed.
+    pub completed: u64,
+    /// Time to first token of its completed requests, s.
+    pub ttft: Histogram,
+    /// End to end of its completed requests, s.
+    pub e2e: Histogram,
+    /// Overlap regret of its routing decisions, tokens (see [`RunMetrics::overlap_regret`]).
+    pub overlap_regret: Histogram,
+    /// Its weights' distance from the oracle's, over every worker (see
+    /// [`RunMetrics::weight_error`]).
+    pub weight_error: WeightError,
+    /// Its weight of each worker at the end, by fleet index (1.0 for one never registered).
+    pub final_weights: Vec<f64>,
+}
+
 /// What a run measured.
 #[derive(Debug, Clone)]
 pub struct RunMetrics {
@@ -208,6 +228,9 @@ pub struct RunMetrics {
     pub warnings: Vec<RunWarning>,
     /// Bad trace rows the traffic skipped (`on_bad_row: skip`).
     pub skipped_rows: crate::traffic::Skipped,
+    /// Per gateway replica, in replica order; empty with one gateway (the whole run is then
+    /// that gateway's).
+    pub replicas: Vec<ReplicaTotals>,
 }
 
 impl RunMetrics {
@@ -253,6 +276,7 @@ impl RunMetrics {
             events: 0,
             warnings: Vec::new(),
             skipped_rows: crate::traffic::Skipped::default(),
+            replicas: Vec::new(),
         }
     }
 
@@ -285,8 +309,9 @@ impl RunMetrics {
     }
 
     /// The weight error of the whole fleet: every worker's integral over every worker's
-    /// active time (a time-weighted mean over workers). A host that has no oracle (the
-    /// real-time player) leaves it empty: `mean()` is then `None`.
+    /// active time (a time-weighted mean over workers; with several gateway replicas, over
+    /// workers and replicas). A host that has no oracle (the real-time player) leaves it
+    /// empty: `mean()` is then `None`.
     pub fn weight_error(&self) -> WeightError {
         self.workers
             .iter()

@@ -19,7 +19,9 @@
 //! ```
 
 use crate::derive_seed;
-use crate::engine::{Action, LifecycleEvent, SimSetup, Slo, WorkerSetup};
+use crate::engine::{
+    Action, Gateways, LifecycleEvent, MAX_REPLICAS, Share, SimSetup, Slo, Split, WorkerSetup,
+};
 use crate::hardware::{HardwareProfile, ProfileLookup};
 use crate::traffic::{
     ArrivalUnit, BadRowPolicy, Burst, BurstConfig, ClosedLoop, ClosedLoopConfig, Conversations,
@@ -80,6 +82,22 @@ pub struct RawScenario {
     pub max_retries: Option<u32>,
     /// Concurrency at which the oracle reads true capacity (default 16, the probe's).
     pub oracle_concurrency: Option<f64>,
+    /// Several gateway replicas behind an L4 balancer (default: one gateway).
+    pub gateways: Option<Spanned<RawGateways>>,
+}
+
+/// The `gateways:` block as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawGateways {
+    /// How many replicas (default 1).
+    pub replicas: Option<f64>,
+    /// The balancer's rule: `random`, `hash-by-session` or `round-robin` (default).
+    pub split: Option<String>,
+    /// What the replicas share: `none` (default), `probes` or `probes-and-load`.
+    pub share: Option<String>,
+    /// `probes-and-load`: period of the in-flight exchange, s (required there, only there).
+    pub sync_interval_s: Option<f64>,
 }
 
 /// One worker entry (or `count` identical ones).
@@ -793,6 +811,9 @@ impl Validator<'_> {
         } else {
             setup.slo = Slo::default();
         }
+        if let Some(g) = &raw.gateways {
+            setup.gateways = self.gateways(g)?;
+        }
         Ok(Scenario {
             name,
             description: raw.description.unwrap_or_default(),
@@ -800,6 +821,76 @@ impl Validator<'_> {
             setup,
             traffic,
             policies,
+        })
+    }
+
+    /// The `gateways:` block.
+    fn gateways(&self, g: &Spanned<RawGateways>) -> Result<Gateways, ScenarioError> {
+        let loc = &g.referenced;
+        let g = &g.value;
+        let replicas = match g.replicas {
+            None => 1,
+            Some(n) => rule::whole(n, 1, u64::from(MAX_REPLICAS))
+                .map_err(|e| self.invalid(Some(loc), "gateways.replicas", e.to_string()))?
+                as u32,
+        };
+        let names = |all: &[&str]| all.join(", ");
+        let split = match g.split.as_deref() {
+            None => Split::RoundRobin,
+            Some(name) => Split::from_name(name).ok_or_else(|| {
+                let valid: Vec<&str> = Split::ALL.iter().map(|(n, _)| *n).collect();
+                self.invalid(
+                    Some(loc),
+                    "gateways.split",
+                    format!("unknown split `{name}`"),
+                )
+                .valid(names(&valid))
+            })?,
+        };
+        let name = g.share.as_deref().unwrap_or(Share::NAMES[0]);
+        let sync_ns = match g.sync_interval_s {
+            None => None,
+            Some(s) => Some(
+                rule::period(s)
+                    .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+                    .map_err(|e| {
+                        self.invalid(Some(loc), "gateways.sync_interval_s", e.to_string())
+                    })?,
+            ),
+        };
+        let share = Share::from_name(name, sync_ns.unwrap_or(0)).ok_or_else(|| {
+            self.invalid(
+                Some(loc),
+                "gateways.share",
+                format!("unknown share `{name}`"),
+            )
+            .valid(names(&Share::NAMES))
+        })?;
+        match (share, sync_ns) {
+            (Share::ProbesAndLoad { .. }, None) => {
+                return Err(self.invalid(
+                    Some(loc),
+                    "gateways.sync_interval_s",
+                    "is missing; `share: probes-and-load` exchanges in-flight counts every \
+                     `sync_interval_s` seconds (a number > 0)",
+                ));
+            }
+            (Share::None | Share::Probes, Some(_)) => {
+                return Err(self.invalid(
+                    Some(loc),
+                    "gateways.sync_interval_s",
+                    format!(
+                        "is given with `share: {name}`; only `share: probes-and-load` \
+                         exchanges in-flight counts"
+                    ),
+                ));
+            }
+            _ => {}
+        }
+        Ok(Gateways {
+            replicas,
+            split,
+            share,
         })
     }
 

@@ -7,6 +7,7 @@ pub mod merge;
 pub mod policies;
 pub mod profile;
 pub mod realtime;
+pub mod replicas;
 pub mod run;
 pub mod sweep;
 pub mod trace;

@@ -9,6 +9,7 @@ mod console_tables;
 mod deploy;
 mod profile_cmd;
 mod readme;
+mod replicas_cmd;
 mod report_browser;
 mod run_output;
 mod shards;

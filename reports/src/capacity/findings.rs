@@ -46,7 +46,7 @@ impl PolicyKind {
 }
 
 /// `1.17x [1.16, 1.18]` with `established` or `not established`.
-fn ratio_cell(r: Option<Interval>) -> String {
+pub(crate) fn ratio_cell(r: Option<Interval>) -> String {
     match r {
         None => "-".into(),
         Some(r) => {
@@ -69,7 +69,7 @@ fn ratio_cell(r: Option<Interval>) -> String {
 }
 
 /// The index with the largest mean capacity among those `keep` accepts.
-fn best(st: &CapacityStudy, keep: impl Fn(usize) -> bool) -> Option<usize> {
+pub(crate) fn best(st: &CapacityStudy, keep: impl Fn(usize) -> bool) -> Option<usize> {
     (0..st.policies.len())
         .filter(|&i| keep(i))
         .filter_map(|i| st.policies[i].interval().map(|iv| (i, iv.mean)))

@@ -26,6 +26,7 @@ pub mod search;
 pub mod slo;
 
 pub use findings::{PolicyKind, findings_section, update_findings};
+pub(crate) use findings::{best, ratio_cell};
 pub use report::{capacity_table, write_capacity};
 pub use search::{Censored, Evaluation, SearchOptions, SeedCapacity, find_capacity};
 pub use slo::{Bound, SloMetric, SloSpec, Statistic};

@@ -81,11 +81,14 @@ impl Sim<'_> {
         }
     }
 
-    /// Hands a batch to the router (a worker not registered yet has nobody to tell).
+    /// Hands a batch to every replica's router (a worker not registered yet has nobody to
+    /// tell).
     pub(super) fn deliver_kv_events(&mut self, worker: u32, batch: u32) {
         if let Some(id) = self.workers[worker as usize].id {
-            self.router
-                .apply_kv_events(self.now, id, &self.kv.batches[batch as usize]);
+            for r in &mut self.replicas {
+                r.router
+                    .apply_kv_events(self.now, id, &self.kv.batches[batch as usize]);
+            }
         }
         self.kv.recycle(batch);
     }
@@ -96,7 +99,8 @@ impl Sim<'_> {
         let r = &self.reqs[req as usize];
         let Some(model) = self.model else { return };
         let context_tokens = r.prompt.saturating_add(r.output);
-        let fleet = self.router.fleet();
+        let replica = r.replica as usize;
+        let fleet = self.replicas[replica].router.fleet();
         // The router's own filter (`WorkerInfo::accepts`). The cap is left out: a worker at its
         // cap still shows what the request could have reused.
         let eligible = |w: &super::WorkerRt| {
@@ -113,6 +117,12 @@ impl Sim<'_> {
         let got = self.workers[chosen as usize]
             .engine
             .peek_cached_tokens(r.prompt, &r.prefix);
-        self.rec.overlap_regret(best.saturating_sub(got));
+        let regret = best.saturating_sub(got);
+        self.rec.overlap_regret(regret);
+        if self.several() {
+            self.rec.metrics_mut().replicas[replica]
+                .overlap_regret
+                .record(u64::from(regret));
+        }
     }
 }

@@ -9,7 +9,7 @@ use super::setup::Action;
 use super::{Ev, Sim, Sink};
 use crate::record::{RunWarning, WarningReason};
 use crate::traffic::TrafficSource;
-use routelab_policies::{AdminError, Provenance, WorkerId};
+use routelab_policies::{AdminError, Provenance, Router, WorkerId};
 
 impl Sim<'_> {
     /// Record that `action` on `worker` did not take effect.
@@ -39,23 +39,50 @@ impl Sim<'_> {
         id
     }
 
+    /// Apply an administrative call to every replica (a lifecycle event reaches them all);
+    /// the first refusal, if any, is the answer (replicas that saw the same events answer
+    /// alike).
+    fn on_all(
+        &mut self,
+        mut call: impl FnMut(&mut Router) -> Result<(), AdminError>,
+    ) -> Result<(), AdminError> {
+        let mut answer = Ok(());
+        for r in &mut self.replicas {
+            let result = call(&mut r.router);
+            if answer.is_ok() {
+                answer = result;
+            }
+        }
+        answer
+    }
+
     pub(super) fn register(&mut self, worker: u32) {
         let now = self.now;
         let setup = &self.setup.workers[worker as usize];
         let w = &mut self.workers[worker as usize];
         match w.id {
             None => {
-                let id = self.router.register(now, setup.spec.clone());
-                // The router knows the configured round trip (rules that estimate TTFT add it).
-                self.router
-                    .set_round_trip(id, std::time::Duration::from_nanos(setup.rtt_ns));
+                let rtt = std::time::Duration::from_nanos(setup.rtt_ns);
+                let mut ids = self.replicas.iter_mut().map(|r| {
+                    let id = r.router.register(now, setup.spec.clone());
+                    // The router knows the configured round trip (rules that estimate TTFT
+                    // add it).
+                    r.router.set_round_trip(id, rtt);
+                    id
+                });
+                let id = ids.next().expect("at least one replica");
+                // Every replica registers the same workers in the same order: one id each.
+                assert!(
+                    ids.all(|other| other == id),
+                    "replicas number workers alike"
+                );
                 w.id = Some(id);
                 if self.by_id.len() <= id.index() {
                     self.by_id.resize(id.index() + 1, 0);
                 }
                 self.by_id[id.index()] = worker;
                 if self.model.is_none() {
-                    self.model = self.router.model_id(&self.setup.model);
+                    self.model = self.replicas[0].router.model_id(&self.setup.model);
                 }
             }
             Some(id) => {
@@ -63,14 +90,14 @@ impl Sim<'_> {
                     .pending_args
                     .take()
                     .unwrap_or_else(|| setup.spec.launch_args.clone());
-                let current = self
+                let current = self.replicas[0]
                     .router
                     .fleet()
                     .get(id)
                     .map(|i| i.spec.launch_args.clone())
                     .unwrap_or_default();
                 let args = if args.is_empty() { current } else { args };
-                let result = self.router.restart(now, id, &args);
+                let result = self.on_all(|r| r.restart(now, id, &args));
                 self.check(worker, "restart", result);
             }
         }
@@ -85,7 +112,10 @@ impl Sim<'_> {
         let setup = &self.setup.workers[worker as usize];
         let cap =
             setup.profile.aggregate_tok_s(self.setup.oracle_concurrency) * w.engine.speed_factor();
-        self.router.set_true_capacity(self.now, id, cap);
+        let now = self.now;
+        for r in &mut self.replicas {
+            r.router.set_true_capacity(now, id, cap);
+        }
         self.werr.set_capacity(id, cap);
     }
 
@@ -118,7 +148,7 @@ impl Sim<'_> {
                 self.workers[worker as usize].pending_args = launch_args;
                 // Not registered yet: nothing to tell the router, it registers when due.
                 if let Some(id) = id {
-                    let result = self.router.disconnect(now, id);
+                    let result = self.on_all(|r| r.disconnect(now, id));
                     self.check(worker, name, result);
                 }
                 self.fail_all(failed, traffic, sink);
@@ -132,33 +162,36 @@ impl Sim<'_> {
                 self.publish_kv_events(worker);
                 self.workers[worker as usize].up = false;
                 if let Some(id) = id {
-                    let result = self.router.disconnect(now, id);
+                    let result = self.on_all(|r| r.disconnect(now, id));
                     self.check(worker, name, result);
                 }
                 self.fail_all(failed, traffic, sink);
             }
             Action::Disconnect => {
                 if let Some(id) = self.registered(worker, name) {
-                    let result = self.router.disconnect(now, id);
+                    let result = self.on_all(|r| r.disconnect(now, id));
                     self.check(worker, name, result);
                 }
             }
             Action::Reconnect => {
                 if let Some(id) = self.registered(worker, name) {
-                    let result = self.router.reconnect(now, id);
+                    let result = self.on_all(|r| r.reconnect(now, id));
                     self.check(worker, name, result);
                     self.drain_queue(traffic, sink);
                 }
             }
             Action::NodeManagerRestart { keep_cache } => {
                 let node = self.setup.workers[worker as usize].spec.node.clone();
-                self.router.node_manager_restart(now, &node, keep_cache);
+                for r in &mut self.replicas {
+                    r.router.node_manager_restart(now, &node, keep_cache);
+                }
             }
             Action::Pin(w) => {
                 if let Some(id) = self.registered(worker, name) {
-                    let result = self.router.pin(now, id, w);
+                    let result = self.on_all(|r| r.pin(now, id, w));
                     let ignored = result.is_ok()
-                        && self.router.weight(id).map(|w| w.provenance) != Some(Provenance::Pinned);
+                        && self.replicas[0].router.weight(id).map(|w| w.provenance)
+                            != Some(Provenance::Pinned);
                     self.check(worker, name, result);
                     if ignored {
                         let weights = self.weights;
@@ -168,13 +201,13 @@ impl Sim<'_> {
             }
             Action::Unpin => {
                 if let Some(id) = self.registered(worker, name) {
-                    let result = self.router.unpin(now, id);
+                    let result = self.on_all(|r| r.unpin(now, id));
                     self.check(worker, name, result);
                 }
             }
             Action::Reprobe => {
                 if let Some(id) = self.registered(worker, name) {
-                    let result = self.router.reprobe(now, id);
+                    let result = self.on_all(|r| r.reprobe(now, id));
                     self.check(worker, name, result);
                 }
             }
@@ -187,7 +220,7 @@ impl Sim<'_> {
             }
             Action::Remove => {
                 if let Some(id) = self.registered(worker, name) {
-                    let result = self.router.remove(now, id);
+                    let result = self.on_all(|r| r.remove(now, id));
                     self.check(worker, name, result);
                 }
             }

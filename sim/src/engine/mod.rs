@@ -10,6 +10,8 @@
 //! - `probes`: probe orders of the router served as real traffic on the engines;
 //! - `kv`: the engines' KV events delivered to a router that mirrors them, and the overlap
 //!   regret of each routing decision;
+//! - [`replicas`]: several gateway replicas behind an L4 balancer (the scenario's
+//!   `gateways:`), what they share and how requests are split among them;
 //! - `lifecycle`: registration and the scenario's lifecycle events (restarts, crashes, pins…),
 //!   where a call the router refuses becomes a [`RunWarning`](crate::record::RunWarning);
 //! - [`setup`]: what a run is given ([`SimSetup`], [`WorkerSetup`], [`LifecycleEvent`]).
@@ -22,15 +24,17 @@ mod kv;
 mod lifecycle;
 mod probes;
 pub(crate) mod queue;
+pub mod replicas;
 mod requests;
 pub mod setup;
 mod weight_error;
 
+pub use replicas::{Gateways, MAX_REPLICAS, Share, Split};
 pub use setup::{Action, LifecycleEvent, NO_TIME_LIMIT_NS, SimError, SimSetup, WorkerSetup};
 // The result types moved out of the engine (they are shared with the real-time player); their
 // former paths under `engine` stay valid.
 pub use crate::record::{RequestRecord, RequestSink, Slo};
-pub use crate::results::{RunMetrics, TimelineRow, WorkerTotals};
+pub use crate::results::{ReplicaTotals, RunMetrics, TimelineRow, WorkerTotals};
 
 use crate::derive_seed;
 use crate::record::Recorder;
@@ -38,13 +42,15 @@ use crate::traffic::TrafficSource;
 use crate::worker::{EngineModel, EngineOutput};
 use probes::ProbeRun;
 use queue::EventQueue;
-use rand::SeedableRng;
-use rand::rngs::Xoshiro256PlusPlus;
+use replicas::{Balancer, Replica};
 use requests::Req;
 use routelab_policies::{
     EngineReport, PolicyConfig, ProbeOrder, Provenance, Router, Time, WorkerId,
 };
 use weight_error::WeightErrorTracker;
+
+/// The RNG stream of the (first) gateway's router.
+const ROUTER_STREAM: u64 = 1;
 
 /// Run one policy over one traffic source on one fleet.
 ///
@@ -90,6 +96,8 @@ enum Ev {
     Sample,
     /// A batch of a worker's KV events reaches the router (index into the run's batches).
     KvEvents { worker: u32, batch: u32 },
+    /// The gateway replicas exchange their in-flight counts (`share: probes-and-load`).
+    SyncLoad,
 }
 
 /// One worker at run time.
@@ -112,10 +120,12 @@ struct WorkerRt {
 /// The state of one run.
 struct Sim<'a> {
     setup: &'a SimSetup,
-    router: Router,
+    /// The gateway replicas (one without a `gateways:` block), each a router with its RNG.
+    replicas: Vec<Replica>,
+    /// The L4 balancer in front of them.
+    balancer: Balancer,
     /// Name of the policy's weight strategy (for warnings).
     weights: &'static str,
-    rng: Xoshiro256PlusPlus,
     model: Option<routelab_policies::ModelId>,
     workers: Vec<WorkerRt>,
     /// Fleet index by router worker index.
@@ -132,6 +142,8 @@ struct Sim<'a> {
     /// Registrations and lifecycle events still to come.
     pending_lifecycle: u64,
     probes: Vec<ProbeRun>,
+    /// Bursts in flight that another replica's order may join (shared probe results only).
+    running: Vec<u32>,
     orders: Vec<ProbeOrder>,
     outputs: Vec<EngineOutput>,
     next_id: u64,
@@ -176,18 +188,25 @@ impl<'a> Sim<'a> {
             .iter()
             .map(|w| WorkerTotals::new(w.spec.name.clone()))
             .collect();
-        let router = Router::new(policy.clone());
-        let kv = kv::KvDelivery::new(router.kv_event_delay());
+        let n = setup.gateways.replicas.max(1);
+        let replicas: Vec<Replica> = (0..n)
+            .map(|r| Replica::new(Router::new(policy.clone()), setup.seed, r))
+            .collect();
+        let kv = kv::KvDelivery::new(replicas[0].router.kv_event_delay());
         if kv.enabled() {
             for w in &mut workers {
                 w.engine.publish_kv_events(true);
             }
         }
+        let mut metrics = RunMetrics::new(policy.name.clone(), totals);
+        if n > 1 {
+            metrics.replicas = vec![ReplicaTotals::default(); n as usize];
+        }
         Ok(Sim {
             setup,
-            router,
+            replicas,
+            balancer: Balancer::new(setup.gateways, setup.seed),
             weights: policy.weights.name(),
-            rng: Xoshiro256PlusPlus::seed_from_u64(derive_seed(setup.seed, 1)),
             model: None,
             workers,
             by_id: Vec::new(),
@@ -199,14 +218,28 @@ impl<'a> Sim<'a> {
             open_pending: false,
             pending_lifecycle: 0,
             probes: Vec::new(),
+            running: Vec::new(),
             orders: Vec::new(),
             outputs: Vec::new(),
             next_id: 0,
             events: 0,
             kv,
-            rec: Recorder::new(RunMetrics::new(policy.name.clone(), totals), setup.slo),
-            werr: WeightErrorTracker::default(),
+            rec: Recorder::new(metrics, setup.slo),
+            werr: WeightErrorTracker::new(n as usize),
         })
+    }
+
+    /// The first replica's router: what every replica knows alike (the fleet's workers,
+    /// their states and ids, the model) is read from it.
+    #[inline]
+    fn router(&self) -> &Router {
+        &self.replicas[0].router
+    }
+
+    /// Whether the run has several gateway replicas (and so per-replica metrics).
+    #[inline]
+    fn several(&self) -> bool {
+        self.replicas.len() > 1
     }
 
     #[inline]
@@ -241,8 +274,14 @@ impl<'a> Sim<'a> {
         self.push(Time::ZERO, Ev::Tick);
         // Scheduled only for a policy that reads engine reports, so every other policy's event
         // sequence (and output) is unchanged.
-        if self.router.engine_poll_interval().is_some() {
+        if self.router().engine_poll_interval().is_some() {
             self.push(Time::ZERO, Ev::EnginePoll);
+        }
+        // Scheduled only with several replicas exchanging load, so every other run's event
+        // sequence is unchanged.
+        let sync_ns = self.sync_interval_ns();
+        if let Some(ns) = sync_ns {
+            self.push(Time::from_nanos(ns), Ev::SyncLoad);
         }
         if self.setup.timeline_ns > 0 {
             self.push(Time::from_nanos(self.setup.timeline_ns), Ev::Sample);
@@ -308,7 +347,10 @@ impl<'a> Sim<'a> {
                     self.lifecycle(index as usize, traffic, sink);
                 }
                 Ev::Tick => {
-                    self.router.tick(self.now);
+                    let now = self.now;
+                    for r in &mut self.replicas {
+                        r.router.tick(now);
+                    }
                     self.poll_probes();
                     if !self.finished() {
                         self.push(self.after(self.setup.tick_ns), Ev::Tick);
@@ -317,7 +359,7 @@ impl<'a> Sim<'a> {
                 Ev::EnginePoll => {
                     self.poll_engines();
                     if !self.finished()
-                        && let Some(every) = self.router.engine_poll_interval()
+                        && let Some(every) = self.router().engine_poll_interval()
                     {
                         let ns = u64::try_from(every.as_nanos()).unwrap_or(u64::MAX).max(1);
                         self.push(self.after(ns), Ev::EnginePoll);
@@ -332,6 +374,16 @@ impl<'a> Sim<'a> {
                     }
                 }
                 Ev::KvEvents { worker, batch } => self.deliver_kv_events(worker, batch),
+                Ev::SyncLoad => {
+                    self.sync_load();
+                    // Fewer requests elsewhere may leave room under a cap now.
+                    self.drain_queue(traffic, sink);
+                    if !self.finished()
+                        && let Some(ns) = sync_ns
+                    {
+                        self.push(self.after(ns), Ev::SyncLoad);
+                    }
+                }
             }
             // The router's weights and the fleet change only at these events (and at probe
             // measurements): the weight error is re-read after them, before time moves on.
@@ -364,7 +416,19 @@ impl<'a> Sim<'a> {
                 running_tokens: e.kv_used_tokens(),
                 generation_tok_s: e.generation_tok_s(),
             };
-            self.router.engine_report(self.now, id, report);
+            for r in &mut self.replicas {
+                r.router.engine_report(self.now, id, report);
+            }
+        }
+    }
+
+    /// The period of the replicas' load exchange, when there is one.
+    fn sync_interval_ns(&self) -> Option<u64> {
+        match self.setup.gateways.share {
+            Share::ProbesAndLoad { sync_interval_ns } if self.several() => {
+                Some(sync_interval_ns.max(1))
+            }
+            _ => None,
         }
     }
 
@@ -397,12 +461,18 @@ impl<'a> Sim<'a> {
     fn sample(&mut self) {
         let t_s = self.now.as_secs_f64();
         let m = self.rec.metrics_mut();
+        let router = &self.replicas[0].router;
         for (i, w) in self.workers.iter_mut().enumerate() {
             let (in_flight, weight, provenance) = match w.id {
                 Some(id) => {
-                    let info = self.router.fleet().get(id);
-                    let wt = self.router.weight(id).unwrap_or_default();
-                    (info.map_or(0, |i| i.in_flight), wt.value, wt.provenance)
+                    // Every replica's requests; the first replica's weight.
+                    let in_flight = self
+                        .replicas
+                        .iter()
+                        .map(|r| replicas::local_in_flight(&r.router, id))
+                        .sum();
+                    let wt = router.weight(id).unwrap_or_default();
+                    (in_flight, wt.value, wt.provenance)
                 }
                 None => (0, 0.0, Provenance::Default),
             };
@@ -427,9 +497,20 @@ impl<'a> Sim<'a> {
         let m = self.rec.metrics_mut();
         m.end_ns = self.now.as_nanos();
         m.events = self.events;
+        for (r, totals) in m.replicas.iter_mut().enumerate() {
+            let router = &self.replicas[r].router;
+            totals.final_weights = self
+                .workers
+                .iter()
+                .map(|w| {
+                    w.id.and_then(|id| router.weight(id))
+                        .map_or(1.0, |wt| wt.value)
+                })
+                .collect();
+        }
         for (w, totals) in self.workers.iter().zip(&mut m.workers) {
             if let Some(id) = w.id
-                && let Some(wt) = self.router.weight(id)
+                && let Some(wt) = self.replicas[0].router.weight(id)
             {
                 totals.final_weight = wt.value;
                 totals.final_provenance = wt.provenance;

@@ -1,6 +1,11 @@
 //! Probes as real traffic: the router's probe orders become bursts of requests on the
 //! engines, sharing the engines with customers, and their measured throughput goes back to the
 //! router as a [`ProbeResult`].
+//!
+//! With several gateway replicas every replica orders probes on its own; with shared probe
+//! results (`share: probes` or `probes-and-load`) a replica's order of a worker and phase whose
+//! burst already runs joins that burst, and the burst's result reaches every replica that
+//! joined it (see [`super::replicas`]).
 
 use super::requests::Kind;
 use super::{Ev, Sim};
@@ -20,14 +25,30 @@ pub(super) struct ProbeRun {
     pub(super) last_done: Time,
     /// No request of the burst failed.
     pub(super) ok: bool,
+    /// Who waits for its result: each replica with the id of its own order.
+    pub(super) waiting: Vec<(u32, u64)>,
 }
 
 impl Sim<'_> {
-    /// Start the bursts the router asks for now.
+    /// Start the bursts the routers ask for now.
     pub(super) fn poll_probes(&mut self) {
+        for r in 0..self.replicas.len() {
+            self.poll_probes_of(r as u32);
+        }
+    }
+
+    /// Start the bursts replica `replica` asks for now.
+    fn poll_probes_of(&mut self, replica: u32) {
         let mut orders = std::mem::take(&mut self.orders);
-        self.router.poll_probes(self.now, &mut orders);
+        self.replicas[replica as usize]
+            .router
+            .poll_probes(self.now, &mut orders);
+        let shared = self.setup.gateways.share.probes();
         for order in orders.drain(..) {
+            if shared && let Some(run) = self.running_burst(&order) {
+                run.waiting.push((replica, order.id));
+                continue;
+            }
             let worker = self.by_id[order.worker.index()];
             let p = self.probes.len() as u32;
             self.probes.push(ProbeRun {
@@ -37,7 +58,11 @@ impl Sim<'_> {
                 tokens: 0,
                 last_done: self.now,
                 ok: true,
+                waiting: vec![(replica, order.id)],
             });
+            if shared {
+                self.running.push(p);
+            }
             let m = self.rec.metrics_mut();
             m.probe_bursts += 1;
             m.workers[worker as usize].probe_bursts += 1;
@@ -61,16 +86,26 @@ impl Sim<'_> {
         self.orders = orders;
     }
 
+    /// The burst of the same worker and phase in flight, if any (shared probe results only).
+    fn running_burst(&mut self, order: &ProbeOrder) -> Option<&mut ProbeRun> {
+        let p = *self.running.iter().find(|&&p| {
+            let o = &self.probes[p as usize].order;
+            o.worker == order.worker && o.phase == order.phase
+        })?;
+        Some(&mut self.probes[p as usize])
+    }
+
     /// A request of burst `p` ended: report the burst when it is complete.
     pub(super) fn probe_progress(&mut self, p: u32) {
         let run = &self.probes[p as usize];
         if run.outstanding > 0 {
             return;
         }
+        self.running.retain(|&q| q != p);
         let wall = run.last_done.nanos_since(run.started);
         let m = self.rec.metrics_mut();
         m.probe_gpu_s += wall as f64 / 1e9;
-        let result = ProbeResult {
+        let mut result = ProbeResult {
             order: run.order.id,
             worker: run.order.worker,
             output_tokens: run.tokens,
@@ -80,7 +115,14 @@ impl Sim<'_> {
         if run.ok && run.order.phase == ProbePhase::Measure {
             m.probe_measurements += 1;
         }
-        self.router.probe_result(self.now, &result);
+        let waiting = std::mem::take(&mut self.probes[p as usize].waiting);
+        for &(replica, order) in &waiting {
+            result.order = order;
+            self.replicas[replica as usize]
+                .router
+                .probe_result(self.now, &result);
+        }
+        self.probes[p as usize].waiting = waiting;
         self.poll_probes();
     }
 }

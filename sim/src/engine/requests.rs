@@ -45,6 +45,9 @@ pub(super) struct Req {
     pub(super) prefix: Vec<u64>,
     /// Fleet index of its worker, once dispatched.
     pub(super) worker: u32,
+    /// The gateway replica that routes it (0 with one gateway; a probe's: the replica whose
+    /// burst it belongs to is kept in the burst).
+    pub(super) replica: u32,
     pub(super) dispatched: Time,
     pub(super) first_token: Option<Time>,
     pub(super) cached: u32,
@@ -76,6 +79,7 @@ impl Sim<'_> {
                     tag: 0,
                     prefix: Vec::new(),
                     worker: 0,
+                    replica: 0,
                     dispatched: Time::ZERO,
                     first_token: None,
                     cached: 0,
@@ -98,6 +102,7 @@ impl Sim<'_> {
         r.tag = a.tag;
         r.prefix.clear();
         r.prefix.extend_from_slice(&a.prefix_blocks);
+        r.replica = 0;
         r.first_token = None;
         r.cached = 0;
         r.believed = 0;
@@ -155,9 +160,15 @@ impl Sim<'_> {
         let id = self.next_id;
         self.next_id += 1;
         self.rec.arrived(self.now);
+        // The L4 balancer: a follow-up goes where the rule sends it, like any arrival.
+        let replica = self.balancer.pick(self.reqs[req as usize].tag);
+        if self.several() {
+            self.rec.metrics_mut().replicas[replica as usize].routed += 1;
+        }
         let r = &mut self.reqs[req as usize];
         r.id = id;
         r.arrival = self.now;
+        r.replica = replica;
         self.route(req, traffic, sink);
     }
 
@@ -173,7 +184,9 @@ impl Sim<'_> {
             prefix: &r.prefix,
             prompt_tokens: r.prompt,
         };
-        match self.router.route(self.now, &request, &mut self.rng) {
+        // A retry stays with the replica that routed it first (the gateway retries).
+        let replica = &mut self.replicas[r.replica as usize];
+        match replica.router.route(self.now, &request, &mut replica.rng) {
             Ok(d) => self.dispatched(req, d),
             Err(RouteError::AllAtCap { .. }) | Err(RouteError::NoHealthyWorker { .. }) => {
                 // Wait at the gateway (FIFO) until a slot frees or a worker comes back.
@@ -185,7 +198,9 @@ impl Sim<'_> {
                     prefix: &r.prefix,
                     prompt_tokens: r.prompt,
                 };
-                self.router.enqueue(ticket, &request);
+                self.replicas[r.replica as usize]
+                    .router
+                    .enqueue(ticket, &request);
             }
             Err(_) => self.reject(req, traffic, sink),
         }
@@ -238,9 +253,13 @@ impl Sim<'_> {
         }
     }
 
-    /// Count a customer request's end, and write its row if rows are asked for.
-    fn record(&mut self, o: &Outcome, sink: Sink<'_, '_>) {
+    /// Count customer request `req`'s end, and write its row if rows are asked for.
+    fn record(&mut self, req: u32, o: &Outcome, sink: Sink<'_, '_>) {
         self.rec.finished(o);
+        if self.several() {
+            let replica = self.reqs[req as usize].replica as usize;
+            self.rec.replica_finished(replica, o);
+        }
         if let Some(sink) = sink.as_deref_mut() {
             sink.record(self.rec.row(o));
         }
@@ -248,7 +267,7 @@ impl Sim<'_> {
 
     fn reject(&mut self, req: u32, traffic: &mut dyn TrafficSource, sink: Sink<'_, '_>) {
         let o = self.outcome(req, Status::Rejected);
-        self.record(&o, sink);
+        self.record(req, &o, sink);
         self.retire(req, traffic);
     }
 
@@ -322,7 +341,9 @@ impl Sim<'_> {
         if r.kind.is_customer() {
             let worker = r.worker;
             if let Some(id) = self.workers[worker as usize].id {
-                self.router.first_token(self.now, id, &mut r.charge);
+                self.replicas[r.replica as usize]
+                    .router
+                    .first_token(self.now, id, &mut r.charge);
             }
         }
     }
@@ -347,29 +368,37 @@ impl Sim<'_> {
             first_token_at: r.first_token.unwrap_or(self.now),
             completed_at: self.now,
         };
+        let replica = r.replica as usize;
         let charge = std::mem::take(&mut self.reqs[req as usize].charge);
         let o = self.outcome(req, Status::Ok);
         let w = &mut self.workers[worker as usize];
         w.interval_tokens += u64::from(o.output_tokens);
         if let Some(id) = w.id {
-            self.router.complete(self.now, id, charge, &c);
+            self.replicas[replica]
+                .router
+                .complete(self.now, id, charge, &c);
         }
-        self.record(&o, sink);
+        self.record(req, &o, sink);
         self.retire(req, traffic);
         self.drain_queue(traffic, sink);
     }
 
     /// Dispatch what waits at the gateway while the router finds room for it.
+    /// Each replica has its own queue, drained in replica order.
     pub(super) fn drain_queue(&mut self, traffic: &mut dyn TrafficSource, sink: Sink<'_, '_>) {
-        while self.router.queued() > 0 {
-            let Some((ticket, outcome)) = self.router.dispatch_queued(self.now, &mut self.rng)
-            else {
-                break;
-            };
-            let req = (ticket & 0xFFFF_FFFF) as u32;
-            match outcome {
-                Ok(d) => self.dispatched(req, d),
-                Err(_) => self.reject(req, traffic, sink),
+        for r in 0..self.replicas.len() {
+            while self.replicas[r].router.queued() > 0 {
+                let replica = &mut self.replicas[r];
+                let Some((ticket, outcome)) =
+                    replica.router.dispatch_queued(self.now, &mut replica.rng)
+                else {
+                    break;
+                };
+                let req = (ticket & 0xFFFF_FFFF) as u32;
+                match outcome {
+                    Ok(d) => self.dispatched(req, d),
+                    Err(_) => self.reject(req, traffic, sink),
+                }
             }
         }
     }
@@ -391,7 +420,8 @@ impl Sim<'_> {
         self.rec.failed_on(worker as usize);
         let charge = std::mem::take(&mut self.reqs[req as usize].charge);
         if let Some(id) = self.workers[worker as usize].id {
-            self.router.fail(self.now, id, charge);
+            let replica = self.reqs[req as usize].replica as usize;
+            self.replicas[replica].router.fail(self.now, id, charge);
         }
         let r = &mut self.reqs[req as usize];
         if r.first_token.is_none() && r.retries < self.setup.max_retries {
@@ -401,7 +431,7 @@ impl Sim<'_> {
             self.route(req, traffic, sink);
         } else {
             let o = self.outcome(req, Status::Failed);
-            self.record(&o, sink);
+            self.record(req, &o, sink);
             self.retire(req, traffic);
         }
         self.drain_queue(traffic, sink);

@@ -2,6 +2,7 @@
 //! ([`WorkerSetup`]), the scenario's lifecycle events ([`LifecycleEvent`]) and the periods and
 //! limits of the run ([`SimSetup`]).
 
+use super::replicas::Gateways;
 use crate::HardwareProfile;
 use crate::record::Slo;
 use crate::traffic::TrafficError;
@@ -118,6 +119,8 @@ pub struct SimSetup {
     pub oracle_concurrency: f64,
     /// Re-route a request whose worker failed before its first token, at most this often.
     pub max_retries: u32,
+    /// The gateway replicas ([`Gateways::ONE`]: one gateway).
+    pub gateways: Gateways,
 }
 
 impl SimSetup {
@@ -135,6 +138,7 @@ impl SimSetup {
             slo: Slo::default(),
             oracle_concurrency: 16.0,
             max_retries: 2,
+            gateways: Gateways::ONE,
         }
     }
 

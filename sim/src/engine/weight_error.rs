@@ -7,7 +7,9 @@
 //! weights only change where the router's weights or the fleet change — registration,
 //! lifecycle events, ticks and probe measurements — so the engine closes the running interval
 //! and re-reads every weight after those events ([`Sim::track_weights`]) and the integral
-//! is exact. Debug builds check at each timeline sample that nothing moved in between.
+//! is exact. Debug builds check at each timeline sample that nothing moved in between. With
+//! several gateway replicas each replica's weights are read against the same oracle (every
+//! replica sees the same registrations and lifecycle events, so the same active fleet).
 //!
 //! Two things keep it cheap on a large fleet without changing a figure: the re-read is due at
 //! such an event but done once, before time moves on ([`Sim::weights_changed`]; intervals of
@@ -24,13 +26,13 @@ use routelab_policies::{Clamp, Time, Weight, WorkerId};
 const ORACLE_CLAMP: Clamp = Clamp::SOURCE;
 
 /// The running state of the integral.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct WeightErrorTracker {
     /// True capacity by router id, tokens/s, as told to the router.
     capacity: Vec<f64>,
-    /// By router id: the error held since `since`, or `None` while the worker is not active
-    /// (or its oracle weight is unknown).
-    held: Vec<Option<f64>>,
+    /// By replica, then router id: the error held since `since`, or `None` while the worker
+    /// is not active (or its oracle weight is unknown).
+    held: Vec<Vec<Option<f64>>>,
     since: Time,
     /// A re-read is due before time moves on.
     due: bool,
@@ -40,6 +42,17 @@ pub(super) struct WeightErrorTracker {
 }
 
 impl WeightErrorTracker {
+    /// Nothing held yet, for `replicas` gateway replicas.
+    pub(super) fn new(replicas: usize) -> Self {
+        WeightErrorTracker {
+            capacity: Vec::new(),
+            held: vec![Vec::new(); replicas],
+            since: Time::ZERO,
+            due: false,
+            oracle: None,
+        }
+    }
+
     /// Remember the true capacity the router was told for `id`.
     pub(super) fn set_capacity(&mut self, id: WorkerId, tok_s: f64) {
         if self.capacity.len() <= id.index() {
@@ -68,16 +81,19 @@ impl Sim<'_> {
         }
     }
 
-    /// Close the running interval at `now` and re-read every weight and oracle weight.
+    /// Close the running interval at `now` and re-read every replica's weights and, when they
+    /// may have changed, the oracle weights.
     fn track_weights(&mut self) {
         self.werr.due = false;
         self.close_weight_interval();
         if self.werr.oracle.is_none() {
-            let fleet = self.router.fleet();
+            let fleet = self.replicas[0].router.fleet();
             self.werr.oracle = Some(oracle_weights(fleet, &self.werr.capacity, ORACLE_CLAMP));
         }
-        let held = self.weight_errors_now();
-        self.werr.held = held;
+        for r in 0..self.replicas.len() {
+            let held = self.weight_errors_now(r);
+            self.werr.held[r] = held;
+        }
     }
 
     /// Add the held errors from the last re-read to `now`.
@@ -86,21 +102,28 @@ impl Sim<'_> {
         let to = self.now.as_secs_f64();
         if to > from {
             let m = self.rec.metrics_mut();
-            for (id, e) in self.werr.held.iter().enumerate() {
-                if let Some(e) = e {
-                    m.workers[self.by_id[id] as usize]
-                        .weight_error
-                        .add(*e, from, to);
+            let several = m.replicas.len() > 1;
+            for (r, held) in self.werr.held.iter().enumerate() {
+                for (id, e) in held.iter().enumerate() {
+                    if let Some(e) = e {
+                        m.workers[self.by_id[id] as usize]
+                            .weight_error
+                            .add(*e, from, to);
+                        if several {
+                            m.replicas[r].weight_error.add(*e, from, to);
+                        }
+                    }
                 }
             }
         }
         self.werr.since = self.now;
     }
 
-    /// Each router id's `|ln(weight / oracle weight)|` now (`None`: not active, or no oracle
-    /// weight).
-    fn weight_errors_now(&self) -> Vec<Option<f64>> {
-        let fleet = self.router.fleet();
+    /// Each router id's `|ln(weight / oracle weight)|` at replica `replica` now (`None`: not
+    /// active, or no oracle weight).
+    fn weight_errors_now(&self, replica: usize) -> Vec<Option<f64>> {
+        let router = &self.replicas[replica].router;
+        let fleet = router.fleet();
         let computed;
         let oracle = match &self.werr.oracle {
             Some(o) => o,
@@ -116,7 +139,7 @@ impl Sim<'_> {
                 if !info.is_active() || o.is_unmeasured() {
                     return None;
                 }
-                let w = self.router.weight(id)?.value;
+                let w = router.weight(id)?.value;
                 Some((w / o.value).ln().abs()).filter(|e| e.is_finite())
             })
             .collect()
@@ -125,11 +148,13 @@ impl Sim<'_> {
     /// Debug builds: the held errors are still the current ones (no weight moved at an event
     /// the engine does not re-read at).
     pub(super) fn check_weights_tracked(&self) {
-        debug_assert_eq!(
-            self.werr.held,
-            self.weight_errors_now(),
-            "a weight changed at {} without the weight error being re-read",
-            self.now
-        );
+        for r in 0..self.replicas.len() {
+            debug_assert_eq!(
+                self.werr.held[r],
+                self.weight_errors_now(r),
+                "a weight of replica {r} changed at {} without the weight error being re-read",
+                self.now
+            );
+        }
     }
 }

@@ -8,6 +8,7 @@ mod mapped_traces;
 mod peers;
 mod profiles;
 mod queueing;
+mod replicas;
 mod traffic;
 mod validation;
 mod weight_error;
