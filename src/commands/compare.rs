@@ -89,7 +89,10 @@ pub(crate) enum SeedsFlag {
     Auto,
 }
 
-const SEEDS_VALID: &str = "a whole number from 1 to 1000, or `auto`";
+/// What `--seeds` takes.
+fn seeds_valid() -> String {
+    format!("a whole number from 1 to {MAX_SEEDS_LIMIT}, or `auto`")
+}
 
 /// Parse `--seeds N|auto` (the one parser of `compare` and `capacity`).
 pub(crate) fn seeds_flag(text: &str) -> Result<SeedsFlag, InputError> {
@@ -102,11 +105,18 @@ pub(crate) fn seeds_flag(text: &str) -> Result<SeedsFlag, InputError> {
             "--seeds",
             format!("`{text}` is not a number of seeds"),
         )
-        .valid(SEEDS_VALID)
+        .valid(seeds_valid())
     })?;
-    seed_count(n)
-        .map(SeedsFlag::Fixed)
-        .map_err(|e| e.valid(SEEDS_VALID))
+    rule::whole(n, 1, MAX_SEEDS_LIMIT)
+        .map(|n| SeedsFlag::Fixed(n as usize))
+        .map_err(|_| {
+            InputError::new(
+                COMMAND_LINE,
+                "--seeds",
+                format!("{} is not valid", text.trim()),
+            )
+            .valid(seeds_valid())
+        })
 }
 
 /// A seed count given to `--seeds` (also `sweep`'s): whole, 1 to [`MAX_SEEDS_LIMIT`].
@@ -119,17 +129,12 @@ pub(crate) fn seed_count(n: f64) -> Result<usize, InputError> {
 /// A fraction strictly between 0 and 1 given to `flag` (`compare --precision`, the half-width
 /// `--seeds auto` aims at, and `capacity --precision`, the search's); `example` shows one.
 pub(crate) fn fraction_flag(flag: &str, p: f64, example: &str) -> Result<f64, InputError> {
-    rule::positive(p)
-        .and_then(|p| {
-            if p < 1.0 {
-                Ok(p)
-            } else {
-                Err(Violation::new(p, "a fraction > 0 and < 1"))
-            }
-        })
-        .map_err(|v| {
-            flag_error(flag, &v).valid(format!("a fraction > 0 and < 1, e.g. {example}"))
-        })
+    if p.is_finite() && p > 0.0 && p < 1.0 {
+        Ok(p)
+    } else {
+        let why = Violation::new(p, format!("a fraction > 0 and < 1, e.g. {example}"));
+        Err(flag_error(flag, &why))
+    }
 }
 
 fn flag_error(flag: &str, v: &Violation) -> InputError {
@@ -560,6 +565,13 @@ mod tests {
             (&["--seeds", "0"][..], "--seeds", "whole number"),
             (&["--seeds", "many"][..], "--seeds", "not a number of seeds"),
             (&["--seeds", "2.5"][..], "--seeds", "whole number"),
+            // At most MAX_SEEDS_LIMIT, like `--max-seeds` (a count is a list that long).
+            (&["--seeds", "1001"][..], "--seeds", "from 1 to 1000"),
+            (
+                &["--seeds", "18446744073709551615"][..],
+                "--seeds",
+                "from 1 to 1000",
+            ),
             (
                 &["--seeds", "auto", "--max-seeds", "1"][..],
                 "--max-seeds",
