@@ -247,9 +247,7 @@ impl<C: Sharded + ?Sized> Found<'_, C> {
             .plan
             .unit_of(key)
             .with_context(|| format!("{key:?} is not a run of `{}`", C::COMMAND))?;
-        Ok(self
-            .results
-            .take(key, unit, || self.plan.describe(key))?)
+        Ok(self.results.take(key, unit, || self.plan.describe(key))?)
     }
 }
 
@@ -330,13 +328,5 @@ pub fn merge_shards<C: Sharded>(
         wall_s: set.wall_s,
         threads: set.threads,
     };
-    plan.finish(
-        Found {
-            plan,
-            results,
-        },
-        timing,
-        out,
-        note,
-    )
+    plan.finish(Found { plan, results }, timing, out, note)
 }

@@ -10,8 +10,8 @@ use crate::lab::{
 use anyhow::Context;
 use routelab_policies::{InputError, PolicyConfig};
 use routelab_reports::capacity::{
-    SearchOptions, SeedPlan, SloSpec, StudyPlan, capacity_table, find_capacity,
-    run_study, update_findings, write_capacity,
+    SearchOptions, SeedPlan, SloSpec, StudyPlan, capacity_table, find_capacity, run_study,
+    update_findings, write_capacity,
 };
 use routelab_reports::partial::{CapacityRun, InputsHash, MergeSet};
 use routelab_reports::stats::{AutoSeeds, seed_of};
@@ -336,7 +336,11 @@ pub fn run(args: &CapacityArgs, out: &mut impl Write) -> anyhow::Result<ExitCode
 }
 
 /// `routelab merge` of capacity partials: every study's outputs from the shards' records.
-pub fn merged(args: &CapacityArgs, set: MergeSet, out: &mut impl Write) -> anyhow::Result<ExitCode> {
+pub fn merged(
+    args: &CapacityArgs,
+    set: MergeSet,
+    out: &mut impl Write,
+) -> anyhow::Result<ExitCode> {
     lab::merge_shards(&Plan::new(args)?, set, out, &mut std::io::sink())
 }
 

@@ -229,7 +229,11 @@ fn capacity_with_auto_seeds_merges_to_the_whole_run() {
         &out,
         &[1, 2],
     );
-    assert!(console(&whole).contains("--seeds auto"), "{}", console(&whole));
+    assert!(
+        console(&whole).contains("--seeds auto"),
+        "{}",
+        console(&whole)
+    );
 }
 
 #[test]
@@ -535,8 +539,16 @@ fn three_seeds_two_shards(dir: &Path, scenario: &str) -> [String; 2] {
         let p = dir.join(format!("part{k}.json")).display().to_string();
         let shard = format!("{k}/2");
         let o = routelab(&[
-            "compare", scenario, "--policy", "seed-v1", "--seeds", "3", "--shard", &shard,
-            "--partial", &p,
+            "compare",
+            scenario,
+            "--policy",
+            "seed-v1",
+            "--seeds",
+            "3",
+            "--shard",
+            &shard,
+            "--partial",
+            &p,
         ]);
         assert!(o.status.success(), "{}", text(&o));
         p
@@ -637,7 +649,11 @@ fn merge_refuses_edited_partials_naming_the_file() {
     );
     let (h1, r1, e1) = split_records(&t1);
     let (h2, r2, e2) = split_records(&t2);
-    assert_eq!((r1.len(), r2.len()), (2, 1), "one policy, seeds 0 and 2 | 1");
+    assert_eq!(
+        (r1.len(), r2.len()),
+        (2, 1),
+        "one policy, seeds 0 and 2 | 1"
+    );
     assert_eq!(join_records(&h1, &r1, &e1), t1);
     let o = routelab(&merge);
     assert!(o.status.success(), "as written: {}", text(&o));
@@ -647,7 +663,7 @@ fn merge_refuses_edited_partials_naming_the_file() {
     refused(
         &merge,
         &[&format!(
-            "no run of `ci/crash`, seed ordinal 2, policy `seed-v1`; shard 1/2 ({p1}) should              hold it"
+            "no run of `ci/crash`, seed ordinal 2, policy `seed-v1`; shard 1/2 ({p1}) should hold it"
         )],
     );
     std::fs::write(&p1, &t1).unwrap();
@@ -658,7 +674,9 @@ fn merge_refuses_edited_partials_naming_the_file() {
     std::fs::write(&p2, join_records(&h2, &both, &e2)).unwrap();
     refused(
         &merge,
-        &[&format!("{p2} holds a result (0, 0, 0) that shard 2/2 does not run")],
+        &[&format!(
+            "{p2} holds a result (0, 0, 0) that shard 2/2 does not run"
+        )],
     );
     std::fs::write(&p2, &t2).unwrap();
 
@@ -680,8 +698,18 @@ fn merge_refuses_partials_run_with_other_arguments() {
         let o = dir.join(out).display().to_string();
         let shard = format!("{k}/2");
         let r = routelab(&[
-            "compare", CRASH, "--policy", "seed-v1", "--seeds", "2", "--out", &o, "--shard",
-            &shard, "--partial", &p,
+            "compare",
+            CRASH,
+            "--policy",
+            "seed-v1",
+            "--seeds",
+            "2",
+            "--out",
+            &o,
+            "--shard",
+            &shard,
+            "--partial",
+            &p,
         ]);
         assert!(r.status.success(), "{}", text(&r));
         files.push(p);

@@ -239,7 +239,9 @@ pub enum MergeError {
         other_args: String,
     },
     /// Written by another routelab version.
-    #[error("{file} was made by routelab {made_by}, this is {this}; run the shards and the merge with one routelab")]
+    #[error(
+        "{file} was made by routelab {made_by}, this is {this}; run the shards and the merge with one routelab"
+    )]
     OtherVersion {
         /// The partial.
         file: String,
@@ -272,7 +274,9 @@ pub enum MergeError {
         second: String,
     },
     /// A record the command needs is in no partial.
-    #[error("the results hold no run of {what}; {owner} should hold it; were the partial results edited?")]
+    #[error(
+        "the results hold no run of {what}; {owner} should hold it; were the partial results edited?"
+    )]
     MissingRecord {
         /// The run.
         what: String,
