@@ -722,3 +722,61 @@ fn merge_refuses_partials_run_with_other_arguments() {
         );
     }
 }
+
+#[test]
+fn records_the_merge_never_asks_for_count_nowhere() {
+    // `--seeds auto` on one scenario that stops at its first 3 seeds (of at most 6): a record of
+    // seed ordinal 4 is one its shard could have run, but the merge never asks for it.
+    let dir = scratch("shards-unasked");
+    let out = dir.join("out").display().to_string();
+    let args = [
+        "compare",
+        CRASH,
+        "--policy",
+        "seed-v3",
+        "--policy",
+        "seed-next",
+        "--seeds",
+        "auto",
+        "--max-seeds",
+        "6",
+        "--precision",
+        "0.99",
+        "--out",
+        &out,
+    ];
+    let whole = routelab(&args);
+    assert!(whole.status.success(), "{}", text(&whole));
+    assert!(
+        console(&whole).contains("ci/crash (3 seeds)"),
+        "{}",
+        console(&whole)
+    );
+    let perf = std::fs::read_to_string(dir.join("out/perf.json")).unwrap();
+    let partial = dir.join("p.json").display().to_string();
+    let shard = routelab(&[&args[..], &["--shard", "1/1", "--partial", &partial]].concat());
+    assert!(shard.status.success(), "{}", text(&shard));
+    let (head, mut records, tail) = split_records(&std::fs::read_to_string(&partial).unwrap());
+    assert_eq!(records.len(), 6);
+    let extra = records[0].replacen(
+        "{\"scenario\":0,\"ordinal\":0,",
+        "{\"scenario\":0,\"ordinal\":4,",
+        1,
+    );
+    assert_ne!(extra, records[0]);
+    records.push(extra);
+    std::fs::write(&partial, join_records(&head, &records, &tail)).unwrap();
+    let merged = routelab(&["merge", &partial]);
+    assert!(merged.status.success(), "{}", text(&merged));
+    assert_eq!(console(&merged), console(&whole));
+    assert!(
+        console(&merged).contains("\n6 runs, "),
+        "{}",
+        console(&merged)
+    );
+    let merged_perf = std::fs::read_to_string(dir.join("out/perf.json")).unwrap();
+    assert_eq!(
+        merged_perf.matches("\"seed\"").count(),
+        perf.matches("\"seed\"").count()
+    );
+}
