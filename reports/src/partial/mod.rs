@@ -3,10 +3,12 @@
 //! A command's job list is cut into *units* (deterministic, numbered the same whatever N is;
 //! [`crate::shard::Shard::owns`] deals them out). A shard runs its units and records what the
 //! command's writers need of each run — never the outputs themselves — in a [`Partial`]: the
-//! command, its arguments, K and N, and a content hash of the inputs and options
-//! ([`InputsHash`]). `merge` checks the partials belong together ([`check_set`]), hands the
-//! records back to the command, which assembles exactly the structures a single run builds and
-//! calls the same writers. A single run goes the same way with one shard that owns every unit,
+//! routelab version, the command, its arguments, K and N, and a content hash of the inputs and
+//! options ([`InputsHash`], taken before the runs). `merge` checks the partials belong together
+//! ([`check_set`]: one version, command, hash and set of arguments, every shard once) and which
+//! records each holds ([`Results::from_shards`]: each its shard's, each once), then hands them
+//! back to the command, which assembles exactly the structures a single run builds and calls
+//! the same writers. A single run goes the same way with one shard that owns every unit,
 //! so the two cannot drift apart.
 //!
 //! The file is JSON (raw serde structs in `raw.rs`; the domain types stay non-`Serialize`):
