@@ -4,11 +4,13 @@
 use anyhow::Context;
 use rayon::prelude::*;
 use routelab_policies::{InputError, PolicyConfig};
-use routelab_reports::partial::{Partial, Records, default_partial_path};
+use routelab_reports::partial::{
+    InputsHash, MergeSet, Partial, Record, Results, VERSION, default_partial_path,
+};
 use routelab_reports::shard::Shard;
 use routelab_sim::{RequestRecord, RequestSink, RunMetrics, Scenario, run};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -175,74 +177,156 @@ fn recorded_args() -> anyhow::Result<Vec<String>> {
     Ok(kept)
 }
 
-/// What a sharded run did, for its partial result.
-#[derive(Debug, Clone, Copy)]
-pub struct ShardRun {
-    /// The command.
-    pub command: &'static str,
-    /// Which shard.
-    pub shard: Shard,
-    /// Units in the whole job list.
-    pub units: usize,
-    /// The inputs and options hash.
-    pub inputs_hash: u64,
-    /// How long it took.
-    pub timing: Timing,
+/// The options of a command that runs whole or as shards.
+pub trait ShardedArgs: Clone + std::fmt::Debug {
+    /// Clear what cannot change a result: where the outputs go (`--out`, `--findings`) and how
+    /// the job list is cut (`--shard`, `--partial`).
+    fn clear_outputs(&mut self);
 }
 
-/// A sharded run's end: write its records as a partial result and name it on one line.
-pub fn write_partial(
+/// The options that decide a command's results, in one canonical text (hashed into its
+/// partials): the parsed arguments, with those that cannot change a result cleared.
+pub fn canonical_options<A: ShardedArgs>(args: &A) -> String {
+    let mut decisive = args.clone();
+    decisive.clear_outputs();
+    format!("{decisive:?}")
+}
+
+/// Read and parse a scenario file, hashing the very text it is parsed from.
+pub fn read_scenario(path: &Path, hash: &mut InputsHash) -> anyhow::Result<Scenario> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| InputError::unreadable(path.display().to_string(), &e))?;
+    hash.text(path, text.as_bytes());
+    Ok(Scenario::from_yaml(&text, path)?)
+}
+
+/// A command's plan, worked out from its arguments and inputs before anything runs: its job
+/// list cut into units (numbered the same whatever the shard count), how to run some of them,
+/// and how to build every output from the records of all of them. [`run_sharded`] and [`merge_shards`] drive
+/// it, so a whole run, a shard and a merge take one path.
+pub trait Sharded {
+    /// What one run (or search) leaves for the outputs.
+    type Record: Record + Send;
+    /// The command's name.
+    const COMMAND: &'static str;
+    /// Units in the whole job list.
+    fn units(&self) -> usize;
+    /// The unit the record `key` belongs to; `None` when the job list has no such record.
+    fn unit_of(&self, key: &RecordKey<Self>) -> Option<usize>;
+    /// The record `key` in words (for the error when it is missing).
+    fn describe(&self, key: &RecordKey<Self>) -> String;
+    /// [`InputsHash`] of the inputs (as parsed, where the plan read them) and the canonical
+    /// options.
+    fn inputs_hash(&self) -> anyhow::Result<u64>;
+    /// Run these units (ascending); their records, in any order.
+    fn run_units(&self, units: &[usize]) -> anyhow::Result<Vec<Self::Record>>;
+    /// Build the outputs from the records, [`Found::take`]n as needed, and write them.
+    fn finish(
+        &self,
+        found: Found<'_, Self>,
+        timing: Timing,
+        out: &mut dyn Write,
+        note: &mut dyn Write,
+    ) -> anyhow::Result<ExitCode>;
+}
+
+/// The key of a command's records.
+pub type RecordKey<C> = <<C as Sharded>::Record as Record>::Key;
+
+/// The records a command's outputs are built from, looked up by key: one place says which
+/// shard and file should have held a missing one.
+pub struct Found<'a, C: Sharded + ?Sized> {
+    plan: &'a C,
+    results: Results<C::Record>,
+}
+
+impl<C: Sharded + ?Sized> Found<'_, C> {
+    /// The record `key`.
+    pub fn take(&mut self, key: &RecordKey<C>) -> anyhow::Result<C::Record> {
+        let unit = self
+            .plan
+            .unit_of(key)
+            .with_context(|| format!("{key:?} is not a run of `{}`", C::COMMAND))?;
+        Ok(self.results.take(key, unit, || self.plan.describe(key))?)
+    }
+}
+
+/// Run a command: the whole job list, or with `--shard` the units the shard owns into a
+/// partial result (its arguments and inputs hash taken before anything runs, so an edit during
+/// the runs cannot be recorded with results of the old inputs).
+pub fn run_sharded<C: Sharded>(
     sharding: &ShardArgs,
-    run: ShardRun,
-    records: Records,
-    out: &mut impl Write,
+    plan: impl FnOnce() -> anyhow::Result<C>,
+    out: &mut dyn Write,
+    note: &mut dyn Write,
 ) -> anyhow::Result<ExitCode> {
-    let ShardRun {
-        command,
-        shard,
-        units,
-        inputs_hash,
-        timing,
-    } = run;
+    let shard = sharding.shard()?;
+    let plan = plan()?;
+    let Some(shard) = shard else {
+        let started = Instant::now();
+        let all: Vec<usize> = (0..plan.units()).collect();
+        let records = plan.run_units(&all)?;
+        let found = Found {
+            plan: &plan,
+            results: Results::whole(records),
+        };
+        return plan.finish(found, Timing::since(started), out, note);
+    };
+    let args = recorded_args()?;
+    let inputs_hash = plan.inputs_hash()?;
+    let units = plan.units();
+    let owned: Vec<usize> = (0..units).filter(|&u| shard.owns(u)).collect();
+    let started = Instant::now();
+    let records = plan.run_units(&owned)?;
+    let timing = Timing::since(started);
     let file = sharding
         .partial
         .clone()
         .unwrap_or_else(|| default_partial_path(shard));
-    let owned = (0..units).filter(|&u| shard.owns(u)).count();
     Partial {
-        command: command.to_string(),
-        args: recorded_args()?,
+        version: VERSION.to_string(),
+        command: C::COMMAND.to_string(),
+        args,
         shard,
         units,
         inputs_hash,
         wall_s: timing.wall_s,
         threads: timing.threads,
-        records,
+        records: C::Record::into_records(records),
     }
     .write(&file)?;
     writeln!(
         out,
-        "partial: {} (shard {shard}: {owned} of {units} units; `routelab merge` combines the {} \
+        "partial: {} (shard {shard}: {} of {units} units; `routelab merge` combines the {} \
          shards)",
         file.display(),
+        owned.len(),
         shard.count()
     )?;
     Ok(ExitCode::SUCCESS)
 }
 
-/// The options that decide a command's results, as hashed into its partials: the parsed
-/// arguments with those that do not (where outputs go, the shard itself) cleared.
-pub fn canonical_options(args: &impl std::fmt::Debug) -> String {
-    format!("{args:?}")
-}
-
-/// A merge's check that the inputs read now are those the shards read.
-pub fn same_inputs(recorded: u64, now: u64) -> anyhow::Result<()> {
+/// `routelab merge` of a command's partials (checked to belong together): the inputs read now
+/// must hash as the shards' did, each record must be its shard's and appear once; then the
+/// outputs are built as a whole run builds them.
+pub fn merge_shards<C: Sharded>(
+    plan: &C,
+    set: MergeSet,
+    out: &mut dyn Write,
+    note: &mut dyn Write,
+) -> anyhow::Result<ExitCode> {
+    let now = plan.inputs_hash()?;
     anyhow::ensure!(
-        recorded == now,
+        set.inputs_hash == now,
         "the inputs or options changed since the shards ran (the partials' inputs hash is \
-         {recorded:016x}, the files here hash to {now:016x}); merge where the shards' input \
-         files are, or run the shards again"
+         {:016x}, the files here hash to {now:016x}); merge where the shards' input files are, \
+         or run the shards again",
+        set.inputs_hash
     );
-    Ok(())
+    let results = Results::from_shards(set.parts, |key| plan.unit_of(key))?;
+    let timing = Timing {
+        wall_s: set.wall_s,
+        threads: set.threads,
+    };
+    plan.finish(Found { plan, results }, timing, out, note)
 }

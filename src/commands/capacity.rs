@@ -2,25 +2,23 @@
 //! holds, per seed (common random numbers), its interval across seeds and its paired ratio to a
 //! baseline policy; with `--findings`, the capacity section of the findings document.
 
+use super::compare::{SeedsFlag, fraction_flag, seeds_flag};
 use crate::lab::{
-    Job, ShardArgs, ShardRun, Timing, canonical_options, map_parallel, run_job, same_inputs,
-    write_partial,
+    self, Found, Job, RecordKey, ShardArgs, Sharded, ShardedArgs, Timing, canonical_options,
+    map_parallel, read_scenario, run_job,
 };
 use anyhow::Context;
 use routelab_policies::{InputError, PolicyConfig};
 use routelab_reports::capacity::{
-    SearchOptions, SeedCapacity, SeedPlan, SloSpec, StudyPlan, capacity_table, find_capacity,
-    run_study, update_findings, write_capacity,
+    SearchOptions, SeedPlan, SloSpec, StudyPlan, capacity_table, find_capacity, run_study,
+    update_findings, write_capacity,
 };
-use routelab_reports::partial::{CapacityRun, InputsHash, Records};
-use routelab_reports::shard::Shard;
+use routelab_reports::partial::{CapacityRun, InputsHash, MergeSet};
 use routelab_reports::stats::{AutoSeeds, seed_of};
 use routelab_sim::Scenario;
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Instant;
 
 /// Plain round robin over every eligible worker: equal weights, the round-robin chooser, no
 /// prefix affinity, no cap (the Kubernetes-service default the field compares against).
@@ -67,29 +65,19 @@ pub struct CapacityArgs {
     pub shard: ShardArgs,
 }
 
-fn seed_plan(s: &str) -> Result<SeedPlan, InputError> {
-    if s == "auto" {
-        return Ok(SeedPlan::Auto(AutoSeeds::default()));
-    }
-    match s.parse::<usize>() {
-        Ok(n) if n >= 1 => Ok(SeedPlan::Fixed(n)),
-        _ => Err(
-            InputError::new("--seeds", "", format!("`{s}` is not valid"))
-                .valid("a whole number >= 1, or auto"),
-        ),
+impl ShardedArgs for CapacityArgs {
+    fn clear_outputs(&mut self) {
+        self.out = None;
+        self.findings = None;
+        self.shard = ShardArgs::default();
     }
 }
 
-fn precision(p: f64) -> Result<f64, InputError> {
-    if p.is_finite() && p > 0.0 && p < 1.0 {
-        Ok(p)
-    } else {
-        Err(InputError::new(
-            "--precision",
-            "",
-            format!("{p} is not valid; expected a fraction in (0, 1), e.g. 0.02 for 2 %"),
-        ))
-    }
+fn seed_plan(s: &str) -> Result<SeedPlan, InputError> {
+    Ok(match seeds_flag(s)? {
+        SeedsFlag::Fixed(n) => SeedPlan::Fixed(n),
+        SeedsFlag::Auto => SeedPlan::Auto(AutoSeeds::default()),
+    })
 }
 
 /// One scenario's study, before any run.
@@ -102,12 +90,13 @@ struct Study {
 
 /// What `capacity` runs, worked out from its arguments and inputs before anything runs.
 struct Plan {
+    args: CapacityArgs,
     studies: Vec<Study>,
     slo: SloSpec,
     seeds: SeedPlan,
     options: SearchOptions,
-    /// The options that decide the results (hashed with the inputs).
-    canonical: String,
+    /// The scenario files' text, hashed as it was parsed.
+    read: InputsHash,
 }
 
 impl Plan {
@@ -115,15 +104,16 @@ impl Plan {
         let slo = SloSpec::parse(&args.slo, args.target)?;
         let seeds = seed_plan(&args.seeds)?;
         let options = SearchOptions {
-            precision: precision(args.precision)?,
+            precision: fraction_flag("--precision", args.precision, "0.02 for 2 %")?,
             ..SearchOptions::default()
         };
+        let mut read = InputsHash::new();
         // Load and check every scenario before running any, so a bad one fails fast.
         let scenarios = args
             .scenarios
             .iter()
             .map(|path| {
-                let loaded = Scenario::load(path)?;
+                let loaded = read_scenario(path, &mut read)?;
                 // Refuse an unscalable scenario (naming its source) before running anything.
                 let mut scenario = loaded.with_load_scale(1.0)?;
                 // Every run records the SLO's per-request bounds (its attainment, and `--target`).
@@ -153,46 +143,32 @@ impl Plan {
                 })
             })
             .collect::<anyhow::Result<Vec<Study>>>()?;
-        let canonical = canonical_options(&CapacityArgs {
-            out: None,
-            findings: None,
-            shard: ShardArgs::default(),
-            ..args.clone()
-        });
         Ok(Plan {
+            args: args.clone(),
             studies,
             slo,
             seeds,
             options,
-            canonical,
+            read,
         })
     }
 
     /// The units shards are dealt: with a fixed seed count, one search (scenario, policy,
     /// seed ordinal); with `--seeds auto`, a scenario, whose seeds grow until its own paired
     /// ratios are precise.
-    fn units(&self) -> Vec<(usize, Option<(usize, usize)>)> {
+    fn unit_list(&self) -> Vec<(usize, Option<(usize, usize)>)> {
         match self.seeds {
             SeedPlan::Fixed(n) => {
                 let mut units = Vec::new();
                 for (i, st) in self.studies.iter().enumerate() {
                     for p in 0..st.policies.len() {
-                        units.extend((0..n.max(1)).map(|k| (i, Some((p, k)))));
+                        units.extend((0..n).map(|k| (i, Some((p, k)))));
                     }
                 }
                 units
             }
             SeedPlan::Auto(_) => (0..self.studies.len()).map(|i| (i, None)).collect(),
         }
-    }
-
-    /// [`InputsHash`] of the scenarios, what they read, and the options.
-    fn inputs_hash(&self) -> anyhow::Result<u64> {
-        let mut hash = InputsHash::new();
-        for st in &self.studies {
-            hash.scenario(&st.scenario)?;
-        }
-        Ok(hash.item("options", self.canonical.as_bytes()).finish())
     }
 
     /// One capacity search.
@@ -222,17 +198,54 @@ impl Plan {
             found,
         })
     }
+}
 
-    /// Run the units `shard` owns; one record per search. Each search runs on its own and
-    /// results come back in order, so nothing depends on the thread count.
-    fn run_units(&self, shard: Shard) -> anyhow::Result<Vec<CapacityRun>> {
-        let owned: Vec<(usize, Option<(usize, usize)>)> = self
-            .units()
-            .into_iter()
-            .enumerate()
-            .filter(|(u, _)| shard.owns(*u))
-            .map(|(_, unit)| unit)
-            .collect();
+impl Sharded for Plan {
+    type Record = CapacityRun;
+    const COMMAND: &'static str = "capacity";
+
+    fn units(&self) -> usize {
+        self.unit_list().len()
+    }
+
+    fn unit_of(&self, &(i, p, seed): &RecordKey<Self>) -> Option<usize> {
+        let st = self.studies.get(i)?;
+        if p >= st.policies.len() {
+            return None;
+        }
+        let k = usize::try_from(seed.wrapping_sub(st.plan.first_seed)).ok()?;
+        match self.seeds {
+            SeedPlan::Fixed(n) => {
+                let before: usize = self.studies[..i].iter().map(|s| s.policies.len() * n).sum();
+                (k < n).then_some(before + p * n + k)
+            }
+            SeedPlan::Auto(auto) => (k < auto.max).then_some(i),
+        }
+    }
+
+    fn describe(&self, &(i, p, seed): &RecordKey<Self>) -> String {
+        let st = &self.studies[i];
+        format!(
+            "the capacity of policy {} on seed {seed} of `{}`",
+            st.policies[p].name, st.scenario.name
+        )
+    }
+
+    /// The scenarios as parsed, what they read, and the options.
+    fn inputs_hash(&self) -> anyhow::Result<u64> {
+        let mut hash = self.read.clone();
+        for st in &self.studies {
+            hash.scenario_reads(&st.scenario)?;
+        }
+        let options = canonical_options(&self.args);
+        Ok(hash.item("options", options.as_bytes()).finish())
+    }
+
+    /// One record per search. Each search runs on its own and results come back in order, so
+    /// nothing depends on the thread count.
+    fn run_units(&self, units: &[usize]) -> anyhow::Result<Vec<CapacityRun>> {
+        let all = self.unit_list();
+        let owned: Vec<(usize, Option<(usize, usize)>)> = units.iter().map(|&u| all[u]).collect();
         let bar = super::compare::progress(0, "capacity");
         let tick = || {
             if let Some(b) = &bar {
@@ -280,87 +293,55 @@ impl Plan {
         }
         Ok(records)
     }
+
+    /// Build each study from the records (the same seed plan, so `--seeds auto` stops where it
+    /// stopped) and write every output.
+    fn finish(
+        &self,
+        mut found: Found<'_, Plan>,
+        _timing: Timing,
+        out: &mut dyn Write,
+        _note: &mut dyn Write,
+    ) -> anyhow::Result<ExitCode> {
+        let mut studies = Vec::new();
+        for (i, st) in self.studies.iter().enumerate() {
+            let study = run_study(st.plan.clone(), |batch| {
+                batch
+                    .iter()
+                    .map(|&(p, seed)| found.take(&(i, p, seed)).map(|r| r.found))
+                    .collect::<anyhow::Result<Vec<_>>>()
+            })?;
+            write_capacity(&st.dir, &study)?;
+            write!(out, "{}", capacity_table(&study))?;
+            writeln!(out, "report: {}\n", st.dir.join("report.html").display())?;
+            studies.push(study);
+        }
+        if let Some(f) = &self.args.findings {
+            let old = match std::fs::read_to_string(f) {
+                Ok(s) => s,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+                Err(e) => return Err(e).with_context(|| format!("{}: cannot read", f.display())),
+            };
+            let doc = update_findings(&old, &studies);
+            std::fs::write(f, doc).with_context(|| format!("{}: cannot write", f.display()))?;
+            writeln!(out, "findings: {}", f.display())?;
+        }
+        Ok(ExitCode::SUCCESS)
+    }
 }
 
 /// Run it: every study, or with `--shard` one shard's searches into a partial result.
 pub fn run(args: &CapacityArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
-    let shard = args.shard.shard()?;
-    let plan = Plan::new(args)?;
-    let started = Instant::now();
-    let records = plan.run_units(shard.unwrap_or(Shard::WHOLE))?;
-    match shard {
-        Some(shard) => write_partial(
-            &args.shard,
-            ShardRun {
-                command: "capacity",
-                shard,
-                units: plan.units().len(),
-                inputs_hash: plan.inputs_hash()?,
-                timing: Timing::since(started),
-            },
-            Records::Capacity(records),
-            out,
-        ),
-        None => finish(args, &plan, records, out),
-    }
+    lab::run_sharded(&args.shard, || Plan::new(args), out, &mut std::io::sink())
 }
 
 /// `routelab merge` of capacity partials: every study's outputs from the shards' records.
 pub fn merged(
     args: &CapacityArgs,
-    inputs_hash: u64,
-    records: Vec<CapacityRun>,
+    set: MergeSet,
     out: &mut impl Write,
 ) -> anyhow::Result<ExitCode> {
-    let plan = Plan::new(args)?;
-    same_inputs(inputs_hash, plan.inputs_hash()?)?;
-    finish(args, &plan, records, out)
-}
-
-/// Build each study from the records (the same seed plan, so `--seeds auto` stops where it
-/// stopped) and write every output.
-fn finish(
-    args: &CapacityArgs,
-    plan: &Plan,
-    records: Vec<CapacityRun>,
-    out: &mut impl Write,
-) -> anyhow::Result<ExitCode> {
-    let by_key: BTreeMap<(usize, usize, u64), SeedCapacity> = records
-        .into_iter()
-        .map(|r| ((r.scenario, r.policy, r.found.seed), r.found))
-        .collect();
-    let mut studies = Vec::new();
-    for (i, st) in plan.studies.iter().enumerate() {
-        let study = run_study(st.plan.clone(), |batch| {
-            batch
-                .iter()
-                .map(|&(p, seed)| {
-                    by_key.get(&(i, p, seed)).cloned().with_context(|| {
-                        format!(
-                            "the results hold no capacity of policy {} on seed {seed} of `{}`; \
-                             were the partial results edited?",
-                            st.policies[p].name, st.scenario.name
-                        )
-                    })
-                })
-                .collect::<anyhow::Result<Vec<_>>>()
-        })?;
-        write_capacity(&st.dir, &study)?;
-        write!(out, "{}", capacity_table(&study))?;
-        writeln!(out, "report: {}\n", st.dir.join("report.html").display())?;
-        studies.push(study);
-    }
-    if let Some(f) = &args.findings {
-        let old = match std::fs::read_to_string(f) {
-            Ok(s) => s,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-            Err(e) => return Err(e).with_context(|| format!("{}: cannot read", f.display())),
-        };
-        let doc = update_findings(&old, &studies);
-        std::fs::write(f, doc).with_context(|| format!("{}: cannot write", f.display()))?;
-        writeln!(out, "findings: {}", f.display())?;
-    }
-    Ok(ExitCode::SUCCESS)
+    lab::merge_shards(&Plan::new(args)?, set, out, &mut std::io::sink())
 }
 
 /// The policies and study plan of one scenario.

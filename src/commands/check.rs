@@ -11,21 +11,18 @@
 //! document only and the plain-text verdict goes to stderr.
 
 use crate::lab::{
-    Job, ShardArgs, ShardRun, Timing, canonical_options, run_all, same_inputs, write_partial,
+    self, Found, Job, RecordKey, ShardArgs, Sharded, ShardedArgs, Timing, canonical_options,
+    run_all,
 };
-use anyhow::Context;
 use clap::builder::TypedValueParser as _;
 use routelab_policies::InputError;
 use routelab_reports::Format as ExportFormat;
 use routelab_reports::export::Detail;
 use routelab_reports::gate::{Gate, baseline_file, gate_values, measure_values, write_baselines};
-use routelab_reports::partial::{CheckRun, InputsHash, Records};
-use routelab_reports::shard::Shard;
-use std::collections::BTreeMap;
+use routelab_reports::partial::{CheckRun, InputsHash, MergeSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Instant;
 
 /// Options of `routelab check`.
 #[derive(Debug, Clone, clap::Args)]
@@ -73,6 +70,113 @@ impl CheckArgs {
     }
 }
 
+impl ShardedArgs for CheckArgs {
+    /// The gate writes no output files; only the shard is cleared (`--format`, `--verbose`
+    /// and `--update` stay, as every shard is run with the same arguments anyway).
+    fn clear_outputs(&mut self) {
+        self.shard = ShardArgs::default();
+    }
+}
+
+/// What `check` runs: the gate's suite and baselines, loaded before anything runs.
+struct Plan {
+    args: CheckArgs,
+    detail: Detail,
+    gate: Gate,
+}
+
+impl Plan {
+    fn new(args: &CheckArgs) -> anyhow::Result<Plan> {
+        let detail = args.detail()?;
+        // Bad suite or baselines are exit 2 before any simulation runs.
+        let gate = Gate::load(&args.suite, &args.baselines)?;
+        Ok(Plan {
+            args: args.clone(),
+            detail,
+            gate,
+        })
+    }
+
+    /// Every run of the suite, one unit each: each policy of each scenario on each seed.
+    fn jobs(&self) -> Vec<Job<'_>> {
+        self.gate
+            .jobs()
+            .into_iter()
+            .map(|(scenario, policy, seed)| Job {
+                scenario,
+                policy,
+                seed,
+                rows: false,
+            })
+            .collect()
+    }
+}
+
+impl Sharded for Plan {
+    type Record = CheckRun;
+    const COMMAND: &'static str = "check";
+
+    fn units(&self) -> usize {
+        self.gate.jobs().len()
+    }
+
+    fn unit_of(&self, &job: &RecordKey<Self>) -> Option<usize> {
+        (job < self.units()).then_some(job)
+    }
+
+    fn describe(&self, &job: &RecordKey<Self>) -> String {
+        let (scenario, policy, seed) = self.gate.jobs()[job];
+        format!(
+            "`{}`, policy `{}`, seed {seed} (run {job})",
+            scenario.name, policy.name
+        )
+    }
+
+    /// The suite file, its scenarios and what they read, the baselines the gate compares
+    /// with, and the options. The gate's loader parsed these files; they are read again here,
+    /// right after it and before any run.
+    fn inputs_hash(&self) -> anyhow::Result<u64> {
+        let mut hash = InputsHash::new();
+        hash.file(Path::new(&self.gate.suite.file))?;
+        for sc in &self.gate.suite.scenarios {
+            hash.file(&sc.path)?;
+            hash.scenario_reads(sc)?;
+            let baseline = baseline_file(&self.args.baselines, &sc.name);
+            if baseline.exists() {
+                hash.file(&baseline)?;
+            } else {
+                hash.item("no baseline", baseline.display().to_string().as_bytes());
+            }
+        }
+        let options = canonical_options(&self.args);
+        Ok(hash.item("options", options.as_bytes()).finish())
+    }
+
+    fn run_units(&self, units: &[usize]) -> anyhow::Result<Vec<CheckRun>> {
+        let all = self.jobs();
+        let mine: Vec<Job<'_>> = units.iter().map(|&u| all[u]).collect();
+        let outcomes = run_all(&mine, &|| {})?;
+        Ok(units
+            .iter()
+            .zip(&outcomes)
+            .map(|(&job, o)| CheckRun {
+                job,
+                values: gate_values(&o.metrics),
+            })
+            .collect())
+    }
+
+    fn finish(
+        &self,
+        found: Found<'_, Plan>,
+        _timing: Timing,
+        out: &mut dyn Write,
+        note: &mut dyn Write,
+    ) -> anyhow::Result<ExitCode> {
+        finish(self, found, out, note)
+    }
+}
+
 /// Run the gate: the report to `out`, the verdict to `out` too, or to `note` when the format
 /// is a machine-readable document (so that `out` parses).
 pub fn run(
@@ -80,109 +184,36 @@ pub fn run(
     out: &mut impl Write,
     note: &mut impl Write,
 ) -> anyhow::Result<ExitCode> {
-    let detail = args.detail()?;
-    let shard = args.shard.shard()?;
-    // Bad suite or baselines are exit 2 before any simulation runs.
-    let gate = Gate::load(&args.suite, &args.baselines)?;
-    let jobs = jobs(&gate);
-    let started = Instant::now();
-    let owned: Vec<usize> = (0..jobs.len())
-        .filter(|&u| shard.unwrap_or(Shard::WHOLE).owns(u))
-        .collect();
-    let mine: Vec<Job<'_>> = owned.iter().map(|&u| jobs[u]).collect();
-    let outcomes = run_all(&mine, &|| {})?;
-    let records: Vec<CheckRun> = owned
-        .into_iter()
-        .zip(&outcomes)
-        .map(|(job, o)| CheckRun {
-            job,
-            values: gate_values(&o.metrics),
-        })
-        .collect();
-    match shard {
-        Some(shard) => write_partial(
-            &args.shard,
-            ShardRun {
-                command: "check",
-                shard,
-                units: jobs.len(),
-                inputs_hash: inputs_hash(args, &gate)?,
-                timing: Timing::since(started),
-            },
-            Records::Check(records),
-            out,
-        ),
-        None => finish(args, detail, &gate, records, out, note),
-    }
-}
-
-/// Every run of the suite, one unit each: each policy of each scenario on each seed.
-fn jobs(gate: &Gate) -> Vec<Job<'_>> {
-    gate.jobs()
-        .into_iter()
-        .map(|(scenario, policy, seed)| Job {
-            scenario,
-            policy,
-            seed,
-            rows: false,
-        })
-        .collect()
-}
-
-/// [`InputsHash`] of the suite file, its scenarios and what they read, the baselines the gate
-/// compares with, and the options.
-fn inputs_hash(args: &CheckArgs, gate: &Gate) -> anyhow::Result<u64> {
-    let mut hash = InputsHash::new();
-    hash.file(Path::new(&gate.suite.file))?;
-    for sc in &gate.suite.scenarios {
-        hash.scenario(sc)?;
-        let baseline = baseline_file(&args.baselines, &sc.name);
-        if baseline.exists() {
-            hash.file(&baseline)?;
-        } else {
-            hash.item("no baseline", baseline.display().to_string().as_bytes());
-        }
-    }
-    let options = canonical_options(&CheckArgs {
-        shard: ShardArgs::default(),
-        ..args.clone()
-    });
-    Ok(hash.item("options", options.as_bytes()).finish())
+    // `--verbose` with another format is refused before the shard is looked at.
+    args.detail()?;
+    lab::run_sharded(&args.shard, || Plan::new(args), out, note)
 }
 
 /// `routelab merge` of check partials: the gate's report, verdict and exit code from the
 /// shards' records (and, with `--update`, the baselines).
 pub fn merged(
     args: &CheckArgs,
-    recorded_hash: u64,
-    records: Vec<CheckRun>,
+    set: MergeSet,
     out: &mut impl Write,
     note: &mut impl Write,
 ) -> anyhow::Result<ExitCode> {
-    let detail = args.detail()?;
-    let gate = Gate::load(&args.suite, &args.baselines)?;
-    same_inputs(recorded_hash, inputs_hash(args, &gate)?)?;
-    finish(args, detail, &gate, records, out, note)
+    lab::merge_shards(&Plan::new(args)?, set, out, note)
 }
 
 /// Measure the suite from the records (in job order, as the gate aggregates seeds) and report.
 fn finish(
-    args: &CheckArgs,
-    detail: Detail,
-    gate: &Gate,
-    records: Vec<CheckRun>,
-    out: &mut impl Write,
-    note: &mut impl Write,
+    plan: &Plan,
+    mut found: Found<'_, Plan>,
+    out: &mut dyn Write,
+    note: &mut dyn Write,
 ) -> anyhow::Result<ExitCode> {
-    let jobs = jobs(gate);
-    let mut by_job: BTreeMap<usize, CheckRun> = records.into_iter().map(|r| (r.job, r)).collect();
-    let runs = jobs
+    let (args, detail, gate) = (&plan.args, plan.detail, &plan.gate);
+    let runs = plan
+        .jobs()
         .iter()
         .enumerate()
         .map(|(u, j)| {
-            let r = by_job.remove(&u).with_context(|| {
-                format!("the results hold no run {u}; were the partial results edited?")
-            })?;
+            let r = found.take(&u)?;
             Ok((j.scenario.name.as_str(), j.policy.name.as_str(), r.values))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;

@@ -4,25 +4,23 @@
 //! paired differences are precise enough (`routelab_reports::grow_seeds`).
 
 use crate::lab::{
-    Job, ShardArgs, ShardRun, Timing, canonical_options, run_all, same_inputs, write_partial,
+    self, Found, Job, RecordKey, ShardArgs, Sharded, ShardedArgs, Timing, canonical_options,
+    read_scenario, run_all,
 };
 use anyhow::Context;
 use routelab_policies::located::rule::{self, Violation};
 use routelab_policies::{InputError, PolicyConfig};
 use routelab_reports::findings;
-use routelab_reports::partial::{CompareRun, InputsHash, Records};
-use routelab_reports::shard::Shard;
+use routelab_reports::partial::{CompareRun, InputsHash, MergeSet, Record};
 use routelab_reports::stats::{AutoSeeds, seed_of};
 use routelab_reports::{
     PerfInfo, PerfRun, PolicySeeds, RunSummary, ScenarioComparison, SeedResult, compare_table,
     findings_document, grow_seeds, write_compare, write_perf,
 };
 use routelab_sim::Scenario;
-use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Instant;
 
 /// Where command-line errors are located.
 pub(crate) const COMMAND_LINE: &str = "command line";
@@ -62,18 +60,82 @@ pub struct CompareArgs {
     pub shard: ShardArgs,
 }
 
+impl ShardedArgs for CompareArgs {
+    fn clear_outputs(&mut self) {
+        self.out = PathBuf::new();
+        self.findings = None;
+        self.shard = ShardArgs::default();
+    }
+}
+
 /// How many seeds to run.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Seeds {
     /// `--seeds N`.
-    Fixed(u64),
+    Fixed(usize),
     /// `--seeds auto`.
     Auto(AutoSeeds),
 }
 
-/// The most seeds `--max-seeds` (and `sweep --seeds`) may ask for (each is a run of every
-/// policy).
+/// The most seeds `--seeds` and `--max-seeds` may ask for (each is a run of every policy).
 pub(crate) const MAX_SEEDS_LIMIT: u64 = 1000;
+
+/// `--seeds` as `compare` and `capacity` take it: a count or `auto`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum SeedsFlag {
+    /// A count, 1 to [`MAX_SEEDS_LIMIT`].
+    Fixed(usize),
+    /// `auto`.
+    Auto,
+}
+
+/// What `--seeds` takes.
+fn seeds_valid() -> String {
+    format!("a whole number from 1 to {MAX_SEEDS_LIMIT}, or `auto`")
+}
+
+/// Parse `--seeds N|auto` (the one parser of `compare` and `capacity`).
+pub(crate) fn seeds_flag(text: &str) -> Result<SeedsFlag, InputError> {
+    if text.trim() == "auto" {
+        return Ok(SeedsFlag::Auto);
+    }
+    let n: f64 = text.trim().parse().map_err(|_| {
+        InputError::new(
+            COMMAND_LINE,
+            "--seeds",
+            format!("`{text}` is not a number of seeds"),
+        )
+        .valid(seeds_valid())
+    })?;
+    rule::whole(n, 1, MAX_SEEDS_LIMIT)
+        .map(|n| SeedsFlag::Fixed(n as usize))
+        .map_err(|_| {
+            InputError::new(
+                COMMAND_LINE,
+                "--seeds",
+                format!("{} is not valid", text.trim()),
+            )
+            .valid(seeds_valid())
+        })
+}
+
+/// A seed count given to `--seeds` (also `sweep`'s): whole, 1 to [`MAX_SEEDS_LIMIT`].
+pub(crate) fn seed_count(n: f64) -> Result<usize, InputError> {
+    rule::whole(n, 1, MAX_SEEDS_LIMIT)
+        .map(|n| n as usize)
+        .map_err(|v| flag_error("--seeds", &v))
+}
+
+/// A fraction strictly between 0 and 1 given to `flag` (`compare --precision`, the half-width
+/// `--seeds auto` aims at, and `capacity --precision`, the search's); `example` shows one.
+pub(crate) fn fraction_flag(flag: &str, p: f64, example: &str) -> Result<f64, InputError> {
+    if p.is_finite() && p > 0.0 && p < 1.0 {
+        Ok(p)
+    } else {
+        let why = Violation::new(p, format!("a fraction > 0 and < 1, e.g. {example}"));
+        Err(flag_error(flag, &why))
+    }
+}
 
 fn flag_error(flag: &str, v: &Violation) -> InputError {
     v.at_field(COMMAND_LINE, flag)
@@ -81,7 +143,7 @@ fn flag_error(flag: &str, v: &Violation) -> InputError {
 
 /// `--seeds`, `--max-seeds` and `--precision`, validated together.
 fn seeds_of(args: &CompareArgs) -> Result<Seeds, InputError> {
-    if args.seeds.trim() == "auto" {
+    if seeds_flag(&args.seeds)? == SeedsFlag::Auto {
         let mut auto = AutoSeeds::default();
         if let Some(m) = args.max_seeds {
             // An interval needs two seeds.
@@ -89,15 +151,7 @@ fn seeds_of(args: &CompareArgs) -> Result<Seeds, InputError> {
                 .map_err(|v| flag_error("--max-seeds", &v))? as usize;
         }
         if let Some(p) = args.precision {
-            auto.rel_half_width = rule::positive(p)
-                .and_then(|p| {
-                    if p < 1.0 {
-                        Ok(p)
-                    } else {
-                        Err(Violation::new(p, "a fraction > 0 and < 1, e.g. 0.05"))
-                    }
-                })
-                .map_err(|v| flag_error("--precision", &v))?;
+            auto.rel_half_width = fraction_flag("--precision", p, "0.05")?;
         }
         return Ok(Seeds::Auto(auto));
     }
@@ -113,17 +167,10 @@ fn seeds_of(args: &CompareArgs) -> Result<Seeds, InputError> {
             ));
         }
     }
-    let n: f64 = args.seeds.trim().parse().map_err(|_| {
-        InputError::new(
-            COMMAND_LINE,
-            "--seeds",
-            format!("`{}` is not a number of seeds", args.seeds),
-        )
-        .valid("a whole number >= 1, or `auto`")
-    })?;
-    rule::whole(n, 1, u64::MAX)
-        .map(Seeds::Fixed)
-        .map_err(|v| flag_error("--seeds", &v).valid("a whole number >= 1, or `auto`"))
+    match seeds_flag(&args.seeds)? {
+        SeedsFlag::Fixed(n) => Ok(Seeds::Fixed(n)),
+        SeedsFlag::Auto => unreachable!("handled above"),
+    }
 }
 
 /// Index of the `--baseline` policy among a scenario's policies (by name as given, or by the
@@ -172,23 +219,25 @@ pub fn progress(len: u64, what: &str) -> Option<indicatif::ProgressBar> {
 
 /// What `compare` runs, worked out from its arguments and inputs before anything runs.
 struct Plan {
+    args: CompareArgs,
     scenarios: Vec<Scenario>,
     policies: Vec<Vec<PolicyConfig>>,
     /// One per scenario, its policies listed, no runs yet.
     comparisons: Vec<ScenarioComparison>,
     seeds: Seeds,
-    /// The options that decide the results (hashed with the inputs).
-    options: String,
+    /// The scenario files' text, hashed as it was parsed.
+    read: InputsHash,
 }
 
 impl Plan {
     fn new(args: &CompareArgs) -> anyhow::Result<Plan> {
         let seeds = seeds_of(args)?;
+        let mut read = InputsHash::new();
         let scenarios: Vec<Scenario> = args
             .scenarios
             .iter()
-            .map(Scenario::load)
-            .collect::<Result<_, _>>()?;
+            .map(|p| read_scenario(p, &mut read))
+            .collect::<anyhow::Result<_>>()?;
         let policies: Vec<Vec<PolicyConfig>> = scenarios
             .iter()
             .map(|s| super::run::policies_for(s, &args.policies))
@@ -205,81 +254,26 @@ impl Plan {
             c.baseline = baseline_index(args.baseline.as_deref(), sc, ps)?;
             comparisons.push(c);
         }
-        let options = canonical_options(&CompareArgs {
-            out: PathBuf::new(),
-            findings: None,
-            shard: ShardArgs::default(),
-            ..args.clone()
-        });
         Ok(Plan {
+            args: args.clone(),
             scenarios,
             policies,
             comparisons,
             seeds,
-            options,
+            read,
         })
-    }
-
-    /// [`InputsHash`] of the scenarios, what they read, and the options (only a sharded run
-    /// and a merge read the files again for it).
-    fn inputs_hash(&self) -> anyhow::Result<u64> {
-        let mut hash = InputsHash::new();
-        for sc in &self.scenarios {
-            hash.scenario(sc)?;
-        }
-        Ok(hash.item("options", self.options.as_bytes()).finish())
     }
 
     /// The units shards are dealt: with a fixed seed count, (scenario, seed ordinal) — every
     /// policy on it; with `--seeds auto`, a scenario, whose seeds grow until its own paired
     /// differences are precise (each scenario's stopping depends on its runs only).
-    fn units(&self) -> Vec<(usize, Option<usize>)> {
+    fn unit_list(&self) -> Vec<(usize, Option<usize>)> {
         match self.seeds {
             Seeds::Fixed(n) => (0..self.scenarios.len())
-                .flat_map(|i| (0..n as usize).map(move |k| (i, Some(k))))
+                .flat_map(|i| (0..n).map(move |k| (i, Some(k))))
                 .collect(),
             Seeds::Auto(_) => (0..self.scenarios.len()).map(|i| (i, None)).collect(),
         }
-    }
-
-    /// Run the units `shard` owns; one record per simulation.
-    fn run_units(&self, shard: Shard) -> anyhow::Result<Vec<CompareRun>> {
-        let owned: Vec<(usize, Option<usize>)> = self
-            .units()
-            .into_iter()
-            .enumerate()
-            .filter(|(u, _)| shard.owns(*u))
-            .map(|(_, unit)| unit)
-            .collect();
-        let bar = progress(0, "compare");
-        let mut records = Vec::new();
-        match self.seeds {
-            Seeds::Fixed(_) => {
-                let batch: Vec<(usize, usize)> =
-                    owned.iter().map(|&(i, k)| (i, k.unwrap_or(0))).collect();
-                for (_, runs) in self.run_batch(&batch, bar.as_ref())? {
-                    records.extend(runs);
-                }
-            }
-            Seeds::Auto(auto) => {
-                let scenarios: Vec<usize> = owned.iter().map(|&(i, _)| i).collect();
-                let mut mine: Vec<ScenarioComparison> = scenarios
-                    .iter()
-                    .map(|&i| self.comparisons[i].clone())
-                    .collect();
-                grow_seeds(&mut mine, &auto, |batch| {
-                    let batch: Vec<(usize, usize)> =
-                        batch.iter().map(|&(j, k)| (scenarios[j], k)).collect();
-                    let results = self.run_batch(&batch, bar.as_ref())?;
-                    records.extend(results.iter().flat_map(|(_, runs)| runs.iter().cloned()));
-                    Ok::<_, anyhow::Error>(results)
-                })?;
-            }
-        }
-        if let Some(b) = bar {
-            b.finish_and_clear();
-        }
-        Ok(records)
     }
 
     /// One batch of (scenario, seed ordinal): every policy on each, in parallel; the results
@@ -340,36 +334,35 @@ impl Plan {
         Ok(results)
     }
 
+    /// Seed ordinal `k` of scenario `i`: every policy's record, taken from `found` (and noted
+    /// in `used`, the records the outputs count).
+    fn seed_runs(
+        &self,
+        found: &mut Found<'_, Plan>,
+        used: &mut Vec<CompareRun>,
+        i: usize,
+        k: usize,
+    ) -> anyhow::Result<(u64, Vec<CompareRun>)> {
+        let runs = (0..self.policies[i].len())
+            .map(|p| found.take(&(i, k, p)))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        used.extend(runs.iter().cloned());
+        Ok((seed_of(self.scenarios[i].setup.seed, k), runs))
+    }
+
     /// The comparisons built from every unit's records, as a single run builds them, and the
-    /// records in report order.
+    /// records they used in report order.
     fn assemble(
         &self,
-        records: Vec<CompareRun>,
+        mut found: Found<'_, Plan>,
     ) -> anyhow::Result<(Vec<ScenarioComparison>, Vec<CompareRun>, String)> {
-        let by_key: BTreeMap<(usize, usize, usize), CompareRun> = records
-            .into_iter()
-            .map(|r| ((r.scenario, r.ordinal, r.policy), r))
-            .collect();
-        let seed_runs = |i: usize, k: usize| -> anyhow::Result<(u64, Vec<CompareRun>)> {
-            let runs = (0..self.policies[i].len())
-                .map(|p| {
-                    by_key.get(&(i, k, p)).cloned().with_context(|| {
-                        format!(
-                            "the results hold no run of `{}`, seed ordinal {k}, policy `{}`; \
-                             were the partial results edited?",
-                            self.scenarios[i].name, self.policies[i][p].name
-                        )
-                    })
-                })
-                .collect::<anyhow::Result<Vec<_>>>()?;
-            Ok((seed_of(self.scenarios[i].setup.seed, k), runs))
-        };
+        let mut used = Vec::new();
         let mut comparisons = self.comparisons.clone();
         let seeds_note = match self.seeds {
             Seeds::Fixed(n) => {
                 for (i, c) in comparisons.iter_mut().enumerate() {
-                    for k in 0..n as usize {
-                        let (seed, runs) = seed_runs(i, k)?;
+                    for k in 0..n {
+                        let (seed, runs) = self.seed_runs(&mut found, &mut used, i, k)?;
                         for (p, r) in c.policies.iter_mut().zip(&runs) {
                             r.push_to(p, seed);
                         }
@@ -379,7 +372,10 @@ impl Plan {
             }
             Seeds::Auto(auto) => {
                 grow_seeds(&mut comparisons, &auto, |batch| {
-                    batch.iter().map(|&(i, k)| seed_runs(i, k)).collect()
+                    batch
+                        .iter()
+                        .map(|&(i, k)| self.seed_runs(&mut found, &mut used, i, k))
+                        .collect()
                 })?;
                 format!(
                     "`--seeds auto` (from {} to at most {} seeds per scenario, until every paired \
@@ -391,56 +387,111 @@ impl Plan {
                 )
             }
         };
-        Ok((comparisons, by_key.into_values().collect(), seeds_note))
+        used.sort_by_key(|r| r.key());
+        Ok((comparisons, used, seeds_note))
+    }
+}
+
+impl Sharded for Plan {
+    type Record = CompareRun;
+    const COMMAND: &'static str = "compare";
+
+    fn units(&self) -> usize {
+        self.unit_list().len()
+    }
+
+    fn unit_of(&self, &(i, k, p): &RecordKey<Self>) -> Option<usize> {
+        if i >= self.scenarios.len() || p >= self.policies[i].len() {
+            return None;
+        }
+        match self.seeds {
+            Seeds::Fixed(n) => (k < n).then_some(i * n + k),
+            Seeds::Auto(auto) => (k < auto.max).then_some(i),
+        }
+    }
+
+    fn describe(&self, &(i, k, p): &RecordKey<Self>) -> String {
+        format!(
+            "`{}`, seed ordinal {k}, policy `{}`",
+            self.scenarios[i].name, self.policies[i][p].name
+        )
+    }
+
+    /// The scenarios as parsed, what they read, and the options.
+    fn inputs_hash(&self) -> anyhow::Result<u64> {
+        let mut hash = self.read.clone();
+        for sc in &self.scenarios {
+            hash.scenario_reads(sc)?;
+        }
+        let options = canonical_options(&self.args);
+        Ok(hash.item("options", options.as_bytes()).finish())
+    }
+
+    /// One record per simulation.
+    fn run_units(&self, units: &[usize]) -> anyhow::Result<Vec<CompareRun>> {
+        let all = self.unit_list();
+        let owned: Vec<(usize, Option<usize>)> = units.iter().map(|&u| all[u]).collect();
+        let bar = progress(0, "compare");
+        let mut records = Vec::new();
+        match self.seeds {
+            Seeds::Fixed(_) => {
+                let batch: Vec<(usize, usize)> =
+                    owned.iter().map(|&(i, k)| (i, k.unwrap_or(0))).collect();
+                for (_, runs) in self.run_batch(&batch, bar.as_ref())? {
+                    records.extend(runs);
+                }
+            }
+            Seeds::Auto(auto) => {
+                let scenarios: Vec<usize> = owned.iter().map(|&(i, _)| i).collect();
+                let mut mine: Vec<ScenarioComparison> = scenarios
+                    .iter()
+                    .map(|&i| self.comparisons[i].clone())
+                    .collect();
+                grow_seeds(&mut mine, &auto, |batch| {
+                    let batch: Vec<(usize, usize)> =
+                        batch.iter().map(|&(j, k)| (scenarios[j], k)).collect();
+                    let results = self.run_batch(&batch, bar.as_ref())?;
+                    records.extend(results.iter().flat_map(|(_, runs)| runs.iter().cloned()));
+                    Ok::<_, anyhow::Error>(results)
+                })?;
+            }
+        }
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+        Ok(records)
+    }
+
+    fn finish(
+        &self,
+        found: Found<'_, Plan>,
+        timing: Timing,
+        out: &mut dyn Write,
+        _note: &mut dyn Write,
+    ) -> anyhow::Result<ExitCode> {
+        finish(self, found, timing, out)
     }
 }
 
 /// Run it: the whole job, or with `--shard` one shard's units into a partial result.
 pub fn run(args: &CompareArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
-    let shard = args.shard.shard()?;
-    let plan = Plan::new(args)?;
-    let started = Instant::now();
-    let records = plan.run_units(shard.unwrap_or(Shard::WHOLE))?;
-    let timing = Timing::since(started);
-    match shard {
-        Some(shard) => write_partial(
-            &args.shard,
-            ShardRun {
-                command: "compare",
-                shard,
-                units: plan.units().len(),
-                inputs_hash: plan.inputs_hash()?,
-                timing,
-            },
-            Records::Compare(records),
-            out,
-        ),
-        None => finish(args, &plan, records, timing, out),
-    }
+    lab::run_sharded(&args.shard, || Plan::new(args), out, &mut std::io::sink())
 }
 
 /// `routelab merge` of compare partials: the outputs of the whole run from the shards' records.
-pub fn merged(
-    args: &CompareArgs,
-    inputs_hash: u64,
-    records: Vec<CompareRun>,
-    timing: Timing,
-    out: &mut impl Write,
-) -> anyhow::Result<ExitCode> {
-    let plan = Plan::new(args)?;
-    same_inputs(inputs_hash, plan.inputs_hash()?)?;
-    finish(args, &plan, records, timing, out)
+pub fn merged(args: &CompareArgs, set: MergeSet, out: &mut impl Write) -> anyhow::Result<ExitCode> {
+    lab::merge_shards(&Plan::new(args)?, set, out, &mut std::io::sink())
 }
 
 /// Build the comparisons from the records and write every output.
 fn finish(
-    args: &CompareArgs,
     plan: &Plan,
-    records: Vec<CompareRun>,
+    found: Found<'_, Plan>,
     timing: Timing,
-    out: &mut impl Write,
+    out: &mut dyn Write,
 ) -> anyhow::Result<ExitCode> {
-    let (comparisons, records, seeds_note) = plan.assemble(records)?;
+    let args = &plan.args;
+    let (comparisons, records, seeds_note) = plan.assemble(found)?;
     let runs = records.len();
     let requests: u64 = records.iter().map(|r| r.requests).sum();
     let total_wall_s = timing.wall_s;
@@ -514,6 +565,13 @@ mod tests {
             (&["--seeds", "0"][..], "--seeds", "whole number"),
             (&["--seeds", "many"][..], "--seeds", "not a number of seeds"),
             (&["--seeds", "2.5"][..], "--seeds", "whole number"),
+            // At most MAX_SEEDS_LIMIT, like `--max-seeds` (a count is a list that long).
+            (&["--seeds", "1001"][..], "--seeds", "from 1 to 1000"),
+            (
+                &["--seeds", "18446744073709551615"][..],
+                "--seeds",
+                "from 1 to 1000",
+            ),
             (
                 &["--seeds", "auto", "--max-seeds", "1"][..],
                 "--max-seeds",

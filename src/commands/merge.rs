@@ -6,10 +6,9 @@
 //! partials' and hands the records to the command's own writers.
 
 use crate::commands;
-use crate::lab::Timing;
 use anyhow::Context;
 use clap::Parser;
-use routelab_reports::partial::{MergeSet, Partial, Records, check_set};
+use routelab_reports::partial::{Partial, check_set};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -44,6 +43,17 @@ enum RecordedCommand {
     Check(commands::check::CheckArgs),
 }
 
+impl RecordedCommand {
+    fn name(&self) -> &'static str {
+        match self {
+            RecordedCommand::Compare(_) => "compare",
+            RecordedCommand::Sweep(_) => "sweep",
+            RecordedCommand::Capacity(_) => "capacity",
+            RecordedCommand::Check(_) => "check",
+        }
+    }
+}
+
 /// Run it: the report to `out`; `check`'s verdict note to `note`, as `check` writes it.
 pub fn run(
     args: &MergeArgs,
@@ -55,16 +65,10 @@ pub fn run(
         .iter()
         .map(|f| Ok((f.display().to_string(), Partial::read(f)?)))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    // Every partial was run with the same arguments (`check_set` refuses others), so the
+    // merge does not depend on the order the partials are given in.
     let set = check_set(partials)?;
-    let MergeSet {
-        command,
-        args: recorded,
-        inputs_hash,
-        records,
-        wall_s,
-        threads,
-    } = set;
-    let timing = Timing { wall_s, threads };
+    let (command, recorded) = (set.command.clone(), set.args.clone());
     let parsed = Recorded::try_parse_from(
         ["routelab".to_string(), command.clone()]
             .into_iter()
@@ -76,46 +80,49 @@ pub fn run(
             recorded.join(" ")
         )
     })?;
+    anyhow::ensure!(
+        parsed.command.name() == command,
+        "the partials' records are not those of `{command}`"
+    );
     let not_for = |flag: &str| {
         anyhow::anyhow!("`merge {flag}` does not apply to `{command}`, which writes no such file")
     };
-    match (parsed.command, records) {
-        (RecordedCommand::Compare(mut a), Records::Compare(r)) => {
+    match parsed.command {
+        RecordedCommand::Compare(mut a) => {
             if let Some(o) = &args.out {
                 a.out = o.clone();
             }
             if let Some(f) = &args.findings {
                 a.findings = Some(f.clone());
             }
-            commands::compare::merged(&a, inputs_hash, r, timing, out)
+            commands::compare::merged(&a, set, out)
         }
-        (RecordedCommand::Sweep(mut a), Records::Sweep(r)) => {
+        RecordedCommand::Sweep(mut a) => {
             if args.findings.is_some() {
                 return Err(not_for("--findings"));
             }
             if let Some(o) = &args.out {
                 a.out = Some(o.clone());
             }
-            commands::sweep::merged(&a, inputs_hash, r, out)
+            commands::sweep::merged(&a, set, out)
         }
-        (RecordedCommand::Capacity(mut a), Records::Capacity(r)) => {
+        RecordedCommand::Capacity(mut a) => {
             if let Some(o) = &args.out {
                 a.out = Some(o.clone());
             }
             if let Some(f) = &args.findings {
                 a.findings = Some(f.clone());
             }
-            commands::capacity::merged(&a, inputs_hash, r, out)
+            commands::capacity::merged(&a, set, out)
         }
-        (RecordedCommand::Check(a), Records::Check(r)) => {
+        RecordedCommand::Check(a) => {
             if args.out.is_some() {
                 return Err(not_for("--out"));
             }
             if args.findings.is_some() {
                 return Err(not_for("--findings"));
             }
-            commands::check::merged(&a, inputs_hash, r, out, note)
+            commands::check::merged(&a, set, out, note)
         }
-        _ => anyhow::bail!("the partials' records are not those of `{command}`"),
     }
 }

@@ -7,21 +7,18 @@
 //! the mean and 95 % interval across them.
 
 use crate::lab::{
-    Job, ShardArgs, ShardRun, Timing, canonical_options, run_all, same_inputs, write_partial,
+    self, Found, Job, RecordKey, ShardArgs, Sharded, ShardedArgs, Timing, canonical_options,
+    run_all,
 };
 use anyhow::Context;
 use routelab_policies::PolicyConfig;
-use routelab_policies::located::rule;
-use routelab_reports::partial::{InputsHash, Records, SweepRun};
-use routelab_reports::shard::Shard;
+use routelab_reports::partial::{InputsHash, MergeSet, SweepRun};
 use routelab_reports::{RunSummary, SweepRow, sweep_table, write_sweep};
 use routelab_sim::Scenario;
 use routelab_sim::sweep::{Axis, GridPoint, grid};
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Instant;
 
 /// Options of `routelab sweep`.
 #[derive(Debug, Clone, clap::Args)]
@@ -49,16 +46,24 @@ pub struct SweepArgs {
     pub shard: ShardArgs,
 }
 
+impl ShardedArgs for SweepArgs {
+    fn clear_outputs(&mut self) {
+        self.out = None;
+        self.shard = ShardArgs::default();
+    }
+}
+
 /// What `sweep` runs, worked out from its arguments and inputs before anything runs.
 struct Plan {
+    args: SweepArgs,
     base: Scenario,
     params: Vec<String>,
     points: Vec<GridPoint>,
     policies: Vec<PolicyConfig>,
     seeds: usize,
     first_seed: u64,
-    /// The options that decide the results (hashed with the inputs).
-    options: String,
+    /// The scenario file's text, hashed as it was parsed.
+    read: InputsHash,
 }
 
 impl Plan {
@@ -69,6 +74,8 @@ impl Plan {
         );
         let text = std::fs::read_to_string(&args.scenario)
             .with_context(|| format!("{}: cannot read", args.scenario.display()))?;
+        let mut read = InputsHash::new();
+        read.text(&args.scenario, text.as_bytes());
         // Validate the base scenario first, for located errors.
         let base = Scenario::from_yaml(&text, &args.scenario)?;
         let axes = args
@@ -79,23 +86,17 @@ impl Plan {
         let params: Vec<String> = axes.iter().map(|a| a.path.clone()).collect();
         let points = grid(&text, &args.scenario, &axes)?;
         let policies = super::run::policies_for(&base, &args.policies)?;
-        let seeds = rule::whole(args.seeds, 1, super::compare::MAX_SEEDS_LIMIT)
-            .map_err(|v| v.at_field(super::compare::COMMAND_LINE, "--seeds"))?
-            as usize;
+        let seeds = super::compare::seed_count(args.seeds)?;
         let first_seed = args.seed.unwrap_or(base.setup.seed);
-        let options = canonical_options(&SweepArgs {
-            out: None,
-            shard: ShardArgs::default(),
-            ..args.clone()
-        });
         Ok(Plan {
+            args: args.clone(),
             base,
             params,
             points,
             policies,
             seeds,
             first_seed,
-            options,
+            read,
         })
     }
 
@@ -116,25 +117,46 @@ impl Plan {
         }
         jobs
     }
+}
 
-    /// [`InputsHash`] of the scenario file, what each grid point reads, and the options.
+impl Sharded for Plan {
+    type Record = SweepRun;
+    const COMMAND: &'static str = "sweep";
+
+    fn units(&self) -> usize {
+        self.points.len() * self.policies.len() * self.seeds
+    }
+
+    fn unit_of(&self, &job: &RecordKey<Self>) -> Option<usize> {
+        (job < self.units()).then_some(job)
+    }
+
+    fn describe(&self, &job: &RecordKey<Self>) -> String {
+        let per_point = self.policies.len() * self.seeds;
+        let point = &self.points[job / per_point];
+        format!(
+            "grid point {}, policy `{}`, seed {} (run {job})",
+            point.labels.join(", "),
+            self.policies[job % per_point / self.seeds].name,
+            routelab_reports::stats::seed_of(self.first_seed, job % self.seeds)
+        )
+    }
+
+    /// The scenario file as parsed, what each grid point reads (each file once), and the
+    /// options.
     fn inputs_hash(&self) -> anyhow::Result<u64> {
-        let mut hash = InputsHash::new();
-        hash.file(&self.base.path)?;
+        let mut hash = self.read.clone();
         for point in &self.points {
             hash.scenario_reads(&point.scenario)?;
         }
-        Ok(hash.item("options", self.options.as_bytes()).finish())
+        let options = canonical_options(&self.args);
+        Ok(hash.item("options", options.as_bytes()).finish())
     }
 
-    /// Run the jobs `shard` owns, in parallel; one record each.
-    fn run_units(&self, shard: Shard) -> anyhow::Result<Vec<SweepRun>> {
-        let (index, jobs): (Vec<usize>, Vec<Job<'_>>) = self
-            .jobs()
-            .into_iter()
-            .enumerate()
-            .filter(|(u, _)| shard.owns(*u))
-            .unzip();
+    /// Run the jobs in parallel; one record each.
+    fn run_units(&self, units: &[usize]) -> anyhow::Result<Vec<SweepRun>> {
+        let all = self.jobs();
+        let jobs: Vec<Job<'_>> = units.iter().map(|&u| all[u]).collect();
         let bar = super::compare::progress(jobs.len() as u64, "sweep");
         let outcomes = run_all(&jobs, &|| {
             if let Some(b) = &bar {
@@ -144,85 +166,59 @@ impl Plan {
         if let Some(b) = bar {
             b.finish_and_clear();
         }
-        Ok(index
-            .into_iter()
+        Ok(units
+            .iter()
             .zip(&jobs)
             .zip(outcomes)
-            .map(|((job, j), o)| SweepRun {
+            .map(|((&job, j), o)| SweepRun {
                 job,
                 seed: j.seed,
                 summary: RunSummary::from_metrics(&o.metrics),
             })
             .collect())
     }
+
+    /// Build the rows from the records, in job order (so the outputs do not depend on the
+    /// thread count or the shards), and write every output.
+    fn finish(
+        &self,
+        mut found: Found<'_, Plan>,
+        _timing: Timing,
+        out: &mut dyn Write,
+        _note: &mut dyn Write,
+    ) -> anyhow::Result<ExitCode> {
+        let mut rows: Vec<SweepRow> = Vec::new();
+        let mut job = 0;
+        for point in &self.points {
+            for p in &self.policies {
+                let mut row = SweepRow::new(point.labels.clone(), p.name.clone());
+                for _ in 0..self.seeds {
+                    let r = found.take(&job)?;
+                    row.runs.push_summary(r.seed, r.summary, None);
+                    job += 1;
+                }
+                rows.push(row);
+            }
+        }
+        let dir = self
+            .args
+            .out
+            .clone()
+            .unwrap_or_else(|| Path::new("out").join(&self.base.name).join("sweep"));
+        write_sweep(&dir, &self.base.name, &self.params, &rows)?;
+        write!(out, "{}", sweep_table(&self.params, &rows))?;
+        writeln!(out, "sweep: {}", dir.join("sweep.csv").display())?;
+        writeln!(out, "report: {}", dir.join("report.html").display())?;
+        Ok(ExitCode::SUCCESS)
+    }
 }
 
 /// Run it: the whole grid, or with `--shard` one shard's runs into a partial result.
 pub fn run(args: &SweepArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
-    let shard = args.shard.shard()?;
-    let plan = Plan::new(args)?;
-    let started = Instant::now();
-    let records = plan.run_units(shard.unwrap_or(Shard::WHOLE))?;
-    match shard {
-        Some(shard) => write_partial(
-            &args.shard,
-            ShardRun {
-                command: "sweep",
-                shard,
-                units: plan.jobs().len(),
-                inputs_hash: plan.inputs_hash()?,
-                timing: Timing::since(started),
-            },
-            Records::Sweep(records),
-            out,
-        ),
-        None => finish(args, &plan, records, out),
-    }
+    lab::run_sharded(&args.shard, || Plan::new(args), out, &mut std::io::sink())
 }
 
 /// `routelab merge` of sweep partials: the outputs of the whole grid from the shards' records.
-pub fn merged(
-    args: &SweepArgs,
-    inputs_hash: u64,
-    records: Vec<SweepRun>,
-    out: &mut impl Write,
-) -> anyhow::Result<ExitCode> {
-    let plan = Plan::new(args)?;
-    same_inputs(inputs_hash, plan.inputs_hash()?)?;
-    finish(args, &plan, records, out)
-}
-
-/// Build the rows from the records, in job order (so the outputs do not depend on the thread
-/// count or the shards), and write every output.
-fn finish(
-    args: &SweepArgs,
-    plan: &Plan,
-    records: Vec<SweepRun>,
-    out: &mut impl Write,
-) -> anyhow::Result<ExitCode> {
-    let mut by_job: BTreeMap<usize, SweepRun> = records.into_iter().map(|r| (r.job, r)).collect();
-    let mut rows: Vec<SweepRow> = Vec::new();
-    let mut job = 0;
-    for point in &plan.points {
-        for p in &plan.policies {
-            let mut row = SweepRow::new(point.labels.clone(), p.name.clone());
-            for _ in 0..plan.seeds {
-                let r = by_job.remove(&job).with_context(|| {
-                    format!("the results hold no run {job}; were the partial results edited?")
-                })?;
-                row.runs.push_summary(r.seed, r.summary, None);
-                job += 1;
-            }
-            rows.push(row);
-        }
-    }
-    let dir = args
-        .out
-        .clone()
-        .unwrap_or_else(|| Path::new("out").join(&plan.base.name).join("sweep"));
-    write_sweep(&dir, &plan.base.name, &plan.params, &rows)?;
-    write!(out, "{}", sweep_table(&plan.params, &rows))?;
-    writeln!(out, "sweep: {}", dir.join("sweep.csv").display())?;
-    writeln!(out, "report: {}", dir.join("report.html").display())?;
-    Ok(ExitCode::SUCCESS)
+pub fn merged(args: &SweepArgs, set: MergeSet, out: &mut impl Write) -> anyhow::Result<ExitCode> {
+    lab::merge_shards(&Plan::new(args)?, set, out, &mut std::io::sink())
 }

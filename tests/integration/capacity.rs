@@ -278,11 +278,11 @@ fn bad_input_is_a_located_error_with_exit_2() {
         ),
         (
             &["--slo", "ttft_p99<=2s", "--seeds", "0"],
-            "error: --seeds: `0` is not valid; valid: a whole number >= 1, or auto",
+            "error: command line: --seeds: 0 is not valid; valid: a whole number from 1 to 1000, or `auto`",
         ),
         (
             &["--slo", "ttft_p99<=2s", "--precision", "1.5"],
-            "error: --precision: 1.5 is not valid; expected a fraction in (0, 1)",
+            "error: command line: --precision: 1.5 is not valid; expected a fraction > 0 and < 1, e.g. 0.02 for 2 %",
         ),
     ];
     for (extra, expected) in cases {

@@ -6,7 +6,7 @@
 use crate::common::{routelab, scratch, text};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 const CRASH: &str = "scenarios/ci/crash.yaml";
 const AZURE: &str = "scenarios/ci/azure-conv-slice.yaml";
@@ -43,10 +43,11 @@ fn console(o: &Output) -> String {
         .join("\n")
 }
 
-/// Run `args` as N shard processes at once, each writing `partials/shard-K.json`, and merge
-/// them (merge writes where the command would, since the partials record its arguments).
+/// Run `args` as N shard processes at once (all started, then all awaited), each writing
+/// `partials/shard-K.json`, and merge them (merge writes where the command would, since the
+/// partials record its arguments).
 fn shards_then_merge(args: &[String], n: u32, partials: &Path) -> Output {
-    let children: Vec<_> = (1..=n)
+    let running: Vec<_> = (1..=n)
         .map(|k| {
             Command::new(env!("CARGO_BIN_EXE_routelab"))
                 .args(args)
@@ -55,9 +56,15 @@ fn shards_then_merge(args: &[String], n: u32, partials: &Path) -> Output {
                 .arg("--partial")
                 .arg(partials.join(format!("shard-{k}.json")))
                 .current_dir(env!("CARGO_MANIFEST_DIR"))
-                .output()
-                .expect("the binary runs")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("the binary starts")
         })
+        .collect();
+    let children: Vec<Output> = running
+        .into_iter()
+        .map(|c| c.wait_with_output().expect("the shard finishes"))
         .collect();
     for (k, o) in children.iter().enumerate() {
         assert!(o.status.success(), "shard {}/{n}: {}", k + 1, text(o));
@@ -83,7 +90,7 @@ fn shards_then_merge(args: &[String], n: u32, partials: &Path) -> Output {
 
 /// The whole command's outputs in `out`, then for each N the merged shards' in the same place:
 /// every file, the console and the exit code agree.
-fn same_as_whole(name: &str, args: &[&str], out: &Path, ns: &[u32]) {
+fn same_as_whole(name: &str, args: &[&str], out: &Path, ns: &[u32]) -> Output {
     let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let whole = routelab(&refs);
@@ -129,6 +136,7 @@ fn same_as_whole(name: &str, args: &[&str], out: &Path, ns: &[u32]) {
         }
         std::fs::remove_dir_all(out).unwrap();
     }
+    whole
 }
 
 #[test]
@@ -166,7 +174,8 @@ fn compare_with_auto_seeds_merges_to_the_whole_run() {
     let dir = scratch("shards-compare-auto");
     let out = dir.join("out");
     let o = out.display().to_string();
-    same_as_whole(
+    // A precision no scenario reaches: each grows past its first 3 seeds, to the maximum.
+    let whole = same_as_whole(
         "compare --seeds auto",
         &[
             "compare",
@@ -179,12 +188,51 @@ fn compare_with_auto_seeds_merges_to_the_whole_run() {
             "--seeds",
             "auto",
             "--max-seeds",
-            "4",
+            "5",
+            "--precision",
+            "0.001",
             "--out",
             &o,
         ],
         &out,
         &[1, 2, 3],
+    );
+    let said = console(&whole);
+    assert!(
+        said.contains("ci/crash (5 seeds)") && said.contains("ci/azure-conv-slice (5 seeds)"),
+        "{said}"
+    );
+}
+
+#[test]
+fn capacity_with_auto_seeds_merges_to_the_whole_run() {
+    let dir = scratch("shards-capacity-auto");
+    let out = dir.join("out");
+    let o = out.display().to_string();
+    let whole = same_as_whole(
+        "capacity --seeds auto",
+        &[
+            "capacity",
+            CRASH,
+            AZURE,
+            "--policy",
+            "seed-v3",
+            "--slo",
+            "ttft_p99<=2s",
+            "--seeds",
+            "auto",
+            "--precision",
+            "0.2",
+            "--out",
+            &o,
+        ],
+        &out,
+        &[1, 2],
+    );
+    assert!(
+        console(&whole).contains("--seeds auto"),
+        "{}",
+        console(&whole)
     );
 }
 
@@ -482,4 +530,253 @@ fn shard_errors_are_located_with_exit_2() {
     }
     // `--partial` means nothing without `--shard`.
     refused(&["compare", CRASH, "--partial", "p.json"], &["--shard"]);
+}
+
+/// Two shards of `compare SCENARIO --policy seed-v1 --seeds 3` into `dir` (shard 1 runs seed
+/// ordinals 0 and 2, shard 2 ordinal 1); the partials' paths.
+fn three_seeds_two_shards(dir: &Path, scenario: &str) -> [String; 2] {
+    [1, 2].map(|k| {
+        let p = dir.join(format!("part{k}.json")).display().to_string();
+        let shard = format!("{k}/2");
+        let o = routelab(&[
+            "compare",
+            scenario,
+            "--policy",
+            "seed-v1",
+            "--seeds",
+            "3",
+            "--shard",
+            &shard,
+            "--partial",
+            &p,
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        p
+    })
+}
+
+#[test]
+fn merge_refuses_a_profile_or_trace_changed_after_the_shards_ran() {
+    let dir = scratch("shards-refuse-reads");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let profile =
+        std::fs::read_to_string(root.join("scenarios/hardware/rtx5090-27b.yaml")).unwrap();
+    std::fs::write(dir.join("hw.yaml"), &profile).unwrap();
+    let trace: String = std::fs::read_to_string(
+        root.join("data/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"),
+    )
+    .unwrap()
+    .lines()
+    .take(400)
+    .map(|l| format!("{l}\n"))
+    .collect();
+    std::fs::write(dir.join("trace.csv"), &trace).unwrap();
+    let scenario = dir.join("local.yaml");
+    std::fs::write(
+        &scenario,
+        "name: local\nmodel: gemma-27b\nfleet:\n  - { name: a, profile: ./hw.yaml, count: 2 }\n\
+         traffic:\n  - trace: { path: trace.csv, format: azure, limit: 200 }\npolicies: [seed-v1]\n",
+    )
+    .unwrap();
+    let [p1, p2] = three_seeds_two_shards(&dir, &scenario.display().to_string());
+    let out = dir.join("out").display().to_string();
+    let merge = ["merge", p1.as_str(), p2.as_str(), "--out", out.as_str()];
+    let changed = "the inputs or options changed since the shards ran";
+
+    // Another prefill rate in the scenario's own profile file.
+    let faster: String = profile
+        .lines()
+        .map(|l| match l.starts_with("prefill_tok_s:") {
+            true => "prefill_tok_s: 4500\n".to_string(),
+            false => format!("{l}\n"),
+        })
+        .collect();
+    assert_ne!(faster, profile);
+    std::fs::write(dir.join("hw.yaml"), &faster).unwrap();
+    refused(&merge, &[changed]);
+    std::fs::write(dir.join("hw.yaml"), &profile).unwrap();
+    let o = routelab(&merge);
+    assert!(o.status.success(), "restored: {}", text(&o));
+
+    // One more row in the trace, beyond the rows the scenario reads: still another input.
+    let longer: String = std::fs::read_to_string(
+        root.join("data/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"),
+    )
+    .unwrap()
+    .lines()
+    .take(401)
+    .map(|l| format!("{l}\n"))
+    .collect();
+    std::fs::write(dir.join("trace.csv"), longer).unwrap();
+    refused(&merge, &[changed]);
+}
+
+/// The records of a compare partial's text: the text before them, each record, the text after.
+fn split_records(text: &str) -> (String, Vec<String>, String) {
+    let opening = "\"records\":{\"compare\":[";
+    let open = text.find(opening).unwrap() + opening.len();
+    let close = text.rfind("]}").unwrap();
+    // A record opens with its scenario index; its `perf` object's scenario is a name.
+    let starts: Vec<usize> = text[open..close]
+        .match_indices("{\"scenario\":")
+        .map(|(i, _)| open + i)
+        .filter(|&i| text.as_bytes()[i + 12].is_ascii_digit())
+        .collect();
+    let records = starts
+        .iter()
+        .enumerate()
+        .map(|(j, &a)| {
+            let b = starts.get(j + 1).map_or(close, |&b| b - 1);
+            text[a..b].to_string()
+        })
+        .collect();
+    (text[..open].to_string(), records, text[close..].to_string())
+}
+
+fn join_records(head: &str, records: &[String], tail: &str) -> String {
+    format!("{head}{}{tail}", records.join(","))
+}
+
+#[test]
+fn merge_refuses_edited_partials_naming_the_file() {
+    let dir = scratch("shards-refuse-records");
+    let [p1, p2] = three_seeds_two_shards(&dir, CRASH);
+    let out = dir.join("out").display().to_string();
+    let merge = ["merge", p1.as_str(), p2.as_str(), "--out", out.as_str()];
+    let (t1, t2) = (
+        std::fs::read_to_string(&p1).unwrap(),
+        std::fs::read_to_string(&p2).unwrap(),
+    );
+    let (h1, r1, e1) = split_records(&t1);
+    let (h2, r2, e2) = split_records(&t2);
+    assert_eq!(
+        (r1.len(), r2.len()),
+        (2, 1),
+        "one policy, seeds 0 and 2 | 1"
+    );
+    assert_eq!(join_records(&h1, &r1, &e1), t1);
+    let o = routelab(&merge);
+    assert!(o.status.success(), "as written: {}", text(&o));
+
+    // A run removed: the error names the shard and file that should hold it.
+    std::fs::write(&p1, join_records(&h1, &r1[..1], &e1)).unwrap();
+    refused(
+        &merge,
+        &[&format!(
+            "no run of `ci/crash`, seed ordinal 2, policy `seed-v1`; shard 1/2 ({p1}) should hold it"
+        )],
+    );
+    std::fs::write(&p1, &t1).unwrap();
+
+    // Shard 1's run copied into shard 2's partial: shard 2 does not run it.
+    let mut both = r2.clone();
+    both.push(r1[0].clone());
+    std::fs::write(&p2, join_records(&h2, &both, &e2)).unwrap();
+    refused(
+        &merge,
+        &[&format!(
+            "{p2} holds a result (0, 0, 0) that shard 2/2 does not run"
+        )],
+    );
+    std::fs::write(&p2, &t2).unwrap();
+
+    // A run twice in one partial.
+    let twice = [r1.clone(), vec![r1[1].clone()]].concat();
+    std::fs::write(&p1, join_records(&h1, &twice, &e1)).unwrap();
+    refused(
+        &merge,
+        &[&format!("the result (0, 2, 0) is in both {p1} and {p1}")],
+    );
+}
+
+#[test]
+fn merge_refuses_partials_run_with_other_arguments() {
+    let dir = scratch("shards-refuse-args");
+    let mut files = Vec::new();
+    for (k, out) in [(1, "a"), (2, "b")] {
+        let p = dir.join(format!("p{k}.json")).display().to_string();
+        let o = dir.join(out).display().to_string();
+        let shard = format!("{k}/2");
+        let r = routelab(&[
+            "compare",
+            CRASH,
+            "--policy",
+            "seed-v1",
+            "--seeds",
+            "2",
+            "--out",
+            &o,
+            "--shard",
+            &shard,
+            "--partial",
+            &p,
+        ]);
+        assert!(r.status.success(), "{}", text(&r));
+        files.push(p);
+    }
+    // The inputs agree, `--out` does not: in either order, the merge refuses.
+    for (a, b) in [(&files[0], &files[1]), (&files[1], &files[0])] {
+        refused(
+            &["merge", a, b],
+            &[&format!("{a} and {b} were run with different arguments")],
+        );
+    }
+}
+
+#[test]
+fn records_the_merge_never_asks_for_count_nowhere() {
+    // `--seeds auto` on one scenario that stops at its first 3 seeds (of at most 6): a record of
+    // seed ordinal 4 is one its shard could have run, but the merge never asks for it.
+    let dir = scratch("shards-unasked");
+    let out = dir.join("out").display().to_string();
+    let args = [
+        "compare",
+        CRASH,
+        "--policy",
+        "seed-v3",
+        "--policy",
+        "seed-next",
+        "--seeds",
+        "auto",
+        "--max-seeds",
+        "6",
+        "--precision",
+        "0.99",
+        "--out",
+        &out,
+    ];
+    let whole = routelab(&args);
+    assert!(whole.status.success(), "{}", text(&whole));
+    assert!(
+        console(&whole).contains("ci/crash (3 seeds)"),
+        "{}",
+        console(&whole)
+    );
+    let perf = std::fs::read_to_string(dir.join("out/perf.json")).unwrap();
+    let partial = dir.join("p.json").display().to_string();
+    let shard = routelab(&[&args[..], &["--shard", "1/1", "--partial", &partial]].concat());
+    assert!(shard.status.success(), "{}", text(&shard));
+    let (head, mut records, tail) = split_records(&std::fs::read_to_string(&partial).unwrap());
+    assert_eq!(records.len(), 6);
+    let extra = records[0].replacen(
+        "{\"scenario\":0,\"ordinal\":0,",
+        "{\"scenario\":0,\"ordinal\":4,",
+        1,
+    );
+    assert_ne!(extra, records[0]);
+    records.push(extra);
+    std::fs::write(&partial, join_records(&head, &records, &tail)).unwrap();
+    let merged = routelab(&["merge", &partial]);
+    assert!(merged.status.success(), "{}", text(&merged));
+    assert_eq!(console(&merged), console(&whole));
+    assert!(
+        console(&merged).contains("\n6 runs, "),
+        "{}",
+        console(&merged)
+    );
+    let merged_perf = std::fs::read_to_string(dir.join("out/perf.json")).unwrap();
+    assert_eq!(
+        merged_perf.matches("\"seed\"").count(),
+        perf.matches("\"seed\"").count()
+    );
 }

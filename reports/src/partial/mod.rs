@@ -3,10 +3,12 @@
 //! A command's job list is cut into *units* (deterministic, numbered the same whatever N is;
 //! [`crate::shard::Shard::owns`] deals them out). A shard runs its units and records what the
 //! command's writers need of each run — never the outputs themselves — in a [`Partial`]: the
-//! command, its arguments, K and N, and a content hash of the inputs and options
-//! ([`InputsHash`]). `merge` checks the partials belong together ([`check_set`]), hands the
-//! records back to the command, which assembles exactly the structures a single run builds and
-//! calls the same writers. A single run goes the same way with one shard that owns every unit,
+//! routelab version, the command, its arguments, K and N, and a content hash of the inputs and
+//! options ([`InputsHash`], taken before the runs). `merge` checks the partials belong together
+//! ([`check_set`]: one version, command, hash and set of arguments, every shard once) and which
+//! records each holds ([`Results::from_shards`]: each its shard's, each once), then hands them
+//! back to the command, which assembles exactly the structures a single run builds and calls
+//! the same writers. A single run goes the same way with one shard that owns every unit,
 //! so the two cannot drift apart.
 //!
 //! The file is JSON (raw serde structs in `raw.rs`; the domain types stay non-`Serialize`):
@@ -108,22 +110,58 @@ impl Records {
             Records::Check(_) => "check",
         }
     }
-
-    fn append(&mut self, other: Records) {
-        match (self, other) {
-            (Records::Compare(a), Records::Compare(b)) => a.extend(b),
-            (Records::Sweep(a), Records::Sweep(b)) => a.extend(b),
-            (Records::Capacity(a), Records::Capacity(b)) => a.extend(b),
-            (Records::Check(a), Records::Check(b)) => a.extend(b),
-            // `check_set` has made sure every partial is of one command.
-            _ => unreachable!("records of different commands"),
-        }
-    }
 }
+
+/// One kind of record: what identifies it within its command's job list, and its place in
+/// [`Records`].
+pub trait Record: Sized {
+    /// Identifies a record; no two records of one run share it.
+    type Key: Ord + Clone + std::fmt::Debug;
+    /// This record's key.
+    fn key(&self) -> Self::Key;
+    /// Records of this kind as [`Records`].
+    fn into_records(records: Vec<Self>) -> Records;
+    /// The records of this kind, if `records` holds this kind.
+    fn from_records(records: Records) -> Option<Vec<Self>>;
+}
+
+macro_rules! record_kind {
+    ($run:ty, $variant:ident, $key:ty, |$r:ident| $make:expr) => {
+        impl Record for $run {
+            type Key = $key;
+            fn key(&self) -> $key {
+                let $r = self;
+                $make
+            }
+            fn into_records(records: Vec<Self>) -> Records {
+                Records::$variant(records)
+            }
+            fn from_records(records: Records) -> Option<Vec<Self>> {
+                match records {
+                    Records::$variant(r) => Some(r),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+record_kind!(CompareRun, Compare, (usize, usize, usize), |r| (
+    r.scenario, r.ordinal, r.policy
+));
+record_kind!(SweepRun, Sweep, usize, |r| r.job);
+record_kind!(CapacityRun, Capacity, (usize, usize, u64), |r| (
+    r.scenario,
+    r.policy,
+    r.found.seed
+));
+record_kind!(CheckRun, Check, usize, |r| r.job);
 
 /// One shard's partial result.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Partial {
+    /// The routelab version that wrote it ([`VERSION`]).
+    pub version: String,
     /// `compare`, `sweep`, `capacity` or `check`.
     pub command: String,
     /// The command's arguments as given, without `--shard` and `--partial` (so `merge` can
@@ -142,6 +180,10 @@ pub struct Partial {
     /// What its units produced.
     pub records: Records,
 }
+
+/// This routelab's version, recorded in every partial: a merge refuses partials another
+/// version wrote (its runs or its record format may differ).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// Where a shard writes its partial by default: `out/partials/shard-K-of-N.json`.
 pub fn default_partial_path(shard: Shard) -> PathBuf {
@@ -181,6 +223,67 @@ pub enum MergeError {
         other: String,
         /// What that one was made from.
         other_what: String,
+    },
+    /// Partials of one input hash whose recorded arguments differ (e.g. `--out`): the merge
+    /// would depend on which came first, so it refuses.
+    #[error(
+        "{first} and {other} were run with different arguments (`{first_args}` and \
+         `{other_args}`); run every shard with the same arguments but `--shard` and `--partial`"
+    )]
+    DifferentArgs {
+        /// The first partial given.
+        first: String,
+        /// Its arguments.
+        first_args: String,
+        /// A partial that differs from it.
+        other: String,
+        /// Its arguments.
+        other_args: String,
+    },
+    /// Written by another routelab version.
+    #[error(
+        "{file} was made by routelab {made_by}, this is {this}; run the shards and the merge with one routelab"
+    )]
+    OtherVersion {
+        /// The partial.
+        file: String,
+        /// The version that wrote it.
+        made_by: String,
+        /// This version.
+        this: &'static str,
+    },
+    /// A record its shard does not own, or one its command's job list does not have.
+    #[error(
+        "{file} holds a result {what} that shard {shard} does not run; was the partial edited, \
+         or made by another command line?"
+    )]
+    NotOwned {
+        /// The partial.
+        file: String,
+        /// Its shard.
+        shard: Shard,
+        /// The record, as its key.
+        what: String,
+    },
+    /// The same record in two partials (or twice in one).
+    #[error("the result {what} is in both {first} and {second}; was a partial edited?")]
+    DuplicateRecord {
+        /// The record, as its key.
+        what: String,
+        /// One file.
+        first: String,
+        /// The other.
+        second: String,
+    },
+    /// A record the command needs is in no partial.
+    #[error(
+        "the results hold no run of {what}; {owner} should hold it; were the partial results edited?"
+    )]
+    MissingRecord {
+        /// The run.
+        what: String,
+        /// The shard and file that should hold it.
+        owner: String,
     },
     /// The same shard twice.
     #[error("shard {shard} is given twice: {first} and {second}")]
@@ -239,30 +342,41 @@ impl Partial {
     }
 }
 
-/// Partials that belong together: one command, one inputs hash, every shard exactly once.
+/// Partials that belong together: one command, one inputs hash, one set of arguments, every
+/// shard exactly once.
 #[derive(Debug, Clone)]
 pub struct MergeSet {
     /// The command.
     pub command: String,
-    /// Its arguments (those of the first partial; all hash the same).
+    /// Its arguments (every partial's are the same).
     pub args: Vec<String>,
     /// The inputs hash they share.
     pub inputs_hash: u64,
-    /// Every shard's records, in shard order.
-    pub records: Records,
+    /// Every shard's file and records, in shard order.
+    pub parts: Vec<(String, Shard, Records)>,
     /// The shards' wall seconds, summed (for `perf.json`).
     pub wall_s: f64,
     /// The shards' threads, summed.
     pub threads: usize,
 }
 
-/// Check that `partials` (file name, partial) are the N shards of one run, and combine their
-/// records. Refuses partials made from different inputs, a shard given twice and missing
-/// shards, naming the files.
+/// Check that `partials` (file name, partial) are the N shards of one run by this routelab.
+/// Refuses partials of another version, made from different inputs or arguments, a shard given
+/// twice and missing shards, naming the files. Which records each holds is checked by
+/// [`Results::from_shards`], which knows the command's units.
 pub fn check_set(partials: Vec<(String, Partial)>) -> Result<MergeSet, MergeError> {
     let Some((first_file, first)) = partials.first() else {
         return Err(MergeError::Empty);
     };
+    for (file, p) in &partials {
+        if p.version != VERSION {
+            return Err(MergeError::OtherVersion {
+                file: file.clone(),
+                made_by: p.version.clone(),
+                this: VERSION,
+            });
+        }
+    }
     let count = first.shard.count();
     for (file, p) in &partials[1..] {
         if p.command != first.command
@@ -275,6 +389,14 @@ pub fn check_set(partials: Vec<(String, Partial)>) -> Result<MergeSet, MergeErro
                 first_what: first.made_from(),
                 other: file.clone(),
                 other_what: p.made_from(),
+            });
+        }
+        if p.args != first.args {
+            return Err(MergeError::DifferentArgs {
+                first: first_file.clone(),
+                first_args: first.args.join(" "),
+                other: file.clone(),
+                other_args: p.args.join(" "),
             });
         }
     }
@@ -313,23 +435,99 @@ pub fn check_set(partials: Vec<(String, Partial)>) -> Result<MergeSet, MergeErro
     sorted.sort_by_key(|(_, p)| p.shard);
     let mut wall_s = 0.0;
     let mut threads = 0;
-    let mut records: Option<Records> = None;
-    for (_, p) in sorted {
+    let mut parts = Vec::with_capacity(sorted.len());
+    for (file, p) in sorted {
         wall_s += p.wall_s;
         threads += p.threads;
-        match &mut records {
-            Some(r) => r.append(p.records),
-            None => records = Some(p.records),
-        }
+        parts.push((file, p.shard, p.records));
     }
     Ok(MergeSet {
         command,
         args,
         inputs_hash,
-        records: records.ok_or(MergeError::Empty)?,
+        parts,
         wall_s,
         threads,
     })
+}
+
+/// The records a command assembles its outputs from, by key, and where they came from: one
+/// process, or the files of N shards (so a missing record names the shard and file that
+/// should hold it). Assembling [`Results::take`]s each record it needs; what is never taken
+/// counts nowhere.
+#[derive(Debug)]
+pub struct Results<R: Record> {
+    by_key: std::collections::BTreeMap<R::Key, R>,
+    /// Shard k's file at k − 1; empty for one process.
+    files: Vec<String>,
+}
+
+impl<R: Record> Results<R> {
+    /// The records of one process that ran every unit.
+    pub fn whole(records: Vec<R>) -> Results<R> {
+        Results {
+            by_key: records.into_iter().map(|r| (r.key(), r)).collect(),
+            files: Vec::new(),
+        }
+    }
+
+    /// The records of a checked set's shards (in shard order, as [`check_set`] returns them).
+    /// Each record must belong to a unit of the command (`unit_of` its key is `Some`) that its
+    /// shard owns, and appear once across the set; otherwise the error names the file.
+    pub fn from_shards(
+        parts: Vec<(String, Shard, Records)>,
+        unit_of: impl Fn(&R::Key) -> Option<usize>,
+    ) -> Result<Results<R>, MergeError> {
+        let mut by_key = std::collections::BTreeMap::new();
+        let mut from: std::collections::BTreeMap<R::Key, usize> = Default::default();
+        let mut files = Vec::with_capacity(parts.len());
+        for (at, (file, shard, records)) in parts.into_iter().enumerate() {
+            let records = R::from_records(records).ok_or_else(|| {
+                InputError::new(&file, "records", "holds results of another command")
+            })?;
+            for r in records {
+                let key = r.key();
+                if !unit_of(&key).is_some_and(|u| shard.owns(u)) {
+                    return Err(MergeError::NotOwned {
+                        file,
+                        shard,
+                        what: format!("{key:?}"),
+                    });
+                }
+                if let Some(&earlier) = from.get(&key) {
+                    let first: &String = files.get(earlier).unwrap_or(&file);
+                    return Err(MergeError::DuplicateRecord {
+                        what: format!("{key:?}"),
+                        first: first.clone(),
+                        second: file,
+                    });
+                }
+                from.insert(key.clone(), at);
+                by_key.insert(key, r);
+            }
+            files.push(file);
+        }
+        Ok(Results { by_key, files })
+    }
+
+    /// The record `key` (of unit `unit`, described as `what` should it be missing).
+    pub fn take(
+        &mut self,
+        key: &R::Key,
+        unit: usize,
+        what: impl FnOnce() -> String,
+    ) -> Result<R, MergeError> {
+        self.by_key.remove(key).ok_or_else(|| {
+            let n = self.files.len();
+            MergeError::MissingRecord {
+                what: what(),
+                owner: match self.files.get(unit % n.max(1)) {
+                    Some(file) => format!("shard {}/{n} ({file})", unit % n + 1),
+                    None => "the run".to_string(),
+                },
+            }
+        })
+    }
 }
 
 #[cfg(test)]

@@ -9,8 +9,8 @@ use routelab_policies::InputError;
 use routelab_sim::histogram::Histogram;
 use serde::{Deserialize, Serialize};
 
-/// The format's version; a reader refuses any other.
-const FORMAT: u32 = 1;
+/// The format's version; a reader refuses any other (2: the routelab version is recorded).
+pub(super) const FORMAT: u32 = 2;
 
 /// An `f64` written as the shortest text that reads back to the same value (Rust's `{:?}`,
 /// parsed back by `str::parse`, which rounds correctly). serde_json's own float parser may be
@@ -45,6 +45,8 @@ fn plain(v: Vec<Option<Exact>>) -> Vec<Option<f64>> {
 #[serde(deny_unknown_fields)]
 struct RawPartial {
     routelab_partial: u32,
+    /// The routelab version that wrote it.
+    routelab: String,
     command: String,
     args: Vec<String>,
     /// `K/N`.
@@ -283,6 +285,7 @@ pub(super) fn to_json(p: &Partial) -> Result<String, MergeError> {
     };
     let raw = RawPartial {
         routelab_partial: FORMAT,
+        routelab: p.version.clone(),
         command: p.command.clone(),
         args: p.args.clone(),
         shard: p.shard.to_string(),
@@ -433,6 +436,7 @@ pub(super) fn from_json(text: &str, file: &str) -> Result<Partial, InputError> {
         ));
     }
     Ok(Partial {
+        version: raw.routelab,
         command: raw.command,
         args: raw.args,
         shard,

@@ -19,6 +19,7 @@ fn histogram(values: &[u64]) -> Histogram {
 
 fn partial(shard: Shard, records: Records) -> Partial {
     Partial {
+        version: VERSION.to_string(),
         command: records.command().to_string(),
         args: vec!["a.yaml".into(), "--seeds".into(), "3".into()],
         shard,
@@ -176,27 +177,27 @@ fn malformed_partials_are_located_errors() {
         ("{", "", "EOF"),
         ("[1]", "", "invalid length"),
         (
-            r#"{"routelab_partial":1,"command":"compare","args":[],"shard":"3/2","units":1,"inputs_hash":"0000000000000001","wall_s":0,"threads":1,"records":{"compare":[]}}"#,
+            r#"{"routelab_partial":2,"routelab":"0.1.0","command":"compare","args":[],"shard":"3/2","units":1,"inputs_hash":"0000000000000001","wall_s":0,"threads":1,"records":{"compare":[]}}"#,
             "shard",
             "does not exist",
         ),
         (
-            r#"{"routelab_partial":1,"command":"sweep","args":[],"shard":"1/2","units":1,"inputs_hash":"0000000000000001","wall_s":0,"threads":1,"records":{"compare":[]}}"#,
+            r#"{"routelab_partial":2,"routelab":"0.1.0","command":"sweep","args":[],"shard":"1/2","units":1,"inputs_hash":"0000000000000001","wall_s":0,"threads":1,"records":{"compare":[]}}"#,
             "records",
             "not of `sweep`",
         ),
         (
-            r#"{"routelab_partial":9,"command":"sweep","args":[],"shard":"1/2","units":1,"inputs_hash":"0000000000000001","wall_s":0,"threads":1,"records":{"sweep":[]}}"#,
+            r#"{"routelab_partial":9,"routelab":"0.1.0","command":"sweep","args":[],"shard":"1/2","units":1,"inputs_hash":"0000000000000001","wall_s":0,"threads":1,"records":{"sweep":[]}}"#,
             "routelab_partial",
             "format 9",
         ),
         (
-            r#"{"routelab_partial":1,"command":"sweep","args":[],"shard":"1/2","units":1,"inputs_hash":"xyz","wall_s":0,"threads":1,"records":{"sweep":[]}}"#,
+            r#"{"routelab_partial":2,"routelab":"0.1.0","command":"sweep","args":[],"shard":"1/2","units":1,"inputs_hash":"xyz","wall_s":0,"threads":1,"records":{"sweep":[]}}"#,
             "inputs_hash",
             "16 hexadecimal",
         ),
         (
-            r#"{"routelab_partial":1,"command":"sweep","args":[],"shard":"1/2","units":1,"inputs_hash":"0000000000000001","wall_s":0,"threads":1,"records":{"sweep":[{"job":0,"seed":1,"summary":["1.0"]}]}}"#,
+            r#"{"routelab_partial":2,"routelab":"0.1.0","command":"sweep","args":[],"shard":"1/2","units":1,"inputs_hash":"0000000000000001","wall_s":0,"threads":1,"records":{"sweep":[{"job":0,"seed":1,"summary":["1.0"]}]}}"#,
             "records.sweep[0].summary",
             "one finite value",
         ),
@@ -232,11 +233,92 @@ fn a_complete_set_merges_in_shard_order() {
     ])
     .unwrap();
     assert_eq!(set.command, "sweep");
-    let Records::Sweep(runs) = set.records else {
-        panic!("sweep")
-    };
-    assert_eq!(runs.iter().map(|r| r.job).collect::<Vec<_>>(), [0, 1, 2]);
+    let order: Vec<(String, u32)> = set
+        .parts
+        .iter()
+        .map(|(f, s, _)| (f.clone(), s.index()))
+        .collect();
+    assert_eq!(
+        order,
+        [
+            ("shard-1-of-3.json".to_string(), 1),
+            ("shard-2-of-3.json".to_string(), 2),
+            ("shard-3-of-3.json".to_string(), 3)
+        ]
+    );
     assert_eq!(set.threads, 6);
+    let mut results = Results::<SweepRun>::from_shards(set.parts, |&job| Some(job)).unwrap();
+    for job in 0..3 {
+        assert_eq!(results.take(&job, job, String::new).unwrap().job, job);
+    }
+}
+
+/// The parts of a checked set of `n` sweep shards, shard k holding the jobs `jobs[k - 1]`.
+fn parts(n: u32, jobs: &[&[usize]]) -> Vec<(String, Shard, Records)> {
+    (1..=n)
+        .zip(jobs)
+        .map(|(k, js)| {
+            let runs = js
+                .iter()
+                .flat_map(|&j| match sweep(j) {
+                    Records::Sweep(r) => r,
+                    _ => unreachable!(),
+                })
+                .collect();
+            (
+                format!("shard-{k}-of-{n}.json"),
+                Shard::new(k, n).unwrap(),
+                Records::Sweep(runs),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn each_record_must_be_its_shards_and_appear_once() {
+    // Six jobs over three shards: shard k owns jobs k − 1 and k + 2.
+    let unit_of = |&job: &usize| (job < 6).then_some(job);
+    assert!(
+        Results::<SweepRun>::from_shards(parts(3, &[&[0, 3], &[1, 4], &[2, 5]]), unit_of).is_ok()
+    );
+    // Shard 2 holds job 3, which is shard 1's (and so appears twice).
+    let e = Results::<SweepRun>::from_shards(parts(3, &[&[0], &[1, 3, 4], &[2, 5]]), unit_of)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("shard-2-of-3.json holds a result 3 that shard 2/3 does not run"),
+        "{e}"
+    );
+    // A job the command does not have.
+    let e = Results::<SweepRun>::from_shards(parts(3, &[&[0, 3, 6], &[1, 4], &[2, 5]]), unit_of)
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("shard-1-of-3.json holds a result 6"), "{e}");
+    // The same job twice in one shard's file.
+    let e = Results::<SweepRun>::from_shards(parts(3, &[&[0, 3, 3], &[1, 4], &[2, 5]]), unit_of)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "the result 3 is in both shard-1-of-3.json and shard-1-of-3.json; was a partial edited?"
+    );
+    // A missing job names the shard and file that should hold it.
+    let mut results =
+        Results::<SweepRun>::from_shards(parts(3, &[&[0, 3], &[1], &[2, 5]]), unit_of).unwrap();
+    let e = results
+        .take(&4, 4, || "job 4".to_string())
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "the results hold no run of job 4; shard 2/3 (shard-2-of-3.json) should hold it; were \
+         the partial results edited?"
+    );
+    // Records of another command are refused.
+    let e = Results::<CheckRun>::from_shards(parts(1, &[&[0]]), |&j| Some(j))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("another command"), "{e}");
 }
 
 #[test]
@@ -281,4 +363,30 @@ fn sets_that_do_not_belong_together_are_refused_naming_the_files() {
     assert!(e.starts_with("missing shards 2, 5 of 7"), "{e}");
 
     assert!(matches!(check_set(Vec::new()), Err(MergeError::Empty)));
+
+    // The same inputs, other arguments (e.g. `--out`): refused, whatever the order.
+    let mut moved = named(2, 2, sweep(1));
+    moved.1.args.push("--out".into());
+    for set in [
+        vec![named(1, 2, sweep(0)), moved.clone()],
+        vec![moved.clone(), named(1, 2, sweep(0))],
+    ] {
+        let e = check_set(set).unwrap_err().to_string();
+        assert!(e.contains("were run with different arguments"), "{e}");
+        assert!(e.contains("a.yaml --seeds 3 --out`"), "{e}");
+    }
+
+    // Another routelab's partial.
+    let mut old = named(2, 2, sweep(1));
+    old.1.version = "0.0.1".into();
+    let e = check_set(vec![named(1, 2, sweep(0)), old])
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        format!(
+            "shard-2-of-2.json was made by routelab 0.0.1, this is {VERSION}; run the shards and \
+             the merge with one routelab"
+        )
+    );
 }
