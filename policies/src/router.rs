@@ -679,7 +679,9 @@ impl Router {
         let Some(h) = self.hot.get(id.index()) else {
             return false;
         };
-        if h.in_flight == 0 {
+        // This router's own count (the hot count may include other replicas' requests, see
+        // `set_remote_in_flight`).
+        if self.fleet.workers[id.index()].in_flight == 0 {
             return false;
         }
         self.signals[id.index()].release(charge);
@@ -882,10 +884,7 @@ impl Router {
         let Some(local) = self.fleet.get(id).map(|i| i.in_flight) else {
             return;
         };
-        let h = &mut self.hot[id.index()];
-        h.in_flight = local.saturating_add(remote);
-        let model = h.model;
-        self.recount_free(model);
+        self.set_in_flight(id.index(), local.saturating_add(remote));
     }
 
     /// What [`Router::set_remote_in_flight`] last said about `id` (0 for an unknown id).

@@ -507,12 +507,11 @@ fn finish(
     write!(out, "{}", compare_table(&comparisons))?;
     if let Some(f) = &args.findings {
         let names: Vec<&str> = plan.scenarios.iter().map(|s| s.name.as_str()).collect();
-        // Keep the capacity section `capacity --findings` wrote (it is generated separately).
+        // Keep the sections `capacity --findings` and `replicas --findings` wrote (each is
+        // generated separately).
         let kept: Vec<String> = std::fs::read_to_string(f)
-            .ok()
-            .and_then(|old| findings::section(&old, findings::CAPACITY).map(str::to_string))
-            .into_iter()
-            .collect();
+            .map(|old| findings::kept_sections(&old))
+            .unwrap_or_default();
         let md = findings_document(&names, &seeds_note, &comparisons, &kept);
         if let Some(parent) = f.parent() {
             std::fs::create_dir_all(parent)

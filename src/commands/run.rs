@@ -122,6 +122,13 @@ pub fn run(args: &RunArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
     writeln!(out, "{} (seed {seed})", scenario.name)?;
     writeln!(out, "SLO: {}", meta.slo)?;
     write!(out, "{}", run_table(&runs))?;
+    // Several gateway replicas: each policy's figures per replica (nothing with one gateway).
+    for r in &runs {
+        let table = routelab_reports::replicas::replica_table(&r.metrics);
+        if !table.is_empty() {
+            write!(out, "\n{} per gateway replica:\n{table}", r.policy)?;
+        }
+    }
     writeln!(
         out,
         "\nsimulated {requests} requests in {total_wall_s:.2} s wall ({:.0} requests/s on {} threads)",
