@@ -370,6 +370,28 @@ impl ProbeWeights {
         WeightChange::All
     }
 
+    /// Visit the whole fleet in id order: periodic re-measurements fall due, due probes go out.
+    fn poll_scan(&mut self, now: Time, fleet: &Fleet, out: &mut Vec<ProbeOrder>) {
+        for (id, info) in fleet.iter() {
+            if !info.is_active() {
+                continue;
+            }
+            let Some(slot) = self.workers.get_mut(id.index()) else {
+                continue;
+            };
+            // The periodic re-measurement never competes with a customer.
+            if slot.pending == Pending::Nothing
+                && slot.throughput.is_some()
+                && info.in_flight == 0
+                && now.saturating_since(slot.measured_at) >= self.config.reprobe_period
+            {
+                slot.pending = Pending::Due { warmed: false };
+                slot.not_before = now;
+            }
+            self.issue_if_due(now, id, out);
+        }
+    }
+
     /// Send `id`'s probe if one is due and its retry time has come.
     fn issue_if_due(&mut self, now: Time, id: WorkerId, out: &mut Vec<ProbeOrder>) {
         let Some(slot) = self.workers.get_mut(id.index()) else {
@@ -530,24 +552,7 @@ impl WeightStrategy for ProbeWeights {
             .oldest_measured
             .is_some_and(|m| now.saturating_since(m) >= self.config.reprobe_period);
         if reprobe_possible {
-            for (id, info) in fleet.iter() {
-                if !info.is_active() {
-                    continue;
-                }
-                let Some(slot) = self.workers.get_mut(id.index()) else {
-                    continue;
-                };
-                // The periodic re-measurement never competes with a customer.
-                if slot.pending == Pending::Nothing
-                    && slot.throughput.is_some()
-                    && info.in_flight == 0
-                    && now.saturating_since(slot.measured_at) >= self.config.reprobe_period
-                {
-                    slot.pending = Pending::Due { warmed: false };
-                    slot.not_before = now;
-                }
-                self.issue_if_due(now, id, out);
-            }
+            self.poll_scan(now, fleet, out);
         } else {
             // Same visits in the same (id) order as the scan, restricted to the workers that
             // can have a probe due.
@@ -608,6 +613,190 @@ impl WeightStrategy for ProbeWeights {
         for p in state.pins {
             if p.weight.is_finite() && p.weight > 0.0 {
                 self.pins.insert((p.node, p.model), p.weight);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weights::ProbeResult;
+    use crate::worker::{WorkerInfo, WorkerSpec, WorkerState};
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Register { model: u32, node: u8 },
+        /// Answer every order polled now with this many tokens in one second.
+        Answer(u64),
+        Fail,
+        Disconnect(usize),
+        Reconnect(usize),
+        Remove(usize),
+        Pin(usize, f64),
+        Unpin(usize),
+        NodeRestart(u8, bool),
+        Reprobe(usize),
+        Wait(u64),
+    }
+
+    fn any_op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0u32..3, 0u8..4).prop_map(|(model, node)| Op::Register { model, node }),
+            // Few distinct values: ties in the sorted throughputs.
+            4 => prop::sample::select(vec![0u64, 100, 200, 300, 400]).prop_map(Op::Answer),
+            1 => Just(Op::Fail),
+            1 => any::<usize>().prop_map(Op::Disconnect),
+            1 => any::<usize>().prop_map(Op::Reconnect),
+            1 => any::<usize>().prop_map(Op::Remove),
+            1 => (any::<usize>(), 0.1f64..4.0).prop_map(|(w, v)| Op::Pin(w, v)),
+            1 => any::<usize>().prop_map(Op::Unpin),
+            1 => (0u8..4, any::<bool>()).prop_map(|(n, k)| Op::NodeRestart(n, k)),
+            1 => any::<usize>().prop_map(Op::Reprobe),
+            1 => prop::sample::select(vec![1u64, 30, 7 * 3600]).prop_map(Op::Wait),
+        ]
+    }
+
+    fn info(model: u32, node: u8, now: Time) -> WorkerInfo {
+        WorkerInfo {
+            spec: WorkerSpec {
+                name: String::new(),
+                node: format!("n{node}"),
+                model: format!("m{model}"),
+                gpu_names: Vec::new(),
+                context_window: 1024,
+                launch_args: String::new(),
+                cache_blocks: None,
+            },
+            model: ModelId(model),
+            state: WorkerState::Up,
+            in_flight: 0,
+            since: now,
+        }
+    }
+
+    fn bits(w: &[Weight]) -> Vec<(u64, Provenance)> {
+        w.iter().map(|w| (w.value.to_bits(), w.provenance)).collect()
+    }
+
+    /// Poll both ways (the due list, the fleet scan) and check they agree.
+    fn poll(p: &mut ProbeWeights, now: Time, fleet: &Fleet) -> Vec<ProbeOrder> {
+        let mut scanned = p.clone();
+        let mut by_scan = Vec::new();
+        scanned.poll_scan(now, fleet, &mut by_scan);
+        let mut out = Vec::new();
+        p.poll_probes(now, fleet, &mut out);
+        assert_eq!(out, by_scan, "the due list and the fleet scan send different probes");
+        out
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// The weights kept per event equal a full re-derivation after every event, a `One`
+        /// change leaves every other weight as it was, and the due list sends exactly the
+        /// probes a fleet scan would.
+        #[test]
+        fn incremental_weights_and_due_list_equal_a_rebuild(
+            ops in proptest::collection::vec(any_op(), 1..120),
+        ) {
+            let mut p = ProbeWeights::new(ProbeConfig::default());
+            let mut fleet = Fleet::default();
+            let mut now = Time::ZERO;
+            let mut pending_orders: Vec<ProbeOrder> = Vec::new();
+            for op in ops {
+                let n = fleet.len().max(1);
+                let before = p.weights.clone();
+                let mut events: Vec<(WorkerId, WeightChange)> = Vec::new();
+                match op {
+                    Op::Register { model, node } => {
+                        let id = WorkerId(fleet.len() as u32);
+                        fleet.workers.push(info(model, node, now));
+                        events.push((id, p.observe(now, WeightEvent::Registered(id), &fleet)));
+                    }
+                    Op::Answer(tokens) => {
+                        pending_orders.extend(poll(&mut p, now, &fleet));
+                        for o in std::mem::take(&mut pending_orders) {
+                            let r = ProbeResult {
+                                order: o.id,
+                                worker: o.worker,
+                                output_tokens: tokens + u64::from(o.worker.0 % 3),
+                                wall: Duration::from_secs(1),
+                                ok: true,
+                            };
+                            let b = p.weights.clone();
+                            let c = p.observe(now, WeightEvent::Probe(&r), &fleet);
+                            if let WeightChange::One(id) = c {
+                                for (i, (x, y)) in b.iter().zip(&p.weights).enumerate() {
+                                    prop_assert!(i == id.index() || x == y);
+                                }
+                            }
+                        }
+                    }
+                    Op::Fail => {
+                        pending_orders.extend(poll(&mut p, now, &fleet));
+                        for o in std::mem::take(&mut pending_orders) {
+                            let r = ProbeResult {
+                                order: o.id,
+                                worker: o.worker,
+                                output_tokens: 0,
+                                wall: Duration::ZERO,
+                                ok: false,
+                            };
+                            p.observe(now, WeightEvent::Probe(&r), &fleet);
+                        }
+                    }
+                    Op::Disconnect(i) | Op::Reconnect(i) | Op::Remove(i) if !fleet.is_empty() => {
+                        let id = WorkerId((i % n) as u32);
+                        let w = &mut fleet.workers[id.index()];
+                        if w.state == WorkerState::Removed {
+                            continue;
+                        }
+                        let (state, ev) = match op {
+                            Op::Disconnect(_) => (WorkerState::Disconnected, WeightEvent::Disconnected(id)),
+                            Op::Reconnect(_) => (WorkerState::Up, WeightEvent::Reconnected(id)),
+                            _ => (WorkerState::Removed, WeightEvent::Removed(id)),
+                        };
+                        w.state = state;
+                        events.push((id, p.observe(now, ev, &fleet)));
+                    }
+                    Op::Pin(i, v) if !fleet.is_empty() => {
+                        p.observe(now, WeightEvent::Pin(WorkerId((i % n) as u32), v), &fleet);
+                    }
+                    Op::Unpin(i) if !fleet.is_empty() => {
+                        p.observe(now, WeightEvent::Unpin(WorkerId((i % n) as u32)), &fleet);
+                    }
+                    Op::Reprobe(i) if !fleet.is_empty() => {
+                        p.observe(now, WeightEvent::Reprobe(WorkerId((i % n) as u32)), &fleet);
+                    }
+                    Op::NodeRestart(node, keep_cache) => {
+                        let node = format!("n{node}");
+                        p.observe(now, WeightEvent::NodeManagerRestart { node: &node, keep_cache }, &fleet);
+                    }
+                    Op::Wait(s) => now = now + Duration::from_secs(s),
+                    _ => {}
+                }
+                for (id, change) in events {
+                    if change == WeightChange::One(id) {
+                        for (i, (x, y)) in before.iter().zip(&p.weights).enumerate() {
+                            prop_assert!(i == id.index() || x == y, "worker {i} moved on a One({id:?})");
+                        }
+                    }
+                }
+                let mut fresh = p.clone();
+                fresh.rebuild(&fleet);
+                // Empty lists of models with no measured worker are the same state.
+                let trim = |m: &[Vec<f64>]| {
+                    let mut m = m.to_vec();
+                    while m.last().is_some_and(Vec::is_empty) {
+                        m.pop();
+                    }
+                    m
+                };
+                prop_assert_eq!(trim(&fresh.measured), trim(&p.measured));
+                prop_assert_eq!(bits(&fresh.weights), bits(&p.weights));
+                pending_orders.extend(poll(&mut p, now, &fleet));
             }
         }
     }
