@@ -268,7 +268,12 @@ impl ProbeWeights {
     /// An event changed only `id`'s state (and the fleet's record of it): if no model's median
     /// moved, only `id`'s weight can have changed.
     fn update_one(&mut self, fleet: &Fleet, id: WorkerId) -> WeightChange {
-        let before_models = self.member.get(id.index()).copied().flatten().map(|(m, _)| m);
+        let before_models = self
+            .member
+            .get(id.index())
+            .copied()
+            .flatten()
+            .map(|(m, _)| m);
         let after_model = self.membership(fleet, id).map(|(m, _)| m);
         let models = [before_models, after_model];
         let before = models.map(|m| m.map(|m| self.median_of(m)));
@@ -290,7 +295,14 @@ impl ProbeWeights {
             self.weights.push(Weight::UNMEASURED);
         }
         if let Some(w) = self.weights.get_mut(id.index()) {
-            *w = Self::weight_of(&self.config, &self.pins, &self.workers, &self.measured, fleet, id);
+            *w = Self::weight_of(
+                &self.config,
+                &self.pins,
+                &self.workers,
+                &self.measured,
+                fleet,
+                id,
+            );
         }
         WeightChange::One(id)
     }
@@ -303,7 +315,14 @@ impl ProbeWeights {
         );
         self.weights.clear();
         for (id, _) in fleet.iter() {
-            let w = Self::weight_of(&self.config, &self.pins, &self.workers, &self.measured, fleet, id);
+            let w = Self::weight_of(
+                &self.config,
+                &self.pins,
+                &self.workers,
+                &self.measured,
+                fleet,
+                id,
+            );
             self.weights.push(w);
         }
     }
@@ -315,9 +334,15 @@ impl ProbeWeights {
             self.workers.get(id.index()).and_then(|w| w.throughput)
         });
         for (m, v) in &fresh {
-            let kept = self.measured.get(m.0 as usize).map(Vec::as_slice).unwrap_or(&[]);
+            let kept = self
+                .measured
+                .get(m.0 as usize)
+                .map(Vec::as_slice)
+                .unwrap_or(&[]);
             assert!(
-                kept.iter().map(|x| x.to_bits()).eq(v.iter().map(|x| x.to_bits())),
+                kept.iter()
+                    .map(|x| x.to_bits())
+                    .eq(v.iter().map(|x| x.to_bits())),
                 "model {m}: kept {kept:?}, fleet {v:?}"
             );
         }
@@ -627,7 +652,10 @@ mod tests {
 
     #[derive(Debug, Clone)]
     enum Op {
-        Register { model: u32, node: u8 },
+        Register {
+            model: u32,
+            node: u8,
+        },
         /// Answer every order polled now with this many tokens in one second.
         Answer(u64),
         Fail,
@@ -677,7 +705,9 @@ mod tests {
     }
 
     fn bits(w: &[Weight]) -> Vec<(u64, Provenance)> {
-        w.iter().map(|w| (w.value.to_bits(), w.provenance)).collect()
+        w.iter()
+            .map(|w| (w.value.to_bits(), w.provenance))
+            .collect()
     }
 
     /// Poll both ways (the due list, the fleet scan) and check they agree.
@@ -687,7 +717,10 @@ mod tests {
         scanned.poll_scan(now, fleet, &mut by_scan);
         let mut out = Vec::new();
         p.poll_probes(now, fleet, &mut out);
-        assert_eq!(out, by_scan, "the due list and the fleet scan send different probes");
+        assert_eq!(
+            out, by_scan,
+            "the due list and the fleet scan send different probes"
+        );
         out
     }
 
