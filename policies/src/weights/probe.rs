@@ -724,6 +724,40 @@ mod tests {
         out
     }
 
+    /// Start-up cost: a worker registering without a cached measurement moves no median, so
+    /// the strategy reports only its own weight (the router then refreshes one worker, not the
+    /// fleet), and once every probe is out the due list is empty (no fleet scan per poll).
+    #[test]
+    fn unmeasured_registration_changes_one_weight_and_empties_the_due_list() {
+        let mut p = ProbeWeights::new(ProbeConfig::default());
+        let mut fleet = Fleet::default();
+        let mut out = Vec::new();
+        for i in 0..100u32 {
+            fleet.workers.push(info(i % 2, (i % 4) as u8, Time::ZERO));
+            let id = WorkerId(i);
+            let change = p.observe(Time::ZERO, WeightEvent::Registered(id), &fleet);
+            assert_eq!(change, WeightChange::One(id));
+            p.poll_probes(Time::ZERO, &fleet, &mut out);
+            assert!(
+                p.due.is_empty(),
+                "a probe was left due after registration {i}"
+            );
+        }
+        assert_eq!(out.len(), 100);
+        assert!(out.windows(2).all(|w| w[0].worker < w[1].worker));
+        // The first measurement of a model moves its median: every weight is re-derived.
+        let r = ProbeResult {
+            order: out[0].id,
+            worker: out[0].worker,
+            output_tokens: 100,
+            wall: Duration::from_secs(1),
+            ok: true,
+        };
+        let warm = p.observe(Time::ZERO, WeightEvent::Probe(&r), &fleet);
+        assert_eq!(warm, WeightChange::None, "a warm-up burst measures nothing");
+        assert_eq!(p.due.len(), 1);
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { failure_persistence: None, ..ProptestConfig::default() })]
 
