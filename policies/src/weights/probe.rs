@@ -294,15 +294,9 @@ impl ProbeWeights {
         if self.weights.len() < fleet.len() {
             self.weights.push(Weight::UNMEASURED);
         }
+        let medians = self.medians();
         if let Some(w) = self.weights.get_mut(id.index()) {
-            *w = Self::weight_of(
-                &self.config,
-                &self.pins,
-                &self.workers,
-                &self.measured,
-                fleet,
-                id,
-            );
+            *w = Self::weight_of(&self.config, &self.pins, &self.workers, &medians, fleet, id);
         }
         WeightChange::One(id)
     }
@@ -314,15 +308,9 @@ impl ProbeWeights {
             "the sorted throughputs drifted from the fleet"
         );
         self.weights.clear();
+        let medians = self.medians();
         for (id, _) in fleet.iter() {
-            let w = Self::weight_of(
-                &self.config,
-                &self.pins,
-                &self.workers,
-                &self.measured,
-                fleet,
-                id,
-            );
+            let w = Self::weight_of(&self.config, &self.pins, &self.workers, &medians, fleet, id);
             self.weights.push(w);
         }
     }
@@ -355,7 +343,7 @@ impl ProbeWeights {
         config: &ProbeConfig,
         pins: &HashMap<PinKey, f64>,
         workers: &[WorkerProbe],
-        measured: &[Vec<f64>],
+        medians: &[Option<f64>],
         fleet: &Fleet,
         id: WorkerId,
     ) -> Weight {
@@ -375,9 +363,10 @@ impl ProbeWeights {
             }
         } else if let Some(tp) = workers.get(id.index()).and_then(|w| w.throughput) {
             // An inactive worker's own figure is not among its model's; then it is the median.
-            let median = measured
+            let median = medians
                 .get(info.model.0 as usize)
-                .and_then(|v| sorted_median(v, None))
+                .copied()
+                .flatten()
                 .or(Some(tp));
             Weight {
                 value: relative_to(tp, median, config.clamp),
@@ -386,6 +375,14 @@ impl ProbeWeights {
         } else {
             Weight::UNMEASURED
         }
+    }
+
+    /// Each model's median throughput, by model index (once per re-derivation, not per worker).
+    fn medians(&self) -> Vec<Option<f64>> {
+        self.measured
+            .iter()
+            .map(|v| sorted_median(v, None))
+            .collect()
     }
 
     /// Rebuild the sorted throughputs and every weight.
