@@ -6,8 +6,8 @@ use super::{
     relative_to, sorted_by_model, sorted_median,
 };
 use crate::time::Time;
-use crate::worker::{Fleet, Provenance, Weight, WorkerId};
-use std::collections::HashMap;
+use crate::worker::{Fleet, ModelId, Provenance, Weight, WorkerId};
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 /// Largest burst: in a gateway every probe request is a real request, one task and one
@@ -121,6 +121,17 @@ pub struct ProbeWeights {
     pins: HashMap<PinKey, f64>,
     weights: Vec<Weight>,
     next_order: u64,
+    /// By model index: the throughputs of its active measured workers, sorted (what
+    /// `sorted_by_model` would build), kept in step per event instead of rebuilt.
+    measured: Vec<Vec<f64>>,
+    /// By worker: the (model, throughput) it contributes to `measured`, if any.
+    member: Vec<Option<(ModelId, f64)>>,
+    /// Workers that may have a probe due (a superset): `poll_probes` visits these in id order
+    /// instead of the whole fleet.
+    due: BTreeSet<u32>,
+    /// No measurement is older than this (a lower bound): until it is a re-probe period old,
+    /// no periodic re-measurement can fall due and `poll_probes` skips the fleet scan.
+    oldest_measured: Option<Time>,
 }
 
 impl ProbeWeights {
@@ -133,6 +144,10 @@ impl ProbeWeights {
             pins: HashMap::new(),
             weights: Vec::new(),
             next_order: 1,
+            measured: Vec::new(),
+            member: Vec::new(),
+            due: BTreeSet::new(),
+            oldest_measured: None,
         }
     }
 
@@ -173,47 +188,259 @@ impl ProbeWeights {
                 slot.throughput = Some(tp);
                 slot.measured_at = at;
                 slot.pending = Pending::Nothing;
+                self.note_measured(at);
             }
             None => {
                 slot.throughput = None;
                 slot.pending = Pending::Due { warmed: false };
                 slot.not_before = now;
+                self.due.insert(id.0);
             }
         }
     }
 
+    fn note_measured(&mut self, at: Time) {
+        self.oldest_measured = Some(self.oldest_measured.map_or(at, |m| m.min(at)));
+    }
+
+    /// What `id` should contribute to its model's sorted throughputs now.
+    fn membership(&self, fleet: &Fleet, id: WorkerId) -> Option<(ModelId, f64)> {
+        let info = fleet.get(id)?;
+        if !info.is_active() {
+            return None;
+        }
+        let tp = self.workers.get(id.index()).and_then(|w| w.throughput)?;
+        Some((info.model, super::sanitize(tp)))
+    }
+
+    fn median_of(&self, model: ModelId) -> Option<f64> {
+        self.measured
+            .get(model.0 as usize)
+            .and_then(|v| sorted_median(v, None))
+    }
+
+    /// Bring `id`'s entry in the sorted throughputs in step; the models whose list changed.
+    fn sync_member(&mut self, fleet: &Fleet, id: WorkerId) -> [Option<ModelId>; 2] {
+        let want = self.membership(fleet, id);
+        let slot = ensure_slot(&mut self.member, id);
+        let had = *slot;
+        if had.map(|(m, v)| (m, v.to_bits())) == want.map(|(m, v)| (m, v.to_bits())) {
+            return [None, None];
+        }
+        *slot = want;
+        if let Some((m, v)) = had {
+            let list = &mut self.measured[m.0 as usize];
+            let at = list.partition_point(|x| x.total_cmp(&v).is_lt());
+            list.remove(at);
+        }
+        if let Some((m, v)) = want {
+            let i = m.0 as usize;
+            if self.measured.len() <= i {
+                self.measured.resize_with(i + 1, Vec::new);
+            }
+            let list = &mut self.measured[i];
+            let at = list.partition_point(|x| x.total_cmp(&v).is_le());
+            list.insert(at, v);
+        }
+        [had.map(|(m, _)| m), want.map(|(m, _)| m)]
+    }
+
+    /// Rebuild the sorted throughputs of every worker from scratch.
+    fn sync_all(&mut self, fleet: &Fleet) {
+        self.measured.clear();
+        self.member.clear();
+        for (id, _) in fleet.iter() {
+            let want = self.membership(fleet, id);
+            *ensure_slot(&mut self.member, id) = want;
+            if let Some((m, v)) = want {
+                let i = m.0 as usize;
+                if self.measured.len() <= i {
+                    self.measured.resize_with(i + 1, Vec::new);
+                }
+                self.measured[i].push(v);
+            }
+        }
+        for v in &mut self.measured {
+            v.sort_by(f64::total_cmp);
+        }
+    }
+
+    /// An event changed only `id`'s state (and the fleet's record of it): if no model's median
+    /// moved, only `id`'s weight can have changed.
+    fn update_one(&mut self, fleet: &Fleet, id: WorkerId) -> WeightChange {
+        let before_models = self
+            .member
+            .get(id.index())
+            .copied()
+            .flatten()
+            .map(|(m, _)| m);
+        let after_model = self.membership(fleet, id).map(|(m, _)| m);
+        let models = [before_models, after_model];
+        let before = models.map(|m| m.map(|m| self.median_of(m)));
+        self.sync_member(fleet, id);
+        let after = models.map(|m| m.map(|m| self.median_of(m)));
+        let bits = |x: [Option<Option<f64>>; 2]| x.map(|m| m.map(|o| o.map(f64::to_bits)));
+        // A fleet grown by more than this worker has weights to derive beyond it.
+        let grown = self.weights.len() < fleet.len()
+            && !(self.weights.len() + 1 == fleet.len() && id.index() == self.weights.len());
+        if bits(before) != bits(after) || grown {
+            self.recompute(fleet);
+            return WeightChange::All;
+        }
+        if fleet.len() <= 64 {
+            // Debug builds, small fleets: the kept lists equal a rebuild (see `recompute`).
+            debug_assert!(self.measured_check(fleet) <= self.measured.len());
+        }
+        if self.weights.len() < fleet.len() {
+            self.weights.push(Weight::UNMEASURED);
+        }
+        let medians = self.medians();
+        if let Some(w) = self.weights.get_mut(id.index()) {
+            *w = Self::weight_of(&self.config, &self.pins, &self.workers, &medians, fleet, id);
+        }
+        WeightChange::One(id)
+    }
+
     fn recompute(&mut self, fleet: &Fleet) {
-        let measured = sorted_by_model(fleet, |id| {
-            self.workers.get(id.index()).and_then(|w| w.throughput)
-        });
+        debug_assert_eq!(
+            self.measured_check(fleet),
+            self.measured.iter().filter(|v| !v.is_empty()).count(),
+            "the sorted throughputs drifted from the fleet"
+        );
         self.weights.clear();
-        for (id, info) in fleet.iter() {
-            // Pins are rare: skip building a key (two String clones) when there are none.
-            let pinned = if self.pins.is_empty() {
-                None
-            } else {
-                Self::pin_key(fleet, id).and_then(|k| self.pins.get(&k).copied())
-            };
-            let w = if let Some(p) = pinned {
-                Weight {
-                    value: self.config.clamp.apply(p),
-                    provenance: Provenance::Pinned,
-                }
-            } else if let Some(tp) = self.workers.get(id.index()).and_then(|w| w.throughput) {
-                // An inactive worker's own figure is not among its model's; then it is the median.
-                let median = measured
-                    .get(&info.model)
-                    .and_then(|v| sorted_median(v, None))
-                    .or(Some(tp));
-                Weight {
-                    value: relative_to(tp, median, self.config.clamp),
-                    provenance: Provenance::Measured,
-                }
-            } else {
-                Weight::UNMEASURED
-            };
+        let medians = self.medians();
+        for (id, _) in fleet.iter() {
+            let w = Self::weight_of(&self.config, &self.pins, &self.workers, &medians, fleet, id);
             self.weights.push(w);
         }
+    }
+
+    /// Debug builds: `measured` equals what `sorted_by_model` builds from scratch; the number of
+    /// models with a measured worker.
+    fn measured_check(&self, fleet: &Fleet) -> usize {
+        let fresh = sorted_by_model(fleet, |id| {
+            self.workers.get(id.index()).and_then(|w| w.throughput)
+        });
+        for (m, v) in &fresh {
+            let kept = self
+                .measured
+                .get(m.0 as usize)
+                .map(Vec::as_slice)
+                .unwrap_or(&[]);
+            assert!(
+                kept.iter()
+                    .map(|x| x.to_bits())
+                    .eq(v.iter().map(|x| x.to_bits())),
+                "model {m}: kept {kept:?}, fleet {v:?}"
+            );
+        }
+        fresh.len()
+    }
+
+    /// `id`'s weight: its pin, else its throughput relative to its model's median, else
+    /// unmeasured.
+    fn weight_of(
+        config: &ProbeConfig,
+        pins: &HashMap<PinKey, f64>,
+        workers: &[WorkerProbe],
+        medians: &[Option<f64>],
+        fleet: &Fleet,
+        id: WorkerId,
+    ) -> Weight {
+        let Some(info) = fleet.get(id) else {
+            return Weight::UNMEASURED;
+        };
+        // Pins are rare: skip building a key (two String clones) when there are none.
+        let pinned = if pins.is_empty() {
+            None
+        } else {
+            Self::pin_key(fleet, id).and_then(|k| pins.get(&k).copied())
+        };
+        if let Some(p) = pinned {
+            Weight {
+                value: config.clamp.apply(p),
+                provenance: Provenance::Pinned,
+            }
+        } else if let Some(tp) = workers.get(id.index()).and_then(|w| w.throughput) {
+            // An inactive worker's own figure is not among its model's; then it is the median.
+            let median = medians
+                .get(info.model.0 as usize)
+                .copied()
+                .flatten()
+                .or(Some(tp));
+            Weight {
+                value: relative_to(tp, median, config.clamp),
+                provenance: Provenance::Measured,
+            }
+        } else {
+            Weight::UNMEASURED
+        }
+    }
+
+    /// Each model's median throughput, by model index (once per re-derivation, not per worker).
+    fn medians(&self) -> Vec<Option<f64>> {
+        self.measured
+            .iter()
+            .map(|v| sorted_median(v, None))
+            .collect()
+    }
+
+    /// Rebuild the sorted throughputs and every weight.
+    fn rebuild(&mut self, fleet: &Fleet) -> WeightChange {
+        self.sync_all(fleet);
+        self.recompute(fleet);
+        WeightChange::All
+    }
+
+    /// Visit the whole fleet in id order: periodic re-measurements fall due, due probes go out.
+    fn poll_scan(&mut self, now: Time, fleet: &Fleet, out: &mut Vec<ProbeOrder>) {
+        for (id, info) in fleet.iter() {
+            if !info.is_active() {
+                continue;
+            }
+            let Some(slot) = self.workers.get_mut(id.index()) else {
+                continue;
+            };
+            // The periodic re-measurement never competes with a customer.
+            if slot.pending == Pending::Nothing
+                && slot.throughput.is_some()
+                && info.in_flight == 0
+                && now.saturating_since(slot.measured_at) >= self.config.reprobe_period
+            {
+                slot.pending = Pending::Due { warmed: false };
+                slot.not_before = now;
+            }
+            self.issue_if_due(now, id, out);
+        }
+    }
+
+    /// Send `id`'s probe if one is due and its retry time has come.
+    fn issue_if_due(&mut self, now: Time, id: WorkerId, out: &mut Vec<ProbeOrder>) {
+        let Some(slot) = self.workers.get_mut(id.index()) else {
+            return;
+        };
+        let Pending::Due { warmed } = slot.pending else {
+            return;
+        };
+        if now < slot.not_before {
+            return;
+        }
+        let phase = if self.config.warmup && !warmed {
+            ProbePhase::Warmup
+        } else {
+            ProbePhase::Measure
+        };
+        let order = self.next_order;
+        self.next_order += 1;
+        slot.pending = Pending::Out { order, phase };
+        out.push(ProbeOrder {
+            id: order,
+            worker: id,
+            phase,
+            concurrency: self.config.concurrency,
+            output_tokens: self.config.output_tokens,
+            prompt_tokens: self.config.prompt_tokens,
+        });
     }
 
     fn on_result(&mut self, now: Time, fleet: &Fleet, r: &super::ProbeResult) -> bool {
@@ -231,11 +458,13 @@ impl ProbeWeights {
         if !r.ok || r.throughput_tok_s() <= 0.0 {
             slot.pending = Pending::Due { warmed: false };
             slot.not_before = now + self.config.retry_after;
+            self.due.insert(r.worker.0);
             return false;
         }
         match phase {
             ProbePhase::Warmup => {
                 slot.pending = Pending::Due { warmed: true };
+                self.due.insert(r.worker.0);
                 false
             }
             ProbePhase::Measure => {
@@ -243,6 +472,7 @@ impl ProbeWeights {
                 slot.throughput = Some(tp);
                 slot.measured_at = now;
                 slot.pending = Pending::Nothing;
+                self.note_measured(now);
                 if let Some(k) = Self::cache_key(fleet, r.worker) {
                     self.cache.insert(k, (tp, now));
                 }
@@ -258,10 +488,12 @@ impl WeightStrategy for ProbeWeights {
     }
 
     fn observe(&mut self, now: Time, event: WeightEvent<'_>, fleet: &Fleet) -> WeightChange {
-        let changed = match event {
+        // Events about one worker re-derive only what they can move (its weight, or its
+        // model's when the median moved); the rest rebuild everything.
+        match event {
             WeightEvent::Registered(id) | WeightEvent::Restarted { worker: id, .. } => {
                 self.adopt_cached_or_probe(now, fleet, id);
-                true
+                self.update_one(fleet, id)
             }
             WeightEvent::Reconnected(id) => {
                 // Same engine, same arguments: keep what we know if it is still fresh.
@@ -272,37 +504,45 @@ impl WeightStrategy for ProbeWeights {
                 if !fresh {
                     self.adopt_cached_or_probe(now, fleet, id);
                 }
-                true
+                self.update_one(fleet, id)
             }
             WeightEvent::Disconnected(id) | WeightEvent::Removed(id) => {
                 if let Some(w) = self.workers.get_mut(id.index()) {
                     // A burst that was out is lost with the connection; start over later.
                     if matches!(w.pending, Pending::Out { .. }) {
                         w.pending = Pending::Due { warmed: false };
+                        self.due.insert(id.0);
                     }
                 }
-                true
+                self.update_one(fleet, id)
             }
-            WeightEvent::Probe(r) => self.on_result(now, fleet, r),
+            WeightEvent::Probe(r) => {
+                if self.on_result(now, fleet, r) {
+                    self.update_one(fleet, r.worker)
+                } else {
+                    WeightChange::None
+                }
+            }
             WeightEvent::Pin(id, value) => {
                 if let Some(k) = Self::pin_key(fleet, id) {
                     self.pins.insert(k, value);
                 }
-                true
+                self.rebuild(fleet)
             }
             WeightEvent::Unpin(id) => {
                 if let Some(k) = Self::pin_key(fleet, id) {
                     self.pins.remove(&k);
                 }
-                true
+                self.rebuild(fleet)
             }
             WeightEvent::Reprobe(id) => {
                 let slot = ensure_slot(&mut self.workers, id);
                 if !matches!(slot.pending, Pending::Out { .. }) {
                     slot.pending = Pending::Due { warmed: false };
                     slot.not_before = now;
+                    self.due.insert(id.0);
                 }
-                false
+                WeightChange::None
             }
             WeightEvent::NodeManagerRestart { node, keep_cache } => {
                 if !keep_cache {
@@ -316,15 +556,9 @@ impl WeightStrategy for ProbeWeights {
                 for id in on_node {
                     self.adopt_cached_or_probe(now, fleet, id);
                 }
-                true
+                self.rebuild(fleet)
             }
-            _ => false,
-        };
-        if changed {
-            self.recompute(fleet);
-            WeightChange::All
-        } else {
-            WeightChange::None
+            _ => WeightChange::None,
         }
     }
 
@@ -336,44 +570,28 @@ impl WeightStrategy for ProbeWeights {
     }
 
     fn poll_probes(&mut self, now: Time, fleet: &Fleet, out: &mut Vec<ProbeOrder>) {
-        for (id, info) in fleet.iter() {
-            if !info.is_active() {
-                continue;
-            }
-            let Some(slot) = self.workers.get_mut(id.index()) else {
-                continue;
-            };
-            // The periodic re-measurement never competes with a customer.
-            if slot.pending == Pending::Nothing
-                && slot.throughput.is_some()
-                && info.in_flight == 0
-                && now.saturating_since(slot.measured_at) >= self.config.reprobe_period
-            {
-                slot.pending = Pending::Due { warmed: false };
-                slot.not_before = now;
-            }
-            if let Pending::Due { warmed } = slot.pending {
-                if now < slot.not_before {
-                    continue;
+        let reprobe_possible = self
+            .oldest_measured
+            .is_some_and(|m| now.saturating_since(m) >= self.config.reprobe_period);
+        if reprobe_possible {
+            self.poll_scan(now, fleet, out);
+        } else {
+            // Same visits in the same (id) order as the scan, restricted to the workers that
+            // can have a probe due.
+            let candidates: Vec<u32> = self.due.iter().copied().collect();
+            for i in candidates {
+                let id = WorkerId(i);
+                if fleet.get(id).is_some_and(|w| w.is_active()) {
+                    self.issue_if_due(now, id, out);
                 }
-                let phase = if self.config.warmup && !warmed {
-                    ProbePhase::Warmup
-                } else {
-                    ProbePhase::Measure
-                };
-                let order = self.next_order;
-                self.next_order += 1;
-                slot.pending = Pending::Out { order, phase };
-                out.push(ProbeOrder {
-                    id: order,
-                    worker: id,
-                    phase,
-                    concurrency: self.config.concurrency,
-                    output_tokens: self.config.output_tokens,
-                    prompt_tokens: self.config.prompt_tokens,
-                });
             }
         }
+        let workers = &self.workers;
+        self.due.retain(|&i| {
+            workers
+                .get(i as usize)
+                .is_some_and(|w| matches!(w.pending, Pending::Due { .. }))
+        });
     }
 
     fn export_state(&self) -> Option<PersistedProbeState> {
@@ -417,6 +635,232 @@ impl WeightStrategy for ProbeWeights {
         for p in state.pins {
             if p.weight.is_finite() && p.weight > 0.0 {
                 self.pins.insert((p.node, p.model), p.weight);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weights::ProbeResult;
+    use crate::worker::{WorkerInfo, WorkerSpec, WorkerState};
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Register {
+            model: u32,
+            node: u8,
+        },
+        /// Answer every order polled now with this many tokens in one second.
+        Answer(u64),
+        Fail,
+        Disconnect(usize),
+        Reconnect(usize),
+        Remove(usize),
+        Pin(usize, f64),
+        Unpin(usize),
+        NodeRestart(u8, bool),
+        Reprobe(usize),
+        Wait(u64),
+    }
+
+    fn any_op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0u32..3, 0u8..4).prop_map(|(model, node)| Op::Register { model, node }),
+            // Few distinct values: ties in the sorted throughputs.
+            4 => prop::sample::select(vec![0u64, 100, 200, 300, 400]).prop_map(Op::Answer),
+            1 => Just(Op::Fail),
+            1 => any::<usize>().prop_map(Op::Disconnect),
+            1 => any::<usize>().prop_map(Op::Reconnect),
+            1 => any::<usize>().prop_map(Op::Remove),
+            1 => (any::<usize>(), 0.1f64..4.0).prop_map(|(w, v)| Op::Pin(w, v)),
+            1 => any::<usize>().prop_map(Op::Unpin),
+            1 => (0u8..4, any::<bool>()).prop_map(|(n, k)| Op::NodeRestart(n, k)),
+            1 => any::<usize>().prop_map(Op::Reprobe),
+            1 => prop::sample::select(vec![1u64, 30, 7 * 3600]).prop_map(Op::Wait),
+        ]
+    }
+
+    fn info(model: u32, node: u8, now: Time) -> WorkerInfo {
+        WorkerInfo {
+            spec: WorkerSpec {
+                name: String::new(),
+                node: format!("n{node}"),
+                model: format!("m{model}"),
+                gpu_names: Vec::new(),
+                context_window: 1024,
+                launch_args: String::new(),
+                cache_blocks: None,
+            },
+            model: ModelId(model),
+            state: WorkerState::Up,
+            in_flight: 0,
+            since: now,
+        }
+    }
+
+    fn bits(w: &[Weight]) -> Vec<(u64, Provenance)> {
+        w.iter()
+            .map(|w| (w.value.to_bits(), w.provenance))
+            .collect()
+    }
+
+    /// Poll both ways (the due list, the fleet scan) and check they agree.
+    fn poll(p: &mut ProbeWeights, now: Time, fleet: &Fleet) -> Vec<ProbeOrder> {
+        let mut scanned = p.clone();
+        let mut by_scan = Vec::new();
+        scanned.poll_scan(now, fleet, &mut by_scan);
+        let mut out = Vec::new();
+        p.poll_probes(now, fleet, &mut out);
+        assert_eq!(
+            out, by_scan,
+            "the due list and the fleet scan send different probes"
+        );
+        out
+    }
+
+    /// Start-up cost: a worker registering without a cached measurement moves no median, so
+    /// the strategy reports only its own weight (the router then refreshes one worker, not the
+    /// fleet), and once every probe is out the due list is empty (no fleet scan per poll).
+    #[test]
+    fn unmeasured_registration_changes_one_weight_and_empties_the_due_list() {
+        let mut p = ProbeWeights::new(ProbeConfig::default());
+        let mut fleet = Fleet::default();
+        let mut out = Vec::new();
+        for i in 0..100u32 {
+            fleet.workers.push(info(i % 2, (i % 4) as u8, Time::ZERO));
+            let id = WorkerId(i);
+            let change = p.observe(Time::ZERO, WeightEvent::Registered(id), &fleet);
+            assert_eq!(change, WeightChange::One(id));
+            p.poll_probes(Time::ZERO, &fleet, &mut out);
+            assert!(
+                p.due.is_empty(),
+                "a probe was left due after registration {i}"
+            );
+        }
+        assert_eq!(out.len(), 100);
+        assert!(out.windows(2).all(|w| w[0].worker < w[1].worker));
+        // The first measurement of a model moves its median: every weight is re-derived.
+        let r = ProbeResult {
+            order: out[0].id,
+            worker: out[0].worker,
+            output_tokens: 100,
+            wall: Duration::from_secs(1),
+            ok: true,
+        };
+        let warm = p.observe(Time::ZERO, WeightEvent::Probe(&r), &fleet);
+        assert_eq!(warm, WeightChange::None, "a warm-up burst measures nothing");
+        assert_eq!(p.due.len(), 1);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// The weights kept per event equal a full re-derivation after every event, a `One`
+        /// change leaves every other weight as it was, and the due list sends exactly the
+        /// probes a fleet scan would.
+        #[test]
+        fn incremental_weights_and_due_list_equal_a_rebuild(
+            ops in proptest::collection::vec(any_op(), 1..120),
+        ) {
+            let mut p = ProbeWeights::new(ProbeConfig::default());
+            let mut fleet = Fleet::default();
+            let mut now = Time::ZERO;
+            let mut pending_orders: Vec<ProbeOrder> = Vec::new();
+            for op in ops {
+                let n = fleet.len().max(1);
+                let before = p.weights.clone();
+                let mut events: Vec<(WorkerId, WeightChange)> = Vec::new();
+                match op {
+                    Op::Register { model, node } => {
+                        let id = WorkerId(fleet.len() as u32);
+                        fleet.workers.push(info(model, node, now));
+                        events.push((id, p.observe(now, WeightEvent::Registered(id), &fleet)));
+                    }
+                    Op::Answer(tokens) => {
+                        pending_orders.extend(poll(&mut p, now, &fleet));
+                        for o in std::mem::take(&mut pending_orders) {
+                            let r = ProbeResult {
+                                order: o.id,
+                                worker: o.worker,
+                                output_tokens: tokens + u64::from(o.worker.0 % 3),
+                                wall: Duration::from_secs(1),
+                                ok: true,
+                            };
+                            let b = p.weights.clone();
+                            let c = p.observe(now, WeightEvent::Probe(&r), &fleet);
+                            if let WeightChange::One(id) = c {
+                                for (i, (x, y)) in b.iter().zip(&p.weights).enumerate() {
+                                    prop_assert!(i == id.index() || x == y);
+                                }
+                            }
+                        }
+                    }
+                    Op::Fail => {
+                        pending_orders.extend(poll(&mut p, now, &fleet));
+                        for o in std::mem::take(&mut pending_orders) {
+                            let r = ProbeResult {
+                                order: o.id,
+                                worker: o.worker,
+                                output_tokens: 0,
+                                wall: Duration::ZERO,
+                                ok: false,
+                            };
+                            p.observe(now, WeightEvent::Probe(&r), &fleet);
+                        }
+                    }
+                    Op::Disconnect(i) | Op::Reconnect(i) | Op::Remove(i) if !fleet.is_empty() => {
+                        let id = WorkerId((i % n) as u32);
+                        let w = &mut fleet.workers[id.index()];
+                        if w.state == WorkerState::Removed {
+                            continue;
+                        }
+                        let (state, ev) = match op {
+                            Op::Disconnect(_) => (WorkerState::Disconnected, WeightEvent::Disconnected(id)),
+                            Op::Reconnect(_) => (WorkerState::Up, WeightEvent::Reconnected(id)),
+                            _ => (WorkerState::Removed, WeightEvent::Removed(id)),
+                        };
+                        w.state = state;
+                        events.push((id, p.observe(now, ev, &fleet)));
+                    }
+                    Op::Pin(i, v) if !fleet.is_empty() => {
+                        p.observe(now, WeightEvent::Pin(WorkerId((i % n) as u32), v), &fleet);
+                    }
+                    Op::Unpin(i) if !fleet.is_empty() => {
+                        p.observe(now, WeightEvent::Unpin(WorkerId((i % n) as u32)), &fleet);
+                    }
+                    Op::Reprobe(i) if !fleet.is_empty() => {
+                        p.observe(now, WeightEvent::Reprobe(WorkerId((i % n) as u32)), &fleet);
+                    }
+                    Op::NodeRestart(node, keep_cache) => {
+                        let node = format!("n{node}");
+                        p.observe(now, WeightEvent::NodeManagerRestart { node: &node, keep_cache }, &fleet);
+                    }
+                    Op::Wait(s) => now = now + Duration::from_secs(s),
+                    _ => {}
+                }
+                for (id, change) in events {
+                    if change == WeightChange::One(id) {
+                        for (i, (x, y)) in before.iter().zip(&p.weights).enumerate() {
+                            prop_assert!(i == id.index() || x == y, "worker {i} moved on a One({id:?})");
+                        }
+                    }
+                }
+                let mut fresh = p.clone();
+                fresh.rebuild(&fleet);
+                // Empty lists of models with no measured worker are the same state.
+                let trim = |m: &[Vec<f64>]| {
+                    let mut m = m.to_vec();
+                    while m.last().is_some_and(Vec::is_empty) {
+                        m.pop();
+                    }
+                    m
+                };
+                prop_assert_eq!(trim(&fresh.measured), trim(&p.measured));
+                prop_assert_eq!(bits(&fresh.weights), bits(&p.weights));
+                pending_orders.extend(poll(&mut p, now, &fleet));
             }
         }
     }
