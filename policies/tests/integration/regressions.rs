@@ -335,3 +335,27 @@ fn credit_from_before_a_workers_own_record_does_not_spin_the_eviction_loop() {
     // It returned; what it holds of the new chain is within its own ring's reach.
     assert!(index.longest(&later).is_some());
 }
+
+/// Found by `knowledge::approximate_never_credits_a_worker_beyond_its_cache`: a key taken over
+/// from a worker's own ring left a stale entry there; recorded back into that ring later, the
+/// key had two ring entries, both live again, and the hand reaching the older one evicted the
+/// worker's newest block (here the last block of the prompt it had just served).
+#[test]
+fn a_key_recorded_back_into_its_old_ring_is_not_evicted_by_its_stale_entry() {
+    use routelab_policies::{PrefixIndex, WorkerId};
+    let chain = |n: u64| (1..=n).map(|b| (39 << 20) | b).collect::<Vec<u64>>();
+    let mut index = PrefixIndex::approximate(256, true);
+    index.register_worker(WorkerId(0), None);
+    index.register_worker(WorkerId(1), None);
+    index.register_worker(WorkerId(2), Some(15));
+    // w2 serves 58 blocks (its cache holds the first 15), w1 takes the conversation over, then
+    // w2 serves it again.
+    index.record(&chain(58), WorkerId(2));
+    index.record(&chain(71), WorkerId(1));
+    let last = chain(73);
+    index.record(&last, WorkerId(2));
+    assert!(index.holds(WorkerId(2), last[14]), "w2 lost its last recorded block");
+    assert_eq!(index.longest(&last[..15]), Some((WorkerId(2), 15)));
+    assert_eq!(index.blocks_of(WorkerId(2)), 15);
+    assert_eq!(index.blocks_of(WorkerId(1)), 71 - 15);
+}
