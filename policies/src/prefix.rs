@@ -129,6 +129,10 @@ impl Pool {
     }
 }
 
+/// Most marks of a prompt whose home slots are loaded ahead of a lookup or record (a sparse
+/// 64-block prompt has 11; a dense one's 64 would cost more than they save).
+const WARM_MARKS: usize = 16;
+
 /// Sentinel of [`Recorded::pool_of`] for a worker not registered yet.
 const NO_POOL: u32 = u32::MAX;
 
@@ -504,6 +508,11 @@ impl Recorded {
         }
         let n = blocks.len();
         let m = self.marks(n);
+        // The sparse search probes 4 of 11 checkpoints, each probe depending on the last: load
+        // all their home slots at once first, so the misses overlap instead of queueing.
+        if m <= WARM_MARKS {
+            self.warm((0..m).map(|k| blocks[self.mark(k, m, n)]));
+        }
         // Checkpoints are recorded together, ancestors refreshed whenever a descendant is, so
         // presence is (nearly) prefix-closed and a binary search finds the deepest.
         let (mut lo, mut hi) = (0usize, m);
@@ -535,6 +544,14 @@ impl Recorded {
         }
         let n = blocks.len();
         let m = self.marks(n);
+        if m <= WARM_MARKS {
+            // Overlap the cache misses of the upserts: the marks' home slots, and those of the
+            // keys the hand will meet next (which a new prompt evicts).
+            self.warm((0..m).map(|k| blocks[self.mark(k, m, n)]));
+            let p = &self.pools[pool as usize];
+            let ahead = p.ring.len().min(m);
+            self.warm((0..ahead).map(|step| p.ring[(p.hand + step) % p.ring.len()]));
+        }
         let Some(bound) = bound else {
             for k in 0..m {
                 let pos = self.mark(k, m, n);
@@ -591,6 +608,21 @@ impl Recorded {
     #[inline]
     fn home(&self, key: u64) -> usize {
         (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize & self.mask
+    }
+
+    /// Read the home slot of each key, so the probes that follow hit the cache: the loads are
+    /// independent, and the processor overlaps their misses.
+    #[inline]
+    fn warm(&self, keys: impl Iterator<Item = u64>) {
+        if self.slots.is_empty() {
+            return;
+        }
+        let mut seen = 0u64;
+        for key in keys {
+            let key = if key == 0 { ZERO_KEY } else { key };
+            seen ^= self.slots[self.home(key)].key;
+        }
+        std::hint::black_box(seen);
     }
 
     #[inline]
@@ -910,6 +942,26 @@ mod tests {
         assert_eq!(p.longest(&second[..8]), Some((WorkerId(1), 8)));
         assert_eq!(p.mode(), "approximate");
         assert_eq!(p.capacity(), 164);
+    }
+
+    #[test]
+    fn a_slot_keeps_its_place_weight_and_referenced_bit_apart() {
+        let max_place = MAX_POOL_ENTRIES - 1;
+        for (place, weight, referenced) in [(0, 0, false), (max_place, 8, true), (5, 15, false)] {
+            let mut s = Slot::new(7, 3, place, weight, referenced);
+            assert_eq!(
+                (s.place(), s.weight(), s.referenced()),
+                (place, u64::from(weight), referenced)
+            );
+            s.set_referenced(!referenced);
+            s.set_place(max_place - place);
+            assert_eq!(
+                (s.place(), s.weight(), s.referenced(), s.key, s.worker),
+                (max_place - place, u64::from(weight), !referenced, 7, 3)
+            );
+        }
+        // A pool never holds more entries than a place can name.
+        assert_eq!(Pool::new(usize::MAX, None).entries, MAX_POOL_ENTRIES);
     }
 
     #[test]
