@@ -42,13 +42,67 @@ use crate::worker::WorkerId;
 /// Key stored for a block hash of 0 (0 marks an empty slot).
 const ZERO_KEY: u64 = 0x9E37_79B9_7F4A_7C15;
 
+/// Bits of [`Slot::meta`] holding the entry's place in its pool's ring.
+const PLACE_BITS: u32 = 27;
+const PLACE_MASK: u32 = (1 << PLACE_BITS) - 1;
+/// Most entries one pool holds: a ring place must fit in [`PLACE_BITS`] (a table that large
+/// would take 4 GiB; the policy's `index_blocks` stops at 2^26).
+const MAX_POOL_ENTRIES: usize = 1 << PLACE_BITS;
+const WEIGHT_SHIFT: u32 = PLACE_BITS;
+const WEIGHT_MASK: u32 = 0xF;
+const REFERENCED: u32 = 1 << 31;
+
+/// One table entry, 16 bytes. `meta` packs its place in its pool's ring (so a ring entry is
+/// live only when the key's slot points back at it: a key taken over from a ring and later
+/// recorded back into it leaves a stale entry behind, which must not evict it), the blocks it
+/// credits to its worker (at most 8, see the module notes) and CLOCK's referenced bit.
 #[derive(Debug, Clone, Copy, Default)]
 struct Slot {
     key: u64,
     worker: u32,
-    referenced: bool,
-    /// Blocks this entry credits to its worker (see the module notes).
-    weight: u8,
+    meta: u32,
+}
+
+impl Slot {
+    #[inline]
+    fn new(key: u64, worker: u32, place: usize, weight: u8, referenced: bool) -> Slot {
+        debug_assert!(place <= PLACE_MASK as usize && u32::from(weight) <= WEIGHT_MASK);
+        let mut meta = place as u32 | (u32::from(weight) << WEIGHT_SHIFT);
+        if referenced {
+            meta |= REFERENCED;
+        }
+        Slot { key, worker, meta }
+    }
+
+    #[inline]
+    fn place(&self) -> usize {
+        (self.meta & PLACE_MASK) as usize
+    }
+
+    #[inline]
+    fn set_place(&mut self, place: usize) {
+        self.meta = (self.meta & !PLACE_MASK) | place as u32;
+    }
+
+    /// Blocks this entry credits to its worker.
+    #[inline]
+    fn weight(&self) -> u64 {
+        u64::from((self.meta >> WEIGHT_SHIFT) & WEIGHT_MASK)
+    }
+
+    #[inline]
+    fn referenced(&self) -> bool {
+        self.meta & REFERENCED != 0
+    }
+
+    #[inline]
+    fn set_referenced(&mut self, on: bool) {
+        if on {
+            self.meta |= REFERENCED;
+        } else {
+            self.meta &= !REFERENCED;
+        }
+    }
 }
 
 /// One CLOCK: a ring of keys in insertion order swept by a hand.
@@ -65,6 +119,7 @@ struct Pool {
 
 impl Pool {
     fn new(entries: usize, bound: Option<u64>) -> Pool {
+        let entries = entries.min(MAX_POOL_ENTRIES);
         Pool {
             ring: Vec::with_capacity(entries),
             hand: 0,
@@ -73,6 +128,10 @@ impl Pool {
         }
     }
 }
+
+/// Most marks of a prompt whose home slots are loaded ahead of a lookup or record (a sparse
+/// 64-block prompt has 11; a dense one's 64 would cost more than they save).
+const WARM_MARKS: usize = 16;
 
 /// Sentinel of [`Recorded::pool_of`] for a worker not registered yet.
 const NO_POOL: u32 = u32::MAX;
@@ -449,6 +508,11 @@ impl Recorded {
         }
         let n = blocks.len();
         let m = self.marks(n);
+        // The sparse search probes 4 of 11 checkpoints, each probe depending on the last: load
+        // all their home slots at once first, so the misses overlap instead of queueing.
+        if m <= WARM_MARKS {
+            self.warm((0..m).map(|k| blocks[self.mark(k, m, n)]));
+        }
         // Checkpoints are recorded together, ancestors refreshed whenever a descendant is, so
         // presence is (nearly) prefix-closed and a binary search finds the deepest.
         let (mut lo, mut hi) = (0usize, m);
@@ -480,6 +544,14 @@ impl Recorded {
         }
         let n = blocks.len();
         let m = self.marks(n);
+        if m <= WARM_MARKS {
+            // Overlap the cache misses of the upserts: the marks' home slots, and those of the
+            // keys the hand will meet next (which a new prompt evicts).
+            self.warm((0..m).map(|k| blocks[self.mark(k, m, n)]));
+            let p = &self.pools[pool as usize];
+            let ahead = p.ring.len().min(m);
+            self.warm((0..ahead).map(|step| p.ring[(p.hand + step) % p.ring.len()]));
+        }
         let Some(bound) = bound else {
             for k in 0..m {
                 let pos = self.mark(k, m, n);
@@ -512,14 +584,19 @@ impl Recorded {
         for step in 0..n {
             let p = &self.pools[pool as usize];
             let key = p.ring[(p.hand + step) % n];
-            if let Some(i) = self.find(key) {
-                let owner = self.slots[i].worker;
-                if owner == worker.0 {
+            let at = (p.hand + step) % n;
+            if let Some(i) = self.live(key, at, pool) {
+                if self.slots[i].worker == worker.0 {
                     self.remove_at(i);
                     self.len -= 1;
-                } else if self.pool(owner) == Some(pool) {
+                } else {
                     kept.push(key);
                 }
+            }
+        }
+        for (place, &key) in kept.iter().enumerate() {
+            if let Some(i) = self.find(key) {
+                self.slots[i].set_place(place);
             }
         }
         let p = &mut self.pools[pool as usize];
@@ -531,6 +608,21 @@ impl Recorded {
     #[inline]
     fn home(&self, key: u64) -> usize {
         (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize & self.mask
+    }
+
+    /// Read the home slot of each key, so the probes that follow hit the cache: the loads are
+    /// independent, and the processor overlaps their misses.
+    #[inline]
+    fn warm(&self, keys: impl Iterator<Item = u64>) {
+        if self.slots.is_empty() {
+            return;
+        }
+        let mut seen = 0u64;
+        for key in keys {
+            let key = if key == 0 { ZERO_KEY } else { key };
+            seen ^= self.slots[self.home(key)].key;
+        }
+        std::hint::black_box(seen);
     }
 
     #[inline]
@@ -556,13 +648,13 @@ impl Recorded {
         let stored = if key == 0 { ZERO_KEY } else { key };
         if let Some(i) = self.find(key) {
             let old = self.slots[i].worker;
-            self.slots[i].referenced = true;
+            self.slots[i].set_referenced(true);
             if old == worker {
                 return;
             }
             if self.pool(old) == Some(pool) {
                 // Taken over within one ring (the shared pool): the key keeps its place.
-                let w = u64::from(self.slots[i].weight);
+                let w = self.slots[i].weight();
                 self.slots[i].worker = worker;
                 self.add_credit(old, w, false);
                 self.add_credit(worker, w, true);
@@ -602,12 +694,8 @@ impl Recorded {
         // that makes room for a prompt takes the oldest blocks, not the prompt's own; the
         // shared ring keeps the rule of the index before issue 10 (inserted unreferenced).
         let referenced = self.pools[pool as usize].bound.is_some();
-        self.slots[i] = Slot {
-            key: stored,
-            worker,
-            referenced,
-            weight,
-        };
+        let place = free.unwrap_or(self.pools[pool as usize].ring.len());
+        self.slots[i] = Slot::new(stored, worker, place, weight, referenced);
         self.len += 1;
         self.add_credit(worker, u64::from(weight), true);
         let p = &mut self.pools[pool as usize];
@@ -615,6 +703,17 @@ impl Recorded {
             Some(at) => p.ring[at] = key,
             None => p.ring.push(key),
         }
+    }
+
+    /// The slot of the key at ring place `at` of `pool`, when that ring entry is live: the key
+    /// is still in the pool, at that place. An entry left behind when its key was taken over by
+    /// another pool is stale, and stays stale when the key comes back to this pool elsewhere.
+    #[inline]
+    fn live(&self, key: u64, at: usize, pool: u32) -> Option<usize> {
+        self.find(key).filter(|&i| {
+            let s = &self.slots[i];
+            s.place() == at && self.pool(s.worker) == Some(pool)
+        })
     }
 
     /// CLOCK over one pool: sweep its ring, giving referenced blocks a second chance, remove the
@@ -627,9 +726,8 @@ impl Recorded {
             let at = p.hand;
             let key = p.ring[at];
             p.hand = (p.hand + 1) % n;
-            match self.find(key) {
-                Some(i) if self.pool(self.slots[i].worker) != Some(pool) => return at,
-                Some(i) if self.slots[i].referenced => self.slots[i].referenced = false,
+            match self.live(key, at, pool) {
+                Some(i) if self.slots[i].referenced() => self.slots[i].set_referenced(false),
                 Some(i) => {
                     self.remove_at(i);
                     self.len -= 1;
@@ -643,7 +741,7 @@ impl Recorded {
     /// Backward-shift deletion for linear probing (no tombstones).
     fn remove_at(&mut self, mut hole: usize) {
         let gone = self.slots[hole];
-        self.add_credit(gone.worker, u64::from(gone.weight), false);
+        self.add_credit(gone.worker, gone.weight(), false);
         self.slots[hole] = Slot::default();
         let mut j = hole;
         loop {
@@ -844,6 +942,26 @@ mod tests {
         assert_eq!(p.longest(&second[..8]), Some((WorkerId(1), 8)));
         assert_eq!(p.mode(), "approximate");
         assert_eq!(p.capacity(), 164);
+    }
+
+    #[test]
+    fn a_slot_keeps_its_place_weight_and_referenced_bit_apart() {
+        let max_place = MAX_POOL_ENTRIES - 1;
+        for (place, weight, referenced) in [(0, 0, false), (max_place, 8, true), (5, 15, false)] {
+            let mut s = Slot::new(7, 3, place, weight, referenced);
+            assert_eq!(
+                (s.place(), s.weight(), s.referenced()),
+                (place, u64::from(weight), referenced)
+            );
+            s.set_referenced(!referenced);
+            s.set_place(max_place - place);
+            assert_eq!(
+                (s.place(), s.weight(), s.referenced(), s.key, s.worker),
+                (max_place - place, u64::from(weight), !referenced, 7, 3)
+            );
+        }
+        // A pool never holds more entries than a place can name.
+        assert_eq!(Pool::new(usize::MAX, None).entries, MAX_POOL_ENTRIES);
     }
 
     #[test]

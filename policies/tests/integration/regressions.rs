@@ -335,3 +335,33 @@ fn credit_from_before_a_workers_own_record_does_not_spin_the_eviction_loop() {
     // It returned; what it holds of the new chain is within its own ring's reach.
     assert!(index.longest(&later).is_some());
 }
+
+/// Found by `knowledge::approximate_never_credits_a_worker_beyond_its_cache` (its proptest
+/// seed is in `proptest-regressions/knowledge.txt`): a key taken over from a worker's own ring
+/// left a stale entry there; recorded back into that ring at another place, the key had two
+/// ring entries, both taken as live, and the hand reaching the older one evicted the worker's
+/// newest block — here the last block of the prompt it had just served.
+#[test]
+fn a_key_recorded_back_into_its_old_ring_is_not_evicted_by_its_stale_entry() {
+    use routelab_policies::{PrefixIndex, WorkerId};
+    let chain = |conv: u64, n: u64| (1..=n).map(|b| (conv << 20) | b).collect::<Vec<u64>>();
+    let mut index = PrefixIndex::approximate(256, true);
+    index.register_worker(WorkerId(0), None);
+    index.register_worker(WorkerId(1), None);
+    index.register_worker(WorkerId(2), Some(22));
+    let (w0, w2) = (WorkerId(0), WorkerId(2));
+    index.record(&chain(0, 7), w2);
+    index.record(&chain(24, 22), w2);
+    index.record(&chain(0, 1), w2);
+    index.record(&chain(24, 1), w0);
+    index.record(&chain(1, 1), w0);
+    index.record(&chain(26, 22), w2);
+    // w0 takes conversation 26's first 8 blocks out of w2's ring; w2 serves it again.
+    index.record(&chain(26, 8), w0);
+    let last = chain(26, 22);
+    index.record(&last, w2);
+    assert!(index.holds(w2, last[21]), "w2 lost its last recorded block");
+    assert_eq!(index.longest(&last), Some((w2, 22)));
+    assert_eq!(index.blocks_of(w2), 22);
+    assert_eq!(index.blocks_of(w0), 2);
+}
