@@ -4,6 +4,7 @@
 use anyhow::Context;
 use rayon::prelude::*;
 use routelab_policies::{InputError, PolicyConfig};
+use routelab_reports::capacity::{SearchOptions, SeedCapacity, SloSpec, find_capacity};
 use routelab_reports::partial::{
     InputsHash, MergeSet, Partial, Record, Results, VERSION, default_partial_path,
 };
@@ -329,4 +330,34 @@ pub fn merge_shards<C: Sharded>(
         threads: set.threads,
     };
     plan.finish(Found { plan, results }, timing, out, note)
+}
+
+/// The capacity of `policy` on `scenario` at `seed`: the load-scale search of
+/// `routelab_reports::capacity`, each probe of it one simulation of the scaled scenario. The one
+/// search host of `capacity` and `replicas`; `what` names the run in an error.
+pub fn capacity_of(
+    scenario: &Scenario,
+    policy: &PolicyConfig,
+    seed: u64,
+    slo: &SloSpec,
+    options: &SearchOptions,
+    what: &str,
+) -> anyhow::Result<SeedCapacity> {
+    find_capacity(slo, options, seed, |scale| {
+        let scaled = scenario.with_load_scale(scale)?;
+        let o = run_job(Job {
+            scenario: &scaled,
+            policy,
+            seed,
+            rows: false,
+        })?;
+        Ok::<_, anyhow::Error>(o.metrics)
+    })
+    .with_context(|| {
+        format!(
+            "{}: capacity of policy {} on seed {seed}{what}",
+            scenario.path.display(),
+            policy.name
+        )
+    })
 }

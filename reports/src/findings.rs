@@ -82,6 +82,37 @@ pub fn sections_with_prefix<'a>(doc: &'a str, prefix: &str) -> Vec<(String, &'a 
     found
 }
 
+/// `doc` with the section `section` rewritten as `header` followed by its parts: each new part
+/// (`(name, content)`, its name starting with `<section>/`) replaces the part of that name if the
+/// section has it, else is appended; the parts not given are kept in place. How `capacity
+/// --findings` and `replicas --findings` each update their section one study at a time.
+pub fn update_parts(
+    doc: &str,
+    section_name: &str,
+    header: &str,
+    new_parts: impl IntoIterator<Item = (String, String)>,
+) -> String {
+    let old_section = section(doc, section_name).unwrap_or("");
+    let prefix = format!("{section_name}/");
+    let mut parts: Vec<(String, String)> = sections_with_prefix(old_section, &prefix)
+        .into_iter()
+        .map(|(name, whole)| (name, whole.to_string()))
+        .collect();
+    for (name, content) in new_parts {
+        let new = marked(&name, &content);
+        match parts.iter_mut().find(|(n, _)| *n == name) {
+            Some(slot) => slot.1 = new,
+            None => parts.push((name, new)),
+        }
+    }
+    let mut content = String::from(header);
+    for (_, part) in &parts {
+        content.push('\n');
+        content.push_str(part);
+    }
+    splice(doc, section_name, &content)
+}
+
 /// `doc` with its section `name` replaced by `content` (appended after a blank line when the
 /// document has none yet).
 pub fn splice(doc: &str, name: &str, content: &str) -> String {

@@ -270,26 +270,12 @@ fn kind_label(k: PolicyKind) -> &'static str {
 /// part (one per scenario, SLO and split) replaces the same part if the section has it, else is
 /// appended; parts not studied this time and every other section are kept.
 pub fn update_findings(doc: &str, studies: &[ReplicaStudy]) -> String {
-    let old_section = findings::section(doc, findings::REPLICAS).unwrap_or("");
-    let prefix = format!("{}/", findings::REPLICAS);
-    let mut parts: Vec<(String, String)> = findings::sections_with_prefix(old_section, &prefix)
-        .into_iter()
-        .map(|(name, whole)| (name, whole.to_string()))
-        .collect();
-    for st in studies {
-        let name = part_name(st);
-        let new = findings::marked(&name, &scenario_part(st));
-        match parts.iter_mut().find(|(n, _)| *n == name) {
-            Some(slot) => slot.1 = new,
-            None => parts.push((name, new)),
-        }
-    }
-    let mut content = String::from(SECTION_HEADER);
-    for (_, part) in &parts {
-        content.push('\n');
-        content.push_str(part);
-    }
-    findings::splice(doc, findings::REPLICAS, &content)
+    findings::update_parts(
+        doc,
+        findings::REPLICAS,
+        SECTION_HEADER,
+        studies.iter().map(|st| (part_name(st), scenario_part(st))),
+    )
 }
 
 /// The per-replica lines of a run with several replicas (empty with one): each replica's

@@ -4,14 +4,14 @@
 
 use super::compare::{SeedsFlag, fraction_flag, seeds_flag};
 use crate::lab::{
-    self, Found, Job, RecordKey, ShardArgs, Sharded, ShardedArgs, Timing, canonical_options,
-    map_parallel, read_scenario, run_job,
+    self, Found, RecordKey, ShardArgs, Sharded, ShardedArgs, Timing, canonical_options,
+    capacity_of, map_parallel, read_scenario,
 };
 use anyhow::Context;
 use routelab_policies::{InputError, PolicyConfig};
 use routelab_reports::capacity::{
-    SearchOptions, SeedPlan, SloSpec, StudyPlan, capacity_table, find_capacity, run_study,
-    update_findings, write_capacity,
+    SearchOptions, SeedPlan, SloSpec, StudyPlan, capacity_table, run_study, update_findings,
+    write_capacity,
 };
 use routelab_reports::partial::{CapacityRun, InputsHash, MergeSet};
 use routelab_reports::stats::{AutoSeeds, seed_of};
@@ -175,23 +175,7 @@ impl Plan {
     fn search(&self, i: usize, p: usize, seed: u64) -> anyhow::Result<CapacityRun> {
         let st = &self.studies[i];
         let policy = &st.policies[p];
-        let found = find_capacity(&self.slo, &self.options, seed, |scale| {
-            let scaled = st.scenario.with_load_scale(scale)?;
-            let o = run_job(Job {
-                scenario: &scaled,
-                policy,
-                seed,
-                rows: false,
-            })?;
-            Ok::<_, anyhow::Error>(o.metrics)
-        })
-        .with_context(|| {
-            format!(
-                "{}: capacity of policy {} on seed {seed}",
-                st.scenario.path.display(),
-                policy.name
-            )
-        })?;
+        let found = capacity_of(&st.scenario, policy, seed, &self.slo, &self.options, "")?;
         Ok(CapacityRun {
             scenario: i,
             policy: p,

@@ -4,12 +4,12 @@
 //! weight error and overlap regret at load scale 1, for the scenario's own policy and the best
 //! of the field's routers; with `--findings`, the replicas section of the findings document.
 
-use crate::lab::{Job, map_parallel, run_job};
+use crate::lab::{Job, capacity_of, map_parallel, run_job};
 use anyhow::Context;
 use routelab_policies::located::rule;
 use routelab_policies::{InputError, PRESETS, PolicyConfig};
 use routelab_reports::capacity::{
-    CapacityStudy, SearchOptions, SeedPlan, SloSpec, StudyPlan, find_capacity, run_study,
+    CapacityStudy, SearchOptions, SeedPlan, SloSpec, StudyPlan, run_study,
 };
 use routelab_reports::replicas::{
     DEFAULT_SPLIT, Deployment, Quality, ReplicaStudy, best_field_router, scenario_part,
@@ -243,23 +243,14 @@ fn capacity(
         // Results come back in batch order, whatever the thread count.
         map_parallel(batch, |&(p, seed)| {
             let policy = &policies[p];
-            let found = find_capacity(slo, &options, seed, |scale| {
-                let scaled = scenario.with_load_scale(scale)?;
-                let o = run_job(Job {
-                    scenario: &scaled,
-                    policy,
-                    seed,
-                    rows: false,
-                })?;
-                Ok::<_, anyhow::Error>(o.metrics)
-            })
-            .with_context(|| {
-                format!(
-                    "{}: capacity of policy {} on seed {seed} behind {what}",
-                    scenario.path.display(),
-                    policy.name
-                )
-            });
+            let found = capacity_of(
+                &scenario,
+                policy,
+                seed,
+                slo,
+                &options,
+                &format!(" behind {what}"),
+            );
             if let Some(b) = &bar {
                 b.inc(1);
             }

@@ -185,26 +185,12 @@ fn part_prefix() -> String {
 /// appended; the parts not studied this time are kept, so each scenario can be studied at its
 /// own SLO, or at several.
 pub fn update_findings(doc: &str, studies: &[CapacityStudy]) -> String {
-    let old_section = findings::section(doc, findings::CAPACITY).unwrap_or("");
-    let mut parts: Vec<(String, String)> =
-        findings::sections_with_prefix(old_section, &part_prefix())
-            .into_iter()
-            .map(|(name, whole)| (name, whole.to_string()))
-            .collect();
-    for st in studies {
-        let name = part_name(st);
-        let new = findings::marked(&name, &scenario_part(st));
-        match parts.iter_mut().find(|(n, _)| *n == name) {
-            Some(slot) => slot.1 = new,
-            None => parts.push((name, new)),
-        }
-    }
-    let mut content = String::from(SECTION_HEADER);
-    for (_, part) in &parts {
-        content.push('\n');
-        content.push_str(part);
-    }
-    findings::splice(doc, findings::CAPACITY, &content)
+    findings::update_parts(
+        doc,
+        findings::CAPACITY,
+        SECTION_HEADER,
+        studies.iter().map(|st| (part_name(st), scenario_part(st))),
+    )
 }
 
 /// The capacity section for `studies` alone (one table and one verdict per scenario).
