@@ -244,7 +244,7 @@ fn capacity(
         map_parallel(batch, |&(p, seed)| {
             let policy = &policies[p];
             let found = capacity_of(
-                &scenario,
+                scenario,
                 policy,
                 seed,
                 slo,
