@@ -361,3 +361,15 @@ pub fn capacity_of(
         )
     })
 }
+
+/// Rewrite the findings document `f` as `update` makes it from its current text (empty when the
+/// file does not exist yet): how `capacity --findings` and `replicas --findings` each update
+/// their own section and keep the rest.
+pub fn rewrite_findings(f: &Path, update: impl FnOnce(&str) -> String) -> anyhow::Result<()> {
+    let old = match std::fs::read_to_string(f) {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e).with_context(|| format!("{}: cannot read", f.display())),
+    };
+    std::fs::write(f, update(&old)).with_context(|| format!("{}: cannot write", f.display()))
+}

@@ -138,13 +138,7 @@ pub fn run(args: &ReplicasArgs, out: &mut impl Write) -> anyhow::Result<ExitCode
         studies.push(study);
     }
     if let Some(f) = &args.findings {
-        let old = match std::fs::read_to_string(f) {
-            Ok(s) => s,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-            Err(e) => return Err(e).with_context(|| format!("{}: cannot read", f.display())),
-        };
-        let doc = update_findings(&old, &studies);
-        std::fs::write(f, doc).with_context(|| format!("{}: cannot write", f.display()))?;
+        crate::lab::rewrite_findings(f, |old| update_findings(old, &studies))?;
         writeln!(out, "findings: {}", f.display())?;
     }
     Ok(ExitCode::SUCCESS)
