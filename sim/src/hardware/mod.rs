@@ -26,8 +26,10 @@ use serde_saphyr::Spanned;
 
 pub mod fit;
 pub mod lookup;
+pub mod step;
 
 pub use lookup::{BUNDLED, LookupError, ProfileLookup};
+pub use step::{DEFAULT_PREFILL_OVERLAP, mixed_step_s, overlap_from_mixed_step};
 
 /// Default prefill chunk (vLLM's chunked-prefill token budget per step is of this order).
 pub const DEFAULT_PREFILL_CHUNK_TOKENS: u32 = 512;
@@ -61,6 +63,8 @@ struct RawProfile {
     prefill_tok_s: Spanned<f64>,
     #[serde(default)]
     prefill_chunk_tokens: Option<Spanned<f64>>,
+    #[serde(default)]
+    prefill_overlap: Option<Spanned<f64>>,
     kv_capacity_tokens: Spanned<f64>,
     max_running: Spanned<f64>,
     context_window: Spanned<f64>,
@@ -200,6 +204,7 @@ pub struct HardwareProfile {
     decode: DecodeCurve,
     prefill_tok_s: f64,
     prefill_chunk_tokens: u32,
+    prefill_overlap: f64,
     kv_capacity_tokens: u64,
     max_running: u32,
     context_window: u32,
@@ -274,6 +279,22 @@ impl HardwareProfile {
         self.prefill_chunk_tokens
     }
     /// KV-cache capacity in tokens.
+    /// The share of a mixed step's shorter part (usually the prefill) that hides under the
+    /// longer one, in `[0, 1]` ([`step`]; default [`DEFAULT_PREFILL_OVERLAP`]).
+    pub fn prefill_overlap(&self) -> f64 {
+        self.prefill_overlap
+    }
+
+    /// Seconds of one engine step that decodes `n` sequences and prefills `prefill_tokens`
+    /// beside them ([`mixed_step_s`], the one step-time model; speed multipliers not applied).
+    pub fn mixed_step_time_s(&self, n: f64, prefill_tokens: f64) -> f64 {
+        mixed_step_s(
+            self.step_time_s(n),
+            prefill_tokens.max(0.0) / self.prefill_tok_s,
+            self.prefill_overlap,
+        )
+    }
+
     pub fn kv_capacity_tokens(&self) -> u64 {
         self.kv_capacity_tokens
     }
@@ -397,6 +418,21 @@ fn validate(raw: RawProfile, origin: &str) -> Result<HardwareProfile, HardwareEr
         Some(v) => cx.integer("prefill_chunk_tokens", v, 1, u32::MAX as u64)? as u32,
         None => DEFAULT_PREFILL_CHUNK_TOKENS,
     };
+    let prefill_overlap = match &raw.prefill_overlap {
+        Some(v) => {
+            if !(v.value.is_finite() && (0.0..=1.0).contains(&v.value)) {
+                return Err(cx.err(
+                    "prefill_overlap",
+                    v,
+                    format!("{} is not a share", v.value),
+                    "a number in [0, 1]: 0 = a step's prefill adds its whole time to the \
+                     decode (additive), 1 = a prefill shorter than the decode adds nothing",
+                ));
+            }
+            v.value
+        }
+        None => DEFAULT_PREFILL_OVERLAP,
+    };
     let kv_capacity_tokens = cx.integer(
         "kv_capacity_tokens",
         &raw.kv_capacity_tokens,
@@ -457,6 +493,7 @@ fn validate(raw: RawProfile, origin: &str) -> Result<HardwareProfile, HardwareEr
         decode,
         prefill_tok_s,
         prefill_chunk_tokens,
+        prefill_overlap,
         kv_capacity_tokens,
         max_running,
         context_window,
@@ -516,6 +553,29 @@ fn validate_decode(cx: &Ctx<'_>, d: &Spanned<RawDecode>) -> Result<DecodeCurve, 
                              (per-request speed may fall, the total may not)",
                         ));
                     }
+                    // The step time c / a must not fall as the batch grows: a step that
+                    // decodes more sequences cannot be shorter (per-request speed may not
+                    // rise).
+                    if c / a < prev.concurrency / prev.aggregate_tok_s * (1.0 - 1e-12) {
+                        return Err(cx.err(
+                            af,
+                            &p.aggregate_tok_s,
+                            format!(
+                                "the decode step time falls from {:.3} ms at concurrency {} \
+                                 to {:.3} ms at {c} ({:.1} tok/s per request, up from {:.1})",
+                                prev.concurrency / prev.aggregate_tok_s * 1e3,
+                                prev.concurrency,
+                                c / a * 1e3,
+                                a / c,
+                                prev.aggregate_tok_s / prev.concurrency
+                            ),
+                            format!(
+                                "a step time non-decreasing in concurrency: aggregate_tok_s at \
+                                 most {:.3} here (per-request speed may not rise with the batch)",
+                                prev.aggregate_tok_s / prev.concurrency * c
+                            ),
+                        ));
+                    }
                 }
                 out.push(DecodePoint {
                     concurrency: c,
@@ -557,6 +617,25 @@ fn validate_decode(cx: &Ctx<'_>, d: &Spanned<RawDecode>) -> Result<DecodeCurve, 
                     "a concurrency greater than 1",
                 ));
             }
+            // The curve is concave from n = 1, so its step time n / agg(n) is non-decreasing
+            // exactly when the tangent at n = 1 meets the axis at or above 0:
+            // single - (saturation - single) / (half - 1) >= 0.
+            if sat > single * half * (1.0 + 1e-12) {
+                let v = raw.saturation_tok_s.as_ref().expect("checked above");
+                return Err(cx.err(
+                    "decode.saturation_tok_s",
+                    v,
+                    format!(
+                        "{sat} makes the decode step time fall just above one sequence \
+                         (per-request speed would rise with the batch)"
+                    ),
+                    format!(
+                        "at most single_tok_s x half_concurrency = {} (a step time \
+                         non-decreasing in concurrency)",
+                        single * half
+                    ),
+                ));
+            }
             Ok(DecodeCurve::Parametric {
                 single_tok_s: single,
                 saturation_tok_s: sat,
@@ -583,13 +662,14 @@ fn expected_for(field: &str) -> Option<&'static str> {
             "tokens per second, a number > 0"
         }
         "prefill_chunk_tokens" | "kv_capacity_tokens" | "max_running" => "a whole number >= 1",
+        "prefill_overlap" => "a number in [0, 1]",
         "context_window" => "a whole number of tokens >= 1024",
         "cold_start" => "`{ speed_factor: (0, 1], warmup_tokens: >= 0 }`",
         "speed_factor" => "a number in (0, 1]",
         "warmup_tokens" => "a number of tokens >= 0",
         _ => {
             "the fields name, description, gpu_names, sources, decode, prefill_tok_s, \
-             prefill_chunk_tokens, kv_capacity_tokens, max_running, context_window, \
+             prefill_chunk_tokens, prefill_overlap, kv_capacity_tokens, max_running, context_window, \
              cold_start, fitted, extrapolated"
         }
     })
