@@ -70,7 +70,7 @@ use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand_distr::{Distribution, LogNormal};
 
-use crate::hardware::HardwareProfile;
+use crate::hardware::{HardwareProfile, mixed_step_s};
 use crate::seed::splitmix64;
 use routelab_policies::KvEvent;
 
@@ -84,6 +84,10 @@ pub use crate::traffic::BLOCK_TOKENS;
 const NS_PER_S: f64 = 1e9;
 /// Tolerance (tokens) when comparing fluid positions against finish marks.
 const EPS_TOKENS: f64 = 1e-6;
+/// Tolerance (steps) when asking whether the step clock is on a step boundary, on top of the
+/// two nanoseconds' worth of steps by which an event time rounded up to a whole nanosecond can
+/// overshoot one.
+const EPS_STEPS: f64 = 1e-9;
 
 /// Per-worker settings on top of the hardware profile.
 #[derive(Debug, Clone, PartialEq)]
@@ -237,6 +241,9 @@ pub struct Completion {
 enum Phase {
     Free,
     Waiting,
+    /// In the running set (KV reserved, cached prefix held) but admitted mid-step: its prefill
+    /// joins the queue at the next step boundary.
+    Starting,
     Prefill,
     Decode,
 }
@@ -308,6 +315,8 @@ pub struct EngineModel {
     /// `step_time_s(n)` for `n = 0..=max_running`.
     step_time: Vec<f64>,
     prefill_tok_s: f64,
+    /// The profile's `prefill_overlap` (`hardware::step`).
+    overlap: f64,
     chunk: f64,
     max_running: u32,
     kv_capacity: u64,
@@ -327,6 +336,9 @@ pub struct EngineModel {
     busy_ns: u64,
     // --- fluid state, valid at `t0`
     t0: u64,
+    /// The step clock: engine steps done since the engine last idled (fractional). Step
+    /// boundaries are its whole values; every decoding sequence gets one token per step, so it
+    /// is also the decode service clock.
     v: f64,
     q: f64,
     q_tail: f64,
@@ -344,6 +356,10 @@ pub struct EngineModel {
     free: Vec<u32>,
     waiting: VecDeque<u32>,
     prefill: VecDeque<u32>,
+    /// Sequences started mid-step ([`Phase::Starting`]), joining the prefill queue at `gate_v`.
+    gated: VecDeque<u32>,
+    /// The step boundary at which the gated sequences join.
+    gate_v: f64,
     decode: BinaryHeap<DecodeKey>,
     cache: PrefixCache,
     // --- driver interface
@@ -377,6 +393,7 @@ impl EngineModel {
         let cache_blocks = usize::try_from(kv_capacity / u64::from(BLOCK_TOKENS)).unwrap_or(0);
         let mut engine = EngineModel {
             prefill_tok_s: profile.prefill_tok_s(),
+            overlap: profile.prefill_overlap(),
             profile,
             step_time,
             chunk: f64::from(chunk),
@@ -410,6 +427,8 @@ impl EngineModel {
             free: Vec::new(),
             waiting: VecDeque::new(),
             prefill: VecDeque::new(),
+            gated: VecDeque::new(),
+            gate_v: 0.0,
             decode: BinaryHeap::new(),
             cache: PrefixCache::new(cache_blocks),
             generation: 0,
@@ -666,6 +685,7 @@ impl EngineModel {
         self.free.reverse();
         self.waiting.clear();
         self.prefill.clear();
+        self.gated.clear();
         self.decode.clear();
         self.cache.clear();
         self.running = 0;
@@ -708,6 +728,12 @@ impl EngineModel {
             Phase::Free => return false,
             Phase::Waiting => {
                 self.waiting.retain(|&w| w != h);
+            }
+            Phase::Starting => {
+                self.gated.retain(|&g| g != h);
+                self.running -= 1;
+                self.kv_used -= self.slots[h as usize].kv_tokens();
+                self.release_blocks(h);
             }
             Phase::Prefill => {
                 let pos = self
@@ -850,6 +876,7 @@ impl EngineModel {
     /// Processes everything due at `te` (the current next event).
     fn step_at(&mut self, te: u64, out: &mut Vec<EngineOutput>) {
         self.move_to(te);
+        self.snap_to_boundary();
         let first = out.len();
         // prefill completions, FIFO
         while let Some(&h) = self.prefill.front() {
@@ -872,8 +899,67 @@ impl EngineModel {
             self.complete(top.slot, te, out);
         }
         out[first..].sort_unstable_by_key(|o| (o.seq(), o.rank()));
+        if !self.gated.is_empty() && self.v >= self.gate_v - self.boundary_tolerance() {
+            self.join_gated();
+        }
         self.start_waiting(te);
         self.refresh();
+    }
+
+    /// How far (steps) the step clock may be from a whole value and still be on a boundary.
+    fn boundary_tolerance(&self) -> f64 {
+        EPS_STEPS + self.rate_v * 2.0 / NS_PER_S
+    }
+
+    /// Puts the step clock exactly on the boundary it is at (an event time is rounded up to a
+    /// whole nanosecond, so it can overshoot by a hair), so that marks set now are whole.
+    fn snap_to_boundary(&mut self) {
+        let r = self.v.round();
+        if (self.v - r).abs() <= self.boundary_tolerance() {
+            self.v = r;
+        }
+    }
+
+    /// Whether a step is under way at `t0`: the engine is stepping and the clock is between
+    /// two boundaries.
+    fn mid_step(&self) -> bool {
+        self.rate_v > 0.0 && (self.v - self.v.round()).abs() > self.boundary_tolerance()
+    }
+
+    /// The first step boundary after the step clock (the end of the running step; the end of
+    /// the step starting now when on a boundary).
+    fn next_boundary(&self) -> f64 {
+        if self.mid_step() {
+            self.v.ceil()
+        } else {
+            self.v.round() + 1.0
+        }
+    }
+
+    /// The gated sequences join the prefill queue (at a step boundary).
+    fn join_gated(&mut self) {
+        while let Some(h) = self.gated.pop_front() {
+            self.join_prefill(h);
+        }
+    }
+
+    /// Sequence `h` (started) joins the FIFO prefill queue.
+    fn join_prefill(&mut self, h: u32) {
+        let s = &mut self.slots[h as usize];
+        s.phase = Phase::Prefill;
+        let work = f64::from((s.prompt - s.cached).max(1)) * s.noise;
+        if self.prefill.is_empty() {
+            // re-base the prefill clock while nothing is queued
+            self.q = 0.0;
+            self.q_tail = 0.0;
+        }
+        self.q_tail += work;
+        s.prefill_end = self.q_tail;
+        s.prefill_work = work;
+        if !s.blocks.is_empty() {
+            self.prefills_with_blocks += 1;
+        }
+        self.prefill.push_back(h);
     }
 
     fn finish_prefill(&mut self, h: u32, now: u64, out: &mut Vec<EngineOutput>) {
@@ -950,6 +1036,12 @@ impl EngineModel {
                 break;
             }
             self.waiting.pop_front();
+            // A sequence scheduled while a step runs starts its prefill at the step's end (the
+            // running step's batch is fixed). It may join the queue at once when that cannot
+            // change the running step: nothing is gated before it, and the queue ahead still
+            // holds a whole chunk at the boundary.
+            let join_now =
+                !self.mid_step() || (self.gated.is_empty() && self.full_chunk_at_boundary());
             let s = &mut self.slots[h as usize];
             let hits = if s.prompt == 0 || s.blocks.is_empty() {
                 0
@@ -964,24 +1056,30 @@ impl EngineModel {
             let cached = cached_tokens(s.prompt, hits);
             s.cached = cached;
             s.started_at = now;
-            s.phase = Phase::Prefill;
-            let work = f64::from((s.prompt - cached).max(1)) * s.noise;
-            if self.prefill.is_empty() {
-                // re-base the prefill clock while nothing is queued
-                self.q = 0.0;
-                self.q_tail = 0.0;
+            if join_now {
+                self.join_prefill(h);
+            } else {
+                s.phase = Phase::Starting;
+                if self.gated.is_empty() {
+                    self.gate_v = self.v.ceil();
+                }
+                self.gated.push_back(h);
             }
-            self.q_tail += work;
-            s.prefill_end = self.q_tail;
-            s.prefill_work = work;
-            if !s.blocks.is_empty() {
-                self.prefills_with_blocks += 1;
-            }
-            self.prefill.push_back(h);
             self.running += 1;
             self.kv_used += kv;
             self.fit_cache();
         }
+    }
+
+    /// Whether the prefill queue still holds at least a whole chunk at the next step boundary
+    /// (so that work appended behind it cannot change the running step).
+    fn full_chunk_at_boundary(&self) -> bool {
+        if self.prefill.is_empty() || self.rate_v <= 0.0 {
+            return false;
+        }
+        let per_step = self.rate_q / self.rate_v;
+        let queued = self.q_tail - self.q;
+        queued - (self.next_boundary() - self.v) * per_step >= self.chunk
     }
 
     fn speed_at(&self, t: u64) -> f64 {
@@ -1007,8 +1105,11 @@ impl EngineModel {
     /// Recomputes rates and the next event after any change at `t0`; bumps the generation.
     fn refresh(&mut self) {
         let t = self.t0;
-        if self.n_decoding == 0 {
-            self.v = 0.0; // re-base the decode clock (the heap is empty)
+        if self.n_decoding == 0 && self.prefill.is_empty() {
+            // Nothing is stepping: the next step starts now. Re-base the step clock (the decode
+            // heap is empty) and let the gated sequences in.
+            self.v = 0.0;
+            self.join_gated();
         }
         if !self.warm && self.work_since_ready >= self.warmup_tokens - EPS_TOKENS {
             self.warm = true;
@@ -1028,9 +1129,13 @@ impl EngineModel {
         } else {
             self.chunk.min(queued).max(EPS_TOKENS)
         };
-        let step = self.step_time[n as usize] + c / self.prefill_tok_s;
+        let step = mixed_step_s(
+            self.step_time[n as usize],
+            c / self.prefill_tok_s,
+            self.overlap,
+        );
         if step > 0.0 && speed > 0.0 {
-            self.rate_v = if n > 0 { speed / step } else { 0.0 };
+            self.rate_v = speed / step;
             self.rate_q = if c > 0.0 { speed * c / step } else { 0.0 };
         } else {
             self.rate_v = 0.0;
@@ -1064,9 +1169,28 @@ impl EngineModel {
         if let Some(&h) = self.prefill.front()
             && self.rate_q > 0.0
         {
-            consider(at(
-                (self.slots[h as usize].prefill_end - self.q) / self.rate_q
-            ));
+            // Steps are whole values of the step clock `v`; the queue moves `per_step` tokens
+            // per step. The front's first token comes at the end of the step that finishes its
+            // prefill; and the step at whose start less than a chunk is left is shorter, so
+            // the rates change there.
+            let per_step = self.rate_q / self.rate_v;
+            let first_boundary = self.next_boundary();
+            let v_done = self.v + (self.slots[h as usize].prefill_end - self.q) / per_step;
+            let mut v_event = (v_done - self.boundary_tolerance())
+                .ceil()
+                .max(first_boundary);
+            let queued = self.q_tail - self.q;
+            if per_step >= self.chunk {
+                let left = queued - (first_boundary - self.v) * per_step;
+                let full_steps = (left / self.chunk).floor().max(0.0);
+                if left - full_steps * self.chunk > EPS_TOKENS {
+                    v_event = v_event.min(first_boundary + full_steps);
+                }
+            }
+            consider(at((v_event - self.v) / self.rate_v));
+        }
+        if !self.gated.is_empty() && self.rate_v > 0.0 {
+            consider(at((self.gate_v - self.v) / self.rate_v));
         }
         if !self.warm {
             let work_rate = self.rate_v * f64::from(self.n_decoding) + self.rate_q;

@@ -133,9 +133,103 @@ fn prefill_competes_with_decode() {
             break;
         }
     }
-    // step = 1/100 + 512/1000 s for 512 prefill tokens => 4 steps
-    let want = 1.0 + 4.0 * (0.01 + 0.512);
+    // 1 s is a step boundary (100 decode steps of 10 ms after the 10 ms prefill step), so the
+    // prompt starts at once; each of its 4 chunks of 512 tokens shares a step with the decode:
+    // the chunk's 512 ms plus the part of the 10 ms decode that does not hide under it
+    let step = 0.512 + (1.0 - crate::hardware::DEFAULT_PREFILL_OVERLAP) * 0.01;
+    let want = 1.0 + 4.0 * step;
     assert!(close_ns(first2.unwrap(), want), "{first2:?} vs {want}");
+}
+
+/// Runs until sequence `want`'s first token; returns its time.
+fn run_to_first_token(e: &mut EngineModel, want: u64) -> u64 {
+    let mut out = Vec::new();
+    let mut guard = 0;
+    while let Some(t) = e.next_event_time() {
+        e.advance_to(t, &mut out);
+        if let Some(at) = first_token_of(&out, want) {
+            return at;
+        }
+        guard += 1;
+        assert!(guard < 100_000, "does not settle");
+    }
+    panic!("no first token for {want}")
+}
+
+#[test]
+fn a_prefill_under_the_decode_bound_adds_no_time() {
+    // overlap 1: a step carrying 8 decodes (8 / 400 tok/s = 20 ms) and a 10-token prefill
+    // (10 ms alone) lasts the 20 ms of the decode
+    let p = profile_with("prefill_overlap: 1\n", 1000.0, 64, 100_000);
+    let mut with = engine(&p);
+    let mut without = engine(&p);
+    for e in [&mut with, &mut without] {
+        for seq in 0..8 {
+            e.admit(0, seq, 1, 1000, &[]);
+        }
+        let mut out = Vec::new();
+        e.advance_to(S, &mut out);
+    }
+    // 1 s: the prefill step of the eight 1-token prompts (8 ms), then 49.6 decode steps of
+    // 20 ms; the prompt joins at the next boundary, 8 ms later
+    with.admit(S, 100, 10, 5, &[]);
+    let first = run_to_first_token(&mut with, 100);
+    let boundary = 0.008 + 50.0 * 0.02;
+    assert!(close_ns(first, boundary + 0.02), "first token at {first}");
+    // the decodes beside it went exactly as fast as without it
+    let mut out = Vec::new();
+    without.advance_to(first, &mut out);
+    let a = with.decoded_tokens(first, 0).unwrap();
+    let b = without.decoded_tokens(first, 0).unwrap();
+    assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+    assert!((a - 51.0).abs() < 1e-6, "{a}");
+}
+
+#[test]
+fn an_arrival_mid_step_starts_its_prefill_at_the_step_boundary() {
+    // one sequence decodes alone: 10 ms steps, boundaries at 10 ms (its 10-token prefill) + k
+    // x 10 ms
+    for (overlap, mixed_step) in [(0.0, 0.02), (0.4, 0.016), (1.0, 0.01)] {
+        let p = profile_with(
+            &format!("prefill_overlap: {overlap}\n"),
+            1000.0,
+            64,
+            100_000,
+        );
+        let mut e = engine(&p);
+        e.admit(0, 1, 10, 1000, &[]);
+        let mut out = Vec::new();
+        let arrival = S + 3_000_000; // 3 ms into the step that ends at 1.01 s
+        e.advance_to(arrival, &mut out);
+        e.admit(arrival, 2, 10, 5, &[]);
+        let first = run_to_first_token(&mut e, 2);
+        // 7 ms to the boundary, then one mixed step that prefills all 10 tokens
+        let want = 1.01 + mixed_step;
+        assert!(
+            close_ns(first, want),
+            "overlap {overlap}: {first} vs {want}"
+        );
+    }
+}
+
+#[test]
+fn the_first_token_comes_at_the_end_of_the_step_that_finishes_the_prefill() {
+    let p = profile();
+    // alone: a 600-token prompt is a 512-token step and an 88-token step
+    let mut e = engine(&p);
+    e.admit(0, 1, 600, 5, &[]);
+    let first = run_to_first_token(&mut e, 1);
+    assert!(close_ns(first, 0.6), "{first}");
+    // beside a decoding sequence (10 ms steps): the second step carries 88 prompt tokens
+    let mut e = engine(&p);
+    e.admit(0, 1, 10, 1000, &[]);
+    let mut out = Vec::new();
+    e.advance_to(S, &mut out);
+    e.admit(S, 2, 600, 5, &[]);
+    let first = run_to_first_token(&mut e, 2);
+    let o = crate::hardware::DEFAULT_PREFILL_OVERLAP;
+    let want = 1.0 + (0.512 + (1.0 - o) * 0.01) + (0.088 + (1.0 - o) * 0.01);
+    assert!(close_ns(first, want), "{first} vs {want}");
 }
 
 #[test]
