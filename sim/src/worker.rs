@@ -88,6 +88,9 @@ const EPS_TOKENS: f64 = 1e-6;
 /// two nanoseconds' worth of steps by which an event time rounded up to a whole nanosecond can
 /// overshoot one.
 const EPS_STEPS: f64 = 1e-9;
+/// How many breakpoints [`EngineModel::compute_next`] looks through before it wakes the host at
+/// the last (enough for a gate and a short last chunk, the most a step run has).
+const MAX_LOOKAHEAD_BREAKS: u32 = 4;
 
 /// Per-worker settings on top of the hardware profile.
 #[derive(Debug, Clone, PartialEq)]
@@ -241,11 +244,84 @@ pub struct Completion {
 enum Phase {
     Free,
     Waiting,
-    /// In the running set (KV reserved, cached prefix held) but admitted mid-step: its prefill
-    /// joins the queue at the next step boundary.
-    Starting,
+    /// In the running set, in the prefill queue (or gated: admitted mid-step, its work joins
+    /// at the next step boundary).
     Prefill,
     Decode,
+}
+
+/// The engine's fluid clocks and rates, valid at one instant. Plain data, so that the next
+/// event can be looked for ahead of time through the breakpoints (below) without touching the
+/// engine.
+///
+/// **Breakpoints.** Within one step the batch is fixed, so the rates change at step boundaries
+/// even when nothing is emitted there: where the gated sequences join the prefill work, and
+/// where less than a chunk of prefill work is left (the step is shorter). These are crossed
+/// lazily — [`EngineModel::advance`] integrates piecewise through them, with no event and no
+/// change of generation — because an event per admission would cost the host a wake-up each.
+#[derive(Debug, Clone, Copy, Default)]
+struct Fluid {
+    /// The step clock: engine steps done since the engine last idled (fractional). Step
+    /// boundaries are its whole values; every decoding sequence gets one token per step, so it
+    /// is also the decode service clock.
+    v: f64,
+    /// Prefill work done (cumulative, against the sequences' `prefill_end` marks).
+    q: f64,
+    /// End mark of the prefill work the running step sees (the gated sequences' excluded).
+    q_joined: f64,
+    /// Sequences at the front of `prefill` whose work is joined.
+    joined: u32,
+    /// Sequences at the back of `prefill` waiting for the boundary `gate_v`.
+    gated: u32,
+    rate_v: f64,
+    rate_q: f64,
+    /// The next breakpoint on the step clock (`INFINITY`: none).
+    break_v: f64,
+    /// Decode plus prefill work done since the engine became ready (for the warm-up).
+    work: f64,
+}
+
+impl Fluid {
+    /// How far (steps) the step clock may be from a whole value and still be on a boundary:
+    /// an event time is rounded up to a whole nanosecond, so it may overshoot by a hair.
+    fn tolerance(&self) -> f64 {
+        EPS_STEPS + self.rate_v * 2.0 / NS_PER_S
+    }
+
+    /// Whether a step is under way: the engine is stepping and the clock is between two
+    /// boundaries.
+    fn mid_step(&self) -> bool {
+        self.rate_v > 0.0 && (self.v - self.v.round()).abs() > self.tolerance()
+    }
+
+    /// The first step boundary after the clock (the end of the running step; the end of the
+    /// step starting now when on a boundary).
+    fn next_boundary(&self) -> f64 {
+        if self.mid_step() {
+            self.v.ceil()
+        } else {
+            self.v.round() + 1.0
+        }
+    }
+
+    /// Seconds to the next breakpoint under the current rates (`INFINITY`: none).
+    fn to_break(&self) -> f64 {
+        if self.break_v.is_finite() && self.rate_v > 0.0 {
+            ((self.break_v - self.v) / self.rate_v).max(0.0)
+        } else {
+            f64::INFINITY
+        }
+    }
+
+    /// Moves the clocks `dt` seconds under the current rates (no breakpoint in between).
+    fn flow(&mut self, dt: f64, n_decoding: u32) {
+        let dv = self.rate_v * dt;
+        // the queue cannot drain below empty (event times are rounded up to whole ns)
+        let dq = (self.rate_q * dt).min((self.q_joined - self.q).max(0.0));
+        self.v += dv;
+        self.q += dq;
+        self.work += dv * f64::from(n_decoding) + dq;
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -332,18 +408,14 @@ pub struct EngineModel {
     /// Work starts at this time; `u64::MAX` = down (crashed).
     ready_at: u64,
     warm: bool,
-    work_since_ready: f64,
     busy_ns: u64,
     // --- fluid state, valid at `t0`
     t0: u64,
-    /// The step clock: engine steps done since the engine last idled (fractional). Step
-    /// boundaries are its whole values; every decoding sequence gets one token per step, so it
-    /// is also the decode service clock.
-    v: f64,
-    q: f64,
+    fl: Fluid,
+    /// End mark of all queued prefill work, the gated sequences' included.
     q_tail: f64,
-    rate_v: f64,
-    rate_q: f64,
+    /// The speed multiplier the rates were computed with (constant between events).
+    speed: f64,
     epoch_idx: u64,
     epoch_factor: f64,
     // --- sequences
@@ -356,9 +428,8 @@ pub struct EngineModel {
     free: Vec<u32>,
     waiting: VecDeque<u32>,
     prefill: VecDeque<u32>,
-    /// Sequences started mid-step ([`Phase::Starting`]), joining the prefill queue at `gate_v`.
-    gated: VecDeque<u32>,
-    /// The step boundary at which the gated sequences join.
+    /// The step boundary at which the gated sequences (the last `fl.gated` of `prefill`) join
+    /// the prefill work.
     gate_v: f64,
     decode: BinaryHeap<DecodeKey>,
     cache: PrefixCache,
@@ -409,14 +480,11 @@ impl EngineModel {
             rng: Xoshiro256PlusPlus::seed_from_u64(seed),
             ready_at: 0,
             warm: !overrides.start_cold || cold.warmup_tokens <= 0.0,
-            work_since_ready: 0.0,
             busy_ns: 0,
             t0: 0,
-            v: 0.0,
-            q: 0.0,
+            fl: Fluid::default(),
             q_tail: 0.0,
-            rate_v: 0.0,
-            rate_q: 0.0,
+            speed: 0.0,
             epoch_idx: u64::MAX,
             epoch_factor: 1.0,
             n_decoding: 0,
@@ -427,7 +495,6 @@ impl EngineModel {
             free: Vec::new(),
             waiting: VecDeque::new(),
             prefill: VecDeque::new(),
-            gated: VecDeque::new(),
             gate_v: 0.0,
             decode: BinaryHeap::new(),
             cache: PrefixCache::new(cache_blocks),
@@ -535,7 +602,7 @@ impl EngineModel {
             .iter()
             .find(|s| s.seq == seq && s.phase == Phase::Decode)?;
         let dt = now.saturating_sub(self.t0) as f64 / NS_PER_S;
-        let v = self.v + self.rate_v * dt;
+        let v = self.advance(self.fl, dt).v;
         let done = (v - s.decode_start) / s.noise;
         Some(done.clamp(0.0, f64::from(s.output - 1)))
     }
@@ -587,7 +654,7 @@ impl EngineModel {
     /// Output tokens per second the engine generates now: decoding sequences × the current
     /// per-sequence decode rate (0 when nothing decodes or the engine is down).
     pub fn generation_tok_s(&self) -> f64 {
-        self.rate_v * f64::from(self.n_decoding)
+        self.fl.rate_v * f64::from(self.n_decoding)
     }
 
     /// Whether the cold-start penalty is over.
@@ -685,19 +752,16 @@ impl EngineModel {
         self.free.reverse();
         self.waiting.clear();
         self.prefill.clear();
-        self.gated.clear();
         self.decode.clear();
         self.cache.clear();
         self.running = 0;
         self.n_decoding = 0;
         self.prefills_with_blocks = 0;
         self.kv_used = 0;
-        self.v = 0.0;
-        self.q = 0.0;
+        self.fl = Fluid::default();
         self.q_tail = 0.0;
         self.ready_at = ready_at.max(now);
         self.warm = !cold || self.warmup_tokens <= 0.0;
-        self.work_since_ready = 0.0;
         self.refresh();
         failed
     }
@@ -729,32 +793,29 @@ impl EngineModel {
             Phase::Waiting => {
                 self.waiting.retain(|&w| w != h);
             }
-            Phase::Starting => {
-                self.gated.retain(|&g| g != h);
-                self.running -= 1;
-                self.kv_used -= self.slots[h as usize].kv_tokens();
-                self.release_blocks(h);
-            }
             Phase::Prefill => {
                 let pos = self
                     .prefill
                     .iter()
                     .position(|&p| p == h)
                     .expect("a prefilling sequence is in the prefill queue");
-                // Its share of the FIFO prefill queue: from the end of the one before it (or
-                // from the work already done, at the front) to its own end mark.
-                let end = self.slots[h as usize].prefill_end;
-                let start = match pos {
-                    0 => self.q,
-                    _ => self.slots[self.prefill[pos - 1] as usize].prefill_end,
-                };
-                let left = (end - start).max(0.0);
+                // Its share of the FIFO prefill queue not yet done: its marks are contiguous,
+                // from `end - work` to `end`, and the queue has done work up to `q`.
+                let s = &self.slots[h as usize];
+                let (end, work) = (s.prefill_end, s.prefill_work);
+                let left = (end - self.fl.q.max(end - work)).max(0.0);
                 self.prefill.remove(pos);
                 for &later in self.prefill.iter().skip(pos) {
                     self.slots[later as usize].prefill_end -= left;
                 }
                 self.q_tail -= left;
-                self.q = self.q.min(self.q_tail);
+                if pos < self.fl.joined as usize {
+                    self.fl.joined -= 1;
+                    self.fl.q_joined -= left;
+                } else {
+                    self.fl.gated -= 1;
+                }
+                self.fl.q = self.fl.q.min(self.fl.q_joined);
                 if !self.slots[h as usize].blocks.is_empty() {
                     self.prefills_with_blocks -= 1;
                 }
@@ -801,28 +862,87 @@ impl EngineModel {
         }
     }
 
-    /// Moves the fluid state to `t` under the current rates.
+    /// Moves the fluid state to `t`, through the breakpoints on the way.
     fn move_to(&mut self, t: u64) {
         if t <= self.t0 {
             return;
         }
         let dt_ns = t - self.t0;
-        let dt = dt_ns as f64 / NS_PER_S;
-        let dv = self.rate_v * dt;
-        // the queue cannot drain below empty (event times are rounded up to whole ns)
-        let dq = (self.rate_q * dt).min((self.q_tail - self.q).max(0.0));
-        self.v += dv;
-        self.q += dq;
-        if !self.warm {
-            self.work_since_ready += dv * f64::from(self.n_decoding) + dq;
-        }
+        let q_before = self.fl.q;
+        self.fl = self.advance(self.fl, dt_ns as f64 / NS_PER_S);
         if self.running > 0 && self.ready_at <= self.t0 {
             self.busy_ns += dt_ns;
         }
         self.t0 = t;
-        if dq > 0.0 && self.prefills_with_blocks > 0 {
+        if self.fl.q > q_before && self.prefills_with_blocks > 0 {
             self.cache_computed_blocks();
         }
+    }
+
+    /// `fl` moved `dt` seconds ahead, integrating piecewise through its breakpoints. Pure: the
+    /// same path serves moving the engine, looking for its next event and reading a decode's
+    /// progress.
+    fn advance(&self, mut fl: Fluid, mut dt: f64) -> Fluid {
+        loop {
+            let to_break = fl.to_break();
+            if to_break > dt {
+                fl.flow(dt, self.n_decoding);
+                return fl;
+            }
+            fl.flow(to_break, self.n_decoding);
+            self.cross(&mut fl);
+            dt -= to_break;
+        }
+    }
+
+    /// `fl` at its breakpoint, a step boundary: the gated work joins when due, and the rates
+    /// of the step starting there.
+    fn cross(&self, fl: &mut Fluid) {
+        fl.v = fl.break_v;
+        if fl.gated > 0 && fl.v >= self.gate_v - fl.tolerance() {
+            fl.joined += fl.gated;
+            fl.gated = 0;
+            fl.q_joined = self.q_tail;
+        }
+        self.set_rates(fl);
+    }
+
+    /// Sets `fl`'s rates for the step under way (its decode batch and the chunk of joined
+    /// prefill work it carries, timed by the one step-time model) and its next breakpoint.
+    fn set_rates(&self, fl: &mut Fluid) {
+        let queued = (fl.q_joined - fl.q).max(0.0);
+        let c = if fl.joined == 0 {
+            0.0
+        } else {
+            self.chunk.min(queued).max(EPS_TOKENS)
+        };
+        let step = mixed_step_s(
+            self.step_time[self.n_decoding as usize],
+            c / self.prefill_tok_s,
+            self.overlap,
+        );
+        if step > 0.0 && self.speed > 0.0 {
+            fl.rate_v = self.speed / step;
+            fl.rate_q = if c > 0.0 { self.speed * c / step } else { 0.0 };
+        } else {
+            fl.rate_v = 0.0;
+            fl.rate_q = 0.0;
+        }
+        let mut next = f64::INFINITY;
+        if fl.gated > 0 {
+            next = self.gate_v;
+        }
+        if fl.rate_q > 0.0 && c >= self.chunk {
+            // whole chunks until the boundary at which less than one is left: that step is
+            // shorter
+            let first = fl.next_boundary();
+            let left = queued - (first - fl.v) * c;
+            let whole = (left / self.chunk).floor().max(0.0);
+            if left - whole * self.chunk > EPS_TOKENS {
+                next = next.min(first + whole);
+            }
+        }
+        fl.break_v = next;
     }
 
     /// Caches the full blocks the prefilling sequences have computed by the prefill clock `q`
@@ -836,13 +956,13 @@ impl EngineModel {
         for &h in &self.prefill {
             let s = &mut self.slots[h as usize];
             let start = s.prefill_end - s.prefill_work;
-            if self.q <= start {
+            if self.fl.q <= start {
                 break;
             }
             if s.held as usize >= s.blocks.len() {
                 continue;
             }
-            let done = (self.q - start).min(s.prefill_work) / s.noise;
+            let done = (self.fl.q - start).min(s.prefill_work) / s.noise;
             let tokens = f64::from(s.cached) + done + EPS_TOKENS;
             let computed = ((tokens / f64::from(BLOCK_TOKENS)) as usize).min(s.blocks.len());
             if computed > s.held as usize {
@@ -876,90 +996,51 @@ impl EngineModel {
     /// Processes everything due at `te` (the current next event).
     fn step_at(&mut self, te: u64, out: &mut Vec<EngineOutput>) {
         self.move_to(te);
-        self.snap_to_boundary();
+        // Put the step clock exactly on the boundary it is at (the event time was rounded up
+        // to a whole nanosecond), so that marks set now are whole, and cross a breakpoint
+        // that falls here but was missed by that hair.
+        let r = self.fl.v.round();
+        if (self.fl.v - r).abs() <= self.fl.tolerance() {
+            self.fl.v = r;
+        }
+        if self.fl.v >= self.fl.break_v - self.fl.tolerance() {
+            let mut fl = self.fl;
+            self.cross(&mut fl);
+            self.fl = fl;
+        }
         let first = out.len();
-        // prefill completions, FIFO
-        while let Some(&h) = self.prefill.front() {
+        // prefill completions, FIFO (the gated ones have not started)
+        while self.fl.joined > 0 {
+            let h = *self.prefill.front().expect("joined sequences are queued");
             let end = self.slots[h as usize].prefill_end;
-            if end > self.q + EPS_TOKENS {
+            if end > self.fl.q + EPS_TOKENS {
                 break;
             }
-            self.q = self.q.max(end);
+            self.fl.q = self.fl.q.max(end);
             self.prefill.pop_front();
+            self.fl.joined -= 1;
             self.finish_prefill(h, te, out);
         }
         // decode completions
         while let Some(&top) = self.decode.peek() {
-            if top.finish > self.v + EPS_TOKENS {
+            if top.finish > self.fl.v + EPS_TOKENS {
                 break;
             }
-            self.v = self.v.max(top.finish);
+            self.fl.v = self.fl.v.max(top.finish);
             self.decode.pop();
             self.n_decoding -= 1;
             self.complete(top.slot, te, out);
         }
         out[first..].sort_unstable_by_key(|o| (o.seq(), o.rank()));
-        if !self.gated.is_empty() && self.v >= self.gate_v - self.boundary_tolerance() {
-            self.join_gated();
-        }
         self.start_waiting(te);
         self.refresh();
     }
 
-    /// How far (steps) the step clock may be from a whole value and still be on a boundary.
-    fn boundary_tolerance(&self) -> f64 {
-        EPS_STEPS + self.rate_v * 2.0 / NS_PER_S
-    }
-
-    /// Puts the step clock exactly on the boundary it is at (an event time is rounded up to a
-    /// whole nanosecond, so it can overshoot by a hair), so that marks set now are whole.
-    fn snap_to_boundary(&mut self) {
-        let r = self.v.round();
-        if (self.v - r).abs() <= self.boundary_tolerance() {
-            self.v = r;
-        }
-    }
-
-    /// Whether a step is under way at `t0`: the engine is stepping and the clock is between
-    /// two boundaries.
-    fn mid_step(&self) -> bool {
-        self.rate_v > 0.0 && (self.v - self.v.round()).abs() > self.boundary_tolerance()
-    }
-
-    /// The first step boundary after the step clock (the end of the running step; the end of
-    /// the step starting now when on a boundary).
-    fn next_boundary(&self) -> f64 {
-        if self.mid_step() {
-            self.v.ceil()
-        } else {
-            self.v.round() + 1.0
-        }
-    }
-
-    /// The gated sequences join the prefill queue (at a step boundary).
+    /// The gated sequences' work joins the prefill work the steps see.
     fn join_gated(&mut self) {
-        while let Some(h) = self.gated.pop_front() {
-            self.join_prefill(h);
-        }
-    }
-
-    /// Sequence `h` (started) joins the FIFO prefill queue.
-    fn join_prefill(&mut self, h: u32) {
-        let s = &mut self.slots[h as usize];
-        s.phase = Phase::Prefill;
-        let work = f64::from((s.prompt - s.cached).max(1)) * s.noise;
-        if self.prefill.is_empty() {
-            // re-base the prefill clock while nothing is queued
-            self.q = 0.0;
-            self.q_tail = 0.0;
-        }
-        self.q_tail += work;
-        s.prefill_end = self.q_tail;
-        s.prefill_work = work;
-        if !s.blocks.is_empty() {
-            self.prefills_with_blocks += 1;
-        }
-        self.prefill.push_back(h);
+        self.fl.joined += self.fl.gated;
+        self.fl.gated = 0;
+        self.fl.q_joined = self.q_tail;
     }
 
     fn finish_prefill(&mut self, h: u32, now: u64, out: &mut Vec<EngineOutput>) {
@@ -988,8 +1069,8 @@ impl EngineModel {
             return;
         }
         s.phase = Phase::Decode;
-        s.decode_start = self.v;
-        let finish = self.v + f64::from(s.output - 1) * s.noise;
+        s.decode_start = self.fl.v;
+        let finish = self.fl.v + f64::from(s.output - 1) * s.noise;
         self.decode.push(DecodeKey {
             finish,
             seq: s.seq,
@@ -1036,12 +1117,7 @@ impl EngineModel {
                 break;
             }
             self.waiting.pop_front();
-            // A sequence scheduled while a step runs starts its prefill at the step's end (the
-            // running step's batch is fixed). It may join the queue at once when that cannot
-            // change the running step: nothing is gated before it, and the queue ahead still
-            // holds a whole chunk at the boundary.
-            let join_now =
-                !self.mid_step() || (self.gated.is_empty() && self.full_chunk_at_boundary());
+            let mid_step = self.fl.mid_step();
             let s = &mut self.slots[h as usize];
             let hits = if s.prompt == 0 || s.blocks.is_empty() {
                 0
@@ -1056,30 +1132,36 @@ impl EngineModel {
             let cached = cached_tokens(s.prompt, hits);
             s.cached = cached;
             s.started_at = now;
-            if join_now {
-                self.join_prefill(h);
-            } else {
-                s.phase = Phase::Starting;
-                if self.gated.is_empty() {
-                    self.gate_v = self.v.ceil();
+            s.phase = Phase::Prefill;
+            let work = f64::from((s.prompt - cached).max(1)) * s.noise;
+            if self.prefill.is_empty() {
+                // re-base the prefill clock while nothing is queued
+                self.fl.q = 0.0;
+                self.fl.q_joined = 0.0;
+                self.q_tail = 0.0;
+            }
+            self.q_tail += work;
+            s.prefill_end = self.q_tail;
+            s.prefill_work = work;
+            if !s.blocks.is_empty() {
+                self.prefills_with_blocks += 1;
+            }
+            self.prefill.push_back(h);
+            // A sequence scheduled while a step runs starts its prefill at the step's end: the
+            // running step's batch is fixed. Its work is queued but gated until that boundary.
+            if mid_step {
+                if self.fl.gated == 0 {
+                    self.gate_v = self.fl.v.ceil();
                 }
-                self.gated.push_back(h);
+                self.fl.gated += 1;
+            } else {
+                self.fl.gated += 1;
+                self.join_gated();
             }
             self.running += 1;
             self.kv_used += kv;
             self.fit_cache();
         }
-    }
-
-    /// Whether the prefill queue still holds at least a whole chunk at the next step boundary
-    /// (so that work appended behind it cannot change the running step).
-    fn full_chunk_at_boundary(&self) -> bool {
-        if self.prefill.is_empty() || self.rate_v <= 0.0 {
-            return false;
-        }
-        let per_step = self.rate_q / self.rate_v;
-        let queued = self.q_tail - self.q;
-        queued - (self.next_boundary() - self.v) * per_step >= self.chunk
     }
 
     fn speed_at(&self, t: u64) -> f64 {
@@ -1105,13 +1187,13 @@ impl EngineModel {
     /// Recomputes rates and the next event after any change at `t0`; bumps the generation.
     fn refresh(&mut self) {
         let t = self.t0;
-        if self.n_decoding == 0 && self.prefill.is_empty() {
+        if self.n_decoding == 0 && self.fl.joined == 0 {
             // Nothing is stepping: the next step starts now. Re-base the step clock (the decode
             // heap is empty) and let the gated sequences in.
-            self.v = 0.0;
+            self.fl.v = 0.0;
             self.join_gated();
         }
-        if !self.warm && self.work_since_ready >= self.warmup_tokens - EPS_TOKENS {
+        if !self.warm && self.fl.work >= self.warmup_tokens - EPS_TOKENS {
             self.warm = true;
         }
         if self.epoch_noise.is_some() {
@@ -1121,28 +1203,37 @@ impl EngineModel {
                 self.epoch_factor = self.epoch_factor_for(idx);
             }
         }
-        let speed = self.speed_at(t);
-        let n = self.n_decoding;
-        let queued = (self.q_tail - self.q).max(0.0);
-        let c = if self.prefill.is_empty() {
-            0.0
-        } else {
-            self.chunk.min(queued).max(EPS_TOKENS)
-        };
-        let step = mixed_step_s(
-            self.step_time[n as usize],
-            c / self.prefill_tok_s,
-            self.overlap,
-        );
-        if step > 0.0 && speed > 0.0 {
-            self.rate_v = speed / step;
-            self.rate_q = if c > 0.0 { speed * c / step } else { 0.0 };
-        } else {
-            self.rate_v = 0.0;
-            self.rate_q = 0.0;
-        }
+        self.speed = self.speed_at(t);
+        let mut fl = self.fl;
+        self.set_rates(&mut fl);
+        self.fl = fl;
         self.generation += 1;
         self.next_event = self.compute_next();
+    }
+
+    /// Seconds from `fl` to the next thing the host must be woken for under `fl`'s rates
+    /// (a completion, a first token, the end of the warm-up); `INFINITY` if none.
+    fn first_change(&self, fl: &Fluid) -> f64 {
+        let mut best = f64::INFINITY;
+        if fl.rate_v <= 0.0 {
+            return best;
+        }
+        if let Some(top) = self.decode.peek() {
+            best = best.min((top.finish - fl.v) / fl.rate_v);
+        }
+        if fl.joined > 0 && fl.rate_q > 0.0 {
+            // The front's first token comes at the end of the step that finishes its prefill.
+            let h = *self.prefill.front().expect("joined sequences are queued");
+            let per_step = fl.rate_q / fl.rate_v;
+            let v_done = fl.v + (self.slots[h as usize].prefill_end - fl.q) / per_step;
+            let v_event = (v_done - fl.tolerance()).ceil().max(fl.next_boundary());
+            best = best.min((v_event - fl.v) / fl.rate_v);
+        }
+        if !self.warm {
+            let work_rate = fl.rate_v * f64::from(self.n_decoding) + fl.rate_q;
+            best = best.min((self.warmup_tokens - fl.work) / work_rate);
+        }
+        best.max(0.0)
     }
 
     fn compute_next(&self) -> Option<u64> {
@@ -1161,42 +1252,28 @@ impl EngineModel {
         if busy && self.ready_at > t && self.ready_at != u64::MAX {
             consider(self.ready_at);
         }
-        if let Some(top) = self.decode.peek()
-            && self.rate_v > 0.0
-        {
-            consider(at((top.finish - self.v) / self.rate_v));
-        }
-        if let Some(&h) = self.prefill.front()
-            && self.rate_q > 0.0
-        {
-            // Steps are whole values of the step clock `v`; the queue moves `per_step` tokens
-            // per step. The front's first token comes at the end of the step that finishes its
-            // prefill; and the step at whose start less than a chunk is left is shorter, so
-            // the rates change there.
-            let per_step = self.rate_q / self.rate_v;
-            let first_boundary = self.next_boundary();
-            let v_done = self.v + (self.slots[h as usize].prefill_end - self.q) / per_step;
-            let mut v_event = (v_done - self.boundary_tolerance())
-                .ceil()
-                .max(first_boundary);
-            let queued = self.q_tail - self.q;
-            if per_step >= self.chunk {
-                let left = queued - (first_boundary - self.v) * per_step;
-                let full_steps = (left / self.chunk).floor().max(0.0);
-                if left - full_steps * self.chunk > EPS_TOKENS {
-                    v_event = v_event.min(first_boundary + full_steps);
+        // Look ahead through the breakpoints for the first change the host must see; after a
+        // few, wake at the last one reached (crossing it there changes nothing either).
+        let mut fl = self.fl;
+        let mut ahead = 0.0;
+        let mut crossed = 0;
+        loop {
+            let change = self.first_change(&fl);
+            let to_break = fl.to_break();
+            if change <= to_break {
+                if change.is_finite() {
+                    consider(at(ahead + change));
                 }
+                break;
             }
-            consider(at((v_event - self.v) / self.rate_v));
-        }
-        if !self.gated.is_empty() && self.rate_v > 0.0 {
-            consider(at((self.gate_v - self.v) / self.rate_v));
-        }
-        if !self.warm {
-            let work_rate = self.rate_v * f64::from(self.n_decoding) + self.rate_q;
-            if work_rate > 0.0 {
-                consider(at((self.warmup_tokens - self.work_since_ready) / work_rate));
+            if crossed == MAX_LOOKAHEAD_BREAKS {
+                consider(at(ahead + to_break));
+                break;
             }
+            fl.flow(to_break, self.n_decoding);
+            self.cross(&mut fl);
+            ahead += to_break;
+            crossed += 1;
         }
         if busy && self.epoch_noise.is_some() && self.ready_at <= t {
             consider(
