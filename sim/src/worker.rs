@@ -27,10 +27,20 @@
 //!   cleared on restart or crash), drained with [`EngineModel::drain_kv_events`].
 //! * **Chunked prefill, processor-shared decode.** One engine step decodes one token for each
 //!   of the `n` decoding sequences and processes a chunk `c = min(prefill_chunk_tokens, queued
-//!   prefill tokens)` of the FIFO prefill queue, so a step lasts `step_time_s(n) + c /
-//!   prefill_tok_s`. Each decoding sequence therefore advances at `1 / step` tokens/s
+//!   prefill tokens)` of the FIFO prefill queue. It lasts what the one step-time model
+//!   (`hardware::step`) says for a decode of `step_time_s(n)` beside a prefill of `c /
+//!   prefill_tok_s`: the longer of the two plus the part of the shorter that does not hide under
+//!   it (`prefill_overlap`). Each decoding sequence therefore advances at `1 / step` tokens/s
 //!   (processor sharing; with no prefill that is `per_request_tok_s(n)`), the prefill queue at
 //!   `c / step` tokens/s (the full `prefill_tok_s` when nothing decodes).
+//! * **Step boundaries.** A step clock counts the engine's steps (fractional between two
+//!   boundaries; it is also the decode service clock, one token per step). The batch of a
+//!   running step is fixed: a sequence that starts mid-step has its prefill work gated until the
+//!   next boundary, and the step after less than a chunk is left is shorter; both change the
+//!   rates at a boundary where nothing may be emitted, so they are *breakpoints*, crossed by
+//!   integrating piecewise rather than by an event. A sequence's first token comes at the end
+//!   of the step that finishes its prefill (the next boundary after its fluid prefill end),
+//!   and it decodes from that boundary on. An idle engine starts a step at once.
 //! * **The first token is the prefill's.** As in vLLM, the step that finishes a sequence's
 //!   prefill also samples its first output token, so `T` output tokens are `T` emissions in
 //!   all: the first when the prefill ends, then `T - 1` decode steps' worth of service (one
