@@ -97,6 +97,27 @@ pub fn profile_text(p: &HardwareProfile) -> String {
             format!("{} tokens per step", p.prefill_chunk_tokens()),
         ),
         (
+            "prefill_overlap",
+            format!(
+                "{}: a full chunk beside {} decodes takes {} ms (decode alone {} ms)",
+                fmt_sig(Some(p.prefill_overlap()), 2),
+                p.max_running().min(16),
+                fmt_sig(
+                    Some(
+                        p.mixed_step_time_s(
+                            f64::from(p.max_running().min(16)),
+                            f64::from(p.prefill_chunk_tokens())
+                        ) * 1000.0
+                    ),
+                    3
+                ),
+                fmt_sig(
+                    Some(p.step_time_s(f64::from(p.max_running().min(16))) * 1000.0),
+                    3
+                )
+            ),
+        ),
+        (
             "kv_capacity_tokens",
             format!("{} tokens", p.kv_capacity_tokens()),
         ),
