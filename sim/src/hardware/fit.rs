@@ -24,7 +24,10 @@ use routelab_policies::located::{InputError, rule};
 use routelab_policies::weights::ProbeConfig;
 use serde_json::Value;
 
-use super::{DEFAULT_PREFILL_CHUNK_TOKENS, HardwareProfile, MIN_CONTEXT_WINDOW};
+use super::{
+    DEFAULT_PREFILL_CHUNK_TOKENS, DEFAULT_PREFILL_OVERLAP, HardwareProfile, MIN_CONTEXT_WINDOW,
+    mixed_step_s, overlap_from_mixed_step,
+};
 
 /// `max_running` when `--max-running` is not given: vLLM's default `max_num_seqs`.
 pub const DEFAULT_MAX_RUNNING: u32 = 256;
@@ -39,12 +42,16 @@ pub const DEFAULT_KV_CAPACITY_TOKENS: u64 = 131_072;
 pub const DEFAULT_PREFILL_PER_DECODE: f64 = 10.0;
 /// The schema a gateway capacity file must declare.
 pub const GATEWAY_SCHEMA: &str = "routelab-gateway-capacity/1";
-/// The columns a profile CSV may have (the first two are required).
-pub const CSV_COLUMNS: [&str; 4] = [
+/// The columns a profile CSV may have (the first two are required). A row with
+/// `mean_prompt_tokens` and `mean_output_tokens` is a closed-loop result whose prompts' prefill
+/// is subtracted ([`ClosedLoop::decode_aggregate`]).
+pub const CSV_COLUMNS: [&str; 6] = [
     "concurrency",
     "aggregate_tok_s",
     "prefill_tok_s",
     "cold_burst_tok_s",
+    "mean_prompt_tokens",
+    "mean_output_tokens",
 ];
 
 /// Where the measurements come from.
@@ -117,6 +124,210 @@ pub struct FitOptions {
     pub prefill_tok_s: Option<f64>,
     /// The gateway worker to fit (required when the file has several).
     pub worker: Option<String>,
+    /// The rows are pure-decode measurements: nothing is subtracted from closed-loop rows.
+    pub pure_decode: bool,
+    /// One measured mixed step, from which `prefill_overlap` is fitted.
+    pub mixed_step: Option<MixedStep>,
+    /// `prefill_overlap` as given (checked to be in `[0, 1]`).
+    pub prefill_overlap: Option<f64>,
+}
+
+/// The step-model figures that say how long a closed loop's prefill steps last.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepModel {
+    /// Prompt tokens/s with nothing decoding.
+    pub prefill_tok_s: f64,
+    /// Prompt tokens prefilled per step at most.
+    pub prefill_chunk_tokens: u32,
+    /// The share of a mixed step's shorter part hidden under the longer, in `[0, 1]`.
+    pub prefill_overlap: f64,
+}
+
+/// One closed-loop benchmark result (`vllm bench serve --max-concurrency C`): `concurrency`
+/// clients, each sending its next request as soon as its last one completes, every request
+/// with `prompt_tokens` prompt and `output_tokens` output tokens (the run's means), measured at
+/// `output_tok_s` output tokens/s over the run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClosedLoop {
+    /// Concurrent clients, C.
+    pub concurrency: f64,
+    /// Output tokens/s over the run, X.
+    pub output_tok_s: f64,
+    /// Prompt tokens per request, P.
+    pub prompt_tokens: f64,
+    /// Output tokens per request, N.
+    pub output_tokens: f64,
+}
+
+impl ClosedLoop {
+    /// The decode-only aggregate tokens/s the run implies: its output tok/s with the time its
+    /// prompts' prefill added taken out, under the step model (`hardware::step`).
+    ///
+    /// Per second of the run, `R = X / N` requests complete:
+    ///
+    /// - `X` output tokens come out, `R` of them first tokens, each sampled by the step that
+    ///   finishes its prompt's prefill (as in vLLM), so decode steps emit `D = X (N - 1) / N`;
+    /// - `R P` prompt tokens are prefilled, each prompt in `k = ceil(P / chunk)` steps, so
+    ///   `m = R k` steps a second carry prefill, each `p = P / (k prefill_tok_s)` seconds of
+    ///   it alone (`q = m p = R P / prefill_tok_s` in all);
+    /// - a prefill step also decodes the other clients' sequences, `b = min(C - 1, D / m)` of
+    ///   them (none with one client; never more decode tokens beside prefills than the run
+    ///   emitted), whose decode alone lasts `d = b δ / D`, where `δ` is the decode-only time a
+    ///   second; the step lasts `mixed_step_s(d, p, overlap)`, so it adds
+    ///   `mixed_step_s(d, p, overlap) - d` to the decode;
+    /// - so `1 = δ + m (mixed_step_s(d, p, overlap) - d)`, solved for `δ` (the right side grows
+    ///   with `δ`), and the decode aggregate is `D / δ`.
+    ///
+    /// While the batch's decode is the longer part of a prefill step (`d >= p`) this is
+    /// `δ = 1 - (1 - overlap) q`; with one client nothing hides the prefill, `δ = 1 - q`.
+    ///
+    /// # Errors
+    /// A message when a figure is not finite and positive, when a request has no decode step
+    /// (`N <= 1`), or when the prompts' prefill alone would fill the run (`q >= 1`).
+    pub fn decode_aggregate(&self, model: &StepModel) -> Result<f64, String> {
+        let ClosedLoop {
+            concurrency: c,
+            output_tok_s: x,
+            prompt_tokens: prompt,
+            output_tokens: n,
+        } = *self;
+        for (name, v) in [
+            ("concurrency", c),
+            ("output tok/s", x),
+            ("prompt tokens", prompt),
+            ("output tokens", n),
+            ("prefill_tok_s", model.prefill_tok_s),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(format!("{name} = {v}: must be a finite number > 0"));
+            }
+        }
+        if n <= 1.0 {
+            return Err(format!(
+                "{n} output tokens per request: the first comes with the prefill, so the run \
+                 has no decode step to measure (the mean output must be above 1 token)"
+            ));
+        }
+        let requests_per_s = x / n;
+        let decode_tok_s = x * (n - 1.0) / n;
+        let chunks = (prompt / f64::from(model.prefill_chunk_tokens.max(1)))
+            .ceil()
+            .max(1.0);
+        let prefill_steps_per_s = requests_per_s * chunks;
+        let chunk_s = prompt / chunks / model.prefill_tok_s;
+        let prefill_alone = requests_per_s * prompt / model.prefill_tok_s;
+        if prefill_alone >= 1.0 {
+            return Err(format!(
+                "{x} output tok/s of requests with {prompt} prompt tokens need {:.0} prompt \
+                 tok/s, at least the prefill speed {} tok/s: the prompts alone would fill the \
+                 run and leave no time to decode",
+                requests_per_s * prompt,
+                model.prefill_tok_s
+            ));
+        }
+        let beside = (c - 1.0).max(0.0).min(decode_tok_s / prefill_steps_per_s);
+        let excess = |decode_s: f64| {
+            let d = beside * decode_s / decode_tok_s;
+            decode_s + prefill_steps_per_s * (mixed_step_s(d, chunk_s, model.prefill_overlap) - d)
+                - 1.0
+        };
+        // `excess` is -(1 - q) < 0 at 0 and >= 0 at 1 (a step never lasts less than its
+        // decode) and does not fall in between: bisect to the last bit.
+        let (mut lo, mut hi) = (0.0f64, 1.0f64);
+        loop {
+            let mid = 0.5 * (lo + hi);
+            if mid <= lo || mid >= hi {
+                break;
+            }
+            if excess(mid) < 0.0 {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        Ok(decode_tok_s / hi)
+    }
+}
+
+/// One measured mixed step (`--mixed-step N:PROMPT_TOKENS:STEP_MS`): a step that decoded
+/// `decoding` sequences beside `prompt_tokens` prompt tokens lasted `step_s`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MixedStep {
+    /// Sequences decoding in the step.
+    pub decoding: u32,
+    /// Prompt tokens prefilled in it.
+    pub prompt_tokens: u32,
+    /// Its measured length, seconds.
+    pub step_s: f64,
+}
+
+impl MixedStep {
+    /// The flag that gives it.
+    pub const FLAG: &'static str = "--mixed-step";
+    /// What the flag takes.
+    pub const FORMAT: &'static str = "N:PROMPT_TOKENS:STEP_MS";
+
+    /// Reads `N:PROMPT_TOKENS:STEP_MS` (e.g. `256:539:16.3`).
+    ///
+    /// # Errors
+    /// A located error at the flag saying what is valid.
+    pub fn parse(text: &str) -> Result<MixedStep, InputError> {
+        let valid = format!(
+            "{}: sequences decoding (a whole number >= 1), prompt tokens prefilled beside them \
+             (a whole number >= 1) and the step's measured length in ms (> 0), e.g. 256:539:16.3",
+            Self::FORMAT
+        );
+        let parts: Vec<&str> = text.split(':').map(str::trim).collect();
+        let [n, tokens, ms] = parts[..] else {
+            return Err(flag_error(
+                Self::FLAG,
+                format!("`{text}` is not three numbers separated by `:`"),
+                valid,
+            ));
+        };
+        let number = |what: &str, s: &str| -> Result<f64, InputError> {
+            s.parse::<f64>().map_err(|_| {
+                flag_error(
+                    Self::FLAG,
+                    format!("{what} `{s}` is not a number"),
+                    valid.clone(),
+                )
+            })
+        };
+        let whole = |what: &str, s: &str| -> Result<u32, InputError> {
+            rule::whole(number(what, s)?, 1, u64::from(u32::MAX))
+                .map(|v| v as u32)
+                .map_err(|v| flag_error(Self::FLAG, format!("{what}: {}", not_valid(&v)), valid.clone()))
+        };
+        let decoding = whole("N", n)?;
+        let prompt_tokens = whole("PROMPT_TOKENS", tokens)?;
+        let step_ms = rule::positive(number("STEP_MS", ms)?).map_err(|v| {
+            flag_error(
+                Self::FLAG,
+                format!("STEP_MS: {}", not_valid(&v)),
+                valid.clone(),
+            )
+        })?;
+        Ok(MixedStep {
+            decoding,
+            prompt_tokens,
+            step_s: step_ms / 1e3,
+        })
+    }
+
+    /// The overlap this step implies on a card whose decode aggregate at `decoding` sequences
+    /// is `aggregate_tok_s` and whose prefill runs at `prefill_tok_s`
+    /// ([`overlap_from_mixed_step`]).
+    ///
+    /// # Errors
+    /// Its message when the step is outside what the model can express.
+    pub fn overlap(&self, aggregate_tok_s: f64, prefill_tok_s: f64) -> Result<f64, String> {
+        overlap_from_mixed_step(
+            f64::from(self.decoding) / aggregate_tok_s,
+            f64::from(self.prompt_tokens) / prefill_tok_s,
+            self.step_s,
+        )
+    }
 }
 
 /// How the fit moved one measured point.
@@ -124,7 +335,8 @@ pub struct FitOptions {
 pub struct PointMove {
     /// Its concurrency.
     pub concurrency: f64,
-    /// The measured aggregate tokens/s.
+    /// The point's decode aggregate tokens/s: the measured figure, or a closed-loop figure with
+    /// its prompts' prefill subtracted.
     pub measured_tok_s: f64,
     /// The fitted (non-decreasing) aggregate tokens/s.
     pub fitted_tok_s: f64,
@@ -179,12 +391,25 @@ pub fn isotonic(values: &[f64], weights: &[f64]) -> Vec<f64> {
         .collect()
 }
 
+/// Where a measured point was read, for errors about it.
+#[derive(Debug, Clone, Default)]
+struct RowAt {
+    file: String,
+    field: String,
+    line: Option<u32>,
+    column: Option<u32>,
+}
+
 /// One measured decode point.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Obs {
     concurrency: f64,
+    /// The measured aggregate output tokens/s.
     aggregate_tok_s: f64,
     weight: f64,
+    /// The closed loop it was measured in, when its output tok/s includes its prompts' prefill.
+    closed_loop: Option<ClosedLoop>,
+    at: RowAt,
 }
 
 /// A cold burst: aggregate tokens/s at `concurrency` on a freshly started engine.
@@ -255,47 +480,226 @@ fn flag_error(flag: &str, message: impl Into<String>, valid: impl Into<String>) 
     InputError::new("<command line>", flag, message).valid(valid)
 }
 
-fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProfile, InputError> {
-    let values: Vec<f64> = m.points.iter().map(|p| p.aggregate_tok_s).collect();
-    let weights: Vec<f64> = m.points.iter().map(|p| p.weight).collect();
-    let fitted = isotonic(&values, &weights);
-    // A pooled mean is written to the nearest 0.001 tok/s; a point the fit left alone keeps
-    // the measured figure exactly. Rounding a pooled mean down could put it under an exact
-    // neighbour within 0.0005 before it, so each value is at least the one before.
+/// The fitted decode points of `values` (one per measured point, in concurrency order): made
+/// non-decreasing by [`isotonic`], a pooled mean written to the nearest 0.001 tok/s, a point
+/// the fit left alone kept exactly. Rounding a pooled mean down could put it under an exact
+/// neighbour within 0.0005 before it, so each value is at least the one before.
+fn monotone_points(points: &[Obs], values: &[f64]) -> Vec<PointMove> {
+    let weights: Vec<f64> = points.iter().map(|p| p.weight).collect();
+    let fitted = isotonic(values, &weights);
     let mut floor = f64::NEG_INFINITY;
-    let moves: Vec<PointMove> = m
-        .points
+    points
         .iter()
+        .zip(values)
         .zip(&fitted)
-        .map(|(p, &f)| {
-            let written = if f == p.aggregate_tok_s {
-                f
-            } else {
-                round_to(f, 1e3)
-            };
+        .map(|((p, &v), &f)| {
+            let written = if f == v { f } else { round_to(f, 1e3) };
             floor = floor.max(written);
             PointMove {
                 concurrency: p.concurrency,
-                measured_tok_s: p.aggregate_tok_s,
+                measured_tok_s: v,
                 fitted_tok_s: floor,
             }
         })
-        .collect();
-    let curve_at = |c: f64| {
-        super::DecodeCurve::Points(
-            moves
-                .iter()
-                .map(|mv| super::DecodePoint {
-                    concurrency: mv.concurrency,
-                    aggregate_tok_s: mv.fitted_tok_s,
-                })
-                .collect(),
-        )
-        .aggregate_tok_s(c)
-    };
+        .collect()
+}
 
+/// The aggregate decode tokens/s at `concurrency` of the curve through `moves`.
+fn curve_of(moves: &[PointMove], concurrency: f64) -> f64 {
+    super::DecodeCurve::Points(
+        moves
+            .iter()
+            .map(|mv| super::DecodePoint {
+                concurrency: mv.concurrency,
+                aggregate_tok_s: mv.fitted_tok_s,
+            })
+            .collect(),
+    )
+    .aggregate_tok_s(concurrency)
+}
+
+/// Each point's decode aggregate: the measured figure of a pure-decode point, the closed-loop
+/// figure with its prompts' prefill subtracted ([`ClosedLoop::decode_aggregate`]) otherwise.
+fn decode_values(
+    points: &[Obs],
+    subtract: Option<&StepModel>,
+) -> Result<Vec<f64>, InputError> {
+    points
+        .iter()
+        .map(|p| match (&p.closed_loop, subtract) {
+            (Some(row), Some(model)) => row.decode_aggregate(model).map_err(|msg| {
+                InputError::new(&p.at.file, &p.at.field, msg)
+                    .at(p.at.line, p.at.column)
+                    .valid(
+                        "a closed-loop row whose prompts' prefill leaves time to decode: \
+                         check prefill_tok_s (--prefill-tok-s) and the row's prompt and \
+                         output lengths, or pass --pure-decode if the rows are pure-decode \
+                         measurements",
+                    )
+            }),
+            _ => Ok(p.aggregate_tok_s),
+        })
+        .collect()
+}
+
+/// Rounds that bring `--mixed-step`'s overlap and the closed-loop rows' subtraction to agree at
+/// most (each round moves the overlap by a small fraction of the last move: the rows' prefill
+/// is a small share of their time).
+const OVERLAP_ROUNDS: usize = 200;
+
+fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProfile, InputError> {
     let mut fitted_notes: Vec<String> = Vec::new();
     let mut extrapolated: Vec<String> = Vec::new();
+    let chunk = DEFAULT_PREFILL_CHUNK_TOKENS;
+    let closed_rows = m.points.iter().filter(|p| p.closed_loop.is_some()).count();
+    let subtract = closed_rows > 0 && !opts.pure_decode;
+
+    // Prefill first: the subtraction needs it. A prefill speed guessed from the decode curve
+    // would be guessed from the very figures it corrects, so the subtraction needs a measured
+    // or given one.
+    let mut prefill_note = None;
+    let prefill_given = match (opts.prefill_tok_s, m.prefill) {
+        (Some(p), _) => {
+            rule::positive(p)
+                .map_err(|v| flag_error("--prefill-tok-s", not_valid(&v), v.expected))?;
+            extrapolated.push("prefill_tok_s (from --prefill-tok-s)".to_string());
+            Some(p)
+        }
+        (None, Some((p, how))) => {
+            prefill_note = Some(how);
+            Some(round_to(p, 10.0))
+        }
+        (None, None) => None,
+    };
+    if subtract && prefill_given.is_none() {
+        return Err(flag_error(
+            "--prefill-tok-s",
+            format!(
+                "{closed_rows} closed-loop row(s) count their prompts' prefill in their output \
+                 tok/s, and nothing measured the prefill speed to subtract it with"
+            ),
+            "--prefill-tok-s F, a max_concurrency 1 run (vllm-bench) or a prefill_tok_s \
+             column (csv); or --pure-decode if the rows are pure-decode measurements",
+        ));
+    }
+    let prefill_tok_s = match prefill_given {
+        Some(p) => p,
+        None => {
+            // nothing to subtract: the measured values are the decode curve
+            let raw: Vec<f64> = m.points.iter().map(|p| p.aggregate_tok_s).collect();
+            extrapolated.push(format!(
+                "prefill_tok_s (not measured: {DEFAULT_PREFILL_PER_DECODE} x the single-sequence \
+                 decode speed; pass --prefill-tok-s)"
+            ));
+            round_to(
+                DEFAULT_PREFILL_PER_DECODE * curve_of(&monotone_points(&m.points, &raw), 1.0),
+                10.0,
+            )
+        }
+    };
+
+    // The overlap: given, fitted to one mixed step, or routelab's default.
+    let model_with = |overlap: f64| StepModel {
+        prefill_tok_s,
+        prefill_chunk_tokens: chunk,
+        prefill_overlap: overlap,
+    };
+    let values_with = |overlap: f64| {
+        decode_values(&m.points, subtract.then(|| model_with(overlap)).as_ref())
+    };
+    let (overlap, overlap_note) = match (opts.prefill_overlap, opts.mixed_step) {
+        (Some(_), Some(_)) => {
+            return Err(flag_error(
+                "--prefill-overlap",
+                "given with --mixed-step, which fits the overlap",
+                "one of --prefill-overlap F and --mixed-step N:PROMPT_TOKENS:STEP_MS",
+            ));
+        }
+        (Some(o), None) => {
+            rule::fraction(o).map_err(|v| {
+                flag_error(
+                    "--prefill-overlap",
+                    not_valid(&v),
+                    format!(
+                        "{}: the share of a mixed step's shorter part hidden under the longer \
+                         (0 = additive, 1 = a prefill under the decode adds nothing)",
+                        v.expected
+                    ),
+                )
+            })?;
+            (o, "prefill_overlap (from --prefill-overlap)".to_string())
+        }
+        (None, Some(step)) => {
+            let mut overlap = DEFAULT_PREFILL_OVERLAP;
+            let mut settled = false;
+            for _ in 0..OVERLAP_ROUNDS {
+                let values = values_with(overlap)?;
+                let moves = monotone_points(&m.points, &values);
+                let next = step
+                    .overlap(curve_of(&moves, f64::from(step.decoding)), prefill_tok_s)
+                    .map_err(|msg| {
+                        flag_error(
+                            MixedStep::FLAG,
+                            msg,
+                            "a step measured with N sequences decoding beside PROMPT_TOKENS \
+                             prompt tokens, between the longer part alone and the two added \
+                             (the decode part from the fitted curve at N, the prefill part \
+                             from prefill_tok_s)",
+                        )
+                    })?;
+                let moved = (next - overlap).abs();
+                overlap = next;
+                if moved < 1e-12 {
+                    settled = true;
+                    break;
+                }
+            }
+            if !settled {
+                return Err(flag_error(
+                    MixedStep::FLAG,
+                    format!(
+                        "the mixed step and the closed-loop rows do not settle on one overlap \
+                         in {OVERLAP_ROUNDS} rounds (last {overlap:.6})"
+                    ),
+                    "a mixed step measured where the rows' prefill is a small share of their \
+                     time, or --prefill-overlap F",
+                ));
+            }
+            // written to 4 decimals, and the subtraction below uses what is written
+            let overlap = (overlap * 1e4).round() / 1e4;
+            let d_s = f64::from(step.decoding)
+                / curve_of(
+                    &monotone_points(&m.points, &values_with(overlap)?),
+                    f64::from(step.decoding),
+                );
+            (
+                overlap,
+                format!(
+                    "prefill_overlap {overlap} from one mixed step (--mixed-step): {} sequences \
+                     decoding ({:.3} ms alone, from the fitted curve) beside {} prompt tokens \
+                     ({:.3} ms alone at prefill_tok_s) took {:.3} ms",
+                    step.decoding,
+                    d_s * 1e3,
+                    step.prompt_tokens,
+                    f64::from(step.prompt_tokens) / prefill_tok_s * 1e3,
+                    step.step_s * 1e3
+                ),
+            )
+        }
+        (None, None) => {
+            extrapolated.push(format!(
+                "prefill_overlap (not measured: routelab's default {DEFAULT_PREFILL_OVERLAP}, \
+                 fitted to the one published mixed step; pass --mixed-step or \
+                 --prefill-overlap)"
+            ));
+            (DEFAULT_PREFILL_OVERLAP, String::new())
+        }
+    };
+
+    let values = values_with(overlap)?;
+    let moves = monotone_points(&m.points, &values);
+    let curve_at = |c: f64| curve_of(&moves, c);
+
     let moved: Vec<(usize, &PointMove)> = moves
         .iter()
         .enumerate()
@@ -305,8 +709,41 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
         .iter()
         .map(|mv| mv.relative().abs())
         .fold(0.0f64, f64::max);
+    // Which decode figures these are, first: the one thing a reader must know about the curve.
+    if subtract {
+        fitted_notes.push(format!(
+            "decode aggregate with the prompts' prefill subtracted: each closed-loop row's \
+             output tok/s X at concurrency C, with P prompt and N output tokens per request, \
+             holds X (N - 1) / N decode tokens/s (the first token of a request comes with its \
+             prefill's step) and X P / N prompt tokens/s, prefilled in chunks of {chunk} beside \
+             the other C - 1 sequences' decodes; the decode-only time is what is left of each \
+             second once every prefill step's added time under the step model (prefill_tok_s \
+             {prefill_tok_s}, prefill_overlap {overlap}) is taken out (see docs/profiles.md, \
+             \"The step-time model\")"
+        ));
+        for (p, (mv, v)) in m.points.iter().zip(moves.iter().zip(&values)) {
+            if let Some(row) = &p.closed_loop {
+                fitted_notes.push(format!(
+                    "decode aggregate at concurrency {}: closed-loop {} tok/s (P = {}, N = {}) \
+                     -> {} tok/s decode only ({:+.2} %)",
+                    mv.concurrency,
+                    row.output_tok_s,
+                    row.prompt_tokens,
+                    row.output_tokens,
+                    round_to(*v, 1e3),
+                    (v / row.output_tok_s - 1.0) * 100.0
+                ));
+            }
+        }
+    } else if closed_rows > 0 {
+        fitted_notes.push(
+            "decode aggregate from pure-decode rows (--pure-decode): each row's output tok/s \
+             is taken as the decode aggregate, nothing subtracted"
+                .to_string(),
+        );
+    }
     fitted_notes.push(format!(
-        "decode.points: the measured aggregate tok/s made non-decreasing in concurrency by \
+        "decode.points: the decode aggregates made non-decreasing in concurrency by \
          pool-adjacent-violators weighted by {}; {} of {} points moved, the largest by {:.2} %",
         m.weight_name,
         moved.len(),
@@ -315,34 +752,23 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
     ));
     for (i, mv) in &moved {
         fitted_notes.push(format!(
-            "decode.points[{i}] (concurrency {}): measured {} tok/s, fitted {} tok/s ({:+.2} %)",
+            "decode.points[{i}] (concurrency {}): decode aggregate {} tok/s, fitted {} tok/s \
+             ({:+.2} %)",
             mv.concurrency,
-            mv.measured_tok_s,
+            round_to(mv.measured_tok_s, 1e3),
             mv.fitted_tok_s,
             mv.relative() * 100.0
         ));
     }
     fitted_notes.extend(m.notes);
-
-    let prefill_tok_s = match (opts.prefill_tok_s, m.prefill) {
-        (Some(p), _) => {
-            rule::positive(p)
-                .map_err(|v| flag_error("--prefill-tok-s", not_valid(&v), v.expected))?;
-            extrapolated.push("prefill_tok_s (from --prefill-tok-s)".to_string());
-            p
+    fitted_notes.extend(prefill_note);
+    if !overlap_note.is_empty() {
+        if opts.mixed_step.is_some() {
+            fitted_notes.push(overlap_note);
+        } else {
+            extrapolated.push(overlap_note);
         }
-        (None, Some((p, how))) => {
-            fitted_notes.push(how);
-            round_to(p, 10.0)
-        }
-        (None, None) => {
-            extrapolated.push(format!(
-                "prefill_tok_s (not measured: {DEFAULT_PREFILL_PER_DECODE} x the single-sequence \
-                 decode speed; pass --prefill-tok-s)"
-            ));
-            round_to(DEFAULT_PREFILL_PER_DECODE * curve_at(1.0), 10.0)
-        }
-    };
+    }
     extrapolated.push(format!(
         "prefill_chunk_tokens (routelab's default {DEFAULT_PREFILL_CHUNK_TOKENS})"
     ));
@@ -487,7 +913,8 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
         );
     }
     let _ = writeln!(y, "prefill_tok_s: {prefill_tok_s}");
-    let _ = writeln!(y, "prefill_chunk_tokens: {DEFAULT_PREFILL_CHUNK_TOKENS}");
+    let _ = writeln!(y, "prefill_chunk_tokens: {chunk}");
+    let _ = writeln!(y, "prefill_overlap: {overlap}");
     let _ = writeln!(y, "kv_capacity_tokens: {kv_capacity_tokens}");
     let _ = writeln!(y, "max_running: {max_running}");
     let _ = writeln!(y, "context_window: {context_window}");
@@ -515,7 +942,8 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
 fn read_csv(input: &FitInput) -> Result<Measured, InputError> {
     let file = input.origin.as_str();
     let valid_header = "a header row `concurrency,aggregate_tok_s` (optional columns \
-                        prefill_tok_s, cold_burst_tok_s), then one row per concurrency";
+                        prefill_tok_s, cold_burst_tok_s, mean_prompt_tokens, \
+                        mean_output_tokens), then one row per concurrency";
     let mut rd = csv::ReaderBuilder::new()
         .has_headers(true)
         .trim(csv::Trim::All)
@@ -524,7 +952,7 @@ fn read_csv(input: &FitInput) -> Result<Measured, InputError> {
         .headers()
         .map_err(|e| InputError::new(file, "", format!("unreadable CSV: {e}")).at(Some(1), None))?
         .clone();
-    let mut col = [None; 4];
+    let mut col = [None; CSV_COLUMNS.len()];
     for (i, h) in header.iter().enumerate() {
         match CSV_COLUMNS.iter().position(|c| *c == h) {
             Some(k) if col[k].is_none() => col[k] = Some(i),
@@ -598,10 +1026,39 @@ fn read_csv(input: &FitInput) -> Result<Measured, InputError> {
                 "rows in strictly increasing concurrency, one row per concurrency",
             ));
         }
+        let closed_loop = match (cell(4)?, cell(5)?) {
+            (Some(prompt_tokens), Some(output_tokens)) => Some(ClosedLoop {
+                concurrency: c,
+                output_tok_s: a,
+                prompt_tokens,
+                output_tokens,
+            }),
+            (None, None) => None,
+            (prompt, _) => {
+                let missing = if prompt.is_some() {
+                    "mean_output_tokens"
+                } else {
+                    "mean_prompt_tokens"
+                };
+                return Err(at(
+                    missing,
+                    format!("no {missing}: a closed-loop row needs both its mean prompt and mean output tokens"),
+                    "both mean_prompt_tokens and mean_output_tokens (a closed-loop result), or \
+                     neither (a pure-decode measurement)",
+                ));
+            }
+        };
         m.points.push(Obs {
             concurrency: c,
             aggregate_tok_s: a,
             weight: 1.0,
+            closed_loop,
+            at: RowAt {
+                file: file.to_string(),
+                field: "aggregate_tok_s".into(),
+                line: u32::try_from(line).ok(),
+                column: None,
+            },
         });
         if let Some(p) = cell(2)? {
             prefill_at.get_or_insert((c, p));
@@ -636,6 +1093,9 @@ fn read_csv(input: &FitInput) -> Result<Measured, InputError> {
     }
     if m.cold.is_some() {
         read.push("cold_burst_tok_s");
+    }
+    if m.points.iter().any(|p| p.closed_loop.is_some()) {
+        read.extend(["mean_prompt_tokens", "mean_output_tokens"]);
     }
     m.sources.push(format!(
         "{file} (CSV, {} rows): {}",
@@ -675,11 +1135,12 @@ fn parse_json(input: &FitInput, what: &str) -> Result<Value, InputError> {
 // ---------------------------------------------------------------------------------------------
 
 /// The fields of a `vllm bench serve --save-result` file that the fit reads.
-pub const VLLM_FIELDS: [&str; 6] = [
+pub const VLLM_FIELDS: [&str; 7] = [
     "max_concurrency",
     "completed",
     "duration",
     "total_input_tokens",
+    "total_output_tokens",
     "output_throughput",
     "mean_ttft_ms",
 ];
@@ -690,13 +1151,17 @@ struct BenchRun {
     completed: f64,
     duration_s: f64,
     total_input_tokens: f64,
+    total_output_tokens: f64,
     output_tok_s: f64,
     mean_ttft_ms: f64,
+    /// Where `output_throughput` is, for errors about the point.
+    at: RowAt,
 }
 
 fn read_vllm_one(input: &FitInput) -> Result<BenchRun, InputError> {
     let what = "the JSON object `vllm bench serve --save-result` writes (max_concurrency, \
-                completed, duration, total_input_tokens, output_throughput, mean_ttft_ms, ...)";
+                completed, duration, total_input_tokens, total_output_tokens, output_throughput, \
+                mean_ttft_ms, ...)";
     let v = parse_json(input, what)?;
     let Some(obj) = v.as_object() else {
         let kind = match v {
@@ -753,8 +1218,18 @@ fn read_vllm_one(input: &FitInput) -> Result<BenchRun, InputError> {
         completed: positive("completed")?,
         duration_s: positive("duration")?,
         total_input_tokens: positive("total_input_tokens")?,
+        total_output_tokens: positive("total_output_tokens")?,
         output_tok_s: positive("output_throughput")?,
         mean_ttft_ms: positive("mean_ttft_ms")?,
+        at: {
+            let (line, column) = key_position(&input.text, "output_throughput");
+            RowAt {
+                file: origin.to_string(),
+                field: "output_throughput".into(),
+                line,
+                column,
+            }
+        },
     })
 }
 
@@ -786,19 +1261,22 @@ fn read_vllm(inputs: &[FitInput]) -> Result<Measured, InputError> {
             concurrency: r.concurrency,
             aggregate_tok_s: r.output_tok_s,
             weight: r.duration_s,
+            // a --max-concurrency run is a closed loop: its output throughput holds the time
+            // its prompts were prefilled
+            closed_loop: Some(ClosedLoop {
+                concurrency: r.concurrency,
+                output_tok_s: r.output_tok_s,
+                prompt_tokens: r.total_input_tokens / r.completed,
+                output_tokens: r.total_output_tokens / r.completed,
+            }),
+            at: r.at.clone(),
         });
         m.sources.push(format!(
             "{} (vllm bench serve --save-result): max_concurrency {}, output_throughput, \
-             duration, completed, total_input_tokens, mean_ttft_ms",
+             duration, completed, total_input_tokens, total_output_tokens, mean_ttft_ms",
             r.origin, r.concurrency
         ));
     }
-    m.notes.push(
-        "decode.points: output_throughput of each --max-concurrency run; it counts the time \
-         prompts spend in prefill and slots spend refilling, so it underestimates pure decode \
-         (most at low concurrency and long prompts)"
-            .to_string(),
-    );
     if let Some(r) = runs.iter().find(|r| r.concurrency == 1.0) {
         let mean_in = r.total_input_tokens / r.completed;
         let ttft_s = r.mean_ttft_ms / 1000.0;
@@ -957,10 +1435,18 @@ fn read_gateway(input: &FitInput, worker: Option<&str>) -> Result<Measured, Inpu
             without_tokens.push(num("concurrency")?);
             continue;
         }
+        let (line, column) = key_position(&input.text, "points");
         m.points.push(Obs {
             concurrency: num("concurrency")?,
             aggregate_tok_s: num("aggregate_tok_s")?,
             weight: num("observed_s")?,
+            closed_loop: None,
+            at: RowAt {
+                file: origin.to_string(),
+                field: format!("{wf}.points[{i}].aggregate_tok_s"),
+                line,
+                column,
+            },
         });
     }
     if m.points.is_empty() {
@@ -1001,8 +1487,9 @@ fn read_gateway(input: &FitInput, worker: Option<&str>) -> Result<Measured, Inpu
          context_window"
     ));
     m.notes.push(
-        "decode.points: the gateway's passive measurement (output tokens / time at each \
-         observed concurrency); like any end-to-end figure it includes prefill time"
+        "decode aggregate as the gateway measured it, prefill not subtracted: output tokens / \
+         time at each observed concurrency, which holds the time prefill steps added beside \
+         the decodes (the capacity file records no prompt lengths to subtract it with)"
             .to_string(),
     );
     Ok(m)
