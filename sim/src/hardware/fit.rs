@@ -527,7 +527,8 @@ fn decode_values(
     points
         .iter()
         .map(|p| match (&p.closed_loop, subtract) {
-            (Some(row), Some(model)) => row.decode_aggregate(model).map_err(|msg| {
+            // a derived figure is written to 0.001 tok/s, like a pooled mean
+            (Some(row), Some(model)) => row.decode_aggregate(model).map(|a| round_to(a, 1e3)).map_err(|msg| {
                 InputError::new(&p.at.file, &p.at.field, msg)
                     .at(p.at.line, p.at.column)
                     .valid(
