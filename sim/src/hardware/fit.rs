@@ -167,14 +167,16 @@ impl ClosedLoop {
     ///
     /// - `X` output tokens come out, `R` of them first tokens, each sampled by the step that
     ///   finishes its prompt's prefill (as in vLLM), so decode steps emit `D = X (N - 1) / N`;
-    /// - `R P` prompt tokens are prefilled, each prompt in `k = ceil(P / chunk)` steps, so
-    ///   `m = R k` steps a second carry prefill, each `p = P / (k prefill_tok_s)` seconds of
-    ///   it alone (`q = m p = R P / prefill_tok_s` in all);
-    /// - a prefill step also decodes the other clients' sequences, `b = min(C - 1, D / m)` of
-    ///   them (none with one client; never more decode tokens beside prefills than the run
-    ///   emitted), whose decode alone lasts `d = b δ / D`, where `δ` is the decode-only time a
-    ///   second; the step lasts `mixed_step_s(d, p, overlap)`, so it adds
-    ///   `mixed_step_s(d, p, overlap) - d` to the decode;
+    /// - `R P` prompt tokens are prefilled, `q = R P / prefill_tok_s` seconds of prefill alone.
+    ///   A closed loop of fixed lengths keeps its prompts bunched as the benchmark started them
+    ///   (all C at once): they fill the chunk budget, so a prefill step carries
+    ///   `s = min(chunk, C P)` prompt tokens, `p = s / prefill_tok_s` seconds alone, and
+    ///   `m = R P / s` steps a second carry prefill;
+    /// - a prefill step also decodes the sequences not prefilling, `b = C - max(1, s / P)` of
+    ///   them (none with one client; capped at `D / m`, never more decode tokens beside
+    ///   prefills than the run emitted), whose decode alone lasts `d = b δ / D`, where `δ` is
+    ///   the decode-only time a second; the step lasts `mixed_step_s(d, p, overlap)`, so it
+    ///   adds `mixed_step_s(d, p, overlap) - d` to the decode;
     /// - so `1 = δ + m (mixed_step_s(d, p, overlap) - d)`, solved for `δ` (the right side grows
     ///   with `δ`), and the decode aggregate is `D / δ`.
     ///
@@ -210,11 +212,10 @@ impl ClosedLoop {
         }
         let requests_per_s = x / n;
         let decode_tok_s = x * (n - 1.0) / n;
-        let chunks = (prompt / f64::from(model.prefill_chunk_tokens.max(1)))
-            .ceil()
-            .max(1.0);
-        let prefill_steps_per_s = requests_per_s * chunks;
-        let chunk_s = prompt / chunks / model.prefill_tok_s;
+        let step_tokens = (c * prompt).min(f64::from(model.prefill_chunk_tokens.max(1)));
+        let prefill_steps_per_s = requests_per_s * prompt / step_tokens;
+        let chunk_s = step_tokens / model.prefill_tok_s;
+        let prefilling = (step_tokens / prompt).max(1.0);
         let prefill_alone = requests_per_s * prompt / model.prefill_tok_s;
         if prefill_alone >= 1.0 {
             return Err(format!(
@@ -225,7 +226,9 @@ impl ClosedLoop {
                 model.prefill_tok_s
             ));
         }
-        let beside = (c - 1.0).max(0.0).min(decode_tok_s / prefill_steps_per_s);
+        let beside = (c - prefilling)
+            .max(0.0)
+            .min(decode_tok_s / prefill_steps_per_s);
         let excess = |decode_s: f64| {
             let d = beside * decode_s / decode_tok_s;
             decode_s + prefill_steps_per_s * (mixed_step_s(d, chunk_s, model.prefill_overlap) - d)
@@ -716,8 +719,9 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
             "decode aggregate with the prompts' prefill subtracted: each closed-loop row's \
              output tok/s X at concurrency C, with P prompt and N output tokens per request, \
              holds X (N - 1) / N decode tokens/s (the first token of a request comes with its \
-             prefill's step) and X P / N prompt tokens/s, prefilled in chunks of {chunk} beside \
-             the other C - 1 sequences' decodes; the decode-only time is what is left of each \
+             prefill's step) and X P / N prompt tokens/s, prefilled in steps of min({chunk}, C P) \
+             tokens (the loop's prompts bunched as it started them) beside the decodes of the \
+             sequences not prefilling; the decode-only time is what is left of each \
              second once every prefill step's added time under the step model (prefill_tok_s \
              {prefill_tok_s}, prefill_overlap {overlap}) is taken out (see docs/profiles.md, \
              \"The step-time model\")"
