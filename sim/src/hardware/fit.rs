@@ -483,25 +483,88 @@ fn flag_error(flag: &str, message: impl Into<String>, valid: impl Into<String>) 
     InputError::new("<command line>", flag, message).valid(valid)
 }
 
-/// The fitted decode points of `values` (one per measured point, in concurrency order): made
-/// non-decreasing by [`isotonic`], a pooled mean written to the nearest 0.001 tok/s, a point
-/// the fit left alone kept exactly. Rounding a pooled mean down could put it under an exact
-/// neighbour within 0.0005 before it, so each value is at least the one before.
+/// Rounds of [`decode_shape`]'s alternating projections at most.
+const SHAPE_ROUNDS: usize = 10_000;
+
+/// The decode curve's shape: the aggregates closest to `values` in weighted least squares that
+/// are non-decreasing in concurrency and whose per-request speed (`aggregate / concurrency`)
+/// does not rise (a profile's two rules: more sequences never give fewer tokens, nor a
+/// shorter step). Each rule alone is a weighted pool-adjacent-violators ([`isotonic`]; the
+/// per-request one on `values / concurrency`, weighted by `weight x concurrency²` so that both
+/// measure the same squared error); Dykstra's alternating projections between the two give
+/// the closest point of both.
+pub fn decode_shape(values: &[f64], concurrencies: &[f64], weights: &[f64]) -> Vec<f64> {
+    let speed_weights: Vec<f64> = weights
+        .iter()
+        .zip(concurrencies)
+        .map(|(w, c)| w * c * c)
+        .collect();
+    let non_rising_speed = |a: &[f64]| -> Vec<f64> {
+        let negated: Vec<f64> = a.iter().zip(concurrencies).map(|(a, c)| -a / c).collect();
+        isotonic(&negated, &speed_weights)
+            .iter()
+            .zip(concurrencies)
+            .map(|(s, c)| -s * c)
+            .collect()
+    };
+    let scale = values.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let mut x = values.to_vec();
+    let mut p = vec![0.0; x.len()];
+    let mut q = vec![0.0; x.len()];
+    for _ in 0..SHAPE_ROUNDS {
+        let shifted: Vec<f64> = x.iter().zip(&p).map(|(x, p)| x + p).collect();
+        let y = isotonic(&shifted, weights);
+        p = shifted.iter().zip(&y).map(|(s, y)| s - y).collect();
+        let shifted: Vec<f64> = y.iter().zip(&q).map(|(y, q)| y + q).collect();
+        let next = non_rising_speed(&shifted);
+        q = shifted.iter().zip(&next).map(|(s, n)| s - n).collect();
+        let moved = next
+            .iter()
+            .zip(&x)
+            .chain(next.iter().zip(&y))
+            .fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+        x = next;
+        if moved <= scale * 1e-13 {
+            break;
+        }
+    }
+    x
+}
+
+/// The fitted decode points of `values` (one per measured point, in concurrency order): shaped
+/// by [`decode_shape`], a moved value written to the nearest 0.001 tok/s, a point the fit left
+/// alone kept exactly. Rounding (and the alternating projections' last bits) could break a
+/// rule by a hair, so each value is kept between the one before and the one before scaled by
+/// the concurrency (the same per-request speed).
 fn monotone_points(points: &[Obs], values: &[f64]) -> Vec<PointMove> {
     let weights: Vec<f64> = points.iter().map(|p| p.weight).collect();
-    let fitted = isotonic(values, &weights);
-    let mut floor = f64::NEG_INFINITY;
+    let concurrencies: Vec<f64> = points.iter().map(|p| p.concurrency).collect();
+    let fitted = decode_shape(values, &concurrencies, &weights);
+    let mut prev: Option<(f64, f64)> = None;
     points
         .iter()
         .zip(values)
         .zip(&fitted)
         .map(|((p, &v), &f)| {
-            let written = if f == v { f } else { round_to(f, 1e3) };
-            floor = floor.max(written);
+            let mut written = if (f - v).abs() <= v.abs() * 1e-12 {
+                v
+            } else {
+                round_to(f, 1e3)
+            };
+            if let Some((c0, a0)) = prev {
+                let top = a0 * p.concurrency / c0;
+                if written > top {
+                    // the largest 0.001 step under the same per-request speed, or the one
+                    // before when none is left between them
+                    written = ((top * 1e3).floor() / 1e3).max(a0);
+                }
+                written = written.max(a0);
+            }
+            prev = Some((p.concurrency, written));
             PointMove {
                 concurrency: p.concurrency,
                 measured_tok_s: v,
-                fitted_tok_s: floor,
+                fitted_tok_s: written,
             }
         })
         .collect()
@@ -748,8 +811,9 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
         );
     }
     fitted_notes.push(format!(
-        "decode.points: the decode aggregates made non-decreasing in concurrency by \
-         pool-adjacent-violators weighted by {}; {} of {} points moved, the largest by {:.2} %",
+        "decode.points: the decode aggregates made non-decreasing in concurrency, with a \
+         per-request speed that does not rise, by weighted least squares (pool-adjacent-violators \
+         alternated, Dykstra) weighted by {}; {} of {} points moved, the largest by {:.2} %",
         m.weight_name,
         moved.len(),
         moves.len(),
