@@ -101,7 +101,11 @@ fn fit_cmd(args: &FitArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
         prefill_tok_s: args.prefill_tok_s,
         worker: args.worker.clone(),
         pure_decode: args.pure_decode,
-        mixed_step: args.mixed_step.as_deref().map(MixedStep::parse).transpose()?,
+        mixed_step: args
+            .mixed_step
+            .as_deref()
+            .map(MixedStep::parse)
+            .transpose()?,
         prefill_overlap: args.prefill_overlap,
     };
     let fitted = fit(source, &inputs, &options)?;

@@ -346,14 +346,20 @@ fn step_model_flags_are_written_or_refused() {
     assert!(o.status.success(), "{}", text(&o));
     let y = String::from_utf8_lossy(&o.stdout);
     assert!(y.contains("decode aggregate from pure-decode rows"), "{y}");
-    assert!(y.contains("- { concurrency: 16, aggregate_tok_s: 248.174 }"), "{y}");
+    assert!(
+        y.contains("- { concurrency: 16, aggregate_tok_s: 248.174 }"),
+        "{y}"
+    );
 
     // 16 decoding (about 57 ms alone on the fitted curve) beside 512 prompt tokens (152.31 ms
     // alone): 170 ms is an overlap of about 0.69
     let o = fit(&["--mixed-step", "16:512:170"]);
     assert!(o.status.success(), "{}", text(&o));
     let y = String::from_utf8_lossy(&o.stdout);
-    assert!(y.contains("from one mixed step (--mixed-step): 16 sequences"), "{y}");
+    assert!(
+        y.contains("from one mixed step (--mixed-step): 16 sequences"),
+        "{y}"
+    );
     let overlap: f64 = y
         .lines()
         .find_map(|l| l.strip_prefix("prefill_overlap: "))
@@ -364,15 +370,27 @@ fn step_model_flags_are_written_or_refused() {
 
     bad_input(
         &fit(&["--prefill-overlap", "1.5"]),
-        &["--prefill-overlap", "1.5 is not valid", "a number from 0 to 1"],
+        &[
+            "--prefill-overlap",
+            "1.5 is not valid",
+            "a number from 0 to 1",
+        ],
     );
     bad_input(
         &fit(&["--mixed-step", "16:512"]),
-        &["--mixed-step", "not three numbers", "N:PROMPT_TOKENS:STEP_MS"],
+        &[
+            "--mixed-step",
+            "not three numbers",
+            "N:PROMPT_TOKENS:STEP_MS",
+        ],
     );
     bad_input(
         &fit(&["--mixed-step", "16:512:20"]),
-        &["--mixed-step", "cannot carry", "between the longer part alone"],
+        &[
+            "--mixed-step",
+            "cannot carry",
+            "between the longer part alone",
+        ],
     );
     bad_input(
         &fit(&["--mixed-step", "16:512:170", "--prefill-overlap", "0.5"]),

@@ -300,7 +300,13 @@ impl MixedStep {
         let whole = |what: &str, s: &str| -> Result<u32, InputError> {
             rule::whole(number(what, s)?, 1, u64::from(u32::MAX))
                 .map(|v| v as u32)
-                .map_err(|v| flag_error(Self::FLAG, format!("{what}: {}", not_valid(&v)), valid.clone()))
+                .map_err(|v| {
+                    flag_error(
+                        Self::FLAG,
+                        format!("{what}: {}", not_valid(&v)),
+                        valid.clone(),
+                    )
+                })
         };
         let decoding = whole("N", n)?;
         let prompt_tokens = whole("PROMPT_TOKENS", tokens)?;
@@ -586,24 +592,24 @@ fn curve_of(moves: &[PointMove], concurrency: f64) -> f64 {
 
 /// Each point's decode aggregate: the measured figure of a pure-decode point, the closed-loop
 /// figure with its prompts' prefill subtracted ([`ClosedLoop::decode_aggregate`]) otherwise.
-fn decode_values(
-    points: &[Obs],
-    subtract: Option<&StepModel>,
-) -> Result<Vec<f64>, InputError> {
+fn decode_values(points: &[Obs], subtract: Option<&StepModel>) -> Result<Vec<f64>, InputError> {
     points
         .iter()
         .map(|p| match (&p.closed_loop, subtract) {
             // a derived figure is written to 0.001 tok/s, like a pooled mean
-            (Some(row), Some(model)) => row.decode_aggregate(model).map(|a| round_to(a, 1e3)).map_err(|msg| {
-                InputError::new(&p.at.file, &p.at.field, msg)
-                    .at(p.at.line, p.at.column)
-                    .valid(
-                        "a closed-loop row whose prompts' prefill leaves time to decode: \
+            (Some(row), Some(model)) => row
+                .decode_aggregate(model)
+                .map(|a| round_to(a, 1e3))
+                .map_err(|msg| {
+                    InputError::new(&p.at.file, &p.at.field, msg)
+                        .at(p.at.line, p.at.column)
+                        .valid(
+                            "a closed-loop row whose prompts' prefill leaves time to decode: \
                          check prefill_tok_s (--prefill-tok-s) and the row's prompt and \
                          output lengths, or pass --pure-decode if the rows are pure-decode \
                          measurements",
-                    )
-            }),
+                        )
+                }),
             _ => Ok(p.aggregate_tok_s),
         })
         .collect()
@@ -671,9 +677,8 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
         prefill_chunk_tokens: chunk,
         prefill_overlap: overlap,
     };
-    let values_with = |overlap: f64| {
-        decode_values(&m.points, subtract.then(|| model_with(overlap)).as_ref())
-    };
+    let values_with =
+        |overlap: f64| decode_values(&m.points, subtract.then(|| model_with(overlap)).as_ref());
     let (overlap, overlap_note) = match (opts.prefill_overlap, opts.mixed_step) {
         (Some(_), Some(_)) => {
             return Err(flag_error(
@@ -1111,7 +1116,9 @@ fn read_csv(input: &FitInput) -> Result<Measured, InputError> {
                 };
                 return Err(at(
                     missing,
-                    format!("no {missing}: a closed-loop row needs both its mean prompt and mean output tokens"),
+                    format!(
+                        "no {missing}: a closed-loop row needs both its mean prompt and mean output tokens"
+                    ),
                     "both mean_prompt_tokens and mean_output_tokens (a closed-loop result), or \
                      neither (a pure-decode measurement)",
                 ));
@@ -1759,7 +1766,11 @@ mod tests {
         // (~140 ms alone), the decode-bound side: delta = 1 - (1 - overlap) q
         for (o, delta) in [(0.0, 0.9), (0.4, 0.94), (1.0, 1.0)] {
             let a = loop_at(16.0).decode_aggregate(&model(o)).unwrap();
-            assert!(close(a, 100.0 / delta), "overlap {o}: {a}, want {}", 100.0 / delta);
+            assert!(
+                close(a, 100.0 / delta),
+                "overlap {o}: {a}, want {}",
+                100.0 / delta
+            );
         }
     }
 
@@ -1828,7 +1839,9 @@ mod tests {
             );
             assert!(e.message.contains(says), "{text}: {e}");
             assert!(
-                e.valid.as_deref().is_some_and(|v| v.contains("N:PROMPT_TOKENS:STEP_MS")),
+                e.valid
+                    .as_deref()
+                    .is_some_and(|v| v.contains("N:PROMPT_TOKENS:STEP_MS")),
                 "{e}"
             );
         }
@@ -1865,7 +1878,12 @@ mod tests {
             f.profile.fitted()
         );
         // no closed-loop row: nothing was subtracted, and nothing says it was
-        assert!(!f.profile.fitted().iter().any(|n| n.contains("prefill subtracted")));
+        assert!(
+            !f.profile
+                .fitted()
+                .iter()
+                .any(|n| n.contains("prefill subtracted"))
+        );
     }
 
     #[test]
@@ -1878,7 +1896,12 @@ mod tests {
                 ..opts()
             });
             assert_eq!(e.field, "--prefill-overlap", "{e}");
-            assert!(e.valid.as_deref().is_some_and(|v| v.contains("from 0 to 1")), "{e}");
+            assert!(
+                e.valid
+                    .as_deref()
+                    .is_some_and(|v| v.contains("from 0 to 1")),
+                "{e}"
+            );
         }
         // a step shorter than its decode alone (20 ms), and one longer than both added (70 ms)
         for ms in [15.0, 80.0] {
@@ -1891,7 +1914,10 @@ mod tests {
                 ..opts()
             });
             assert_eq!(e.field, "--mixed-step", "{e}");
-            assert!(e.message.contains("cannot carry a decode of 20.000 ms"), "{e}");
+            assert!(
+                e.message.contains("cannot carry a decode of 20.000 ms"),
+                "{e}"
+            );
         }
         let e = refused(FitOptions {
             prefill_overlap: Some(0.5),
@@ -1906,9 +1932,14 @@ mod tests {
         let no_prefill = csv(
             "concurrency,aggregate_tok_s,mean_prompt_tokens,mean_output_tokens\n1,100,500,101\n",
         );
-        let e = fit(FitSource::Csv, &[no_prefill.clone()], &opts()).unwrap_err();
+        let e = fit(FitSource::Csv, std::slice::from_ref(&no_prefill), &opts()).unwrap_err();
         assert_eq!(e.field, "--prefill-tok-s", "{e}");
-        assert!(e.valid.as_deref().is_some_and(|v| v.contains("--pure-decode")), "{e}");
+        assert!(
+            e.valid
+                .as_deref()
+                .is_some_and(|v| v.contains("--pure-decode")),
+            "{e}"
+        );
         // taken as pure decode when the user says so
         let f = fit(
             FitSource::Csv,

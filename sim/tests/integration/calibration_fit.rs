@@ -24,6 +24,9 @@ const CONCURRENCY: [u32; 4] = [1, 4, 16, 64];
 const ROUNDS: u32 = 20;
 /// The bound: the simulated closed loop reproduces the benchmark's output tok/s.
 const TOLERANCE: f64 = 0.05;
+/// The fitted decode aggregate against the truth's at each C (it is seen at the batch the loop
+/// decodes, a little under C while prompts prefill).
+const CURVE_TOLERANCE: f64 = 0.02;
 
 /// A PRO 6000-like card (the decode curve of `rtx-pro-6000-27b`, continued to 64) whose
 /// mixed steps hide `overlap` of their shorter part: the truth the benchmark runs on.
@@ -180,9 +183,8 @@ fn fluid_closed_loop(profile: &HardwareProfile, c: u32, prompt: u32, output: u32
                 end = end.max(done_seq.at);
                 let first = (done_seq.first_token_at - arrival[&done_seq.seq]) as f64 / NS;
                 ttft_sum += first;
-                tpot_sum += (done_seq.at - done_seq.first_token_at) as f64
-                    / NS
-                    / f64::from(output - 1);
+                tpot_sum +=
+                    (done_seq.at - done_seq.first_token_at) as f64 / NS / f64::from(output - 1);
                 if sent < requests {
                     let seq = u64::from(sent);
                     e.admit(t, seq, prompt, output, &[]);
@@ -300,7 +302,8 @@ fn fit_case(overlap: f64, how: OverlapFrom, prompt: u32, output: u32) -> Fits {
             (old_got / want - 1.0) * 100.0
         );
         assert!(
-            (got / want - 1.0).abs() <= TOLERANCE && (old_got / want - 1.0) < -(got / want - 1.0).abs(),
+            (got / want - 1.0).abs() <= CURVE_TOLERANCE
+                && (old_got / want - 1.0) < -(got / want - 1.0).abs(),
             "decode aggregate at {c}: truth {want:.1}, fitted {got:.1}, old fit {old_got:.1}"
         );
     }
@@ -385,7 +388,7 @@ fn a_closed_loop_fit_reproduces_its_benchmark_with_additive_steps() {
 }
 
 /// With the default overlap learned from one mixed step, the subtraction finds the truth's
-/// decode curve (within [`TOLERANCE`]; the old fit misses it by more) whatever the fluid
+/// decode curve (within [`CURVE_TOLERANCE`]; the old fit misses it by more) whatever the fluid
 /// engine then does with it.
 #[test]
 fn the_subtraction_finds_the_decode_curve_under_the_default_overlap() {

@@ -231,7 +231,8 @@ fn a_fitted_profile_reproduces_its_input_points_within_2_percent() {
         for (c, tok_s) in points {
             let got = f.profile.aggregate_tok_s(c);
             if source == FitSource::Gateway && (c == 3.0 || c == 4.0) {
-                let note = format!("(concurrency {c}): decode aggregate {tok_s} tok/s, fitted {got}");
+                let note =
+                    format!("(concurrency {c}): decode aggregate {tok_s} tok/s, fitted {got}");
                 assert!(
                     f.profile.fitted().iter().any(|n| n.contains(&note)),
                     "{note}: {:?}",
@@ -370,17 +371,30 @@ fn closed_loop_runs_are_fitted_with_their_prefill_subtracted() {
     let sub = fitted(FitSource::VllmBench);
     let pure = fitted_with(FitSource::VllmBench, true);
     for (c, measured) in measured(FitSource::VllmBench) {
-        let (s, p) = (sub.profile.aggregate_tok_s(c), pure.profile.aggregate_tok_s(c));
+        let (s, p) = (
+            sub.profile.aggregate_tok_s(c),
+            pure.profile.aggregate_tok_s(c),
+        );
         assert!(s > p, "at {c}: subtracted {s} <= pure {p}");
-        assert!(s > measured, "at {c}: subtracted {s} <= measured {measured}");
+        assert!(
+            s > measured,
+            "at {c}: subtracted {s} <= measured {measured}"
+        );
     }
-    let has = |f: &FittedProfile, needle: &str| f.profile.fitted().iter().any(|n| n.contains(needle));
-    assert!(has(&sub, "decode aggregate with the prompts' prefill subtracted"));
+    let has =
+        |f: &FittedProfile, needle: &str| f.profile.fitted().iter().any(|n| n.contains(needle));
+    assert!(has(
+        &sub,
+        "decode aggregate with the prompts' prefill subtracted"
+    ));
     assert!(has(&sub, "closed-loop 38.94 tok/s (P = 512, N = 256)"));
     assert!(has(&pure, "decode aggregate from pure-decode rows"));
     assert!(!has(&pure, "prefill subtracted"));
     // the overlap the subtraction used is written, and said to be the default
-    assert_eq!(sub.profile.prefill_overlap(), routelab_sim::hardware::DEFAULT_PREFILL_OVERLAP);
+    assert_eq!(
+        sub.profile.prefill_overlap(),
+        routelab_sim::hardware::DEFAULT_PREFILL_OVERLAP
+    );
     assert!(sub.yaml.contains("prefill_overlap: 0.4\n"), "{}", sub.yaml);
     assert!(
         sub.profile
@@ -416,7 +430,8 @@ fn csv_closed_loop_rows_match_the_same_vllm_runs() {
     assert!((from_csv.profile.aggregate_tok_s(1.0) - 39.708).abs() < 1e-9);
     let one_sided = FitInput {
         origin: "half.csv".into(),
-        text: "concurrency,aggregate_tok_s,mean_prompt_tokens,mean_output_tokens\n1,40,512,\n".into(),
+        text: "concurrency,aggregate_tok_s,mean_prompt_tokens,mean_output_tokens\n1,40,512,\n"
+            .into(),
     };
     let e = fit(FitSource::Csv, &[one_sided], &opts(None)).unwrap_err();
     assert_eq!(
