@@ -3,19 +3,32 @@
 //! Three sources give decode points (aggregate output tokens/s at a concurrency):
 //!
 //! - [`FitSource::Csv`]: `concurrency,aggregate_tok_s` rows (header required), optionally
-//!   `prefill_tok_s` and `cold_burst_tok_s` columns;
+//!   `prefill_tok_s` and `cold_burst_tok_s` columns, and `mean_prompt_tokens` +
+//!   `mean_output_tokens` on a row that is a closed-loop result;
 //! - [`FitSource::VllmBench`]: the result JSON files of `vllm bench serve --save-result`, one
-//!   per `--max-concurrency` run: `output_throughput` at `max_concurrency`, weighted by
-//!   `duration`; prefill from the `max_concurrency = 1` run (mean input tokens / mean TTFT);
+//!   per `--max-concurrency` run (each a closed loop): `output_throughput` at
+//!   `max_concurrency`, weighted by `duration`, with the run's mean prompt and output lengths;
+//!   prefill from the `max_concurrency = 1` run (mean input tokens / mean TTFT);
 //! - [`FitSource::Gateway`]: the JSON of the gateway's `GET /admin/capacity`
 //!   (`routelab-gateway-capacity/1`), one worker's passive points weighted by `observed_s`.
 //!
-//! Measured points are noisy, while a profile's aggregate must not fall with concurrency: the
-//! points are made non-decreasing by weighted pool-adjacent-violators ([`isotonic`]), the
-//! least-squares non-decreasing fit, and the profile's `fitted` notes say how far each point
-//! moved. Fields the source does not measure come from [`FitOptions`] or a stated default
-//! (listed under `extrapolated`). The result is the profile's YAML text and the validated
-//! [`HardwareProfile`] parsed back from it, so what is written is what was checked.
+//! **Decode separated from prefill.** A profile's decode curve is a pure-decode quantity, but
+//! a closed loop's output tok/s holds the time its prompts were prefilled; taken as it is, the
+//! simulator would count that prefill twice. Closed-loop points have it subtracted under the
+//! step model ([`ClosedLoop::decode_aggregate`], timed by `hardware::step`'s
+//! `mixed_step_s`) unless [`FitOptions::pure_decode`] says the rows are pure decode; the
+//! profile's first `fitted` note says which was done. The overlap the step model needs is
+//! given, fitted to one measured mixed step ([`MixedStep`], `--mixed-step`), or routelab's
+//! default, and is written into the profile.
+//!
+//! Measured points are noisy, while a profile's aggregate must not fall with concurrency nor
+//! its per-request speed rise: the decode aggregates are replaced by the closest curve in
+//! weighted least squares that keeps both rules ([`decode_shape`]: Dykstra's alternating
+//! projections between two weighted pool-adjacent-violators, [`isotonic`]), and the profile's
+//! `fitted` notes say how far each point moved. Fields the source does not measure come from
+//! [`FitOptions`] or a stated default (listed under `extrapolated`). The result is the
+//! profile's YAML text and the validated [`HardwareProfile`] parsed back from it, so what is
+//! written is what was checked.
 
 use std::fmt::Write as _;
 use std::path::Path;
