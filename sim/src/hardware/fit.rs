@@ -821,10 +821,24 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
                 ));
             }
         }
-    } else if closed_rows > 0 {
+    } else if closed_rows > 0 || opts.pure_decode {
         fitted_notes.push(
             "decode aggregate from pure-decode rows (--pure-decode): each row's output tok/s \
              is taken as the decode aggregate, nothing subtracted"
+                .to_string(),
+        );
+    } else if source == FitSource::Gateway {
+        fitted_notes.push(
+            "decode aggregate as the gateway measured it, prefill not subtracted: output tokens \
+             / time at each observed concurrency, which holds the time prefill steps added \
+             beside the decodes (the capacity file records no prompt lengths to subtract it with)"
+                .to_string(),
+        );
+    } else {
+        fitted_notes.push(
+            "decode aggregate from pure-decode rows: the rows give no mean_prompt_tokens and \
+             mean_output_tokens, so each aggregate_tok_s is taken as measured with nothing \
+             prefilling beside it"
                 .to_string(),
         );
     }
@@ -1575,12 +1589,6 @@ fn read_gateway(input: &FitInput, worker: Option<&str>) -> Result<Measured, Inpu
          {generated}): points concurrency, aggregate_tok_s, observed_s; gpu_names; \
          context_window"
     ));
-    m.notes.push(
-        "decode aggregate as the gateway measured it, prefill not subtracted: output tokens / \
-         time at each observed concurrency, which holds the time prefill steps added beside \
-         the decodes (the capacity file records no prompt lengths to subtract it with)"
-            .to_string(),
-    );
     Ok(m)
 }
 
@@ -1647,6 +1655,12 @@ mod tests {
         );
         assert!(
             p.fitted().iter().any(|n| n.contains("2 of 3 points moved")),
+            "{:?}",
+            p.fitted()
+        );
+        // the first note says what the decode figures are
+        assert!(
+            p.fitted()[0].starts_with("decode aggregate from pure-decode rows: the rows give no"),
             "{:?}",
             p.fitted()
         );

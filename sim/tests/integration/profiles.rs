@@ -313,6 +313,11 @@ fn the_gateway_worker_brings_its_gpus_and_window() {
     assert_eq!(f.profile.gpu_names(), ["RTX PRO 6000".to_string()]);
     assert_eq!(f.profile.context_window(), 65_536);
     assert!(
+        f.profile.fitted()[0].starts_with("decode aggregate as the gateway measured it"),
+        "{:?}",
+        f.profile.fitted()
+    );
+    assert!(
         !f.profile
             .extrapolated()
             .iter()
