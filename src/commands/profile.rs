@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use routelab_reports::{profile_text, write_profile_chart};
 use routelab_sim::ProfileLookup;
-use routelab_sim::hardware::fit::{FitInput, FitOptions, FitSource, fit};
+use routelab_sim::hardware::fit::{FitInput, FitOptions, FitSource, MixedStep, fit};
 
 /// The `profile` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -50,6 +50,20 @@ pub struct FitArgs {
     /// The gateway worker to fit (required when the file has several).
     #[arg(long)]
     pub worker: Option<String>,
+    /// The rows are pure-decode measurements (nothing prefilling beside them): take their
+    /// output tok/s as the decode aggregate. Without it, closed-loop rows (vllm-bench runs, CSV
+    /// rows with mean_prompt_tokens and mean_output_tokens) have their prompts' prefill
+    /// subtracted under the step model.
+    #[arg(long)]
+    pub pure_decode: bool,
+    /// One measured mixed step: N sequences decoding beside PROMPT_TOKENS prompt tokens took
+    /// STEP_MS ms (e.g. 256:539:16.3); fits the profile's prefill_overlap.
+    #[arg(long, value_name = MixedStep::FORMAT)]
+    pub mixed_step: Option<String>,
+    /// The share of a mixed step's prefill that hides under its decode, in [0, 1] (default:
+    /// routelab's 0.4, listed as extrapolated).
+    #[arg(long, value_name = "F")]
+    pub prefill_overlap: Option<f64>,
 }
 
 /// Options of `routelab profile show`.
@@ -86,6 +100,13 @@ fn fit_cmd(args: &FitArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
         context_window: args.context_window,
         prefill_tok_s: args.prefill_tok_s,
         worker: args.worker.clone(),
+        pure_decode: args.pure_decode,
+        mixed_step: args
+            .mixed_step
+            .as_deref()
+            .map(MixedStep::parse)
+            .transpose()?,
+        prefill_overlap: args.prefill_overlap,
     };
     let fitted = fit(source, &inputs, &options)?;
     match &args.out {

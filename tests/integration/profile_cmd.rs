@@ -47,7 +47,8 @@ fn fit_from_each_source_writes_a_profile_that_show_reads() {
             ],
             "372.0",
         ),
-        ("vllm", vec!["--from".into(), "vllm-bench".into()], "248.2"),
+        // the runs' prompts' prefill subtracted (issue 15): 284.4, not the measured 248.2
+        ("vllm", vec!["--from".into(), "vllm-bench".into()], "284.4"),
         (
             "gateway",
             vec![
@@ -327,6 +328,73 @@ fn bad_measurement_files_are_located_errors() {
     bad_input(
         &fit("gateway", &f, &["--worker", "h100"]),
         &["no worker `h100`", "pro6000, mac"],
+    );
+}
+
+/// The step-model flags: `--pure-decode` keeps the closed-loop figures, `--mixed-step` fits
+/// and writes the overlap, and bad values are located errors with exit code 2.
+#[test]
+fn step_model_flags_are_written_or_refused() {
+    let vllm = vllm_files();
+    let fit = |extra: &[&str]| {
+        let mut args = vec!["profile", "fit", "--from", "vllm-bench", "--name", "x"];
+        args.extend(vllm.iter().map(String::as_str));
+        args.extend(extra);
+        routelab(&args)
+    };
+    let o = fit(&["--pure-decode"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let y = String::from_utf8_lossy(&o.stdout);
+    assert!(y.contains("decode aggregate from pure-decode rows"), "{y}");
+    assert!(
+        y.contains("- { concurrency: 16, aggregate_tok_s: 248.174 }"),
+        "{y}"
+    );
+
+    // 16 decoding (about 57 ms alone on the fitted curve) beside 512 prompt tokens (152.31 ms
+    // alone): 170 ms is an overlap of about 0.69
+    let o = fit(&["--mixed-step", "16:512:170"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let y = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        y.contains("from one mixed step (--mixed-step): 16 sequences"),
+        "{y}"
+    );
+    let overlap: f64 = y
+        .lines()
+        .find_map(|l| l.strip_prefix("prefill_overlap: "))
+        .expect("written")
+        .parse()
+        .unwrap();
+    assert!(overlap > 0.6 && overlap < 0.75, "{overlap}");
+
+    bad_input(
+        &fit(&["--prefill-overlap", "1.5"]),
+        &[
+            "--prefill-overlap",
+            "1.5 is not valid",
+            "a number from 0 to 1",
+        ],
+    );
+    bad_input(
+        &fit(&["--mixed-step", "16:512"]),
+        &[
+            "--mixed-step",
+            "not three numbers",
+            "N:PROMPT_TOKENS:STEP_MS",
+        ],
+    );
+    bad_input(
+        &fit(&["--mixed-step", "16:512:20"]),
+        &[
+            "--mixed-step",
+            "cannot carry",
+            "between the longer part alone",
+        ],
+    );
+    bad_input(
+        &fit(&["--mixed-step", "16:512:170", "--prefill-overlap", "0.5"]),
+        &["--prefill-overlap", "given with --mixed-step"],
     );
 }
 

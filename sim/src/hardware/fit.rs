@@ -3,19 +3,32 @@
 //! Three sources give decode points (aggregate output tokens/s at a concurrency):
 //!
 //! - [`FitSource::Csv`]: `concurrency,aggregate_tok_s` rows (header required), optionally
-//!   `prefill_tok_s` and `cold_burst_tok_s` columns;
+//!   `prefill_tok_s` and `cold_burst_tok_s` columns, and `mean_prompt_tokens` +
+//!   `mean_output_tokens` on a row that is a closed-loop result;
 //! - [`FitSource::VllmBench`]: the result JSON files of `vllm bench serve --save-result`, one
-//!   per `--max-concurrency` run: `output_throughput` at `max_concurrency`, weighted by
-//!   `duration`; prefill from the `max_concurrency = 1` run (mean input tokens / mean TTFT);
+//!   per `--max-concurrency` run (each a closed loop): `output_throughput` at
+//!   `max_concurrency`, weighted by `duration`, with the run's mean prompt and output lengths;
+//!   prefill from the `max_concurrency = 1` run (mean input tokens / mean TTFT);
 //! - [`FitSource::Gateway`]: the JSON of the gateway's `GET /admin/capacity`
 //!   (`routelab-gateway-capacity/1`), one worker's passive points weighted by `observed_s`.
 //!
-//! Measured points are noisy, while a profile's aggregate must not fall with concurrency: the
-//! points are made non-decreasing by weighted pool-adjacent-violators ([`isotonic`]), the
-//! least-squares non-decreasing fit, and the profile's `fitted` notes say how far each point
-//! moved. Fields the source does not measure come from [`FitOptions`] or a stated default
-//! (listed under `extrapolated`). The result is the profile's YAML text and the validated
-//! [`HardwareProfile`] parsed back from it, so what is written is what was checked.
+//! **Decode separated from prefill.** A profile's decode curve is a pure-decode quantity, but
+//! a closed loop's output tok/s holds the time its prompts were prefilled; taken as it is, the
+//! simulator would count that prefill twice. Closed-loop points have it subtracted under the
+//! step model ([`ClosedLoop::decode_aggregate`], timed by `hardware::step`'s
+//! `mixed_step_s`) unless [`FitOptions::pure_decode`] says the rows are pure decode; the
+//! profile's first `fitted` note says which was done. The overlap the step model needs is
+//! given, fitted to one measured mixed step ([`MixedStep`], `--mixed-step`), or routelab's
+//! default, and is written into the profile.
+//!
+//! Measured points are noisy, while a profile's aggregate must not fall with concurrency nor
+//! its per-request speed rise: the decode aggregates are replaced by the closest curve in
+//! weighted least squares that keeps both rules ([`decode_shape`]: Dykstra's alternating
+//! projections between two weighted pool-adjacent-violators, [`isotonic`]), and the profile's
+//! `fitted` notes say how far each point moved. Fields the source does not measure come from
+//! [`FitOptions`] or a stated default (listed under `extrapolated`). The result is the
+//! profile's YAML text and the validated [`HardwareProfile`] parsed back from it, so what is
+//! written is what was checked.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -24,7 +37,10 @@ use routelab_policies::located::{InputError, rule};
 use routelab_policies::weights::ProbeConfig;
 use serde_json::Value;
 
-use super::{DEFAULT_PREFILL_CHUNK_TOKENS, HardwareProfile, MIN_CONTEXT_WINDOW};
+use super::{
+    DEFAULT_PREFILL_CHUNK_TOKENS, DEFAULT_PREFILL_OVERLAP, HardwareProfile, MIN_CONTEXT_WINDOW,
+    mixed_step_s, overlap_from_mixed_step,
+};
 
 /// `max_running` when `--max-running` is not given: vLLM's default `max_num_seqs`.
 pub const DEFAULT_MAX_RUNNING: u32 = 256;
@@ -39,12 +55,16 @@ pub const DEFAULT_KV_CAPACITY_TOKENS: u64 = 131_072;
 pub const DEFAULT_PREFILL_PER_DECODE: f64 = 10.0;
 /// The schema a gateway capacity file must declare.
 pub const GATEWAY_SCHEMA: &str = "routelab-gateway-capacity/1";
-/// The columns a profile CSV may have (the first two are required).
-pub const CSV_COLUMNS: [&str; 4] = [
+/// The columns a profile CSV may have (the first two are required). A row with
+/// `mean_prompt_tokens` and `mean_output_tokens` is a closed-loop result whose prompts' prefill
+/// is subtracted ([`ClosedLoop::decode_aggregate`]).
+pub const CSV_COLUMNS: [&str; 6] = [
     "concurrency",
     "aggregate_tok_s",
     "prefill_tok_s",
     "cold_burst_tok_s",
+    "mean_prompt_tokens",
+    "mean_output_tokens",
 ];
 
 /// Where the measurements come from.
@@ -117,6 +137,219 @@ pub struct FitOptions {
     pub prefill_tok_s: Option<f64>,
     /// The gateway worker to fit (required when the file has several).
     pub worker: Option<String>,
+    /// The rows are pure-decode measurements: nothing is subtracted from closed-loop rows.
+    pub pure_decode: bool,
+    /// One measured mixed step, from which `prefill_overlap` is fitted.
+    pub mixed_step: Option<MixedStep>,
+    /// `prefill_overlap` as given (checked to be in `[0, 1]`).
+    pub prefill_overlap: Option<f64>,
+}
+
+/// The step-model figures that say how long a closed loop's prefill steps last.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepModel {
+    /// Prompt tokens/s with nothing decoding.
+    pub prefill_tok_s: f64,
+    /// Prompt tokens prefilled per step at most.
+    pub prefill_chunk_tokens: u32,
+    /// The share of a mixed step's shorter part hidden under the longer, in `[0, 1]`.
+    pub prefill_overlap: f64,
+}
+
+/// One closed-loop benchmark result (`vllm bench serve --max-concurrency C`): `concurrency`
+/// clients, each sending its next request as soon as its last one completes, every request
+/// with `prompt_tokens` prompt and `output_tokens` output tokens (the run's means), measured at
+/// `output_tok_s` output tokens/s over the run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClosedLoop {
+    /// Concurrent clients, C.
+    pub concurrency: f64,
+    /// Output tokens/s over the run, X.
+    pub output_tok_s: f64,
+    /// Prompt tokens per request, P.
+    pub prompt_tokens: f64,
+    /// Output tokens per request, N.
+    pub output_tokens: f64,
+}
+
+impl ClosedLoop {
+    /// The decode-only aggregate tokens/s the run implies: its output tok/s with the time its
+    /// prompts' prefill added taken out, under the step model (`hardware::step`).
+    ///
+    /// Per second of the run, `R = X / N` requests complete:
+    ///
+    /// - `X` output tokens come out, `R` of them first tokens, each sampled by the step that
+    ///   finishes its prompt's prefill (as in vLLM), so decode steps emit `D = X (N - 1) / N`;
+    /// - `R P` prompt tokens are prefilled, `q = R P / prefill_tok_s` seconds of prefill alone.
+    ///   A closed loop of fixed lengths keeps its prompts bunched as the benchmark started them
+    ///   (all C at once): they fill the chunk budget, so a prefill step carries
+    ///   `s = min(chunk, C P)` prompt tokens, `p = s / prefill_tok_s` seconds alone, and
+    ///   `m = R P / s` steps a second carry prefill;
+    /// - a prefill step also decodes the sequences not prefilling, `b = C - max(1, s / P)` of
+    ///   them (none with one client; capped at `D / m`, never more decode tokens beside
+    ///   prefills than the run emitted), whose decode alone lasts `d = b δ / D`, where `δ` is
+    ///   the decode-only time a second; the step lasts `mixed_step_s(d, p, overlap)`, so it
+    ///   adds `mixed_step_s(d, p, overlap) - d` to the decode;
+    /// - so `1 = δ + m (mixed_step_s(d, p, overlap) - d)`, solved for `δ` (the right side grows
+    ///   with `δ`), and the decode aggregate is `D / δ`.
+    ///
+    /// While the batch's decode is the longer part of a prefill step (`d >= p`) this is
+    /// `δ = 1 - (1 - overlap) q`; with one client nothing hides the prefill, `δ = 1 - q`.
+    ///
+    /// # Errors
+    /// A message when a figure is not finite and positive, when a request has no decode step
+    /// (`N <= 1`), or when the prompts' prefill alone would fill the run (`q >= 1`).
+    pub fn decode_aggregate(&self, model: &StepModel) -> Result<f64, String> {
+        let ClosedLoop {
+            concurrency: c,
+            output_tok_s: x,
+            prompt_tokens: prompt,
+            output_tokens: n,
+        } = *self;
+        for (name, v) in [
+            ("concurrency", c),
+            ("output tok/s", x),
+            ("prompt tokens", prompt),
+            ("output tokens", n),
+            ("prefill_tok_s", model.prefill_tok_s),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(format!("{name} = {v}: must be a finite number > 0"));
+            }
+        }
+        if n <= 1.0 {
+            return Err(format!(
+                "{n} output tokens per request: the first comes with the prefill, so the run \
+                 has no decode step to measure (the mean output must be above 1 token)"
+            ));
+        }
+        let requests_per_s = x / n;
+        let decode_tok_s = x * (n - 1.0) / n;
+        let step_tokens = (c * prompt).min(f64::from(model.prefill_chunk_tokens.max(1)));
+        let prefill_steps_per_s = requests_per_s * prompt / step_tokens;
+        let chunk_s = step_tokens / model.prefill_tok_s;
+        let prefilling = (step_tokens / prompt).max(1.0);
+        let prefill_alone = requests_per_s * prompt / model.prefill_tok_s;
+        if prefill_alone >= 1.0 {
+            return Err(format!(
+                "{x} output tok/s of requests with {prompt} prompt tokens need {:.0} prompt \
+                 tok/s, at least the prefill speed {} tok/s: the prompts alone would fill the \
+                 run and leave no time to decode",
+                requests_per_s * prompt,
+                model.prefill_tok_s
+            ));
+        }
+        let beside = (c - prefilling)
+            .max(0.0)
+            .min(decode_tok_s / prefill_steps_per_s);
+        let excess = |decode_s: f64| {
+            let d = beside * decode_s / decode_tok_s;
+            decode_s + prefill_steps_per_s * (mixed_step_s(d, chunk_s, model.prefill_overlap) - d)
+                - 1.0
+        };
+        // `excess` is -(1 - q) < 0 at 0 and >= 0 at 1 (a step never lasts less than its
+        // decode) and does not fall in between: bisect to the last bit.
+        let (mut lo, mut hi) = (0.0f64, 1.0f64);
+        loop {
+            let mid = 0.5 * (lo + hi);
+            if mid <= lo || mid >= hi {
+                break;
+            }
+            if excess(mid) < 0.0 {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        Ok(decode_tok_s / hi)
+    }
+}
+
+/// One measured mixed step (`--mixed-step N:PROMPT_TOKENS:STEP_MS`): a step that decoded
+/// `decoding` sequences beside `prompt_tokens` prompt tokens lasted `step_s`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MixedStep {
+    /// Sequences decoding in the step.
+    pub decoding: u32,
+    /// Prompt tokens prefilled in it.
+    pub prompt_tokens: u32,
+    /// Its measured length, seconds.
+    pub step_s: f64,
+}
+
+impl MixedStep {
+    /// The flag that gives it.
+    pub const FLAG: &'static str = "--mixed-step";
+    /// What the flag takes.
+    pub const FORMAT: &'static str = "N:PROMPT_TOKENS:STEP_MS";
+
+    /// Reads `N:PROMPT_TOKENS:STEP_MS` (e.g. `256:539:16.3`).
+    ///
+    /// # Errors
+    /// A located error at the flag saying what is valid.
+    pub fn parse(text: &str) -> Result<MixedStep, InputError> {
+        let valid = format!(
+            "{}: sequences decoding (a whole number >= 1), prompt tokens prefilled beside them \
+             (a whole number >= 1) and the step's measured length in ms (> 0), e.g. 256:539:16.3",
+            Self::FORMAT
+        );
+        let parts: Vec<&str> = text.split(':').map(str::trim).collect();
+        let [n, tokens, ms] = parts[..] else {
+            return Err(flag_error(
+                Self::FLAG,
+                format!("`{text}` is not three numbers separated by `:`"),
+                valid,
+            ));
+        };
+        let number = |what: &str, s: &str| -> Result<f64, InputError> {
+            s.parse::<f64>().map_err(|_| {
+                flag_error(
+                    Self::FLAG,
+                    format!("{what} `{s}` is not a number"),
+                    valid.clone(),
+                )
+            })
+        };
+        let whole = |what: &str, s: &str| -> Result<u32, InputError> {
+            rule::whole(number(what, s)?, 1, u64::from(u32::MAX))
+                .map(|v| v as u32)
+                .map_err(|v| {
+                    flag_error(
+                        Self::FLAG,
+                        format!("{what}: {}", not_valid(&v)),
+                        valid.clone(),
+                    )
+                })
+        };
+        let decoding = whole("N", n)?;
+        let prompt_tokens = whole("PROMPT_TOKENS", tokens)?;
+        let step_ms = rule::positive(number("STEP_MS", ms)?).map_err(|v| {
+            flag_error(
+                Self::FLAG,
+                format!("STEP_MS: {}", not_valid(&v)),
+                valid.clone(),
+            )
+        })?;
+        Ok(MixedStep {
+            decoding,
+            prompt_tokens,
+            step_s: step_ms / 1e3,
+        })
+    }
+
+    /// The overlap this step implies on a card whose decode aggregate at `decoding` sequences
+    /// is `aggregate_tok_s` and whose prefill runs at `prefill_tok_s`
+    /// ([`overlap_from_mixed_step`]).
+    ///
+    /// # Errors
+    /// Its message when the step is outside what the model can express.
+    pub fn overlap(&self, aggregate_tok_s: f64, prefill_tok_s: f64) -> Result<f64, String> {
+        overlap_from_mixed_step(
+            f64::from(self.decoding) / aggregate_tok_s,
+            f64::from(self.prompt_tokens) / prefill_tok_s,
+            self.step_s,
+        )
+    }
 }
 
 /// How the fit moved one measured point.
@@ -124,7 +357,8 @@ pub struct FitOptions {
 pub struct PointMove {
     /// Its concurrency.
     pub concurrency: f64,
-    /// The measured aggregate tokens/s.
+    /// The point's decode aggregate tokens/s: the measured figure, or a closed-loop figure with
+    /// its prompts' prefill subtracted.
     pub measured_tok_s: f64,
     /// The fitted (non-decreasing) aggregate tokens/s.
     pub fitted_tok_s: f64,
@@ -179,12 +413,25 @@ pub fn isotonic(values: &[f64], weights: &[f64]) -> Vec<f64> {
         .collect()
 }
 
+/// Where a measured point was read, for errors about it.
+#[derive(Debug, Clone, Default)]
+struct RowAt {
+    file: String,
+    field: String,
+    line: Option<u32>,
+    column: Option<u32>,
+}
+
 /// One measured decode point.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Obs {
     concurrency: f64,
+    /// The measured aggregate output tokens/s.
     aggregate_tok_s: f64,
     weight: f64,
+    /// The closed loop it was measured in, when its output tok/s includes its prompts' prefill.
+    closed_loop: Option<ClosedLoop>,
+    at: RowAt,
 }
 
 /// A cold burst: aggregate tokens/s at `concurrency` on a freshly started engine.
@@ -255,47 +502,289 @@ fn flag_error(flag: &str, message: impl Into<String>, valid: impl Into<String>) 
     InputError::new("<command line>", flag, message).valid(valid)
 }
 
-fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProfile, InputError> {
-    let values: Vec<f64> = m.points.iter().map(|p| p.aggregate_tok_s).collect();
-    let weights: Vec<f64> = m.points.iter().map(|p| p.weight).collect();
-    let fitted = isotonic(&values, &weights);
-    // A pooled mean is written to the nearest 0.001 tok/s; a point the fit left alone keeps
-    // the measured figure exactly. Rounding a pooled mean down could put it under an exact
-    // neighbour within 0.0005 before it, so each value is at least the one before.
-    let mut floor = f64::NEG_INFINITY;
-    let moves: Vec<PointMove> = m
-        .points
+/// Rounds of [`decode_shape`]'s alternating projections at most.
+const SHAPE_ROUNDS: usize = 10_000;
+
+/// The decode curve's shape: the aggregates closest to `values` in weighted least squares that
+/// are non-decreasing in concurrency and whose per-request speed (`aggregate / concurrency`)
+/// does not rise (a profile's two rules: more sequences never give fewer tokens, nor a
+/// shorter step). Each rule alone is a weighted pool-adjacent-violators ([`isotonic`]; the
+/// per-request one on `values / concurrency`, weighted by `weight x concurrency²` so that both
+/// measure the same squared error); Dykstra's alternating projections between the two give
+/// the closest point of both.
+pub fn decode_shape(values: &[f64], concurrencies: &[f64], weights: &[f64]) -> Vec<f64> {
+    let speed_weights: Vec<f64> = weights
         .iter()
+        .zip(concurrencies)
+        .map(|(w, c)| w * c * c)
+        .collect();
+    let non_rising_speed = |a: &[f64]| -> Vec<f64> {
+        let negated: Vec<f64> = a.iter().zip(concurrencies).map(|(a, c)| -a / c).collect();
+        isotonic(&negated, &speed_weights)
+            .iter()
+            .zip(concurrencies)
+            .map(|(s, c)| -s * c)
+            .collect()
+    };
+    let scale = values.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let mut x = values.to_vec();
+    let mut p = vec![0.0; x.len()];
+    let mut q = vec![0.0; x.len()];
+    for _ in 0..SHAPE_ROUNDS {
+        let shifted: Vec<f64> = x.iter().zip(&p).map(|(x, p)| x + p).collect();
+        let y = isotonic(&shifted, weights);
+        p = shifted.iter().zip(&y).map(|(s, y)| s - y).collect();
+        let shifted: Vec<f64> = y.iter().zip(&q).map(|(y, q)| y + q).collect();
+        let next = non_rising_speed(&shifted);
+        q = shifted.iter().zip(&next).map(|(s, n)| s - n).collect();
+        let moved = next
+            .iter()
+            .zip(&x)
+            .chain(next.iter().zip(&y))
+            .fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+        x = next;
+        if moved <= scale * 1e-13 {
+            break;
+        }
+    }
+    x
+}
+
+/// The fitted decode points of `values` (one per measured point, in concurrency order): shaped
+/// by [`decode_shape`], a moved value written to the nearest 0.001 tok/s, a point the fit left
+/// alone kept exactly. Rounding (and the alternating projections' last bits) could break a
+/// rule by a hair, so each value is kept between the one before and the one before scaled by
+/// the concurrency (the same per-request speed).
+fn monotone_points(points: &[Obs], values: &[f64]) -> Vec<PointMove> {
+    let weights: Vec<f64> = points.iter().map(|p| p.weight).collect();
+    let concurrencies: Vec<f64> = points.iter().map(|p| p.concurrency).collect();
+    let fitted = decode_shape(values, &concurrencies, &weights);
+    let mut prev: Option<(f64, f64)> = None;
+    points
+        .iter()
+        .zip(values)
         .zip(&fitted)
-        .map(|(p, &f)| {
-            let written = if f == p.aggregate_tok_s {
-                f
+        .map(|((p, &v), &f)| {
+            let mut written = if (f - v).abs() <= v.abs() * 1e-12 {
+                v
             } else {
                 round_to(f, 1e3)
             };
-            floor = floor.max(written);
+            if let Some((c0, a0)) = prev {
+                let top = a0 * p.concurrency / c0;
+                if written > top {
+                    // the largest 0.001 step under the same per-request speed, or the one
+                    // before when none is left between them
+                    written = ((top * 1e3).floor() / 1e3).max(a0);
+                }
+                written = written.max(a0);
+            }
+            prev = Some((p.concurrency, written));
             PointMove {
                 concurrency: p.concurrency,
-                measured_tok_s: p.aggregate_tok_s,
-                fitted_tok_s: floor,
+                measured_tok_s: v,
+                fitted_tok_s: written,
             }
         })
-        .collect();
-    let curve_at = |c: f64| {
-        super::DecodeCurve::Points(
-            moves
-                .iter()
-                .map(|mv| super::DecodePoint {
-                    concurrency: mv.concurrency,
-                    aggregate_tok_s: mv.fitted_tok_s,
-                })
-                .collect(),
-        )
-        .aggregate_tok_s(c)
-    };
+        .collect()
+}
 
+/// The aggregate decode tokens/s at `concurrency` of the curve through `moves`.
+fn curve_of(moves: &[PointMove], concurrency: f64) -> f64 {
+    super::DecodeCurve::Points(
+        moves
+            .iter()
+            .map(|mv| super::DecodePoint {
+                concurrency: mv.concurrency,
+                aggregate_tok_s: mv.fitted_tok_s,
+            })
+            .collect(),
+    )
+    .aggregate_tok_s(concurrency)
+}
+
+/// Each point's decode aggregate: the measured figure of a pure-decode point, the closed-loop
+/// figure with its prompts' prefill subtracted ([`ClosedLoop::decode_aggregate`]) otherwise.
+fn decode_values(points: &[Obs], subtract: Option<&StepModel>) -> Result<Vec<f64>, InputError> {
+    points
+        .iter()
+        .map(|p| match (&p.closed_loop, subtract) {
+            // a derived figure is written to 0.001 tok/s, like a pooled mean
+            (Some(row), Some(model)) => row
+                .decode_aggregate(model)
+                .map(|a| round_to(a, 1e3))
+                .map_err(|msg| {
+                    InputError::new(&p.at.file, &p.at.field, msg)
+                        .at(p.at.line, p.at.column)
+                        .valid(
+                            "a closed-loop row whose prompts' prefill leaves time to decode: \
+                         check prefill_tok_s (--prefill-tok-s) and the row's prompt and \
+                         output lengths, or pass --pure-decode if the rows are pure-decode \
+                         measurements",
+                        )
+                }),
+            _ => Ok(p.aggregate_tok_s),
+        })
+        .collect()
+}
+
+/// Rounds that bring `--mixed-step`'s overlap and the closed-loop rows' subtraction to agree at
+/// most (each round moves the overlap by a small fraction of the last move: the rows' prefill
+/// is a small share of their time).
+const OVERLAP_ROUNDS: usize = 200;
+
+fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProfile, InputError> {
     let mut fitted_notes: Vec<String> = Vec::new();
     let mut extrapolated: Vec<String> = Vec::new();
+    let chunk = DEFAULT_PREFILL_CHUNK_TOKENS;
+    let closed_rows = m.points.iter().filter(|p| p.closed_loop.is_some()).count();
+    let subtract = closed_rows > 0 && !opts.pure_decode;
+
+    // Prefill first: the subtraction needs it. A prefill speed guessed from the decode curve
+    // would be guessed from the very figures it corrects, so the subtraction needs a measured
+    // or given one.
+    let mut prefill_note = None;
+    let prefill_given = match (opts.prefill_tok_s, m.prefill) {
+        (Some(p), _) => {
+            rule::positive(p)
+                .map_err(|v| flag_error("--prefill-tok-s", not_valid(&v), v.expected))?;
+            extrapolated.push("prefill_tok_s (from --prefill-tok-s)".to_string());
+            Some(p)
+        }
+        (None, Some((p, how))) => {
+            prefill_note = Some(how);
+            Some(round_to(p, 10.0))
+        }
+        (None, None) => None,
+    };
+    if subtract && prefill_given.is_none() {
+        return Err(flag_error(
+            "--prefill-tok-s",
+            format!(
+                "{closed_rows} closed-loop row(s) count their prompts' prefill in their output \
+                 tok/s, and nothing measured the prefill speed to subtract it with"
+            ),
+            "--prefill-tok-s F, a max_concurrency 1 run (vllm-bench) or a prefill_tok_s \
+             column (csv); or --pure-decode if the rows are pure-decode measurements",
+        ));
+    }
+    let prefill_tok_s = match prefill_given {
+        Some(p) => p,
+        None => {
+            // nothing to subtract: the measured values are the decode curve
+            let raw: Vec<f64> = m.points.iter().map(|p| p.aggregate_tok_s).collect();
+            extrapolated.push(format!(
+                "prefill_tok_s (not measured: {DEFAULT_PREFILL_PER_DECODE} x the single-sequence \
+                 decode speed; pass --prefill-tok-s)"
+            ));
+            round_to(
+                DEFAULT_PREFILL_PER_DECODE * curve_of(&monotone_points(&m.points, &raw), 1.0),
+                10.0,
+            )
+        }
+    };
+
+    // The overlap: given, fitted to one mixed step, or routelab's default.
+    let model_with = |overlap: f64| StepModel {
+        prefill_tok_s,
+        prefill_chunk_tokens: chunk,
+        prefill_overlap: overlap,
+    };
+    let values_with =
+        |overlap: f64| decode_values(&m.points, subtract.then(|| model_with(overlap)).as_ref());
+    let (overlap, overlap_note) = match (opts.prefill_overlap, opts.mixed_step) {
+        (Some(_), Some(_)) => {
+            return Err(flag_error(
+                "--prefill-overlap",
+                "given with --mixed-step, which fits the overlap",
+                "one of --prefill-overlap F and --mixed-step N:PROMPT_TOKENS:STEP_MS",
+            ));
+        }
+        (Some(o), None) => {
+            rule::fraction(o).map_err(|v| {
+                flag_error(
+                    "--prefill-overlap",
+                    not_valid(&v),
+                    format!(
+                        "{}: the share of a mixed step's shorter part hidden under the longer \
+                         (0 = additive, 1 = a prefill under the decode adds nothing)",
+                        v.expected
+                    ),
+                )
+            })?;
+            (o, "prefill_overlap (from --prefill-overlap)".to_string())
+        }
+        (None, Some(step)) => {
+            let mut overlap = DEFAULT_PREFILL_OVERLAP;
+            let mut settled = false;
+            for _ in 0..OVERLAP_ROUNDS {
+                let values = values_with(overlap)?;
+                let moves = monotone_points(&m.points, &values);
+                let next = step
+                    .overlap(curve_of(&moves, f64::from(step.decoding)), prefill_tok_s)
+                    .map_err(|msg| {
+                        flag_error(
+                            MixedStep::FLAG,
+                            msg,
+                            "a step measured with N sequences decoding beside PROMPT_TOKENS \
+                             prompt tokens, between the longer part alone and the two added \
+                             (the decode part from the fitted curve at N, the prefill part \
+                             from prefill_tok_s)",
+                        )
+                    })?;
+                let moved = (next - overlap).abs();
+                overlap = next;
+                if moved < 1e-12 {
+                    settled = true;
+                    break;
+                }
+            }
+            if !settled {
+                return Err(flag_error(
+                    MixedStep::FLAG,
+                    format!(
+                        "the mixed step and the closed-loop rows do not settle on one overlap \
+                         in {OVERLAP_ROUNDS} rounds (last {overlap:.6})"
+                    ),
+                    "a mixed step measured where the rows' prefill is a small share of their \
+                     time, or --prefill-overlap F",
+                ));
+            }
+            // written to 4 decimals, and the subtraction below uses what is written
+            let overlap = (overlap * 1e4).round() / 1e4;
+            let d_s = f64::from(step.decoding)
+                / curve_of(
+                    &monotone_points(&m.points, &values_with(overlap)?),
+                    f64::from(step.decoding),
+                );
+            (
+                overlap,
+                format!(
+                    "prefill_overlap {overlap} from one mixed step (--mixed-step): {} sequences \
+                     decoding ({:.3} ms alone, from the fitted curve) beside {} prompt tokens \
+                     ({:.3} ms alone at prefill_tok_s) took {:.3} ms",
+                    step.decoding,
+                    d_s * 1e3,
+                    step.prompt_tokens,
+                    f64::from(step.prompt_tokens) / prefill_tok_s * 1e3,
+                    step.step_s * 1e3
+                ),
+            )
+        }
+        (None, None) => {
+            extrapolated.push(format!(
+                "prefill_overlap (not measured: routelab's default {DEFAULT_PREFILL_OVERLAP}, \
+                 fitted to the one published mixed step; pass --mixed-step or \
+                 --prefill-overlap)"
+            ));
+            (DEFAULT_PREFILL_OVERLAP, String::new())
+        }
+    };
+
+    let values = values_with(overlap)?;
+    let moves = monotone_points(&m.points, &values);
+    let curve_at = |c: f64| curve_of(&moves, c);
+
     let moved: Vec<(usize, &PointMove)> = moves
         .iter()
         .enumerate()
@@ -305,9 +794,58 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
         .iter()
         .map(|mv| mv.relative().abs())
         .fold(0.0f64, f64::max);
+    // Which decode figures these are, first: the one thing a reader must know about the curve.
+    if subtract {
+        fitted_notes.push(format!(
+            "decode aggregate with the prompts' prefill subtracted: each closed-loop row's \
+             output tok/s X at concurrency C, with P prompt and N output tokens per request, \
+             holds X (N - 1) / N decode tokens/s (the first token of a request comes with its \
+             prefill's step) and X P / N prompt tokens/s, prefilled in steps of min({chunk}, C P) \
+             tokens (the loop's prompts bunched as it started them) beside the decodes of the \
+             sequences not prefilling; the decode-only time is what is left of each \
+             second once every prefill step's added time under the step model (prefill_tok_s \
+             {prefill_tok_s}, prefill_overlap {overlap}) is taken out (see docs/profiles.md, \
+             \"The step-time model\")"
+        ));
+        for (p, (mv, v)) in m.points.iter().zip(moves.iter().zip(&values)) {
+            if let Some(row) = &p.closed_loop {
+                fitted_notes.push(format!(
+                    "decode aggregate at concurrency {}: closed-loop {} tok/s (P = {}, N = {}) \
+                     -> {} tok/s decode only ({:+.2} %)",
+                    mv.concurrency,
+                    row.output_tok_s,
+                    row.prompt_tokens,
+                    row.output_tokens,
+                    round_to(*v, 1e3),
+                    (v / row.output_tok_s - 1.0) * 100.0
+                ));
+            }
+        }
+    } else if closed_rows > 0 || opts.pure_decode {
+        fitted_notes.push(
+            "decode aggregate from pure-decode rows (--pure-decode): each row's output tok/s \
+             is taken as the decode aggregate, nothing subtracted"
+                .to_string(),
+        );
+    } else if source == FitSource::Gateway {
+        fitted_notes.push(
+            "decode aggregate as the gateway measured it, prefill not subtracted: output tokens \
+             / time at each observed concurrency, which holds the time prefill steps added \
+             beside the decodes (the capacity file records no prompt lengths to subtract it with)"
+                .to_string(),
+        );
+    } else {
+        fitted_notes.push(
+            "decode aggregate from pure-decode rows: the rows give no mean_prompt_tokens and \
+             mean_output_tokens, so each aggregate_tok_s is taken as measured with nothing \
+             prefilling beside it"
+                .to_string(),
+        );
+    }
     fitted_notes.push(format!(
-        "decode.points: the measured aggregate tok/s made non-decreasing in concurrency by \
-         pool-adjacent-violators weighted by {}; {} of {} points moved, the largest by {:.2} %",
+        "decode.points: the decode aggregates made non-decreasing in concurrency, with a \
+         per-request speed that does not rise, by weighted least squares (pool-adjacent-violators \
+         alternated, Dykstra) weighted by {}; {} of {} points moved, the largest by {:.2} %",
         m.weight_name,
         moved.len(),
         moves.len(),
@@ -315,34 +853,23 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
     ));
     for (i, mv) in &moved {
         fitted_notes.push(format!(
-            "decode.points[{i}] (concurrency {}): measured {} tok/s, fitted {} tok/s ({:+.2} %)",
+            "decode.points[{i}] (concurrency {}): decode aggregate {} tok/s, fitted {} tok/s \
+             ({:+.2} %)",
             mv.concurrency,
-            mv.measured_tok_s,
+            round_to(mv.measured_tok_s, 1e3),
             mv.fitted_tok_s,
             mv.relative() * 100.0
         ));
     }
     fitted_notes.extend(m.notes);
-
-    let prefill_tok_s = match (opts.prefill_tok_s, m.prefill) {
-        (Some(p), _) => {
-            rule::positive(p)
-                .map_err(|v| flag_error("--prefill-tok-s", not_valid(&v), v.expected))?;
-            extrapolated.push("prefill_tok_s (from --prefill-tok-s)".to_string());
-            p
+    fitted_notes.extend(prefill_note);
+    if !overlap_note.is_empty() {
+        if opts.mixed_step.is_some() {
+            fitted_notes.push(overlap_note);
+        } else {
+            extrapolated.push(overlap_note);
         }
-        (None, Some((p, how))) => {
-            fitted_notes.push(how);
-            round_to(p, 10.0)
-        }
-        (None, None) => {
-            extrapolated.push(format!(
-                "prefill_tok_s (not measured: {DEFAULT_PREFILL_PER_DECODE} x the single-sequence \
-                 decode speed; pass --prefill-tok-s)"
-            ));
-            round_to(DEFAULT_PREFILL_PER_DECODE * curve_at(1.0), 10.0)
-        }
-    };
+    }
     extrapolated.push(format!(
         "prefill_chunk_tokens (routelab's default {DEFAULT_PREFILL_CHUNK_TOKENS})"
     ));
@@ -487,7 +1014,8 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
         );
     }
     let _ = writeln!(y, "prefill_tok_s: {prefill_tok_s}");
-    let _ = writeln!(y, "prefill_chunk_tokens: {DEFAULT_PREFILL_CHUNK_TOKENS}");
+    let _ = writeln!(y, "prefill_chunk_tokens: {chunk}");
+    let _ = writeln!(y, "prefill_overlap: {overlap}");
     let _ = writeln!(y, "kv_capacity_tokens: {kv_capacity_tokens}");
     let _ = writeln!(y, "max_running: {max_running}");
     let _ = writeln!(y, "context_window: {context_window}");
@@ -515,7 +1043,8 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
 fn read_csv(input: &FitInput) -> Result<Measured, InputError> {
     let file = input.origin.as_str();
     let valid_header = "a header row `concurrency,aggregate_tok_s` (optional columns \
-                        prefill_tok_s, cold_burst_tok_s), then one row per concurrency";
+                        prefill_tok_s, cold_burst_tok_s, mean_prompt_tokens, \
+                        mean_output_tokens), then one row per concurrency";
     let mut rd = csv::ReaderBuilder::new()
         .has_headers(true)
         .trim(csv::Trim::All)
@@ -524,7 +1053,7 @@ fn read_csv(input: &FitInput) -> Result<Measured, InputError> {
         .headers()
         .map_err(|e| InputError::new(file, "", format!("unreadable CSV: {e}")).at(Some(1), None))?
         .clone();
-    let mut col = [None; 4];
+    let mut col = [None; CSV_COLUMNS.len()];
     for (i, h) in header.iter().enumerate() {
         match CSV_COLUMNS.iter().position(|c| *c == h) {
             Some(k) if col[k].is_none() => col[k] = Some(i),
@@ -598,10 +1127,41 @@ fn read_csv(input: &FitInput) -> Result<Measured, InputError> {
                 "rows in strictly increasing concurrency, one row per concurrency",
             ));
         }
+        let closed_loop = match (cell(4)?, cell(5)?) {
+            (Some(prompt_tokens), Some(output_tokens)) => Some(ClosedLoop {
+                concurrency: c,
+                output_tok_s: a,
+                prompt_tokens,
+                output_tokens,
+            }),
+            (None, None) => None,
+            (prompt, _) => {
+                let missing = if prompt.is_some() {
+                    "mean_output_tokens"
+                } else {
+                    "mean_prompt_tokens"
+                };
+                return Err(at(
+                    missing,
+                    format!(
+                        "no {missing}: a closed-loop row needs both its mean prompt and mean output tokens"
+                    ),
+                    "both mean_prompt_tokens and mean_output_tokens (a closed-loop result), or \
+                     neither (a pure-decode measurement)",
+                ));
+            }
+        };
         m.points.push(Obs {
             concurrency: c,
             aggregate_tok_s: a,
             weight: 1.0,
+            closed_loop,
+            at: RowAt {
+                file: file.to_string(),
+                field: "aggregate_tok_s".into(),
+                line: u32::try_from(line).ok(),
+                column: None,
+            },
         });
         if let Some(p) = cell(2)? {
             prefill_at.get_or_insert((c, p));
@@ -636,6 +1196,9 @@ fn read_csv(input: &FitInput) -> Result<Measured, InputError> {
     }
     if m.cold.is_some() {
         read.push("cold_burst_tok_s");
+    }
+    if m.points.iter().any(|p| p.closed_loop.is_some()) {
+        read.extend(["mean_prompt_tokens", "mean_output_tokens"]);
     }
     m.sources.push(format!(
         "{file} (CSV, {} rows): {}",
@@ -675,11 +1238,12 @@ fn parse_json(input: &FitInput, what: &str) -> Result<Value, InputError> {
 // ---------------------------------------------------------------------------------------------
 
 /// The fields of a `vllm bench serve --save-result` file that the fit reads.
-pub const VLLM_FIELDS: [&str; 6] = [
+pub const VLLM_FIELDS: [&str; 7] = [
     "max_concurrency",
     "completed",
     "duration",
     "total_input_tokens",
+    "total_output_tokens",
     "output_throughput",
     "mean_ttft_ms",
 ];
@@ -690,13 +1254,17 @@ struct BenchRun {
     completed: f64,
     duration_s: f64,
     total_input_tokens: f64,
+    total_output_tokens: f64,
     output_tok_s: f64,
     mean_ttft_ms: f64,
+    /// Where `output_throughput` is, for errors about the point.
+    at: RowAt,
 }
 
 fn read_vllm_one(input: &FitInput) -> Result<BenchRun, InputError> {
     let what = "the JSON object `vllm bench serve --save-result` writes (max_concurrency, \
-                completed, duration, total_input_tokens, output_throughput, mean_ttft_ms, ...)";
+                completed, duration, total_input_tokens, total_output_tokens, output_throughput, \
+                mean_ttft_ms, ...)";
     let v = parse_json(input, what)?;
     let Some(obj) = v.as_object() else {
         let kind = match v {
@@ -753,8 +1321,18 @@ fn read_vllm_one(input: &FitInput) -> Result<BenchRun, InputError> {
         completed: positive("completed")?,
         duration_s: positive("duration")?,
         total_input_tokens: positive("total_input_tokens")?,
+        total_output_tokens: positive("total_output_tokens")?,
         output_tok_s: positive("output_throughput")?,
         mean_ttft_ms: positive("mean_ttft_ms")?,
+        at: {
+            let (line, column) = key_position(&input.text, "output_throughput");
+            RowAt {
+                file: origin.to_string(),
+                field: "output_throughput".into(),
+                line,
+                column,
+            }
+        },
     })
 }
 
@@ -786,19 +1364,22 @@ fn read_vllm(inputs: &[FitInput]) -> Result<Measured, InputError> {
             concurrency: r.concurrency,
             aggregate_tok_s: r.output_tok_s,
             weight: r.duration_s,
+            // a --max-concurrency run is a closed loop: its output throughput holds the time
+            // its prompts were prefilled
+            closed_loop: Some(ClosedLoop {
+                concurrency: r.concurrency,
+                output_tok_s: r.output_tok_s,
+                prompt_tokens: r.total_input_tokens / r.completed,
+                output_tokens: r.total_output_tokens / r.completed,
+            }),
+            at: r.at.clone(),
         });
         m.sources.push(format!(
             "{} (vllm bench serve --save-result): max_concurrency {}, output_throughput, \
-             duration, completed, total_input_tokens, mean_ttft_ms",
+             duration, completed, total_input_tokens, total_output_tokens, mean_ttft_ms",
             r.origin, r.concurrency
         ));
     }
-    m.notes.push(
-        "decode.points: output_throughput of each --max-concurrency run; it counts the time \
-         prompts spend in prefill and slots spend refilling, so it underestimates pure decode \
-         (most at low concurrency and long prompts)"
-            .to_string(),
-    );
     if let Some(r) = runs.iter().find(|r| r.concurrency == 1.0) {
         let mean_in = r.total_input_tokens / r.completed;
         let ttft_s = r.mean_ttft_ms / 1000.0;
@@ -957,10 +1538,18 @@ fn read_gateway(input: &FitInput, worker: Option<&str>) -> Result<Measured, Inpu
             without_tokens.push(num("concurrency")?);
             continue;
         }
+        let (line, column) = key_position(&input.text, "points");
         m.points.push(Obs {
             concurrency: num("concurrency")?,
             aggregate_tok_s: num("aggregate_tok_s")?,
             weight: num("observed_s")?,
+            closed_loop: None,
+            at: RowAt {
+                file: origin.to_string(),
+                field: format!("{wf}.points[{i}].aggregate_tok_s"),
+                line,
+                column,
+            },
         });
     }
     if m.points.is_empty() {
@@ -1000,11 +1589,6 @@ fn read_gateway(input: &FitInput, worker: Option<&str>) -> Result<Measured, Inpu
          {generated}): points concurrency, aggregate_tok_s, observed_s; gpu_names; \
          context_window"
     ));
-    m.notes.push(
-        "decode.points: the gateway's passive measurement (output tokens / time at each \
-         observed concurrency); like any end-to-end figure it includes prefill time"
-            .to_string(),
-    );
     Ok(m)
 }
 
@@ -1071,6 +1655,12 @@ mod tests {
         );
         assert!(
             p.fitted().iter().any(|n| n.contains("2 of 3 points moved")),
+            "{:?}",
+            p.fitted()
+        );
+        // the first note says what the decode figures are
+        assert!(
+            p.fitted()[0].starts_with("decode aggregate from pure-decode rows: the rows give no"),
             "{:?}",
             p.fitted()
         );
@@ -1162,6 +1752,271 @@ mod tests {
             assert_eq!(e.line, line, "{text}: {e}");
             assert!(e.valid.is_some(), "{e}");
         }
+    }
+
+    /// Requests of 500 prompt and 101 output tokens at one request a second: 101 output tok/s,
+    /// of which 100 from decode steps; their prefill alone, at 5,000 tok/s, takes 0.1 s of
+    /// every second (q).
+    fn loop_at(concurrency: f64) -> ClosedLoop {
+        ClosedLoop {
+            concurrency,
+            output_tok_s: 101.0,
+            prompt_tokens: 500.0,
+            output_tokens: 101.0,
+        }
+    }
+
+    fn model(overlap: f64) -> StepModel {
+        StepModel {
+            prefill_tok_s: 5000.0,
+            prefill_chunk_tokens: 512,
+            prefill_overlap: overlap,
+        }
+    }
+
+    fn close(got: f64, want: f64) -> bool {
+        (got / want - 1.0).abs() < 1e-12
+    }
+
+    #[test]
+    fn one_client_subtracts_its_whole_prefill() {
+        // nothing decodes beside the prompt: 0.9 s of decode for 100 tokens, whatever overlap
+        for o in [0.0, 0.4, 1.0] {
+            let a = loop_at(1.0).decode_aggregate(&model(o)).unwrap();
+            assert!(close(a, 100.0 / 0.9), "overlap {o}: {a}");
+        }
+    }
+
+    #[test]
+    fn a_prefill_under_the_decode_hides_its_overlap() {
+        // 16 clients: each 512-token prefill step (102.4 ms alone) runs beside ~15 decodes
+        // (~140 ms alone), the decode-bound side: delta = 1 - (1 - overlap) q
+        for (o, delta) in [(0.0, 0.9), (0.4, 0.94), (1.0, 1.0)] {
+            let a = loop_at(16.0).decode_aggregate(&model(o)).unwrap();
+            assert!(
+                close(a, 100.0 / delta),
+                "overlap {o}: {a}, want {}",
+                100.0 / delta
+            );
+        }
+    }
+
+    #[test]
+    fn a_prefill_longer_than_its_decode_hides_the_decode() {
+        // 2 clients: the 102.4 ms prefill step beside one decode of ~9 ms is prefill-bound; it
+        // adds p - overlap d: 1 = delta + q - overlap m b delta / D, so
+        // delta = (1 - q) / (1 - overlap m b / D)
+        let o = 0.4;
+        let m = 500.0 / 512.0; // prefill steps a second, 512 tokens each
+        let b = 2.0 - 512.0 / 500.0; // sequences decoding beside them
+        let delta = 0.9 / (1.0 - o * m * b / 100.0);
+        let a = loop_at(2.0).decode_aggregate(&model(o)).unwrap();
+        assert!(close(a, 100.0 / delta), "{a} vs {}", 100.0 / delta);
+        // and the step the solution implies is the step model's own
+        let d = b * delta / 100.0;
+        let p = 512.0 / 5000.0;
+        assert!(d < p);
+        let second = delta + m * (mixed_step_s(d, p, o) - d);
+        assert!((second - 1.0).abs() < 1e-12, "{second}");
+    }
+
+    #[test]
+    fn impossible_closed_loops_are_refused() {
+        let one_token = ClosedLoop {
+            output_tokens: 1.0,
+            ..loop_at(4.0)
+        };
+        let e = one_token.decode_aggregate(&model(0.4)).unwrap_err();
+        assert!(e.contains("no decode step"), "{e}");
+        // 101 tok/s of 500-token prompts need 500 prompt tok/s: more than a 400 tok/s prefill
+        let slow = StepModel {
+            prefill_tok_s: 400.0,
+            ..model(0.4)
+        };
+        let e = loop_at(4.0).decode_aggregate(&slow).unwrap_err();
+        assert!(e.contains("leave no time to decode"), "{e}");
+        let e = ClosedLoop {
+            output_tok_s: f64::NAN,
+            ..loop_at(4.0)
+        }
+        .decode_aggregate(&model(0.4))
+        .unwrap_err();
+        assert!(e.contains("output tok/s = NaN"), "{e}");
+    }
+
+    #[test]
+    fn mixed_steps_parse_or_say_what_is_valid() {
+        let m = MixedStep::parse(" 256 : 539 : 16.3 ").unwrap();
+        assert_eq!((m.decoding, m.prompt_tokens), (256, 539));
+        assert!((m.step_s - 0.0163).abs() < 1e-15, "{m:?}");
+        for (text, says) in [
+            ("256:539", "not three numbers"),
+            ("256:539:16.3:1", "not three numbers"),
+            ("a:539:16.3", "N `a` is not a number"),
+            ("0:539:16.3", "N: 0 is not valid"),
+            ("256:5.5:16.3", "PROMPT_TOKENS: 5.5 is not valid"),
+            ("256:539:-1", "STEP_MS: -1 is not valid"),
+            ("256:539:inf", "STEP_MS: inf is not valid"),
+        ] {
+            let e = MixedStep::parse(text).unwrap_err();
+            assert_eq!(
+                (e.file.as_str(), e.field.as_str()),
+                ("<command line>", "--mixed-step"),
+                "{e}"
+            );
+            assert!(e.message.contains(says), "{text}: {e}");
+            assert!(
+                e.valid
+                    .as_deref()
+                    .is_some_and(|v| v.contains("N:PROMPT_TOKENS:STEP_MS")),
+                "{e}"
+            );
+        }
+    }
+
+    /// Pure-decode rows (100 tok/s at 1 -> 10 ms, 800 at 16 -> 20 ms steps) and a 2,000 tok/s
+    /// prefill: one mixed step of 16 beside 100 prompt tokens (50 ms alone) fits the overlap.
+    const PURE: &str = "concurrency,aggregate_tok_s,prefill_tok_s\n1,100,2000\n16,800,\n";
+
+    #[test]
+    fn a_mixed_step_fits_and_writes_the_overlap() {
+        let step = MixedStep {
+            decoding: 16,
+            prompt_tokens: 100,
+            step_s: mixed_step_s(0.020, 0.050, 0.25),
+        };
+        let f = fit(
+            FitSource::Csv,
+            &[csv(PURE)],
+            &FitOptions {
+                mixed_step: Some(step),
+                ..opts()
+            },
+        )
+        .unwrap();
+        assert_eq!(f.profile.prefill_overlap(), 0.25);
+        assert!(f.yaml.contains("prefill_overlap: 0.25\n"), "{}", f.yaml);
+        assert!(
+            f.profile
+                .fitted()
+                .iter()
+                .any(|n| n.starts_with("prefill_overlap 0.25 from one mixed step")),
+            "{:?}",
+            f.profile.fitted()
+        );
+        // no closed-loop row: nothing was subtracted, and nothing says it was
+        assert!(
+            !f.profile
+                .fitted()
+                .iter()
+                .any(|n| n.contains("prefill subtracted"))
+        );
+    }
+
+    #[test]
+    fn bad_overlaps_and_steps_are_located() {
+        let input = [csv(PURE)];
+        let refused = |o: FitOptions| fit(FitSource::Csv, &input, &o).unwrap_err();
+        for bad in [-0.1, 1.5, f64::NAN] {
+            let e = refused(FitOptions {
+                prefill_overlap: Some(bad),
+                ..opts()
+            });
+            assert_eq!(e.field, "--prefill-overlap", "{e}");
+            assert!(
+                e.valid
+                    .as_deref()
+                    .is_some_and(|v| v.contains("from 0 to 1")),
+                "{e}"
+            );
+        }
+        // a step shorter than its decode alone (20 ms), and one longer than both added (70 ms)
+        for ms in [15.0, 80.0] {
+            let e = refused(FitOptions {
+                mixed_step: Some(MixedStep {
+                    decoding: 16,
+                    prompt_tokens: 100,
+                    step_s: ms / 1e3,
+                }),
+                ..opts()
+            });
+            assert_eq!(e.field, "--mixed-step", "{e}");
+            assert!(
+                e.message.contains("cannot carry a decode of 20.000 ms"),
+                "{e}"
+            );
+        }
+        let e = refused(FitOptions {
+            prefill_overlap: Some(0.5),
+            mixed_step: MixedStep::parse("16:100:60").ok(),
+            ..opts()
+        });
+        assert!(e.message.contains("given with --mixed-step"), "{e}");
+    }
+
+    #[test]
+    fn closed_loop_rows_need_a_prefill_speed_and_room_to_decode() {
+        let no_prefill = csv(
+            "concurrency,aggregate_tok_s,mean_prompt_tokens,mean_output_tokens\n1,100,500,101\n",
+        );
+        let e = fit(FitSource::Csv, std::slice::from_ref(&no_prefill), &opts()).unwrap_err();
+        assert_eq!(e.field, "--prefill-tok-s", "{e}");
+        assert!(
+            e.valid
+                .as_deref()
+                .is_some_and(|v| v.contains("--pure-decode")),
+            "{e}"
+        );
+        // taken as pure decode when the user says so
+        let f = fit(
+            FitSource::Csv,
+            &[no_prefill],
+            &FitOptions {
+                pure_decode: true,
+                ..opts()
+            },
+        )
+        .unwrap();
+        assert_eq!(f.profile.aggregate_tok_s(1.0), 100.0);
+        // a row whose prompts alone would take longer than the run: file, line and field
+        let e = fit(
+            FitSource::Csv,
+            &[csv(
+                "concurrency,aggregate_tok_s,prefill_tok_s,mean_prompt_tokens,mean_output_tokens\n\
+                 1,100,5000,500,101\n4,2000,,500,101\n",
+            )],
+            &opts(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            (e.file.as_str(), e.field.as_str(), e.line),
+            ("m.csv", "aggregate_tok_s", Some(3)),
+            "{e}"
+        );
+        assert!(e.message.contains("leave no time to decode"), "{e}");
+    }
+
+    #[test]
+    fn the_decode_shape_keeps_both_rules() {
+        // already shaped: unchanged
+        let c = [1.0, 2.0, 4.0, 8.0];
+        let ok = [60.0, 110.0, 200.0, 320.0];
+        assert_eq!(decode_shape(&ok, &c, &[1.0; 4]), ok.to_vec());
+        // a per-request speed that rises (35 at 2, then 50 at 4): pooled until it does not
+        let out = decode_shape(&[60.0, 70.0, 200.0, 320.0], &c, &[1.0; 4]);
+        for i in 1..out.len() {
+            assert!(out[i] >= out[i - 1] - 1e-9, "{out:?}");
+            assert!(out[i] / c[i] <= out[i - 1] / c[i - 1] + 1e-9, "{out:?}");
+        }
+        // and it is the closest such curve: no shaped neighbour is nearer
+        let err = |v: &[f64]| -> f64 {
+            v.iter()
+                .zip([60.0, 70.0, 200.0, 320.0])
+                .map(|(a, b)| (a - b) * (a - b))
+                .sum()
+        };
+        let pooled_speed = [60.0, 2.0 * 45.0, 4.0 * 45.0, 320.0];
+        assert!(err(&out) <= err(&pooled_speed) + 1e-9, "{out:?}");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Integration tests of routelab-sim.
 mod calibration;
+mod calibration_fit;
 mod common_random_numbers;
 mod engine;
 mod knowledge;
