@@ -403,10 +403,9 @@ fn the_subtraction_finds_the_decode_curve_under_the_default_overlap() {
 }
 
 /// The default overlap, learned from one mixed step as a user would. The benchmark's steps
-/// hide 40 % of their shorter part; the simulator reproduces it once its fluid engine times
-/// mixed steps with `mixed_step_s` (issue 15's engine change); run with `--ignored` until then.
+/// hide 40 % of their shorter part, and the fluid engine times its mixed steps with the same
+/// `mixed_step_s`.
 #[test]
-#[ignore = "needs the fluid engine timed by hardware::step::mixed_step_s (issue 15)"]
 fn a_closed_loop_fit_reproduces_its_benchmark_with_the_default_overlap() {
     for (prompt, output) in [(512, 128), (256, 256)] {
         assert_reproduced(&closed_loop_case(
