@@ -762,6 +762,51 @@ cold_start: { speed_factor: 0.3, warmup_tokens: 2000 }
     }
 
     #[test]
+    fn a_decode_step_that_shortens_as_the_batch_grows_is_refused() {
+        // 400 tok/s at 8 is 50 per request; 1,800 at 32 would be 56.25: a step of 17.8 ms at
+        // 32 sequences after 20 ms at 8
+        let e = err_of(&GOOD.replace("aggregate_tok_s: 800", "aggregate_tok_s: 1800"));
+        assert_eq!(e.field, "decode.points[2].aggregate_tok_s", "{e}");
+        assert_eq!(e.line, Some(7), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("step time falls"), "{msg}");
+        assert!(msg.contains("at most 1600"), "{msg}");
+        // equal per-request speed (a flat step time) is fine
+        let ok = GOOD.replace("aggregate_tok_s: 800", "aggregate_tok_s: 1600");
+        assert!(HardwareProfile::from_yaml_str(&ok, "ok.yaml").is_ok());
+        // the parametric form: saturation above single x half_concurrency
+        let param = |sat: &str| {
+            GOOD.replace(
+                "  points:\n    - { concurrency: 1, aggregate_tok_s: 100 }\n    - { concurrency: 8, \
+                 aggregate_tok_s: 400 }\n    - { concurrency: 32, aggregate_tok_s: 800 }\n",
+                &format!("  single_tok_s: 100\n  saturation_tok_s: {sat}\n  half_concurrency: 4\n"),
+            )
+        };
+        assert!(HardwareProfile::from_yaml_str(&param("400"), "p.yaml").is_ok());
+        let e = err_of(&param("401"));
+        assert_eq!(e.field, "decode.saturation_tok_s", "{e}");
+        assert!(e.to_string().contains("at most single_tok_s x half_concurrency = 400"), "{e}");
+    }
+
+    #[test]
+    fn an_overlap_outside_its_range_is_refused() {
+        for bad in ["-0.1", "1.5", ".nan"] {
+            let src = format!("{GOOD}prefill_overlap: {bad}\n");
+            let e = err_of(&src);
+            assert_eq!(e.field, "prefill_overlap", "{bad}: {e}");
+            assert_eq!(e.line, Some(13), "{bad}: {e}");
+            assert!(e.to_string().contains("[0, 1]"), "{bad}: {e}");
+        }
+        let src = format!("{GOOD}prefill_overlap: 0.7\n");
+        let p = HardwareProfile::from_yaml_str(&src, "ok.yaml").unwrap();
+        assert_eq!(p.prefill_overlap(), 0.7);
+        let p = HardwareProfile::from_yaml_str(GOOD, "ok.yaml").unwrap();
+        assert_eq!(p.prefill_overlap(), DEFAULT_PREFILL_OVERLAP);
+        // a step of 8 decodes (20 ms) beside 40 prompt tokens (10 ms) at the default 0.4
+        assert!((p.mixed_step_time_s(8.0, 40.0) - 0.026).abs() < 1e-12);
+    }
+
+    #[test]
     fn rejects_bad_numbers() {
         for (from, to, field) in [
             ("prefill_tok_s: 4000", "prefill_tok_s: -1", "prefill_tok_s"),
