@@ -412,3 +412,34 @@ fn show_of_an_unknown_profile_lists_the_places_looked_in() {
         ],
     );
 }
+
+/// A profile whose decode step time falls as the batch grows, or whose overlap is not a
+/// share, is a located error with exit code 2 wherever it is read (here: `profile show`).
+#[test]
+fn a_bad_step_time_table_or_overlap_is_located() {
+    let dir = scratch("profile-step-rules");
+    let good = std::fs::read_to_string("scenarios/hardware/rtx-pro-6000-27b.yaml").unwrap();
+    let falling = good.replace(
+        "{ concurrency: 32, aggregate_tok_s: 1440 }",
+        "{ concurrency: 32, aggregate_tok_s: 2400 }",
+    );
+    assert_ne!(falling, good);
+    std::fs::write(dir.join("falling.yaml"), falling).unwrap();
+    let o = routelab_in(&dir, None, &["profile", "show", "falling.yaml"]);
+    bad_input(
+        &o,
+        &[
+            "falling.yaml",
+            "decode.points[3].aggregate_tok_s",
+            "step time falls",
+            "per-request speed may not rise",
+        ],
+    );
+    std::fs::write(
+        dir.join("overlap.yaml"),
+        format!("{good}prefill_overlap: 1.2\n"),
+    )
+    .unwrap();
+    let o = routelab_in(&dir, None, &["profile", "show", "overlap.yaml"]);
+    bad_input(&o, &["overlap.yaml", "prefill_overlap", "[0, 1]"]);
+}
