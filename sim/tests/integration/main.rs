@@ -2,6 +2,7 @@
 mod calibration;
 mod common_random_numbers;
 mod engine;
+mod engine_modes;
 mod knowledge;
 mod load_scale;
 mod mapped_traces;
