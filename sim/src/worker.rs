@@ -80,7 +80,7 @@ mod mode;
 mod speed;
 mod step;
 pub use mode::{Engine, EngineMode};
-pub use step::StepEngine;
+pub use step::{KV_BLOCK_TOKENS, StepEngine};
 
 /// Prefix-cache block size in tokens: the traffic's prefix block, so that one arrival block is
 /// one engine cache block.
