@@ -2,7 +2,9 @@
 //! fleet entry, an unknown mode is a located error, and on every bundled hardware profile the
 //! fluid engine agrees with the step-level reference — throughput at saturation within 3 %,
 //! mean TTFT and mean e2e within 10 % at 30, 60 and 85 % load — alone and in a fleet of four
-//! behind least-load.
+//! behind least-load (the router of the measurement). Both modes of a comparison see
+//! the same arrivals and lengths (same seed). Saturation is the step-level mode's; the loads
+//! are fractions of it.
 
 use routelab_policies::PolicyConfig;
 use routelab_sim::{EngineMode, RequestRecord, Scenario, Status, run};
