@@ -6,7 +6,9 @@
 //! - [`hardware`]: worker hardware profiles (decode throughput over concurrency, prefill, KV,
 //!   cold start), loaded from YAML, found by [`ProfileLookup`] (paths, directories, the bundled
 //!   profiles, `ROUTELAB_HARDWARE`) and fitted from measurements ([`hardware::fit`]).
-//! - [`worker`]: one inference engine as a fluid processor-sharing model ([`EngineModel`]).
+//! - [`worker`]: one inference engine as a fluid processor-sharing model ([`EngineModel`]) or
+//!   stepped as vLLM's scheduler steps it ([`StepEngine`]); [`Engine`] holds either
+//!   ([`EngineMode`]).
 //! - [`traffic`]: synthetic generators and streaming trace replay.
 //! - [`engine`]: the event loop that ties a fleet, a router, probes and lifecycle events
 //!   together ([`run`]).
@@ -39,4 +41,4 @@ pub use record::{
 pub use results::{ReplicaTotals, RunMetrics, TimelineRow, WorkerTotals};
 pub use scenario::{Scenario, ScenarioError, TrafficSpec};
 pub use seed::derive_seed;
-pub use worker::{EngineModel, EngineOverrides};
+pub use worker::{Engine, EngineMode, EngineModel, EngineOverrides, StepEngine};

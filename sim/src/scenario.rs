@@ -30,7 +30,7 @@ use crate::traffic::{
     READY_MADE_MAPPINGS, ReplayOptions, TraceFormat, TraceLayout, TraceMapping, TraceReplay,
     TraceStats, TrafficError, TrafficSource, Until,
 };
-use crate::worker::EngineOverrides;
+use crate::worker::{EngineMode, EngineOverrides};
 use routelab_policies::located::{InputError, parse_yaml, rule};
 use routelab_policies::{PolicyConfig, PolicyEntry, WorkerSpec};
 use serde::Deserialize;
@@ -84,6 +84,8 @@ pub struct RawScenario {
     pub oracle_concurrency: Option<f64>,
     /// Several gateway replicas behind an L4 balancer (default: one gateway).
     pub gateways: Option<Spanned<RawGateways>>,
+    /// How every worker's engine is simulated: `fluid` (default) or `step`.
+    pub engine: Option<Spanned<String>>,
 }
 
 /// The `gateways:` block as written.
@@ -133,6 +135,8 @@ pub struct RawWorker {
     pub kv_capacity_tokens: Option<u64>,
     /// Noise.
     pub noise: Option<RawNoise>,
+    /// How its engine is simulated: `fluid` or `step` (default: the scenario's `engine`).
+    pub engine: Option<Spanned<String>>,
 }
 
 /// Seeded noise of a worker.
@@ -662,6 +666,10 @@ impl Validator<'_> {
                 "is empty; a scenario needs at least one worker",
             ));
         }
+        let scenario_engine = match &raw.engine {
+            Some(e) => self.engine_mode(e, "engine")?,
+            None => EngineMode::default(),
+        };
         let mut workers: Vec<WorkerSetup> = Vec::new();
         let mut names: HashMap<String, usize> = HashMap::new();
         for (i, w) in raw.fleet.iter().enumerate() {
@@ -688,6 +696,10 @@ impl Validator<'_> {
                     format!("{context_window} is too small; expected at least 1024 tokens (the probe prompt must fit)"),
                 ));
             }
+            let engine = match &w.engine {
+                Some(e) => self.engine_mode(e, &f("engine"))?,
+                None => scenario_engine,
+            };
             let noise = w.noise.as_ref();
             let overrides = EngineOverrides {
                 speed_factor: w.speed_factor.unwrap_or(1.0),
@@ -744,6 +756,7 @@ impl Validator<'_> {
                     },
                     profile: profile.clone(),
                     overrides: overrides.clone(),
+                    engine,
                     rtt_ns,
                     register_at,
                 });
@@ -821,6 +834,18 @@ impl Validator<'_> {
             setup,
             traffic,
             policies,
+        })
+    }
+
+    /// An `engine:` mode (the scenario's or a fleet entry's).
+    fn engine_mode(&self, e: &Spanned<String>, field: &str) -> Result<EngineMode, ScenarioError> {
+        EngineMode::parse(&e.value).map_err(|_| {
+            self.invalid(
+                Some(&e.referenced),
+                field,
+                format!("unknown engine mode `{}`", e.value),
+            )
+            .valid(EngineMode::NAMES.join(", "))
         })
     }
 

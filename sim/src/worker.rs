@@ -86,6 +86,11 @@ use routelab_policies::KvEvent;
 
 mod cache;
 use cache::PrefixCache;
+mod mode;
+mod speed;
+mod step;
+pub use mode::{Engine, EngineMode};
+pub use step::{KV_BLOCK_TOKENS, StepEngine};
 
 /// Prefix-cache block size in tokens: the traffic's prefix block, so that one arrival block is
 /// one engine cache block.

@@ -1,4 +1,4 @@
-//! The event engine: a fleet of [`EngineModel`]s behind one [`Router`], fed by a traffic
+//! The event engine: a fleet of [`Engine`]s (fluid or step-level) behind one [`Router`], fed by a traffic
 //! source, with probes, lifecycle events and metrics.
 //!
 //! The engine is split by concern:
@@ -39,7 +39,7 @@ pub use crate::results::{ReplicaTotals, RunMetrics, TimelineRow, WorkerTotals};
 use crate::derive_seed;
 use crate::record::Recorder;
 use crate::traffic::TrafficSource;
-use crate::worker::{EngineModel, EngineOutput};
+use crate::worker::{Engine, EngineOutput};
 use probes::ProbeRun;
 use queue::EventQueue;
 use replicas::{Balancer, Replica};
@@ -102,7 +102,7 @@ enum Ev {
 
 /// One worker at run time.
 struct WorkerRt {
-    engine: EngineModel,
+    engine: Engine,
     /// Its id at the router, once registered.
     id: Option<WorkerId>,
     /// Half the network round trip, ns.
@@ -165,7 +165,8 @@ impl<'a> Sim<'a> {
             .iter()
             .enumerate()
             .map(|(i, w)| {
-                let engine = EngineModel::new(
+                let engine = Engine::new(
+                    w.engine,
                     w.profile.clone(),
                     w.overrides.clone(),
                     derive_seed(setup.seed, 1000 + i as u64),

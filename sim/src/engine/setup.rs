@@ -6,7 +6,7 @@ use super::replicas::Gateways;
 use crate::HardwareProfile;
 use crate::record::Slo;
 use crate::traffic::TrafficError;
-use crate::worker::EngineOverrides;
+use crate::worker::{EngineMode, EngineOverrides};
 use routelab_policies::WorkerSpec;
 use std::sync::Arc;
 
@@ -23,6 +23,8 @@ pub struct WorkerSetup {
     pub profile: Arc<HardwareProfile>,
     /// Per-worker changes to the hardware model.
     pub overrides: EngineOverrides,
+    /// How its engine is simulated (fluid or step-level).
+    pub engine: EngineMode,
     /// Network round trip between gateway and worker, ns.
     pub rtt_ns: u64,
     /// When it registers, ns.

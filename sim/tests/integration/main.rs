@@ -3,6 +3,7 @@ mod calibration;
 mod calibration_fit;
 mod common_random_numbers;
 mod engine;
+mod engine_modes;
 mod knowledge;
 mod load_scale;
 mod mapped_traces;
