@@ -81,7 +81,6 @@ use rand::rngs::Xoshiro256PlusPlus;
 use rand_distr::{Distribution, LogNormal};
 
 use crate::hardware::{HardwareProfile, mixed_step_s};
-use crate::seed::splitmix64;
 use routelab_policies::KvEvent;
 
 mod cache;
@@ -474,8 +473,7 @@ impl EngineModel {
             .map(|n| profile.step_time_s(f64::from(n)))
             .collect();
         let cold = profile.cold_start();
-        let lognormal =
-            |cv: f64| (cv > 0.0).then(|| LogNormal::from_mean_cv(1.0, cv).expect("validated cv"));
+        let lognormal = speed::lognormal;
         let cache_blocks = usize::try_from(kv_capacity / u64::from(BLOCK_TOKENS)).unwrap_or(0);
         let mut engine = EngineModel {
             prefill_tok_s: profile.prefill_tok_s(),
@@ -1188,15 +1186,7 @@ impl EngineModel {
     }
 
     fn epoch_factor_for(&self, idx: u64) -> f64 {
-        match &self.epoch_noise {
-            None => 1.0,
-            Some(d) => {
-                let mut rng = Xoshiro256PlusPlus::seed_from_u64(splitmix64(
-                    self.seed ^ splitmix64(idx ^ 0xE90C),
-                ));
-                d.sample(&mut rng)
-            }
-        }
+        speed::epoch_factor(self.seed, idx, self.epoch_noise.as_ref())
     }
 
     /// Recomputes rates and the next event after any change at `t0`; bumps the generation.
