@@ -411,10 +411,13 @@ impl<'a> Sim<'a> {
             }
             let e = &w.engine;
             let kv_capacity = e.kv_capacity_tokens().max(1) as f64;
+            // what the engine's metrics endpoint shows: KV as allocated, not the fluid model's
+            // admission reservation
+            let kv_tokens = e.kv_allocated_tokens(now);
             let report = EngineReport {
-                kv_used_fraction: (e.kv_used_tokens() as f64 / kv_capacity).min(1.0),
+                kv_used_fraction: (kv_tokens as f64 / kv_capacity).min(1.0),
                 queued_prompt_tokens: e.waiting_prompt_tokens(),
-                running_tokens: e.kv_used_tokens(),
+                running_tokens: kv_tokens,
                 generation_tok_s: e.generation_tok_s(),
             };
             for r in &mut self.replicas {

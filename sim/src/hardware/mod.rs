@@ -785,7 +785,11 @@ cold_start: { speed_factor: 0.3, warmup_tokens: 2000 }
         assert!(HardwareProfile::from_yaml_str(&param("400"), "p.yaml").is_ok());
         let e = err_of(&param("401"));
         assert_eq!(e.field, "decode.saturation_tok_s", "{e}");
-        assert!(e.to_string().contains("at most single_tok_s x half_concurrency = 400"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("at most single_tok_s x half_concurrency = 400"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -134,6 +134,8 @@ impl Engine {
         fn waiting(&self) -> u32;
         /// KV tokens the running set uses.
         fn kv_used_tokens(&self) -> u64;
+        /// KV tokens allocated at `now`, as an engine's KV-usage metric reports them.
+        fn kv_allocated_tokens(&self, now: u64) -> u64;
         /// Effective running-set limit.
         fn max_running(&self) -> u32;
         /// Effective KV capacity (tokens).
