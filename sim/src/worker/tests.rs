@@ -263,8 +263,9 @@ fn kv_capacity_limits_the_running_set() {
         ..EngineOverrides::default()
     };
     let mut e = EngineModel::new(p, o, 1);
-    assert!(!e.admit(0, 1, 300, 200, &[]).waits());
-    assert!(!e.admit(0, 2, 300, 200, &[]).waits());
+    // each reserves its prompt and four fifths of its output: 300 + 200
+    assert!(!e.admit(0, 1, 300, 250, &[]).waits());
+    assert!(!e.admit(0, 2, 300, 250, &[]).waits());
     assert!(e.admit(0, 3, 1, 1, &[]).waits()); // 1002 > 1000
     assert_eq!(e.kv_used_tokens(), 1000);
     // larger than the whole cache: runs alone once the engine is empty
@@ -641,7 +642,7 @@ fn aborting_a_decoding_sequence_frees_its_slot_and_the_other_speeds_up() {
     e.advance_to(half, &mut out);
     assert!(e.abort(half, 2));
     assert_eq!((e.in_flight(), e.running(), e.decoding()), (1, 1, 1));
-    assert_eq!(e.kv_used_tokens(), 310);
+    assert_eq!(e.kv_used_tokens(), 10 + 240);
     assert_eq!(e.decoded_tokens(half, 2), None);
     out.extend(drain(&mut e));
     let cs = completions(&out);
@@ -687,7 +688,7 @@ fn aborting_a_prefilling_sequence_takes_its_remaining_work_out_of_the_queue() {
     let mut out = Vec::new();
     e.advance_to(mid, &mut out);
     assert!(e.abort(mid, 1));
-    assert_eq!((e.running(), e.kv_used_tokens()), (1, 1010));
+    assert_eq!((e.running(), e.kv_used_tokens()), (1, 1000 + 8));
     out.extend(drain(&mut e));
     assert_eq!(first_token_of(&out, 1), None);
     let got = first_token_of(&out, 2).expect("2 prefills");
@@ -845,9 +846,9 @@ fn under_kv_pressure_cached_blocks_are_evicted_lru_and_running_ones_are_not() {
     // two finished conversations leave 4 evictable blocks: [1, 2] older than [3, 4]
     step(&mut e, 1, 1024, 1, &[1, 2]);
     step(&mut e, 2, 1024, 1, &[3, 4]);
-    // a long answer reserves 1,024 + 2,000 tokens: 1,072 free tokens = room for 2 cached
-    // blocks, so the least recently used conversation goes
-    step(&mut e, 3, 1024, 2000, &[5, 6]);
+    // a long answer reserves 1,024 + 4/5 x 2,500 tokens: 1,072 free tokens = room for 2
+    // cached blocks, so the least recently used conversation goes
+    step(&mut e, 3, 1024, 2500, &[5, 6]);
     assert_eq!(
         e.cached_blocks() - 2,
         2,
@@ -868,7 +869,7 @@ fn under_kv_pressure_cached_blocks_are_evicted_lru_and_running_ones_are_not() {
     assert_eq!(e.peek_cached_tokens(1100, &[7]), 512);
     assert_eq!(e.evictable_blocks(), 2);
     // under full pressure every evictable block goes, never a held one
-    let info = step(&mut e, 5, 100, 900, &[3, 8]);
+    let info = step(&mut e, 5, 100, 1125, &[3, 8]);
     assert_eq!(
         info.cached_tokens,
         Some(99),
