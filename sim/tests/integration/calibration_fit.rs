@@ -3,19 +3,19 @@
 //! under the same closed loop, reproduces those results; the old fit, which took the
 //! closed-loop output tok/s as the decode aggregate, does not.
 //!
-//! The "benchmark" is a minimal discrete-step engine written here, independent of the
-//! simulator's engines: vLLM-like, each step decodes every running sequence one token and
-//! fills a prefill budget of `prefill_chunk_tokens` from the FIFO of prompts, and lasts
-//! `mixed_step_time_s` of the TRUE profile; C clients each send their next request as soon as
-//! the last completes (`vllm bench serve --max-concurrency C --request-rate inf`), and the run
-//! is reported as the benchmark reports it.
+//! The "benchmark" runs on the step-level engine (`engine: step`, vLLM's scheduling: each step
+//! decodes every running sequence one token and fills a prefill budget of
+//! `prefill_chunk_tokens` FIFO, and lasts `mixed_step_time_s` of the TRUE profile); C clients
+//! each send their next request as soon as the last completes (`vllm bench serve
+//! --max-concurrency C --request-rate inf`), and the run is reported as the benchmark reports
+//! it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use routelab_sim::hardware::HardwareProfile;
 use routelab_sim::hardware::fit::{FitInput, FitOptions, FitSource, MixedStep, fit};
-use routelab_sim::worker::{EngineModel, EngineOutput, EngineOverrides};
+use routelab_sim::worker::{Engine, EngineMode, EngineOutput, EngineOverrides};
 
 const NS: f64 = 1e9;
 /// The concurrencies benchmarked and checked.
@@ -25,8 +25,9 @@ const ROUNDS: u32 = 20;
 /// The bound: the simulated closed loop reproduces the benchmark's output tok/s.
 const TOLERANCE: f64 = 0.05;
 /// The fitted decode aggregate against the truth's at each C (it is seen at the batch the loop
-/// decodes, a little under C while prompts prefill).
-const CURVE_TOLERANCE: f64 = 0.02;
+/// decodes, a little under C while prompts prefill; 2.4 % under at C = 64 against the
+/// step-level engine, whose KV is allocated in blocks and whose arrivals wait for a boundary).
+const CURVE_TOLERANCE: f64 = 0.03;
 
 /// A PRO 6000-like card (the decode curve of `rtx-pro-6000-27b`, continued to 64) whose
 /// mixed steps hide `overlap` of their shorter part: the truth the benchmark runs on.
@@ -85,88 +86,24 @@ impl Bench {
     }
 }
 
-/// One request in the reference engine.
-struct Seq {
-    arrival_s: f64,
-    prefill_left: u32,
-    output_left: u32,
-    first_token_s: f64,
-}
-
-/// The reference: `c` clients, `ROUNDS` requests each, of `prompt` prompt and `output` output
-/// tokens, on a discrete-step engine timed by `truth`.
-fn reference_closed_loop(truth: &HardwareProfile, c: u32, prompt: u32, output: u32) -> Bench {
-    assert!(c <= truth.max_running() && output >= 2);
+/// `c` clients, `ROUNDS` requests each, of `prompt` prompt and `output` output tokens, each
+/// client sending its next request when its last completes, on one engine of `mode` with
+/// `profile`: the benchmark on the step-level engine, its reproduction on the fluid one.
+fn closed_loop(
+    mode: EngineMode,
+    profile: &HardwareProfile,
+    c: u32,
+    prompt: u32,
+    output: u32,
+) -> Bench {
+    assert!(c <= profile.max_running() && output >= 2);
     let requests = c * ROUNDS;
-    let chunk = truth.prefill_chunk_tokens();
-    let new_seq = |at: f64| Seq {
-        arrival_s: at,
-        prefill_left: prompt,
-        output_left: output,
-        first_token_s: 0.0,
-    };
-    let mut prefilling: VecDeque<Seq> = (0..c).map(|_| new_seq(0.0)).collect();
-    let mut decoding: Vec<Seq> = Vec::new();
-    let mut sent = c;
-    let (mut t, mut done, mut ttft_sum, mut tpot_sum) = (0.0f64, 0u32, 0.0f64, 0.0f64);
-    while !(prefilling.is_empty() && decoding.is_empty()) {
-        // decodes first (every running sequence past its prefill), then the prefill budget
-        // filled FIFO
-        let n = decoding.len();
-        let mut budget = chunk;
-        let mut prefilled = 0;
-        for s in prefilling.iter_mut() {
-            if budget == 0 {
-                break;
-            }
-            let take = budget.min(s.prefill_left);
-            s.prefill_left -= take;
-            budget -= take;
-            prefilled += take;
-        }
-        t += truth.mixed_step_time_s(n as f64, f64::from(prefilled));
-        let mut arrivals = 0;
-        decoding.retain_mut(|s| {
-            s.output_left -= 1;
-            if s.output_left > 0 {
-                return true;
-            }
-            done += 1;
-            ttft_sum += s.first_token_s - s.arrival_s;
-            tpot_sum += (t - s.first_token_s) / f64::from(output - 1);
-            arrivals += 1;
-            false
-        });
-        // the step that finishes a prompt samples its first token; it decodes from the next
-        while prefilling.front().is_some_and(|s| s.prefill_left == 0) {
-            let mut s = prefilling.pop_front().expect("checked");
-            s.first_token_s = t;
-            s.output_left = output - 1;
-            decoding.push(s);
-        }
-        for _ in 0..arrivals {
-            if sent < requests {
-                prefilling.push_back(new_seq(t));
-                sent += 1;
-            }
-        }
-    }
-    assert_eq!(done, requests);
-    Bench {
-        concurrency: c,
-        completed: done,
-        duration_s: t,
-        prompt_tokens: prompt,
-        output_tokens: output,
-        mean_ttft_s: ttft_sum / f64::from(done),
-        mean_tpot_s: tpot_sum / f64::from(done),
-    }
-}
-
-/// The same closed loop on the simulator's fluid engine with `profile`.
-fn fluid_closed_loop(profile: &HardwareProfile, c: u32, prompt: u32, output: u32) -> Bench {
-    let requests = c * ROUNDS;
-    let mut e = EngineModel::new(Arc::new(profile.clone()), EngineOverrides::default(), 7);
+    let mut e = Engine::new(
+        mode,
+        Arc::new(profile.clone()),
+        EngineOverrides::default(),
+        7,
+    );
     let mut arrival: HashMap<u64, u64> = HashMap::new();
     for seq in 0..u64::from(c) {
         e.admit(0, seq, prompt, output, &[]);
@@ -243,7 +180,7 @@ fn fit_case(overlap: f64, how: OverlapFrom, prompt: u32, output: u32) -> Fits {
     let truth = true_profile(overlap);
     let benches: Vec<Bench> = CONCURRENCY
         .iter()
-        .map(|&c| reference_closed_loop(&truth, c, prompt, output))
+        .map(|&c| closed_loop(EngineMode::Step, &truth, c, prompt, output))
         .collect();
     let inputs: Vec<FitInput> = benches.iter().map(Bench::result_json).collect();
     let mixed = MixedStep {
@@ -336,8 +273,8 @@ fn closed_loop_case(overlap: f64, how: OverlapFrom, prompt: u32, output: u32) ->
             let c = bench.concurrency;
             let row = Row {
                 bench,
-                fitted: fluid_closed_loop(&new, c, prompt, output),
-                old: fluid_closed_loop(&old, c, prompt, output),
+                fitted: closed_loop(EngineMode::Fluid, &new, c, prompt, output),
+                old: closed_loop(EngineMode::Fluid, &old, c, prompt, output),
             };
             println!(
                 "{c:>4} {:>10.1} {:>10.1} {:>+8.2} {:>10.1} {:>+8.2} {:>9.1} {:>9.1} {:>9.2} {:>9.2}",
