@@ -142,9 +142,9 @@ impl<E: Copy> EventQueue<E> {
 /// reaches `u64::MAX`).
 const ABSENT: u128 = u128::MAX;
 
-/// At most one event per slot, in a tournament tree: each inner node holds the key and slot
-/// of the least event below it, so the earliest event is at the root and changing one slot's
-/// event replays only its path to the root — a fixed number of branch-free matches, without the
+/// At most one event per slot, in a tournament tree: each inner node holds the slot of the
+/// least event below it, so the earliest event is at the root and changing one slot's event
+/// replays only its path to the root — a fixed number of branch-free matches, without the
 /// data-dependent exits (and branch mispredictions) of a heap's sift.
 ///
 /// Popping the root leaves its path to be replayed by the next change ([`SlotTree::stale`]):
@@ -152,22 +152,24 @@ const ABSENT: u128 = u128::MAX;
 /// one replay between them.
 #[derive(Debug, Clone)]
 struct SlotTree<E> {
-    /// The tree: node `n`'s children are `2n` and `2n + 1`, node 1 is the root, and the
-    /// leaves `leaves + s` hold slot `s`'s key (or [`ABSENT`]); each node holds the winning
-    /// `(key, slot)` below it.
-    nodes: Vec<(u128, u32)>,
+    /// Each slot's key, [`ABSENT`] when it has no event.
+    keys: Vec<u128>,
     events: Vec<Option<E>>,
+    /// The tree: node `n`'s children are `2n` and `2n + 1`, node 1 is the root, and the
+    /// leaves `leaves + s` hold slot `s` itself; each node holds the winning slot below it.
+    winner: Vec<u32>,
     /// Number of leaves (a power of two, ≥ the number of slots).
     leaves: usize,
-    /// A slot whose leaf changed without its path being replayed yet.
+    /// A slot whose key changed without its path being replayed yet.
     stale: Option<usize>,
 }
 
 impl<E: Copy> SlotTree<E> {
     fn new() -> Self {
         SlotTree {
-            nodes: Vec::new(),
+            keys: Vec::new(),
             events: Vec::new(),
+            winner: Vec::new(),
             leaves: 0,
             stale: None,
         }
@@ -179,49 +181,51 @@ impl<E: Copy> SlotTree<E> {
         if let Some(s) = self.stale.take() {
             self.replay(s);
         }
-        let (k, _) = *self.nodes.get(1)?;
+        let k = self.keys[*self.winner.get(1)? as usize];
         (k != ABSENT).then_some(k)
     }
 
     /// Number of queued events.
     #[cfg(test)]
     fn len(&self) -> usize {
-        let leaves = self.nodes.get(self.leaves..).unwrap_or_default();
-        leaves.iter().filter(|(k, _)| *k != ABSENT).count()
+        self.keys.iter().filter(|&&k| k != ABSENT).count()
     }
 
     /// Room for slot `slot`: the leaves doubled until it fits, and the tree rebuilt.
     #[cold]
     fn grow(&mut self, slot: usize) {
-        if let Some(s) = self.stale.take() {
-            self.replay(s);
-        }
         let leaves = (slot + 1).next_power_of_two().max(2);
-        let mut nodes = vec![(ABSENT, 0); 2 * leaves];
-        for s in 0..leaves {
-            let k = match self.nodes.get(self.leaves + s) {
-                Some(&(k, _)) if s < self.leaves => k,
-                _ => ABSENT,
-            };
-            nodes[leaves + s] = (k, s as u32);
-        }
-        for n in (1..leaves).rev() {
-            nodes[n] = winner(nodes[2 * n], nodes[2 * n + 1]);
-        }
-        self.nodes = nodes;
+        self.keys.resize(leaves, ABSENT);
         self.events.resize(leaves, None);
         self.leaves = leaves;
+        self.winner = vec![0; 2 * leaves];
+        for s in 0..leaves {
+            self.winner[leaves + s] = s as u32;
+        }
+        for n in (1..leaves).rev() {
+            self.winner[n] = self.better(2 * n);
+        }
+        // Every path is replayed.
+        self.stale = None;
+    }
+
+    /// The winner of sibling nodes `left` and `left + 1`: the lesser key (the left one on
+    /// equal keys, which are only ever both absent), selected by arithmetic rather than a
+    /// branch, since which side wins is as good as random.
+    #[inline]
+    fn better(&self, left: usize) -> u32 {
+        let (a, b) = (self.winner[left], self.winner[left + 1]);
+        let b_wins = u32::from(self.keys[b as usize] < self.keys[a as usize]);
+        a ^ ((a ^ b) & b_wins.wrapping_neg())
     }
 
     /// Slot `slot`'s key changed: replay its matches up to the root.
     #[inline]
     fn replay(&mut self, slot: usize) {
-        let mut n = self.leaves + slot;
-        while n > 1 {
-            let left = n & !1;
-            let w = winner(self.nodes[left], self.nodes[left + 1]);
+        let mut n = (self.leaves + slot) / 2;
+        while n > 0 {
+            self.winner[n] = self.better(2 * n);
             n /= 2;
-            self.nodes[n] = w;
         }
     }
 
@@ -237,7 +241,7 @@ impl<E: Copy> SlotTree<E> {
         {
             self.replay(p);
         }
-        let old = std::mem::replace(&mut self.nodes[self.leaves + s].0, k);
+        let old = std::mem::replace(&mut self.keys[s], k);
         self.events[s] = Some(ev);
         self.replay(s);
         (old != ABSENT).then_some(old)
@@ -246,26 +250,12 @@ impl<E: Copy> SlotTree<E> {
     /// The earliest event, removed from its slot.
     fn pop(&mut self) -> Option<(u128, E)> {
         let k = self.first_key()?;
-        let s = self.nodes[1].1 as usize;
-        self.nodes[self.leaves + s].0 = ABSENT;
+        let s = self.winner[1] as usize;
+        self.keys[s] = ABSENT;
         self.stale = Some(s);
         let ev = self.events[s].take()?;
         Some((k, ev))
     }
-}
-
-/// The winner of a match: the lesser key (the left one on equal keys, which are only ever both
-/// absent), selected by arithmetic rather than a branch, since which side wins is as good as
-/// random.
-#[inline]
-fn winner(l: (u128, u32), r: (u128, u32)) -> (u128, u32) {
-    let r_wins = r.0 < l.0;
-    let key_mask = u128::from(r_wins).wrapping_neg();
-    let slot_mask = u32::from(r_wins).wrapping_neg();
-    (
-        l.0 ^ ((l.0 ^ r.0) & key_mask),
-        l.1 ^ ((l.1 ^ r.1) & slot_mask),
-    )
 }
 
 #[cfg(test)]
