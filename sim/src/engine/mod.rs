@@ -17,8 +17,9 @@
 //! - [`setup`]: what a run is given ([`SimSetup`], [`WorkerSetup`], [`LifecycleEvent`]).
 //!
 //! What a run measured is counted by the shared [`Recorder`] (see [`crate::record`]), the same
-//! code the emulator's real-time player uses. Each worker has at most one live wake-up event; a
-//! wake-up whose token no longer matches the worker's is stale and skipped.
+//! code the emulator's real-time player uses. Each worker has at most one wake-up event queued:
+//! one that moves earlier replaces the queued one in place (the queue's slots), and the
+//! replaced ones are only counted (`Superseded`), as the stale events they used to be.
 
 mod kv;
 mod lifecycle;

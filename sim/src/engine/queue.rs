@@ -1,4 +1,5 @@
-//! The event queue: a min-heap of events keyed by `(time, sequence number)`.
+//! The event queue: events keyed by `(time, sequence number)` — free-standing ones in a 4-ary
+//! min-heap, each worker's wake-up in one slot of a tournament tree.
 //!
 //! Simulated time is an integer ([`Time`], nanoseconds), so "the same time" is exact. The
 //! sequence number is assigned when an event is scheduled, so events due at the same time pop
