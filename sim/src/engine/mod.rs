@@ -17,8 +17,9 @@
 //! - [`setup`]: what a run is given ([`SimSetup`], [`WorkerSetup`], [`LifecycleEvent`]).
 //!
 //! What a run measured is counted by the shared [`Recorder`] (see [`crate::record`]), the same
-//! code the emulator's real-time player uses. Each worker has at most one live wake-up event; a
-//! wake-up whose token no longer matches the worker's is stale and skipped.
+//! code the emulator's real-time player uses. Each worker has at most one wake-up event queued:
+//! one that moves earlier replaces the queued one in place (the queue's slots), and the
+//! replaced ones are only counted (`Superseded`), as the stale events they used to be.
 
 mod kv;
 mod lifecycle;
@@ -100,6 +101,29 @@ enum Ev {
     SyncLoad,
 }
 
+/// The wake-ups [`Sim::reschedule`] replaced in the queue. The event loop used to leave them
+/// queued, to pop when due as stale events (counted, moving the clock, doing nothing else);
+/// the queue then held about one stale wake-up per admission. Keeping their count and the
+/// latest of their times gives the same event count and end of run.
+#[derive(Debug, Default)]
+struct Superseded {
+    /// Replaced wake-ups due within the run's time limit.
+    count: u64,
+    /// The latest of their times.
+    last: Time,
+}
+
+impl Superseded {
+    /// A wake-up due at `at` was replaced; it counts if due by `stop_ns` (the loop pops every
+    /// event due by then).
+    fn note(&mut self, at: Time, stop_ns: u64) {
+        if at.as_nanos() <= stop_ns {
+            self.count += 1;
+            self.last = self.last.max(at);
+        }
+    }
+}
+
 /// One worker at run time.
 struct WorkerRt {
     engine: Engine,
@@ -148,6 +172,8 @@ struct Sim<'a> {
     outputs: Vec<EngineOutput>,
     next_id: u64,
     events: u64,
+    /// Wake-ups replaced in the queue before they were due (see [`Sim::reschedule`]).
+    superseded: Superseded,
     rec: Recorder,
     /// The weight error's running integral.
     werr: WeightErrorTracker,
@@ -224,6 +250,7 @@ impl<'a> Sim<'a> {
             outputs: Vec::new(),
             next_id: 0,
             events: 0,
+            superseded: Superseded::default(),
             kv,
             rec: Recorder::new(metrics, setup.slo),
             werr: WeightErrorTracker::new(n as usize),
@@ -396,6 +423,12 @@ impl<'a> Sim<'a> {
                 self.weights_changed(fleet);
             }
         }
+        // The replaced wake-ups would have popped as stale events: time moves on to the last.
+        if self.superseded.last > self.now {
+            self.flush_weights();
+            self.now = self.superseded.last;
+        }
+        self.events += self.superseded.count;
         self.flush_weights();
         Ok(())
     }
@@ -442,8 +475,9 @@ impl<'a> Sim<'a> {
     }
 
     /// Make sure a wake-up is queued no later than the engine's next event. A queued wake-up
-    /// that is earlier than needed is kept (it fires, finds nothing due, and re-schedules):
-    /// pushing only when the next event moves *earlier* keeps stale entries out of the queue.
+    /// that is earlier than needed is kept (it fires, finds nothing due, and re-schedules);
+    /// when the next event moves *earlier*, the worker's queued wake-up is replaced in the
+    /// queue and only counted ([`Superseded`]).
     fn reschedule(&mut self, worker: u32) {
         // Every engine mutation ends here: what it did to the prefix cache is published now.
         if self.kv.enabled() {
@@ -457,7 +491,12 @@ impl<'a> Sim<'a> {
                 w.wake_token += 1;
                 w.wake_at = Some(t);
                 let token = w.wake_token;
-                self.push(t, Ev::Wake { worker, token });
+                if let Some(old) = self
+                    .queue
+                    .schedule_slot(worker, t, Ev::Wake { worker, token })
+                {
+                    self.superseded.note(old, self.setup.max_time_ns);
+                }
             }
         }
     }

@@ -1,4 +1,5 @@
-//! The event queue: a min-heap of events keyed by `(time, sequence number)`.
+//! The event queue: events keyed by `(time, sequence number)` — free-standing ones in a 4-ary
+//! min-heap, each worker's wake-up in one slot of a tournament tree.
 //!
 //! Simulated time is an integer ([`Time`], nanoseconds), so "the same time" is exact. The
 //! sequence number is assigned when an event is scheduled, so events due at the same time pop
@@ -6,76 +7,255 @@
 //! thread order. This is what makes a run reproducible.
 
 use routelab_policies::Time;
-use std::cmp::{Ordering, Reverse};
-use std::collections::BinaryHeap;
 
-/// An event scheduled at a time, with its tie-breaking sequence number.
-#[derive(Debug, Clone, Copy)]
-struct Scheduled<E> {
-    at: Time,
-    seq: u64,
-    ev: E,
-}
+/// Children per node. A 4-ary heap is half as deep as a binary one, and the least of four keys
+/// is found without data-dependent branches; the run's queue holds about one entry per worker,
+/// so its cost is the branch mispredictions of the sift, not memory.
+const ARITY: usize = 4;
 
-// Ordered by (time, sequence) only: sequence numbers are unique, so the event itself never
-// takes part in the order (and needs no `Ord`).
-impl<E> PartialEq for Scheduled<E> {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
-    }
-}
-
-impl<E> Eq for Scheduled<E> {}
-
-impl<E> PartialOrd for Scheduled<E> {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl<E> Ord for Scheduled<E> {
-    fn cmp(&self, other: &Self) -> Ordering {
-        (self.at, self.seq).cmp(&(other.at, other.seq))
-    }
+/// The heap key of an event: its time in the high 64 bits, its sequence number in the low 64,
+/// so one integer comparison orders by time, then by scheduling order.
+#[inline]
+fn key(at: Time, seq: u64) -> u128 {
+    (u128::from(at.as_nanos()) << 64) | u128::from(seq)
 }
 
 /// Events in `(time, scheduling order)` order.
+///
+/// Ordered by [`key`]s, kept apart from the events so that comparisons read densely packed
+/// integers, in two parts: a min-heap of free-standing events ([`EventQueue::push`]) and a
+/// tournament tree of events that belong to a *slot*, at most one per slot
+/// ([`EventQueue::schedule_slot`]; the engine's slots are its workers' wake-ups). A slot's
+/// event that is rescheduled is replaced in place instead of being left behind as a stale
+/// entry. Keys are unique, so the order in which events pop does not depend on either
+/// structure's shape.
 #[derive(Debug, Clone)]
 pub(crate) struct EventQueue<E> {
-    heap: BinaryHeap<Reverse<Scheduled<E>>>,
+    keys: Vec<u128>,
+    events: Vec<E>,
+    slotted: SlotTree<E>,
     seq: u64,
 }
 
-impl<E> EventQueue<E> {
+impl<E: Copy> EventQueue<E> {
     /// An empty queue.
     pub(crate) fn new() -> EventQueue<E> {
         EventQueue {
-            heap: BinaryHeap::new(),
+            keys: Vec::new(),
+            events: Vec::new(),
+            slotted: SlotTree::new(),
             seq: 0,
         }
+    }
+
+    /// The key of an event scheduled now at `at`: after every event already scheduled.
+    #[inline]
+    fn next_key(&mut self, at: Time) -> u128 {
+        self.seq += 1;
+        key(at, self.seq)
     }
 
     /// Schedule `ev` at `at`; after every event already scheduled at the same time.
     #[inline]
     pub(crate) fn push(&mut self, at: Time, ev: E) {
-        self.seq += 1;
-        self.heap.push(Reverse(Scheduled {
-            at,
-            seq: self.seq,
-            ev,
-        }));
+        let k = self.next_key(at);
+        let mut hole = self.keys.len();
+        self.keys.push(k);
+        self.events.push(ev);
+        while hole > 0 {
+            let parent = (hole - 1) / ARITY;
+            if self.keys[parent] <= k {
+                break;
+            }
+            self.keys[hole] = self.keys[parent];
+            self.events[hole] = self.events[parent];
+            hole = parent;
+        }
+        self.keys[hole] = k;
+        self.events[hole] = ev;
+    }
+
+    /// Schedule `ev` at `at` as slot `slot`'s event (ordered like [`EventQueue::push`]),
+    /// replacing the slot's queued event, whose time is returned: that event will not pop.
+    #[inline]
+    pub(crate) fn schedule_slot(&mut self, slot: u32, at: Time, ev: E) -> Option<Time> {
+        let k = self.next_key(at);
+        self.slotted
+            .set(slot, k, ev)
+            .map(|old| Time::from_nanos((old >> 64) as u64))
     }
 
     /// The earliest event (the first scheduled among equal times) and its time.
     #[inline]
     pub(crate) fn pop(&mut self) -> Option<(Time, E)> {
-        self.heap.pop().map(|Reverse(s)| (s.at, s.ev))
+        let (k, ev) = match (self.keys.first(), self.slotted.first_key()) {
+            (Some(&free), Some(slotted)) if slotted < free => self.slotted.pop()?,
+            (None, Some(_)) => self.slotted.pop()?,
+            _ => self.pop_free()?,
+        };
+        Some((Time::from_nanos((k >> 64) as u64), ev))
+    }
+
+    /// The earliest free-standing event, with its key.
+    #[inline]
+    fn pop_free(&mut self) -> Option<(u128, E)> {
+        let (&top_key, &top_ev) = (self.keys.first()?, self.events.first()?);
+        let (last_key, last_ev) = (self.keys.pop()?, self.events.pop()?);
+        let n = self.keys.len();
+        if n > 0 {
+            // Move the last entry into the root's hole and down below every smaller child.
+            let mut hole = 0;
+            loop {
+                let first = hole * ARITY + 1;
+                if first >= n {
+                    break;
+                }
+                let mut least = first;
+                let mut least_key = self.keys[first];
+                for c in first + 1..(first + ARITY).min(n) {
+                    let k = self.keys[c];
+                    if k < least_key {
+                        least = c;
+                        least_key = k;
+                    }
+                }
+                if least_key >= last_key {
+                    break;
+                }
+                self.keys[hole] = least_key;
+                self.events[hole] = self.events[least];
+                hole = least;
+            }
+            self.keys[hole] = last_key;
+            self.events[hole] = last_ev;
+        }
+        Some((top_key, top_ev))
     }
 
     /// Number of queued events.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.heap.len()
+        self.keys.len() + self.slotted.len()
+    }
+}
+
+/// The key of a slot with no queued event: above every real key (a sequence number never
+/// reaches `u64::MAX`).
+const ABSENT: u128 = u128::MAX;
+
+/// At most one event per slot, in a tournament tree: each inner node holds the slot of the
+/// least event below it, so the earliest event is at the root and changing one slot's event
+/// replays only its path to the root — a fixed number of branch-free matches, without the
+/// data-dependent exits (and branch mispredictions) of a heap's sift.
+///
+/// Popping the root leaves its path to be replayed by the next change ([`SlotTree::stale`]):
+/// the engine reschedules the worker it just woke at once, so its pop and its new wake-up cost
+/// one replay between them.
+#[derive(Debug, Clone)]
+struct SlotTree<E> {
+    /// Each slot's key, [`ABSENT`] when it has no event.
+    keys: Vec<u128>,
+    events: Vec<Option<E>>,
+    /// The tree: node `n`'s children are `2n` and `2n + 1`, node 1 is the root, and the
+    /// leaves `leaves + s` hold slot `s` itself; each node holds the winning slot below it.
+    winner: Vec<u32>,
+    /// Number of leaves (a power of two, ≥ the number of slots).
+    leaves: usize,
+    /// A slot whose key changed without its path being replayed yet.
+    stale: Option<usize>,
+}
+
+impl<E: Copy> SlotTree<E> {
+    fn new() -> Self {
+        SlotTree {
+            keys: Vec::new(),
+            events: Vec::new(),
+            winner: Vec::new(),
+            leaves: 0,
+            stale: None,
+        }
+    }
+
+    /// The earliest key (after replaying a pending path).
+    #[inline]
+    fn first_key(&mut self) -> Option<u128> {
+        if let Some(s) = self.stale.take() {
+            self.replay(s);
+        }
+        let k = self.keys[*self.winner.get(1)? as usize];
+        (k != ABSENT).then_some(k)
+    }
+
+    /// Number of queued events.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.keys.iter().filter(|&&k| k != ABSENT).count()
+    }
+
+    /// Room for slot `slot`: the leaves doubled until it fits, and the tree rebuilt.
+    #[cold]
+    fn grow(&mut self, slot: usize) {
+        let leaves = (slot + 1).next_power_of_two().max(2);
+        self.keys.resize(leaves, ABSENT);
+        self.events.resize(leaves, None);
+        self.leaves = leaves;
+        self.winner = vec![0; 2 * leaves];
+        for s in 0..leaves {
+            self.winner[leaves + s] = s as u32;
+        }
+        for n in (1..leaves).rev() {
+            self.winner[n] = self.better(2 * n);
+        }
+        // Every path is replayed.
+        self.stale = None;
+    }
+
+    /// The winner of sibling nodes `left` and `left + 1`: the lesser key (the left one on
+    /// equal keys, which are only ever both absent), selected by arithmetic rather than a
+    /// branch, since which side wins is as good as random.
+    #[inline]
+    fn better(&self, left: usize) -> u32 {
+        let (a, b) = (self.winner[left], self.winner[left + 1]);
+        let b_wins = u32::from(self.keys[b as usize] < self.keys[a as usize]);
+        a ^ ((a ^ b) & b_wins.wrapping_neg())
+    }
+
+    /// Slot `slot`'s key changed: replay its matches up to the root.
+    #[inline]
+    fn replay(&mut self, slot: usize) {
+        let mut n = (self.leaves + slot) / 2;
+        while n > 0 {
+            self.winner[n] = self.better(2 * n);
+            n /= 2;
+        }
+    }
+
+    /// Key slot `slot`'s event `ev` with `k`, replacing (and returning the key of) its queued
+    /// one.
+    fn set(&mut self, slot: u32, k: u128, ev: E) -> Option<u128> {
+        let s = slot as usize;
+        if s >= self.leaves {
+            self.grow(s);
+        }
+        if let Some(p) = self.stale.take()
+            && p != s
+        {
+            self.replay(p);
+        }
+        let old = std::mem::replace(&mut self.keys[s], k);
+        self.events[s] = Some(ev);
+        self.replay(s);
+        (old != ABSENT).then_some(old)
+    }
+
+    /// The earliest event, removed from its slot.
+    fn pop(&mut self) -> Option<(u128, E)> {
+        let k = self.first_key()?;
+        let s = self.winner[1] as usize;
+        self.keys[s] = ABSENT;
+        self.stale = Some(s);
+        let ev = self.events[s].take()?;
+        Some((k, ev))
     }
 }
 
@@ -135,7 +315,90 @@ mod tests {
         assert_eq!(q.pop(), Some((t(5), "caused")));
     }
 
+    #[test]
+    fn the_whole_time_range_orders_by_time_first() {
+        let mut q = EventQueue::new();
+        // The sequence number never outweighs a time difference, even of one nanosecond at
+        // the ends of the range.
+        q.push(t(u64::MAX), "last");
+        q.push(t(1), "one");
+        q.push(t(u64::MAX - 1), "before last");
+        q.push(t(0), "zero");
+        q.push(t(u64::MAX), "last again");
+        let popped: Vec<_> = std::iter::from_fn(|| q.pop()).collect();
+        assert_eq!(
+            popped,
+            vec![
+                (t(0), "zero"),
+                (t(1), "one"),
+                (t(u64::MAX - 1), "before last"),
+                (t(u64::MAX), "last"),
+                (t(u64::MAX), "last again"),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_rescheduled_slot_event_replaces_its_queued_one() {
+        let mut q = EventQueue::new();
+        assert_eq!(q.schedule_slot(0, t(50), "w0 late"), None);
+        q.push(t(40), "free");
+        assert_eq!(q.schedule_slot(1, t(45), "w1"), None);
+        // Earlier: the late one is replaced (and its time reported), not left behind.
+        assert_eq!(q.schedule_slot(0, t(40), "w0 early"), Some(t(50)));
+        assert_eq!(q.len(), 3);
+        // Equal times pop in scheduling order across free and slotted events.
+        assert_eq!(q.pop(), Some((t(40), "free")));
+        assert_eq!(q.pop(), Some((t(40), "w0 early")));
+        // A popped slot is empty again: scheduling it replaces nothing.
+        assert_eq!(q.schedule_slot(0, t(70), "w0 again"), None);
+        // Later: re-keyed downwards.
+        assert_eq!(q.schedule_slot(1, t(80), "w1 later"), Some(t(45)));
+        assert_eq!(q.pop(), Some((t(70), "w0 again")));
+        assert_eq!(q.pop(), Some((t(80), "w1 later")));
+        assert_eq!(q.pop(), None);
+    }
+
     proptest! {
+        /// Free and slotted events interleaved with pops: every pop is the least queued
+        /// (time, sequence number) among the free events and each slot's latest event, checked
+        /// against a plain list model, and rescheduling a slot reports the time it replaced.
+        #[test]
+        fn slots_keep_one_event_each(
+            ops in proptest::collection::vec((0u64..30, 0u8..6), 1..400)
+        ) {
+            let mut q = EventQueue::new();
+            // (time, seq, slot or none)
+            let mut model: Vec<(Time, u64, Option<u32>)> = Vec::new();
+            let mut seq = 0u64;
+            for (at, op) in ops {
+                match op {
+                    0 | 1 => {
+                        model.sort_unstable();
+                        let want = (!model.is_empty()).then(|| model.remove(0));
+                        prop_assert_eq!(q.pop(), want.map(|(t, s, _)| (t, s)));
+                    }
+                    2 => {
+                        seq += 1;
+                        q.push(t(at), seq);
+                        model.push((t(at), seq, None));
+                    }
+                    slot => {
+                        let slot = u32::from(slot - 3);
+                        seq += 1;
+                        let old = model.iter().position(|e| e.2 == Some(slot)).map(|i| model.remove(i).0);
+                        prop_assert_eq!(q.schedule_slot(slot, t(at), seq), old);
+                        model.push((t(at), seq, Some(slot)));
+                    }
+                }
+                prop_assert_eq!(q.len(), model.len());
+            }
+            model.sort_unstable();
+            let rest: Vec<(Time, u64)> = std::iter::from_fn(|| q.pop()).collect();
+            let want: Vec<(Time, u64)> = model.iter().map(|&(t, s, _)| (t, s)).collect();
+            prop_assert_eq!(rest, want);
+        }
+
         /// Whatever is pushed, and however pushes and pops interleave, every pop is the least
         /// queued (time, sequence number) — checked against a plain sorted-list model — and the
         /// events drained at the end come out sorted by (time, sequence).

@@ -74,7 +74,9 @@ impl Sim<'_> {
     }
 
     /// Re-read now if a re-read is due (call before time moves on, before a timeline sample's
-    /// check and at the end of the run).
+    /// check and at the end of the run). Inlined: the loop asks at almost every event, and a
+    /// re-read is rarely due.
+    #[inline]
     pub(super) fn flush_weights(&mut self) {
         if self.werr.due {
             self.track_weights();
