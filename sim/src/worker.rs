@@ -314,16 +314,16 @@ impl Fluid {
     /// Whether a step is under way: the engine is stepping and the clock is between two
     /// boundaries.
     fn mid_step(&self) -> bool {
-        self.rate_v > 0.0 && (self.v - self.v.round()).abs() > self.tolerance()
+        self.rate_v > 0.0 && (self.v - round_nn(self.v)).abs() > self.tolerance()
     }
 
     /// The first step boundary after the clock (the end of the running step; the end of the
     /// step starting now when on a boundary).
     fn next_boundary(&self) -> f64 {
         if self.mid_step() {
-            self.v.ceil()
+            ceil_nn(self.v)
         } else {
-            self.v.round() + 1.0
+            round_nn(self.v) + 1.0
         }
     }
 
@@ -935,7 +935,13 @@ impl EngineModel {
         }
         let dt_ns = t - self.t0;
         let q_before = self.fl.q;
-        self.fl = self.advance(self.fl, dt_ns as f64 / NS_PER_S);
+        let dt = dt_ns as f64 / NS_PER_S;
+        if self.fl.v + self.fl.rate_v * dt < self.fl.break_v {
+            // no breakpoint on the way (most moves): in place
+            self.fl.flow(dt, self.n_decoding);
+        } else {
+            self.fl = self.advance(self.fl, dt);
+        }
         if self.running > 0 && self.ready_at <= self.t0 {
             self.busy_ns += dt_ns;
         }
@@ -950,6 +956,11 @@ impl EngineModel {
     /// progress.
     fn advance(&self, mut fl: Fluid, mut dt: f64) -> Fluid {
         loop {
+            // most moves cross no breakpoint: tell without the division
+            if fl.v + fl.rate_v * dt < fl.break_v {
+                fl.flow(dt, self.n_decoding);
+                return fl;
+            }
             let to_break = fl.to_break();
             if to_break > dt {
                 fl.flow(dt, self.n_decoding);
@@ -976,6 +987,13 @@ impl EngineModel {
     /// Sets `fl`'s rates for the step under way (its decode batch and the chunk of joined
     /// prefill work it carries, timed by the one step-time model) and its next breakpoint.
     fn set_rates(&self, fl: &mut Fluid) {
+        (fl.rate_v, fl.rate_q, fl.break_v) = self.rates(fl);
+    }
+
+    /// The rates of the step under way in `fl` and its next breakpoint: `(rate_v, rate_q,
+    /// break_v)`. See [`Self::set_rates`].
+    #[inline]
+    fn rates(&self, fl: &Fluid) -> (f64, f64, f64) {
         let queued = (fl.q_joined - fl.q).max(0.0);
         let c = if fl.joined == 0 {
             0.0
@@ -987,28 +1005,27 @@ impl EngineModel {
             c / self.prefill_tok_s,
             self.overlap,
         );
-        if step > 0.0 && self.speed > 0.0 {
-            fl.rate_v = self.speed / step;
-            fl.rate_q = if c > 0.0 { self.speed * c / step } else { 0.0 };
+        let (rate_v, rate_q) = if step > 0.0 && self.speed > 0.0 {
+            let rate_v = self.speed / step;
+            (rate_v, if c > 0.0 { rate_v * c } else { 0.0 })
         } else {
-            fl.rate_v = 0.0;
-            fl.rate_q = 0.0;
-        }
+            (0.0, 0.0)
+        };
         let mut next = f64::INFINITY;
         if fl.gated > 0 {
             next = self.gate_v;
         }
-        if fl.rate_q > 0.0 && c >= self.chunk {
+        if rate_q > 0.0 && c >= self.chunk {
             // whole chunks until the boundary at which less than one is left: that step is
             // shorter
-            let first = fl.next_boundary();
+            let first = Fluid { rate_v, ..*fl }.next_boundary();
             let left = queued - (first - fl.v) * c;
-            let whole = (left / self.chunk).floor().max(0.0);
+            let whole = floor_nn((left / self.chunk).max(0.0));
             if left - whole * self.chunk > EPS_TOKENS {
                 next = next.min(first + whole);
             }
         }
-        fl.break_v = next;
+        (rate_v, rate_q, next)
     }
 
     /// Caches the full blocks the prefilling sequences have computed by the prefill clock `q`
@@ -1065,7 +1082,7 @@ impl EngineModel {
         // Put the step clock exactly on the boundary it is at (the event time was rounded up
         // to a whole nanosecond), so that marks set now are whole, and cross a breakpoint
         // that falls here but was missed by that hair.
-        let r = self.fl.v.round();
+        let r = round_nn(self.fl.v);
         if (self.fl.v - r).abs() <= self.fl.tolerance() {
             self.fl.v = r;
         }
@@ -1217,7 +1234,7 @@ impl EngineModel {
             // running step's batch is fixed. Its work is queued but gated until that boundary.
             if mid_step {
                 if self.fl.gated == 0 {
-                    self.gate_v = self.fl.v.ceil();
+                    self.gate_v = ceil_nn(self.fl.v);
                 }
                 self.fl.gated += 1;
             } else {
@@ -1262,9 +1279,7 @@ impl EngineModel {
             }
         }
         self.speed = self.speed_at(t);
-        let mut fl = self.fl;
-        self.set_rates(&mut fl);
-        self.fl = fl;
+        (self.fl.rate_v, self.fl.rate_q, self.fl.break_v) = self.rates(&self.fl);
         self.generation += 1;
         self.next_event = self.compute_next();
     }
@@ -1284,7 +1299,7 @@ impl EngineModel {
             let h = *self.prefill.front().expect("joined sequences are queued");
             let per_step = fl.rate_q / fl.rate_v;
             let v_done = fl.v + (self.slots[h as usize].prefill_end - fl.q) / per_step;
-            let v_event = (v_done - fl.tolerance()).ceil().max(fl.next_boundary());
+            let v_event = ceil_nn(v_done - fl.tolerance()).max(fl.next_boundary());
             best = best.min((v_event - fl.v) / fl.rate_v);
         }
         if !self.warm {
@@ -1297,11 +1312,13 @@ impl EngineModel {
     fn compute_next(&self) -> Option<u64> {
         let t = self.t0;
         let at = |dt_s: f64| -> u64 {
-            let ns = (dt_s.max(0.0) * NS_PER_S).ceil();
-            t.saturating_add(if ns >= u64::MAX as f64 {
-                u64::MAX
+            let x = dt_s.max(0.0) * NS_PER_S;
+            // the ceiling without libm's call: `as` truncates and saturates, a whole x stays
+            let whole = x as u64;
+            t.saturating_add(if (whole as f64) < x {
+                whole.saturating_add(1)
             } else {
-                ns as u64
+                whole
             })
         };
         let mut best: Option<u64> = None;
@@ -1312,26 +1329,32 @@ impl EngineModel {
         }
         // Look ahead through the breakpoints for the first change the host must see; after a
         // few, wake at the last one reached (crossing it there changes nothing either).
-        let mut fl = self.fl;
-        let mut ahead = 0.0;
-        let mut crossed = 0;
-        loop {
-            let change = self.first_change(&fl);
-            let to_break = fl.to_break();
-            if change <= to_break {
-                if change.is_finite() {
-                    consider(at(ahead + change));
+        let mut change = self.first_change(&self.fl);
+        if change <= self.fl.to_break() {
+            // no breakpoint before it (most refreshes): no look-ahead copy
+            if change.is_finite() {
+                consider(at(change));
+            }
+        } else {
+            let mut fl = self.fl;
+            let mut ahead = 0.0;
+            for crossed in 0.. {
+                let to_break = fl.to_break();
+                if change <= to_break {
+                    if change.is_finite() {
+                        consider(at(ahead + change));
+                    }
+                    break;
                 }
-                break;
+                if crossed == MAX_LOOKAHEAD_BREAKS {
+                    consider(at(ahead + to_break));
+                    break;
+                }
+                fl.flow(to_break, self.n_decoding);
+                self.cross(&mut fl);
+                ahead += to_break;
+                change = self.first_change(&fl);
             }
-            if crossed == MAX_LOOKAHEAD_BREAKS {
-                consider(at(ahead + to_break));
-                break;
-            }
-            fl.flow(to_break, self.n_decoding);
-            self.cross(&mut fl);
-            ahead += to_break;
-            crossed += 1;
         }
         if busy && self.epoch_noise.is_some() && self.ready_at <= t {
             consider(
@@ -1342,6 +1365,28 @@ impl EngineModel {
         }
         best
     }
+}
+
+/// `x.floor()` for `x` in `[0, 2^53)` (below 0: 0), without the libm call the baseline x86-64
+/// target makes for `f64::floor` (`as` truncates toward zero and saturates). For the step
+/// clock and token counts, on every event's path.
+#[inline]
+fn floor_nn(x: f64) -> f64 {
+    // the signed conversion is one instruction; the unsigned one is not
+    (x as i64).max(0) as f64
+}
+
+/// `x.ceil()` for `x` in `[0, 2^53)` (below 0: 0), without the libm call.
+#[inline]
+fn ceil_nn(x: f64) -> f64 {
+    let t = floor_nn(x);
+    if t < x { t + 1.0 } else { t }
+}
+
+/// The whole number nearest `x` in `[0, 2^53)`, halves up, without the libm call.
+#[inline]
+fn round_nn(x: f64) -> f64 {
+    floor_nn(x + 0.5)
 }
 
 /// Prompt tokens served from `hit_blocks` cached leading blocks: at least one prompt token is

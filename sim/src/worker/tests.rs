@@ -930,3 +930,26 @@ fn kv_events_replayed_in_order_give_the_engine_cache() {
         "the scenario exercised mid-prefill blocks"
     );
 }
+
+proptest! {
+    /// The libm-free floor, ceiling and rounding of the step clock agree with the library's
+    /// wherever the clock can be (non-negative, far below 2^53).
+    #[test]
+    fn libm_free_rounding_agrees(x in 0.0f64..1e12) {
+        prop_assert_eq!(floor_nn(x), x.floor());
+        prop_assert_eq!(ceil_nn(x), x.ceil());
+        let r = round_nn(x);
+        prop_assert!(r == x.round() || (x - x.floor() - 0.5).abs() < 1e-9, "{} {}", x, r);
+    }
+}
+
+#[test]
+fn libm_free_rounding_at_whole_and_half_values() {
+    for x in [0.0, 1.0, 2.5, 3.5, 1e9, 1e9 + 0.5, 4503599627370495.0] {
+        assert_eq!(floor_nn(x), x.floor(), "{x}");
+        assert_eq!(ceil_nn(x), x.ceil(), "{x}");
+    }
+    assert_eq!(round_nn(2.5), 3.0);
+    assert_eq!(round_nn(2.4999), 2.0);
+    assert_eq!(ceil_nn(-0.25), 0.0);
+}
