@@ -328,7 +328,7 @@ impl Fluid {
     }
 
     /// Seconds to the next breakpoint under the current rates (`INFINITY`: none).
-    fn to_break(&self) -> f64 {
+    fn secs_to_break(&self) -> f64 {
         if self.break_v.is_finite() && self.rate_v > 0.0 {
             ((self.break_v - self.v) / self.rate_v).max(0.0)
         } else {
@@ -961,7 +961,7 @@ impl EngineModel {
                 fl.flow(dt, self.n_decoding);
                 return fl;
             }
-            let to_break = fl.to_break();
+            let to_break = fl.secs_to_break();
             if to_break > dt {
                 fl.flow(dt, self.n_decoding);
                 return fl;
@@ -1330,7 +1330,7 @@ impl EngineModel {
         // Look ahead through the breakpoints for the first change the host must see; after a
         // few, wake at the last one reached (crossing it there changes nothing either).
         let mut change = self.first_change(&self.fl);
-        if change <= self.fl.to_break() {
+        if change <= self.fl.secs_to_break() {
             // no breakpoint before it (most refreshes): no look-ahead copy
             if change.is_finite() {
                 consider(at(change));
@@ -1339,7 +1339,7 @@ impl EngineModel {
             let mut fl = self.fl;
             let mut ahead = 0.0;
             for crossed in 0.. {
-                let to_break = fl.to_break();
+                let to_break = fl.secs_to_break();
                 if change <= to_break {
                     if change.is_finite() {
                         consider(at(ahead + change));
