@@ -430,18 +430,13 @@ pub struct EngineModel {
     chunk: f64,
     max_running: u32,
     kv_capacity: u64,
-    speed_factor: f64,
-    cold_factor: f64,
-    warmup_tokens: f64,
     request_noise: Option<LogNormal<f64>>,
-    epoch_noise: Option<LogNormal<f64>>,
-    epoch_ns: u64,
-    seed: u64,
     rng: Xoshiro256PlusPlus,
     // --- lifecycle
     /// Work starts at this time; `u64::MAX` = down (crashed).
     ready_at: u64,
-    warm: bool,
+    /// The speed multiplier's rule (node, cold, epoch), shared with the step engine.
+    pace: speed::Speed,
     busy_ns: u64,
     // --- fluid state, valid at `t0`
     t0: u64,
@@ -450,8 +445,6 @@ pub struct EngineModel {
     q_tail: f64,
     /// The speed multiplier the rates were computed with (constant between events).
     speed: f64,
-    epoch_idx: u64,
-    epoch_factor: f64,
     // --- sequences
     n_decoding: u32,
     /// Prefilling sequences with prefix blocks (what `cache_computed_blocks` looks at).
@@ -492,8 +485,7 @@ impl EngineModel {
         let step_time = (0..=max_running)
             .map(|n| profile.step_time_s(f64::from(n)))
             .collect();
-        let cold = profile.cold_start();
-        let lognormal = speed::lognormal;
+        let pace = speed::Speed::new(&overrides, profile.cold_start(), seed);
         let cache_blocks = usize::try_from(kv_capacity / u64::from(BLOCK_TOKENS)).unwrap_or(0);
         let mut engine = EngineModel {
             prefill_tok_s: profile.prefill_tok_s(),
@@ -503,23 +495,15 @@ impl EngineModel {
             chunk: f64::from(chunk),
             max_running,
             kv_capacity,
-            speed_factor: overrides.speed_factor,
-            cold_factor: cold.speed_factor,
-            warmup_tokens: cold.warmup_tokens,
-            request_noise: lognormal(overrides.request_noise_cv),
-            epoch_noise: lognormal(overrides.epoch_noise_cv),
-            epoch_ns: ((overrides.epoch_s * NS_PER_S) as u64).max(1),
-            seed,
+            request_noise: speed::lognormal(overrides.request_noise_cv),
             rng: Xoshiro256PlusPlus::seed_from_u64(seed),
             ready_at: 0,
-            warm: !overrides.start_cold || cold.warmup_tokens <= 0.0,
+            pace,
             busy_ns: 0,
             t0: 0,
             fl: Fluid::default(),
             q_tail: 0.0,
             speed: 0.0,
-            epoch_idx: u64::MAX,
-            epoch_factor: 1.0,
             n_decoding: 0,
             prefills_with_blocks: 0,
             running: 0,
@@ -725,7 +709,7 @@ impl EngineModel {
 
     /// Whether the cold-start penalty is over.
     pub fn is_warm(&self) -> bool {
-        self.warm
+        self.pace.is_warm()
     }
 
     /// Whether the engine serves at `now` (ready and not crashed).
@@ -781,7 +765,7 @@ impl EngineModel {
 
     /// The node's speed factor (1.0 healthy, below 1 degraded).
     pub fn speed_factor(&self) -> f64 {
-        self.speed_factor
+        self.pace.node
     }
 
     /// From `now` on, every rate is multiplied by `factor` (a node degrades or recovers).
@@ -791,7 +775,7 @@ impl EngineModel {
             return;
         }
         self.catch_up(now);
-        self.speed_factor = factor;
+        self.pace.node = factor;
         self.refresh();
     }
 
@@ -827,7 +811,7 @@ impl EngineModel {
         self.fl = Fluid::default();
         self.q_tail = 0.0;
         self.ready_at = ready_at.max(now);
-        self.warm = !cold || self.warmup_tokens <= 0.0;
+        self.pace.restart(cold);
         self.refresh();
         failed
     }
@@ -1251,12 +1235,7 @@ impl EngineModel {
         if t < self.ready_at {
             return 0.0;
         }
-        let cold = if self.warm { 1.0 } else { self.cold_factor };
-        self.speed_factor * cold * self.epoch_factor
-    }
-
-    fn epoch_factor_for(&self, idx: u64) -> f64 {
-        speed::epoch_factor(self.seed, idx, self.epoch_noise.as_ref())
+        self.pace.current()
     }
 
     /// Recomputes rates and the next event after any change at `t0`; bumps the generation.
@@ -1268,16 +1247,8 @@ impl EngineModel {
             self.fl.v = 0.0;
             self.join_gated();
         }
-        if !self.warm && self.fl.work >= self.warmup_tokens - EPS_TOKENS {
-            self.warm = true;
-        }
-        if self.epoch_noise.is_some() {
-            let idx = t / self.epoch_ns;
-            if idx != self.epoch_idx {
-                self.epoch_idx = idx;
-                self.epoch_factor = self.epoch_factor_for(idx);
-            }
-        }
+        self.pace.note_work(self.fl.work, EPS_TOKENS);
+        self.pace.enter_epoch(t);
         self.speed = self.speed_at(t);
         (self.fl.rate_v, self.fl.rate_q, self.fl.break_v) = self.rates(&self.fl);
         self.generation += 1;
@@ -1302,9 +1273,9 @@ impl EngineModel {
             let v_event = ceil_nn(v_done - fl.tolerance()).max(fl.next_boundary());
             best = best.min((v_event - fl.v) / fl.rate_v);
         }
-        if !self.warm {
+        if !self.pace.is_warm() {
             let work_rate = fl.rate_v * f64::from(self.n_decoding) + fl.rate_q;
-            best = best.min((self.warmup_tokens - fl.work) / work_rate);
+            best = best.min(self.pace.warmup_left(fl.work) / work_rate);
         }
         best.max(0.0)
     }
@@ -1356,12 +1327,11 @@ impl EngineModel {
                 change = self.first_change(&fl);
             }
         }
-        if busy && self.epoch_noise.is_some() && self.ready_at <= t {
-            consider(
-                (t / self.epoch_ns)
-                    .saturating_add(1)
-                    .saturating_mul(self.epoch_ns),
-            );
+        if busy
+            && self.ready_at <= t
+            && let Some(next) = self.pace.next_epoch_after(t)
+        {
+            consider(next);
         }
         best
     }

@@ -56,7 +56,7 @@ use rand_distr::{Distribution, LogNormal};
 use routelab_policies::KvEvent;
 
 use super::cache::PrefixCache;
-use super::speed::{epoch_factor, lognormal};
+use super::speed::{Speed, lognormal};
 use super::{
     AdmitInfo, BLOCK_TOKENS, Completion, EPS_TOKENS, EngineOutput, EngineOverrides,
     KV_BLOCK_TOKENS, NS_PER_S, cached_tokens,
@@ -168,24 +168,17 @@ pub struct StepEngine {
     max_running: u32,
     kv_capacity: u64,
     kv_capacity_blocks: u64,
-    speed_factor: f64,
-    cold_factor: f64,
-    warmup_tokens: f64,
     request_noise: Option<LogNormal<f64>>,
-    epoch_noise: Option<LogNormal<f64>>,
-    epoch_ns: u64,
-    seed: u64,
     rng: Xoshiro256PlusPlus,
     // --- lifecycle
     /// Work starts at this time; `u64::MAX` = down (crashed).
     ready_at: u64,
-    warm: bool,
+    /// The speed multiplier's rule (node, cold, epoch), shared with the fluid engine.
+    pace: Speed,
     work_since_ready: f64,
     busy_ns: u64,
     /// The time the engine has been moved to.
     t0: u64,
-    epoch_idx: u64,
-    epoch_factor: f64,
     // --- the running step
     step_start: u64,
     step_end: Option<u64>,
@@ -226,7 +219,7 @@ impl StepEngine {
         let chunk = overrides
             .prefill_chunk_tokens
             .unwrap_or(profile.prefill_chunk_tokens());
-        let cold = profile.cold_start();
+        let pace = Speed::new(&overrides, profile.cold_start(), seed);
         let kv_capacity_blocks = kv_capacity / KV_ALLOC_TOKENS;
         let mut engine = StepEngine {
             profile,
@@ -234,21 +227,13 @@ impl StepEngine {
             max_running,
             kv_capacity,
             kv_capacity_blocks,
-            speed_factor: overrides.speed_factor,
-            cold_factor: cold.speed_factor,
-            warmup_tokens: cold.warmup_tokens,
             request_noise: lognormal(overrides.request_noise_cv),
-            epoch_noise: lognormal(overrides.epoch_noise_cv),
-            epoch_ns: ((overrides.epoch_s * NS_PER_S) as u64).max(1),
-            seed,
             rng: Xoshiro256PlusPlus::seed_from_u64(seed),
             ready_at: 0,
-            warm: !overrides.start_cold || cold.warmup_tokens <= 0.0,
+            pace,
             work_since_ready: 0.0,
             busy_ns: 0,
             t0: 0,
-            epoch_idx: u64::MAX,
-            epoch_factor: 1.0,
             step_start: 0,
             step_end: None,
             step_s: 0.0,
@@ -421,7 +406,7 @@ impl StepEngine {
 
     /// Whether the cold-start penalty is over.
     pub fn is_warm(&self) -> bool {
-        self.warm
+        self.pace.is_warm()
     }
 
     /// Whether the engine serves at `now` (ready and not crashed).
@@ -473,14 +458,12 @@ impl StepEngine {
         if t < self.ready_at {
             return 0.0;
         }
-        let cold = if self.warm { 1.0 } else { self.cold_factor };
-        let epoch = epoch_factor(self.seed, t / self.epoch_ns, self.epoch_noise.as_ref());
-        self.speed_factor * cold * epoch
+        self.pace.at(t)
     }
 
     /// The node's speed factor (1.0 healthy, below 1 degraded).
     pub fn speed_factor(&self) -> f64 {
-        self.speed_factor
+        self.pace.node
     }
 
     /// From the next step on, every step is `factor` times as fast (a node degrades or
@@ -491,7 +474,7 @@ impl StepEngine {
             return;
         }
         self.catch_up(now);
-        self.speed_factor = factor;
+        self.pace.node = factor;
         self.refresh();
     }
 
@@ -529,7 +512,7 @@ impl StepEngine {
         self.n_decoding = 0;
         self.used_blocks = 0;
         self.ready_at = ready_at.max(now);
-        self.warm = !cold || self.warmup_tokens <= 0.0;
+        self.pace.restart(cold);
         self.work_since_ready = 0.0;
         self.refresh();
         failed
@@ -630,15 +613,8 @@ impl StepEngine {
         if t < self.ready_at {
             return 0.0;
         }
-        if self.epoch_noise.is_some() {
-            let idx = t / self.epoch_ns;
-            if idx != self.epoch_idx {
-                self.epoch_idx = idx;
-                self.epoch_factor = epoch_factor(self.seed, idx, self.epoch_noise.as_ref());
-            }
-        }
-        let cold = if self.warm { 1.0 } else { self.cold_factor };
-        self.speed_factor * cold * self.epoch_factor
+        self.pace.enter_epoch(t);
+        self.pace.current()
     }
 
     fn free_blocks(&self) -> u64 {
@@ -844,11 +820,9 @@ impl StepEngine {
     fn finish_step(&mut self, e: u64, out: &mut Vec<EngineOutput>) {
         self.step_end = None;
         let first = out.len();
-        if !self.warm {
+        if !self.pace.is_warm() {
             self.work_since_ready += f64::from(self.step_decodes) + self.step_prefill_tokens as f64;
-            if self.work_since_ready >= self.warmup_tokens - EPS_TOKENS {
-                self.warm = true;
-            }
+            self.pace.note_work(self.work_since_ready, EPS_TOKENS);
         }
         let sched = std::mem::take(&mut self.sched);
         for &h in &sched {
