@@ -302,6 +302,9 @@ struct Fluid {
     break_v: f64,
     /// Decode plus prefill work done since the engine became ready (for the warm-up).
     work: f64,
+    /// Prompt tokens the step under way prefills: fixed when the step starts (on a boundary),
+    /// so that a call in the middle of it does not change its length.
+    c_step: f64,
 }
 
 impl Fluid {
@@ -965,6 +968,7 @@ impl EngineModel {
             fl.gated = 0;
             fl.q_joined = self.q_tail;
         }
+        fl.c_step = self.step_chunk(fl);
         self.set_rates(fl);
     }
 
@@ -974,16 +978,23 @@ impl EngineModel {
         (fl.rate_v, fl.rate_q, fl.break_v) = self.rates(fl);
     }
 
+    /// The prompt tokens a step starting at `fl` prefills: a chunk, or what joined work is left.
+    fn step_chunk(&self, fl: &Fluid) -> f64 {
+        if fl.joined == 0 {
+            0.0
+        } else {
+            self.chunk
+                .min((fl.q_joined - fl.q).max(0.0))
+                .max(EPS_TOKENS)
+        }
+    }
+
     /// The rates of the step under way in `fl` and its next breakpoint: `(rate_v, rate_q,
     /// break_v)`. See [`Self::set_rates`].
     #[inline]
     fn rates(&self, fl: &Fluid) -> (f64, f64, f64) {
         let queued = (fl.q_joined - fl.q).max(0.0);
-        let c = if fl.joined == 0 {
-            0.0
-        } else {
-            self.chunk.min(queued).max(EPS_TOKENS)
-        };
+        let c = fl.c_step;
         let step = mixed_step_s(
             self.step_time[self.n_decoding as usize],
             c / self.prefill_tok_s,
@@ -1076,8 +1087,12 @@ impl EngineModel {
             self.fl = fl;
         }
         let first = out.len();
-        // prefill completions, FIFO (the gated ones have not started)
-        while self.fl.joined > 0 {
+        // prefill completions, FIFO (the gated ones have not started), only at the end of a
+        // step: a prefill done in the fluid sense mid-step samples its first token when the
+        // step ends (an event mid-step — a noisy decode's end, a new noise epoch — must not
+        // emit it early)
+        let on_boundary = !self.fl.mid_step();
+        while on_boundary && self.fl.joined > 0 {
             let h = *self.prefill.front().expect("joined sequences are queued");
             let end = self.slots[h as usize].prefill_end;
             if end > self.fl.q + EPS_TOKENS {
@@ -1250,6 +1265,13 @@ impl EngineModel {
         self.pace.note_work(self.fl.work, EPS_TOKENS);
         self.pace.enter_epoch(t);
         self.speed = self.speed_at(t);
+        if !self.fl.mid_step() {
+            // a step starts here: its prefill is fixed until its end
+            self.fl.c_step = self.step_chunk(&self.fl);
+        } else if self.fl.joined == 0 {
+            // the work it carried was aborted
+            self.fl.c_step = 0.0;
+        }
         (self.fl.rate_v, self.fl.rate_q, self.fl.break_v) = self.rates(&self.fl);
         self.generation += 1;
         self.next_event = self.compute_next();

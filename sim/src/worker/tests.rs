@@ -953,3 +953,56 @@ fn libm_free_rounding_at_whole_and_half_values() {
     assert_eq!(round_nn(2.4999), 2.0);
     assert_eq!(ceil_nn(-0.25), 0.0);
 }
+
+/// Regression (issue 15 review): a call in the middle of a step (here a speed change that
+/// changes nothing, or a gated arrival) does not change the running step's prefill: a
+/// 400-token prompt alone is one 400 ms step, its first token at its end.
+#[test]
+fn a_call_mid_step_does_not_change_the_running_step() {
+    let p = profile();
+    let mut e = engine(&p);
+    e.admit(0, 1, 400, 5, &[]);
+    e.set_speed_factor(S / 5, 1.0);
+    assert!(close_ns(run_to_first_token(&mut e, 1), 0.4));
+    let mut e = engine(&p);
+    e.admit(0, 1, 400, 5, &[]);
+    e.admit(S / 5, 2, 10, 5, &[]);
+    assert!(close_ns(run_to_first_token(&mut e, 1), 0.4));
+    // the arrival joined at that boundary: one 10-token step beside the first's decode
+    let o = crate::hardware::DEFAULT_PREFILL_OVERLAP;
+    let want = 0.4 + mixed_step_s(p.step_time_s(1.0), 0.01, o);
+    assert!(close_ns(run_to_first_token(&mut e, 2), want));
+}
+
+/// Regression (issue 15 review): an event in the middle of a step (here a new noise epoch)
+/// does not emit a first token early: a prompt whose prefill is done in the fluid sense
+/// mid-step gets its first token when the step ends, with the prompt it shares the step with.
+#[test]
+fn an_event_mid_step_does_not_emit_a_first_token_early() {
+    let p = profile();
+    let o = EngineOverrides {
+        prefill_chunk_tokens: Some(2048),
+        epoch_noise_cv: 0.01,
+        epoch_s: 0.5,
+        ..EngineOverrides::default()
+    };
+    let mut e = EngineModel::new(p, o, 3);
+    // one step of 1,300 prompt tokens (about 1.3 s); the first prompt is done at about 0.3 s,
+    // the epoch changes at 0.5 s
+    e.admit(0, 1, 300, 5, &[]);
+    e.admit(0, 2, 1000, 5, &[]);
+    let mut out = Vec::new();
+    let mut guard = 0;
+    while first_token_of(&out, 2).is_none() {
+        let t = e.next_event_time().expect("runs");
+        e.advance_to(t, &mut out);
+        guard += 1;
+        assert!(guard < 1000);
+    }
+    let (a, b) = (
+        first_token_of(&out, 1).unwrap(),
+        first_token_of(&out, 2).unwrap(),
+    );
+    assert_eq!(a, b, "both first tokens at the end of the step they shared");
+    assert!(a > S, "{a}");
+}
