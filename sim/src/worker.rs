@@ -385,10 +385,10 @@ impl Slot {
 /// The share of a sequence's output, in fifths, that admission reserves in KV beside its
 /// prompt. vLLM allocates KV as tokens are computed and preempts (recomputes) the newest
 /// sequence when it runs out; this model cannot preempt, so it reserves at admission. The whole
-/// output admits too few where KV binds (mean TTFT at 85 % load 12 % above the step-level
-/// engine's on rtx4090 and rtx5090), half of it — a sequence's mean occupancy — too many (the
-/// engine pays its preemptions: 24 % below, saturation 3 % above); four fifths agrees with the
-/// step-level reference within 6 % and 2.3 % (`sim/tests/integration/engine_modes.rs`).
+/// output admits too few where KV binds (mean TTFT at 85 % load 27 % above the step-level
+/// engine's on rtx4090, 7 % on rtx5090), half of it — a sequence's mean occupancy — too many
+/// (the engine pays its preemptions); four fifths agrees with the step-level reference within
+/// 5.9 % on TTFT and 0.8 % on saturation there (`sim/tests/integration/engine_modes.rs`).
 const RESERVED_OUTPUT_FIFTHS: u64 = 4;
 
 /// Min-heap entry: smallest finish first, ties by sequence id.
