@@ -28,7 +28,8 @@
 //!   cleared on restart or crash), drained with [`EngineModel::drain_kv_events`].
 //! * **Chunked prefill, processor-shared decode.** One engine step decodes one token for each
 //!   of the `n` decoding sequences and processes a chunk `c = min(prefill_chunk_tokens, queued
-//!   prefill tokens)` of the FIFO prefill queue. It lasts what the one step-time model
+//!   prefill tokens)` of the FIFO prefill queue, fixed when the step starts (a call in the middle
+//!   of a step does not change it). It lasts what the one step-time model
 //!   (`hardware::step`) says for a decode of `step_time_s(n)` beside a prefill of `c /
 //!   prefill_tok_s`: the longer of the two plus the part of the shorter that does not hide under
 //!   it (`prefill_overlap`). Each decoding sequence therefore advances at `1 / step` tokens/s
@@ -53,9 +54,10 @@
 //!   `epoch_s` of simulated time (a pure function of the seed and the epoch index). Per-request
 //!   noise multiplies one request's token work (prefill and decode) by a lognormal factor.
 //!
-//! Internally a decode "service clock" `V` (tokens received by every decoding sequence so far)
-//! and a min-heap of finish values `V_start + work` give the next completion in O(log n); the
-//! prefill queue uses the same idea with cumulative prefilled tokens.
+//! Internally the step clock `V` (decode steps received by every decoding sequence so far) and
+//! a min-heap of finish values `V_start + work` give the next completion in O(log n); the
+//! prefill queue uses the same idea with cumulative prefilled tokens. First tokens come out
+//! only on a step boundary.
 //!
 //! # Driving it
 //!
