@@ -227,7 +227,13 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("230000 tokens"), "{t}");
-        assert!(t.contains("rates x 0.25 until 2800 tokens"), "{t}");
+        assert!(t.contains("rates x 0.25 until 2770 tokens"), "{t}");
+        // the step model: a full 512-token chunk (85.3 ms alone) beside 16 decodes (14.9 ms)
+        // lasts 85.3 + 0.6 x 14.9 = 94.3 ms at the default overlap 0.4
+        assert!(
+            t.contains("prefill_overlap       0.40: a full chunk beside 16 decodes takes 94.3 ms"),
+            "{t}"
+        );
         assert!(t.contains("extrapolated:\n  - decode.points[2]"), "{t}");
     }
 
