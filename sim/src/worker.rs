@@ -284,7 +284,7 @@ enum Phase {
 /// where less than a chunk of prefill work is left (the step is shorter). These are crossed
 /// lazily — [`EngineModel::advance`] integrates piecewise through them, with no event and no
 /// change of generation — because an event per admission would cost the host a wake-up each.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 struct Fluid {
     /// The step clock: engine steps done since the engine last idled (fractional). Step
     /// boundaries are its whole values; every decoding sequence gets one token per step, so it
@@ -302,6 +302,9 @@ struct Fluid {
     rate_q: f64,
     /// The next breakpoint on the step clock (`INFINITY`: none).
     break_v: f64,
+    /// [`tolerance_at`]`(rate_v)`, set with the rates: every boundary test reads it, and the
+    /// division is paid once per change of rates instead of once per test.
+    tol: f64,
     /// Decode plus prefill work done since the engine became ready (for the warm-up).
     work: f64,
     /// Prompt tokens the step under way prefills: fixed when the step starts (on a boundary),
@@ -309,27 +312,89 @@ struct Fluid {
     c_step: f64,
 }
 
+impl Default for Fluid {
+    /// An idle engine's clocks: nothing done, nothing stepping.
+    fn default() -> Self {
+        Fluid {
+            v: 0.0,
+            q: 0.0,
+            q_joined: 0.0,
+            joined: 0,
+            gated: 0,
+            rate_v: 0.0,
+            rate_q: 0.0,
+            break_v: 0.0,
+            tol: tolerance_at(0.0),
+            work: 0.0,
+            c_step: 0.0,
+        }
+    }
+}
+
+/// How far (steps) the step clock may be from a whole value and still be on a boundary when
+/// it runs at `rate_v` steps/s: an event time is rounded up to a whole nanosecond, so it may
+/// overshoot by a hair.
+#[inline]
+fn tolerance_at(rate_v: f64) -> f64 {
+    EPS_STEPS + rate_v * 2.0 / NS_PER_S
+}
+
+/// Whether the step clock at `v`, running at `rate_v` with boundary tolerance `tol`, is
+/// between two boundaries.
+#[inline]
+fn mid_step_at(v: f64, rate_v: f64, tol: f64) -> bool {
+    rate_v > 0.0 && (v - round_nn(v)).abs() > tol
+}
+
+/// The first step boundary after the step clock at `v` (see [`Fluid::next_boundary`]).
+#[inline]
+fn next_boundary_at(v: f64, rate_v: f64, tol: f64) -> f64 {
+    if mid_step_at(v, rate_v, tol) {
+        ceil_nn(v)
+    } else {
+        round_nn(v) + 1.0
+    }
+}
+
+/// The rates of a step and its next breakpoint, as [`EngineModel::rates`] works them out.
+#[derive(Debug, Clone, Copy)]
+struct Rates {
+    v: f64,
+    q: f64,
+    break_v: f64,
+    /// [`tolerance_at`]`(v)`.
+    tol: f64,
+}
+
 impl Fluid {
-    /// How far (steps) the step clock may be from a whole value and still be on a boundary:
-    /// an event time is rounded up to a whole nanosecond, so it may overshoot by a hair.
+    /// How far (steps) the step clock may be from a whole value and still be on a boundary
+    /// under the current rates ([`tolerance_at`]).
+    #[inline]
     fn tolerance(&self) -> f64 {
-        EPS_STEPS + self.rate_v * 2.0 / NS_PER_S
+        self.tol
     }
 
     /// Whether a step is under way: the engine is stepping and the clock is between two
     /// boundaries.
+    #[inline]
     fn mid_step(&self) -> bool {
-        self.rate_v > 0.0 && (self.v - round_nn(self.v)).abs() > self.tolerance()
+        mid_step_at(self.v, self.rate_v, self.tol)
     }
 
     /// The first step boundary after the clock (the end of the running step; the end of the
     /// step starting now when on a boundary).
+    #[inline]
     fn next_boundary(&self) -> f64 {
-        if self.mid_step() {
-            ceil_nn(self.v)
-        } else {
-            round_nn(self.v) + 1.0
-        }
+        next_boundary_at(self.v, self.rate_v, self.tol)
+    }
+
+    /// Takes the rates of the step under way and its next breakpoint.
+    #[inline]
+    fn set_rates(&mut self, r: Rates) {
+        self.rate_v = r.v;
+        self.rate_q = r.q;
+        self.break_v = r.break_v;
+        self.tol = r.tol;
     }
 
     /// Seconds to the next breakpoint under the current rates (`INFINITY`: none).
@@ -902,9 +967,11 @@ impl EngineModel {
     /// Processes events up to `now` (buffering outputs) and moves the fluid state to `now`.
     fn catch_up(&mut self, now: u64) {
         debug_assert!(now >= self.t0, "time went backwards: {now} < {}", self.t0);
-        let mut buf = std::mem::take(&mut self.deferred);
-        self.run_until(now, &mut buf);
-        self.deferred = buf;
+        if self.next_event.is_some_and(|te| te <= now) {
+            let mut buf = std::mem::take(&mut self.deferred);
+            self.run_until(now, &mut buf);
+            self.deferred = buf;
+        }
         self.move_to(now);
     }
 
@@ -977,7 +1044,7 @@ impl EngineModel {
     /// Sets `fl`'s rates for the step under way (its decode batch and the chunk of joined
     /// prefill work it carries, timed by the one step-time model) and its next breakpoint.
     fn set_rates(&self, fl: &mut Fluid) {
-        (fl.rate_v, fl.rate_q, fl.break_v) = self.rates(fl);
+        fl.set_rates(self.rates(fl));
     }
 
     /// The prompt tokens a step starting at `fl` prefills: a chunk, or what joined work is left.
@@ -991,10 +1058,10 @@ impl EngineModel {
         }
     }
 
-    /// The rates of the step under way in `fl` and its next breakpoint: `(rate_v, rate_q,
-    /// break_v)`. See [`Self::set_rates`].
+    /// The rates of the step under way in `fl` and its next breakpoint. See
+    /// [`Self::set_rates`].
     #[inline]
-    fn rates(&self, fl: &Fluid) -> (f64, f64, f64) {
+    fn rates(&self, fl: &Fluid) -> Rates {
         let queued = (fl.q_joined - fl.q).max(0.0);
         let c = fl.c_step;
         let step = mixed_step_s(
@@ -1008,6 +1075,7 @@ impl EngineModel {
         } else {
             (0.0, 0.0)
         };
+        let tol = tolerance_at(rate_v);
         let mut next = f64::INFINITY;
         if fl.gated > 0 {
             next = self.gate_v;
@@ -1015,14 +1083,19 @@ impl EngineModel {
         if rate_q > 0.0 && c >= self.chunk {
             // whole chunks until the boundary at which less than one is left: that step is
             // shorter
-            let first = Fluid { rate_v, ..*fl }.next_boundary();
+            let first = next_boundary_at(fl.v, rate_v, tol);
             let left = queued - (first - fl.v) * c;
             let whole = floor_nn((left / self.chunk).max(0.0));
             if left - whole * self.chunk > EPS_TOKENS {
                 next = next.min(first + whole);
             }
         }
-        (rate_v, rate_q, next)
+        Rates {
+            v: rate_v,
+            q: rate_q,
+            break_v: next,
+            tol,
+        }
     }
 
     /// Caches the full blocks the prefilling sequences have computed by the prefill clock `q`
@@ -1274,7 +1347,8 @@ impl EngineModel {
             // the work it carried was aborted
             self.fl.c_step = 0.0;
         }
-        (self.fl.rate_v, self.fl.rate_q, self.fl.break_v) = self.rates(&self.fl);
+        let rates = self.rates(&self.fl);
+        self.fl.set_rates(rates);
         self.generation += 1;
         self.next_event = self.compute_next();
     }
@@ -1306,16 +1380,7 @@ impl EngineModel {
 
     fn compute_next(&self) -> Option<u64> {
         let t = self.t0;
-        let at = |dt_s: f64| -> u64 {
-            let x = dt_s.max(0.0) * NS_PER_S;
-            // the ceiling without libm's call: `as` truncates and saturates, a whole x stays
-            let whole = x as u64;
-            t.saturating_add(if (whole as f64) < x {
-                whole.saturating_add(1)
-            } else {
-                whole
-            })
-        };
+        let at = |dt_s: f64| -> u64 { t.saturating_add(ceil_ns(dt_s.max(0.0) * NS_PER_S)) };
         let mut best: Option<u64> = None;
         let mut consider = |x: u64| best = Some(best.map_or(x, |b: u64| b.min(x)));
         let busy = self.running > 0;
@@ -1325,16 +1390,22 @@ impl EngineModel {
         // Look ahead through the breakpoints for the first change the host must see; after a
         // few, wake at the last one reached (crossing it there changes nothing either).
         let mut change = self.first_change(&self.fl);
-        if change <= self.fl.secs_to_break() {
+        let mut to_break = self.fl.secs_to_break();
+        if change <= to_break {
             // no breakpoint before it (most refreshes): no look-ahead copy
             if change.is_finite() {
                 consider(at(change));
             }
         } else {
+            // the first breakpoint comes before the change (just tested): cross it at once
             let mut fl = self.fl;
             let mut ahead = 0.0;
-            for crossed in 0.. {
-                let to_break = fl.secs_to_break();
+            for crossed in 1.. {
+                fl.flow(to_break, self.n_decoding);
+                self.cross(&mut fl);
+                ahead += to_break;
+                change = self.first_change(&fl);
+                to_break = fl.secs_to_break();
                 if change <= to_break {
                     if change.is_finite() {
                         consider(at(ahead + change));
@@ -1345,10 +1416,6 @@ impl EngineModel {
                     consider(at(ahead + to_break));
                     break;
                 }
-                fl.flow(to_break, self.n_decoding);
-                self.cross(&mut fl);
-                ahead += to_break;
-                change = self.first_change(&fl);
             }
         }
         if busy
@@ -1369,6 +1436,29 @@ fn floor_nn(x: f64) -> f64 {
     // the signed conversion is one instruction; the unsigned one is not
     (x as i64).max(0) as f64
 }
+
+/// `x.ceil()` as whole nanoseconds for `x >= 0` (saturating at `u64::MAX`), without libm's
+/// call. Below 2^63 the signed conversions do it (one instruction each way, where the unsigned
+/// ones are a dozen on the baseline x86-64 target); from there `x` is whole and the unsigned
+/// `as` saturates.
+#[inline]
+fn ceil_ns(x: f64) -> u64 {
+    if x < I64_LIMIT {
+        let whole = x as i64;
+        (if (whole as f64) < x { whole + 1 } else { whole }) as u64
+    } else {
+        // `as` truncates and saturates, a whole x stays
+        let whole = x as u64;
+        if (whole as f64) < x {
+            whole.saturating_add(1)
+        } else {
+            whole
+        }
+    }
+}
+
+/// 2^63, the first `f64` a signed 64-bit conversion saturates at.
+const I64_LIMIT: f64 = 9_223_372_036_854_775_808.0;
 
 /// `x.ceil()` for `x` in `[0, 2^53)` (below 0: 0), without the libm call.
 #[inline]

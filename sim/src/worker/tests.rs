@@ -1006,3 +1006,68 @@ fn an_event_mid_step_does_not_emit_a_first_token_early() {
     assert_eq!(a, b, "both first tokens at the end of the step they shared");
     assert!(a > S, "{a}");
 }
+
+/// The libm-free ceiling `compute_next` used before `ceil_ns`: the reference it must equal.
+fn ceil_ns_reference(x: f64) -> u64 {
+    let whole = x as u64;
+    if (whole as f64) < x {
+        whole.saturating_add(1)
+    } else {
+        whole
+    }
+}
+
+#[test]
+fn ceil_ns_equals_the_unsigned_ceiling_at_the_edges() {
+    let below_limit = f64::from_bits(I64_LIMIT.to_bits() - 1);
+    for x in [
+        0.0,
+        0.25,
+        1.0,
+        1.5,
+        1e9,
+        4_503_599_627_370_495.5,
+        9_007_199_254_740_993.0,
+        below_limit,
+        I64_LIMIT,
+        1.5e19,
+        1.8446744073709552e19,
+        1e30,
+        f64::INFINITY,
+    ] {
+        assert_eq!(ceil_ns(x), ceil_ns_reference(x), "{x}");
+    }
+    assert_eq!(ceil_ns(0.5), 1);
+    assert_eq!(ceil_ns(f64::INFINITY), u64::MAX);
+}
+
+#[test]
+fn the_kept_tolerance_follows_the_rates() {
+    let p = profile();
+    let mut e = engine(&p);
+    assert_eq!(e.fl.tol, tolerance_at(e.fl.rate_v));
+    e.admit(0, 1, 900, 40, &[]);
+    e.admit(1_000_000, 2, 900, 40, &[]);
+    assert!(e.fl.rate_v > 0.0);
+    assert_eq!(e.fl.tol, tolerance_at(e.fl.rate_v));
+    let mut out = Vec::new();
+    while let Some(t) = e.next_event_time() {
+        e.advance_to(t, &mut out);
+        assert_eq!(e.fl.tol.to_bits(), tolerance_at(e.fl.rate_v).to_bits());
+    }
+    assert_eq!(out.len(), 4, "two first tokens and two completions");
+    assert_eq!(e.fl.tol, tolerance_at(0.0));
+}
+
+proptest! {
+    #[test]
+    fn ceil_ns_equals_the_unsigned_ceiling(bits in 0u64..0x7FF0_0000_0000_0000) {
+        let x = f64::from_bits(bits);
+        prop_assert_eq!(ceil_ns(x), ceil_ns_reference(x));
+    }
+
+    #[test]
+    fn ceil_ns_equals_the_unsigned_ceiling_on_event_scales(x in 0.0f64..1e15) {
+        prop_assert_eq!(ceil_ns(x), ceil_ns_reference(x));
+    }
+}
