@@ -458,12 +458,45 @@ impl Slot {
 /// 5.9 % on TTFT and 0.8 % on saturation there (`sim/tests/integration/engine_modes.rs`).
 const RESERVED_OUTPUT_FIFTHS: u64 = 4;
 
-/// Min-heap entry: smallest finish first, ties by sequence id.
+/// Min-heap entry: smallest finish first (in [`f64::total_cmp`]'s order), ties by sequence id.
+/// The finish mark is kept as its total-order integer ([`total_order`]), worked out once at the
+/// push, so each of the heap's comparisons is an integer one.
 #[derive(Debug, Clone, Copy)]
 struct DecodeKey {
-    finish: f64,
+    /// `total_order(finish)`.
+    order: i64,
     seq: u64,
     slot: u32,
+}
+
+impl DecodeKey {
+    fn new(finish: f64, seq: u64, slot: u32) -> DecodeKey {
+        DecodeKey {
+            order: total_order(finish),
+            seq,
+            slot,
+        }
+    }
+
+    /// The finish mark on the step clock, bit for bit as pushed.
+    fn finish(&self) -> f64 {
+        from_total_order(self.order)
+    }
+}
+
+/// The integer whose order is [`f64::total_cmp`]'s (its own transformation of the bits): a
+/// negative float's magnitude bits are flipped, so that the signed integers sort as the floats
+/// do, `-0.0` before `+0.0`. Its own inverse on the bits ([`from_total_order`]).
+#[inline]
+fn total_order(x: f64) -> i64 {
+    let bits = x.to_bits() as i64;
+    bits ^ (((bits >> 63) as u64) >> 1) as i64
+}
+
+/// The float [`total_order`] came from (the flip keeps the sign bit, so it undoes itself).
+#[inline]
+fn from_total_order(order: i64) -> f64 {
+    f64::from_bits((order ^ (((order >> 63) as u64) >> 1) as i64) as u64)
 }
 
 impl PartialEq for DecodeKey {
@@ -481,8 +514,8 @@ impl Ord for DecodeKey {
     fn cmp(&self, other: &Self) -> Ordering {
         // reversed: BinaryHeap is a max-heap
         other
-            .finish
-            .total_cmp(&self.finish)
+            .order
+            .cmp(&self.order)
             .then_with(|| other.seq.cmp(&self.seq))
     }
 }
@@ -1064,11 +1097,14 @@ impl EngineModel {
     fn rates(&self, fl: &Fluid) -> Rates {
         let queued = (fl.q_joined - fl.q).max(0.0);
         let c = fl.c_step;
-        let step = mixed_step_s(
-            self.step_time[self.n_decoding as usize],
-            c / self.prefill_tok_s,
-            self.overlap,
-        );
+        let decode_s = self.step_time[self.n_decoding as usize];
+        // a step without prefill is its decode (`mixed_step_s` of a zero prefill, exactly):
+        // no division for it
+        let step = if c > 0.0 {
+            mixed_step_s(decode_s, c / self.prefill_tok_s, self.overlap)
+        } else {
+            decode_s
+        };
         let (rate_v, rate_q) = if step > 0.0 && self.speed > 0.0 {
             let rate_v = self.speed / step;
             (rate_v, if c > 0.0 { rate_v * c } else { 0.0 })
@@ -1180,10 +1216,11 @@ impl EngineModel {
         }
         // decode completions
         while let Some(&top) = self.decode.peek() {
-            if top.finish > self.fl.v + EPS_TOKENS {
+            let finish = top.finish();
+            if finish > self.fl.v + EPS_TOKENS {
                 break;
             }
-            self.fl.v = self.fl.v.max(top.finish);
+            self.fl.v = self.fl.v.max(finish);
             self.decode.pop();
             self.n_decoding -= 1;
             self.complete(top.slot, te, out);
@@ -1228,11 +1265,7 @@ impl EngineModel {
         s.phase = Phase::Decode;
         s.decode_start = self.fl.v;
         let finish = self.fl.v + f64::from(s.output - 1) * s.noise;
-        self.decode.push(DecodeKey {
-            finish,
-            seq: s.seq,
-            slot: h,
-        });
+        self.decode.push(DecodeKey::new(finish, s.seq, h));
         self.n_decoding += 1;
     }
 
@@ -1265,7 +1298,17 @@ impl EngineModel {
     }
 
     /// Moves sequences from the waiting queue into the running set while they fit.
+    #[inline]
     fn start_waiting(&mut self, now: u64) {
+        // most events leave nobody waiting: no call
+        if !self.waiting.is_empty() {
+            self.start_waiting_front(now);
+        }
+    }
+
+    /// [`Self::start_waiting`]'s work, out of line.
+    #[inline(never)]
+    fn start_waiting_front(&mut self, now: u64) {
         while let Some(&h) = self.waiting.front() {
             let kv = self.slots[h as usize].kv_tokens();
             let fits = self.running == 0
@@ -1361,7 +1404,7 @@ impl EngineModel {
             return best;
         }
         if let Some(top) = self.decode.peek() {
-            best = best.min((top.finish - fl.v) / fl.rate_v);
+            best = best.min((top.finish() - fl.v) / fl.rate_v);
         }
         if fl.joined > 0 && fl.rate_q > 0.0 {
             // The front's first token comes at the end of the step that finishes its prefill.

@@ -1071,3 +1071,71 @@ proptest! {
         prop_assert_eq!(ceil_ns(x), ceil_ns_reference(x));
     }
 }
+
+#[test]
+fn total_order_round_trips_and_sorts_as_total_cmp() {
+    let xs = [
+        f64::NEG_INFINITY,
+        -1e300,
+        -1.0,
+        -f64::MIN_POSITIVE,
+        -0.0,
+        0.0,
+        f64::MIN_POSITIVE,
+        1e-300,
+        0.5,
+        1.0,
+        3.25e9,
+        f64::MAX,
+        f64::INFINITY,
+        f64::NAN,
+    ];
+    for a in xs {
+        assert_eq!(
+            from_total_order(total_order(a)).to_bits(),
+            a.to_bits(),
+            "{a}"
+        );
+        for b in xs {
+            assert_eq!(
+                total_order(a).cmp(&total_order(b)),
+                a.total_cmp(&b),
+                "{a} {b}"
+            );
+        }
+    }
+    assert!(total_order(-0.0) < total_order(0.0));
+}
+
+proptest! {
+    #[test]
+    fn total_order_agrees_with_total_cmp(a in any::<u64>(), b in any::<u64>()) {
+        let (x, y) = (f64::from_bits(a), f64::from_bits(b));
+        prop_assert_eq!(from_total_order(total_order(x)).to_bits(), a);
+        prop_assert_eq!(total_order(x).cmp(&total_order(y)), x.total_cmp(&y));
+    }
+
+    /// The decode heap pops in the order of a plain sort by (finish in `total_cmp`'s order,
+    /// sequence id), the finish marks coming back bit for bit.
+    #[test]
+    fn decode_heap_pops_as_a_sort_by_finish_then_seq(
+        keys in proptest::collection::vec((0u32..40, 0.0f64..1e6, 0u64..50), 0..60)
+    ) {
+        let entries: Vec<(f64, u64, u32)> = keys
+            .iter()
+            .enumerate()
+            // a few equal finishes, so that the sequence id has ties to break
+            .map(|(i, &(k, x, seq))| (if k < 10 { f64::from(k) } else { x }, seq * 64 + i as u64, i as u32))
+            .collect();
+        let mut heap: BinaryHeap<DecodeKey> =
+            entries.iter().map(|&(f, seq, slot)| DecodeKey::new(f, seq, slot)).collect();
+        let mut reference = entries.clone();
+        reference.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        for &(f, seq, slot) in &reference {
+            let top = heap.pop().expect("as many entries as pushed");
+            prop_assert_eq!(top.finish().to_bits(), f.to_bits());
+            prop_assert_eq!((top.seq, top.slot), (seq, slot));
+        }
+        prop_assert!(heap.is_empty());
+    }
+}
