@@ -1029,7 +1029,7 @@ impl EngineModel {
             // no breakpoint on the way (most moves): in place
             self.fl.flow(dt, self.n_decoding);
         } else {
-            self.fl = self.advance(self.fl, dt);
+            self.fl = self.advance_through(self.fl, dt);
         }
         if self.running > 0 && self.ready_at <= self.t0 {
             self.busy_ns += dt_ns;
@@ -1043,13 +1043,18 @@ impl EngineModel {
     /// `fl` moved `dt` seconds ahead, integrating piecewise through its breakpoints. Pure: the
     /// same path serves moving the engine, looking for its next event and reading a decode's
     /// progress.
-    fn advance(&self, mut fl: Fluid, mut dt: f64) -> Fluid {
+    fn advance(&self, mut fl: Fluid, dt: f64) -> Fluid {
+        // most moves cross no breakpoint: tell without the division
+        if fl.v + fl.rate_v * dt < fl.break_v {
+            fl.flow(dt, self.n_decoding);
+            return fl;
+        }
+        self.advance_through(fl, dt)
+    }
+
+    /// [`Self::advance`] once its quick test has failed: a breakpoint may come within `dt`.
+    fn advance_through(&self, mut fl: Fluid, mut dt: f64) -> Fluid {
         loop {
-            // most moves cross no breakpoint: tell without the division
-            if fl.v + fl.rate_v * dt < fl.break_v {
-                fl.flow(dt, self.n_decoding);
-                return fl;
-            }
             let to_break = fl.secs_to_break();
             if to_break > dt {
                 fl.flow(dt, self.n_decoding);
@@ -1058,6 +1063,10 @@ impl EngineModel {
             fl.flow(to_break, self.n_decoding);
             self.cross(&mut fl);
             dt -= to_break;
+            if fl.v + fl.rate_v * dt < fl.break_v {
+                fl.flow(dt, self.n_decoding);
+                return fl;
+            }
         }
     }
 
@@ -1189,10 +1198,12 @@ impl EngineModel {
         // to a whole nanosecond), so that marks set now are whole, and cross a breakpoint
         // that falls here but was missed by that hair.
         let r = round_nn(self.fl.v);
-        if (self.fl.v - r).abs() <= self.fl.tolerance() {
+        let snapped = (self.fl.v - r).abs() <= self.fl.tolerance();
+        if snapped {
             self.fl.v = r;
         }
-        if self.fl.v >= self.fl.break_v - self.fl.tolerance() {
+        let crossed = self.fl.v >= self.fl.break_v - self.fl.tolerance();
+        if crossed {
             let mut fl = self.fl;
             self.cross(&mut fl);
             self.fl = fl;
@@ -1201,8 +1212,14 @@ impl EngineModel {
         // prefill completions, FIFO (the gated ones have not started), only at the end of a
         // step: a prefill done in the fluid sense mid-step samples its first token when the
         // step ends (an event mid-step — a noisy decode's end, a new noise epoch — must not
-        // emit it early)
-        let on_boundary = !self.fl.mid_step();
+        // emit it early). Unless a breakpoint was crossed (new rates, new tolerance), the
+        // snapping above has already told: a snapped clock is whole, one left alone is further
+        // than the tolerance from its nearest boundary (what `mid_step` would work out again).
+        let on_boundary = if crossed {
+            !self.fl.mid_step()
+        } else {
+            snapped || self.fl.rate_v <= 0.0
+        };
         while on_boundary && self.fl.joined > 0 {
             let h = *self.prefill.front().expect("joined sequences are queued");
             let end = self.slots[h as usize].prefill_end;
