@@ -84,6 +84,9 @@ pub struct Router {
     models: Vec<ModelEntry>,
     model_ids: HashMap<String, ModelId>,
     strategy: Box<dyn WeightStrategy>,
+    /// The strategy's [`WeightStrategy::observes_requests`], read once: the request path feeds
+    /// it nothing when false.
+    feeds_requests: bool,
     prefix: PrefixIndex,
     wrr_current: Vec<f64>,
     queue: VecDeque<Queued>,
@@ -129,6 +132,7 @@ impl Router {
             hot: Vec::new(),
             models: Vec::new(),
             model_ids: HashMap::new(),
+            feeds_requests: strategy.observes_requests(),
             strategy,
             prefix,
             wrr_current: Vec::new(),
@@ -292,7 +296,7 @@ impl Router {
     pub fn freest_load(&mut self, model: ModelId, context_tokens: u32) -> Option<f64> {
         self.affinity_units?;
         let entry = self.models.get(model.0 as usize)?;
-        let k = entry.windows.partition_point(|&w| w >= context_tokens);
+        let k = eligible(&entry.windows, context_tokens);
         self.fresh_loads(model.0);
         Some(self.models[model.0 as usize].loads.prefix_min(k))
     }
@@ -469,7 +473,7 @@ impl Router {
     pub fn first_token(&mut self, now: Time, id: WorkerId, charge: &mut Charge) {
         if id.index() < self.hot.len() {
             self.signals[id.index()].release_uncached(charge);
-            self.feed(now, WeightEvent::FirstToken(id));
+            self.feed_request(now, WeightEvent::FirstToken(id));
         }
     }
 
@@ -484,14 +488,14 @@ impl Router {
                     .peak_input_tok_s
                     .max(f64::from(completion.prompt_tokens) / ttft);
             }
-            self.feed(now, WeightEvent::Completed(id, completion));
+            self.feed_request(now, WeightEvent::Completed(id, completion));
         }
     }
 
     /// A request failed; its slot and its charge are free again.
     pub fn fail(&mut self, now: Time, id: WorkerId, charge: Charge) {
         if self.release_slot(id, charge) {
-            self.feed(now, WeightEvent::Failed(id));
+            self.feed_request(now, WeightEvent::Failed(id));
         }
     }
 
@@ -577,7 +581,7 @@ impl Router {
         if entry.members.is_empty() {
             return Err(RouteError::NoHealthyWorker { model: req.model });
         }
-        let k = entry.windows.partition_point(|&w| w >= req.context_tokens);
+        let k = eligible(&entry.windows, req.context_tokens);
         if k == 0 {
             // A worker that could hold it exists but is not connected now: that is a transient
             // 503, not a 400 the client would never retry.
@@ -670,7 +674,7 @@ impl Router {
         if !prefix.is_empty() {
             self.prefix.record(prefix, id);
         }
-        self.feed(now, WeightEvent::Dispatched(id));
+        self.feed_request(now, WeightEvent::Dispatched(id));
     }
 
     /// Decrement in-flight and release the charge; false if the id is unknown or nothing was
@@ -742,6 +746,14 @@ impl Router {
                 .iter()
                 .map(|&i| affinity_load(&hot[i as usize], units)),
         );
+    }
+
+    /// [`Router::feed`] for the request path's events, which most strategies ignore.
+    #[inline]
+    fn feed_request(&mut self, now: Time, event: WeightEvent<'_>) {
+        if self.feeds_requests {
+            self.feed(now, event);
+        }
     }
 
     fn feed(&mut self, now: Time, event: WeightEvent<'_>) {
@@ -893,6 +905,17 @@ impl Router {
             (Some(h), Some(i)) => h.in_flight - i.in_flight,
             _ => 0,
         }
+    }
+}
+
+/// How many of a model's members (sorted by context window, largest first) hold
+/// `context_tokens`: the eligible ones are `members[..k]`. All of them when the smallest window
+/// does (the usual case, a fleet of one window), without a binary search.
+#[inline]
+fn eligible(windows: &[u32], context_tokens: u32) -> usize {
+    match windows.last() {
+        Some(&smallest) if smallest >= context_tokens => windows.len(),
+        _ => windows.partition_point(|&w| w >= context_tokens),
     }
 }
 
