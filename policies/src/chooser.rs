@@ -330,6 +330,7 @@ impl Chooser {
     /// `wrr_current` the smooth-WRR running weights indexed by worker id, `ctx` what the field's
     /// rules read about the request (the other choosers ignore it).
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub(crate) fn pick<R: Rng + ?Sized>(
         self,
         cands: &[u32],
