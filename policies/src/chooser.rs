@@ -330,6 +330,7 @@ impl Chooser {
     /// `wrr_current` the smooth-WRR running weights indexed by worker id, `ctx` what the field's
     /// rules read about the request (the other choosers ignore it).
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub(crate) fn pick<R: Rng + ?Sized>(
         self,
         cands: &[u32],
@@ -469,11 +470,31 @@ fn smooth_wrr(cands: &[u32], hot: &[Hot], current: &mut [f64]) -> Option<usize> 
     best.map(|b| b.0)
 }
 
+/// `rng.random_range(0..n)` for `0 < n <= u32::MAX`: the same value from the same draws as
+/// rand 0.10 computes it (Canon's method on one `u32`, a second draw only when the first lands
+/// in the biased sliver), but inlined — on the decision path the library's generic call cost
+/// as much as the draw itself. The tests hold it to the library's answer.
+#[inline]
+fn below<R: Rng + ?Sized>(rng: &mut R, n: usize) -> usize {
+    debug_assert!(
+        n > 0 && n <= u32::MAX as usize,
+        "empty or too wide range {n}"
+    );
+    let range = n as u32;
+    let wide = u64::from(rng.next_u32()) * u64::from(range);
+    let (mut value, low) = ((wide >> 32) as u32, wide as u32);
+    if low > range.wrapping_neg() {
+        let carry = ((u64::from(rng.next_u32()) * u64::from(range)) >> 32) as u32;
+        value += u32::from(low.checked_add(carry).is_none());
+    }
+    value as usize
+}
+
 /// Uniformly pick one candidate below its cap (rejection sampling, then a counting fallback).
 fn one_random<R: Rng + ?Sized>(cands: &[u32], hot: &[Hot], rng: &mut R) -> Option<usize> {
     let open = |pos: usize| hot[cands[pos] as usize].open();
     for _ in 0..SAMPLE_TRIES {
-        let pos = rng.random_range(0..cands.len());
+        let pos = below(rng, cands.len());
         if open(pos) {
             return Some(pos);
         }
@@ -482,7 +503,7 @@ fn one_random<R: Rng + ?Sized>(cands: &[u32], hot: &[Hot], rng: &mut R) -> Optio
     if n == 0 {
         return None;
     }
-    let r = rng.random_range(0..n);
+    let r = below(rng, n);
     (0..cands.len()).filter(|&p| open(p)).nth(r)
 }
 
@@ -514,8 +535,8 @@ fn two_choices<R: Rng + ?Sized>(
     } else {
         let mut pair = None;
         for _ in 0..SAMPLE_TRIES {
-            let a = rng.random_range(0..k);
-            let mut b = rng.random_range(0..k - 1);
+            let a = below(rng, k);
+            let mut b = below(rng, k - 1);
             if b >= a {
                 b += 1;
             }
@@ -533,8 +554,8 @@ fn two_choices<R: Rng + ?Sized>(
                     0 => return None,
                     1 => return (0..k).find(|&p| open(p)),
                     _ => {
-                        let ra = rng.random_range(0..n);
-                        let mut rb = rng.random_range(0..n - 1);
+                        let ra = below(rng, n);
+                        let mut rb = below(rng, n - 1);
                         if rb >= ra {
                             rb += 1;
                         }
@@ -582,6 +603,38 @@ fn break_tie<R: Rng + ?Sized>(
             } else {
                 a.0
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use rand::SeedableRng;
+    use rand::rngs::Xoshiro256PlusPlus;
+
+    /// `below` against the library over `draws` draws from one seed: same values, and the same
+    /// number of draws consumed (the next draw agrees too).
+    fn agrees_with_random_range(seed: u64, n: usize, draws: usize) -> bool {
+        let mut ours = Xoshiro256PlusPlus::seed_from_u64(seed);
+        let mut library = ours.clone();
+        (0..draws).all(|_| below(&mut ours, n) == library.random_range(0..n))
+            && ours.next_u64() == library.next_u64()
+    }
+
+    #[test]
+    fn below_draws_what_random_range_draws_for_small_ranges() {
+        for n in 1..=130 {
+            assert!(agrees_with_random_range(n as u64, n, 200), "n = {n}");
+        }
+    }
+
+    proptest! {
+        // Wide ranges take the second draw often (the biased sliver is n / 2^32 of the draws).
+        #[test]
+        fn below_draws_what_random_range_draws(seed in any::<u64>(), n in 1..=u32::MAX as usize) {
+            prop_assert!(agrees_with_random_range(seed, n, 64));
         }
     }
 }

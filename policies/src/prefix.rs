@@ -56,7 +56,7 @@ const REFERENCED: u32 = 1 << 31;
 /// live only when the key's slot points back at it: a key taken over from a ring and later
 /// recorded back into it leaves a stale entry behind, which must not evict it), the blocks it
 /// credits to its worker (at most 8, see the module notes) and CLOCK's referenced bit.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Slot {
     key: u64,
     worker: u32,
@@ -105,6 +105,58 @@ impl Slot {
     }
 }
 
+/// The open-addressing table: each [`Slot`] stored as two words (its key; its worker and
+/// `meta`), so that a new table is allocated zeroed. `vec![[0u64; 2]; n]` takes the allocator's
+/// zeroed pages, which are touched only when used, where a `Vec` of structs is written out in
+/// full: `approximate` sizes the table for every worker's cache, hundreds of MB at 10,000
+/// workers, and writing it out at each doubling was most of such a fleet's start-up.
+#[derive(Clone, Default)]
+struct Slots(Vec<[u64; 2]>);
+
+impl Slots {
+    /// `n` empty slots.
+    fn zeroed(n: usize) -> Slots {
+        Slots(vec![[0; 2]; n])
+    }
+
+    #[inline]
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    #[inline]
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The key of slot `i` (0: empty).
+    #[inline]
+    fn key(&self, i: usize) -> u64 {
+        self.0[i][0]
+    }
+
+    #[inline]
+    fn get(&self, i: usize) -> Slot {
+        let [key, rest] = self.0[i];
+        Slot {
+            key,
+            worker: rest as u32,
+            meta: (rest >> 32) as u32,
+        }
+    }
+
+    #[inline]
+    fn set(&mut self, i: usize, s: Slot) {
+        self.0[i] = [s.key, u64::from(s.worker) | (u64::from(s.meta) << 32)];
+    }
+
+    /// Empty slot `i`.
+    #[inline]
+    fn clear(&mut self, i: usize) {
+        self.0[i] = [0; 2];
+    }
+}
+
 /// One CLOCK: a ring of keys in insertion order swept by a hand.
 #[derive(Debug, Clone)]
 struct Pool {
@@ -139,7 +191,7 @@ const NO_POOL: u32 = u32::MAX;
 /// The recorded modes' table.
 #[derive(Clone)]
 struct Recorded {
-    slots: Vec<Slot>,
+    slots: Slots,
     mask: usize,
     len: usize,
     pools: Vec<Pool>,
@@ -276,7 +328,7 @@ impl PrefixIndex {
 
     fn recorded(capacity: usize, dense: bool, per_worker_bounds: bool) -> Self {
         let mut r = Recorded {
-            slots: Vec::new(),
+            slots: Slots::default(),
             mask: 0,
             len: 0,
             pools: Vec::new(),
@@ -368,7 +420,12 @@ impl PrefixIndex {
     /// The worker believed to hold the longest prefix of `blocks`, and how many leading blocks
     /// that prefix has (recorded modes: the last worker that served it, to checkpoint
     /// granularity; see the module notes).
+    #[inline]
     pub fn longest(&self, blocks: &[u64]) -> Option<(WorkerId, usize)> {
+        // Checked here, inlined into the caller, so a prompt without hashes costs no call.
+        if blocks.is_empty() {
+            return None;
+        }
         match &self.inner {
             Inner::Recorded(r) => r.longest(blocks),
             Inner::Mirrored(m) => m.longest(blocks),
@@ -389,7 +446,9 @@ impl PrefixIndex {
     /// recorded, as a checkpoint, for that worker and not forgotten since).
     pub fn holds(&self, worker: WorkerId, block: u64) -> bool {
         match &self.inner {
-            Inner::Recorded(r) => r.find(block).is_some_and(|i| r.slots[i].worker == worker.0),
+            Inner::Recorded(r) => r
+                .find(block)
+                .is_some_and(|i| r.slots.get(i).worker == worker.0),
             Inner::Mirrored(m) => m.holds(worker, block),
         }
     }
@@ -429,15 +488,23 @@ impl Recorded {
             (total * 2).next_power_of_two()
         };
         if want > self.slots.len() {
-            // Rare (a registration): rebuild the table at its new size.
-            let old = std::mem::replace(&mut self.slots, vec![Slot::default(); want]);
+            // Rare (a registration): rebuild the table at its new size. Before anything is
+            // recorded (a fleet's start-up) there is nothing to move, and the old table is not
+            // read: its pages were never touched.
+            let old = std::mem::replace(&mut self.slots, Slots::zeroed(want));
             self.mask = want - 1;
-            for s in old.into_iter().filter(|s| s.key != 0) {
-                let mut i = self.home(s.key);
-                while self.slots[i].key != 0 {
-                    i = (i + 1) & self.mask;
+            if self.len > 0 {
+                for j in 0..old.len() {
+                    let s = old.get(j);
+                    if s.key == 0 {
+                        continue;
+                    }
+                    let mut i = self.home(s.key);
+                    while self.slots.key(i) != 0 {
+                        i = (i + 1) & self.mask;
+                    }
+                    self.slots.set(i, s);
                 }
-                self.slots[i] = s;
             }
         }
         (self.pools.len() - 1) as u32
@@ -527,7 +594,7 @@ impl Recorded {
             let pos = self.mark(mid, m, n);
             match self.find(blocks[pos]) {
                 Some(i) => {
-                    found = Some((WorkerId(self.slots[i].worker), pos + 1));
+                    found = Some((WorkerId(self.slots.get(i).worker), pos + 1));
                     lo = mid + 1;
                 }
                 None => hi = mid,
@@ -591,7 +658,7 @@ impl Recorded {
             let key = p.ring[(p.hand + step) % n];
             let at = (p.hand + step) % n;
             if let Some(i) = self.live(key, at, pool) {
-                if self.slots[i].worker == worker.0 {
+                if self.slots.get(i).worker == worker.0 {
                     self.remove_at(i);
                     self.len -= 1;
                 } else {
@@ -601,7 +668,9 @@ impl Recorded {
         }
         for (place, &key) in kept.iter().enumerate() {
             if let Some(i) = self.find(key) {
-                self.slots[i].set_place(place);
+                let mut s = self.slots.get(i);
+                s.set_place(place);
+                self.slots.set(i, s);
             }
         }
         let p = &mut self.pools[pool as usize];
@@ -625,7 +694,7 @@ impl Recorded {
         let mut seen = 0u64;
         for key in keys {
             let key = if key == 0 { ZERO_KEY } else { key };
-            seen ^= self.slots[self.home(key)].key;
+            seen ^= self.slots.key(self.home(key));
         }
         std::hint::black_box(seen);
     }
@@ -638,11 +707,11 @@ impl Recorded {
         let key = if key == 0 { ZERO_KEY } else { key };
         let mut i = self.home(key);
         loop {
-            let s = &self.slots[i];
-            if s.key == key {
+            let k = self.slots.key(i);
+            if k == key {
                 return Some(i);
             }
-            if s.key == 0 {
+            if k == 0 {
                 return None;
             }
             i = (i + 1) & self.mask;
@@ -652,15 +721,18 @@ impl Recorded {
     fn upsert(&mut self, key: u64, worker: u32, weight: u8, pool: u32) {
         let stored = if key == 0 { ZERO_KEY } else { key };
         if let Some(i) = self.find(key) {
-            let old = self.slots[i].worker;
-            self.slots[i].set_referenced(true);
+            let mut s = self.slots.get(i);
+            let old = s.worker;
+            s.set_referenced(true);
+            self.slots.set(i, s);
             if old == worker {
                 return;
             }
             if self.pool(old) == Some(pool) {
                 // Taken over within one ring (the shared pool): the key keeps its place.
-                let w = self.slots[i].weight();
-                self.slots[i].worker = worker;
+                let w = s.weight();
+                s.worker = worker;
+                self.slots.set(i, s);
                 self.add_credit(old, w, false);
                 self.add_credit(worker, w, true);
                 return;
@@ -692,7 +764,7 @@ impl Recorded {
             }
         }
         let mut i = self.home(stored);
-        while self.slots[i].key != 0 {
+        while self.slots.key(i) != 0 {
             i = (i + 1) & self.mask;
         }
         // In a worker's own ring a new block counts as used (CLOCK's usual rule), so the sweep
@@ -700,7 +772,8 @@ impl Recorded {
         // shared ring keeps the rule of the index before issue 10 (inserted unreferenced).
         let referenced = self.pools[pool as usize].bound.is_some();
         let place = free.unwrap_or(self.pools[pool as usize].ring.len());
-        self.slots[i] = Slot::new(stored, worker, place, weight, referenced);
+        self.slots
+            .set(i, Slot::new(stored, worker, place, weight, referenced));
         self.len += 1;
         self.add_credit(worker, u64::from(weight), true);
         let p = &mut self.pools[pool as usize];
@@ -716,7 +789,7 @@ impl Recorded {
     #[inline]
     fn live(&self, key: u64, at: usize, pool: u32) -> Option<usize> {
         self.find(key).filter(|&i| {
-            let s = &self.slots[i];
+            let s = self.slots.get(i);
             s.place() == at && self.pool(s.worker) == Some(pool)
         })
     }
@@ -732,7 +805,11 @@ impl Recorded {
             let key = p.ring[at];
             p.hand = (p.hand + 1) % n;
             match self.live(key, at, pool) {
-                Some(i) if self.slots[i].referenced() => self.slots[i].set_referenced(false),
+                Some(i) if self.slots.get(i).referenced() => {
+                    let mut s = self.slots.get(i);
+                    s.set_referenced(false);
+                    self.slots.set(i, s);
+                }
                 Some(i) => {
                     self.remove_at(i);
                     self.len -= 1;
@@ -745,13 +822,13 @@ impl Recorded {
 
     /// Backward-shift deletion for linear probing (no tombstones).
     fn remove_at(&mut self, mut hole: usize) {
-        let gone = self.slots[hole];
+        let gone = self.slots.get(hole);
         self.add_credit(gone.worker, gone.weight(), false);
-        self.slots[hole] = Slot::default();
+        self.slots.clear(hole);
         let mut j = hole;
         loop {
             j = (j + 1) & self.mask;
-            let s = self.slots[j];
+            let s = self.slots.get(j);
             if s.key == 0 {
                 return;
             }
@@ -763,8 +840,8 @@ impl Recorded {
                 hole < home || home <= j
             };
             if !stays {
-                self.slots[hole] = s;
-                self.slots[j] = Slot::default();
+                self.slots.set(hole, s);
+                self.slots.clear(j);
                 hole = j;
             }
         }
@@ -967,6 +1044,42 @@ mod tests {
         }
         // A pool never holds more entries than a place can name.
         assert_eq!(Pool::new(usize::MAX, None).entries, MAX_POOL_ENTRIES);
+    }
+
+    #[test]
+    fn the_slot_table_starts_empty_and_keeps_each_field_of_a_slot() {
+        let mut t = Slots::zeroed(4);
+        assert_eq!(t.len(), 4);
+        assert!((0..4).all(|i| t.key(i) == 0 && t.get(i).key == 0));
+        let s = Slot::new(u64::MAX - 1, u32::MAX - 2, MAX_POOL_ENTRIES - 1, 15, true);
+        t.set(2, s);
+        assert_eq!((t.get(2), t.key(2)), (s, u64::MAX - 1));
+        assert_eq!(t.get(1).key, 0, "a neighbour is untouched");
+        t.clear(2);
+        assert_eq!(t.key(2), 0);
+        assert!(Slots::default().is_empty());
+    }
+
+    #[test]
+    fn growing_the_table_keeps_what_was_recorded() {
+        // Worker 0's prompts are recorded while the table is small; registering more workers
+        // grows it (a rehash of the live entries) and every prompt is still found.
+        let mut p = PrefixIndex::approximate(0, false);
+        p.register_worker(WorkerId(0), Some(64));
+        let prompts: Vec<Vec<u64>> = (0..6u64)
+            .map(|c| (0..4).map(|b| c * 1_000 + b + 1).collect())
+            .collect();
+        for prompt in &prompts {
+            p.record(prompt, WorkerId(0));
+        }
+        let before = p.len();
+        for id in 1..40 {
+            p.register_worker(WorkerId(id), Some(1_000));
+        }
+        assert_eq!(p.len(), before);
+        for prompt in &prompts {
+            assert_eq!(p.longest(prompt), Some((WorkerId(0), 4)));
+        }
     }
 
     #[test]

@@ -175,6 +175,14 @@ pub trait WeightStrategy: Send + fmt::Debug {
     /// The current weight of a worker; finite and positive.
     fn weight(&self, worker: WorkerId, fleet: &Fleet) -> Weight;
 
+    /// False when [`WeightStrategy::observe`] ignores the request path's events
+    /// (`Dispatched`, `FirstToken`, `Completed`, `Failed`: it answers `WeightChange::None` and
+    /// changes nothing), so the router need not make three virtual calls per request to feed
+    /// them. Default: true (they are fed).
+    fn observes_requests(&self) -> bool {
+        true
+    }
+
     /// Probe bursts the host should run now; default: none.
     fn poll_probes(&mut self, _now: Time, _fleet: &Fleet, _out: &mut Vec<ProbeOrder>) {}
 

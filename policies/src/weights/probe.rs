@@ -569,6 +569,11 @@ impl WeightStrategy for ProbeWeights {
             .unwrap_or(Weight::UNMEASURED)
     }
 
+    /// Measurements come from probe bursts only (the `_` arm of `observe`).
+    fn observes_requests(&self) -> bool {
+        false
+    }
+
     fn poll_probes(&mut self, now: Time, fleet: &Fleet, out: &mut Vec<ProbeOrder>) {
         let reprobe_possible = self
             .oldest_measured

@@ -227,6 +227,11 @@ impl WeightStrategy for Shaped {
             .unwrap_or_else(|| self.inner.weight(worker, fleet))
     }
 
+    /// The shaping itself reads registrations, restarts and ticks only.
+    fn observes_requests(&self) -> bool {
+        self.inner.observes_requests()
+    }
+
     fn poll_probes(&mut self, now: Time, fleet: &Fleet, out: &mut Vec<ProbeOrder>) {
         self.inner.poll_probes(now, fleet, out);
     }

@@ -126,6 +126,11 @@ impl WeightStrategy for TableWeights {
             .copied()
             .unwrap_or(Weight::UNMEASURED)
     }
+
+    /// The table reads the workers' cards only.
+    fn observes_requests(&self) -> bool {
+        false
+    }
 }
 
 /// Every worker weighs 1.0: plain load balancing by in-flight count.
@@ -143,6 +148,10 @@ impl WeightStrategy for EqualWeights {
 
     fn weight(&self, _worker: WorkerId, _fleet: &Fleet) -> Weight {
         Weight::UNMEASURED
+    }
+
+    fn observes_requests(&self) -> bool {
+        false
     }
 }
 
@@ -223,6 +232,11 @@ impl WeightStrategy for OracleWeights {
             .get(worker.index())
             .copied()
             .unwrap_or(Weight::UNMEASURED)
+    }
+
+    /// The oracle reads true capacities and the fleet's membership only.
+    fn observes_requests(&self) -> bool {
+        false
     }
 }
 
