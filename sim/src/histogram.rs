@@ -66,6 +66,14 @@ fn round_ns(ns: f64) -> u64 {
 /// less than `ns` · 2^-52 < 1/4 ns, which the rounding to whole nanoseconds removes.
 const EXACT_SECS_NS: u64 = 1 << 50;
 
+/// The nanoseconds the `*_secs` recorders count for `secs` seconds (negative and NaN give 0),
+/// for a host that records the same value into several histograms.
+#[inline]
+#[must_use]
+pub fn secs_to_ns(secs: f64) -> u64 {
+    round_ns(secs * 1e9)
+}
+
 /// Log-linear histogram of `u64` nanosecond values with ≤ 0.78 % relative quantile error.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct Histogram {
@@ -142,7 +150,7 @@ impl Histogram {
     /// mean inter-token latency once per gap between its tokens). Negative and NaN count as 0.
     #[inline]
     pub fn record_secs_n(&mut self, secs: f64, n: u64) {
-        self.record_n(round_ns(secs * 1e9), n);
+        self.record_n(secs_to_ns(secs), n);
     }
 
     /// Record a duration of `ns` nanoseconds taken as seconds: exactly what

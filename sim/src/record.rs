@@ -13,6 +13,7 @@
 //! as empty CSV cells. One exception, kept so that committed baselines stay comparable: the
 //! TPOT *distribution* counts a completed one-token output as 0 s (see [`Recorder::finished`]).
 
+use crate::histogram::secs_to_ns;
 use crate::results::{RunMetrics, WorkerTotals};
 use routelab_policies::{AdminError, Time};
 use std::fmt;
@@ -327,11 +328,16 @@ impl Recorder {
                 // The distribution has always counted a one-token output as 0 s; dropping
                 // those samples moves the TPOT quantiles of traces with one-token outputs
                 // (mooncake: p50 +1.3 %, p99 +3.6 %) and so every baseline of them.
-                m.tpot.record_secs(tpot.unwrap_or(0.0));
                 // ITL: the request's mean gap, weighted by its number of gaps (see
-                // `RunMetrics::itl`); a one-token output has no gap.
-                if let Some(t) = tpot {
-                    m.itl.record_secs_n(t, u64::from(o.output_tokens - 1));
+                // `RunMetrics::itl`); a one-token output has no gap. Both count the same
+                // nanoseconds, converted once.
+                match tpot {
+                    Some(t) => {
+                        let ns = secs_to_ns(t);
+                        m.tpot.record(ns);
+                        m.itl.record_n(ns, u64::from(o.output_tokens - 1));
+                    }
+                    None => m.tpot.record_secs(0.0),
                 }
                 if let Some(d) = o.dispatched {
                     m.queue.record_secs_of_ns(d.nanos_since(o.arrival));

@@ -159,7 +159,7 @@ struct Node {
 ///
 /// Popping the root leaves its path to be replayed by the next change ([`SlotTree::stale`]):
 /// the engine reschedules the worker it just woke at once, so its pop and its new wake-up cost
-/// one replay between them.
+/// one replay between them (of the whole path, which the popped slot won at every node).
 #[derive(Debug, Clone)]
 struct SlotTree<E> {
     /// The tree: node `n`'s children are `2n` and `2n + 1`, node 1 is the root, and the
@@ -187,7 +187,7 @@ impl<E: Copy> SlotTree<E> {
     #[inline]
     fn first_key(&mut self) -> Option<u128> {
         if let Some(s) = self.stale.take() {
-            self.climb_later(s, ABSENT);
+            self.replay_won_path(s, ABSENT);
         }
         let k = self.nodes.get(1)?.key;
         (k != ABSENT).then_some(k)
@@ -269,6 +269,26 @@ impl<E: Copy> SlotTree<E> {
         }
     }
 
+    /// Slot `slot`, the winner of its whole path (the slot just popped), is keyed `k`: every
+    /// node up to the root is replayed against its other child, without
+    /// [`SlotTree::climb_later`]'s test of whether the slot won it.
+    #[inline]
+    fn replay_won_path(&mut self, slot: usize, k: u128) {
+        let mut cur = Node {
+            key: k,
+            slot: slot as u32,
+        };
+        let mut n = self.leaves + slot;
+        while n > 1 {
+            let sibling = self.nodes[n ^ 1];
+            if sibling.key < cur.key {
+                cur = sibling;
+            }
+            n /= 2;
+            self.nodes[n] = cur;
+        }
+    }
+
     /// Key slot `slot`'s event `ev` with `k`, replacing (and returning the key of) its queued
     /// one.
     fn set(&mut self, slot: u32, k: u128, ev: E) -> Option<u128> {
@@ -282,10 +302,10 @@ impl<E: Copy> SlotTree<E> {
         match self.stale.take() {
             // Its whole path still names it (with the key it was popped with): replayed with
             // `k`, whichever side of that key `k` is.
-            Some(p) if p == s => self.climb_later(s, k),
+            Some(p) if p == s => self.replay_won_path(s, k),
             stale => {
                 if let Some(p) = stale {
-                    self.climb_later(p, ABSENT);
+                    self.replay_won_path(p, ABSENT);
                 }
                 if k < old {
                     self.climb_earlier(s, k);
