@@ -278,14 +278,18 @@ impl<E: Copy> SlotTree<E> {
             key: k,
             slot: slot as u32,
         };
+        let nodes = &mut self.nodes[..];
+        // The tree has `2 * leaves` nodes, a power of two, so masking an index with one less
+        // changes no index on the path, and lets the compiler prove every index in bounds.
+        let mask = nodes.len().max(1) - 1;
         let mut n = self.leaves + slot;
         while n > 1 {
-            let sibling = self.nodes[n ^ 1];
+            let sibling = nodes[(n ^ 1) & mask];
             if sibling.key < cur.key {
                 cur = sibling;
             }
             n /= 2;
-            self.nodes[n] = cur;
+            nodes[n & mask] = cur;
         }
     }
 
