@@ -151,6 +151,19 @@ struct Node {
     slot: u32,
 }
 
+impl Node {
+    /// The winner of `self` against `other`: `other` only if its key is less. Selected by
+    /// arithmetic rather than a branch, since which side wins is as good as random.
+    #[inline]
+    fn against(self, other: Node) -> Node {
+        let other_wins = u128::from(other.key < self.key).wrapping_neg();
+        Node {
+            key: self.key ^ ((self.key ^ other.key) & other_wins),
+            slot: self.slot ^ ((self.slot ^ other.slot) & other_wins as u32),
+        }
+    }
+}
+
 /// At most one event per slot, in a tournament tree: each node holds the least key below it
 /// and its slot, so the earliest event is at the root, and changing one slot's key replays
 /// only its path towards the root, each match reading one stored sibling. A replay stops as
@@ -259,11 +272,7 @@ impl<E: Copy> SlotTree<E> {
         };
         let mut n = self.leaves + slot;
         while n > 1 && self.nodes[n / 2].slot == slot as u32 {
-            let sibling = self.nodes[n ^ 1];
-            // Which side wins is as good as random: a select, not a branch.
-            if sibling.key < cur.key {
-                cur = sibling;
-            }
+            cur = cur.against(self.nodes[n ^ 1]);
             n /= 2;
             self.nodes[n] = cur;
         }
@@ -284,10 +293,7 @@ impl<E: Copy> SlotTree<E> {
         let mask = nodes.len().max(1) - 1;
         let mut n = self.leaves + slot;
         while n > 1 {
-            let sibling = nodes[(n ^ 1) & mask];
-            if sibling.key < cur.key {
-                cur = sibling;
-            }
+            cur = cur.against(nodes[(n ^ 1) & mask]);
             n /= 2;
             nodes[n & mask] = cur;
         }
