@@ -60,6 +60,20 @@ fn round_ns(ns: f64) -> u64 {
     }
 }
 
+/// Below this many nanoseconds (2^50, 13 days) `ns` taken to seconds and back,
+/// `round_ns(ns as f64 / 1e9 * 1e9)`, is `ns` again: `ns` is exact as a double, and the
+/// division's and the product's roundings (each a relative error of at most 2^-53) move it by
+/// less than `ns` · 2^-52 < 1/4 ns, which the rounding to whole nanoseconds removes.
+const EXACT_SECS_NS: u64 = 1 << 50;
+
+/// The nanoseconds the `*_secs` recorders count for `secs` seconds (negative and NaN give 0),
+/// for a host that records the same value into several histograms.
+#[inline]
+#[must_use]
+pub fn secs_to_ns(secs: f64) -> u64 {
+    round_ns(secs * 1e9)
+}
+
 /// Log-linear histogram of `u64` nanosecond values with ≤ 0.78 % relative quantile error.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct Histogram {
@@ -136,7 +150,19 @@ impl Histogram {
     /// mean inter-token latency once per gap between its tokens). Negative and NaN count as 0.
     #[inline]
     pub fn record_secs_n(&mut self, secs: f64, n: u64) {
-        self.record_n(round_ns(secs * 1e9), n);
+        self.record_n(secs_to_ns(secs), n);
+    }
+
+    /// Record a duration of `ns` nanoseconds taken as seconds: exactly what
+    /// `record_secs(ns as f64 / 1e9)` records, without the round trip through a double below
+    /// [`EXACT_SECS_NS`] (where it gives `ns` back).
+    #[inline]
+    pub fn record_secs_of_ns(&mut self, ns: u64) {
+        if ns < EXACT_SECS_NS {
+            self.record(ns);
+        } else {
+            self.record_secs(ns as f64 / 1e9);
+        }
     }
 
     /// Number of recorded values.
@@ -326,6 +352,50 @@ mod tests {
         #[test]
         fn round_ns_equals_the_library_rounding_on_latencies(secs in 0.0f64..1e6) {
             prop_assert_eq!(round_ns(secs * 1e9), library_round(secs * 1e9));
+        }
+    }
+
+    /// The seconds round trip `record_secs_of_ns` skips, and the edges around its bound.
+    fn via_secs(ns: u64) -> Histogram {
+        let mut h = Histogram::new();
+        h.record_secs(ns as f64 / 1e9);
+        h
+    }
+
+    #[test]
+    fn recording_ns_as_secs_equals_the_round_trip_at_the_edges() {
+        let b = EXACT_SECS_NS;
+        for ns in [
+            0,
+            1,
+            127,
+            128,
+            999_999_999,
+            b - 2,
+            b - 1,
+            b,
+            b + 1,
+            1 << 53,
+            u64::MAX,
+        ] {
+            let mut h = Histogram::new();
+            h.record_secs_of_ns(ns);
+            assert_eq!(h, via_secs(ns), "{ns}");
+        }
+        // Far enough beyond the bound the round trip moves a value: the fallback is needed.
+        let odd = (1 << 53) + 1;
+        assert_ne!(round_ns(odd as f64 / 1e9 * 1e9), odd);
+    }
+
+    proptest! {
+        /// Below the bound (every magnitude) and above it, the same counts, sum, min and max.
+        #[test]
+        fn recording_ns_as_secs_equals_the_round_trip(
+            ns in prop_oneof![0u64..EXACT_SECS_NS, (0u32..64).prop_flat_map(|e| 0..=(u64::MAX >> e))]
+        ) {
+            let mut h = Histogram::new();
+            h.record_secs_of_ns(ns);
+            prop_assert_eq!(h, via_secs(ns));
         }
     }
 

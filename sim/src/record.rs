@@ -13,6 +13,7 @@
 //! as empty CSV cells. One exception, kept so that committed baselines stay comparable: the
 //! TPOT *distribution* counts a completed one-token output as 0 s (see [`Recorder::finished`]).
 
+use crate::histogram::secs_to_ns;
 use crate::results::{RunMetrics, WorkerTotals};
 use routelab_policies::{AdminError, Time};
 use std::fmt;
@@ -239,11 +240,12 @@ pub struct Recorder {
     slo: Slo,
 }
 
-/// A completed request's TTFT and end-to-end latency as a run counts them, s.
-fn completed_latencies(o: &Outcome) -> (f64, f64) {
-    let e2e = secs(o.end.nanos_since(o.arrival));
+/// A completed request's TTFT and end-to-end latency as a run counts them, ns.
+fn completed_latencies_ns(o: &Outcome) -> (u64, u64) {
+    let e2e = o.end.nanos_since(o.arrival);
     // A completion without a seen first token had it at the end.
-    (o.ttft_s().unwrap_or(e2e), e2e)
+    let ttft = o.first_token.map_or(e2e, |f| f.nanos_since(o.arrival));
+    (ttft, e2e)
 }
 
 impl Recorder {
@@ -316,23 +318,29 @@ impl Recorder {
     pub fn finished(&mut self, o: &Outcome) {
         match o.status {
             Status::Ok => {
-                let (ttft, e2e) = completed_latencies(o);
+                let (ttft_ns, e2e_ns) = completed_latencies_ns(o);
+                let (ttft, e2e) = (secs(ttft_ns), secs(e2e_ns));
                 let tpot = o.tpot_s();
                 let m = &mut self.m;
                 m.completed += 1;
-                m.ttft.record_secs(ttft);
-                m.e2e.record_secs(e2e);
+                m.ttft.record_secs_of_ns(ttft_ns);
+                m.e2e.record_secs_of_ns(e2e_ns);
                 // The distribution has always counted a one-token output as 0 s; dropping
                 // those samples moves the TPOT quantiles of traces with one-token outputs
                 // (mooncake: p50 +1.3 %, p99 +3.6 %) and so every baseline of them.
-                m.tpot.record_secs(tpot.unwrap_or(0.0));
                 // ITL: the request's mean gap, weighted by its number of gaps (see
-                // `RunMetrics::itl`); a one-token output has no gap.
-                if let Some(t) = tpot {
-                    m.itl.record_secs_n(t, u64::from(o.output_tokens - 1));
+                // `RunMetrics::itl`); a one-token output has no gap. Both count the same
+                // nanoseconds, converted once.
+                match tpot {
+                    Some(t) => {
+                        let ns = secs_to_ns(t);
+                        m.tpot.record(ns);
+                        m.itl.record_n(ns, u64::from(o.output_tokens - 1));
+                    }
+                    None => m.tpot.record_secs(0.0),
                 }
-                if let Some(q) = o.queue_s() {
-                    m.queue.record_secs(q);
+                if let Some(d) = o.dispatched {
+                    m.queue.record_secs_of_ns(d.nanos_since(o.arrival));
                 }
                 if self.slo.met_by(ttft, tpot, e2e) {
                     m.slo_met += 1;
@@ -361,11 +369,11 @@ impl Recorder {
         if o.status != Status::Ok {
             return;
         }
-        let (ttft, e2e) = completed_latencies(o);
+        let (ttft, e2e) = completed_latencies_ns(o);
         let r = &mut self.m.replicas[replica];
         r.completed += 1;
-        r.ttft.record_secs(ttft);
-        r.e2e.record_secs(e2e);
+        r.ttft.record_secs_of_ns(ttft);
+        r.e2e.record_secs_of_ns(e2e);
     }
 
     /// The `requests.csv` row of a finished request.

@@ -88,9 +88,10 @@ impl<E: Copy> EventQueue<E> {
     /// The earliest event (the first scheduled among equal times) and its time.
     #[inline]
     pub(crate) fn pop(&mut self) -> Option<(Time, E)> {
-        let (k, ev) = match (self.keys.first(), self.slotted.first_key()) {
-            (Some(&free), Some(slotted)) if slotted < free => self.slotted.pop()?,
-            (None, Some(_)) => self.slotted.pop()?,
+        let (k, ev) = match self.slotted.first_key() {
+            Some(slotted) if self.keys.first().is_none_or(|&free| slotted < free) => {
+                self.slotted.pop_first()?
+            }
             _ => self.pop_free()?,
         };
         Some((Time::from_nanos((k >> 64) as u64), ev))
@@ -143,34 +144,53 @@ impl<E: Copy> EventQueue<E> {
 /// reaches `u64::MAX`).
 const ABSENT: u128 = u128::MAX;
 
-/// At most one event per slot, in a tournament tree: each inner node holds the slot of the
-/// least event below it, so the earliest event is at the root and changing one slot's event
-/// replays only its path to the root — a fixed number of branch-free matches, without the
-/// data-dependent exits (and branch mispredictions) of a heap's sift.
+/// A node of the [`SlotTree`]: the least key below it and the slot that holds it.
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    key: u128,
+    slot: u32,
+}
+
+impl Node {
+    /// The winner of `self` against `other`: `other` only if its key is less. Selected by
+    /// arithmetic rather than a branch, since which side wins is as good as random.
+    #[inline]
+    fn against(self, other: Node) -> Node {
+        let other_wins = u128::from(other.key < self.key).wrapping_neg();
+        Node {
+            key: self.key ^ ((self.key ^ other.key) & other_wins),
+            slot: self.slot ^ ((self.slot ^ other.slot) & other_wins as u32),
+        }
+    }
+}
+
+/// At most one event per slot, in a tournament tree: each node holds the least key below it
+/// and its slot, so the earliest event is at the root, and changing one slot's key replays
+/// only its path towards the root, each match reading one stored sibling. A replay stops as
+/// soon as the path's winners no longer change: a key that moved earlier climbs only while it
+/// beats the node's winner, one that moved later only while its slot was the node's winner.
 ///
 /// Popping the root leaves its path to be replayed by the next change ([`SlotTree::stale`]):
 /// the engine reschedules the worker it just woke at once, so its pop and its new wake-up cost
-/// one replay between them.
+/// one replay between them (of the whole path, which the popped slot won at every node).
 #[derive(Debug, Clone)]
 struct SlotTree<E> {
-    /// Each slot's key, [`ABSENT`] when it has no event.
-    keys: Vec<u128>,
-    events: Vec<Option<E>>,
     /// The tree: node `n`'s children are `2n` and `2n + 1`, node 1 is the root, and the
-    /// leaves `leaves + s` hold slot `s` itself; each node holds the winning slot below it.
-    winner: Vec<u32>,
+    /// leaves `leaves + s` hold slot `s`'s own key ([`ABSENT`] when it has no event).
+    nodes: Vec<Node>,
+    events: Vec<Option<E>>,
     /// Number of leaves (a power of two, ≥ the number of slots).
     leaves: usize,
-    /// A slot whose key changed without its path being replayed yet.
+    /// A popped slot whose path still holds the key it was popped with (its leaf is already
+    /// [`ABSENT`]).
     stale: Option<usize>,
 }
 
 impl<E: Copy> SlotTree<E> {
     fn new() -> Self {
         SlotTree {
-            keys: Vec::new(),
+            nodes: Vec::new(),
             events: Vec::new(),
-            winner: Vec::new(),
             leaves: 0,
             stale: None,
         }
@@ -180,53 +200,102 @@ impl<E: Copy> SlotTree<E> {
     #[inline]
     fn first_key(&mut self) -> Option<u128> {
         if let Some(s) = self.stale.take() {
-            self.replay(s);
+            self.replay_won_path(s, ABSENT);
         }
-        let k = self.keys[*self.winner.get(1)? as usize];
+        let k = self.nodes.get(1)?.key;
         (k != ABSENT).then_some(k)
     }
 
     /// Number of queued events.
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.keys.iter().filter(|&&k| k != ABSENT).count()
+        self.nodes[self.leaves..]
+            .iter()
+            .filter(|n| n.key != ABSENT)
+            .count()
     }
 
     /// Room for slot `slot`: the leaves doubled until it fits, and the tree rebuilt.
     #[cold]
     fn grow(&mut self, slot: usize) {
         let leaves = (slot + 1).next_power_of_two().max(2);
-        self.keys.resize(leaves, ABSENT);
-        self.events.resize(leaves, None);
-        self.leaves = leaves;
-        self.winner = vec![0; 2 * leaves];
+        let absent = Node {
+            key: ABSENT,
+            slot: 0,
+        };
+        let mut nodes = vec![absent; 2 * leaves];
         for s in 0..leaves {
-            self.winner[leaves + s] = s as u32;
+            let key = if s < self.leaves {
+                self.nodes[self.leaves + s].key
+            } else {
+                ABSENT
+            };
+            nodes[leaves + s] = Node {
+                key,
+                slot: s as u32,
+            };
         }
         for n in (1..leaves).rev() {
-            self.winner[n] = self.better(2 * n);
+            let (a, b) = (nodes[2 * n], nodes[2 * n + 1]);
+            nodes[n] = if b.key < a.key { b } else { a };
         }
+        self.nodes = nodes;
+        self.events.resize(leaves, None);
+        self.leaves = leaves;
         // Every path is replayed.
         self.stale = None;
     }
 
-    /// The winner of sibling nodes `left` and `left + 1`: the lesser key (the left one on
-    /// equal keys, which are only ever both absent), selected by arithmetic rather than a
-    /// branch, since which side wins is as good as random.
+    /// Slot `slot`'s key moved earlier, to `k` (its leaf already holds it): it takes over
+    /// every node on its path whose winner it now beats — a run from the leaf up, since a
+    /// node's key is never above its children's.
     #[inline]
-    fn better(&self, left: usize) -> u32 {
-        let (a, b) = (self.winner[left], self.winner[left + 1]);
-        let b_wins = u32::from(self.keys[b as usize] < self.keys[a as usize]);
-        a ^ ((a ^ b) & b_wins.wrapping_neg())
+    fn climb_earlier(&mut self, slot: usize, k: u128) {
+        let mut n = (self.leaves + slot) / 2;
+        while n > 0 && k < self.nodes[n].key {
+            self.nodes[n] = Node {
+                key: k,
+                slot: slot as u32,
+            };
+            n /= 2;
+        }
     }
 
-    /// Slot `slot`'s key changed: replay its matches up to the root.
+    /// Slot `slot`'s key moved later, to `k` (its leaf holding `k` or [`ABSENT`]): the nodes it
+    /// won — a run from the leaf up — are replayed against their other child, the winner
+    /// carried up from below (a slot that did not win a node cannot win its parents).
     #[inline]
-    fn replay(&mut self, slot: usize) {
-        let mut n = (self.leaves + slot) / 2;
-        while n > 0 {
-            self.winner[n] = self.better(2 * n);
+    fn climb_later(&mut self, slot: usize, k: u128) {
+        let mut cur = Node {
+            key: k,
+            slot: slot as u32,
+        };
+        let mut n = self.leaves + slot;
+        while n > 1 && self.nodes[n / 2].slot == slot as u32 {
+            cur = cur.against(self.nodes[n ^ 1]);
             n /= 2;
+            self.nodes[n] = cur;
+        }
+    }
+
+    /// Slot `slot`, the winner of its whole path (the slot just popped), is keyed `k`: every
+    /// node up to the root is replayed against its other child, without
+    /// [`SlotTree::climb_later`]'s test of whether the slot won it.
+    #[inline]
+    fn replay_won_path(&mut self, slot: usize, k: u128) {
+        let mut cur = Node {
+            key: k,
+            slot: slot as u32,
+        };
+        let nodes = &mut self.nodes[..];
+        // The tree has `2 * leaves` nodes, a power of two, so masking an index with one less
+        // changes no index on the path, and lets the compiler prove every index in bounds.
+        let mask = nodes.len().max(1) - 1;
+        let mut n = self.leaves + slot;
+        while n > 1 {
+            cur = cur.against(nodes[(n ^ 1) & mask]);
+            n /= 2;
+            nodes[n & mask] = cur;
         }
     }
 
@@ -237,22 +306,33 @@ impl<E: Copy> SlotTree<E> {
         if s >= self.leaves {
             self.grow(s);
         }
-        if let Some(p) = self.stale.take()
-            && p != s
-        {
-            self.replay(p);
-        }
-        let old = std::mem::replace(&mut self.keys[s], k);
+        let leaf = self.leaves + s;
+        let old = std::mem::replace(&mut self.nodes[leaf].key, k);
         self.events[s] = Some(ev);
-        self.replay(s);
+        match self.stale.take() {
+            // Its whole path still names it (with the key it was popped with): replayed with
+            // `k`, whichever side of that key `k` is.
+            Some(p) if p == s => self.replay_won_path(s, k),
+            stale => {
+                if let Some(p) = stale {
+                    self.replay_won_path(p, ABSENT);
+                }
+                if k < old {
+                    self.climb_earlier(s, k);
+                } else {
+                    self.climb_later(s, k);
+                }
+            }
+        }
         (old != ABSENT).then_some(old)
     }
 
-    /// The earliest event, removed from its slot.
-    fn pop(&mut self) -> Option<(u128, E)> {
-        let k = self.first_key()?;
-        let s = self.winner[1] as usize;
-        self.keys[s] = ABSENT;
+    /// The earliest event, removed from its slot; right after [`SlotTree::first_key`] said
+    /// there is one (no path is pending).
+    fn pop_first(&mut self) -> Option<(u128, E)> {
+        let Node { key: k, slot } = self.nodes[1];
+        let s = slot as usize;
+        self.nodes[self.leaves + s].key = ABSENT;
         self.stale = Some(s);
         let ev = self.events[s].take()?;
         Some((k, ev))
@@ -389,6 +469,50 @@ mod tests {
                         let old = model.iter().position(|e| e.2 == Some(slot)).map(|i| model.remove(i).0);
                         prop_assert_eq!(q.schedule_slot(slot, t(at), seq), old);
                         model.push((t(at), seq, Some(slot)));
+                    }
+                }
+                prop_assert_eq!(q.len(), model.len());
+            }
+            model.sort_unstable();
+            let rest: Vec<(Time, u64)> = std::iter::from_fn(|| q.pop()).collect();
+            let want: Vec<(Time, u64)> = model.iter().map(|&(t, s, _)| (t, s)).collect();
+            prop_assert_eq!(rest, want);
+        }
+
+        /// Many slots (the tree grows and is deep), each pop mostly followed by rescheduling the
+        /// popped slot later (as the engine does after a wake-up), and other slots rescheduled
+        /// earlier or later: every pop matches a plain list model, as does what each
+        /// rescheduling replaced.
+        #[test]
+        fn slot_tree_replays_match_a_list(
+            ops in proptest::collection::vec((0u64..1000, 0u8..8, 0u32..40), 1..600)
+        ) {
+            let mut q = EventQueue::new();
+            let mut model: Vec<(Time, u64, u32)> = Vec::new();
+            let mut seq = 0u64;
+            let mut now = 0u64;
+            for (dt, op, slot) in ops {
+                match op {
+                    0 | 1 => {
+                        model.sort_unstable();
+                        let want = (!model.is_empty()).then(|| model.remove(0));
+                        prop_assert_eq!(q.pop(), want.map(|(t, s, _)| (t, s)));
+                        if let Some((at, _, popped)) = want {
+                            now = at.as_nanos();
+                            if op == 0 {
+                                // The woken slot's next wake-up, never earlier than now.
+                                seq += 1;
+                                prop_assert_eq!(q.schedule_slot(popped, t(now + dt), seq), None);
+                                model.push((t(now + dt), seq, popped));
+                            }
+                        }
+                    }
+                    _ => {
+                        seq += 1;
+                        let at = t(now + dt);
+                        let old = model.iter().position(|e| e.2 == slot).map(|i| model.remove(i).0);
+                        prop_assert_eq!(q.schedule_slot(slot, at, seq), old);
+                        model.push((at, seq, slot));
                     }
                 }
                 prop_assert_eq!(q.len(), model.len());
