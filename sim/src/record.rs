@@ -159,9 +159,14 @@ fn secs(ns: u64) -> f64 {
 }
 
 impl Outcome {
+    /// Time to first token, ns.
+    pub fn ttft_ns(&self) -> Option<u64> {
+        self.first_token.map(|f| f.nanos_since(self.arrival))
+    }
+
     /// Time to first token, s.
     pub fn ttft_s(&self) -> Option<f64> {
-        self.first_token.map(|f| secs(f.nanos_since(self.arrival)))
+        self.ttft_ns().map(secs)
     }
 
     /// End-to-end latency of a completed request, s.
@@ -180,9 +185,14 @@ impl Outcome {
         }
     }
 
+    /// Time queued at the gateway, ns.
+    pub fn queue_ns(&self) -> Option<u64> {
+        self.dispatched.map(|d| d.nanos_since(self.arrival))
+    }
+
     /// Time queued at the gateway, s.
     pub fn queue_s(&self) -> Option<f64> {
-        self.dispatched.map(|d| secs(d.nanos_since(self.arrival)))
+        self.queue_ns().map(secs)
     }
 }
 
@@ -244,8 +254,7 @@ pub struct Recorder {
 fn completed_latencies_ns(o: &Outcome) -> (u64, u64) {
     let e2e = o.end.nanos_since(o.arrival);
     // A completion without a seen first token had it at the end.
-    let ttft = o.first_token.map_or(e2e, |f| f.nanos_since(o.arrival));
-    (ttft, e2e)
+    (o.ttft_ns().unwrap_or(e2e), e2e)
 }
 
 impl Recorder {
@@ -339,8 +348,8 @@ impl Recorder {
                     }
                     None => m.tpot.record_secs(0.0),
                 }
-                if let Some(d) = o.dispatched {
-                    m.queue.record_secs_of_ns(d.nanos_since(o.arrival));
+                if let Some(q) = o.queue_ns() {
+                    m.queue.record_secs_of_ns(q);
                 }
                 if self.slo.met_by(ttft, tpot, e2e) {
                     m.slo_met += 1;

@@ -348,6 +348,36 @@ mod tests {
         Time::from_nanos(ns)
     }
 
+    /// Schedules `seq` at `at` as slot `slot`'s event in `q`, and in the list model, where the
+    /// slot is tagged `tag`: the time replaced must be the model's entry for that tag.
+    fn reschedule_both<S: PartialEq + Copy>(
+        q: &mut EventQueue<u64>,
+        model: &mut Vec<(Time, u64, S)>,
+        (slot, tag): (u32, S),
+        at: Time,
+        seq: u64,
+    ) -> Result<(), TestCaseError> {
+        let old = model
+            .iter()
+            .position(|e| e.2 == tag)
+            .map(|i| model.remove(i).0);
+        prop_assert_eq!(q.schedule_slot(slot, at, seq), old);
+        model.push((at, seq, tag));
+        Ok(())
+    }
+
+    /// What is left in `q` pops in the model's (time, sequence) order.
+    fn drains_like<S: Ord>(
+        q: &mut EventQueue<u64>,
+        mut model: Vec<(Time, u64, S)>,
+    ) -> Result<(), TestCaseError> {
+        model.sort_unstable();
+        let rest: Vec<(Time, u64)> = std::iter::from_fn(|| q.pop()).collect();
+        let want: Vec<(Time, u64)> = model.iter().map(|&(t, s, _)| (t, s)).collect();
+        prop_assert_eq!(rest, want);
+        Ok(())
+    }
+
     #[test]
     fn pops_in_time_order() {
         let mut q = EventQueue::new();
@@ -466,17 +496,12 @@ mod tests {
                     slot => {
                         let slot = u32::from(slot - 3);
                         seq += 1;
-                        let old = model.iter().position(|e| e.2 == Some(slot)).map(|i| model.remove(i).0);
-                        prop_assert_eq!(q.schedule_slot(slot, t(at), seq), old);
-                        model.push((t(at), seq, Some(slot)));
+                        reschedule_both(&mut q, &mut model, (slot, Some(slot)), t(at), seq)?;
                     }
                 }
                 prop_assert_eq!(q.len(), model.len());
             }
-            model.sort_unstable();
-            let rest: Vec<(Time, u64)> = std::iter::from_fn(|| q.pop()).collect();
-            let want: Vec<(Time, u64)> = model.iter().map(|&(t, s, _)| (t, s)).collect();
-            prop_assert_eq!(rest, want);
+            drains_like(&mut q, model)?;
         }
 
         /// Many slots (the tree grows and is deep), each pop mostly followed by rescheduling the
@@ -509,18 +534,12 @@ mod tests {
                     }
                     _ => {
                         seq += 1;
-                        let at = t(now + dt);
-                        let old = model.iter().position(|e| e.2 == slot).map(|i| model.remove(i).0);
-                        prop_assert_eq!(q.schedule_slot(slot, at, seq), old);
-                        model.push((at, seq, slot));
+                        reschedule_both(&mut q, &mut model, (slot, slot), t(now + dt), seq)?;
                     }
                 }
                 prop_assert_eq!(q.len(), model.len());
             }
-            model.sort_unstable();
-            let rest: Vec<(Time, u64)> = std::iter::from_fn(|| q.pop()).collect();
-            let want: Vec<(Time, u64)> = model.iter().map(|&(t, s, _)| (t, s)).collect();
-            prop_assert_eq!(rest, want);
+            drains_like(&mut q, model)?;
         }
 
         /// Whatever is pushed, and however pushes and pops interleave, every pop is the least
