@@ -356,6 +356,18 @@ fn next_boundary_at(v: f64, rate_v: f64, tol: f64) -> f64 {
     }
 }
 
+/// The first breakpoint [`EngineModel::compute_next`]'s look-ahead crossed at the last refresh,
+/// kept for the move that crosses it later. That move starts from the very state the look-ahead
+/// started from (every change of the clocks is a move or a mutation, and each is followed by a
+/// refresh before the next move), so working the crossing out again would give the same bits.
+#[derive(Debug, Clone, Copy)]
+struct Crossing {
+    /// Seconds from the refresh's state to the breakpoint ([`Fluid::secs_to_break`]).
+    secs: f64,
+    /// The clocks just past it: moved there and crossed ([`EngineModel::cross`]).
+    fl: Fluid,
+}
+
 /// The rates of a step and its next breakpoint, as [`EngineModel::rates`] works them out.
 #[derive(Debug, Clone, Copy)]
 struct Rates {
@@ -404,6 +416,17 @@ impl Fluid {
         } else {
             f64::INFINITY
         }
+    }
+
+    /// Whether `other` is this state bit for bit (debug checks).
+    fn same_bits(&self, other: &Fluid) -> bool {
+        let floats = |f: &Fluid| {
+            [
+                f.v, f.q, f.q_joined, f.rate_v, f.rate_q, f.break_v, f.tol, f.work, f.c_step,
+            ]
+            .map(f64::to_bits)
+        };
+        floats(self) == floats(other) && (self.joined, self.gated) == (other.joined, other.gated)
     }
 
     /// Moves the clocks `dt` seconds under the current rates (no breakpoint in between).
@@ -550,6 +573,8 @@ pub struct EngineModel {
     // --- fluid state, valid at `t0`
     t0: u64,
     fl: Fluid,
+    /// The look-ahead's first crossing from `fl`, valid until the clocks next move.
+    crossing: Option<Crossing>,
     /// End mark of all queued prefill work, the gated sequences' included.
     q_tail: f64,
     /// The speed multiplier the rates were computed with (constant between events).
@@ -611,6 +636,7 @@ impl EngineModel {
             busy_ns: 0,
             t0: 0,
             fl: Fluid::default(),
+            crossing: None,
             q_tail: 0.0,
             speed: 0.0,
             n_decoding: 0,
@@ -1039,9 +1065,20 @@ impl EngineModel {
         let dt_ns = t - self.t0;
         let q_before = self.fl.q;
         let dt = dt_ns as f64 / NS_PER_S;
+        // kept for this move only: the clocks are about to change
+        let crossing = self.crossing.take();
         if self.fl.v + self.fl.rate_v * dt < self.fl.break_v {
             // no breakpoint on the way (most moves): in place
             self.fl.flow(dt, self.n_decoding);
+        } else if let Some(c) = crossing.filter(|c| c.secs <= dt) {
+            // the last refresh's look-ahead crossed the first breakpoint from this very state:
+            // go on from there (what `advance_through` does after its first crossing)
+            let fl = self.advance(c.fl, dt - c.secs);
+            debug_assert!(
+                fl.same_bits(&self.advance_through(self.fl, dt)),
+                "the kept crossing is not the move's"
+            );
+            self.fl = fl;
         } else {
             self.fl = self.advance_through(self.fl, dt);
         }
@@ -1486,7 +1523,9 @@ impl EngineModel {
         best.max(0.0)
     }
 
-    fn compute_next(&self) -> Option<u64> {
+    /// The next event's time; keeps the look-ahead's first crossing, if it made one, in
+    /// `crossing`.
+    fn compute_next(&mut self) -> Option<u64> {
         let t = self.t0;
         let at = |dt_s: f64| -> u64 { t.saturating_add(ceil_ns(dt_s.max(0.0) * NS_PER_S)) };
         let mut best: Option<u64> = None;
@@ -1499,6 +1538,7 @@ impl EngineModel {
         // few, wake at the last one reached (crossing it there changes nothing either).
         let mut change = self.first_change(&self.fl);
         let mut to_break = self.fl.secs_to_break();
+        self.crossing = None;
         if change <= to_break {
             // no breakpoint before it (most refreshes): no look-ahead copy
             if change.is_finite() {
@@ -1511,6 +1551,9 @@ impl EngineModel {
             for crossed in 1.. {
                 fl.flow(to_break, self.n_decoding);
                 self.cross(&mut fl);
+                if crossed == 1 {
+                    self.crossing = Some(Crossing { secs: to_break, fl });
+                }
                 ahead += to_break;
                 change = self.first_change(&fl);
                 to_break = fl.secs_to_break();
