@@ -549,10 +549,33 @@ impl Ord for DecodeKey {
 }
 
 /// One simulated inference engine. See the [module documentation](self).
+///
+/// `repr(C)` keeps the fields in the order written: what every event reads or writes comes
+/// first, together, and what only some calls touch (the cache, the noise, the configuration
+/// admission reads) after it. A fleet of thousands of engines finds each engine's state cold in
+/// memory, so every cache line an event touches is a miss; the compiler's own order scattered
+/// the hot fields over the whole struct.
 #[derive(Debug, Clone)]
+#[repr(C)]
 pub struct EngineModel {
-    profile: Arc<HardwareProfile>,
-    // --- configuration
+    // --- driver interface and fluid state, valid at `t0` (every event)
+    t0: u64,
+    next_event: Option<u64>,
+    generation: u64,
+    fl: Fluid,
+    n_decoding: u32,
+    running: u32,
+    /// Work starts at this time; `u64::MAX` = down (crashed).
+    ready_at: u64,
+    /// The speed multiplier the rates were computed with (constant between events).
+    speed: f64,
+    /// End mark of all queued prefill work, the gated sequences' included.
+    q_tail: f64,
+    /// The step boundary at which the gated sequences (the last `fl.gated` of `prefill`) join
+    /// the prefill work.
+    gate_v: f64,
+    busy_ns: u64,
+    // --- what the rates are made of (every refresh)
     /// `step_time_s(n)` for (at least) `n = 0..=max_running`: the profile's shared table
     /// ([`HardwareProfile::step_times`]).
     step_time: Arc<[f64]>,
@@ -560,46 +583,29 @@ pub struct EngineModel {
     /// The profile's `prefill_overlap` (`hardware::step`).
     overlap: f64,
     chunk: f64,
-    max_running: u32,
-    kv_capacity: u64,
-    request_noise: Option<LogNormal<f64>>,
-    rng: Xoshiro256PlusPlus,
-    // --- lifecycle
-    /// Work starts at this time; `u64::MAX` = down (crashed).
-    ready_at: u64,
     /// The speed multiplier's rule (node, cold, epoch), shared with the step engine.
     pace: speed::Speed,
-    busy_ns: u64,
-    // --- fluid state, valid at `t0`
-    t0: u64,
-    fl: Fluid,
-    /// The look-ahead's first crossing from `fl`, valid until the clocks next move.
-    crossing: Option<Crossing>,
-    /// End mark of all queued prefill work, the gated sequences' included.
-    q_tail: f64,
-    /// The speed multiplier the rates were computed with (constant between events).
-    speed: f64,
     // --- sequences
-    n_decoding: u32,
+    slots: Vec<Slot>,
+    prefill: VecDeque<u32>,
+    decode: BinaryHeap<DecodeKey>,
+    waiting: VecDeque<u32>,
     /// Prefilling sequences with prefix blocks (what `cache_computed_blocks` looks at).
     prefills_with_blocks: u32,
-    running: u32,
-    kv_used: u64,
-    slots: Vec<Slot>,
     /// The free slots, last freed first, linked through their `next_free` ([`NO_SLOT`]: none):
     /// taking or returning one touches only the slot itself, which the caller touches anyway.
     free_head: u32,
-    waiting: VecDeque<u32>,
-    prefill: VecDeque<u32>,
-    /// The step boundary at which the gated sequences (the last `fl.gated` of `prefill`) join
-    /// the prefill work.
-    gate_v: f64,
-    decode: BinaryHeap<DecodeKey>,
-    cache: PrefixCache,
-    // --- driver interface
-    generation: u64,
-    next_event: Option<u64>,
+    kv_used: u64,
     deferred: Vec<EngineOutput>,
+    /// The look-ahead's first crossing from `fl`, valid until the clocks next move.
+    crossing: Option<Crossing>,
+    // --- touched by some calls only
+    max_running: u32,
+    kv_capacity: u64,
+    cache: PrefixCache,
+    request_noise: Option<LogNormal<f64>>,
+    rng: Xoshiro256PlusPlus,
+    profile: Arc<HardwareProfile>,
 }
 
 impl EngineModel {
@@ -1418,6 +1424,7 @@ impl EngineModel {
     /// Moves sequence `h` (out of the waiting queue, or just admitted with nobody waiting) into
     /// the running set at `now`: its cached prefix, its prefill work queued (gated if a step is
     /// under way), its KV reserved.
+    #[inline]
     fn start_sequence(&mut self, h: u32, now: u64) {
         let mid_step = self.fl.mid_step();
         let s = &mut self.slots[h as usize];
