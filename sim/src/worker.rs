@@ -356,6 +356,18 @@ fn next_boundary_at(v: f64, rate_v: f64, tol: f64) -> f64 {
     }
 }
 
+/// The first breakpoint [`EngineModel::compute_next`]'s look-ahead crossed at the last refresh,
+/// kept for the move that crosses it later. That move starts from the very state the look-ahead
+/// started from (every change of the clocks is a move or a mutation, and each is followed by a
+/// refresh before the next move), so working the crossing out again would give the same bits.
+#[derive(Debug, Clone, Copy)]
+struct Crossing {
+    /// Seconds from the refresh's state to the breakpoint ([`Fluid::secs_to_break`]).
+    secs: f64,
+    /// The clocks just past it: moved there and crossed ([`EngineModel::cross`]).
+    fl: Fluid,
+}
+
 /// The rates of a step and its next breakpoint, as [`EngineModel::rates`] works them out.
 #[derive(Debug, Clone, Copy)]
 struct Rates {
@@ -406,6 +418,17 @@ impl Fluid {
         }
     }
 
+    /// Whether `other` is this state bit for bit (debug checks).
+    fn same_bits(&self, other: &Fluid) -> bool {
+        let floats = |f: &Fluid| {
+            [
+                f.v, f.q, f.q_joined, f.rate_v, f.rate_q, f.break_v, f.tol, f.work, f.c_step,
+            ]
+            .map(f64::to_bits)
+        };
+        floats(self) == floats(other) && (self.joined, self.gated) == (other.joined, other.gated)
+    }
+
     /// Moves the clocks `dt` seconds under the current rates (no breakpoint in between).
     fn flow(&mut self, dt: f64, n_decoding: u32) {
         let dv = self.rate_v * dt;
@@ -437,9 +460,14 @@ struct Slot {
     first_token_at: u64,
     /// Decode service clock `V` when this sequence started decoding.
     decode_start: f64,
+    /// While free: the next free slot ([`NO_SLOT`]: none), see [`EngineModel::free_head`].
+    next_free: u32,
     /// Prefix block hashes (capacity reused across requests).
     blocks: Vec<u64>,
 }
+
+/// The end of the free slots' list.
+const NO_SLOT: u32 = u32::MAX;
 
 impl Slot {
     /// What admission reserves for this sequence: its prompt and [`RESERVED_OUTPUT_FIFTHS`]
@@ -521,52 +549,63 @@ impl Ord for DecodeKey {
 }
 
 /// One simulated inference engine. See the [module documentation](self).
+///
+/// `repr(C)` keeps the fields in the order written: what every event reads or writes comes
+/// first, together, and what only some calls touch (the cache, the noise, the configuration
+/// admission reads) after it. A fleet of thousands of engines finds each engine's state cold in
+/// memory, so every cache line an event touches is a miss; the compiler's own order scattered
+/// the hot fields over the whole struct.
 #[derive(Debug, Clone)]
+#[repr(C)]
 pub struct EngineModel {
-    profile: Arc<HardwareProfile>,
-    // --- configuration
-    /// `step_time_s(n)` for `n = 0..=max_running`.
-    step_time: Vec<f64>,
+    // --- driver interface and fluid state, valid at `t0` (every event)
+    t0: u64,
+    next_event: Option<u64>,
+    generation: u64,
+    fl: Fluid,
+    n_decoding: u32,
+    running: u32,
+    /// Work starts at this time; `u64::MAX` = down (crashed).
+    ready_at: u64,
+    /// The speed multiplier the rates were computed with (constant between events).
+    speed: f64,
+    /// End mark of all queued prefill work, the gated sequences' included.
+    q_tail: f64,
+    /// The step boundary at which the gated sequences (the last `fl.gated` of `prefill`) join
+    /// the prefill work.
+    gate_v: f64,
+    busy_ns: u64,
+    // --- what the rates are made of (every refresh)
+    /// `step_time_s(n)` for (at least) `n = 0..=max_running`: the profile's shared table
+    /// ([`HardwareProfile::step_times`]).
+    step_time: Arc<[f64]>,
     prefill_tok_s: f64,
     /// The profile's `prefill_overlap` (`hardware::step`).
     overlap: f64,
     chunk: f64,
-    max_running: u32,
-    kv_capacity: u64,
-    request_noise: Option<LogNormal<f64>>,
-    rng: Xoshiro256PlusPlus,
-    // --- lifecycle
-    /// Work starts at this time; `u64::MAX` = down (crashed).
-    ready_at: u64,
     /// The speed multiplier's rule (node, cold, epoch), shared with the step engine.
     pace: speed::Speed,
-    busy_ns: u64,
-    // --- fluid state, valid at `t0`
-    t0: u64,
-    fl: Fluid,
-    /// End mark of all queued prefill work, the gated sequences' included.
-    q_tail: f64,
-    /// The speed multiplier the rates were computed with (constant between events).
-    speed: f64,
     // --- sequences
-    n_decoding: u32,
+    slots: Vec<Slot>,
+    prefill: VecDeque<u32>,
+    decode: BinaryHeap<DecodeKey>,
+    waiting: VecDeque<u32>,
     /// Prefilling sequences with prefix blocks (what `cache_computed_blocks` looks at).
     prefills_with_blocks: u32,
-    running: u32,
+    /// The free slots, last freed first, linked through their `next_free` ([`NO_SLOT`]: none):
+    /// taking or returning one touches only the slot itself, which the caller touches anyway.
+    free_head: u32,
     kv_used: u64,
-    slots: Vec<Slot>,
-    free: Vec<u32>,
-    waiting: VecDeque<u32>,
-    prefill: VecDeque<u32>,
-    /// The step boundary at which the gated sequences (the last `fl.gated` of `prefill`) join
-    /// the prefill work.
-    gate_v: f64,
-    decode: BinaryHeap<DecodeKey>,
-    cache: PrefixCache,
-    // --- driver interface
-    generation: u64,
-    next_event: Option<u64>,
     deferred: Vec<EngineOutput>,
+    /// The look-ahead's first crossing from `fl`, valid until the clocks next move.
+    crossing: Option<Crossing>,
+    // --- touched by some calls only
+    max_running: u32,
+    kv_capacity: u64,
+    cache: PrefixCache,
+    request_noise: Option<LogNormal<f64>>,
+    rng: Xoshiro256PlusPlus,
+    profile: Arc<HardwareProfile>,
 }
 
 impl EngineModel {
@@ -585,9 +624,7 @@ impl EngineModel {
         let chunk = overrides
             .prefill_chunk_tokens
             .unwrap_or(profile.prefill_chunk_tokens());
-        let step_time = (0..=max_running)
-            .map(|n| profile.step_time_s(f64::from(n)))
-            .collect();
+        let step_time = profile.step_times(max_running);
         let pace = speed::Speed::new(&overrides, profile.cold_start(), seed);
         let cache_blocks = usize::try_from(kv_capacity / u64::from(BLOCK_TOKENS)).unwrap_or(0);
         let mut engine = EngineModel {
@@ -605,6 +642,7 @@ impl EngineModel {
             busy_ns: 0,
             t0: 0,
             fl: Fluid::default(),
+            crossing: None,
             q_tail: 0.0,
             speed: 0.0,
             n_decoding: 0,
@@ -612,7 +650,7 @@ impl EngineModel {
             running: 0,
             kv_used: 0,
             slots: Vec::new(),
-            free: Vec::new(),
+            free_head: NO_SLOT,
             waiting: VecDeque::new(),
             prefill: VecDeque::new(),
             gate_v: 0.0,
@@ -647,7 +685,7 @@ impl EngineModel {
             Some(d) => d.sample(&mut self.rng),
             None => 1.0,
         };
-        let h = match self.free.pop() {
+        let h = match self.take_free_slot() {
             Some(h) => h,
             None => {
                 self.slots.push(Slot {
@@ -664,6 +702,7 @@ impl EngineModel {
                     started_at: 0,
                     first_token_at: 0,
                     decode_start: 0.0,
+                    next_free: NO_SLOT,
                     blocks: Vec::new(),
                 });
                 u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 sequences in flight")
@@ -680,8 +719,14 @@ impl EngineModel {
         s.admitted_at = now;
         s.blocks.clear();
         s.blocks.extend_from_slice(prefix);
-        self.waiting.push_back(h);
-        self.start_waiting(now);
+        // With nobody waiting, the sequence is the queue's front: start it, if it fits,
+        // without a trip through the queue (whose memory a large fleet's engines keep cold).
+        if self.waiting.is_empty() && self.fits(self.slots[h as usize].kv_tokens()) {
+            self.start_sequence(h, now);
+        } else {
+            self.waiting.push_back(h);
+            self.start_waiting(now);
+        }
         let s = &self.slots[h as usize];
         let info = AdmitInfo {
             cached_tokens: (s.phase != Phase::Waiting).then_some(s.cached),
@@ -895,14 +940,15 @@ impl EngineModel {
             .map(|s| s.seq)
             .collect();
         failed.sort_unstable();
-        self.free.clear();
-        for (i, s) in self.slots.iter_mut().enumerate() {
+        self.free_head = NO_SLOT;
+        // freed last to first, so that the lowest slot is taken first
+        for h in (0..self.slots.len() as u32).rev() {
+            let s = &mut self.slots[h as usize];
             s.phase = Phase::Free;
             s.held = 0;
             s.blocks.clear();
-            self.free.push(i as u32);
+            self.free_slot(h);
         }
-        self.free.reverse();
         self.waiting.clear();
         self.prefill.clear();
         self.decode.clear();
@@ -987,7 +1033,7 @@ impl EngineModel {
         let s = &mut self.slots[h as usize];
         s.phase = Phase::Free;
         s.blocks.clear();
-        self.free.push(h);
+        self.free_slot(h);
         self.start_waiting(now);
         self.refresh();
         true
@@ -1025,9 +1071,20 @@ impl EngineModel {
         let dt_ns = t - self.t0;
         let q_before = self.fl.q;
         let dt = dt_ns as f64 / NS_PER_S;
+        // kept for this move only: the clocks are about to change
+        let crossing = self.crossing.take();
         if self.fl.v + self.fl.rate_v * dt < self.fl.break_v {
             // no breakpoint on the way (most moves): in place
             self.fl.flow(dt, self.n_decoding);
+        } else if let Some(c) = crossing.filter(|c| c.secs <= dt) {
+            // the last refresh's look-ahead crossed the first breakpoint from this very state:
+            // go on from there (what `advance_through` does after its first crossing)
+            let fl = self.advance(c.fl, dt - c.secs);
+            debug_assert!(
+                fl.same_bits(&self.advance_through(self.fl, dt)),
+                "the kept crossing is not the move's"
+            );
+            self.fl = fl;
         } else {
             self.fl = self.advance_through(self.fl, dt);
         }
@@ -1242,7 +1299,10 @@ impl EngineModel {
             self.n_decoding -= 1;
             self.complete(top.slot, te, out);
         }
-        out[first..].sort_unstable_by_key(|o| (o.seq(), o.rank()));
+        // most events emit one output or none: nothing to order
+        if out.len() - first > 1 {
+            out[first..].sort_unstable_by_key(|o| (o.seq(), o.rank()));
+        }
         self.start_waiting(te);
         self.refresh();
     }
@@ -1304,7 +1364,25 @@ impl EngineModel {
         let s = &mut self.slots[h as usize];
         s.phase = Phase::Free;
         s.blocks.clear();
-        self.free.push(h);
+        self.free_slot(h);
+    }
+
+    /// The free slot freed last, taken off the free list.
+    #[inline]
+    fn take_free_slot(&mut self) -> Option<u32> {
+        let h = self.free_head;
+        if h == NO_SLOT {
+            return None;
+        }
+        self.free_head = self.slots[h as usize].next_free;
+        Some(h)
+    }
+
+    /// Puts slot `h` (marked free) on the free list.
+    #[inline]
+    fn free_slot(&mut self, h: u32) {
+        self.slots[h as usize].next_free = self.free_head;
+        self.free_head = h;
     }
 
     fn cached_for(&self, prompt: u32, prefix: &[u64]) -> u32 {
@@ -1327,58 +1405,72 @@ impl EngineModel {
     #[inline(never)]
     fn start_waiting_front(&mut self, now: u64) {
         while let Some(&h) = self.waiting.front() {
-            let kv = self.slots[h as usize].kv_tokens();
-            let fits = self.running == 0
-                || (self.running < self.max_running && self.kv_used + kv <= self.kv_capacity);
-            if !fits {
+            if !self.fits(self.slots[h as usize].kv_tokens()) {
                 break;
             }
             self.waiting.pop_front();
-            let mid_step = self.fl.mid_step();
-            let s = &mut self.slots[h as usize];
-            let hits = if s.prompt == 0 || s.blocks.is_empty() {
-                0
-            } else {
-                self.cache.leading_hits(&s.blocks)
-            };
-            // The hits are held before anything is evicted for the room it needs.
-            if hits > 0 {
-                self.cache.hold(&s.blocks, 0, hits);
-            }
-            s.held = hits as u32;
-            let cached = cached_tokens(s.prompt, hits);
-            s.cached = cached;
-            s.started_at = now;
-            s.phase = Phase::Prefill;
-            let work = f64::from((s.prompt - cached).max(1)) * s.noise;
-            if self.prefill.is_empty() {
-                // re-base the prefill clock while nothing is queued
-                self.fl.q = 0.0;
-                self.fl.q_joined = 0.0;
-                self.q_tail = 0.0;
-            }
-            self.q_tail += work;
-            s.prefill_end = self.q_tail;
-            s.prefill_work = work;
-            if !s.blocks.is_empty() {
-                self.prefills_with_blocks += 1;
-            }
-            self.prefill.push_back(h);
-            // A sequence scheduled while a step runs starts its prefill at the step's end: the
-            // running step's batch is fixed. Its work is queued but gated until that boundary.
-            if mid_step {
-                if self.fl.gated == 0 {
-                    self.gate_v = ceil_nn(self.fl.v);
-                }
-                self.fl.gated += 1;
-            } else {
-                self.fl.gated += 1;
-                self.join_gated();
-            }
-            self.running += 1;
-            self.kv_used += kv;
-            self.fit_cache();
+            self.start_sequence(h, now);
         }
+    }
+
+    /// Whether a sequence reserving `kv` tokens may join the running set now (always, into an
+    /// empty one).
+    #[inline]
+    fn fits(&self, kv: u64) -> bool {
+        self.running == 0
+            || (self.running < self.max_running && self.kv_used + kv <= self.kv_capacity)
+    }
+
+    /// Moves sequence `h` (out of the waiting queue, or just admitted with nobody waiting) into
+    /// the running set at `now`: its cached prefix, its prefill work queued (gated if a step is
+    /// under way), its KV reserved.
+    #[inline]
+    fn start_sequence(&mut self, h: u32, now: u64) {
+        let mid_step = self.fl.mid_step();
+        let s = &mut self.slots[h as usize];
+        let kv = s.kv_tokens();
+        let hits = if s.prompt == 0 || s.blocks.is_empty() {
+            0
+        } else {
+            self.cache.leading_hits(&s.blocks)
+        };
+        // The hits are held before anything is evicted for the room it needs.
+        if hits > 0 {
+            self.cache.hold(&s.blocks, 0, hits);
+        }
+        s.held = hits as u32;
+        let cached = cached_tokens(s.prompt, hits);
+        s.cached = cached;
+        s.started_at = now;
+        s.phase = Phase::Prefill;
+        let work = f64::from((s.prompt - cached).max(1)) * s.noise;
+        if self.prefill.is_empty() {
+            // re-base the prefill clock while nothing is queued
+            self.fl.q = 0.0;
+            self.fl.q_joined = 0.0;
+            self.q_tail = 0.0;
+        }
+        self.q_tail += work;
+        s.prefill_end = self.q_tail;
+        s.prefill_work = work;
+        if !s.blocks.is_empty() {
+            self.prefills_with_blocks += 1;
+        }
+        self.prefill.push_back(h);
+        // A sequence scheduled while a step runs starts its prefill at the step's end: the
+        // running step's batch is fixed. Its work is queued but gated until that boundary.
+        if mid_step {
+            if self.fl.gated == 0 {
+                self.gate_v = ceil_nn(self.fl.v);
+            }
+            self.fl.gated += 1;
+        } else {
+            self.fl.gated += 1;
+            self.join_gated();
+        }
+        self.running += 1;
+        self.kv_used += kv;
+        self.fit_cache();
     }
 
     fn speed_at(&self, t: u64) -> f64 {
@@ -1438,7 +1530,9 @@ impl EngineModel {
         best.max(0.0)
     }
 
-    fn compute_next(&self) -> Option<u64> {
+    /// The next event's time; keeps the look-ahead's first crossing, if it made one, in
+    /// `crossing`.
+    fn compute_next(&mut self) -> Option<u64> {
         let t = self.t0;
         let at = |dt_s: f64| -> u64 { t.saturating_add(ceil_ns(dt_s.max(0.0) * NS_PER_S)) };
         let mut best: Option<u64> = None;
@@ -1451,6 +1545,7 @@ impl EngineModel {
         // few, wake at the last one reached (crossing it there changes nothing either).
         let mut change = self.first_change(&self.fl);
         let mut to_break = self.fl.secs_to_break();
+        self.crossing = None;
         if change <= to_break {
             // no breakpoint before it (most refreshes): no look-ahead copy
             if change.is_finite() {
@@ -1463,6 +1558,9 @@ impl EngineModel {
             for crossed in 1.. {
                 fl.flow(to_break, self.n_decoding);
                 self.cross(&mut fl);
+                if crossed == 1 {
+                    self.crossing = Some(Crossing { secs: to_break, fl });
+                }
                 ahead += to_break;
                 change = self.first_change(&fl);
                 to_break = fl.secs_to_break();

@@ -19,6 +19,7 @@
 
 use std::fmt;
 use std::path::Path;
+use std::sync::{Arc, OnceLock};
 
 use routelab_policies::located::{InputError, parse_yaml, rule};
 use serde::Deserialize;
@@ -211,6 +212,33 @@ pub struct HardwareProfile {
     cold_start: ColdStart,
     fitted: Vec<String>,
     extrapolated: Vec<String>,
+    /// [`HardwareProfile::step_times`]' shared table.
+    step_times: StepTimes,
+}
+
+/// The profile's [`HardwareProfile::step_time_s`] of every decode batch up to its
+/// `max_running`, built when the first engine asks and then shared by every engine on the
+/// profile: a fleet of thousands of workers on a few profiles reads a few tables that stay in
+/// cache, where one copy per engine cost a cache miss on most events.
+#[derive(Clone, Default)]
+struct StepTimes(OnceLock<Arc<[f64]>>);
+
+impl PartialEq for StepTimes {
+    /// A cache of figures the rest of the profile determines: it never tells two profiles
+    /// apart.
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl fmt::Debug for StepTimes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // the table can hold a million entries: its length says enough
+        match self.0.get() {
+            Some(t) => write!(f, "StepTimes({} entries)", t.len()),
+            None => f.write_str("StepTimes(not built)"),
+        }
+    }
 }
 
 impl HardwareProfile {
@@ -340,6 +368,29 @@ impl HardwareProfile {
             return 0.0;
         }
         n / self.decode.aggregate_tok_s(n)
+    }
+
+    /// [`Self::step_time_s`]`(n)` at index `n`, for at least `n = 0..=max_running` (an
+    /// engine's running-set limit). Up to the profile's own `max_running` this is one table,
+    /// built at the first call and shared by every later one; a larger limit (an override) gets
+    /// a table of its own.
+    pub fn step_times(&self, max_running: u32) -> Arc<[f64]> {
+        if max_running <= self.max_running {
+            Arc::clone(
+                self.step_times
+                    .0
+                    .get_or_init(|| self.step_time_table(self.max_running)),
+            )
+        } else {
+            self.step_time_table(max_running)
+        }
+    }
+
+    /// [`Self::step_time_s`] of `n = 0..=max_running`, computed.
+    fn step_time_table(&self, max_running: u32) -> Arc<[f64]> {
+        (0..=max_running)
+            .map(|n| self.step_time_s(f64::from(n)))
+            .collect()
     }
 }
 
@@ -500,6 +551,7 @@ fn validate(raw: RawProfile, origin: &str) -> Result<HardwareProfile, HardwareEr
         cold_start,
         fitted: raw.fitted,
         extrapolated: raw.extrapolated,
+        step_times: StepTimes::default(),
     })
 }
 
@@ -712,6 +764,27 @@ cold_start: { speed_factor: 0.3, warmup_tokens: 2000 }
         assert!((p.per_request_tok_s(8.0) - 50.0).abs() < 1e-9);
         assert!((p.step_time_s(8.0) - 0.02).abs() < 1e-12);
         assert_eq!(p.step_time_s(0.0), 0.0);
+    }
+
+    #[test]
+    fn step_times_are_the_step_time_and_shared_up_to_max_running() {
+        let p = HardwareProfile::from_yaml_str(GOOD, "good.yaml").unwrap();
+        let t = p.step_times(64);
+        assert_eq!(t.len(), 65);
+        for (n, &s) in t.iter().enumerate() {
+            assert_eq!(s.to_bits(), p.step_time_s(n as f64).to_bits(), "n = {n}");
+        }
+        // a smaller limit reads the same table; a larger one gets its own, as long as it needs
+        assert!(Arc::ptr_eq(&t, &p.step_times(8)));
+        let big = p.step_times(100);
+        assert_eq!(big.len(), 101);
+        assert!(!Arc::ptr_eq(&t, &big));
+        assert_eq!(big[100].to_bits(), p.step_time_s(100.0).to_bits());
+        assert_eq!(big[..65], t[..]);
+        // the table never makes two profiles unequal
+        let fresh = HardwareProfile::from_yaml_str(GOOD, "good.yaml").unwrap();
+        assert_eq!(p, fresh);
+        assert!(format!("{p:?}").contains("StepTimes(65 entries)"));
     }
 
     #[test]

@@ -462,6 +462,81 @@ fn steady_state_does_not_grow() {
     assert!(e.cache.len() <= held + e.cache.evictable());
 }
 
+/// The free slots as the free list links them, from its head.
+fn free_list(e: &EngineModel) -> Vec<u32> {
+    let mut list = Vec::new();
+    let mut h = e.free_head;
+    while h != NO_SLOT {
+        list.push(h);
+        assert!(list.len() <= e.slots.len(), "the free list loops");
+        h = e.slots[h as usize].next_free;
+    }
+    list
+}
+
+#[test]
+fn free_slots_are_reused_last_freed_first_and_lowest_first_after_a_restart() {
+    let p = profile();
+    let mut e = engine(&p);
+    for seq in 0..4 {
+        e.admit(0, seq, 100, 50, &[]);
+    }
+    assert_eq!(e.slots.len(), 4);
+    assert!(free_list(&e).is_empty());
+    assert!(e.abort(0, 1));
+    assert!(e.abort(0, 2));
+    assert_eq!(free_list(&e), vec![2, 1]);
+    e.admit(0, 10, 100, 50, &[]);
+    assert_eq!(e.slots[2].seq, 10);
+    assert_eq!(free_list(&e), vec![1]);
+    e.restart(S, S, false);
+    assert_eq!(free_list(&e), vec![0, 1, 2, 3]);
+    e.admit(S, 20, 100, 50, &[]);
+    e.admit(S, 21, 100, 50, &[]);
+    assert_eq!((e.slots[0].seq, e.slots[1].seq), (20, 21));
+    assert_eq!(e.slots.len(), 4);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// Against the slots themselves: the free list holds each free slot once and nothing
+    /// else, and an admission takes its head (a new slot only when it is empty).
+    #[test]
+    fn the_free_list_holds_exactly_the_free_slots(
+        ops in proptest::collection::vec((any::<bool>(), 0u64..12, 1u64..400), 1..120),
+    ) {
+        let p = profile_with("", 2000.0, 4, 100_000);
+        let mut e = engine(&p);
+        let mut out = Vec::new();
+        let mut t = 0;
+        let mut next_seq = 100;
+        for (admit, pick, gap_ms) in ops {
+            t += gap_ms * 1_000_000;
+            e.advance_to(t, &mut out);
+            out.clear();
+            if admit {
+                let expect = free_list(&e).first().copied().unwrap_or(e.slots.len() as u32);
+                e.admit(t, next_seq, 200, 30, &[]);
+                prop_assert_eq!(e.slots[expect as usize].seq, next_seq);
+                next_seq += 1;
+            } else if let Some(h) = e
+                .slots
+                .iter()
+                .position(|s| s.phase != Phase::Free && s.seq % 12 == pick)
+            {
+                let seq = e.slots[h].seq;
+                prop_assert!(e.abort(t, seq));
+            }
+            let mut listed = free_list(&e);
+            listed.sort_unstable();
+            let free: Vec<u32> = (0..e.slots.len() as u32)
+                .filter(|&h| e.slots[h as usize].phase == Phase::Free)
+                .collect();
+            prop_assert_eq!(listed, free);
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Arrival {
     gap_ms: u64,
