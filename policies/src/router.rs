@@ -221,6 +221,17 @@ impl Router {
             .map(|_| self.strategy.weight(id, &self.fleet))
     }
 
+    /// Every worker's current weight, by id: what [`Router::weight`] answers for each worker of
+    /// the fleet, in one pass (one call into the strategy when it keeps its weights in one
+    /// slice, instead of one per worker).
+    pub fn weights(&self) -> impl ExactSizeIterator<Item = Weight> + '_ {
+        let kept = self.strategy.weights().unwrap_or(&[]);
+        (0..self.fleet.len()).map(move |i| match kept.get(i) {
+            Some(w) => *w,
+            None => self.strategy.weight(WorkerId(i as u32), &self.fleet),
+        })
+    }
+
     /// A counter that moves whenever the value of some worker's [`Router::weight`] changes (a
     /// registration's first weight included) and stays put otherwise: a host that keeps
     /// figures derived from the weights re-reads them only when it differs from the one it saw
@@ -709,7 +720,9 @@ impl Router {
 
     /// Set a worker's in-flight count in `hot`, keeping its model's free count and load index
     /// in step.
-    #[inline]
+    /// Always inlined: it runs twice per request (dispatch and release), and as a call its
+    /// register saves cost as much as its work.
+    #[inline(always)]
     fn set_in_flight(&mut self, i: usize, in_flight: u32) {
         let was_open = self.hot[i].open();
         self.hot[i].in_flight = in_flight;
@@ -782,10 +795,13 @@ impl Router {
     /// free count and load index in step.
     fn refresh_weight(&mut self, id: WorkerId) {
         let was_open = self.hot[id.index()].open();
-        let w = self.strategy.weight(id, &self.fleet).value;
-        if store_weight(&mut self.hot[id.index()], w, self.config.cap) {
+        let w = usable_weight(self.strategy.weight(id, &self.fleet).value);
+        let h = &mut self.hot[id.index()];
+        if w.to_bits() != h.weight.to_bits() {
             self.weight_version += 1;
         }
+        h.weight = w;
+        h.cap = cap_of(self.config.cap, w);
         self.member_changed(id.index(), was_open);
     }
 
@@ -803,13 +819,18 @@ impl Router {
                 Some(w) => w.value,
                 None => strategy.weight(WorkerId(i as u32), &self.fleet).value,
             };
-            let was_open = h.open();
-            let moved = store_weight(h, w, self.config.cap);
-            if moved {
-                self.weight_version += 1;
+            let w = usable_weight(w);
+            // An unmoved weight implies an unmoved cap (the one from before registration is
+            // replaced right after it, by `refresh_weight`): nothing to write.
+            if w.to_bits() == h.weight.to_bits() {
+                continue;
             }
+            let was_open = h.open();
+            h.weight = w;
+            h.cap = cap_of(self.config.cap, w);
+            self.weight_version += 1;
             // Members are exactly the routable workers.
-            if (moved || h.open() != was_open) && h.routable {
+            if h.routable {
                 let entry = &mut self.models[h.model as usize];
                 match (was_open, h.open()) {
                     (true, false) => entry.free -= 1,
@@ -932,21 +953,21 @@ impl Router {
     }
 }
 
-/// Store weight `w` (the strategy's value) and the cap it implies in `h`; false when the stored
-/// weight's bits did not change (nor then did the cap, which depends on nothing else).
+/// The weight the router routes with for the strategy's `w`.
 #[inline]
-fn store_weight(h: &mut Hot, w: f64, cap: Cap) -> bool {
+fn usable_weight(w: f64) -> f64 {
     // The strategy promises finite and positive; the router never divides by zero anyway.
-    let w = if w.is_finite() && w > 0.0 { w } else { 1e-6 };
-    let cap = match cap {
+    if w.is_finite() && w > 0.0 { w } else { 1e-6 }
+}
+
+/// The concurrency cap of a worker of (usable) weight `w`: it depends on nothing else.
+#[inline]
+fn cap_of(cap: Cap, w: f64) -> u32 {
+    match cap {
         Cap::None => u32::MAX,
         Cap::Flat(n) => n,
         Cap::Weighted(n) => ((f64::from(n) * w).round() as u32).max(1),
-    };
-    let moved = h.weight.to_bits() != w.to_bits();
-    h.weight = w;
-    h.cap = cap;
-    moved
+    }
 }
 
 /// How many of a model's members (sorted by context window, largest first) hold
@@ -1064,6 +1085,9 @@ mod tests {
         assert_eq!(weights, [0.5, 1.0, 2.0]);
         assert_eq!(r.weight_version(), 3 + 2 + 3);
         assert_eq!(ids.map(|id| r.cap(id).unwrap()), [2, 4, 8]);
+        // The one-pass read answers what the per-worker one does.
+        let all: Vec<Weight> = r.weights().collect();
+        assert_eq!(all, ids.map(|id| r.weight(id).unwrap()));
         // Nothing moves at a tick.
         r.tick(Time::ZERO);
         assert_eq!(r.weight_version(), 8);
@@ -1110,6 +1134,9 @@ mod tests {
             let mut r = Router::new(PolicyConfig::from_name(&name).unwrap());
             let a = r.register(Time::ZERO, spec("a"));
             let b = r.register(Time::ZERO, spec("b"));
+            // The one-pass read of every weight agrees with the per-worker one.
+            let all: Vec<Weight> = r.weights().collect();
+            assert_eq!(all, [a, b].map(|id| r.weight(id).unwrap()), "{}", part.name);
             if r.feeds_requests {
                 fed.push(part.name);
                 continue;
