@@ -808,30 +808,29 @@ impl Router {
     /// Apply every worker's weight after a [`WeightChange::All`]: one pass over the strategy's
     /// weights (its slice when it keeps one), with work only for the workers whose weight moved
     /// (while a large fleet is first probed, each measurement moves its model's median and
-    /// re-derives every weight; the unmeasured ones stay put). A moved weight (or cap) updates
-    /// its model's free count and marks its load index stale (rebuilt at the next query:
-    /// cheaper than an update per worker when many moved); the other models' stay valid.
+    /// re-derives every weight; the unmeasured ones stay put). A moved weight sets its cap,
+    /// updates its model's free count and marks its load index stale (rebuilt at the next
+    /// query: cheaper than an update per worker when many moved); the other models' stay valid.
     fn refresh_all_weights(&mut self) {
         let strategy = self.strategy.as_ref();
         let kept = strategy.weights().unwrap_or(&[]);
-        for (i, h) in self.hot.iter_mut().enumerate() {
-            let w = match kept.get(i) {
-                Some(w) => w.value,
-                None => strategy.weight(WorkerId(i as u32), &self.fleet).value,
-            };
+        let cap = self.config.cap;
+        let models = &mut self.models;
+        let mut moved = 0;
+        let mut apply = |h: &mut Hot, w: f64| {
             let w = usable_weight(w);
             // An unmoved weight implies an unmoved cap (the one from before registration is
             // replaced right after it, by `refresh_weight`): nothing to write.
             if w.to_bits() == h.weight.to_bits() {
-                continue;
+                return;
             }
             let was_open = h.open();
             h.weight = w;
-            h.cap = cap_of(self.config.cap, w);
-            self.weight_version += 1;
+            h.cap = cap_of(cap, w);
+            moved += 1;
             // Members are exactly the routable workers.
             if h.routable {
-                let entry = &mut self.models[h.model as usize];
+                let entry = &mut models[h.model as usize];
                 match (was_open, h.open()) {
                     (true, false) => entry.free -= 1,
                     (false, true) => entry.free += 1,
@@ -839,7 +838,17 @@ impl Router {
                 }
                 entry.loads.invalidate();
             }
+        };
+        let covered = kept.len().min(self.hot.len());
+        let (with_kept, rest) = self.hot.split_at_mut(covered);
+        for (h, w) in with_kept.iter_mut().zip(kept) {
+            apply(h, w.value);
         }
+        for (i, h) in rest.iter_mut().enumerate() {
+            let id = WorkerId((covered + i) as u32);
+            apply(h, strategy.weight(id, &self.fleet).value);
+        }
+        self.weight_version += moved;
     }
 
     fn recount_free(&mut self, model: u32) {
