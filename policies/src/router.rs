@@ -652,12 +652,13 @@ impl Router {
         }
 
         let hot = &self.hot;
-        let ctx = RuleCtx {
+        let (signals, index) = (&self.signals, &self.prefix);
+        let ctx = || RuleCtx {
             prompt_tokens: req.prompt_tokens,
             prefix: req.prefix,
             holder: remembered,
-            signals: &self.signals,
-            index: &self.prefix,
+            signals,
+            index,
         };
         let entry = &mut self.models[req.model.0 as usize];
         let pick = chooser.pick(
@@ -665,7 +666,7 @@ impl Router {
             hot,
             &mut entry.cursor,
             &mut self.wrr_current,
-            &ctx,
+            ctx,
             rng,
         );
         let Some(pos) = pick else {
