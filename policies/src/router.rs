@@ -819,9 +819,13 @@ impl Router {
         let models = &mut self.models;
         let mut moved = 0;
         let mut apply = |h: &mut Hot, w: f64| {
-            let w = usable_weight(w);
             // An unmoved weight implies an unmoved cap (the one from before registration is
-            // replaced right after it, by `refresh_weight`): nothing to write.
+            // replaced right after it, by `refresh_weight`): nothing to write. The stored weight
+            // is usable, so a strategy's value with its bits is too: compare before sanitizing.
+            if w.to_bits() == h.weight.to_bits() {
+                return;
+            }
+            let w = usable_weight(w);
             if w.to_bits() == h.weight.to_bits() {
                 return;
             }
