@@ -327,17 +327,18 @@ impl Chooser {
 impl Chooser {
     /// Pick a candidate below its cap: a position in `cands` (worker ids indexing `hot`), or
     /// `None` when every candidate is full. `cursor` is the model's round-robin position,
-    /// `wrr_current` the smooth-WRR running weights indexed by worker id, `ctx` what the field's
-    /// rules read about the request (the other choosers ignore it).
+    /// `wrr_current` the smooth-WRR running weights indexed by worker id, `ctx` builds what the
+    /// field's rules read about the request (only they call it: the other choosers do not pay
+    /// for building it on every decision).
     #[allow(clippy::too_many_arguments)]
     #[inline]
-    pub(crate) fn pick<R: Rng + ?Sized>(
+    pub(crate) fn pick<'c, R: Rng + ?Sized>(
         self,
         cands: &[u32],
         hot: &[Hot],
         cursor: &mut usize,
         wrr_current: &mut [f64],
-        ctx: &RuleCtx<'_>,
+        ctx: impl FnOnce() -> RuleCtx<'c>,
         rng: &mut R,
     ) -> Option<usize> {
         match self {
@@ -362,15 +363,17 @@ impl Chooser {
                 abs,
                 rel,
                 cache_threshold,
-            } => rules::cache_aware(ctx, cands, hot, abs, rel, cache_threshold),
-            Chooser::LeastLoad { penalty_s, .. } => rules::least_load(ctx, cands, hot, penalty_s),
+            } => rules::cache_aware(&ctx(), cands, hot, abs, rel, cache_threshold),
+            Chooser::LeastLoad { penalty_s, .. } => {
+                rules::least_load(&ctx(), cands, hot, penalty_s)
+            }
             Chooser::StickyUntilSaturated {
                 match_fraction,
                 gap_s,
                 peak_prefill_tok_s,
                 measured,
             } => rules::sticky(
-                ctx,
+                &ctx(),
                 cands,
                 hot,
                 match_fraction,
@@ -378,14 +381,14 @@ impl Chooser {
                 peak_prefill_tok_s,
                 measured,
             ),
-            Chooser::Pulsar { key_blocks } => rules::pulsar(ctx, cands, hot, key_blocks),
+            Chooser::Pulsar { key_blocks } => rules::pulsar(&ctx(), cands, hot, key_blocks),
             Chooser::WaitAndWiden {
                 key_blocks,
                 window_s,
                 max_candidates,
                 rtt_s,
             } => rules::wait_and_widen(
-                ctx,
+                &ctx(),
                 cands,
                 hot,
                 key_blocks,
@@ -397,8 +400,8 @@ impl Chooser {
             Chooser::KvCost {
                 prefill_weight,
                 temperature,
-            } => rules::kv_cost(ctx, cands, hot, prefill_weight, temperature, rng),
-            Chooser::HitMinusLoad { beta } => rules::hit_minus_load(ctx, cands, hot, beta),
+            } => rules::kv_cost(&ctx(), cands, hot, prefill_weight, temperature, rng),
+            Chooser::HitMinusLoad { beta } => rules::hit_minus_load(&ctx(), cands, hot, beta),
         }
     }
 }

@@ -99,6 +99,8 @@ pub struct Router {
     /// Each worker's position in its model's `members` (meaningful while it is routable and its
     /// model's load index is not stale).
     position: Vec<u32>,
+    /// Bumped at every change of a worker's weight value: see [`Router::weight_version`].
+    weight_version: u64,
 }
 
 impl Router {
@@ -140,6 +142,7 @@ impl Router {
             signals: Vec::new(),
             affinity_units,
             position: Vec::new(),
+            weight_version: 0,
         }
     }
 
@@ -218,6 +221,25 @@ impl Router {
             .map(|_| self.strategy.weight(id, &self.fleet))
     }
 
+    /// Every worker's current weight, by id: what [`Router::weight`] answers for each worker of
+    /// the fleet, in one pass (one call into the strategy when it keeps its weights in one
+    /// slice, instead of one per worker).
+    pub fn weights(&self) -> impl ExactSizeIterator<Item = Weight> + '_ {
+        let kept = self.strategy.weights().unwrap_or(&[]);
+        (0..self.fleet.len()).map(move |i| match kept.get(i) {
+            Some(w) => *w,
+            None => self.strategy.weight(WorkerId(i as u32), &self.fleet),
+        })
+    }
+
+    /// A counter that moves whenever the value of some worker's [`Router::weight`] changes (a
+    /// registration's first weight included) and stays put otherwise: a host that keeps
+    /// figures derived from the weights re-reads them only when it differs from the one it saw
+    /// last. It counts changed weights, so two reads that differ by one saw one change.
+    pub fn weight_version(&self) -> u64 {
+        self.weight_version
+    }
+
     /// Current concurrency cap of a worker (`u32::MAX` when uncapped).
     pub fn cap(&self, id: WorkerId) -> Option<u32> {
         self.hot.get(id.index()).map(|h| h.cap)
@@ -281,6 +303,8 @@ impl Router {
             since: now,
         });
         self.join_model(model, id, window);
+        // The new worker has a weight now.
+        self.weight_version += 1;
         self.feed(now, WeightEvent::Registered(id));
         // A strategy may report no change on registration (`equal`): the cap and weight must
         // still be applied, or the worker stays uncapped.
@@ -628,12 +652,13 @@ impl Router {
         }
 
         let hot = &self.hot;
-        let ctx = RuleCtx {
+        let (signals, index) = (&self.signals, &self.prefix);
+        let ctx = || RuleCtx {
             prompt_tokens: req.prompt_tokens,
             prefix: req.prefix,
             holder: remembered,
-            signals: &self.signals,
-            index: &self.prefix,
+            signals,
+            index,
         };
         let entry = &mut self.models[req.model.0 as usize];
         let pick = chooser.pick(
@@ -641,7 +666,7 @@ impl Router {
             hot,
             &mut entry.cursor,
             &mut self.wrr_current,
-            &ctx,
+            ctx,
             rng,
         );
         let Some(pos) = pick else {
@@ -696,7 +721,9 @@ impl Router {
 
     /// Set a worker's in-flight count in `hot`, keeping its model's free count and load index
     /// in step.
-    #[inline]
+    /// Always inlined: it runs twice per request (dispatch and release), and as a call its
+    /// register saves cost as much as its work.
+    #[inline(always)]
     fn set_in_flight(&mut self, i: usize, in_flight: u32) {
         let was_open = self.hot[i].open();
         self.hot[i].in_flight = in_flight;
@@ -761,17 +788,7 @@ impl Router {
         match self.strategy.observe(now, event, &self.fleet) {
             WeightChange::None => {}
             WeightChange::One(id) => self.refresh_weight(id),
-            WeightChange::All => {
-                // Every load and cap may move: one recount and one rebuild at the next query
-                // are cheaper than an update per worker.
-                for i in 0..self.hot.len() {
-                    self.apply_weight(WorkerId(i as u32));
-                }
-                for m in 0..self.models.len() {
-                    self.models[m].loads.invalidate();
-                    self.recount_free(m as u32);
-                }
-            }
+            WeightChange::All => self.refresh_all_weights(),
         }
     }
 
@@ -779,23 +796,64 @@ impl Router {
     /// free count and load index in step.
     fn refresh_weight(&mut self, id: WorkerId) {
         let was_open = self.hot[id.index()].open();
-        self.apply_weight(id);
+        let w = usable_weight(self.strategy.weight(id, &self.fleet).value);
+        let h = &mut self.hot[id.index()];
+        if w.to_bits() != h.weight.to_bits() {
+            self.weight_version += 1;
+        }
+        h.weight = w;
+        h.cap = cap_of(self.config.cap, w);
         self.member_changed(id.index(), was_open);
     }
 
-    /// Set `id`'s weight and cap in `hot` from the strategy (the caller updates its model).
-    fn apply_weight(&mut self, id: WorkerId) {
-        let w = self.strategy.weight(id, &self.fleet).value;
-        // The strategy promises finite and positive; the router never divides by zero anyway.
-        let w = if w.is_finite() && w > 0.0 { w } else { 1e-6 };
-        let cap = match self.config.cap {
-            Cap::None => u32::MAX,
-            Cap::Flat(n) => n,
-            Cap::Weighted(n) => ((f64::from(n) * w).round() as u32).max(1),
+    /// Apply every worker's weight after a [`WeightChange::All`]: one pass over the strategy's
+    /// weights (its slice when it keeps one), with work only for the workers whose weight moved
+    /// (while a large fleet is first probed, each measurement moves its model's median and
+    /// re-derives every weight; the unmeasured ones stay put). A moved weight sets its cap,
+    /// updates its model's free count and marks its load index stale (rebuilt at the next
+    /// query: cheaper than an update per worker when many moved); the other models' stay valid.
+    fn refresh_all_weights(&mut self) {
+        let strategy = self.strategy.as_ref();
+        let kept = strategy.weights().unwrap_or(&[]);
+        let cap = self.config.cap;
+        let models = &mut self.models;
+        let mut moved = 0;
+        let mut apply = |h: &mut Hot, w: f64| {
+            // An unmoved weight implies an unmoved cap (the one from before registration is
+            // replaced right after it, by `refresh_weight`): nothing to write. The stored weight
+            // is usable, so a strategy's value with its bits is too: compare before sanitizing.
+            if w.to_bits() == h.weight.to_bits() {
+                return;
+            }
+            let w = usable_weight(w);
+            if w.to_bits() == h.weight.to_bits() {
+                return;
+            }
+            let was_open = h.open();
+            h.weight = w;
+            h.cap = cap_of(cap, w);
+            moved += 1;
+            // Members are exactly the routable workers.
+            if h.routable {
+                let entry = &mut models[h.model as usize];
+                match (was_open, h.open()) {
+                    (true, false) => entry.free -= 1,
+                    (false, true) => entry.free += 1,
+                    _ => {}
+                }
+                entry.loads.invalidate();
+            }
         };
-        let h = &mut self.hot[id.index()];
-        h.weight = w;
-        h.cap = cap;
+        let covered = kept.len().min(self.hot.len());
+        let (with_kept, rest) = self.hot.split_at_mut(covered);
+        for (h, w) in with_kept.iter_mut().zip(kept) {
+            apply(h, w.value);
+        }
+        for (i, h) in rest.iter_mut().enumerate() {
+            let id = WorkerId((covered + i) as u32);
+            apply(h, strategy.weight(id, &self.fleet).value);
+        }
+        self.weight_version += moved;
     }
 
     fn recount_free(&mut self, model: u32) {
@@ -909,6 +967,23 @@ impl Router {
     }
 }
 
+/// The weight the router routes with for the strategy's `w`.
+#[inline]
+fn usable_weight(w: f64) -> f64 {
+    // The strategy promises finite and positive; the router never divides by zero anyway.
+    if w.is_finite() && w > 0.0 { w } else { 1e-6 }
+}
+
+/// The concurrency cap of a worker of (usable) weight `w`: it depends on nothing else.
+#[inline]
+fn cap_of(cap: Cap, w: f64) -> u32 {
+    match cap {
+        Cap::None => u32::MAX,
+        Cap::Flat(n) => n,
+        Cap::Weighted(n) => ((f64::from(n) * w).round() as u32).max(1),
+    }
+}
+
 /// How many of a model's members (sorted by context window, largest first) hold
 /// `context_tokens`: the eligible ones are `members[..k]`. All of them when the smallest window
 /// does (the usual case, a fleet of one window), without a binary search.
@@ -988,6 +1063,66 @@ mod tests {
         assert!(orders.iter().all(|o| o.worker != a2), "{orders:?}");
     }
 
+    /// Answer every probe order polled now, `tok_s(worker)` tokens in one second.
+    fn answer_probes(r: &mut Router, now: Time, tok_s: impl Fn(WorkerId) -> u64) {
+        let mut orders = Vec::new();
+        r.poll_probes(now, &mut orders);
+        for o in orders {
+            let result = ProbeResult {
+                order: o.id,
+                worker: o.worker,
+                output_tokens: tok_s(o.worker),
+                wall: Duration::from_secs(1),
+                ok: true,
+            };
+            r.probe_result(now, &result);
+        }
+    }
+
+    /// A whole-fleet re-derivation applies only the weights that moved, yet leaves every cap
+    /// and free count as applying them all would: the weighted caps fill exactly; and the
+    /// weight version moves with each weight that changed, never without one.
+    #[test]
+    fn whole_fleet_weight_changes_keep_caps_free_counts_and_the_version_exact() {
+        let mut r = Router::new(
+            PolicyConfig::from_name("probe/p2c:higher-weight/no-affinity/weighted:4").unwrap(),
+        );
+        let ids = ["a", "b", "c"].map(|n| r.register(Time::ZERO, spec(n)));
+        assert_eq!(r.weight_version(), 3, "each registration gives a weight");
+        let speed = |id: WorkerId| [400, 800, 1_600][id.index()];
+        answer_probes(&mut r, Time::ZERO, speed); // warm-up bursts: nothing measured
+        assert_eq!(r.weight_version(), 3);
+        answer_probes(&mut r, Time::ZERO, speed);
+        // a alone: 400 / 400 = 1.0, no move; with b: median 600, two moves; with c: median
+        // 800, weights 0.5, 1, 2, three moves.
+        let weights = ids.map(|id| r.weight(id).unwrap().value);
+        assert_eq!(weights, [0.5, 1.0, 2.0]);
+        assert_eq!(r.weight_version(), 3 + 2 + 3);
+        assert_eq!(ids.map(|id| r.cap(id).unwrap()), [2, 4, 8]);
+        // The one-pass read answers what the per-worker one does.
+        let all: Vec<Weight> = r.weights().collect();
+        assert_eq!(all, ids.map(|id| r.weight(id).unwrap()));
+        // Nothing moves at a tick.
+        r.tick(Time::ZERO);
+        assert_eq!(r.weight_version(), 8);
+        // The free counts follow the caps: exactly 2 + 4 + 8 requests fit.
+        let model = r.model_id("m").unwrap();
+        let req = RouteRequest {
+            model,
+            context_tokens: 10,
+            prefix: &[],
+            prompt_tokens: 10,
+        };
+        let mut rng = rand::rngs::Xoshiro256PlusPlus::seed_from_u64(5);
+        for _ in 0..14 {
+            r.route(Time::ZERO, &req, &mut rng).unwrap();
+        }
+        assert!(matches!(
+            r.route(Time::ZERO, &req, &mut rng),
+            Err(RouteError::AllAtCap { .. })
+        ));
+    }
+
     #[test]
     fn eligible_agrees_with_the_binary_search() {
         let windows = [32_768, 8_192, 8_192, 4_096];
@@ -1013,6 +1148,9 @@ mod tests {
             let mut r = Router::new(PolicyConfig::from_name(&name).unwrap());
             let a = r.register(Time::ZERO, spec("a"));
             let b = r.register(Time::ZERO, spec("b"));
+            // The one-pass read of every weight agrees with the per-worker one.
+            let all: Vec<Weight> = r.weights().collect();
+            assert_eq!(all, [a, b].map(|id| r.weight(id).unwrap()), "{}", part.name);
             if r.feeds_requests {
                 fed.push(part.name);
                 continue;

@@ -175,6 +175,14 @@ pub trait WeightStrategy: Send + fmt::Debug {
     /// The current weight of a worker; finite and positive.
     fn weight(&self, worker: WorkerId, fleet: &Fleet) -> Weight;
 
+    /// Every worker's current weight by id, when the strategy keeps them in one slice (what
+    /// [`WeightStrategy::weight`] answers for each id it covers), so a host re-reading the
+    /// whole fleet after a [`WeightChange::All`] makes one call instead of one per worker.
+    /// Default: `None` (ask each worker's weight).
+    fn weights(&self) -> Option<&[Weight]> {
+        None
+    }
+
     /// False when [`WeightStrategy::observe`] ignores the request path's events
     /// (`Dispatched`, `FirstToken`, `Completed`, `Failed`: it answers `WeightChange::None` and
     /// changes nothing), so the router need not make three virtual calls per request to feed

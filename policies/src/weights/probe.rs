@@ -132,6 +132,11 @@ pub struct ProbeWeights {
     /// No measurement is older than this (a lower bound): until it is a re-probe period old,
     /// no periodic re-measurement can fall due and `poll_probes` skips the fleet scan.
     oldest_measured: Option<Time>,
+    /// The fleet's model by worker id (a worker's model never changes), copied so a
+    /// re-derivation of every weight reads a flat array instead of each worker's `WorkerInfo`.
+    model_of: Vec<ModelId>,
+    /// Each model's median throughput, by model index: `recompute`'s buffer.
+    medians: Vec<Option<f64>>,
 }
 
 impl ProbeWeights {
@@ -148,6 +153,8 @@ impl ProbeWeights {
             member: Vec::new(),
             due: BTreeSet::new(),
             oldest_measured: None,
+            model_of: Vec::new(),
+            medians: Vec::new(),
         }
     }
 
@@ -294,24 +301,65 @@ impl ProbeWeights {
         if self.weights.len() < fleet.len() {
             self.weights.push(Weight::UNMEASURED);
         }
-        let medians = self.medians();
-        if let Some(w) = self.weights.get_mut(id.index()) {
-            *w = Self::weight_of(&self.config, &self.pins, &self.workers, &medians, fleet, id);
+        let median = fleet.get(id).and_then(|info| self.median_of(info.model));
+        let w = Self::weight_of(&self.config, &self.pins, &self.workers, median, fleet, id);
+        if let Some(slot) = self.weights.get_mut(id.index()) {
+            *slot = w;
         }
         WeightChange::One(id)
     }
 
+    /// Re-derive every weight, in place. On a large fleet this runs at each measurement that
+    /// moves a median (every one, while a fleet is first probed), so without pins it is one
+    /// pass over flat arrays: the worker's model, its throughput, its model's median.
     fn recompute(&mut self, fleet: &Fleet) {
         debug_assert_eq!(
             self.measured_check(fleet),
             self.measured.iter().filter(|v| !v.is_empty()).count(),
             "the sorted throughputs drifted from the fleet"
         );
-        self.weights.clear();
-        let medians = self.medians();
-        for (id, _) in fleet.iter() {
-            let w = Self::weight_of(&self.config, &self.pins, &self.workers, &medians, fleet, id);
-            self.weights.push(w);
+        let n = fleet.len();
+        // The fleet only grows (a removed worker keeps its id).
+        if let Some(new) = fleet.workers.get(self.model_of.len()..) {
+            self.model_of.extend(new.iter().map(|info| info.model));
+        }
+        self.weights.resize(n, Weight::UNMEASURED);
+        self.medians.clear();
+        self.medians
+            .extend(self.measured.iter().map(|v| sorted_median(v, None)));
+        if !self.pins.is_empty() {
+            for (i, slot) in self.weights.iter_mut().enumerate() {
+                let id = WorkerId(i as u32);
+                let median = self
+                    .medians
+                    .get(self.model_of[i].0 as usize)
+                    .copied()
+                    .flatten();
+                *slot = Self::weight_of(&self.config, &self.pins, &self.workers, median, fleet, id);
+            }
+            return;
+        }
+        let clamp = self.config.clamp;
+        let medians = &self.medians;
+        let covered = self.workers.len().min(n);
+        for ((slot, model), probe) in self
+            .weights
+            .iter_mut()
+            .zip(&self.model_of)
+            .zip(&self.workers)
+        {
+            *slot = match probe.throughput {
+                Some(tp) => Self::measured_weight(
+                    tp,
+                    medians.get(model.0 as usize).copied().flatten(),
+                    clamp,
+                ),
+                None => Weight::UNMEASURED,
+            };
+        }
+        // Workers the strategy never heard of are unmeasured.
+        for slot in &mut self.weights[covered..] {
+            *slot = Weight::UNMEASURED;
         }
     }
 
@@ -337,19 +385,19 @@ impl ProbeWeights {
         fresh.len()
     }
 
-    /// `id`'s weight: its pin, else its throughput relative to its model's median, else
+    /// `id`'s weight: its pin, else its throughput relative to `median` (its model's), else
     /// unmeasured.
     fn weight_of(
         config: &ProbeConfig,
         pins: &HashMap<PinKey, f64>,
         workers: &[WorkerProbe],
-        medians: &[Option<f64>],
+        median: Option<f64>,
         fleet: &Fleet,
         id: WorkerId,
     ) -> Weight {
-        let Some(info) = fleet.get(id) else {
+        if fleet.get(id).is_none() {
             return Weight::UNMEASURED;
-        };
+        }
         // Pins are rare: skip building a key (two String clones) when there are none.
         let pinned = if pins.is_empty() {
             None
@@ -362,27 +410,21 @@ impl ProbeWeights {
                 provenance: Provenance::Pinned,
             }
         } else if let Some(tp) = workers.get(id.index()).and_then(|w| w.throughput) {
-            // An inactive worker's own figure is not among its model's; then it is the median.
-            let median = medians
-                .get(info.model.0 as usize)
-                .copied()
-                .flatten()
-                .or(Some(tp));
-            Weight {
-                value: relative_to(tp, median, config.clamp),
-                provenance: Provenance::Measured,
-            }
+            Self::measured_weight(tp, median, config.clamp)
         } else {
             Weight::UNMEASURED
         }
     }
 
-    /// Each model's median throughput, by model index (once per re-derivation, not per worker).
-    fn medians(&self) -> Vec<Option<f64>> {
-        self.measured
-            .iter()
-            .map(|v| sorted_median(v, None))
-            .collect()
+    /// The weight of an unpinned worker measured at `tp` whose model's median is `median`.
+    #[inline]
+    fn measured_weight(tp: f64, median: Option<f64>, clamp: Clamp) -> Weight {
+        // An inactive worker's own figure is not among its model's; with no other measured
+        // peer it is the median.
+        Weight {
+            value: relative_to(tp, median.or(Some(tp)), clamp),
+            provenance: Provenance::Measured,
+        }
     }
 
     /// Rebuild the sorted throughputs and every weight.
@@ -569,6 +611,10 @@ impl WeightStrategy for ProbeWeights {
             .unwrap_or(Weight::UNMEASURED)
     }
 
+    fn weights(&self) -> Option<&[Weight]> {
+        Some(&self.weights)
+    }
+
     /// Measurements come from probe bursts only (the `_` arm of `observe`).
     fn observes_requests(&self) -> bool {
         false
@@ -709,6 +755,18 @@ mod tests {
     fn bits(w: &[Weight]) -> Vec<(u64, Provenance)> {
         w.iter()
             .map(|w| (w.value.to_bits(), w.provenance))
+            .collect()
+    }
+
+    /// Every weight by `weight_of`, one worker at a time (the rule `recompute`'s flat pass
+    /// must agree with).
+    fn per_worker(p: &ProbeWeights, fleet: &Fleet) -> Vec<Weight> {
+        fleet
+            .iter()
+            .map(|(id, info)| {
+                let median = p.median_of(info.model);
+                ProbeWeights::weight_of(&p.config, &p.pins, &p.workers, median, fleet, id)
+            })
             .collect()
     }
 
@@ -865,6 +923,8 @@ mod tests {
                 };
                 prop_assert_eq!(trim(&fresh.measured), trim(&p.measured));
                 prop_assert_eq!(bits(&fresh.weights), bits(&p.weights));
+                // The flat pass without pins agrees with the general rule worker by worker.
+                prop_assert_eq!(bits(&per_worker(&fresh, &fleet)), bits(&p.weights));
                 pending_orders.extend(poll(&mut p, now, &fleet));
             }
         }

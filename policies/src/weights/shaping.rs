@@ -227,6 +227,10 @@ impl WeightStrategy for Shaped {
             .unwrap_or_else(|| self.inner.weight(worker, fleet))
     }
 
+    fn weights(&self) -> Option<&[Weight]> {
+        Some(&self.weights)
+    }
+
     /// The shaping itself reads registrations, restarts and ticks only.
     fn observes_requests(&self) -> bool {
         self.inner.observes_requests()

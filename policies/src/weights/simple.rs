@@ -234,6 +234,10 @@ impl WeightStrategy for OracleWeights {
             .unwrap_or(Weight::UNMEASURED)
     }
 
+    fn weights(&self) -> Option<&[Weight]> {
+        Some(&self.weights)
+    }
+
     /// The oracle reads true capacities and the fleet's membership only.
     fn observes_requests(&self) -> bool {
         false
