@@ -77,15 +77,38 @@ pub struct WeightError {
     pub active_after_s: f64,
 }
 
+/// The durations an interval of simulated time adds to a [`WeightError`]: the same for every
+/// worker, so a host that closes one interval for many workers derives them once.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Span {
+    /// The interval's length, s.
+    all_s: f64,
+    /// Its part from [`WEIGHT_ERROR_WARMUP_S`] on, s.
+    after_s: f64,
+}
+
 impl WeightError {
+    /// The durations the interval from `from_s` to `to_s` (seconds of simulated time) adds.
+    #[inline]
+    pub fn span(from_s: f64, to_s: f64) -> Span {
+        Span {
+            all_s: (to_s - from_s).max(0.0),
+            after_s: (to_s - from_s.max(WEIGHT_ERROR_WARMUP_S)).max(0.0),
+        }
+    }
+
     /// Add `error` held from `from_s` to `to_s` (seconds of simulated time).
     pub fn add(&mut self, error: f64, from_s: f64, to_s: f64) {
-        let dt = (to_s - from_s).max(0.0);
-        self.area_s += error * dt;
-        self.active_s += dt;
-        let after = (to_s - from_s.max(WEIGHT_ERROR_WARMUP_S)).max(0.0);
-        self.area_after_s += error * after;
-        self.active_after_s += after;
+        self.add_span(error, WeightError::span(from_s, to_s));
+    }
+
+    /// Add `error` held over `span`.
+    #[inline]
+    pub fn add_span(&mut self, error: f64, span: Span) {
+        self.area_s += error * span.all_s;
+        self.active_s += span.all_s;
+        self.area_after_s += error * span.after_s;
+        self.active_after_s += span.after_s;
     }
 
     /// Sum of two (a run's total over its workers).

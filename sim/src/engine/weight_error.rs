@@ -19,6 +19,7 @@
 //! came in between.
 
 use super::Sim;
+use crate::results::WeightError;
 use routelab_policies::weights::oracle_weights;
 use routelab_policies::{Clamp, Time, Weight, WorkerId};
 
@@ -30,15 +31,34 @@ const ORACLE_CLAMP: Clamp = Clamp::SOURCE;
 pub(super) struct WeightErrorTracker {
     /// True capacity by router id, tokens/s, as told to the router.
     capacity: Vec<f64>,
-    /// By replica, then router id: the error held since `since`, or `None` while the worker
-    /// is not active (or its oracle weight is unknown).
-    held: Vec<Vec<Option<f64>>>,
+    /// By replica: what each router id's error is now.
+    held: Vec<HeldErrors>,
+    /// By router id: the integral so far, over every replica (ids and fleet indices are one to
+    /// one, so it goes to [`RunMetrics::workers`](crate::results::RunMetrics) at the end:
+    /// [`Sim::hand_over_weight_errors`]). Kept here, in id order, so that closing an interval
+    /// streams through it and the held errors.
+    integral: Vec<WeightError>,
     since: Time,
     /// A re-read is due before time moves on.
     due: bool,
     /// The oracle weights by router id, while neither the true capacities nor the fleet
-    /// changed.
+    /// changed (every replica's [`HeldErrors::reference`] with them).
     oracle: Option<Vec<Weight>>,
+}
+
+/// One replica's held errors, in router id order, with what each was derived from.
+#[derive(Debug, Default)]
+struct HeldErrors {
+    /// The error held since `since`, or `None` while the worker is not active (or its oracle
+    /// weight is unknown).
+    error: Vec<Option<f64>>,
+    /// The `(weight, oracle weight)` pair `error` was taken from (`None`: not taken from one).
+    /// A re-read that finds the same pair, to the bit, keeps the error without its logarithm.
+    from: Vec<Option<(f64, f64)>>,
+    /// The oracle weight of each worker active at this replica and with a known one, as of
+    /// the last oracle derivation (activity and the oracle change only at registrations and
+    /// lifecycle events, which derive it anew).
+    reference: Vec<Option<f64>>,
 }
 
 impl WeightErrorTracker {
@@ -46,7 +66,8 @@ impl WeightErrorTracker {
     pub(super) fn new(replicas: usize) -> Self {
         WeightErrorTracker {
             capacity: Vec::new(),
-            held: vec![Vec::new(); replicas],
+            held: (0..replicas).map(|_| HeldErrors::default()).collect(),
+            integral: Vec::new(),
             since: Time::ZERO,
             due: false,
             oracle: None,
@@ -61,6 +82,12 @@ impl WeightErrorTracker {
         self.capacity[id.index()] = tok_s;
         self.oracle = None;
     }
+}
+
+/// `|ln(weight / oracle)|`, or `None` when it is not finite.
+#[inline]
+fn log_ratio(weight: f64, oracle: f64) -> Option<f64> {
+    Some((weight / oracle).ln().abs()).filter(|e| e.is_finite())
 }
 
 impl Sim<'_> {
@@ -90,13 +117,59 @@ impl Sim<'_> {
     fn track_weights(&mut self) {
         self.werr.due = false;
         self.close_weight_interval();
-        if self.werr.oracle.is_none() {
+        let fresh_oracle = self.werr.oracle.is_none();
+        if fresh_oracle {
             let fleet = self.replicas[0].router.fleet();
             self.werr.oracle = Some(oracle_weights(fleet, &self.werr.capacity, ORACLE_CLAMP));
         }
         for r in 0..self.replicas.len() {
-            let held = self.weight_errors_now(r);
-            self.werr.held[r] = held;
+            if fresh_oracle {
+                self.derive_references(r);
+            }
+            self.reread_weights(r);
+        }
+    }
+
+    /// Replica `replica`'s [`HeldErrors::reference`] from the oracle weights just derived.
+    fn derive_references(&mut self, replica: usize) {
+        let fleet = self.replicas[replica].router.fleet();
+        let oracle = self.werr.oracle.as_deref().unwrap_or_default();
+        let held = &mut self.werr.held[replica];
+        held.reference.clear();
+        held.reference.extend(fleet.iter().map(|(id, info)| {
+            let o = oracle[id.index()];
+            (info.is_active() && !o.is_unmeasured()).then_some(o.value)
+        }));
+        let n = held.reference.len();
+        held.error.resize(n, None);
+        held.from.resize(n, None);
+    }
+
+    /// Replica `replica`'s errors now, into its held ones: what [`Sim::weight_errors_now`]
+    /// gives, the logarithm taken only for a `(weight, oracle weight)` pair that moved.
+    fn reread_weights(&mut self, replica: usize) {
+        let router = &self.replicas[replica].router;
+        let held = &mut self.werr.held[replica];
+        let rows = held
+            .reference
+            .iter()
+            .zip(held.error.iter_mut().zip(held.from.iter_mut()));
+        for (id, (&reference, (error, from))) in rows.enumerate() {
+            let Some(o) = reference else {
+                (*error, *from) = (None, None);
+                continue;
+            };
+            let Some(w) = router.weight(WorkerId(id as u32)) else {
+                (*error, *from) = (None, None);
+                continue;
+            };
+            let w = w.value;
+            let same = from
+                .is_some_and(|(fw, fo)| fw.to_bits() == w.to_bits() && fo.to_bits() == o.to_bits());
+            if !same {
+                *error = log_ratio(w, o);
+                *from = Some((w, o));
+            }
         }
     }
 
@@ -105,17 +178,24 @@ impl Sim<'_> {
         let from = self.werr.since.as_secs_f64();
         let to = self.now.as_secs_f64();
         if to > from {
-            let m = self.rec.metrics_mut();
-            let several = m.replicas.len() > 1;
-            for (r, held) in self.werr.held.iter().enumerate() {
-                for (id, e) in held.iter().enumerate() {
+            let span = WeightError::span(from, to);
+            let werr = &mut self.werr;
+            for held in &werr.held {
+                if werr.integral.len() < held.error.len() {
+                    werr.integral
+                        .resize(held.error.len(), WeightError::default());
+                }
+                for (e, integral) in held.error.iter().zip(&mut werr.integral) {
                     if let Some(e) = e {
-                        m.workers[self.by_id[id] as usize]
-                            .weight_error
-                            .add(*e, from, to);
-                        if several {
-                            m.replicas[r].weight_error.add(*e, from, to);
-                        }
+                        integral.add_span(*e, span);
+                    }
+                }
+            }
+            let m = self.rec.metrics_mut();
+            if m.replicas.len() > 1 {
+                for (held, totals) in werr.held.iter().zip(&mut m.replicas) {
+                    for e in held.error.iter().flatten() {
+                        totals.weight_error.add_span(*e, span);
                     }
                 }
             }
@@ -123,38 +203,41 @@ impl Sim<'_> {
         self.werr.since = self.now;
     }
 
+    /// The integral of each worker to the run's metrics (at the end, after the last interval
+    /// was closed).
+    pub(super) fn hand_over_weight_errors(&mut self) {
+        let m = self.rec.metrics_mut();
+        for (id, integral) in self.werr.integral.iter().enumerate() {
+            m.workers[self.by_id[id] as usize].weight_error = *integral;
+        }
+    }
+
     /// Each router id's `|ln(weight / oracle weight)|` at replica `replica` now (`None`: not
-    /// active, or no oracle weight).
+    /// active, or no oracle weight), derived from scratch: the reference the held errors are
+    /// checked against.
     fn weight_errors_now(&self, replica: usize) -> Vec<Option<f64>> {
+        let oracle = oracle_weights(self.router().fleet(), &self.werr.capacity, ORACLE_CLAMP);
         let router = &self.replicas[replica].router;
-        let fleet = router.fleet();
-        let computed;
-        let oracle = match &self.werr.oracle {
-            Some(o) => o,
-            None => {
-                computed = oracle_weights(fleet, &self.werr.capacity, ORACLE_CLAMP);
-                &computed
-            }
-        };
-        fleet
+        router
+            .fleet()
             .iter()
             .map(|(id, info)| {
                 let o = oracle[id.index()];
                 if !info.is_active() || o.is_unmeasured() {
                     return None;
                 }
-                let w = router.weight(id)?.value;
-                Some((w / o.value).ln().abs()).filter(|e| e.is_finite())
+                log_ratio(router.weight(id)?.value, o.value)
             })
             .collect()
     }
 
     /// Debug builds: the held errors are still the current ones (no weight moved at an event
-    /// the engine does not re-read at).
+    /// the engine does not re-read at, and the kept oracle weights and logarithms are those a
+    /// derivation from scratch gives).
     pub(super) fn check_weights_tracked(&self) {
         for r in 0..self.replicas.len() {
             debug_assert_eq!(
-                self.werr.held[r],
+                self.werr.held[r].error,
                 self.weight_errors_now(r),
                 "a weight of replica {r} changed at {} without the weight error being re-read",
                 self.now
