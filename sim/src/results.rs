@@ -345,3 +345,40 @@ impl RunMetrics {
 fn ratio(a: u64, b: u64) -> f64 {
     if b == 0 { 0.0 } else { a as f64 / b as f64 }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An interval added through its span adds exactly what the integral's formula gives
+    /// (as `add` computed it before spans), bit for bit, before, across and after the warm-up.
+    #[test]
+    fn span_adds_the_formula() {
+        let intervals: [(f64, f64); 5] = [
+            (0.0, 0.3),
+            (0.3, 599.9),
+            (599.9, 600.4),
+            (600.4, 1234.5678),
+            (7.0, 7.0),
+        ];
+        let errors = [0.0, 0.1, 1.0 / 3.0, 2.5e-7, 4.75];
+        let mut reference = [0.0f64; 4];
+        let (mut by_add, mut by_span) = (WeightError::default(), WeightError::default());
+        for (i, &(from, to)) in intervals.iter().enumerate() {
+            let e = errors[i % errors.len()];
+            let dt = (to - from).max(0.0);
+            let after = (to - f64::max(from, WEIGHT_ERROR_WARMUP_S)).max(0.0);
+            reference[0] += e * dt;
+            reference[1] += dt;
+            reference[2] += e * after;
+            reference[3] += after;
+            by_add.add(e, from, to);
+            by_span.add_span(e, WeightError::span(from, to));
+            for w in [by_add, by_span] {
+                let got = [w.area_s, w.active_s, w.area_after_s, w.active_after_s];
+                assert_eq!(got.map(f64::to_bits), reference.map(f64::to_bits));
+            }
+        }
+        assert!(by_span.active_after_s > 0.0 && by_span.active_s > by_span.active_after_s);
+    }
+}

@@ -16,15 +16,24 @@
 //! zero length add nothing, so a burst of registrations at one instant is one re-read instead
 //! of one per worker), and the oracle weights are kept between re-reads unless a registration
 //! or a lifecycle event (the only events that change the true capacities or the active fleet)
-//! came in between.
+//! came in between. A re-read of 10,240 workers at each of 10,240 probe measurements is still
+//! 10^8 worker re-reads, so each is kept small: it streams through flat arrays in router id
+//! order ([`HeldErrors`], the integral), closing the interval in the same pass, and takes the
+//! logarithm only for a worker whose weight or oracle weight moved (the same figures, with the
+//! same float operations per worker, in the same order).
 
 use super::Sim;
-use crate::results::WeightError;
+use crate::results::{Span, WeightError};
 use routelab_policies::weights::oracle_weights;
 use routelab_policies::{Clamp, Time, Weight, WorkerId};
 
 /// The clamp of the reference: the `oracle` strategy's default.
 const ORACLE_CLAMP: Clamp = Clamp::SOURCE;
+
+/// "None" in the flat arrays of [`HeldErrors`]: every value they hold when there is one is
+/// finite (an error that is not is not held; weights and oracle weights are finite), so a NaN
+/// marks its absence at half the size of an `Option<f64>`.
+const NONE: f64 = f64::NAN;
 
 /// The running state of the integral.
 #[derive(Debug)]
@@ -33,10 +42,10 @@ pub(super) struct WeightErrorTracker {
     capacity: Vec<f64>,
     /// By replica: what each router id's error is now.
     held: Vec<HeldErrors>,
-    /// By router id: the integral so far, over every replica (ids and fleet indices are one to
-    /// one, so it goes to [`RunMetrics::workers`](crate::results::RunMetrics) at the end:
-    /// [`Sim::hand_over_weight_errors`]). Kept here, in id order, so that closing an interval
-    /// streams through it and the held errors.
+    /// By router id: the integral so far, over every replica. Ids and fleet indices are one to
+    /// one, so it goes to [`RunMetrics::workers`](crate::results::RunMetrics) at the end
+    /// ([`Sim::hand_over_weight_errors`]); kept here, in id order, a re-read streams through
+    /// it.
     integral: Vec<WeightError>,
     since: Time,
     /// A re-read is due before time moves on.
@@ -46,19 +55,30 @@ pub(super) struct WeightErrorTracker {
     oracle: Option<Vec<Weight>>,
 }
 
-/// One replica's held errors, in router id order, with what each was derived from.
+/// One replica's held errors, flat arrays in router id order ([`NONE`] for "none").
 #[derive(Debug, Default)]
 struct HeldErrors {
-    /// The error held since `since`, or `None` while the worker is not active (or its oracle
+    /// The error held since `since`; none while the worker is not active (or its oracle
     /// weight is unknown).
-    error: Vec<Option<f64>>,
-    /// The `(weight, oracle weight)` pair `error` was taken from (`None`: not taken from one).
-    /// A re-read that finds the same pair, to the bit, keeps the error without its logarithm.
-    from: Vec<Option<(f64, f64)>>,
+    error: Vec<f64>,
+    /// The weight `error` was taken from, against the current `reference` (none: it was not
+    /// taken from one). A re-read that finds the same weight, to the bit, keeps the error
+    /// without taking its logarithm again.
+    weight: Vec<f64>,
     /// The oracle weight of each worker active at this replica and with a known one, as of
     /// the last oracle derivation (activity and the oracle change only at registrations and
     /// lifecycle events, which derive it anew).
-    reference: Vec<Option<f64>>,
+    reference: Vec<f64>,
+}
+
+impl HeldErrors {
+    /// The held errors as `Option`s.
+    fn errors(&self) -> Vec<Option<f64>> {
+        self.error
+            .iter()
+            .map(|&e| (!e.is_nan()).then_some(e))
+            .collect()
+    }
 }
 
 impl WeightErrorTracker {
@@ -116,91 +136,111 @@ impl Sim<'_> {
     #[inline(never)]
     fn track_weights(&mut self) {
         self.werr.due = false;
-        self.close_weight_interval();
-        let fresh_oracle = self.werr.oracle.is_none();
-        if fresh_oracle {
+        let span = self.open_span();
+        if self.werr.oracle.is_none() {
+            // The interval is closed against the references it was held with.
+            if let Some(span) = span {
+                for r in 0..self.replicas.len() {
+                    self.close_and_reread(r, Some(span), false);
+                }
+            }
             let fleet = self.replicas[0].router.fleet();
             self.werr.oracle = Some(oracle_weights(fleet, &self.werr.capacity, ORACLE_CLAMP));
-        }
-        for r in 0..self.replicas.len() {
-            if fresh_oracle {
+            for r in 0..self.replicas.len() {
                 self.derive_references(r);
+                self.close_and_reread(r, None, true);
             }
-            self.reread_weights(r);
+        } else {
+            for r in 0..self.replicas.len() {
+                self.close_and_reread(r, span, true);
+            }
         }
     }
 
-    /// Replica `replica`'s [`HeldErrors::reference`] from the oracle weights just derived.
+    /// The running interval, ended now (`None`: it is empty); the next one starts now.
+    fn open_span(&mut self) -> Option<Span> {
+        let from = self.werr.since.as_secs_f64();
+        let to = self.now.as_secs_f64();
+        self.werr.since = self.now;
+        (to > from).then(|| WeightError::span(from, to))
+    }
+
+    /// Replica `replica`'s [`HeldErrors::reference`] from the oracle weights just derived; a
+    /// worker whose reference moved has its error taken anew.
     fn derive_references(&mut self, replica: usize) {
         let fleet = self.replicas[replica].router.fleet();
         let oracle = self.werr.oracle.as_deref().unwrap_or_default();
         let held = &mut self.werr.held[replica];
-        held.reference.clear();
-        held.reference.extend(fleet.iter().map(|(id, info)| {
+        let n = fleet.len();
+        held.reference.resize(n, NONE);
+        held.error.resize(n, NONE);
+        held.weight.resize(n, NONE);
+        for ((id, info), (reference, weight)) in fleet
+            .iter()
+            .zip(held.reference.iter_mut().zip(&mut held.weight))
+        {
             let o = oracle[id.index()];
-            (info.is_active() && !o.is_unmeasured()).then_some(o.value)
-        }));
-        let n = held.reference.len();
-        held.error.resize(n, None);
-        held.from.resize(n, None);
+            let new = if info.is_active() && !o.is_unmeasured() {
+                o.value
+            } else {
+                NONE
+            };
+            if new.to_bits() != reference.to_bits() {
+                *reference = new;
+                *weight = NONE;
+            }
+        }
+        if self.werr.integral.len() < n {
+            self.werr.integral.resize(n, WeightError::default());
+        }
     }
 
-    /// Replica `replica`'s errors now, into its held ones: what [`Sim::weight_errors_now`]
-    /// gives, the logarithm taken only for a `(weight, oracle weight)` pair that moved.
-    fn reread_weights(&mut self, replica: usize) {
+    /// Add replica `replica`'s held errors over `span` (`None`: nothing to add) and, if
+    /// `reread`, re-read them: what [`Sim::weight_errors_now`] gives, in one pass.
+    #[inline]
+    fn close_and_reread(&mut self, replica: usize, span: Option<Span>, reread: bool) {
         let router = &self.replicas[replica].router;
         let held = &mut self.werr.held[replica];
+        let m = self.rec.metrics_mut();
+        let mut totals = (m.replicas.len() > 1).then(|| &mut m.replicas[replica].weight_error);
         let rows = held
-            .reference
-            .iter()
-            .zip(held.error.iter_mut().zip(held.from.iter_mut()));
-        for (id, (&reference, (error, from))) in rows.enumerate() {
-            let Some(o) = reference else {
-                (*error, *from) = (None, None);
+            .error
+            .iter_mut()
+            .zip(&held.reference)
+            .zip(&mut held.weight);
+        for (id, (((error, &reference), weight), integral)) in
+            rows.zip(&mut self.werr.integral).enumerate()
+        {
+            if let Some(span) = span
+                && !error.is_nan()
+            {
+                integral.add_span(*error, span);
+                if let Some(totals) = totals.as_deref_mut() {
+                    totals.add_span(*error, span);
+                }
+            }
+            if !reread {
                 continue;
-            };
-            let Some(w) = router.weight(WorkerId(id as u32)) else {
-                (*error, *from) = (None, None);
+            }
+            if reference.is_nan() {
+                *error = NONE;
                 continue;
-            };
-            let w = w.value;
-            let same = from
-                .is_some_and(|(fw, fo)| fw.to_bits() == w.to_bits() && fo.to_bits() == o.to_bits());
-            if !same {
-                *error = log_ratio(w, o);
-                *from = Some((w, o));
+            }
+            let w = router.weight(WorkerId(id as u32)).map_or(NONE, |w| w.value);
+            if w.to_bits() != weight.to_bits() {
+                *error = log_ratio(w, reference).unwrap_or(NONE);
+                *weight = w;
             }
         }
     }
 
     /// Add the held errors from the last re-read to `now`.
     pub(super) fn close_weight_interval(&mut self) {
-        let from = self.werr.since.as_secs_f64();
-        let to = self.now.as_secs_f64();
-        if to > from {
-            let span = WeightError::span(from, to);
-            let werr = &mut self.werr;
-            for held in &werr.held {
-                if werr.integral.len() < held.error.len() {
-                    werr.integral
-                        .resize(held.error.len(), WeightError::default());
-                }
-                for (e, integral) in held.error.iter().zip(&mut werr.integral) {
-                    if let Some(e) = e {
-                        integral.add_span(*e, span);
-                    }
-                }
-            }
-            let m = self.rec.metrics_mut();
-            if m.replicas.len() > 1 {
-                for (held, totals) in werr.held.iter().zip(&mut m.replicas) {
-                    for e in held.error.iter().flatten() {
-                        totals.weight_error.add_span(*e, span);
-                    }
-                }
+        if let Some(span) = self.open_span() {
+            for r in 0..self.replicas.len() {
+                self.close_and_reread(r, Some(span), false);
             }
         }
-        self.werr.since = self.now;
     }
 
     /// The integral of each worker to the run's metrics (at the end, after the last interval
@@ -237,7 +277,7 @@ impl Sim<'_> {
     pub(super) fn check_weights_tracked(&self) {
         for r in 0..self.replicas.len() {
             debug_assert_eq!(
-                self.werr.held[r].error,
+                self.werr.held[r].errors(),
                 self.weight_errors_now(r),
                 "a weight of replica {r} changed at {} without the weight error being re-read",
                 self.now
