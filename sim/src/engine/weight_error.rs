@@ -285,3 +285,42 @@ impl Sim<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The flat arrays' "none" reads back as `None`, and every held value as itself, to the
+    /// bit (zero, the smallest and largest errors included).
+    #[test]
+    fn held_errors_read_back_as_options() {
+        let held = HeldErrors {
+            error: vec![NONE, 0.0, 1.5, f64::MIN_POSITIVE, f64::MAX, NONE],
+            weight: vec![NONE; 6],
+            reference: vec![NONE; 6],
+        };
+        let expected = [
+            None,
+            Some(0.0),
+            Some(1.5),
+            Some(f64::MIN_POSITIVE),
+            Some(f64::MAX),
+            None,
+        ];
+        let got = held.errors();
+        assert_eq!(got.len(), expected.len());
+        for (g, e) in got.iter().zip(expected) {
+            assert_eq!(g.map(f64::to_bits), e.map(f64::to_bits));
+        }
+    }
+
+    /// `log_ratio` is the error's one formula: `|ln(w / o)|`, absent when not finite.
+    #[test]
+    fn log_ratio_is_the_absolute_log_or_none() {
+        assert_eq!(log_ratio(2.0, 1.0), Some(2f64.ln()));
+        assert_eq!(log_ratio(1.0, 2.0), Some(2f64.ln()));
+        assert_eq!(log_ratio(0.0, 1.0), None);
+        assert_eq!(log_ratio(1.0, 0.0), None);
+        assert_eq!(log_ratio(f64::NAN, 1.0), None);
+    }
+}
