@@ -537,6 +537,7 @@ impl<'a> Sim<'a> {
 
     fn finish(mut self) -> RunMetrics {
         self.close_weight_interval();
+        self.hand_over_weight_errors();
         let m = self.rec.metrics_mut();
         m.end_ns = self.now.as_nanos();
         m.events = self.events;

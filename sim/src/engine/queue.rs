@@ -300,7 +300,9 @@ impl<E: Copy> SlotTree<E> {
     }
 
     /// Key slot `slot`'s event `ev` with `k`, replacing (and returning the key of) its queued
-    /// one.
+    /// one. (Kept out of line: inlined into the engine's `reschedule` it ran more instructions,
+    /// the caller's registers spilled around it.)
+    #[inline(never)]
     fn set(&mut self, slot: u32, k: u128, ev: E) -> Option<u128> {
         let s = slot as usize;
         if s >= self.leaves {
