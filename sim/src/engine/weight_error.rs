@@ -203,14 +203,14 @@ impl Sim<'_> {
         let held = &mut self.werr.held[replica];
         let m = self.rec.metrics_mut();
         let mut totals = (m.replicas.len() > 1).then(|| &mut m.replicas[replica].weight_error);
+        // every weight in one pass over the strategy's slice, not a call through it per worker
+        let mut current = router.weights();
         let rows = held
             .error
             .iter_mut()
             .zip(&held.reference)
             .zip(&mut held.weight);
-        for (id, (((error, &reference), weight), integral)) in
-            rows.zip(&mut self.werr.integral).enumerate()
-        {
+        for (((error, &reference), weight), integral) in rows.zip(&mut self.werr.integral) {
             if let Some(span) = span
                 && !error.is_nan()
             {
@@ -222,11 +222,11 @@ impl Sim<'_> {
             if !reread {
                 continue;
             }
+            let w = current.next().map_or(NONE, |w| w.value);
             if reference.is_nan() {
                 *error = NONE;
                 continue;
             }
-            let w = router.weight(WorkerId(id as u32)).map_or(NONE, |w| w.value);
             if w.to_bits() != weight.to_bits() {
                 *error = log_ratio(w, reference).unwrap_or(NONE);
                 *weight = w;
