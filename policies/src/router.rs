@@ -1025,6 +1025,16 @@ mod tests {
         }
     }
 
+    /// A 10-token request without prefix for model "m" of `r`.
+    fn plain_request(r: &Router) -> RouteRequest<'static> {
+        RouteRequest {
+            model: r.model_id("m").unwrap(),
+            context_tokens: 10,
+            prefix: &[],
+            prompt_tokens: 10,
+        }
+    }
+
     #[test]
     fn imported_state_restores_pins_and_cached_measurements() {
         let mut first = Router::new(PolicyConfig::preset("seed-v3").unwrap());
@@ -1106,13 +1116,7 @@ mod tests {
         r.tick(Time::ZERO);
         assert_eq!(r.weight_version(), 8);
         // The free counts follow the caps: exactly 2 + 4 + 8 requests fit.
-        let model = r.model_id("m").unwrap();
-        let req = RouteRequest {
-            model,
-            context_tokens: 10,
-            prefix: &[],
-            prompt_tokens: 10,
-        };
+        let req = plain_request(&r);
         let mut rng = rand::rngs::Xoshiro256PlusPlus::seed_from_u64(5);
         for _ in 0..14 {
             r.route(Time::ZERO, &req, &mut rng).unwrap();
@@ -1189,13 +1193,7 @@ mod tests {
         );
         let a = r.register(Time::ZERO, spec("a"));
         let b = r.register(Time::ZERO, spec("b"));
-        let model = r.model_id("m").unwrap();
-        let req = RouteRequest {
-            model,
-            context_tokens: 10,
-            prefix: &[],
-            prompt_tokens: 10,
-        };
+        let req = plain_request(&r);
         let mut rng = rand::rngs::Xoshiro256PlusPlus::seed_from_u64(3);
         for _ in 0..2 {
             let d = r
@@ -1227,13 +1225,7 @@ mod tests {
         );
         let a = r.register(Time::ZERO, spec("a"));
         let b = r.register(Time::ZERO, spec("b"));
-        let model = r.model_id("m").unwrap();
-        let req = RouteRequest {
-            model,
-            context_tokens: 10,
-            prefix: &[],
-            prompt_tokens: 10,
-        };
+        let req = plain_request(&r);
         let mut rng = rand::rngs::Xoshiro256PlusPlus::seed_from_u64(3);
         // Other replicas hold 3 requests on `a`: the least-in-flight rule sends to `b` until
         // `b` holds as many.
