@@ -225,11 +225,7 @@ impl Router {
     /// the fleet, in one pass (one call into the strategy when it keeps its weights in one
     /// slice, instead of one per worker).
     pub fn weights(&self) -> impl ExactSizeIterator<Item = Weight> + '_ {
-        let kept = self.strategy.weights().unwrap_or(&[]);
-        (0..self.fleet.len()).map(move |i| match kept.get(i) {
-            Some(w) => *w,
-            None => self.strategy.weight(WorkerId(i as u32), &self.fleet),
-        })
+        strategy_weights(self.strategy.as_ref(), &self.fleet)
     }
 
     /// A counter that moves whenever the value of some worker's [`Router::weight`] changes (a
@@ -814,7 +810,6 @@ impl Router {
     /// query: cheaper than an update per worker when many moved); the other models' stay valid.
     fn refresh_all_weights(&mut self) {
         let strategy = self.strategy.as_ref();
-        let kept = strategy.weights().unwrap_or(&[]);
         let cap = self.config.cap;
         let models = &mut self.models;
         let mut moved = 0;
@@ -844,14 +839,13 @@ impl Router {
                 entry.loads.invalidate();
             }
         };
-        let covered = kept.len().min(self.hot.len());
-        let (with_kept, rest) = self.hot.split_at_mut(covered);
-        for (h, w) in with_kept.iter_mut().zip(kept) {
+        // `hot` and the fleet grow together: one entry per worker id
+        for (h, w) in self
+            .hot
+            .iter_mut()
+            .zip(strategy_weights(strategy, &self.fleet))
+        {
             apply(h, w.value);
-        }
-        for (i, h) in rest.iter_mut().enumerate() {
-            let id = WorkerId((covered + i) as u32);
-            apply(h, strategy.weight(id, &self.fleet).value);
         }
         self.weight_version += moved;
     }
@@ -965,6 +959,19 @@ impl Router {
             _ => 0,
         }
     }
+}
+
+/// Every worker's weight from `strategy`, by id: its slice where it keeps one, else one call
+/// per worker (what [`Router::weights`] answers and a whole-fleet refresh applies).
+fn strategy_weights<'a>(
+    strategy: &'a dyn WeightStrategy,
+    fleet: &'a Fleet,
+) -> impl ExactSizeIterator<Item = Weight> + 'a {
+    let kept = strategy.weights().unwrap_or(&[]);
+    (0..fleet.len()).map(move |i| match kept.get(i) {
+        Some(w) => *w,
+        None => strategy.weight(WorkerId(i as u32), fleet),
+    })
 }
 
 /// The weight the router routes with for the strategy's `w`.

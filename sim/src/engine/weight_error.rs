@@ -136,14 +136,9 @@ impl Sim<'_> {
     #[inline(never)]
     fn track_weights(&mut self) {
         self.werr.due = false;
-        let span = self.open_span();
         if self.werr.oracle.is_none() {
             // The interval is closed against the references it was held with.
-            if let Some(span) = span {
-                for r in 0..self.replicas.len() {
-                    self.close_and_reread(r, Some(span), false);
-                }
-            }
+            self.close_weight_interval();
             let fleet = self.replicas[0].router.fleet();
             self.werr.oracle = Some(oracle_weights(fleet, &self.werr.capacity, ORACLE_CLAMP));
             for r in 0..self.replicas.len() {
@@ -151,6 +146,7 @@ impl Sim<'_> {
                 self.close_and_reread(r, None, true);
             }
         } else {
+            let span = self.open_span();
             for r in 0..self.replicas.len() {
                 self.close_and_reread(r, span, true);
             }
