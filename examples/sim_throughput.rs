@@ -13,6 +13,7 @@
 
 use routelab_policies::{PolicyConfig, Router, Time};
 use routelab_sim::{Scenario, SimSetup, TrafficSpec, run};
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 /// Wall time of the router's start-up on `setup`'s fleet under `policy`: registration and the
@@ -59,12 +60,37 @@ fn peak_rss_mb() -> Option<f64> {
     Some(kb / 1024.0)
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    match measure() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        // The reader stopped reading (`| head -1` for the start-up line): not an error.
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("sim_throughput: {e}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+fn measure() -> Result<(), Box<dyn std::error::Error>> {
+    let mut out = std::io::stdout().lock();
     let mut args = std::env::args().skip(1);
     let path = args
         .next()
         .ok_or("usage: sim_throughput SCENARIO [REQUESTS]")?;
-    let requests: Option<u64> = args.next().map(|s| s.parse()).transpose()?;
+    let requests: Option<u64> = args
+        .next()
+        .map(|s| {
+            s.parse().map_err(|_| {
+                format!("REQUESTS `{s}` is not a request count (valid: a whole number ≥ 0)")
+            })
+        })
+        .transpose()?;
     let mut sc = Scenario::load(&path)?;
     if let Some(n) = requests {
         for t in &mut sc.traffic {
@@ -75,13 +101,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     for policy in &sc.policies {
         let boot = start_up(&sc.setup, policy);
-        println!(
+        writeln!(
+            out,
             "{} / {}: start-up (registration of {} workers and first weight derivation) {:.1} ms",
             sc.name,
             policy.name,
             sc.setup.workers.len(),
             boot.as_secs_f64() * 1e3,
-        );
+        )?;
         let mut traffic = sc.traffic_source(sc.setup.seed)?;
         let cpu0 = cpu_seconds();
         let wall0 = Instant::now();
@@ -91,7 +118,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             (Some(a), Some(b)) if b > a => b - a,
             _ => wall,
         };
-        println!(
+        writeln!(
+            out,
             "{} / {}: {} requests ({} completed), {} events, simulated {:.0} s in {:.2} s CPU ({:.2} s wall): {:.0} requests per CPU-second; p50 e2e {:.2} s; peak RSS {:.0} MB",
             sc.name,
             policy.name,
@@ -104,7 +132,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             m.requests as f64 / cpu,
             m.e2e.quantile_secs(0.5).unwrap_or(f64::NAN),
             peak_rss_mb().unwrap_or(f64::NAN),
-        );
+        )?;
     }
     Ok(())
 }
