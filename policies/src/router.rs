@@ -99,8 +99,6 @@ pub struct Router {
     /// Each worker's position in its model's `members` (meaningful while it is routable and its
     /// model's load index is not stale).
     position: Vec<u32>,
-    /// Bumped at every change of a worker's weight value: see [`Router::weight_version`].
-    weight_version: u64,
 }
 
 impl Router {
@@ -142,7 +140,6 @@ impl Router {
             signals: Vec::new(),
             affinity_units,
             position: Vec::new(),
-            weight_version: 0,
         }
     }
 
@@ -228,14 +225,6 @@ impl Router {
         strategy_weights(self.strategy.as_ref(), &self.fleet)
     }
 
-    /// A counter that moves whenever the value of some worker's [`Router::weight`] changes (a
-    /// registration's first weight included) and stays put otherwise: a host that keeps
-    /// figures derived from the weights re-reads them only when it differs from the one it saw
-    /// last. It counts changed weights, so two reads that differ by one saw one change.
-    pub fn weight_version(&self) -> u64 {
-        self.weight_version
-    }
-
     /// Current concurrency cap of a worker (`u32::MAX` when uncapped).
     pub fn cap(&self, id: WorkerId) -> Option<u32> {
         self.hot.get(id.index()).map(|h| h.cap)
@@ -299,8 +288,6 @@ impl Router {
             since: now,
         });
         self.join_model(model, id, window);
-        // The new worker has a weight now.
-        self.weight_version += 1;
         self.feed(now, WeightEvent::Registered(id));
         // A strategy may report no change on registration (`equal`): the cap and weight must
         // still be applied, or the worker stays uncapped.
@@ -794,9 +781,6 @@ impl Router {
         let was_open = self.hot[id.index()].open();
         let w = usable_weight(self.strategy.weight(id, &self.fleet).value);
         let h = &mut self.hot[id.index()];
-        if w.to_bits() != h.weight.to_bits() {
-            self.weight_version += 1;
-        }
         h.weight = w;
         h.cap = cap_of(self.config.cap, w);
         self.member_changed(id.index(), was_open);
@@ -812,7 +796,6 @@ impl Router {
         let strategy = self.strategy.as_ref();
         let cap = self.config.cap;
         let models = &mut self.models;
-        let mut moved = 0;
         let mut apply = |h: &mut Hot, w: f64| {
             // An unmoved weight implies an unmoved cap (the one from before registration is
             // replaced right after it, by `refresh_weight`): nothing to write. The stored weight
@@ -827,7 +810,6 @@ impl Router {
             let was_open = h.open();
             h.weight = w;
             h.cap = cap_of(cap, w);
-            moved += 1;
             // Members are exactly the routable workers.
             if h.routable {
                 let entry = &mut models[h.model as usize];
@@ -847,7 +829,6 @@ impl Router {
         {
             apply(h, w.value);
         }
-        self.weight_version += moved;
     }
 
     fn recount_free(&mut self, model: u32) {
@@ -1097,31 +1078,27 @@ mod tests {
     }
 
     /// A whole-fleet re-derivation applies only the weights that moved, yet leaves every cap
-    /// and free count as applying them all would: the weighted caps fill exactly; and the
-    /// weight version moves with each weight that changed, never without one.
+    /// and free count as applying them all would: the weighted caps fill exactly.
     #[test]
-    fn whole_fleet_weight_changes_keep_caps_free_counts_and_the_version_exact() {
+    fn whole_fleet_weight_changes_keep_caps_and_free_counts_exact() {
         let mut r = Router::new(
             PolicyConfig::from_name("probe/p2c:higher-weight/no-affinity/weighted:4").unwrap(),
         );
         let ids = ["a", "b", "c"].map(|n| r.register(Time::ZERO, spec(n)));
-        assert_eq!(r.weight_version(), 3, "each registration gives a weight");
         let speed = |id: WorkerId| [400, 800, 1_600][id.index()];
         answer_probes(&mut r, Time::ZERO, speed); // warm-up bursts: nothing measured
-        assert_eq!(r.weight_version(), 3);
         answer_probes(&mut r, Time::ZERO, speed);
         // a alone: 400 / 400 = 1.0, no move; with b: median 600, two moves; with c: median
         // 800, weights 0.5, 1, 2, three moves.
         let weights = ids.map(|id| r.weight(id).unwrap().value);
         assert_eq!(weights, [0.5, 1.0, 2.0]);
-        assert_eq!(r.weight_version(), 3 + 2 + 3);
         assert_eq!(ids.map(|id| r.cap(id).unwrap()), [2, 4, 8]);
         // The one-pass read answers what the per-worker one does.
         let all: Vec<Weight> = r.weights().collect();
         assert_eq!(all, ids.map(|id| r.weight(id).unwrap()));
         // Nothing moves at a tick.
         r.tick(Time::ZERO);
-        assert_eq!(r.weight_version(), 8);
+        assert_eq!(ids.map(|id| r.weight(id).unwrap().value), weights);
         // The free counts follow the caps: exactly 2 + 4 + 8 requests fit.
         let req = plain_request(&r);
         let mut rng = rand::rngs::Xoshiro256PlusPlus::seed_from_u64(5);

@@ -330,11 +330,7 @@ impl ProbeWeights {
         if !self.pins.is_empty() {
             for (i, slot) in self.weights.iter_mut().enumerate() {
                 let id = WorkerId(i as u32);
-                let median = self
-                    .medians
-                    .get(self.model_of[i].0 as usize)
-                    .copied()
-                    .flatten();
+                let median = median_in(&self.medians, self.model_of[i]);
                 *slot = Self::weight_of(&self.config, &self.pins, &self.workers, median, fleet, id);
             }
             return;
@@ -349,11 +345,7 @@ impl ProbeWeights {
             .zip(&self.workers)
         {
             *slot = match probe.throughput {
-                Some(tp) => Self::measured_weight(
-                    tp,
-                    medians.get(model.0 as usize).copied().flatten(),
-                    clamp,
-                ),
+                Some(tp) => Self::measured_weight(tp, median_in(medians, *model), clamp),
                 None => Weight::UNMEASURED,
             };
         }
@@ -522,6 +514,12 @@ impl ProbeWeights {
             }
         }
     }
+}
+
+/// Model `model`'s entry of `medians` (by model index; `None` past its end).
+#[inline]
+fn median_in(medians: &[Option<f64>], model: ModelId) -> Option<f64> {
+    medians.get(model.0 as usize).copied().flatten()
 }
 
 impl WeightStrategy for ProbeWeights {
