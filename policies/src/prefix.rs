@@ -43,19 +43,23 @@ use crate::worker::WorkerId;
 const ZERO_KEY: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// Bits of [`Slot::meta`] holding the entry's place in its pool's ring.
-const PLACE_BITS: u32 = 27;
+const PLACE_BITS: u32 = 26;
 const PLACE_MASK: u32 = (1 << PLACE_BITS) - 1;
-/// Most entries one pool holds: a ring place must fit in [`PLACE_BITS`] (a table that large
-/// would take 4 GiB; the policy's `index_blocks` stops at 2^26).
+/// Most entries one pool holds: a ring place must fit in [`PLACE_BITS`] (the policy's
+/// `index_blocks` stops at 2^26, a worker's cache at [`crate::worker::MAX_CACHE_BLOCKS`]).
 const MAX_POOL_ENTRIES: usize = 1 << PLACE_BITS;
 const WEIGHT_SHIFT: u32 = PLACE_BITS;
 const WEIGHT_MASK: u32 = 0xF;
+/// Set on the blocks of the prompt a worker's own ring is recording, for that record only:
+/// the sweep that makes room for the prompt's new blocks must not take the prompt's own.
+const PINNED: u32 = 1 << 30;
 const REFERENCED: u32 = 1 << 31;
 
 /// One table entry, 16 bytes. `meta` packs its place in its pool's ring (so a ring entry is
 /// live only when the key's slot points back at it: a key taken over from a ring and later
 /// recorded back into it leaves a stale entry behind, which must not evict it), the blocks it
-/// credits to its worker (at most 8, see the module notes) and CLOCK's referenced bit.
+/// credits to its worker (at most 8, see the module notes), the pin of the record in progress
+/// and CLOCK's referenced bit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Slot {
     key: u64,
@@ -101,6 +105,20 @@ impl Slot {
             self.meta |= REFERENCED;
         } else {
             self.meta &= !REFERENCED;
+        }
+    }
+
+    #[inline]
+    fn pinned(&self) -> bool {
+        self.meta & PINNED != 0
+    }
+
+    #[inline]
+    fn set_pinned(&mut self, on: bool) {
+        if on {
+            self.meta |= PINNED;
+        } else {
+            self.meta &= !PINNED;
         }
     }
 }
@@ -628,20 +646,32 @@ impl Recorded {
             for k in 0..m {
                 let pos = self.mark(k, m, n);
                 let weight = if self.dense { 1 } else { credit(k, m, n) };
-                self.upsert(blocks[pos], worker.0, weight, pool);
+                self.upsert(blocks[pos], worker.0, weight, pool, false);
             }
             return;
         };
         // A worker's own ring: a prompt longer than its cache leaves its leading part (what
         // fits). Recorded deepest first, so its ring ages a chain from its end, as vLLM frees
-        // a finished request's blocks tail first.
+        // a finished request's blocks tail first. Each block recorded is pinned until the
+        // record ends: a block the worker already held keeps its old ring place, and the sweep
+        // making room for the prompt's new blocks could otherwise clear its referenced bit and
+        // come round to it again, evicting part of the very prompt just served (what the
+        // property `approximate_never_credits_a_worker_beyond_its_cache` caught). The prompt
+        // fits (its credit is at most `bound`), so a ring always has an unpinned entry to take.
         let fits = (0..m)
             .take_while(|&k| (self.mark(k, m, n) as u64) < bound)
             .count();
         for k in (0..fits).rev() {
             let pos = self.mark(k, m, n);
             let weight = if self.dense { 1 } else { credit(k, m, n) };
-            self.upsert(blocks[pos], worker.0, weight, pool);
+            self.upsert(blocks[pos], worker.0, weight, pool, true);
+        }
+        for k in 0..fits {
+            if let Some(i) = self.find(blocks[self.mark(k, m, n)]) {
+                let mut s = self.slots.get(i);
+                s.set_pinned(false);
+                self.slots.set(i, s);
+            }
         }
     }
 
@@ -718,12 +748,17 @@ impl Recorded {
         }
     }
 
-    fn upsert(&mut self, key: u64, worker: u32, weight: u8, pool: u32) {
+    /// Record `key` for `worker` in `pool`; `pin` protects it from eviction until the record
+    /// in progress unpins it (see [`Recorded::record`]).
+    fn upsert(&mut self, key: u64, worker: u32, weight: u8, pool: u32, pin: bool) {
         let stored = if key == 0 { ZERO_KEY } else { key };
         if let Some(i) = self.find(key) {
             let mut s = self.slots.get(i);
             let old = s.worker;
             s.set_referenced(true);
+            if old == worker {
+                s.set_pinned(pin);
+            }
             self.slots.set(i, s);
             if old == worker {
                 return;
@@ -754,13 +789,21 @@ impl Recorded {
                 && sweeps_left > 0
             {
                 sweeps_left -= 1;
-                free = Some(self.evict_one(pool));
+                match self.evict_one(pool) {
+                    Some(at) => free = Some(at),
+                    None => break,
+                }
             }
         }
         {
             let p = &self.pools[pool as usize];
             if free.is_none() && p.ring.len() == p.entries {
-                free = Some(self.evict_one(pool));
+                match self.evict_one(pool) {
+                    Some(at) => free = Some(at),
+                    // Every entry pinned: cannot happen for a prompt that fits (see `record`);
+                    // remembering one block less is the safe answer if it ever did.
+                    None => return,
+                }
             }
         }
         let mut i = self.home(stored);
@@ -772,8 +815,9 @@ impl Recorded {
         // shared ring keeps the rule of the index before issue 10 (inserted unreferenced).
         let referenced = self.pools[pool as usize].bound.is_some();
         let place = free.unwrap_or(self.pools[pool as usize].ring.len());
-        self.slots
-            .set(i, Slot::new(stored, worker, place, weight, referenced));
+        let mut slot = Slot::new(stored, worker, place, weight, referenced);
+        slot.set_pinned(pin);
+        self.slots.set(i, slot);
         self.len += 1;
         self.add_credit(worker, u64::from(weight), true);
         let p = &mut self.pools[pool as usize];
@@ -794,30 +838,36 @@ impl Recorded {
         })
     }
 
-    /// CLOCK over one pool: sweep its ring, giving referenced blocks a second chance, remove the
-    /// first other. Returns the ring place freed (a stale entry's, whose key left the pool, is
-    /// a free place too).
-    fn evict_one(&mut self, pool: u32) -> usize {
-        loop {
+    /// CLOCK over one pool: sweep its ring, giving referenced blocks a second chance and passing
+    /// over pinned ones, remove the first other unpinned one. Returns the ring place freed (a stale entry's,
+    /// whose key left the pool, is a free place too), or `None` when two whole turns of the
+    /// hand found nothing but pinned entries.
+    fn evict_one(&mut self, pool: u32) -> Option<usize> {
+        let turns = 2 * self.pools[pool as usize].ring.len() + 1;
+        for _ in 0..turns {
             let p = &mut self.pools[pool as usize];
             let n = p.ring.len();
             let at = p.hand;
             let key = p.ring[at];
             p.hand = (p.hand + 1) % n;
             match self.live(key, at, pool) {
+                // A pinned entry loses its second chance like any other (so the ring ages as
+                // it did before pins), but is never taken.
                 Some(i) if self.slots.get(i).referenced() => {
                     let mut s = self.slots.get(i);
                     s.set_referenced(false);
                     self.slots.set(i, s);
                 }
+                Some(i) if self.slots.get(i).pinned() => {}
                 Some(i) => {
                     self.remove_at(i);
                     self.len -= 1;
-                    return at;
+                    return Some(at);
                 }
-                None => return at,
+                None => return Some(at),
             }
         }
+        None
     }
 
     /// Backward-shift deletion for linear probing (no tombstones).
