@@ -251,20 +251,24 @@ pub struct RunMetrics {
     pub warnings: Vec<RunWarning>,
     /// Bad trace rows the traffic skipped (`on_bad_row: skip`).
     pub skipped_rows: crate::traffic::Skipped,
+    /// What the traffic noticed about its data (`TrafficSource::warnings`): a declared unit
+    /// that makes a trace implausible, sessions whose prompts do not grow.
+    pub traffic_warnings: Vec<String>,
     /// Per gateway replica, in replica order; empty with one gateway (the whole run is then
     /// that gateway's).
     pub replicas: Vec<ReplicaTotals>,
 }
 
 impl RunMetrics {
-    /// What a reader of the run must be told: scenario events that did not take effect, and
-    /// bad trace rows that were skipped.
+    /// What a reader of the run must be told: scenario events that did not take effect, bad
+    /// trace rows that were skipped, and what the traffic noticed about its data.
     #[must_use]
     pub fn warning_lines(&self) -> Vec<String> {
         let mut lines: Vec<String> = self.warnings.iter().map(ToString::to_string).collect();
         if self.skipped_rows.rows > 0 {
             lines.push(self.skipped_rows.to_string());
         }
+        lines.extend(self.traffic_warnings.iter().cloned());
         lines
     }
 
@@ -299,6 +303,7 @@ impl RunMetrics {
             events: 0,
             warnings: Vec::new(),
             skipped_rows: crate::traffic::Skipped::default(),
+            traffic_warnings: Vec::new(),
             replicas: Vec::new(),
         }
     }

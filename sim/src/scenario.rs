@@ -27,8 +27,8 @@ use crate::traffic::{
     ArrivalUnit, BadRowPolicy, Burst, BurstConfig, ClosedLoop, ClosedLoopConfig, Conversations,
     ConversationsConfig, Diurnal, DiurnalConfig, DurationDist, FieldPath, LengthDist,
     LongPromptMix, LongPromptMixConfig, Merge, OnOff, OnOffConfig, Poisson, PoissonConfig,
-    READY_MADE_MAPPINGS, ReplayOptions, TraceFormat, TraceLayout, TraceMapping, TraceReplay,
-    TraceStats, TrafficError, TrafficSource, Until,
+    READY_MADE_MAPPINGS, ReplayOptions, Resample, SessionPrefix, TimeWindow, TraceFormat,
+    TraceLayout, TraceMapping, TraceStats, TrafficError, TrafficSource, Until, open_trace,
 };
 use crate::worker::{EngineMode, EngineOverrides};
 use routelab_policies::located::{InputError, parse_yaml, rule};
@@ -38,6 +38,10 @@ use serde_saphyr::Spanned;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// The random streams of trace resamples: source `i` draws from `RESAMPLE_STREAM + i`, apart
+/// from the generators' `100 + i`, the engines' `1000 + i` and the replicas' streams.
+pub const RESAMPLE_STREAM: u64 = 1 << 36;
 
 /// An invalid scenario: the one located error of routelab ([`InputError`]), naming the file,
 /// the line and column, the field path and what would be valid.
@@ -325,6 +329,24 @@ pub enum RawTraffic {
         start_offset_s: Option<f64>,
         /// `error` (default) or `skip` (counted, never silent).
         on_bad_row: Option<String>,
+        /// What a seed means: `none` (every seed replays the trace as recorded), `block` (each
+        /// seed a block-bootstrap resample, block length chosen from the trace) or `{ block_s:
+        /// N }`. Default: `none` under `run` and `check`, `block` under `compare`, `capacity`,
+        /// `sweep` and `replicas`.
+        resample: Option<RawResample>,
+    },
+}
+
+/// A trace's `resample:` as written.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RawResample {
+    /// `none` or `block`.
+    Name(String),
+    /// `{ block_s: N }`.
+    Block {
+        /// Block length, s.
+        block_s: f64,
     },
 }
 
@@ -344,6 +366,9 @@ pub struct RawTraceMapping {
     pub session_id: Option<String>,
     /// Prefix-block hashes key / column (one per 512-token block).
     pub prefix_hashes: Option<String>,
+    /// What a session id says about the prompts: `growing` (a chat, the default) or `none`
+    /// (the id only groups requests).
+    pub session_prefix: Option<String>,
 }
 
 /// A lifecycle event as written.
@@ -465,7 +490,12 @@ impl Scenario {
                     path,
                     format,
                     options,
-                } => Box::new(TraceReplay::open(path, format, options)?),
+                } => open_trace(
+                    &path,
+                    format,
+                    &options,
+                    derive_seed(seed, RESAMPLE_STREAM + i as u64),
+                )?,
             });
         }
         Ok(if sources.len() == 1 {
@@ -568,6 +598,137 @@ impl Scenario {
     pub fn mean_arrival_rate_per_s(&self, seed: u64) -> Result<Option<f64>, TrafficError> {
         let mut source = self.traffic_source(seed)?;
         Ok(TraceStats::from_source(&mut *source)?.mean_rate_per_s)
+    }
+
+    /// This scenario with every trace source whose `resample:` is not written resampled as
+    /// `default` (`compare`, `capacity`, `sweep` and `replicas` give
+    /// [`Resample::BLOCK_AUTO`]; `run` and `check` leave them replayed as recorded).
+    #[must_use]
+    pub fn with_resample_default(&self, default: Resample) -> Scenario {
+        let mut out = self.clone();
+        for t in &mut out.traffic {
+            if let TrafficSpec::Trace { options, .. } = t {
+                options.resample.get_or_insert(default);
+            }
+        }
+        out
+    }
+
+    /// Whether any trace source is resampled per seed.
+    #[must_use]
+    pub fn resamples(&self) -> bool {
+        self.traffic.iter().any(|t| {
+            matches!(t, TrafficSpec::Trace { options, .. }
+                if matches!(options.resample, Some(Resample::Block { .. })))
+        })
+    }
+
+    /// The scenario split by time for an out-of-sample check: every trace source cut at `1 -
+    /// held_out` of its span, the first part to pick a winner on and the rest to check it on.
+    /// Other sources are kept whole in both (the check then runs on other seeds, see the
+    /// commands).
+    ///
+    /// # Errors
+    /// A located [`InputError`] (naming `--holdout`) when `held_out` is not a fraction in
+    /// (0, 1) or the scenario has no trace source to split.
+    pub fn holdout(&self, held_out: f64) -> Result<(Scenario, Scenario), ScenarioError> {
+        if !(held_out.is_finite() && held_out > 0.0 && held_out < 1.0) {
+            return Err(InputError::new(
+                "command line",
+                "--holdout",
+                format!("{held_out} is not a fraction of the trace"),
+            )
+            .valid("a fraction > 0 and < 1, e.g. 0.3 to hold out the last 30 % of each trace"));
+        }
+        if !self
+            .traffic
+            .iter()
+            .any(|t| matches!(t, TrafficSpec::Trace { .. }))
+        {
+            return Err(InputError::new(
+                self.path.display().to_string(),
+                "traffic",
+                "has no trace source to hold part of out",
+            )
+            .valid(
+                "a scenario with a `trace:` source (`--holdout` picks the winner on the first \
+                 part of each trace by time and checks it on the rest)",
+            ));
+        }
+        let cut = 1.0 - held_out;
+        let part = |window: TimeWindow| {
+            let mut sc = self.clone();
+            for t in &mut sc.traffic {
+                if let TrafficSpec::Trace { options, .. } = t {
+                    options.window = Some(window);
+                }
+            }
+            sc
+        };
+        Ok((
+            part(TimeWindow { from: 0.0, to: cut }),
+            part(TimeWindow { from: cut, to: 1.0 }),
+        ))
+    }
+
+    /// What a seed of this scenario is, in one sentence for every output: for each trace
+    /// source, whether seeds replay it as recorded or resample it (and with which blocks), and
+    /// that the engines' noise and the routers' random choices follow the seed too.
+    ///
+    /// # Errors
+    /// The error of a trace that cannot be read (a resampled one is read to tell its block
+    /// length).
+    pub fn seed_meaning(&self) -> Result<String, TrafficError> {
+        let mut parts = Vec::new();
+        let mut synthetic = false;
+        for (i, t) in self.traffic.iter().enumerate() {
+            let TrafficSpec::Trace {
+                path,
+                format,
+                options,
+            } = t
+            else {
+                synthetic = true;
+                continue;
+            };
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let part = options
+                .window
+                .map(|w| format!(" ({})", w.describe()))
+                .unwrap_or_default();
+            parts.push(match options.resample.unwrap_or(Resample::Exact) {
+                Resample::Exact => format!(
+                    "traffic[{i}] ({name}{part}) is replayed as recorded on every seed \
+                     (`resample: none`): its intervals carry none of the traffic's variability"
+                ),
+                Resample::Block { block_ns } => {
+                    let loaded = crate::traffic::LoadedTrace::load(path, format.clone(), options)?;
+                    let how = match (loaded.block_length(block_ns), block_ns) {
+                        (None, _) => "cannot be resampled (all at one instant)".to_owned(),
+                        (Some(b), None) => format!(
+                            "blocks of {:.0} s, chosen from the trace by the Politis-White rule",
+                            b as f64 / 1e9
+                        ),
+                        (Some(b), Some(_)) => format!("blocks of {:.0} s", b as f64 / 1e9),
+                    };
+                    format!(
+                        "traffic[{i}] ({name}{part}) is a new circular block-bootstrap resample \
+                         of the trace on each seed ({how}; a session's requests stay together), \
+                         so the intervals carry the traffic's variability"
+                    )
+                }
+            });
+        }
+        if synthetic {
+            parts.push("the synthetic sources are drawn anew from each seed".to_owned());
+        }
+        parts.push(
+            "each seed also draws the engines' noise and the routers' random choices".to_owned(),
+        );
+        Ok(format!("A seed: {}.", parts.join("; ")))
     }
 
     /// The setup with another seed.
@@ -1106,6 +1267,7 @@ impl Validator<'_> {
                 skip_rows,
                 start_offset_s,
                 on_bad_row,
+                resample,
             } => {
                 let base = self.path.parent().unwrap_or(Path::new("."));
                 let resolved = base.join(path);
@@ -1146,6 +1308,11 @@ impl Validator<'_> {
                         0.0,
                     )?,
                     on_bad_row,
+                    resample: resample
+                        .as_ref()
+                        .map(|r| self.resample(loc, &f("trace.resample"), r))
+                        .transpose()?,
+                    window: None,
                 };
                 options
                     .validate()
@@ -1172,6 +1339,34 @@ impl Validator<'_> {
             return Err(self.invalid(Some(loc), format!("traffic[{i}]"), e.to_string()));
         }
         Ok(spec)
+    }
+
+    /// A trace's `resample:`.
+    fn resample(
+        &self,
+        loc: &serde_saphyr::Location,
+        field: &str,
+        r: &RawResample,
+    ) -> Result<Resample, ScenarioError> {
+        const VALID: &str = "none (every seed replays the trace as recorded), block (each seed a \
+                             block-bootstrap resample, the block length chosen from the trace) \
+                             or { block_s: <seconds > 0> }";
+        match r {
+            RawResample::Name(n) if n == "none" => Ok(Resample::Exact),
+            RawResample::Name(n) if n == "block" => Ok(Resample::BLOCK_AUTO),
+            RawResample::Name(n) => Err(self
+                .invalid(Some(loc), field, format!("unknown resample `{n}`"))
+                .valid(VALID)),
+            RawResample::Block { block_s } => {
+                let ns = self.secs(loc, &format!("{field}.block_s"), Some(*block_s), 0.0)?;
+                if ns == 0 {
+                    return Err(self
+                        .invalid(Some(loc), format!("{field}.block_s"), "is 0")
+                        .valid(VALID));
+                }
+                Ok(Resample::Block { block_ns: Some(ns) })
+            }
+        }
     }
 
     /// The format of `traffic[i].trace` (`field`): a named one, or `jsonl` / `csv` (given or
@@ -1216,6 +1411,36 @@ impl Validator<'_> {
                 }),
             };
         };
+        let session_prefix = match m.session_prefix.as_deref() {
+            None => None,
+            Some(p) => Some(SessionPrefix::from_name(p).ok_or_else(|| {
+                self.invalid(
+                    Some(loc),
+                    format!("{field}.mapping.session_prefix"),
+                    format!("unknown session prefix `{p}`"),
+                )
+                .valid(SessionPrefix::NAMES)
+            })?),
+        };
+        let with_prefix = |mapping: TraceMapping| match session_prefix {
+            None => Ok(mapping),
+            Some(p) => mapping
+                .with_session_prefix(p)
+                .map_err(|e| self.invalid(Some(loc), format!("{field}.mapping.session_prefix"), e)),
+        };
+        let only_session_prefix = m.arrival.is_none()
+            && m.arrival_unit.is_none()
+            && m.prompt_tokens.is_none()
+            && m.output_tokens.is_none()
+            && m.session_id.is_none()
+            && m.prefix_hashes.is_none();
+        // A ready-made mapping takes its own fields; only what its sessions mean may be said.
+        if let Some(name) = format
+            && only_session_prefix
+            && let Some(TraceFormat::Mapped(ready)) = TraceFormat::from_name(name)
+        {
+            return with_prefix(*ready).map(|m| TraceFormat::Mapped(Box::new(m)));
+        }
         let layout = match format {
             Some("jsonl") => TraceLayout::Jsonl,
             Some("csv") => TraceLayout::Csv,
@@ -1227,7 +1452,10 @@ impl Validator<'_> {
                         format!("{field}.mapping"),
                         format!("does not apply to `format: {name}`, which has its own fields"),
                     )
-                    .valid("a mapping with `format: jsonl` or `format: csv`, or no mapping"));
+                    .valid(
+                        "a mapping with `format: jsonl` or `format: csv`, no mapping, or (for \
+                         `otel-genai`) a mapping with `session_prefix` alone",
+                    ));
             }
             None => TraceFormat::layout_from_path(file).ok_or_else(|| {
                 self.invalid(
@@ -1281,8 +1509,9 @@ impl Validator<'_> {
             key("session_id", m.session_id.as_ref())?,
             key("prefix_hashes", m.prefix_hashes.as_ref())?,
         )
-        .map(|m| TraceFormat::Mapped(Box::new(m)))
         .map_err(|e| self.invalid(Some(loc), format!("{field}.mapping"), e))
+        .and_then(with_prefix)
+        .map(|m| TraceFormat::Mapped(Box::new(m)))
     }
 
     fn event(

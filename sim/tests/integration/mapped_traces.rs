@@ -406,7 +406,12 @@ fn bad_values_are_located_and_say_what_is_valid() {
             ..ReplayOptions::default()
         },
     );
-    assert!(drain(&mut r).unwrap().is_empty());
+    // Every row bad and skipped: nothing to replay, which is refused (never an empty run).
+    let e = drain(&mut r).unwrap_err().to_string();
+    assert!(
+        e.contains("no requests to replay: every one of its 2 data row(s) was bad and skipped"),
+        "{e}"
+    );
     let lines: Vec<_> = r.skipped_examples().iter().map(|e| e.line()).collect();
     assert_eq!(lines, [Some(2), Some(3)]);
 }
