@@ -43,6 +43,15 @@ use std::sync::Arc;
 /// from the generators' `100 + i`, the engines' `1000 + i` and the replicas' streams.
 pub const RESAMPLE_STREAM: u64 = 1 << 36;
 
+/// No traffic at all: the warm-up run's source.
+struct NoTraffic;
+
+impl TrafficSource for NoTraffic {
+    fn next_arrival(&mut self) -> Result<Option<crate::traffic::Arrival>, TrafficError> {
+        Ok(None)
+    }
+}
+
 /// An invalid scenario: the one located error of routelab ([`InputError`]), naming the file,
 /// the line and column, the field path and what would be valid.
 pub type ScenarioError = InputError;
@@ -452,7 +461,17 @@ pub struct Scenario {
     pub traffic: Vec<TrafficSpec>,
     /// Policies to run.
     pub policies: Vec<PolicyConfig>,
+    /// The fleet's warm-up, worked out once when a trace needs it ([`Scenario::warmup_ns`])
+    /// and shared by the scenario's copies (load scales, held-out parts).
+    pub warmup: Warmup,
 }
+
+/// The fleet's warm-up ([`Scenario::warmup_ns`]), computed on first use and shared by clones.
+#[derive(Debug, Clone, Default)]
+pub struct Warmup(Arc<std::sync::OnceLock<Result<u64, String>>>);
+
+/// The policy whose registration probes define the warm-up: the probing preset.
+pub const WARMUP_REFERENCE: &str = "seed-v3";
 
 impl Scenario {
     /// Load and validate a scenario file.
@@ -489,13 +508,20 @@ impl Scenario {
                 TrafficSpec::Trace {
                     path,
                     format,
-                    options,
-                } => open_trace(
-                    &path,
-                    format,
-                    &options,
-                    derive_seed(seed, RESAMPLE_STREAM + i as u64),
-                )?,
+                    mut options,
+                } => {
+                    if options.start_after_warmup {
+                        options.start_offset = self
+                            .warmup_ns()
+                            .map_err(|e| TrafficError::config("warm-up", "start_offset_s", e))?;
+                    }
+                    open_trace(
+                        &path,
+                        format,
+                        &options,
+                        derive_seed(seed, RESAMPLE_STREAM + i as u64),
+                    )?
+                }
             });
         }
         Ok(if sources.len() == 1 {
@@ -731,6 +757,76 @@ impl Scenario {
         Ok(format!("A seed: {}.", parts.join("; ")))
     }
 
+    /// The fleet's warm-up, ns: when every worker registered at the fleet's first registration
+    /// has its first measured weight, as the probing preset ([`WARMUP_REFERENCE`]) measures
+    /// them on this fleet with no traffic (one gateway, no lifecycle events). A trace without
+    /// `start_offset_s` starts then, for every policy alike: its requests do not meet the
+    /// registration probes, so a probing policy's weights are not measured under customer load
+    /// and no policy is judged on the seconds before any router could know the fleet. 0 when
+    /// the reference measures no worker.
+    ///
+    /// # Errors
+    /// The reference run's error (a fleet the simulator refuses), as text.
+    pub fn warmup_ns(&self) -> Result<u64, String> {
+        self.warmup
+            .0
+            .get_or_init(|| {
+                let mut setup = self.setup.clone();
+                setup.events.clear();
+                setup.gateways = Gateways::ONE;
+                setup.timeline_ns = 0;
+                setup.max_time_ns = 3_600_000_000_000;
+                let reference =
+                    PolicyConfig::preset(WARMUP_REFERENCE).expect("the warm-up preset exists");
+                let m = crate::run(&setup, &reference, &mut NoTraffic, None)
+                    .map_err(|e| format!("the fleet's warm-up run failed: {e}"))?;
+                let first = setup
+                    .workers
+                    .iter()
+                    .map(|w| w.register_at)
+                    .min()
+                    .unwrap_or(0);
+                Ok(setup
+                    .workers
+                    .iter()
+                    .zip(&m.workers)
+                    .filter(|(w, _)| w.register_at == first)
+                    .filter_map(|(_, t)| t.first_measured_ns)
+                    .max()
+                    .unwrap_or(0))
+            })
+            .clone()
+    }
+
+    /// What the outputs say about a warm-up: for each trace that starts after the fleet's
+    /// warm-up, when and why (empty when no trace does).
+    ///
+    /// # Errors
+    /// [`Scenario::warmup_ns`]'s.
+    pub fn warmup_note(&self) -> Result<Option<String>, String> {
+        let auto: Vec<String> = self
+            .traffic
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| {
+                matches!(t, TrafficSpec::Trace { options, .. } if options.start_after_warmup)
+            })
+            .map(|(i, _)| format!("traffic[{i}]"))
+            .collect();
+        if auto.is_empty() {
+            return Ok(None);
+        }
+        let w = self.warmup_ns()?;
+        Ok(Some(format!(
+            "Warm-up: {} start{} at {:.1} s, when the fleet's registration probes have measured \
+             every worker ({WARMUP_REFERENCE}'s probes on this fleet with no traffic), for \
+             every policy alike; set `start_offset_s` to choose another start.",
+            auto.join(", "),
+            if auto.len() == 1 { "s" } else { "" },
+            w as f64 / 1e9
+        )))
+    }
+
     /// The setup with another seed.
     pub fn setup_for_seed(&self, seed: u64) -> SimSetup {
         SimSetup {
@@ -738,6 +834,41 @@ impl Scenario {
             ..self.setup.clone()
         }
     }
+}
+
+/// An open-loop source's load for the memory estimate ([`crate::footprint`]): none for a closed
+/// loop (its users bound what waits) and a trace (checked when read).
+fn source_load(t: &TrafficSpec) -> Option<crate::footprint::SourceLoad> {
+    use crate::footprint::SourceLoad;
+    Some(match t {
+        TrafficSpec::Burst(c) => SourceLoad {
+            requests: f64::from(c.size) * f64::from(c.repeats.max(1)),
+            span_s: c.period as f64 / NS * f64::from(c.repeats.saturating_sub(1)),
+            output_mean: c.output.mean(),
+        },
+        TrafficSpec::Poisson(c) => SourceLoad::rated(c.rate_per_s, &c.until, c.output.mean()),
+        TrafficSpec::Diurnal(c) => SourceLoad::rated(
+            (c.min_rate_per_s + c.max_rate_per_s) / 2.0,
+            &c.until,
+            c.output.mean(),
+        ),
+        TrafficSpec::OnOff(c) => {
+            let cycle_s = (c.window as f64 + c.gap.mean_ns()) / NS;
+            let rate = if cycle_s > 0.0 {
+                c.burst_size.mean() / cycle_s
+            } else {
+                f64::INFINITY
+            };
+            SourceLoad::rated(rate, &c.until, c.output.mean())
+        }
+        TrafficSpec::LongPromptMix(c) => SourceLoad::rated(c.rate_per_s, &c.until, c.output.mean()),
+        TrafficSpec::Conversations(c) => SourceLoad {
+            requests: c.conversations as f64 * c.turns.mean(),
+            span_s: c.conversations as f64 / c.rate_per_s.max(f64::MIN_POSITIVE),
+            output_mean: c.output.mean(),
+        },
+        TrafficSpec::ClosedLoop(_) | TrafficSpec::Trace { .. } => return None,
+    })
 }
 
 struct Validator<'p> {
@@ -932,6 +1063,33 @@ impl Validator<'_> {
             traffic.push(self.traffic(i, t)?);
         }
 
+        let loads: Vec<(usize, crate::footprint::SourceLoad)> = traffic
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| source_load(t).map(|l| (i, l)))
+            .collect();
+        let only: Vec<crate::footprint::SourceLoad> = loads.iter().map(|(_, l)| *l).collect();
+        if let Some(why) = crate::footprint::waiting_overflow(
+            &only,
+            &workers,
+            crate::footprint::memory_limit_bytes(),
+        ) {
+            let (i, _) = loads
+                .iter()
+                .max_by(|a, b| a.1.requests.total_cmp(&b.1.requests))
+                .expect("an overflow has a source");
+            return Err(self
+                .invalid(
+                    Some(&raw.traffic[*i].referenced),
+                    format!("traffic[{i}]"),
+                    why,
+                )
+                .valid(
+                    "traffic the fleet can keep up with, or fewer requests (`count`, \
+                     `duration_s`): a run holds every waiting request in memory",
+                ));
+        }
+
         let mut events = Vec::new();
         for (i, e) in raw.events.iter().enumerate() {
             events.push(self.event(i, e, &names)?);
@@ -995,6 +1153,7 @@ impl Validator<'_> {
             setup,
             traffic,
             policies,
+            warmup: Warmup::default(),
         })
     }
 
@@ -1307,6 +1466,7 @@ impl Validator<'_> {
                         *start_offset_s,
                         0.0,
                     )?,
+                    start_after_warmup: start_offset_s.is_none(),
                     on_bad_row,
                     resample: resample
                         .as_ref()
@@ -1332,6 +1492,7 @@ impl Validator<'_> {
             setup: SimSetup::new("", Vec::new(), 0),
             traffic: vec![spec.clone()],
             policies: Vec::new(),
+            warmup: Warmup::default(),
         };
         if !matches!(spec, TrafficSpec::Trace { .. })
             && let Err(e) = probe.traffic_source(0)

@@ -149,6 +149,7 @@ impl LoadedTrace {
         format: TraceFormat,
         options: &ReplayOptions,
     ) -> Result<LoadedTrace, TrafficError> {
+        crate::footprint::check_trace_fits(path, options.limit)?;
         let own_pace = ReplayOptions {
             time_scale: 1.0,
             rate_scale: 1.0,

@@ -112,6 +112,11 @@ pub struct ReplayOptions {
     pub skip_rows: u64,
     /// Simulated time of the first replayed row, ns.
     pub start_offset: u64,
+    /// Start at the fleet's warm-up instead: set for a scenario's trace without
+    /// `start_offset_s`, and resolved by the scenario into `start_offset`
+    /// (`Scenario::warmup_ns`) before the trace is opened; [`TraceReplay`] reads `start_offset`
+    /// only.
+    pub start_after_warmup: bool,
     /// Error out on, or skip and count, invalid rows.
     pub on_bad_row: BadRowPolicy,
     /// How seeds relate to the trace (`None`: not said in the scenario; the command decides,
@@ -130,6 +135,7 @@ impl Default for ReplayOptions {
             limit: None,
             skip_rows: 0,
             start_offset: 0,
+            start_after_warmup: false,
             on_bad_row: BadRowPolicy::Error,
             resample: None,
             window: None,
@@ -353,6 +359,10 @@ impl TraceReplay {
 
     /// Read a mapped log whole (at most `limit` valid rows, in file order), then sort it.
     fn load_mapped(&mut self) -> Result<VecDeque<MappedRow>, TrafficError> {
+        crate::footprint::check_trace_fits(
+            &self.st.path,
+            (self.limit < u64::MAX).then_some(self.limit),
+        )?;
         let mut rows = Vec::new();
         'lines: while (rows.len() as u64) < self.limit {
             self.buf.clear();

@@ -349,3 +349,38 @@ fn trap9_a_csv_with_its_own_columns_is_told_how_to_map_them() {
         "{e}"
     );
 }
+
+#[test]
+fn trap7_rejected_requests_are_counted_by_reason_and_said() {
+    // Prompts longer than every worker's context window: all rejected, and the run says why.
+    let yaml = "fleet:\n  - { name: a, profile: rtx4090-27b, context_window: 2048 }\n  \
+                - { name: b, profile: rtx4090-27b, context_window: 4096 }\n\
+                traffic:\n  - poisson: { rate_per_s: 1, count: 6, prompt: { uniform: { min: 100, max: 9000 } }, output: { fixed: 10 } }\n";
+    let sc = Scenario::from_yaml(yaml, Path::new("/tmp/trap7.yaml")).unwrap();
+    let mut t = sc.traffic_source(3).unwrap();
+    let m = routelab_sim::run(
+        &sc.setup,
+        &routelab_policies::PolicyConfig::preset("seed-v1").unwrap(),
+        &mut *t,
+        None,
+    )
+    .unwrap();
+    assert!(
+        m.rejected > 0 && m.completed > 0,
+        "{} {}",
+        m.rejected,
+        m.completed
+    );
+    assert_eq!(m.rejections.context_window, m.rejected);
+    assert_eq!(m.rejections.largest_window, 4096);
+    assert!(m.rejections.longest_request > 4096);
+    let lines = m.warning_lines();
+    let line = lines
+        .iter()
+        .find(|l| l.contains("rejected"))
+        .expect("a line says why requests were rejected");
+    assert!(
+        line.starts_with(&format!("{} request(s) rejected: {} because prompt + output exceed every worker's context window (the largest is 4096 tokens", m.rejected, m.rejected)),
+        "{line}"
+    );
+}

@@ -15,4 +15,5 @@ mod replicas;
 mod resample;
 mod traffic;
 mod validation;
+mod warmup;
 mod weight_error;

@@ -477,7 +477,10 @@ fn a_scenario_replays_a_mapped_log() {
     };
     assert_eq!(format.name(), "csv", "the layout follows the extension");
     let v = drain(&mut *s.traffic_source(1).unwrap()).unwrap();
-    assert_eq!(at_s(&v), [0.0, 2.0]);
+    // Without `start_offset_s` the trace starts after the fleet's warm-up.
+    let w = s.warmup_ns().unwrap() as f64 / S as f64;
+    assert!(w > 0.0);
+    assert_eq!(at_s(&v), [w, w + 2.0]);
     assert_eq!(v[1].prefix_blocks[0], v[0].prefix_blocks[0]);
     let s = scenario(
         &dir,
