@@ -20,6 +20,7 @@ use crate::export::json::write_json;
 use crate::export::markdown::cell as md;
 use crate::export::table::TextTable;
 use crate::export::{create_dir, write_file};
+use crate::holdout::{Holds, OutOfSample};
 use crate::metric::{CATALOG, Direction, Metric, Unit, view, views};
 use crate::num::{fmt_sig, r6, slug};
 use crate::run::{Written, latency_cdf_figure};
@@ -111,6 +112,11 @@ pub struct ScenarioComparison {
     pub seed_stop: SeedStop,
     /// The `--seeds auto` rule, when it decided the count.
     pub auto_seeds: Option<AutoSeeds>,
+    /// What a seed of the scenario is (`Scenario::seed_meaning`): its sentence, and the short
+    /// form for a table cell (empty when the host does not say).
+    pub seed_meaning: (String, String),
+    /// The out-of-sample check (`--holdout`), when one ran.
+    pub out_of_sample: Option<OutOfSample>,
 }
 
 impl ScenarioComparison {
@@ -127,6 +133,8 @@ impl ScenarioComparison {
             baseline: 0,
             seed_stop: SeedStop::Fixed,
             auto_seeds: None,
+            seed_meaning: (String::new(), String::new()),
+            out_of_sample: None,
         }
     }
 
@@ -174,6 +182,12 @@ pub struct ScenarioStats {
     /// The `--seeds auto` rule (absent for a fixed count).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub auto_seeds: Option<AutoSeedsRule>,
+    /// What a seed is: whether a trace is replayed as recorded or resampled, and the warm-up.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub seed_meaning: String,
+    /// The out-of-sample check (`--holdout`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub out_of_sample: Option<OutOfSample>,
 }
 
 /// The `--seeds auto` rule as written in `compare.json`.
@@ -534,9 +548,70 @@ pub fn compare_file(scenarios: &[ScenarioComparison]) -> CompareFile {
                 seeds_run: sc.seeds_run(),
                 seed_stop: sc.seed_stop,
                 auto_seeds: sc.auto_seeds.map(AutoSeedsRule::from),
+                seed_meaning: sc.seed_meaning.0.clone(),
+                out_of_sample: sc.out_of_sample.clone(),
             })
             .collect(),
     }
+}
+
+/// The out-of-sample check of a comparison: the winner of `in_sample` on the headline metric
+/// (the report's first sentence), checked on `held` (the same scenario's held-out part, same
+/// policies and seeds): still the best there, or beaten (paired difference established), or
+/// neither. `None` when either part has no winner.
+pub fn compare_out_of_sample(
+    in_sample: &ScenarioComparison,
+    held: &ScenarioComparison,
+    held_out: &str,
+) -> Option<OutOfSample> {
+    let m = headline_metric();
+    let w = winner(in_sample, m)?;
+    let hw = winner(held, m)?;
+    let wi = held.policies.iter().position(|p| p.policy == w.winner)?;
+    let best = match m.direction {
+        Direction::Higher => "highest",
+        _ => "lowest",
+    };
+    let (holds, detail) = if hw.winner == w.winner {
+        let detail = match (&hw.runner_up, &hw.paired) {
+            (Some(r), Some(d)) => format!(
+                "{} {} against {} for `{r}`, paired {}",
+                m.label,
+                with_unit(m, hw.winner_mean),
+                with_unit(m, hw.runner_up_mean),
+                fmt_diff(m, d)
+            ),
+            _ => format!("{} {}", m.label, with_unit(m, hw.winner_mean)),
+        };
+        (Holds::Yes, detail)
+    } else {
+        let bi = held.policies.iter().position(|p| p.policy == hw.winner)?;
+        let d = paired_diff(&held.policies[bi], &held.policies[wi], m);
+        let detail = format!(
+            "{} {} against {} for `{}`, paired {}",
+            m.label,
+            with_unit(m, hw.winner_mean),
+            with_unit(m, interval(&held.policies[wi], m).map(|i| i.mean)),
+            w.winner,
+            fmt_diff(m, &d)
+        );
+        (
+            if d.established {
+                Holds::No
+            } else {
+                Holds::Tied
+            },
+            detail,
+        )
+    };
+    Some(OutOfSample {
+        held_out: held_out.to_string(),
+        criterion: format!("{best} {}", m.label),
+        winner: w.winner,
+        best_held_out: hw.winner,
+        holds,
+        detail,
+    })
 }
 
 /// Metrics shown in the HTML table, its winners and the findings.
@@ -870,6 +945,12 @@ fn compare_html(
             page.el("p", Some("desc"), &sc.description);
         }
         page.el("p", Some("meta"), &seed_rule_note(sc));
+        if !sc.seed_meaning.0.is_empty() {
+            page.el("p", Some("meta"), &sc.seed_meaning.0);
+        }
+        if let Some(o) = &sc.out_of_sample {
+            page.el("p", Some("lead"), &o.sentence());
+        }
         page.raw(&scenario_table_html(sc));
         page.raw(&winners_html(st));
         page.raw(&baseline_html(st));
@@ -1172,6 +1253,12 @@ pub fn compare_table(scenarios: &[ScenarioComparison]) -> String {
         out.push_str(&t.render());
         out.push_str(&no_spread_note(sc, &metrics, &ivs));
         out.push_str(&paired_table(sc, &metrics));
+        if !sc.seed_meaning.0.is_empty() {
+            let _ = writeln!(out, "{}", sc.seed_meaning.0);
+        }
+        if let Some(o) = &sc.out_of_sample {
+            let _ = writeln!(out, "{}", o.sentence());
+        }
     }
     if !scenarios.is_empty() {
         out.push_str("mean ± 95 % half-width across seeds; * best mean (s, tok/s, %)\n");
@@ -1320,8 +1407,12 @@ pub fn findings_document(
          per-policy intervals of the report are not the test: they include the seed-to-seed noise both\n\
          policies share, so they often overlap when one policy is better on every seed.\n\n\
          ## Seeds\n\n\
-         | scenario | baseline | seeds | decided by |\n\
-         |---|---|---:|---|\n",
+         What a seed is differs by scenario: a trace is resampled per seed (a circular block\n\
+         bootstrap of whole sessions, so its intervals carry the traffic's variability) or replayed\n\
+         as recorded (`resample: none`: its intervals carry only the engines' and routers' own\n\
+         randomness); synthetic traffic is drawn anew from each seed.\n\n\
+         | scenario | baseline | seeds | decided by | traffic per seed |\n\
+         |---|---|---:|---|---|\n",
         scenarios
             .iter()
             .map(|s| format!("`{s}`"))
@@ -1331,7 +1422,7 @@ pub fn findings_document(
     for sc in comparisons {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} |",
             md(&sc.scenario),
             md(sc.baseline_policy().map_or("-", |b| b.policy.as_str())),
             sc.seeds_run(),
@@ -1339,8 +1430,39 @@ pub fn findings_document(
                 SeedStop::Fixed => "fixed count",
                 SeedStop::Precise => "auto: every difference precise enough",
                 SeedStop::MaxSeeds => "auto: maximum count reached",
+            },
+            if sc.seed_meaning.1.is_empty() {
+                "-".to_string()
+            } else {
+                md(&sc.seed_meaning.1)
             }
         );
+    }
+    let checked: Vec<&ScenarioComparison> = comparisons
+        .iter()
+        .filter(|sc| sc.out_of_sample.is_some())
+        .collect();
+    if !checked.is_empty() {
+        out.push_str(
+            "\n## Out of sample\n\n\
+             With `--holdout`, each scenario's winner by the report's headline metric is picked on\n\
+             the first part of each trace (by time) and checked on the held-out rest, paired on the\n\
+             same seeds: it holds, it is beaten (established), or neither.\n\n\
+             | scenario | winner in sample | best held out | verdict |\n\
+             |---|---|---|---|\n",
+        );
+        for sc in &checked {
+            let o = sc.out_of_sample.as_ref().expect("filtered");
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {}: {} |",
+                md(&sc.scenario),
+                md(&o.winner),
+                md(&o.best_held_out),
+                o.verdict_word(),
+                md(&o.detail)
+            );
+        }
     }
     out.push_str(
         "\n## Winner per metric\n\n\

@@ -41,6 +41,6 @@ pub use record::{
     Outcome, Recorder, RequestRecord, RequestSink, RunWarning, Slo, Status, WarningReason,
 };
 pub use results::{Rejections, ReplicaTotals, RunMetrics, TimelineRow, WorkerTotals};
-pub use scenario::{Scenario, ScenarioError, TrafficSpec};
+pub use scenario::{Scenario, ScenarioError, SeedMeaning, TrafficSpec};
 pub use seed::derive_seed;
 pub use worker::{Engine, EngineMode, EngineModel, EngineOverrides, StepEngine};

@@ -466,6 +466,16 @@ pub struct Scenario {
     pub warmup: Warmup,
 }
 
+/// What a seed of a scenario is ([`Scenario::seed_meaning`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeedMeaning {
+    /// For a table cell: `trace resampled (143 s blocks)`, `trace replayed as recorded`,
+    /// `synthetic traffic drawn per seed`.
+    pub short: String,
+    /// The sentences every output states (with the warm-up, when a trace waits for one).
+    pub sentence: String,
+}
+
 /// The fleet's warm-up ([`Scenario::warmup_ns`]), computed on first use and shared by clones.
 #[derive(Debug, Clone, Default)]
 pub struct Warmup(Arc<std::sync::OnceLock<Result<u64, String>>>);
@@ -640,6 +650,19 @@ impl Scenario {
         out
     }
 
+    /// This scenario with every trace source replayed as recorded, whatever its `resample:`
+    /// says (what a trace's own mean rate is read from).
+    #[must_use]
+    pub fn as_recorded(&self) -> Scenario {
+        let mut out = self.clone();
+        for t in &mut out.traffic {
+            if let TrafficSpec::Trace { options, .. } = t {
+                options.resample = Some(Resample::Exact);
+            }
+        }
+        out
+    }
+
     /// Whether any trace source is resampled per seed.
     #[must_use]
     pub fn resamples(&self) -> bool {
@@ -697,15 +720,17 @@ impl Scenario {
         ))
     }
 
-    /// What a seed of this scenario is, in one sentence for every output: for each trace
-    /// source, whether seeds replay it as recorded or resample it (and with which blocks), and
-    /// that the engines' noise and the routers' random choices follow the seed too.
+    /// What a seed of this scenario is, for every output: for each trace source, whether
+    /// seeds replay it as recorded or resample it (and with which blocks), and that the
+    /// engines' noise and the routers' random choices follow the seed too; and the warm-up a
+    /// trace waits for ([`Scenario::warmup_note`]).
     ///
     /// # Errors
     /// The error of a trace that cannot be read (a resampled one is read to tell its block
-    /// length).
-    pub fn seed_meaning(&self) -> Result<String, TrafficError> {
+    /// length), or of the warm-up run.
+    pub fn seed_meaning(&self) -> Result<SeedMeaning, TrafficError> {
         let mut parts = Vec::new();
+        let mut short = Vec::new();
         let mut synthetic = false;
         for (i, t) in self.traffic.iter().enumerate() {
             let TrafficSpec::Trace {
@@ -723,38 +748,65 @@ impl Scenario {
                 .unwrap_or_default();
             let part = options
                 .window
-                .map(|w| format!(" ({})", w.describe()))
+                .map(|w| format!(", {}", w.describe()))
                 .unwrap_or_default();
-            parts.push(match options.resample.unwrap_or(Resample::Exact) {
-                Resample::Exact => format!(
-                    "traffic[{i}] ({name}{part}) is replayed as recorded on every seed \
-                     (`resample: none`): its intervals carry none of the traffic's variability"
-                ),
+            match options.resample.unwrap_or(Resample::Exact) {
+                Resample::Exact => {
+                    short.push("trace replayed as recorded".to_owned());
+                    parts.push(format!(
+                        "traffic[{i}] ({name}{part}) is replayed as recorded on every seed \
+                         (`resample: none`), so the intervals carry none of the traffic's \
+                         variability"
+                    ));
+                }
                 Resample::Block { block_ns } => {
                     let loaded = crate::traffic::LoadedTrace::load(path, format.clone(), options)?;
-                    let how = match (loaded.block_length(block_ns), block_ns) {
-                        (None, _) => "cannot be resampled (all at one instant)".to_owned(),
-                        (Some(b), None) => format!(
-                            "blocks of {:.0} s, chosen from the trace by the Politis-White rule",
-                            b as f64 / 1e9
+                    let (how, tag) = match (loaded.block_length(block_ns), block_ns) {
+                        (None, _) => (
+                            "it cannot be resampled (all at one instant)".to_owned(),
+                            "trace (one instant)".to_owned(),
                         ),
-                        (Some(b), Some(_)) => format!("blocks of {:.0} s", b as f64 / 1e9),
+                        (Some(b), None) => (
+                            format!(
+                                "blocks of {:.0} s, chosen from the trace by the Politis-White \
+                                 rule",
+                                b as f64 / 1e9
+                            ),
+                            format!("trace resampled ({:.0} s blocks)", b as f64 / 1e9),
+                        ),
+                        (Some(b), Some(_)) => (
+                            format!("blocks of {:.0} s", b as f64 / 1e9),
+                            format!("trace resampled ({:.0} s blocks)", b as f64 / 1e9),
+                        ),
                     };
-                    format!(
+                    short.push(tag);
+                    parts.push(format!(
                         "traffic[{i}] ({name}{part}) is a new circular block-bootstrap resample \
                          of the trace on each seed ({how}; a session's requests stay together), \
                          so the intervals carry the traffic's variability"
-                    )
+                    ));
                 }
-            });
+            }
         }
         if synthetic {
+            short.push("synthetic traffic drawn per seed".to_owned());
             parts.push("the synthetic sources are drawn anew from each seed".to_owned());
         }
         parts.push(
             "each seed also draws the engines' noise and the routers' random choices".to_owned(),
         );
-        Ok(format!("A seed: {}.", parts.join("; ")))
+        let mut sentence = format!("A seed: {}.", parts.join("; "));
+        if let Some(w) = self
+            .warmup_note()
+            .map_err(|e| TrafficError::config("warm-up", "start_offset_s", e))?
+        {
+            sentence.push(' ');
+            sentence.push_str(&w);
+        }
+        Ok(SeedMeaning {
+            short: short.join(" + "),
+            sentence,
+        })
     }
 
     /// The fleet's warm-up, ns: when every worker registered at the fleet's first registration

@@ -4,6 +4,7 @@
 
 use super::CapacityStudy;
 use crate::findings;
+use crate::holdout::{Holds, OutOfSample};
 use crate::num::{fmt_half_width, fmt_sig};
 use crate::stats::{Interval, excludes};
 use routelab_policies::PolicyConfig;
@@ -91,6 +92,62 @@ fn versus(st: &CapacityStudy, i: usize, j: usize, who: &str) -> String {
         );
     }
     format!("{} {who}'s load", ratio_cell(st.ratio_to(i, j)))
+}
+
+/// The one sentence that says which policy to ship and by how much (the findings' verdict,
+/// also the first sentence of the console table and of `report.html`).
+pub fn ship_sentence(st: &CapacityStudy) -> String {
+    scenario_verdict(st)
+}
+
+/// The out-of-sample check of a capacity study: the policy `in_sample` ships (the most capacity
+/// of any deployable policy), checked on `held` (the same scenario's held-out part, same
+/// policies and seed plan): still the most there, or beaten (the paired ratio excludes 1), or
+/// neither. `None` when either part ships nothing.
+pub fn capacity_out_of_sample(
+    in_sample: &CapacityStudy,
+    held: &CapacityStudy,
+    held_out: &str,
+) -> Option<OutOfSample> {
+    fn deployable(st: &CapacityStudy) -> impl Fn(usize) -> bool + '_ {
+        move |i| PolicyKind::of(st, i) != PolicyKind::Oracle
+    }
+    let ship = best(in_sample, deployable(in_sample))?;
+    let name = &in_sample.policies[ship].policy;
+    let hi = held.policies.iter().position(|p| &p.policy == name)?;
+    let held_best = best(held, deployable(held))?;
+    let quoted = |i: usize| format!("`{}`", held.policies[i].policy);
+    let (holds, detail) = if held_best == hi {
+        let runner = best(held, |i| i != hi && deployable(held)(i));
+        let detail = match runner {
+            Some(r) => format!("it carries {} there", versus(held, hi, r, &quoted(r))),
+            None => "the only deployable policy there".to_owned(),
+        };
+        (Holds::Yes, detail)
+    } else {
+        let r = held.ratio_to(held_best, hi);
+        let detail = format!(
+            "{} carries {} there",
+            quoted(held_best),
+            versus(held, held_best, hi, &quoted(hi))
+        );
+        (
+            if r.is_some_and(|r| excludes(&r, 1.0) && r.mean > 1.0) {
+                Holds::No
+            } else {
+                Holds::Tied
+            },
+            detail,
+        )
+    };
+    Some(OutOfSample {
+        held_out: held_out.to_string(),
+        criterion: "the most capacity at the SLO of any deployable policy".into(),
+        winner: name.clone(),
+        best_held_out: held.policies[held_best].policy.clone(),
+        holds,
+        detail,
+    })
 }
 
 fn scenario_verdict(st: &CapacityStudy) -> String {
@@ -218,9 +275,14 @@ fn scenario_part(st: &CapacityStudy) -> String {
         .map(|i| PolicyKind::of(st, i))
         .collect();
     let field_best = best(st, |i| kinds[i] == PolicyKind::Field);
+    let per_seed = if st.seed_meaning.1.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", st.seed_meaning.1)
+    };
     let _ = write!(
         out,
-        "### {} at `{}`{}\n\nSLO: {}; load scale 1 = {} req/s; {} seeds; precision {} %.\n\n\
+        "### {} at `{}`{}\n\nSLO: {}; load scale 1 = {} req/s; {} seeds{per_seed}; precision {} %.\n\n\
          | policy | kind | capacity (load scale) | req/s | vs round robin | vs best field router{} |\n\
          |---|---|---:|---:|---|---|\n",
         st.scenario,
@@ -278,6 +340,9 @@ fn scenario_part(st: &CapacityStudy) -> String {
         );
     }
     let _ = writeln!(out, "\n{}", scenario_verdict(st));
+    if let Some(o) = &st.out_of_sample {
+        let _ = writeln!(out, "\n{}", o.sentence());
+    }
     out
 }
 
@@ -308,6 +373,7 @@ mod tests {
             slo: spec.clone(),
             options: SearchOptions::default(),
             base_rate_per_s: Some(1.0),
+            seed_meaning: Default::default(),
         };
         run_study(plan, |b| {
             b.iter()
@@ -373,6 +439,7 @@ mod tests {
             slo: spec.clone(),
             options: SearchOptions::default(),
             base_rate_per_s: Some(1.0),
+            seed_meaning: Default::default(),
         };
         let st = run_study(plan, |b| {
             b.iter()
