@@ -20,7 +20,7 @@ use crate::export::json::write_json;
 use crate::export::markdown::cell as md;
 use crate::export::table::TextTable;
 use crate::export::{create_dir, write_file};
-use crate::holdout::{Holds, OutOfSample};
+use crate::holdout::OutOfSample;
 use crate::metric::{CATALOG, Direction, Metric, Unit, view, views};
 use crate::num::{fmt_sig, r6, slug};
 use crate::run::{Written, latency_cdf_figure};
@@ -572,7 +572,7 @@ pub fn compare_out_of_sample(
         Direction::Higher => "highest",
         _ => "lowest",
     };
-    let (holds, detail) = if hw.winner == w.winner {
+    let (established, detail) = if hw.winner == w.winner {
         let detail = match (&hw.runner_up, &hw.paired) {
             (Some(r), Some(d)) => format!(
                 "{} {} against {} for `{r}`, paired {}",
@@ -583,7 +583,7 @@ pub fn compare_out_of_sample(
             ),
             _ => format!("{} {}", m.label, with_unit(m, hw.winner_mean)),
         };
-        (Holds::Yes, detail)
+        (false, detail)
     } else {
         let bi = held.policies.iter().position(|p| p.policy == hw.winner)?;
         let d = paired_diff(&held.policies[bi], &held.policies[wi], m);
@@ -595,23 +595,16 @@ pub fn compare_out_of_sample(
             w.winner,
             fmt_diff(m, &d)
         );
-        (
-            if d.established {
-                Holds::No
-            } else {
-                Holds::Tied
-            },
-            detail,
-        )
+        (d.established, detail)
     };
-    Some(OutOfSample {
-        held_out: held_out.to_string(),
-        criterion: format!("{best} {}", m.label),
-        winner: w.winner,
-        best_held_out: hw.winner,
-        holds,
+    Some(OutOfSample::judged(
+        held_out,
+        format!("{best} {}", m.label),
+        w.winner,
+        hw.winner,
+        established,
         detail,
-    })
+    ))
 }
 
 /// Metrics shown in the HTML table, its winners and the findings.
@@ -1492,6 +1485,7 @@ pub fn findings_document(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::holdout::Holds;
 
     pub(crate) fn summary(policy: &str, e2e: f64, tok: f64) -> RunSummary {
         let mut s = RunSummary::from_metrics(&RunMetrics::new(policy, vec![]));
@@ -1548,6 +1542,53 @@ pub(crate) mod tests {
                 .collect(),
             first_seed_e2e: None,
         }
+    }
+
+    #[test]
+    fn the_winner_is_checked_on_the_held_out_part() {
+        let in_sample = comparison();
+        let held = |slow: [f64; 3], fast: [f64; 3]| {
+            ScenarioComparison::new(
+                "test/two",
+                "",
+                vec![policy("slow", &slow), policy("fast", &fast)],
+            )
+        };
+        let text = "the last 30 % of each trace's span";
+        // `fast` wins in sample and on the held-out part.
+        let o = compare_out_of_sample(&in_sample, &held([2.0, 2.1, 2.2], [1.0, 1.2, 1.1]), text)
+            .unwrap();
+        assert_eq!((o.winner.as_str(), o.holds), ("fast", Holds::Yes));
+        assert!(
+            o.detail
+                .starts_with("e2e mean 1.10 s against 2.10 s for `slow`"),
+            "{o:?}"
+        );
+        // `slow` beats it on every held-out seed: it fails.
+        let o = compare_out_of_sample(&in_sample, &held([1.0, 1.1, 1.2], [2.0, 2.2, 2.4]), text)
+            .unwrap();
+        assert_eq!((o.best_held_out.as_str(), o.holds), ("slow", Holds::No));
+        // `slow` ahead on the mean only, not on every seed: neither.
+        let o = compare_out_of_sample(&in_sample, &held([1.0, 3.0, 1.0], [2.0, 1.0, 2.1]), text)
+            .unwrap();
+        assert_eq!(o.holds, Holds::Tied, "{o:?}");
+        let mut with = in_sample.clone();
+        with.out_of_sample = Some(o);
+        with.seed_meaning = ("A seed: …".into(), "trace resampled (60 s blocks)".into());
+        let table = compare_table(std::slice::from_ref(&with));
+        assert!(
+            table.contains("\nA seed: …\nOut of sample (the last 30 %"),
+            "{table}"
+        );
+        let md = findings_document(&["test/two"], "3 seeds", &[with], &[]);
+        assert!(
+            md.contains("| test/two | slow | 3 | fixed count | trace resampled (60 s blocks) |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| test/two | fast | slow | not established: "),
+            "{md}"
+        );
     }
 
     /// The opening sentence of a comparison, through `compare_file`'s winners as the report

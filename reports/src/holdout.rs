@@ -38,6 +38,34 @@ pub struct OutOfSample {
 }
 
 impl OutOfSample {
+    /// The verdict of a check whose in-sample `winner` met `best_held_out` as the best policy
+    /// on the held-out part: it holds when they are one policy, else it fails when the held-out
+    /// best beats it `established` (its paired interval excludes no difference), else neither.
+    pub fn judged(
+        held_out: &str,
+        criterion: String,
+        winner: String,
+        best_held_out: String,
+        established: bool,
+        detail: String,
+    ) -> OutOfSample {
+        let holds = if winner == best_held_out {
+            Holds::Yes
+        } else if established {
+            Holds::No
+        } else {
+            Holds::Tied
+        };
+        OutOfSample {
+            held_out: held_out.to_string(),
+            criterion,
+            winner,
+            best_held_out,
+            holds,
+            detail,
+        }
+    }
+
     /// The sentence every output prints.
     pub fn sentence(&self) -> String {
         let head = format!(

@@ -4,7 +4,7 @@
 
 use super::CapacityStudy;
 use crate::findings;
-use crate::holdout::{Holds, OutOfSample};
+use crate::holdout::OutOfSample;
 use crate::num::{fmt_half_width, fmt_sig};
 use crate::stats::{Interval, excludes};
 use routelab_policies::PolicyConfig;
@@ -117,13 +117,12 @@ pub fn capacity_out_of_sample(
     let hi = held.policies.iter().position(|p| &p.policy == name)?;
     let held_best = best(held, deployable(held))?;
     let quoted = |i: usize| format!("`{}`", held.policies[i].policy);
-    let (holds, detail) = if held_best == hi {
-        let runner = best(held, |i| i != hi && deployable(held)(i));
-        let detail = match runner {
+    let (established, detail) = if held_best == hi {
+        let detail = match best(held, |i| i != hi && deployable(held)(i)) {
             Some(r) => format!("it carries {} there", versus(held, hi, r, &quoted(r))),
             None => "the only deployable policy there".to_owned(),
         };
-        (Holds::Yes, detail)
+        (false, detail)
     } else {
         let r = held.ratio_to(held_best, hi);
         let detail = format!(
@@ -131,23 +130,16 @@ pub fn capacity_out_of_sample(
             quoted(held_best),
             versus(held, held_best, hi, &quoted(hi))
         );
-        (
-            if r.is_some_and(|r| excludes(&r, 1.0) && r.mean > 1.0) {
-                Holds::No
-            } else {
-                Holds::Tied
-            },
-            detail,
-        )
+        (r.is_some_and(|r| excludes(&r, 1.0) && r.mean > 1.0), detail)
     };
-    Some(OutOfSample {
-        held_out: held_out.to_string(),
-        criterion: "the most capacity at the SLO of any deployable policy".into(),
-        winner: name.clone(),
-        best_held_out: held.policies[held_best].policy.clone(),
-        holds,
+    Some(OutOfSample::judged(
+        held_out,
+        "the most capacity at the SLO of any deployable policy".into(),
+        name.clone(),
+        held.policies[held_best].policy.clone(),
+        established,
         detail,
-    })
+    ))
 }
 
 fn scenario_verdict(st: &CapacityStudy) -> String {
@@ -266,7 +258,10 @@ const SECTION_HEADER: &str = "## Capacity at the SLO\n\n\
          SLO holds, searched on each seed to the stated precision; its request rate; and its paired\n\
          ratio (per-seed capacities, 95 % interval) to round robin and to the best of the field's\n\
          routers in that scenario. A ratio is established only when its interval excludes 1. A\n\
-         policy that meets the SLO at no load tried counts as capacity 0 on that seed.\n";
+         policy that meets the SLO at no load tried counts as capacity 0 on that seed. A trace is\n\
+         a new block-bootstrap resample on each seed unless a part says otherwise, so the\n\
+         intervals carry the traffic's variability; with `--holdout`, a part ends with whether\n\
+         the policy to ship still wins on the held-out end of each trace.\n";
 
 /// One scenario's table and verdict.
 fn scenario_part(st: &CapacityStudy) -> String {
@@ -351,6 +346,7 @@ mod tests {
     use super::super::search::tests::ps_run;
     use super::super::*;
     use super::*;
+    use crate::holdout::Holds;
 
     /// round robin 1x, a field router 1.5x, ours 1.2x, the oracle 2x — every seed alike up to
     /// seed noise both share.
@@ -497,6 +493,40 @@ mod tests {
             update_findings(&third, &[]),
             third,
             "nothing studied: nothing moves"
+        );
+    }
+
+    #[test]
+    fn the_shipped_policy_is_checked_on_the_held_out_part() {
+        let text = "the last 30 % of each trace's span";
+        // Ours ships in sample (1.8x); held out, the field router (1.5x) beats ours (1.2x).
+        let o = capacity_out_of_sample(&study(1.8), &study(1.8), text).unwrap();
+        assert_eq!((o.winner.as_str(), o.holds), ("seed-v3", Holds::Yes));
+        assert!(
+            o.detail
+                .starts_with("it carries 1.20x [1.20, 1.20] `cache-aware`'s load"),
+            "{o:?}"
+        );
+        let o = capacity_out_of_sample(&study(1.8), &study(1.2), text).unwrap();
+        assert_eq!(
+            (o.best_held_out.as_str(), o.holds),
+            ("cache-aware", Holds::No)
+        );
+        let mut st = study(1.8);
+        st.out_of_sample = Some(o);
+        st.seed_meaning = ("A seed: …".into(), "trace resampled (60 s blocks)".into());
+        let md = findings_section(&[st]);
+        assert!(
+            md.contains("3 seeds (trace resampled (60 s blocks)); precision"),
+            "{md}"
+        );
+        assert!(
+            md.contains(
+                "\nOut of sample (the last 30 % of each trace's span held out; the winner \
+                         picked on the rest by the most capacity at the SLO of any deployable \
+                         policy): `seed-v3` does not hold: `cache-aware` beats it"
+            ),
+            "{md}"
         );
     }
 
