@@ -199,6 +199,23 @@ pub fn holdout_fraction(f: Option<f64>) -> Result<Option<f64>, InputError> {
     .transpose()
 }
 
+/// With `--holdout F`: every scenario's first part, then every scenario's held-out part (the
+/// order `compare` and `capacity` keep their studies in); without, the scenarios as they are.
+pub fn with_held_out_parts(
+    scenarios: Vec<Scenario>,
+    holdout: Option<f64>,
+) -> Result<Vec<Scenario>, InputError> {
+    let Some(f) = holdout else {
+        return Ok(scenarios);
+    };
+    let parts = scenarios
+        .iter()
+        .map(|s| s.holdout(f))
+        .collect::<Result<Vec<_>, _>>()?;
+    let (first, held): (Vec<Scenario>, Vec<Scenario>) = parts.into_iter().unzip();
+    Ok(first.into_iter().chain(held).collect())
+}
+
 /// How long the runs took and on how many threads (the console's last line and `perf.json`;
 /// for a merge, the shards' figures summed).
 #[derive(Debug, Clone, Copy)]

@@ -123,7 +123,7 @@ impl Plan {
         let holdout = holdout_fraction(args.holdout)?;
         let mut read = InputsHash::new();
         // Load and check every scenario before running any, so a bad one fails fast.
-        let mut scenarios = args
+        let scenarios = args
             .scenarios
             .iter()
             .map(|path| {
@@ -136,14 +136,7 @@ impl Plan {
             })
             .collect::<anyhow::Result<Vec<Scenario>>>()?;
         let count = scenarios.len();
-        if let Some(f) = holdout {
-            let parts = scenarios
-                .iter()
-                .map(|s| s.holdout(f))
-                .collect::<Result<Vec<_>, _>>()?;
-            let (first, held): (Vec<Scenario>, Vec<Scenario>) = parts.into_iter().unzip();
-            scenarios = first.into_iter().chain(held).collect();
-        }
+        let scenarios = crate::lab::with_held_out_parts(scenarios, holdout)?;
         let studies = scenarios
             .into_iter()
             .enumerate()

@@ -246,20 +246,13 @@ impl Plan {
         let resample = args.resample.default_resample()?;
         let holdout = holdout_fraction(args.holdout)?;
         let mut read = InputsHash::new();
-        let mut scenarios: Vec<Scenario> = args
+        let scenarios: Vec<Scenario> = args
             .scenarios
             .iter()
             .map(|p| Ok(read_scenario(p, &mut read)?.with_resample_default(resample)))
             .collect::<anyhow::Result<_>>()?;
         let asked = scenarios.len();
-        if let Some(f) = holdout {
-            let parts = scenarios
-                .iter()
-                .map(|s| s.holdout(f))
-                .collect::<Result<Vec<_>, _>>()?;
-            let (first, held): (Vec<Scenario>, Vec<Scenario>) = parts.into_iter().unzip();
-            scenarios = first.into_iter().chain(held).collect();
-        }
+        let scenarios = crate::lab::with_held_out_parts(scenarios, holdout)?;
         let policies: Vec<Vec<PolicyConfig>> = scenarios
             .iter()
             .map(|s| super::run::policies_for(s, &args.policies))

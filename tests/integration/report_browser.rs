@@ -5,7 +5,7 @@
 //!
 //! Needs the Debian packages `chromium` and `chromium-driver` (`.ci/run` installs them).
 
-use super::common::{routelab, scratch, text};
+use super::common::{azure_slice, routelab, scratch, text};
 use routelab_testkit::{Browser, ChromeDriver};
 use serde_json::Value;
 use std::path::Path;
@@ -173,21 +173,7 @@ return {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_capacity_report_says_what_to_ship_and_its_chart_reads_at_a_glance() {
     let dir = scratch("capacity-browser");
-    let trace = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("data/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv");
-    let scenario = dir.join("slice.yaml");
-    std::fs::write(
-        &scenario,
-        format!(
-            "name: test/capacity-browser\nseed: 1\nmodel: gemma-27b\nfleet:\n  \
-             - {{ name: pro6000, profile: rtx-pro-6000-27b }}\n  \
-             - {{ name: pair, profile: rtx4090x2-27b }}\ntraffic:\n  - trace: {{ path: {}, \
-             format: azure, limit: 1500, rate_scale: 0.4 }}\npolicies: [seed-v1, seed-v3]\n\
-             timeline_s: 0\n",
-            trace.display()
-        ),
-    )
-    .unwrap();
+    let scenario = azure_slice(&dir, "test/capacity-browser");
     let out = dir.join("capacity");
     let o = routelab(&[
         "capacity",

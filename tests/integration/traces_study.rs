@@ -3,29 +3,12 @@
 //! is in every output, check the winner out of sample with `--holdout` and write both to the
 //! findings; `run` replays exactly; and the input traps answer as a careful tool does.
 
-use super::common::{routelab, scratch, text};
+use super::common::{azure_slice, routelab, scratch, text};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
-/// A slice of the Azure conv trace (1,500 rows at 0.4x) on two workers: a capacity search of
-/// three policies on three seeds takes well under a second in release.
 fn slice(dir: &Path) -> PathBuf {
-    let trace = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("data/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv");
-    let p = dir.join("slice.yaml");
-    std::fs::write(
-        &p,
-        format!(
-            "name: test/azure-slice\nseed: 1\nmodel: gemma-27b\nfleet:\n  \
-             - {{ name: pro6000, profile: rtx-pro-6000-27b }}\n  \
-             - {{ name: pair, profile: rtx4090x2-27b }}\ntraffic:\n  - trace: {{ path: {}, \
-             format: azure, limit: 1500, rate_scale: 0.4 }}\npolicies: [seed-v1, seed-v3]\n\
-             timeline_s: 0\n",
-            trace.display()
-        ),
-    )
-    .unwrap();
-    p
+    azure_slice(dir, "test/azure-slice")
 }
 
 fn json(path: &Path) -> Value {
