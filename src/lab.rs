@@ -9,6 +9,7 @@ use routelab_reports::partial::{
     InputsHash, MergeSet, Partial, Record, Results, VERSION, default_partial_path,
 };
 use routelab_reports::shard::Shard;
+use routelab_sim::traffic::Resample;
 use routelab_sim::{RequestRecord, RequestSink, RunMetrics, Scenario, run};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -136,6 +137,83 @@ impl ShardArgs {
             .map(|s| Shard::parse(s, crate::commands::compare::COMMAND_LINE, "--shard"))
             .transpose()
     }
+}
+
+/// `--resample`, taken by `compare`, `capacity`, `sweep` and `replicas`: what a seed means for
+/// a trace whose scenario does not say (`resample:`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ResampleArgs {
+    /// What a seed means for a trace source whose scenario sets no `resample:`: `block` (each
+    /// seed a circular block-bootstrap resample of the trace, whole sessions kept together, the
+    /// block length chosen from the trace), a block length in seconds, or `none` (every seed
+    /// replays the trace as recorded, as `run` and `check` do).
+    #[arg(long, default_value = "block", value_name = "block|none|SECONDS")]
+    pub resample: String,
+}
+
+impl ResampleArgs {
+    /// The resample a trace without its own `resample:` gets.
+    pub fn default_resample(&self) -> Result<Resample, InputError> {
+        let flag = |message: String| {
+            InputError::new(
+                crate::commands::compare::COMMAND_LINE,
+                "--resample",
+                message,
+            )
+            .valid("block, none, or a block length in seconds > 0 (e.g. 120)")
+        };
+        match self.resample.trim() {
+            "block" => Ok(Resample::BLOCK_AUTO),
+            "none" => Ok(Resample::Exact),
+            other => {
+                let s: f64 = other
+                    .parse()
+                    .map_err(|_| flag(format!("`{other}` is not a resample")))?;
+                let ns = routelab_policies::located::rule::seconds(s)
+                    .map_err(|v| flag(v.to_string()))?
+                    .as_nanos();
+                if ns == 0 {
+                    return Err(flag("0 s is not a block length".into()));
+                }
+                Ok(Resample::Block {
+                    block_ns: Some(u64::try_from(ns).unwrap_or(u64::MAX)),
+                })
+            }
+        }
+    }
+}
+
+/// What a seed of `scenario` is, for the outputs: `(sentence, short form)`.
+pub fn seed_meaning(scenario: &Scenario) -> anyhow::Result<(String, String)> {
+    let m = scenario
+        .seed_meaning()
+        .with_context(|| format!("{}: traffic", scenario.path.display()))?;
+    Ok((m.sentence, m.short))
+}
+
+/// `--holdout F`, taken by `compare` and `capacity`: a fraction in (0, 1).
+pub fn holdout_fraction(f: Option<f64>) -> Result<Option<f64>, InputError> {
+    f.map(|f| {
+        crate::commands::compare::fraction_flag("--holdout", f, "0.3 to hold out the last 30 %")
+    })
+    .transpose()
+}
+
+/// With `--holdout F`: every scenario's first part, then every scenario's held-out part (the
+/// order `compare` and `capacity` keep their studies in); without, the scenarios as they are.
+pub fn with_held_out_parts(
+    scenarios: Vec<Scenario>,
+    holdout: Option<f64>,
+) -> Result<Vec<Scenario>, InputError> {
+    let Some(f) = holdout else {
+        return Ok(scenarios);
+    };
+    let parts = scenarios
+        .iter()
+        .map(|s| s.holdout(f))
+        .collect::<Result<Vec<_>, _>>()?;
+    let (first, held): (Vec<Scenario>, Vec<Scenario>) = parts.into_iter().unzip();
+    Ok(first.into_iter().chain(held).collect())
 }
 
 /// How long the runs took and on how many threads (the console's last line and `perf.json`;

@@ -167,23 +167,6 @@ pub(crate) struct Series {
     pub points: Vec<(f64, f64)>,
 }
 
-impl Series {
-    /// A vertical mark at `x` from `y_low` to `y_high` (a knee, a threshold), named and coloured
-    /// like the series it belongs to.
-    pub fn vertical_mark(
-        name: impl Into<String>,
-        color: RGBColor,
-        x: f64,
-        (y_low, y_high): (f64, f64),
-    ) -> Series {
-        Series {
-            name: name.into(),
-            color,
-            points: vec![(x, y_low), (x, y_high)],
-        }
-    }
-}
-
 /// Where a legend goes.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Legend {
@@ -213,6 +196,32 @@ pub(crate) struct LinePanel {
     pub step: bool,
     pub legend: Legend,
     pub series: Vec<Series>,
+    /// Shaded intervals drawn under the lines (a mean's 95 % band across seeds).
+    pub bands: Vec<Band>,
+    /// Horizontal reference lines across the panel (a target), each with its label.
+    pub reference_lines: Vec<(f64, String)>,
+    /// Marked points that are not data (a capacity: where a policy's mean curve meets the
+    /// target, with its interval), drawn as outlined diamonds with a horizontal whisker.
+    pub knees: Vec<Knee>,
+}
+
+/// A shaded interval: at each x, from `low` to `high`.
+#[derive(Debug, Clone)]
+pub(crate) struct Band {
+    pub color: RGBColor,
+    /// `(x, low, high)`, by x.
+    pub points: Vec<(f64, f64, f64)>,
+}
+
+/// A marked point with a horizontal interval.
+#[derive(Debug, Clone)]
+pub(crate) struct Knee {
+    pub color: RGBColor,
+    pub x: f64,
+    pub y: f64,
+    /// The interval's ends on x (equal to `x` when it has none).
+    pub x_low: f64,
+    pub x_high: f64,
 }
 
 impl LinePanel {
@@ -231,6 +240,9 @@ impl LinePanel {
             step: false,
             legend: Legend::UpperRight,
             series: Vec::new(),
+            bands: Vec::new(),
+            reference_lines: Vec::new(),
+            knees: Vec::new(),
         }
     }
 }
@@ -633,6 +645,16 @@ fn draw_lines<DB: DrawingBackend>(
         .series
         .iter()
         .flat_map(|s| s.points.iter().copied())
+        .chain(
+            p.bands
+                .iter()
+                .flat_map(|b| b.points.iter().flat_map(|&(x, l, h)| [(x, l), (x, h)])),
+        )
+        .chain(
+            p.knees
+                .iter()
+                .flat_map(|k| [(k.x_low, k.y), (k.x_high, k.y), (k.x, k.y)]),
+        )
         .filter(usable)
         .collect();
     if all.is_empty() {
@@ -739,6 +761,42 @@ fn draw_lines<DB: DrawingBackend>(
             if p.y_log { y.log10() } else { y },
         )
     };
+    // Bands under everything else: the upper edge forward, the lower one back.
+    for b in &p.bands {
+        let upper = b.points.iter().map(|&(x, _, h)| (x, h));
+        let lower = b.points.iter().rev().map(|&(x, l, _)| (x, l));
+        let poly: Vec<(f64, f64)> = upper.chain(lower).filter(usable).map(to_axis).collect();
+        if poly.len() >= 3 {
+            chart
+                .draw_series(std::iter::once(Polygon::new(
+                    poly,
+                    b.color.mix(0.16).filled(),
+                )))
+                .map_err(e2s)?;
+        }
+    }
+    for (y, label) in &p.reference_lines {
+        if !usable(&(if p.x_log { 1.0 } else { 0.0 }, *y)) {
+            continue;
+        }
+        let (_, ya) = to_axis((1.0, *y));
+        chart
+            .draw_series(DashedLineSeries::new(
+                vec![(ax0, ya), (ax1, ya)],
+                10,
+                6,
+                BLACK.stroke_width(2),
+            ))
+            .map_err(e2s)?;
+        chart
+            .plotting_area()
+            .draw(&Text::new(
+                label.clone(),
+                (ax0 + (ax1 - ax0) * 0.01, ya),
+                label_font().pos(Pos::new(HPos::Left, VPos::Bottom)),
+            ))
+            .map_err(e2s)?;
+    }
     for s in &p.series {
         let pts: Vec<(f64, f64)> = s
             .points
@@ -784,6 +842,49 @@ fn draw_lines<DB: DrawingBackend>(
         for pt in marks {
             marker_at(chart.plotting_area(), pt, c)?;
         }
+    }
+    // Knees last, on top: a whisker over the interval and an outlined diamond, a shape no data
+    // series uses.
+    for k in &p.knees {
+        if !usable(&(k.x, k.y)) {
+            continue;
+        }
+        let at = to_axis((k.x, k.y));
+        let ends: Vec<(f64, f64)> = [(k.x_low, k.y), (k.x_high, k.y)]
+            .into_iter()
+            .filter(usable)
+            .map(to_axis)
+            .collect();
+        if ends.len() == 2 && ends[0] != ends[1] {
+            chart
+                .draw_series(LineSeries::new(ends.clone(), k.color.stroke_width(4)))
+                .map_err(e2s)?;
+            for end in ends {
+                chart
+                    .plotting_area()
+                    .draw(
+                        &(EmptyElement::at(end)
+                            + PathElement::new(vec![(0, -7), (0, 7)], k.color.stroke_width(3))),
+                    )
+                    .map_err(e2s)?;
+            }
+        }
+        let diamond = vec![(0, -10), (10, 0), (0, 10), (-10, 0)];
+        chart
+            .plotting_area()
+            .draw(
+                &(EmptyElement::at(at)
+                    + Polygon::new(diamond.clone(), k.color.filled())
+                    + PathElement::new(
+                        diamond
+                            .iter()
+                            .chain(diamond.first())
+                            .copied()
+                            .collect::<Vec<_>>(),
+                        BLACK.stroke_width(2),
+                    )),
+            )
+            .map_err(e2s)?;
     }
     if let Some(pos) = legend_position(p.legend)
         && p.series.len() <= MAX_LEGEND

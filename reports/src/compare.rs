@@ -20,6 +20,7 @@ use crate::export::json::write_json;
 use crate::export::markdown::cell as md;
 use crate::export::table::TextTable;
 use crate::export::{create_dir, write_file};
+use crate::holdout::OutOfSample;
 use crate::metric::{CATALOG, Direction, Metric, Unit, view, views};
 use crate::num::{fmt_sig, r6, slug};
 use crate::run::{Written, latency_cdf_figure};
@@ -111,6 +112,11 @@ pub struct ScenarioComparison {
     pub seed_stop: SeedStop,
     /// The `--seeds auto` rule, when it decided the count.
     pub auto_seeds: Option<AutoSeeds>,
+    /// What a seed of the scenario is (`Scenario::seed_meaning`): its sentence, and the short
+    /// form for a table cell (empty when the host does not say).
+    pub seed_meaning: (String, String),
+    /// The out-of-sample check (`--holdout`), when one ran.
+    pub out_of_sample: Option<OutOfSample>,
 }
 
 impl ScenarioComparison {
@@ -127,6 +133,8 @@ impl ScenarioComparison {
             baseline: 0,
             seed_stop: SeedStop::Fixed,
             auto_seeds: None,
+            seed_meaning: (String::new(), String::new()),
+            out_of_sample: None,
         }
     }
 
@@ -174,6 +182,12 @@ pub struct ScenarioStats {
     /// The `--seeds auto` rule (absent for a fixed count).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub auto_seeds: Option<AutoSeedsRule>,
+    /// What a seed is: whether a trace is replayed as recorded or resampled, and the warm-up.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub seed_meaning: String,
+    /// The out-of-sample check (`--holdout`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub out_of_sample: Option<OutOfSample>,
 }
 
 /// The `--seeds auto` rule as written in `compare.json`.
@@ -534,9 +548,63 @@ pub fn compare_file(scenarios: &[ScenarioComparison]) -> CompareFile {
                 seeds_run: sc.seeds_run(),
                 seed_stop: sc.seed_stop,
                 auto_seeds: sc.auto_seeds.map(AutoSeedsRule::from),
+                seed_meaning: sc.seed_meaning.0.clone(),
+                out_of_sample: sc.out_of_sample.clone(),
             })
             .collect(),
     }
+}
+
+/// The out-of-sample check of a comparison: the winner of `in_sample` on the headline metric
+/// (the report's first sentence), checked on `held` (the same scenario's held-out part, same
+/// policies and seeds): still the best there, or beaten (paired difference established), or
+/// neither. `None` when either part has no winner.
+pub fn compare_out_of_sample(
+    in_sample: &ScenarioComparison,
+    held: &ScenarioComparison,
+    held_out: &str,
+) -> Option<OutOfSample> {
+    let m = headline_metric();
+    let w = winner(in_sample, m)?;
+    let hw = winner(held, m)?;
+    let wi = held.policies.iter().position(|p| p.policy == w.winner)?;
+    let best = match m.direction {
+        Direction::Higher => "highest",
+        _ => "lowest",
+    };
+    let (established, detail) = if hw.winner == w.winner {
+        let detail = match (&hw.runner_up, &hw.paired) {
+            (Some(r), Some(d)) => format!(
+                "{} {} against {} for `{r}`, paired {}",
+                m.label,
+                with_unit(m, hw.winner_mean),
+                with_unit(m, hw.runner_up_mean),
+                fmt_diff(m, d)
+            ),
+            _ => format!("{} {}", m.label, with_unit(m, hw.winner_mean)),
+        };
+        (false, detail)
+    } else {
+        let bi = held.policies.iter().position(|p| p.policy == hw.winner)?;
+        let d = paired_diff(&held.policies[bi], &held.policies[wi], m);
+        let detail = format!(
+            "{} {} against {} for `{}`, paired {}",
+            m.label,
+            with_unit(m, hw.winner_mean),
+            with_unit(m, interval(&held.policies[wi], m).map(|i| i.mean)),
+            w.winner,
+            fmt_diff(m, &d)
+        );
+        (d.established, detail)
+    };
+    Some(OutOfSample::judged(
+        held_out,
+        format!("{best} {}", m.label),
+        w.winner,
+        hw.winner,
+        established,
+        detail,
+    ))
 }
 
 /// Metrics shown in the HTML table, its winners and the findings.
@@ -870,6 +938,12 @@ fn compare_html(
             page.el("p", Some("desc"), &sc.description);
         }
         page.el("p", Some("meta"), &seed_rule_note(sc));
+        if !sc.seed_meaning.0.is_empty() {
+            page.el("p", Some("meta"), &sc.seed_meaning.0);
+        }
+        if let Some(o) = &sc.out_of_sample {
+            page.el("p", Some("lead"), &o.sentence());
+        }
         page.raw(&scenario_table_html(sc));
         page.raw(&winners_html(st));
         page.raw(&baseline_html(st));
@@ -1172,6 +1246,12 @@ pub fn compare_table(scenarios: &[ScenarioComparison]) -> String {
         out.push_str(&t.render());
         out.push_str(&no_spread_note(sc, &metrics, &ivs));
         out.push_str(&paired_table(sc, &metrics));
+        if !sc.seed_meaning.0.is_empty() {
+            let _ = writeln!(out, "{}", sc.seed_meaning.0);
+        }
+        if let Some(o) = &sc.out_of_sample {
+            let _ = writeln!(out, "{}", o.sentence());
+        }
     }
     if !scenarios.is_empty() {
         out.push_str("mean ± 95 % half-width across seeds; * best mean (s, tok/s, %)\n");
@@ -1320,8 +1400,12 @@ pub fn findings_document(
          per-policy intervals of the report are not the test: they include the seed-to-seed noise both\n\
          policies share, so they often overlap when one policy is better on every seed.\n\n\
          ## Seeds\n\n\
-         | scenario | baseline | seeds | decided by |\n\
-         |---|---|---:|---|\n",
+         What a seed is differs by scenario: a trace is resampled per seed (a circular block\n\
+         bootstrap of whole sessions, so its intervals carry the traffic's variability) or replayed\n\
+         as recorded (`resample: none`: its intervals carry only the engines' and routers' own\n\
+         randomness); synthetic traffic is drawn anew from each seed.\n\n\
+         | scenario | baseline | seeds | decided by | traffic per seed |\n\
+         |---|---|---:|---|---|\n",
         scenarios
             .iter()
             .map(|s| format!("`{s}`"))
@@ -1331,7 +1415,7 @@ pub fn findings_document(
     for sc in comparisons {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} |",
             md(&sc.scenario),
             md(sc.baseline_policy().map_or("-", |b| b.policy.as_str())),
             sc.seeds_run(),
@@ -1339,8 +1423,39 @@ pub fn findings_document(
                 SeedStop::Fixed => "fixed count",
                 SeedStop::Precise => "auto: every difference precise enough",
                 SeedStop::MaxSeeds => "auto: maximum count reached",
+            },
+            if sc.seed_meaning.1.is_empty() {
+                "-".to_string()
+            } else {
+                md(&sc.seed_meaning.1)
             }
         );
+    }
+    let checked: Vec<&ScenarioComparison> = comparisons
+        .iter()
+        .filter(|sc| sc.out_of_sample.is_some())
+        .collect();
+    if !checked.is_empty() {
+        out.push_str(
+            "\n## Out of sample\n\n\
+             With `--holdout`, each scenario's winner by the report's headline metric is picked on\n\
+             the first part of each trace (by time) and checked on the held-out rest, paired on the\n\
+             same seeds: it holds, it is beaten (established), or neither.\n\n\
+             | scenario | winner in sample | best held out | verdict |\n\
+             |---|---|---|---|\n",
+        );
+        for sc in &checked {
+            let o = sc.out_of_sample.as_ref().expect("filtered");
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {}: {} |",
+                md(&sc.scenario),
+                md(&o.winner),
+                md(&o.best_held_out),
+                o.verdict_word(),
+                md(&o.detail)
+            );
+        }
     }
     out.push_str(
         "\n## Winner per metric\n\n\
@@ -1370,6 +1485,7 @@ pub fn findings_document(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::holdout::Holds;
 
     pub(crate) fn summary(policy: &str, e2e: f64, tok: f64) -> RunSummary {
         let mut s = RunSummary::from_metrics(&RunMetrics::new(policy, vec![]));
@@ -1426,6 +1542,53 @@ pub(crate) mod tests {
                 .collect(),
             first_seed_e2e: None,
         }
+    }
+
+    #[test]
+    fn the_winner_is_checked_on_the_held_out_part() {
+        let in_sample = comparison();
+        let held = |slow: [f64; 3], fast: [f64; 3]| {
+            ScenarioComparison::new(
+                "test/two",
+                "",
+                vec![policy("slow", &slow), policy("fast", &fast)],
+            )
+        };
+        let text = "the last 30 % of each trace's span";
+        // `fast` wins in sample and on the held-out part.
+        let o = compare_out_of_sample(&in_sample, &held([2.0, 2.1, 2.2], [1.0, 1.2, 1.1]), text)
+            .unwrap();
+        assert_eq!((o.winner.as_str(), o.holds), ("fast", Holds::Yes));
+        assert!(
+            o.detail
+                .starts_with("e2e mean 1.10 s against 2.10 s for `slow`"),
+            "{o:?}"
+        );
+        // `slow` beats it on every held-out seed: it fails.
+        let o = compare_out_of_sample(&in_sample, &held([1.0, 1.1, 1.2], [2.0, 2.2, 2.4]), text)
+            .unwrap();
+        assert_eq!((o.best_held_out.as_str(), o.holds), ("slow", Holds::No));
+        // `slow` ahead on the mean only, not on every seed: neither.
+        let o = compare_out_of_sample(&in_sample, &held([1.0, 3.0, 1.0], [2.0, 1.0, 2.1]), text)
+            .unwrap();
+        assert_eq!(o.holds, Holds::Tied, "{o:?}");
+        let mut with = in_sample.clone();
+        with.out_of_sample = Some(o);
+        with.seed_meaning = ("A seed: …".into(), "trace resampled (60 s blocks)".into());
+        let table = compare_table(std::slice::from_ref(&with));
+        assert!(
+            table.contains("\nA seed: …\nOut of sample (the last 30 %"),
+            "{table}"
+        );
+        let md = findings_document(&["test/two"], "3 seeds", &[with], &[]);
+        assert!(
+            md.contains("| test/two | slow | 3 | fixed count | trace resampled (60 s blocks) |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| test/two | fast | slow | not established: "),
+            "{md}"
+        );
     }
 
     /// The opening sentence of a comparison, through `compare_file`'s winners as the report

@@ -100,8 +100,13 @@ pub fn update_parts(
         .collect();
     for (name, content) in new_parts {
         let new = marked(&name, &content);
-        match parts.iter_mut().find(|(n, _)| *n == name) {
-            Some(slot) => slot.1 = new,
+        // A part written before per-request bounds lost their statistic (`ttft_p99<=2s` with a
+        // target, now `ttft<=2s`) is the same study: it is replaced in place, not kept twice.
+        match parts
+            .iter_mut()
+            .find(|(n, _)| *n == name || per_request_spelling(n).as_deref() == Some(&name))
+        {
+            Some(slot) => *slot = (name, new),
             None => parts.push((name, new)),
         }
     }
@@ -111,6 +116,29 @@ pub fn update_parts(
         content.push_str(part);
     }
     splice(doc, section_name, &content)
+}
+
+/// The name of a part of a per-request study (one with ` target ` in its name) as written
+/// before a per-request bound lost its statistic: every `METRIC_STAT<=` of the name becomes
+/// `METRIC<=`. `None` for any other name.
+fn per_request_spelling(name: &str) -> Option<String> {
+    if !name.contains(" target ") || !name.contains('_') {
+        return None;
+    }
+    let mut out = String::with_capacity(name.len());
+    let mut rest = name;
+    while let Some(k) = rest.find("<=") {
+        let head = &rest[..k];
+        let token_start = head.rfind([' ', ',']).map_or(0, |i| i + 1);
+        match head[token_start..].find('_') {
+            Some(u) => out.push_str(&head[..token_start + u]),
+            None => out.push_str(head),
+        }
+        out.push_str("<=");
+        rest = &rest[k + 2..];
+    }
+    out.push_str(rest);
+    (out != name).then_some(out)
 }
 
 /// `doc` with its section `name` replaced by `content` (appended after a blank line when the
@@ -174,6 +202,30 @@ mod tests {
         // Splicing one keeps the other.
         let capacity_again = splice(&doc, CAPACITY, "C2");
         assert_eq!(section(&capacity_again, REPLICAS), section(&doc, REPLICAS));
+    }
+
+    #[test]
+    fn a_per_request_part_written_with_statistics_is_replaced_in_place() {
+        let old = "capacity/traces/azure-conv at ttft_p99<=2s,tpot_p99<=100ms target 0.9";
+        let new = "capacity/traces/azure-conv at ttft<=2s,tpot<=100ms target 0.9";
+        assert_eq!(per_request_spelling(old).as_deref(), Some(new));
+        assert_eq!(per_request_spelling(new), None);
+        assert_eq!(
+            per_request_spelling("capacity/a_b at ttft_p99<=2s"),
+            None,
+            "a distribution study keeps its statistics"
+        );
+        let doc = splice(
+            "# F\n",
+            "capacity",
+            &format!("H\n{}{}", marked(old, "old"), marked("capacity/z", "Z")),
+        );
+        let updated = update_parts(&doc, "capacity", "H\n", [(new.to_string(), "new".into())]);
+        assert!(
+            !updated.contains("old") && updated.contains("new"),
+            "{updated}"
+        );
+        assert!(updated.find(new).unwrap() < updated.find("capacity/z").unwrap());
     }
 
     #[test]

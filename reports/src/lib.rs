@@ -34,6 +34,7 @@ mod error;
 pub mod export;
 pub mod findings;
 pub mod gate;
+pub mod holdout;
 pub mod metric;
 mod num;
 pub mod partial;
@@ -53,7 +54,8 @@ pub use compare::{
 };
 pub use compare::{
     CompareFile, MetricStats, PolicySeeds, PolicyStats, ScenarioComparison, ScenarioStats, SeedRun,
-    Winner, compare_file, compare_table, findings_document, findings_markdown, write_compare,
+    Winner, compare_file, compare_out_of_sample, compare_table, findings_document,
+    findings_markdown, write_compare,
 };
 pub use error::ReportError;
 pub use export::{Exporter, Format};

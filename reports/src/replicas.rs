@@ -337,6 +337,8 @@ mod tests {
                         .collect(),
                 })
                 .collect(),
+            seed_meaning: Default::default(),
+            out_of_sample: None,
         }
     }
 

@@ -63,6 +63,8 @@ pub struct RunMeta {
     pub scenario_path: String,
     /// The SLO bounds applied.
     pub slo: AppliedSlo,
+    /// What the seed is (`Scenario::seed_meaning`; empty when the host does not say).
+    pub seed_meaning: String,
 }
 
 impl RunMeta {
@@ -74,6 +76,7 @@ impl RunMeta {
             description: scenario.description.clone(),
             scenario_path: scenario.path.display().to_string(),
             slo: AppliedSlo::of(&scenario.setup.slo),
+            seed_meaning: String::new(),
         }
     }
 }
@@ -131,6 +134,10 @@ pub struct SummaryFile {
     pub scenario_path: String,
     /// The per-request SLO bounds applied (SLO attainment and goodput are judged by them).
     pub slo: AppliedSlo,
+    /// What the seed is: a trace replayed as recorded or resampled, and the warm-up a trace
+    /// waits for (absent when the host does not say).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub seed_meaning: String,
     /// One entry per policy, in run order.
     pub runs: Vec<RunEntry>,
 }
@@ -159,6 +166,7 @@ pub fn summary_file(meta: &RunMeta, runs: &[PolicyRun]) -> SummaryFile {
         description: meta.description.clone(),
         scenario_path: meta.scenario_path.clone(),
         slo: meta.slo,
+        seed_meaning: meta.seed_meaning.clone(),
         runs: runs
             .iter()
             .map(|r| RunEntry {
@@ -541,6 +549,9 @@ fn run_html(
         }
     ));
     page.el("p", Some("lead"), &run_headline(meta, runs));
+    if !meta.seed_meaning.is_empty() {
+        page.el("p", Some("meta"), &meta.seed_meaning);
+    }
     page.raw(&format!(
         "<p class=\"meta\">SLO applied: {}</p>",
         esc(&meta.slo.to_string())
@@ -882,6 +893,7 @@ mod tests {
                 ttft_s: 2.0,
                 tpot_s: 0.1,
             },
+            seed_meaning: String::new(),
         };
         let runs = [with_e2e("slow", 2.0), with_e2e("fast", 1.0)];
         let s = run_headline(&meta, &runs);

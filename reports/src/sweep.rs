@@ -123,6 +123,7 @@ fn csv_metrics() -> impl Iterator<Item = &'static Metric> {
 pub fn write_sweep(
     dir: &Path,
     scenario: &str,
+    seed_meaning: &str,
     params: &[String],
     rows: &[SweepRow],
 ) -> Result<Written, ReportError> {
@@ -188,7 +189,10 @@ pub fn write_sweep(
     out.files.push(rendered.svg_path.clone());
     out.files.push(rendered.png_path.clone());
     let p = dir.join("report.html");
-    write_file(&p, sweep_html(scenario, params, rows, &rendered.svg))?;
+    write_file(
+        &p,
+        sweep_html(scenario, seed_meaning, params, rows, &rendered.svg),
+    )?;
     out.files.push(p);
     Ok(out)
 }
@@ -342,7 +346,13 @@ pub fn sweep_table(params: &[String], rows: &[SweepRow]) -> String {
 }
 
 /// `report.html`: what was swept, the table, the chart.
-fn sweep_html(scenario: &str, params: &[String], rows: &[SweepRow], svg: &str) -> String {
+fn sweep_html(
+    scenario: &str,
+    seed_meaning: &str,
+    params: &[String],
+    rows: &[SweepRow],
+    svg: &str,
+) -> String {
     let several = several_seeds(rows);
     let title = format!("routelab sweep: {scenario}");
     let mut page = Page::new(&title);
@@ -364,6 +374,9 @@ fn sweep_html(scenario: &str, params: &[String], rows: &[SweepRow], svg: &str) -
             seeds_label(rows)
         ),
     );
+    if !seed_meaning.is_empty() {
+        page.el("p", Some("meta"), seed_meaning);
+    }
     page.el("h2", None, "Results");
     let mut header: Vec<(&str, bool)> = params.iter().map(|p| (p.as_str(), true)).collect();
     header.push(("policy", true));

@@ -16,10 +16,12 @@
 //!   [`RequestRecord`] rows, [`Status`]), shared with the emulator's real-time player.
 //! - [`results`]: what a run measured ([`RunMetrics`], [`WorkerTotals`], [`TimelineRow`]).
 //! - [`histogram`]: bounded-memory latency quantiles.
+//! - [`footprint`]: what a scenario would hold in memory, checked before it runs.
 //! - [`seed`]: SplitMix64 and [`derive_seed`], the per-component random streams.
 #![forbid(unsafe_code)]
 
 pub mod engine;
+pub mod footprint;
 pub mod hardware;
 pub mod histogram;
 pub mod record;
@@ -38,7 +40,7 @@ pub use hardware::{HardwareProfile, ProfileLookup};
 pub use record::{
     Outcome, Recorder, RequestRecord, RequestSink, RunWarning, Slo, Status, WarningReason,
 };
-pub use results::{ReplicaTotals, RunMetrics, TimelineRow, WorkerTotals};
-pub use scenario::{Scenario, ScenarioError, TrafficSpec};
+pub use results::{Rejections, ReplicaTotals, RunMetrics, TimelineRow, WorkerTotals};
+pub use scenario::{Scenario, ScenarioError, SeedMeaning, TrafficSpec};
 pub use seed::derive_seed;
 pub use worker::{Engine, EngineMode, EngineModel, EngineOverrides, StepEngine};

@@ -15,7 +15,7 @@
 
 use crate::histogram::secs_to_ns;
 use crate::results::{RunMetrics, WorkerTotals};
-use routelab_policies::{AdminError, Time};
+use routelab_policies::{AdminError, RouteError, Time};
 use std::fmt;
 
 /// How a customer request ended.
@@ -317,6 +317,26 @@ impl Recorder {
         self.m.overlap_regret.record(u64::from(tokens));
     }
     // ---- end overlap regret
+
+    /// The router refused a customer request for `why` (counted by reason; the request itself
+    /// is counted by [`Recorder::finished`] with [`Status::Rejected`]).
+    pub fn rejected_because(&mut self, why: &RouteError) {
+        let r = &mut self.m.rejections;
+        match *why {
+            RouteError::PromptTooLong {
+                tokens,
+                largest_window,
+            } => {
+                r.context_window += 1;
+                r.largest_window = largest_window;
+                r.longest_request = r.longest_request.max(tokens);
+            }
+            RouteError::NoWorkerForModel => r.no_worker += 1,
+            // Every worker at its cap or unhealthy: the host queues those, never rejects them
+            // (and a reason added later is left to `rejected` minus the counted ones).
+            _ => {}
+        }
+    }
 
     /// A scenario event did not take effect.
     pub fn warn(&mut self, warning: RunWarning) {

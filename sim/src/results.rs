@@ -57,6 +57,54 @@ pub struct WorkerTotals {
     pub e2e_sum_s: f64,
     /// How far its weight was from the oracle's while it was active.
     pub weight_error: WeightError,
+    /// When a probe first measured it, ns (`None`: never): what a trace's warm-up waits for.
+    pub first_measured_ns: Option<u64>,
+}
+
+/// Why the router refused requests, counted by reason (a host that cannot tell leaves them
+/// uncounted: the run's `rejected` minus these is "reason not known").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Rejections {
+    /// Prompt plus output longer than every worker's context window.
+    pub context_window: u64,
+    /// No worker serves the model.
+    pub no_worker: u64,
+    /// The largest context window among the model's workers, tokens (of the last such refusal).
+    pub largest_window: u32,
+    /// The longest request refused for its length, tokens (prompt plus output).
+    pub longest_request: u32,
+}
+
+impl Rejections {
+    /// The line a run prints when `rejected` requests were refused: how many for each reason.
+    #[must_use]
+    pub fn describe(&self, rejected: u64) -> Option<String> {
+        if rejected == 0 {
+            return None;
+        }
+        let mut parts = Vec::new();
+        if self.context_window > 0 {
+            parts.push(format!(
+                "{} because prompt + output exceed every worker's context window (the largest \
+                 is {} tokens; the longest refused request {} tokens)",
+                self.context_window, self.largest_window, self.longest_request
+            ));
+        }
+        if self.no_worker > 0 {
+            parts.push(format!(
+                "{} because no worker serves the model",
+                self.no_worker
+            ));
+        }
+        let other = rejected.saturating_sub(self.context_window + self.no_worker);
+        if other > 0 {
+            parts.push(format!("{other} for a reason the host did not report"));
+        }
+        Some(format!(
+            "{rejected} request(s) rejected: {}",
+            parts.join("; ")
+        ))
+    }
 }
 
 /// The time after which [`WeightError::after_warmup`] counts: the first 10 minutes of a run
@@ -148,6 +196,7 @@ impl WorkerTotals {
             ttft_sum_s: 0.0,
             e2e_sum_s: 0.0,
             weight_error: WeightError::default(),
+            first_measured_ns: None,
         }
     }
 
@@ -251,20 +300,27 @@ pub struct RunMetrics {
     pub warnings: Vec<RunWarning>,
     /// Bad trace rows the traffic skipped (`on_bad_row: skip`).
     pub skipped_rows: crate::traffic::Skipped,
+    /// Why the router refused the rejected requests.
+    pub rejections: Rejections,
+    /// What the traffic noticed about its data (`TrafficSource::warnings`): a declared unit
+    /// that makes a trace implausible, sessions whose prompts do not grow.
+    pub traffic_warnings: Vec<String>,
     /// Per gateway replica, in replica order; empty with one gateway (the whole run is then
     /// that gateway's).
     pub replicas: Vec<ReplicaTotals>,
 }
 
 impl RunMetrics {
-    /// What a reader of the run must be told: scenario events that did not take effect, and
-    /// bad trace rows that were skipped.
+    /// What a reader of the run must be told: scenario events that did not take effect, bad
+    /// trace rows that were skipped, and what the traffic noticed about its data.
     #[must_use]
     pub fn warning_lines(&self) -> Vec<String> {
         let mut lines: Vec<String> = self.warnings.iter().map(ToString::to_string).collect();
         if self.skipped_rows.rows > 0 {
             lines.push(self.skipped_rows.to_string());
         }
+        lines.extend(self.traffic_warnings.iter().cloned());
+        lines.extend(self.rejections.describe(self.rejected));
         lines
     }
 
@@ -299,6 +355,8 @@ impl RunMetrics {
             events: 0,
             warnings: Vec::new(),
             skipped_rows: crate::traffic::Skipped::default(),
+            traffic_warnings: Vec::new(),
+            rejections: Rejections::default(),
             replicas: Vec::new(),
         }
     }

@@ -27,8 +27,8 @@ use crate::traffic::{
     ArrivalUnit, BadRowPolicy, Burst, BurstConfig, ClosedLoop, ClosedLoopConfig, Conversations,
     ConversationsConfig, Diurnal, DiurnalConfig, DurationDist, FieldPath, LengthDist,
     LongPromptMix, LongPromptMixConfig, Merge, OnOff, OnOffConfig, Poisson, PoissonConfig,
-    READY_MADE_MAPPINGS, ReplayOptions, TraceFormat, TraceLayout, TraceMapping, TraceReplay,
-    TraceStats, TrafficError, TrafficSource, Until,
+    READY_MADE_MAPPINGS, ReplayOptions, Resample, SessionPrefix, TimeWindow, TraceFormat,
+    TraceLayout, TraceMapping, TraceStats, TrafficError, TrafficSource, Until, open_trace,
 };
 use crate::worker::{EngineMode, EngineOverrides};
 use routelab_policies::located::{InputError, parse_yaml, rule};
@@ -38,6 +38,19 @@ use serde_saphyr::Spanned;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// The random streams of trace resamples: source `i` draws from `RESAMPLE_STREAM + i`, apart
+/// from the generators' `100 + i`, the engines' `1000 + i` and the replicas' streams.
+pub const RESAMPLE_STREAM: u64 = 1 << 36;
+
+/// No traffic at all: the warm-up run's source.
+struct NoTraffic;
+
+impl TrafficSource for NoTraffic {
+    fn next_arrival(&mut self) -> Result<Option<crate::traffic::Arrival>, TrafficError> {
+        Ok(None)
+    }
+}
 
 /// An invalid scenario: the one located error of routelab ([`InputError`]), naming the file,
 /// the line and column, the field path and what would be valid.
@@ -325,6 +338,24 @@ pub enum RawTraffic {
         start_offset_s: Option<f64>,
         /// `error` (default) or `skip` (counted, never silent).
         on_bad_row: Option<String>,
+        /// What a seed means: `none` (every seed replays the trace as recorded), `block` (each
+        /// seed a block-bootstrap resample, block length chosen from the trace) or `{ block_s:
+        /// N }`. Default: `none` under `run` and `check`, `block` under `compare`, `capacity`,
+        /// `sweep` and `replicas`.
+        resample: Option<RawResample>,
+    },
+}
+
+/// A trace's `resample:` as written.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RawResample {
+    /// `none` or `block`.
+    Name(String),
+    /// `{ block_s: N }`.
+    Block {
+        /// Block length, s.
+        block_s: f64,
     },
 }
 
@@ -344,6 +375,9 @@ pub struct RawTraceMapping {
     pub session_id: Option<String>,
     /// Prefix-block hashes key / column (one per 512-token block).
     pub prefix_hashes: Option<String>,
+    /// What a session id says about the prompts: `growing` (a chat, the default) or `none`
+    /// (the id only groups requests).
+    pub session_prefix: Option<String>,
 }
 
 /// A lifecycle event as written.
@@ -427,7 +461,27 @@ pub struct Scenario {
     pub traffic: Vec<TrafficSpec>,
     /// Policies to run.
     pub policies: Vec<PolicyConfig>,
+    /// The fleet's warm-up, worked out once when a trace needs it ([`Scenario::warmup_ns`])
+    /// and shared by the scenario's copies (load scales, held-out parts).
+    pub warmup: Warmup,
 }
+
+/// What a seed of a scenario is ([`Scenario::seed_meaning`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeedMeaning {
+    /// For a table cell: `trace resampled (143 s blocks)`, `trace replayed as recorded`,
+    /// `synthetic traffic drawn per seed`.
+    pub short: String,
+    /// The sentences every output states (with the warm-up, when a trace waits for one).
+    pub sentence: String,
+}
+
+/// The fleet's warm-up ([`Scenario::warmup_ns`]), computed on first use and shared by clones.
+#[derive(Debug, Clone, Default)]
+pub struct Warmup(Arc<std::sync::OnceLock<Result<u64, String>>>);
+
+/// The policy whose registration probes define the warm-up: the probing preset.
+pub const WARMUP_REFERENCE: &str = "seed-v3";
 
 impl Scenario {
     /// Load and validate a scenario file.
@@ -464,8 +518,20 @@ impl Scenario {
                 TrafficSpec::Trace {
                     path,
                     format,
-                    options,
-                } => Box::new(TraceReplay::open(path, format, options)?),
+                    mut options,
+                } => {
+                    if options.start_after_warmup {
+                        options.start_offset = self
+                            .warmup_ns()
+                            .map_err(|e| TrafficError::config("warm-up", "start_offset_s", e))?;
+                    }
+                    open_trace(
+                        &path,
+                        format,
+                        &options,
+                        derive_seed(seed, RESAMPLE_STREAM + i as u64),
+                    )?
+                }
             });
         }
         Ok(if sources.len() == 1 {
@@ -570,6 +636,249 @@ impl Scenario {
         Ok(TraceStats::from_source(&mut *source)?.mean_rate_per_s)
     }
 
+    /// This scenario with every trace source whose `resample:` is not written resampled as
+    /// `default` (`compare`, `capacity`, `sweep` and `replicas` give
+    /// [`Resample::BLOCK_AUTO`]; `run` and `check` leave them replayed as recorded).
+    #[must_use]
+    pub fn with_resample_default(&self, default: Resample) -> Scenario {
+        let mut out = self.clone();
+        for t in &mut out.traffic {
+            if let TrafficSpec::Trace { options, .. } = t {
+                options.resample.get_or_insert(default);
+            }
+        }
+        out
+    }
+
+    /// This scenario with every trace source replayed as recorded, whatever its `resample:`
+    /// says (what a trace's own mean rate is read from).
+    #[must_use]
+    pub fn as_recorded(&self) -> Scenario {
+        let mut out = self.clone();
+        for t in &mut out.traffic {
+            if let TrafficSpec::Trace { options, .. } = t {
+                options.resample = Some(Resample::Exact);
+            }
+        }
+        out
+    }
+
+    /// Whether any trace source is resampled per seed.
+    #[must_use]
+    pub fn resamples(&self) -> bool {
+        self.traffic.iter().any(|t| {
+            matches!(t, TrafficSpec::Trace { options, .. }
+                if matches!(options.resample, Some(Resample::Block { .. })))
+        })
+    }
+
+    /// The scenario split by time for an out-of-sample check: every trace source cut at `1 -
+    /// held_out` of its span, the first part to pick a winner on and the rest to check it on.
+    /// Other sources are kept whole in both (the check then runs on other seeds, see the
+    /// commands).
+    ///
+    /// # Errors
+    /// A located [`InputError`] (naming `--holdout`) when `held_out` is not a fraction in
+    /// (0, 1) or the scenario has no trace source to split.
+    pub fn holdout(&self, held_out: f64) -> Result<(Scenario, Scenario), ScenarioError> {
+        if !(held_out.is_finite() && held_out > 0.0 && held_out < 1.0) {
+            return Err(InputError::new(
+                "command line",
+                "--holdout",
+                format!("{held_out} is not a fraction of the trace"),
+            )
+            .valid("a fraction > 0 and < 1, e.g. 0.3 to hold out the last 30 % of each trace"));
+        }
+        if !self
+            .traffic
+            .iter()
+            .any(|t| matches!(t, TrafficSpec::Trace { .. }))
+        {
+            return Err(InputError::new(
+                self.path.display().to_string(),
+                "traffic",
+                "has no trace source to hold part of out",
+            )
+            .valid(
+                "a scenario with a `trace:` source (`--holdout` picks the winner on the first \
+                 part of each trace by time and checks it on the rest)",
+            ));
+        }
+        let cut = 1.0 - held_out;
+        let part = |window: TimeWindow| {
+            let mut sc = self.clone();
+            for t in &mut sc.traffic {
+                if let TrafficSpec::Trace { options, .. } = t {
+                    options.window = Some(window);
+                }
+            }
+            sc
+        };
+        Ok((
+            part(TimeWindow { from: 0.0, to: cut }),
+            part(TimeWindow { from: cut, to: 1.0 }),
+        ))
+    }
+
+    /// What a seed of this scenario is, for every output: for each trace source, whether
+    /// seeds replay it as recorded or resample it (and with which blocks), and that the
+    /// engines' noise and the routers' random choices follow the seed too; and the warm-up a
+    /// trace waits for ([`Scenario::warmup_note`]).
+    ///
+    /// # Errors
+    /// The error of a trace that cannot be read (a resampled one is read to tell its block
+    /// length), or of the warm-up run.
+    pub fn seed_meaning(&self) -> Result<SeedMeaning, TrafficError> {
+        let mut parts = Vec::new();
+        let mut short = Vec::new();
+        let mut synthetic = false;
+        for (i, t) in self.traffic.iter().enumerate() {
+            let TrafficSpec::Trace {
+                path,
+                format,
+                options,
+            } = t
+            else {
+                synthetic = true;
+                continue;
+            };
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let part = options
+                .window
+                .map(|w| format!(", {}", w.describe()))
+                .unwrap_or_default();
+            match options.resample.unwrap_or(Resample::Exact) {
+                Resample::Exact => {
+                    short.push("trace replayed as recorded".to_owned());
+                    parts.push(format!(
+                        "traffic[{i}] ({name}{part}) is replayed as recorded on every seed \
+                         (`resample: none`), so the intervals carry none of the traffic's \
+                         variability"
+                    ));
+                }
+                Resample::Block { block_ns } => {
+                    let loaded = crate::traffic::LoadedTrace::load(path, format.clone(), options)?;
+                    let (how, tag) = match (loaded.block_length(block_ns), block_ns) {
+                        (None, _) => (
+                            "it cannot be resampled (all at one instant)".to_owned(),
+                            "trace (one instant)".to_owned(),
+                        ),
+                        (Some(b), None) => (
+                            format!(
+                                "blocks of {:.0} s, chosen from the trace by the Politis-White \
+                                 rule",
+                                b as f64 / 1e9
+                            ),
+                            format!("trace resampled ({:.0} s blocks)", b as f64 / 1e9),
+                        ),
+                        (Some(b), Some(_)) => (
+                            format!("blocks of {:.0} s", b as f64 / 1e9),
+                            format!("trace resampled ({:.0} s blocks)", b as f64 / 1e9),
+                        ),
+                    };
+                    short.push(tag);
+                    parts.push(format!(
+                        "traffic[{i}] ({name}{part}) is a new circular block-bootstrap resample \
+                         of the trace on each seed ({how}; a session's requests stay together), \
+                         so the intervals carry the traffic's variability"
+                    ));
+                }
+            }
+        }
+        if synthetic {
+            short.push("synthetic traffic drawn per seed".to_owned());
+            parts.push("the synthetic sources are drawn anew from each seed".to_owned());
+        }
+        parts.push(
+            "each seed also draws the engines' noise and the routers' random choices".to_owned(),
+        );
+        let mut sentence = format!("A seed: {}.", parts.join("; "));
+        if let Some(w) = self
+            .warmup_note()
+            .map_err(|e| TrafficError::config("warm-up", "start_offset_s", e))?
+        {
+            sentence.push(' ');
+            sentence.push_str(&w);
+        }
+        Ok(SeedMeaning {
+            short: short.join(" + "),
+            sentence,
+        })
+    }
+
+    /// The fleet's warm-up, ns: when every worker registered at the fleet's first registration
+    /// has its first measured weight, as the probing preset ([`WARMUP_REFERENCE`]) measures
+    /// them on this fleet with no traffic (one gateway, no lifecycle events). A trace without
+    /// `start_offset_s` starts then, for every policy alike: its requests do not meet the
+    /// registration probes, so a probing policy's weights are not measured under customer load
+    /// and no policy is judged on the seconds before any router could know the fleet. 0 when
+    /// the reference measures no worker.
+    ///
+    /// # Errors
+    /// The reference run's error (a fleet the simulator refuses), as text.
+    pub fn warmup_ns(&self) -> Result<u64, String> {
+        self.warmup
+            .0
+            .get_or_init(|| {
+                let mut setup = self.setup.clone();
+                setup.events.clear();
+                setup.gateways = Gateways::ONE;
+                setup.timeline_ns = 0;
+                setup.max_time_ns = 3_600_000_000_000;
+                let reference =
+                    PolicyConfig::preset(WARMUP_REFERENCE).expect("the warm-up preset exists");
+                let m = crate::run(&setup, &reference, &mut NoTraffic, None)
+                    .map_err(|e| format!("the fleet's warm-up run failed: {e}"))?;
+                let first = setup
+                    .workers
+                    .iter()
+                    .map(|w| w.register_at)
+                    .min()
+                    .unwrap_or(0);
+                Ok(setup
+                    .workers
+                    .iter()
+                    .zip(&m.workers)
+                    .filter(|(w, _)| w.register_at == first)
+                    .filter_map(|(_, t)| t.first_measured_ns)
+                    .max()
+                    .unwrap_or(0))
+            })
+            .clone()
+    }
+
+    /// What the outputs say about a warm-up: for each trace that starts after the fleet's
+    /// warm-up, when and why (empty when no trace does).
+    ///
+    /// # Errors
+    /// [`Scenario::warmup_ns`]'s.
+    pub fn warmup_note(&self) -> Result<Option<String>, String> {
+        let auto: Vec<String> = self
+            .traffic
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| {
+                matches!(t, TrafficSpec::Trace { options, .. } if options.start_after_warmup)
+            })
+            .map(|(i, _)| format!("traffic[{i}]"))
+            .collect();
+        if auto.is_empty() {
+            return Ok(None);
+        }
+        let w = self.warmup_ns()?;
+        Ok(Some(format!(
+            "Warm-up: {} start{} at {:.1} s, when the fleet's registration probes have measured \
+             every worker ({WARMUP_REFERENCE}'s probes on this fleet with no traffic), for \
+             every policy alike; set `start_offset_s` to choose another start.",
+            auto.join(", "),
+            if auto.len() == 1 { "s" } else { "" },
+            w as f64 / 1e9
+        )))
+    }
+
     /// The setup with another seed.
     pub fn setup_for_seed(&self, seed: u64) -> SimSetup {
         SimSetup {
@@ -577,6 +886,41 @@ impl Scenario {
             ..self.setup.clone()
         }
     }
+}
+
+/// An open-loop source's load for the memory estimate ([`crate::footprint`]): none for a closed
+/// loop (its users bound what waits) and a trace (checked when read).
+fn source_load(t: &TrafficSpec) -> Option<crate::footprint::SourceLoad> {
+    use crate::footprint::SourceLoad;
+    Some(match t {
+        TrafficSpec::Burst(c) => SourceLoad {
+            requests: f64::from(c.size) * f64::from(c.repeats.max(1)),
+            span_s: c.period as f64 / NS * f64::from(c.repeats.saturating_sub(1)),
+            output_mean: c.output.mean(),
+        },
+        TrafficSpec::Poisson(c) => SourceLoad::rated(c.rate_per_s, &c.until, c.output.mean()),
+        TrafficSpec::Diurnal(c) => SourceLoad::rated(
+            (c.min_rate_per_s + c.max_rate_per_s) / 2.0,
+            &c.until,
+            c.output.mean(),
+        ),
+        TrafficSpec::OnOff(c) => {
+            let cycle_s = (c.window as f64 + c.gap.mean_ns()) / NS;
+            let rate = if cycle_s > 0.0 {
+                c.burst_size.mean() / cycle_s
+            } else {
+                f64::INFINITY
+            };
+            SourceLoad::rated(rate, &c.until, c.output.mean())
+        }
+        TrafficSpec::LongPromptMix(c) => SourceLoad::rated(c.rate_per_s, &c.until, c.output.mean()),
+        TrafficSpec::Conversations(c) => SourceLoad {
+            requests: c.conversations as f64 * c.turns.mean(),
+            span_s: c.conversations as f64 / c.rate_per_s.max(f64::MIN_POSITIVE),
+            output_mean: c.output.mean(),
+        },
+        TrafficSpec::ClosedLoop(_) | TrafficSpec::Trace { .. } => return None,
+    })
 }
 
 struct Validator<'p> {
@@ -771,6 +1115,33 @@ impl Validator<'_> {
             traffic.push(self.traffic(i, t)?);
         }
 
+        let loads: Vec<(usize, crate::footprint::SourceLoad)> = traffic
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| source_load(t).map(|l| (i, l)))
+            .collect();
+        let only: Vec<crate::footprint::SourceLoad> = loads.iter().map(|(_, l)| *l).collect();
+        if let Some(why) = crate::footprint::waiting_overflow(
+            &only,
+            &workers,
+            crate::footprint::memory_limit_bytes(),
+        ) {
+            let (i, _) = loads
+                .iter()
+                .max_by(|a, b| a.1.requests.total_cmp(&b.1.requests))
+                .expect("an overflow has a source");
+            return Err(self
+                .invalid(
+                    Some(&raw.traffic[*i].referenced),
+                    format!("traffic[{i}]"),
+                    why,
+                )
+                .valid(
+                    "traffic the fleet can keep up with, or fewer requests (`count`, \
+                     `duration_s`): a run holds every waiting request in memory",
+                ));
+        }
+
         let mut events = Vec::new();
         for (i, e) in raw.events.iter().enumerate() {
             events.push(self.event(i, e, &names)?);
@@ -834,6 +1205,7 @@ impl Validator<'_> {
             setup,
             traffic,
             policies,
+            warmup: Warmup::default(),
         })
     }
 
@@ -1106,6 +1478,7 @@ impl Validator<'_> {
                 skip_rows,
                 start_offset_s,
                 on_bad_row,
+                resample,
             } => {
                 let base = self.path.parent().unwrap_or(Path::new("."));
                 let resolved = base.join(path);
@@ -1145,7 +1518,13 @@ impl Validator<'_> {
                         *start_offset_s,
                         0.0,
                     )?,
+                    start_after_warmup: start_offset_s.is_none(),
                     on_bad_row,
+                    resample: resample
+                        .as_ref()
+                        .map(|r| self.resample(loc, &f("trace.resample"), r))
+                        .transpose()?,
+                    window: None,
                 };
                 options
                     .validate()
@@ -1165,6 +1544,7 @@ impl Validator<'_> {
             setup: SimSetup::new("", Vec::new(), 0),
             traffic: vec![spec.clone()],
             policies: Vec::new(),
+            warmup: Warmup::default(),
         };
         if !matches!(spec, TrafficSpec::Trace { .. })
             && let Err(e) = probe.traffic_source(0)
@@ -1172,6 +1552,34 @@ impl Validator<'_> {
             return Err(self.invalid(Some(loc), format!("traffic[{i}]"), e.to_string()));
         }
         Ok(spec)
+    }
+
+    /// A trace's `resample:`.
+    fn resample(
+        &self,
+        loc: &serde_saphyr::Location,
+        field: &str,
+        r: &RawResample,
+    ) -> Result<Resample, ScenarioError> {
+        const VALID: &str = "none (every seed replays the trace as recorded), block (each seed a \
+                             block-bootstrap resample, the block length chosen from the trace) \
+                             or { block_s: <seconds > 0> }";
+        match r {
+            RawResample::Name(n) if n == "none" => Ok(Resample::Exact),
+            RawResample::Name(n) if n == "block" => Ok(Resample::BLOCK_AUTO),
+            RawResample::Name(n) => Err(self
+                .invalid(Some(loc), field, format!("unknown resample `{n}`"))
+                .valid(VALID)),
+            RawResample::Block { block_s } => {
+                let ns = self.secs(loc, &format!("{field}.block_s"), Some(*block_s), 0.0)?;
+                if ns == 0 {
+                    return Err(self
+                        .invalid(Some(loc), format!("{field}.block_s"), "is 0")
+                        .valid(VALID));
+                }
+                Ok(Resample::Block { block_ns: Some(ns) })
+            }
+        }
     }
 
     /// The format of `traffic[i].trace` (`field`): a named one, or `jsonl` / `csv` (given or
@@ -1216,6 +1624,36 @@ impl Validator<'_> {
                 }),
             };
         };
+        let session_prefix = match m.session_prefix.as_deref() {
+            None => None,
+            Some(p) => Some(SessionPrefix::from_name(p).ok_or_else(|| {
+                self.invalid(
+                    Some(loc),
+                    format!("{field}.mapping.session_prefix"),
+                    format!("unknown session prefix `{p}`"),
+                )
+                .valid(SessionPrefix::NAMES)
+            })?),
+        };
+        let with_prefix = |mapping: TraceMapping| match session_prefix {
+            None => Ok(mapping),
+            Some(p) => mapping
+                .with_session_prefix(p)
+                .map_err(|e| self.invalid(Some(loc), format!("{field}.mapping.session_prefix"), e)),
+        };
+        let only_session_prefix = m.arrival.is_none()
+            && m.arrival_unit.is_none()
+            && m.prompt_tokens.is_none()
+            && m.output_tokens.is_none()
+            && m.session_id.is_none()
+            && m.prefix_hashes.is_none();
+        // A ready-made mapping takes its own fields; only what its sessions mean may be said.
+        if let Some(name) = format
+            && only_session_prefix
+            && let Some(TraceFormat::Mapped(ready)) = TraceFormat::from_name(name)
+        {
+            return with_prefix(*ready).map(|m| TraceFormat::Mapped(Box::new(m)));
+        }
         let layout = match format {
             Some("jsonl") => TraceLayout::Jsonl,
             Some("csv") => TraceLayout::Csv,
@@ -1227,7 +1665,10 @@ impl Validator<'_> {
                         format!("{field}.mapping"),
                         format!("does not apply to `format: {name}`, which has its own fields"),
                     )
-                    .valid("a mapping with `format: jsonl` or `format: csv`, or no mapping"));
+                    .valid(
+                        "a mapping with `format: jsonl` or `format: csv`, no mapping, or (for \
+                         `otel-genai`) a mapping with `session_prefix` alone",
+                    ));
             }
             None => TraceFormat::layout_from_path(file).ok_or_else(|| {
                 self.invalid(
@@ -1281,8 +1722,9 @@ impl Validator<'_> {
             key("session_id", m.session_id.as_ref())?,
             key("prefix_hashes", m.prefix_hashes.as_ref())?,
         )
-        .map(|m| TraceFormat::Mapped(Box::new(m)))
         .map_err(|e| self.invalid(Some(loc), format!("{field}.mapping"), e))
+        .and_then(with_prefix)
+        .map(|m| TraceFormat::Mapped(Box::new(m)))
     }
 
     fn event(

@@ -20,6 +20,7 @@ mod hash;
 mod mapping;
 mod merge;
 mod open_loop;
+mod resample;
 mod stats;
 mod trace;
 
@@ -28,11 +29,18 @@ pub use conversations::{Conversations, ConversationsConfig};
 pub use dist::{DurationDist, LengthDist, SourceRng, Until};
 pub use error::TrafficError;
 pub use hash::{BLOCK_TOKENS, CHAIN_ROOT, blocks_for_tokens, chain_block_hash, splitmix64};
-pub use mapping::{ArrivalUnit, FieldPath, READY_MADE_MAPPINGS, TraceLayout, TraceMapping};
+pub use mapping::{
+    ArrivalUnit, EPOCH_DOUBT_BEFORE_S, FieldPath, OFFSET_MS_DOUBT_RATE, OFFSET_MS_DOUBT_SPAN_S,
+    OFFSET_S_DOUBT_RATE, OFFSET_S_DOUBT_SPAN_S, READY_MADE_MAPPINGS, SHRINKING_FOLLOW_UPS,
+    SHRINKING_MIN_FOLLOW_UPS, SessionPrefix, TraceLayout, TraceMapping,
+};
 pub use merge::Merge;
 pub use open_loop::{
     Burst, BurstConfig, Diurnal, DiurnalConfig, LongPromptMix, LongPromptMixConfig, OnOff,
     OnOffConfig, Poisson, PoissonConfig,
+};
+pub use resample::{
+    LoadedTrace, MIN_BLOCK_NS, Replayed, Resample, TimeWindow, open_trace, politis_white_block,
 };
 pub use stats::{LengthStats, PrefixReuse, SKIPPED_EXAMPLES_SHOWN, TraceStats};
 pub use trace::{BadRowPolicy, MAX_SKIPPED_EXAMPLES, ReplayOptions, TraceFormat, TraceReplay};
@@ -91,6 +99,12 @@ pub trait TrafficSource: Send {
     fn skipped(&self) -> Skipped {
         Skipped::default()
     }
+
+    /// What a trace source noticed about its data that a run should say (a declared unit that
+    /// makes the data implausible, sessions whose prompts do not grow): none for generators.
+    fn warnings(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Bad rows a source skipped: how many, and the first one's error (file, line, field).
@@ -138,6 +152,10 @@ impl<T: TrafficSource + ?Sized> TrafficSource for Box<T> {
 
     fn skipped(&self) -> Skipped {
         (**self).skipped()
+    }
+
+    fn warnings(&self) -> Vec<String> {
+        (**self).warnings()
     }
 }
 

@@ -4,15 +4,16 @@
 
 use super::compare::{SeedsFlag, fraction_flag, seeds_flag};
 use crate::lab::{
-    self, Found, RecordKey, ShardArgs, Sharded, ShardedArgs, Timing, canonical_options,
-    capacity_of, map_parallel, read_scenario,
+    self, Found, RecordKey, ResampleArgs, ShardArgs, Sharded, ShardedArgs, Timing,
+    canonical_options, capacity_of, holdout_fraction, map_parallel, read_scenario, seed_meaning,
 };
 use anyhow::Context;
 use routelab_policies::{InputError, PolicyConfig};
 use routelab_reports::capacity::{
-    SearchOptions, SeedPlan, SloSpec, StudyPlan, capacity_table, run_study, update_findings,
-    write_capacity,
+    SearchOptions, SeedPlan, SloSpec, StudyPlan, capacity_out_of_sample, capacity_table, run_study,
+    update_findings, write_capacity,
 };
+use routelab_reports::holdout::held_out_text;
 use routelab_reports::partial::{CapacityRun, InputsHash, MergeSet};
 use routelab_reports::stats::{AutoSeeds, seed_of};
 use routelab_sim::Scenario;
@@ -60,6 +61,14 @@ pub struct CapacityArgs {
     /// SLO's part if there is one); other parts and the rest of the file are kept.
     #[arg(long)]
     pub findings: Option<PathBuf>,
+    /// What a seed means for a trace (see `--resample` below).
+    #[command(flatten)]
+    pub resample: ResampleArgs,
+    /// Hold out this fraction of each trace's span (its end, by time): capacities are found on
+    /// the rest, and the policy to ship is checked on the held-out part (same seeds, paired).
+    /// The held-out study's own outputs go to `held-out/` in the output directory.
+    #[arg(long, value_name = "F")]
+    pub holdout: Option<f64>,
     /// Sharded runs.
     #[command(flatten)]
     pub shard: ShardArgs,
@@ -97,6 +106,9 @@ struct Plan {
     options: SearchOptions,
     /// The scenario files' text, hashed as it was parsed.
     read: InputsHash,
+    /// With `--holdout F`: F and the number of scenarios asked for; `studies` then holds each
+    /// one's first part, then each one's held-out part, in that order.
+    holdout: Option<(f64, usize)>,
 }
 
 impl Plan {
@@ -107,6 +119,8 @@ impl Plan {
             precision: fraction_flag("--precision", args.precision, "0.02 for 2 %")?,
             ..SearchOptions::default()
         };
+        let resample = args.resample.default_resample()?;
+        let holdout = holdout_fraction(args.holdout)?;
         let mut read = InputsHash::new();
         // Load and check every scenario before running any, so a bad one fails fast.
         let scenarios = args
@@ -115,17 +129,19 @@ impl Plan {
             .map(|path| {
                 let loaded = read_scenario(path, &mut read)?;
                 // Refuse an unscalable scenario (naming its source) before running anything.
-                let mut scenario = loaded.with_load_scale(1.0)?;
+                let mut scenario = loaded.with_load_scale(1.0)?.with_resample_default(resample);
                 // Every run records the SLO's per-request bounds (its attainment, and `--target`).
                 scenario.setup.slo = slo.per_request();
                 Ok(scenario)
             })
             .collect::<anyhow::Result<Vec<Scenario>>>()?;
         let count = scenarios.len();
+        let scenarios = crate::lab::with_held_out_parts(scenarios, holdout)?;
         let studies = scenarios
             .into_iter()
             .enumerate()
             .map(|(k, scenario)| {
+                let (k, held_out) = (k % count, k >= count);
                 let dir = match (args.out.clone(), count) {
                     (Some(d), 1) => d,
                     (None, 1) => Path::new("out").join("capacity").join(&scenario.name),
@@ -134,6 +150,7 @@ impl Plan {
                         .unwrap_or_else(|| Path::new("out").join("capacity"))
                         .join(format!("{}_{}", k + 1, scenario.name.replace('/', "-"))),
                 };
+                let dir = if held_out { dir.join("held-out") } else { dir };
                 let (policies, plan) = study_plan(args, &scenario, &slo, seeds, options)?;
                 Ok(Study {
                     scenario,
@@ -150,6 +167,7 @@ impl Plan {
             seeds,
             options,
             read,
+            holdout: holdout.map(|f| (f, count)),
         })
     }
 
@@ -295,10 +313,27 @@ impl Sharded for Plan {
                     .map(|&(p, seed)| found.take(&(i, p, seed)).map(|r| r.found))
                     .collect::<anyhow::Result<Vec<_>>>()
             })?;
-            write_capacity(&st.dir, &study)?;
-            write!(out, "{}", capacity_table(&study))?;
-            writeln!(out, "report: {}\n", st.dir.join("report.html").display())?;
             studies.push(study);
+        }
+        // With --holdout: the outputs are the first parts' studies, each with the check of the
+        // policy it ships on its held-out part (whose own outputs go to `held-out/`).
+        let held = match self.holdout {
+            Some((f, asked)) => {
+                let held = studies.split_off(asked);
+                for (st, h) in studies.iter_mut().zip(&held) {
+                    st.out_of_sample = capacity_out_of_sample(st, h, &held_out_text(f));
+                }
+                held
+            }
+            None => Vec::new(),
+        };
+        for (study, st) in studies.iter().zip(&self.studies) {
+            write_capacity(&st.dir, study)?;
+            write!(out, "{}", capacity_table(study))?;
+            writeln!(out, "report: {}\n", st.dir.join("report.html").display())?;
+        }
+        for (study, st) in held.iter().zip(&self.studies[studies.len()..]) {
+            write_capacity(&st.dir, study)?;
         }
         if let Some(f) = &self.args.findings {
             crate::lab::rewrite_findings(f, |old| update_findings(old, &studies))?;
@@ -341,7 +376,9 @@ fn study_plan(
         }
     };
     let first_seed = scenario.setup.seed;
+    // Load scale 1 is the traffic as recorded (a resample's rate moves by seed around it).
     let base_rate_per_s = scenario
+        .as_recorded()
         .mean_arrival_rate_per_s(first_seed)
         .with_context(|| format!("{}: traffic", scenario.path.display()))?;
     let plan = StudyPlan {
@@ -354,6 +391,7 @@ fn study_plan(
         slo: slo.clone(),
         options,
         base_rate_per_s,
+        seed_meaning: seed_meaning(scenario)?,
     };
     Ok((policies, plan))
 }

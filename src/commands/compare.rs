@@ -4,18 +4,19 @@
 //! paired differences are precise enough (`routelab_reports::grow_seeds`).
 
 use crate::lab::{
-    self, Found, Job, RecordKey, ShardArgs, Sharded, ShardedArgs, Timing, canonical_options,
-    read_scenario, run_all,
+    self, Found, Job, RecordKey, ResampleArgs, ShardArgs, Sharded, ShardedArgs, Timing,
+    canonical_options, holdout_fraction, read_scenario, run_all, seed_meaning,
 };
 use anyhow::Context;
 use routelab_policies::located::rule::{self, Violation};
 use routelab_policies::{InputError, PolicyConfig};
 use routelab_reports::findings;
+use routelab_reports::holdout::held_out_text;
 use routelab_reports::partial::{CompareRun, InputsHash, MergeSet, Record};
 use routelab_reports::stats::{AutoSeeds, seed_of};
 use routelab_reports::{
-    PerfInfo, PerfRun, PolicySeeds, RunSummary, ScenarioComparison, SeedResult, compare_table,
-    findings_document, grow_seeds, write_compare, write_perf,
+    PerfInfo, PerfRun, PolicySeeds, RunSummary, ScenarioComparison, SeedResult,
+    compare_out_of_sample, compare_table, findings_document, grow_seeds, write_compare, write_perf,
 };
 use routelab_sim::Scenario;
 use std::io::{IsTerminal, Write};
@@ -55,6 +56,13 @@ pub struct CompareArgs {
     /// Also write the Markdown findings document to this file (e.g. docs/findings.md).
     #[arg(long)]
     pub findings: Option<PathBuf>,
+    /// What a seed means for a trace (see `--resample` below).
+    #[command(flatten)]
+    pub resample: ResampleArgs,
+    /// Hold out this fraction of each trace's span (its end, by time): the comparison is made
+    /// on the rest, and the winner is checked on the held-out part (same seeds, paired).
+    #[arg(long, value_name = "F")]
+    pub holdout: Option<f64>,
     /// Sharded runs.
     #[command(flatten)]
     pub shard: ShardArgs,
@@ -227,17 +235,24 @@ struct Plan {
     seeds: Seeds,
     /// The scenario files' text, hashed as it was parsed.
     read: InputsHash,
+    /// With `--holdout F`: F and the number of scenarios asked for; `scenarios` then holds
+    /// each one's first part, then each one's held-out part, in that order.
+    holdout: Option<(f64, usize)>,
 }
 
 impl Plan {
     fn new(args: &CompareArgs) -> anyhow::Result<Plan> {
         let seeds = seeds_of(args)?;
+        let resample = args.resample.default_resample()?;
+        let holdout = holdout_fraction(args.holdout)?;
         let mut read = InputsHash::new();
         let scenarios: Vec<Scenario> = args
             .scenarios
             .iter()
-            .map(|p| read_scenario(p, &mut read))
+            .map(|p| Ok(read_scenario(p, &mut read)?.with_resample_default(resample)))
             .collect::<anyhow::Result<_>>()?;
+        let asked = scenarios.len();
+        let scenarios = crate::lab::with_held_out_parts(scenarios, holdout)?;
         let policies: Vec<Vec<PolicyConfig>> = scenarios
             .iter()
             .map(|s| super::run::policies_for(s, &args.policies))
@@ -252,6 +267,7 @@ impl Plan {
                     .collect(),
             );
             c.baseline = baseline_index(args.baseline.as_deref(), sc, ps)?;
+            c.seed_meaning = seed_meaning(sc)?;
             comparisons.push(c);
         }
         Ok(Plan {
@@ -261,6 +277,7 @@ impl Plan {
             comparisons,
             seeds,
             read,
+            holdout: holdout.map(|f| (f, asked)),
         })
     }
 
@@ -491,7 +508,17 @@ fn finish(
     out: &mut dyn Write,
 ) -> anyhow::Result<ExitCode> {
     let args = &plan.args;
-    let (comparisons, records, seeds_note) = plan.assemble(found)?;
+    let (mut comparisons, records, seeds_note) = plan.assemble(found)?;
+    // With --holdout: the outputs are the first parts' comparisons, each with the check of
+    // its winner on the held-out part.
+    let mut names: Vec<&str> = plan.scenarios.iter().map(|s| s.name.as_str()).collect();
+    if let Some((f, asked)) = plan.holdout {
+        let held = comparisons.split_off(asked);
+        names.truncate(asked);
+        for (c, h) in comparisons.iter_mut().zip(&held) {
+            c.out_of_sample = compare_out_of_sample(c, h, &held_out_text(f));
+        }
+    }
     let runs = records.len();
     let requests: u64 = records.iter().map(|r| r.requests).sum();
     let total_wall_s = timing.wall_s;
@@ -506,7 +533,6 @@ fn finish(
     )?;
     write!(out, "{}", compare_table(&comparisons))?;
     if let Some(f) = &args.findings {
-        let names: Vec<&str> = plan.scenarios.iter().map(|s| s.name.as_str()).collect();
         // Keep the sections `capacity --findings` and `replicas --findings` wrote (each is
         // generated separately).
         let kept: Vec<String> = std::fs::read_to_string(f)

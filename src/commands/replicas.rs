@@ -63,6 +63,9 @@ pub struct ReplicasArgs {
     /// studied scenario's part is written in place; other parts and sections are kept.
     #[arg(long)]
     pub findings: Option<PathBuf>,
+    /// What a seed means for a trace (see `--resample` below).
+    #[command(flatten)]
+    pub resample: crate::lab::ResampleArgs,
 }
 
 /// The replica counts asked for.
@@ -122,11 +125,14 @@ fn deployments(args: &ReplicasArgs) -> Result<Vec<Gateways>, InputError> {
 pub fn run(args: &ReplicasArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
     let slo = SloSpec::parse(&args.slo, args.target)?;
     let deployments = deployments(args)?;
+    let resample = args.resample.default_resample()?;
     let scenarios = args
         .scenarios
         .iter()
         .map(|path| {
-            let mut scenario = Scenario::load(path)?.with_load_scale(1.0)?;
+            let mut scenario = Scenario::load(path)?
+                .with_load_scale(1.0)?
+                .with_resample_default(resample);
             scenario.setup.slo = slo.per_request();
             Ok(scenario)
         })
@@ -135,6 +141,7 @@ pub fn run(args: &ReplicasArgs, out: &mut impl Write) -> anyhow::Result<ExitCode
     for scenario in &scenarios {
         let study = study(args, scenario, &slo, &deployments)?;
         writeln!(out, "{}", scenario_part(&study))?;
+        writeln!(out, "{}\n", crate::lab::seed_meaning(scenario)?.0)?;
         studies.push(study);
     }
     if let Some(f) = &args.findings {
@@ -225,8 +232,10 @@ fn capacity(
         slo: slo.clone(),
         options,
         base_rate_per_s: scenario
+            .as_recorded()
             .mean_arrival_rate_per_s(first_seed)
             .with_context(|| format!("{}: traffic", scenario.path.display()))?,
+        seed_meaning: crate::lab::seed_meaning(scenario)?,
     };
     let what = format!("{} replicas", scenario.setup.gateways.replicas);
     let bar = super::compare::progress(0, &what);

@@ -116,10 +116,12 @@ pub fn run(args: &RunArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
         .into_iter()
         .map(|o| PolicyRun::new(o.metrics, o.rows))
         .collect();
-    let meta = RunMeta::from_scenario(&scenario, seed);
+    let mut meta = RunMeta::from_scenario(&scenario, seed);
+    meta.seed_meaning = crate::lab::seed_meaning(&scenario)?.0;
     write_run(&dir, &meta, &runs)?;
     write_perf(&dir, &perf)?;
     writeln!(out, "{} (seed {seed})", scenario.name)?;
+    writeln!(out, "{}", meta.seed_meaning)?;
     writeln!(out, "SLO: {}", meta.slo)?;
     write!(out, "{}", run_table(&runs))?;
     // Several gateway replicas: each policy's figures per replica (nothing with one gateway).

@@ -41,6 +41,9 @@ pub struct SweepArgs {
     /// Output directory (default: out/<scenario name>/sweep/).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// What a seed means for a trace (see `--resample` below).
+    #[command(flatten)]
+    pub resample: crate::lab::ResampleArgs,
     /// Sharded runs.
     #[command(flatten)]
     pub shard: ShardArgs,
@@ -57,6 +60,8 @@ impl ShardedArgs for SweepArgs {
 struct Plan {
     args: SweepArgs,
     base: Scenario,
+    /// What a seed is (of the base scenario; the grid's points differ only as `--set` says).
+    seed_meaning: String,
     params: Vec<String>,
     points: Vec<GridPoint>,
     policies: Vec<PolicyConfig>,
@@ -84,13 +89,19 @@ impl Plan {
             .map(|s| Axis::parse(s))
             .collect::<Result<Vec<_>, _>>()?;
         let params: Vec<String> = axes.iter().map(|a| a.path.clone()).collect();
-        let points = grid(&text, &args.scenario, &axes)?;
+        let resample = args.resample.default_resample()?;
+        let mut points = grid(&text, &args.scenario, &axes)?;
+        for p in &mut points {
+            p.scenario = p.scenario.with_resample_default(resample);
+        }
+        let seed_meaning = crate::lab::seed_meaning(&base.with_resample_default(resample))?.0;
         let policies = super::run::policies_for(&base, &args.policies)?;
         let seeds = super::compare::seed_count(args.seeds)?;
         let first_seed = args.seed.unwrap_or(base.setup.seed);
         Ok(Plan {
             args: args.clone(),
             base,
+            seed_meaning,
             params,
             points,
             policies,
@@ -205,8 +216,15 @@ impl Sharded for Plan {
             .out
             .clone()
             .unwrap_or_else(|| Path::new("out").join(&self.base.name).join("sweep"));
-        write_sweep(&dir, &self.base.name, &self.params, &rows)?;
+        write_sweep(
+            &dir,
+            &self.base.name,
+            &self.seed_meaning,
+            &self.params,
+            &rows,
+        )?;
         write!(out, "{}", sweep_table(&self.params, &rows))?;
+        writeln!(out, "{}", self.seed_meaning)?;
         writeln!(out, "sweep: {}", dir.join("sweep.csv").display())?;
         writeln!(out, "report: {}", dir.join("report.html").display())?;
         Ok(ExitCode::SUCCESS)

@@ -29,3 +29,25 @@ pub fn scratch(name: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// A scenario in `dir` replaying a slice of the Azure conv trace (1,500 rows at 0.4x) on two
+/// workers, policies seed-v1 and seed-v3: a capacity search of three policies on three seeds
+/// takes well under a second in release.
+pub fn azure_slice(dir: &std::path::Path, name: &str) -> PathBuf {
+    let trace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("data/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv");
+    let p = dir.join("slice.yaml");
+    std::fs::write(
+        &p,
+        format!(
+            "name: {name}\nseed: 1\nmodel: gemma-27b\nfleet:\n  \
+             - {{ name: pro6000, profile: rtx-pro-6000-27b }}\n  \
+             - {{ name: pair, profile: rtx4090x2-27b }}\ntraffic:\n  - trace: {{ path: {}, \
+             format: azure, limit: 1500, rate_scale: 0.4 }}\npolicies: [seed-v1, seed-v3]\n\
+             timeline_s: 0\n",
+            trace.display()
+        ),
+    )
+    .unwrap();
+    p
+}

@@ -15,3 +15,4 @@ mod run_output;
 mod shards;
 mod sweep_seeds;
 mod trace_cmd;
+mod traces_study;

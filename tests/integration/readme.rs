@@ -31,8 +31,9 @@ fn the_readme_scenario_example_validates() {
     assert!(o.status.success(), "{}", text(&o));
 }
 
-/// The README's first commands are `cargo run --release -- …` and `cargo test …`; the first
-/// names a bundled scenario that exists.
+/// The README's first commands are `cargo run --release -- …` and `scripts/test`; the first
+/// names a bundled scenario that exists, the second is the one test command, which sets up what
+/// the tests need, then runs every test, and which `.ci/run` calls too.
 #[test]
 fn the_readme_first_command_names_a_bundled_scenario() {
     let commands = block_after("# routelab", "sh");
@@ -48,11 +49,85 @@ fn the_readme_first_command_names_a_bundled_scenario() {
             .is_file(),
         "{scenario}"
     );
+    let second = commands.lines().nth(1).unwrap();
+    assert!(second.starts_with("scripts/test "), "{second}");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let script = std::fs::read_to_string(root.join("scripts/test")).unwrap();
     assert!(
-        commands
-            .lines()
-            .nth(1)
-            .unwrap()
-            .starts_with("cargo test --workspace")
+        script.contains("\nsetup\nif") && script.contains("need_chromium()"),
+        "the script sets up what the tests need"
     );
+    assert!(
+        script
+            .trim_end()
+            .ends_with("exec cargo test --workspace --release \"$@\""),
+        "then runs every test"
+    );
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(root.join("scripts/test"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert!(mode & 0o111 != 0, "scripts/test is executable");
+    }
+    let ci = std::fs::read_to_string(root.join(".ci/run")).unwrap();
+    assert!(
+        ci.contains("\nscripts/test\n") && !ci.contains("\ncargo test"),
+        ".ci/run runs the tests through scripts/test"
+    );
+}
+
+/// `scripts/test` installs a missing package through the distribution's registry (a stand-in
+/// `apt-get` that records its calls and provides the missing command) and leaves a present one
+/// alone.
+#[test]
+fn the_test_script_installs_what_is_missing_and_only_that() {
+    let dir = super::common::scratch("test-script");
+    let log = dir.join("apt.log");
+    let stub = format!(
+        "#!/bin/sh\necho \"$@\" >> {log}\n\
+         case \"$1\" in install) printf '#!/bin/sh\\n' > {bin}; chmod +x {bin};; esac\n",
+        log = log.display(),
+        bin = dir.join("fake-probe").display()
+    );
+    let apt = dir.join("apt-get");
+    std::fs::write(&apt, stub).unwrap();
+    let sudo = dir.join("sudo");
+    std::fs::write(&sudo, "#!/bin/sh\nexec \"$@\"\n").unwrap();
+    for f in [&apt, &sudo] {
+        std::process::Command::new("chmod")
+            .arg("+x")
+            .arg(f)
+            .status()
+            .unwrap();
+    }
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/test");
+    let run = |probe: &str| {
+        std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!(
+                "source {}; need_debian_packages {probe} 'a test' pkg-a pkg-b",
+                script.display()
+            ))
+            .env(
+                "PATH",
+                format!("{}:{}", dir.display(), std::env::var("PATH").unwrap()),
+            )
+            .output()
+            .unwrap()
+    };
+    let o = run("fake-probe");
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("== installing pkg-a pkg-b (a test)"),
+        "{}",
+        text(&o)
+    );
+    let calls = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(calls, "update -q\ninstall -y -q pkg-a pkg-b\n");
+    // Present now: nothing more is installed.
+    assert!(run("fake-probe").status.success());
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), calls);
 }

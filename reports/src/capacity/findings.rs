@@ -4,6 +4,7 @@
 
 use super::CapacityStudy;
 use crate::findings;
+use crate::holdout::OutOfSample;
 use crate::num::{fmt_half_width, fmt_sig};
 use crate::stats::{Interval, excludes};
 use routelab_policies::PolicyConfig;
@@ -91,6 +92,54 @@ fn versus(st: &CapacityStudy, i: usize, j: usize, who: &str) -> String {
         );
     }
     format!("{} {who}'s load", ratio_cell(st.ratio_to(i, j)))
+}
+
+/// The one sentence that says which policy to ship and by how much (the findings' verdict,
+/// also the first sentence of the console table and of `report.html`).
+pub fn ship_sentence(st: &CapacityStudy) -> String {
+    scenario_verdict(st)
+}
+
+/// The out-of-sample check of a capacity study: the policy `in_sample` ships (the most capacity
+/// of any deployable policy), checked on `held` (the same scenario's held-out part, same
+/// policies and seed plan): still the most there, or beaten (the paired ratio excludes 1), or
+/// neither. `None` when either part ships nothing.
+pub fn capacity_out_of_sample(
+    in_sample: &CapacityStudy,
+    held: &CapacityStudy,
+    held_out: &str,
+) -> Option<OutOfSample> {
+    fn deployable(st: &CapacityStudy) -> impl Fn(usize) -> bool + '_ {
+        move |i| PolicyKind::of(st, i) != PolicyKind::Oracle
+    }
+    let ship = best(in_sample, deployable(in_sample))?;
+    let name = &in_sample.policies[ship].policy;
+    let hi = held.policies.iter().position(|p| &p.policy == name)?;
+    let held_best = best(held, deployable(held))?;
+    let quoted = |i: usize| format!("`{}`", held.policies[i].policy);
+    let (established, detail) = if held_best == hi {
+        let detail = match best(held, |i| i != hi && deployable(held)(i)) {
+            Some(r) => format!("it carries {} there", versus(held, hi, r, &quoted(r))),
+            None => "the only deployable policy there".to_owned(),
+        };
+        (false, detail)
+    } else {
+        let r = held.ratio_to(held_best, hi);
+        let detail = format!(
+            "{} carries {} there",
+            quoted(held_best),
+            versus(held, held_best, hi, &quoted(hi))
+        );
+        (r.is_some_and(|r| excludes(&r, 1.0) && r.mean > 1.0), detail)
+    };
+    Some(OutOfSample::judged(
+        held_out,
+        "the most capacity at the SLO of any deployable policy".into(),
+        name.clone(),
+        held.policies[held_best].policy.clone(),
+        established,
+        detail,
+    ))
 }
 
 fn scenario_verdict(st: &CapacityStudy) -> String {
@@ -209,7 +258,10 @@ const SECTION_HEADER: &str = "## Capacity at the SLO\n\n\
          SLO holds, searched on each seed to the stated precision; its request rate; and its paired\n\
          ratio (per-seed capacities, 95 % interval) to round robin and to the best of the field's\n\
          routers in that scenario. A ratio is established only when its interval excludes 1. A\n\
-         policy that meets the SLO at no load tried counts as capacity 0 on that seed.\n";
+         policy that meets the SLO at no load tried counts as capacity 0 on that seed. A trace is\n\
+         a new block-bootstrap resample on each seed unless a part says otherwise, so the\n\
+         intervals carry the traffic's variability; with `--holdout`, a part ends with whether\n\
+         the policy to ship still wins on the held-out end of each trace.\n";
 
 /// One scenario's table and verdict.
 fn scenario_part(st: &CapacityStudy) -> String {
@@ -218,9 +270,14 @@ fn scenario_part(st: &CapacityStudy) -> String {
         .map(|i| PolicyKind::of(st, i))
         .collect();
     let field_best = best(st, |i| kinds[i] == PolicyKind::Field);
+    let per_seed = if st.seed_meaning.1.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", st.seed_meaning.1)
+    };
     let _ = write!(
         out,
-        "### {} at `{}`{}\n\nSLO: {}; load scale 1 = {} req/s; {} seeds; precision {} %.\n\n\
+        "### {} at `{}`{}\n\nSLO: {}; load scale 1 = {} req/s; {} seeds{per_seed}; precision {} %.\n\n\
          | policy | kind | capacity (load scale) | req/s | vs round robin | vs best field router{} |\n\
          |---|---|---:|---:|---|---|\n",
         st.scenario,
@@ -278,6 +335,9 @@ fn scenario_part(st: &CapacityStudy) -> String {
         );
     }
     let _ = writeln!(out, "\n{}", scenario_verdict(st));
+    if let Some(o) = &st.out_of_sample {
+        let _ = writeln!(out, "\n{}", o.sentence());
+    }
     out
 }
 
@@ -286,6 +346,7 @@ mod tests {
     use super::super::search::tests::ps_run;
     use super::super::*;
     use super::*;
+    use crate::holdout::Holds;
 
     /// round robin 1x, a field router 1.5x, ours 1.2x, the oracle 2x — every seed alike up to
     /// seed noise both share.
@@ -308,6 +369,7 @@ mod tests {
             slo: spec.clone(),
             options: SearchOptions::default(),
             base_rate_per_s: Some(1.0),
+            seed_meaning: Default::default(),
         };
         run_study(plan, |b| {
             b.iter()
@@ -373,6 +435,7 @@ mod tests {
             slo: spec.clone(),
             options: SearchOptions::default(),
             base_rate_per_s: Some(1.0),
+            seed_meaning: Default::default(),
         };
         let st = run_study(plan, |b| {
             b.iter()
@@ -430,6 +493,40 @@ mod tests {
             update_findings(&third, &[]),
             third,
             "nothing studied: nothing moves"
+        );
+    }
+
+    #[test]
+    fn the_shipped_policy_is_checked_on_the_held_out_part() {
+        let text = "the last 30 % of each trace's span";
+        // Ours ships in sample (1.8x); held out, the field router (1.5x) beats ours (1.2x).
+        let o = capacity_out_of_sample(&study(1.8), &study(1.8), text).unwrap();
+        assert_eq!((o.winner.as_str(), o.holds), ("seed-v3", Holds::Yes));
+        assert!(
+            o.detail
+                .starts_with("it carries 1.20x [1.20, 1.20] `cache-aware`'s load"),
+            "{o:?}"
+        );
+        let o = capacity_out_of_sample(&study(1.8), &study(1.2), text).unwrap();
+        assert_eq!(
+            (o.best_held_out.as_str(), o.holds),
+            ("cache-aware", Holds::No)
+        );
+        let mut st = study(1.8);
+        st.out_of_sample = Some(o);
+        st.seed_meaning = ("A seed: …".into(), "trace resampled (60 s blocks)".into());
+        let md = findings_section(&[st]);
+        assert!(
+            md.contains("3 seeds (trace resampled (60 s blocks)); precision"),
+            "{md}"
+        );
+        assert!(
+            md.contains(
+                "\nOut of sample (the last 30 % of each trace's span held out; the winner \
+                         picked on the rest by the most capacity at the SLO of any deployable \
+                         policy): `seed-v3` does not hold: `cache-aware` beats it"
+            ),
+            "{md}"
         );
     }
 

@@ -25,12 +25,15 @@ mod report;
 pub mod search;
 pub mod slo;
 
-pub use findings::{PolicyKind, findings_section, update_findings};
+pub use findings::{
+    PolicyKind, capacity_out_of_sample, findings_section, ship_sentence, update_findings,
+};
 pub(crate) use findings::{best, ratio_cell};
 pub use report::{capacity_table, write_capacity};
 pub use search::{Censored, Evaluation, SearchOptions, SeedCapacity, find_capacity};
 pub use slo::{Bound, SloMetric, SloSpec, Statistic};
 
+use crate::holdout::OutOfSample;
 use crate::stats::{AutoSeeds, Interval, SeedStop, excludes, paired_ratio};
 use serde::Serialize;
 
@@ -126,6 +129,11 @@ pub struct CapacityStudy {
     pub seeds: Vec<u64>,
     /// Per policy, in the order asked.
     pub policies: Vec<PolicyCapacity>,
+    /// What a seed is (`Scenario::seed_meaning`): its sentence and its short form (empty when
+    /// the host does not say).
+    pub seed_meaning: (String, String),
+    /// The out-of-sample check (`--holdout`), when one ran.
+    pub out_of_sample: Option<OutOfSample>,
 }
 
 impl CapacityStudy {
@@ -180,6 +188,8 @@ pub struct StudyPlan {
     pub options: SearchOptions,
     /// Mean arrival rate at scale 1.
     pub base_rate_per_s: Option<f64>,
+    /// What a seed is: the sentence and its short form.
+    pub seed_meaning: (String, String),
 }
 
 /// Run a study: `search_batch` finds the capacity of each `(policy index, seed)` it is given
@@ -215,6 +225,8 @@ pub fn run_study<E>(
                 seeds: Vec::new(),
             })
             .collect(),
+        seed_meaning: plan.seed_meaning,
+        out_of_sample: None,
     };
     let mut want = match plan.seeds {
         SeedPlan::Fixed(n) => n.max(1),
@@ -264,6 +276,7 @@ mod tests {
             slo: SloSpec::parse("e2el_mean<=500ms", None).unwrap(),
             options: SearchOptions::default(),
             base_rate_per_s: Some(2.0),
+            seed_meaning: Default::default(),
         }
     }
 

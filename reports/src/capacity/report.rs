@@ -4,7 +4,9 @@
 //! console table.
 
 use super::CapacityStudy;
-use crate::chart::{self, Figure, Legend, LinePanel, Panel, Series};
+use crate::chart::{
+    self, Band, BarGroup, BarPanel, Figure, Knee, Legend, LinePanel, Panel, Series,
+};
 use crate::error::ReportError;
 use crate::export::csv::write_csv;
 use crate::export::html::{Cell, Page, best_indices, table};
@@ -93,6 +95,9 @@ fn capacity_json(st: &CapacityStudy) -> Value {
         },
         "precision": st.precision,
         "across_seeds": ACROSS_SEEDS,
+        "seed_meaning": st.seed_meaning.0,
+        "ship": super::ship_sentence(st),
+        "out_of_sample": st.out_of_sample,
         "base_rate_per_s": st.base_rate_per_s.and_then(r6),
         "baseline": st.policies[st.baseline].policy,
         "seeds": st.seeds,
@@ -199,79 +204,198 @@ pub fn write_capacity(dir: &Path, st: &CapacityStudy) -> Result<Written, ReportE
     Ok(out)
 }
 
-/// Every evaluation of a policy (all seeds), sorted by scale: `(scale, value)`.
-fn points(
-    st: &CapacityStudy,
-    i: usize,
-    value: impl Fn(&super::Evaluation) -> Option<f64>,
-) -> Vec<(f64, f64)> {
-    let mut pts: Vec<(f64, f64)> = st.policies[i]
-        .seeds
+/// What the curve panel draws at each evaluation: the attainment with a target, else the worst
+/// bound's statistic over its limit (the SLO holds at 1 or below).
+fn slo_value(st: &CapacityStudy, e: &super::Evaluation) -> Option<f64> {
+    if st.slo.target.is_some() {
+        return e.attainment;
+    }
+    st.slo
+        .bounds
         .iter()
-        .flat_map(|s| s.evaluations.iter())
-        .filter_map(|e| value(e).map(|v| (e.scale, v)))
-        .collect();
-    pts.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
-    pts
+        .zip(&e.values)
+        .map(|(b, v)| v.map(|v| v / b.bound_s))
+        .try_fold(0.0f64, |worst, r| r.map(|r| worst.max(r)))
 }
 
+/// `v` of one seed's evaluations at `scale`: linear in log(scale) between the evaluated scales
+/// around it, the nearest evaluated value outside them (`pts` sorted by scale).
+fn at_scale(pts: &[(f64, f64)], scale: f64) -> Option<f64> {
+    let (first, last) = (pts.first()?, pts.last()?);
+    if scale <= first.0 {
+        return Some(first.1);
+    }
+    if scale >= last.0 {
+        return Some(last.1);
+    }
+    let k = pts.partition_point(|p| p.0 <= scale);
+    let ((xa, ya), (xb, yb)) = (pts[k - 1], pts[k]);
+    if xb <= xa {
+        return Some(ya);
+    }
+    let f = (scale.ln() - xa.ln()) / (xb.ln() - xa.ln());
+    Some(ya + (yb - ya) * f)
+}
+
+/// Points of the curve grid: 48 load scales spread evenly in log scale over every evaluated
+/// scale of the study.
+fn grid(st: &CapacityStudy) -> Vec<f64> {
+    let scales = st
+        .policies
+        .iter()
+        .flat_map(|p| p.seeds.iter())
+        .flat_map(|s| s.evaluations.iter())
+        .map(|e| e.scale)
+        .filter(|s| *s > 0.0);
+    let (lo, hi) = scales.fold((f64::INFINITY, 0.0f64), |(a, b), s| (a.min(s), b.max(s)));
+    if !(lo.is_finite() && hi > lo) {
+        return Vec::new();
+    }
+    const N: usize = 48;
+    (0..N)
+        .map(|i| (lo.ln() + (hi.ln() - lo.ln()) * i as f64 / (N - 1) as f64).exp())
+        .collect()
+}
+
+/// One policy's curve across seeds on `grid`: `(scale, mean, 95 % low, high)`; each seed's
+/// evaluations are read at the grid's scales ([`at_scale`]), over the scales every seed
+/// evaluated around (none is extrapolated past its last evaluation; when the seeds' ranges do
+/// not overlap, each is held at its nearest value instead).
+fn mean_curve(st: &CapacityStudy, i: usize, grid: &[f64]) -> Vec<(f64, f64, f64, f64)> {
+    let per_seed: Vec<Vec<(f64, f64)>> = st.policies[i]
+        .seeds
+        .iter()
+        .map(|s| {
+            let mut pts: Vec<(f64, f64)> = s
+                .evaluations
+                .iter()
+                .filter_map(|e| slo_value(st, e).map(|v| (e.scale, v)))
+                .collect();
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            pts
+        })
+        .filter(|p| !p.is_empty())
+        .collect();
+    let lo = per_seed.iter().map(|p| p[0].0).fold(0.0, f64::max);
+    let hi = per_seed
+        .iter()
+        .map(|p| p[p.len() - 1].0)
+        .fold(f64::INFINITY, f64::min);
+    let covered = |x: f64| hi <= lo || (x >= lo * (1.0 - 1e-9) && x <= hi * (1.0 + 1e-9));
+    // The grid, plus the scales the seeds evaluated (where the curve bends), within the range.
+    let mut xs: Vec<f64> = grid
+        .iter()
+        .copied()
+        .chain(per_seed.iter().flat_map(|p| p.iter().map(|q| q.0)))
+        .filter(|&x| x > 0.0 && covered(x))
+        .collect();
+    xs.sort_by(f64::total_cmp);
+    xs.dedup();
+    xs.iter()
+        .filter_map(|&x| {
+            let iv = Interval::of(per_seed.iter().filter_map(|p| at_scale(p, x)))?;
+            Some((x, iv.mean, iv.low(), iv.high()))
+        })
+        .collect()
+}
+
+/// The chart a person reads at a glance: each policy's SLO curve against load (its mean across
+/// seeds, the 95 % band around it), the target as a dashed line, and each policy's capacity
+/// marked as a diamond on that line with its interval as a whisker; beside it, the capacities
+/// as bars with their intervals.
 fn capacity_figure(st: &CapacityStudy) -> Figure {
     let x_label = "load scale (x the scenario's arrival rate)";
-    let mut attain = LinePanel::new(
-        "SLO attainment vs load (vertical line: each policy's capacity)",
-        x_label,
-        "requests meeting every bound",
-    );
-    attain.y_percent = true;
-    attain.y_range = Some((0.0, 1.05));
-    attain.markers = true;
-    attain.x_log = true;
-    attain.legend = Legend::None;
-    let mut ttft = LinePanel::new("TTFT p99 vs load (log scale)", x_label, "s");
-    ttft.markers = true;
-    ttft.x_log = true;
-    // Past its knee a policy's TTFT grows by orders of magnitude: only a log axis keeps the
-    // others' curves readable.
-    ttft.y_log = true;
-    ttft.legend = Legend::None;
-    let ttft_max = (0..st.policies.len())
-        .flat_map(|i| points(st, i, |e| e.ttft_p99_s))
-        .map(|p| p.1)
-        .fold(0.0f64, f64::max);
-    let ttft_min = (0..st.policies.len())
-        .flat_map(|i| points(st, i, |e| e.ttft_p99_s))
-        .map(|p| p.1)
-        .filter(|&v| v > 0.0)
-        .fold(f64::INFINITY, f64::min);
+    let grid = grid(st);
+    let (title, y_label, limit, limit_label) = match st.slo.target {
+        Some(t) => (
+            "SLO attainment vs load: mean across seeds, 95 % band; diamonds: capacity",
+            "requests meeting every bound",
+            t,
+            format!("target {}", crate::num::fmt_pct(Some(t))),
+        ),
+        None => (
+            "worst SLO bound vs load: mean across seeds, 95 % band; diamonds: capacity",
+            "worst bound's value / its limit",
+            1.0,
+            "SLO limit".to_string(),
+        ),
+    };
+    let mut curve = LinePanel::new(title, x_label, y_label);
+    curve.x_log = true;
+    curve.legend = Legend::None;
+    if st.slo.target.is_some() {
+        curve.y_percent = true;
+        curve.y_range = Some((0.0, 1.05));
+    } else {
+        // Past its knee a policy's latency grows by orders of magnitude: only a log axis keeps
+        // the curves near the limit readable.
+        curve.y_log = true;
+    }
+    curve.reference_lines.push((limit, limit_label));
     for (i, p) in st.policies.iter().enumerate() {
         let color = chart::color(i);
-        attain.series.push(Series {
+        let pts = mean_curve(st, i, &grid);
+        curve.series.push(Series {
             name: p.policy.clone(),
             color,
-            points: points(st, i, |e| e.attainment),
+            points: pts.iter().map(|&(x, m, _, _)| (x, m)).collect(),
         });
-        ttft.series.push(Series {
-            name: p.policy.clone(),
-            color,
-            points: points(st, i, |e| e.ttft_p99_s),
-        });
-        if let Some(iv) = p.interval() {
-            let knee = format!("{} capacity", p.policy);
-            attain
-                .series
-                .push(Series::vertical_mark(&knee, color, iv.mean, (0.0, 1.0)));
-            ttft.series.push(Series::vertical_mark(
-                &knee,
+        if pts.iter().any(|&(_, _, l, h)| h > l) {
+            let clamp = |v: f64| {
+                if st.slo.target.is_some() {
+                    v.clamp(0.0, 1.0)
+                } else {
+                    v
+                }
+            };
+            curve.bands.push(Band {
                 color,
-                iv.mean,
-                (ttft_min, ttft_max),
-            ));
+                points: pts
+                    .iter()
+                    .map(|&(x, _, l, h)| (x, clamp(l), clamp(h)))
+                    .collect(),
+            });
+        }
+        if let Some(iv) = p.interval().filter(|iv| iv.mean > 0.0) {
+            curve.knees.push(Knee {
+                color,
+                x: iv.mean,
+                y: limit,
+                x_low: iv.low().max(iv.mean / 1e3),
+                x_high: iv.high(),
+            });
         }
     }
+    let bars = BarPanel {
+        title: "capacity per policy (mean across seeds, 95 % interval)".into(),
+        x_label: String::new(),
+        y_label: "load scale".into(),
+        categories: st.policies.iter().map(|p| p.policy.clone()).collect(),
+        groups: vec![BarGroup {
+            name: "capacity".into(),
+            color: chart::color(0),
+            values: st
+                .policies
+                .iter()
+                .map(|p| p.interval().map(|i| i.mean))
+                .collect(),
+            errors: st
+                .policies
+                .iter()
+                .map(|p| {
+                    p.interval()
+                        .and_then(|i| i.half_width.map(|_| (i.low().max(0.0), i.high())))
+                })
+                .collect(),
+        }],
+        y_percent: false,
+        color_by_category: true,
+    };
     let mut fig = Figure::new(
         format!("Capacity at the SLO: {}", st.scenario),
-        vec![Panel::Lines(attain), Panel::Lines(ttft)],
+        vec![Panel::Lines(curve), Panel::Bars(bars)],
     );
+    fig.panel_height = 420;
     fig.legend = st
         .policies
         .iter()
@@ -337,6 +461,10 @@ pub fn capacity_table(st: &CapacityStudy) -> String {
     }
     let mut s = format!("{} — capacity at the SLO {}\n", st.scenario, st.slo);
     s.push_str(&t.render());
+    s.push_str(&format!("{}\n", super::ship_sentence(st)));
+    if let Some(o) = &st.out_of_sample {
+        s.push_str(&format!("{}\n", o.sentence()));
+    }
     for p in &st.policies {
         let note = p.censored_note();
         if !note.is_empty() {
@@ -351,6 +479,9 @@ pub fn capacity_table(st: &CapacityStudy) -> String {
         st.seeds.len(),
         stop_text(st),
     ));
+    if !st.seed_meaning.0.is_empty() {
+        s.push_str(&format!("{}\n", st.seed_meaning.0));
+    }
     s
 }
 
@@ -360,6 +491,14 @@ fn capacity_html(st: &CapacityStudy, svg: &str) -> String {
     page.el("h2", None, &format!("Capacity at the SLO: {}", st.scenario));
     if !st.description.is_empty() {
         page.el("p", Some("desc"), &st.description);
+    }
+    // The report opens with what to do: the policy to ship, and whether it held out of sample.
+    page.el("p", Some("lead"), &super::ship_sentence(st));
+    if let Some(o) = &st.out_of_sample {
+        page.el("p", Some("lead"), &o.sentence());
+    }
+    if !st.seed_meaning.0.is_empty() {
+        page.el("p", Some("meta"), &st.seed_meaning.0);
     }
     page.el(
         "p",
@@ -424,8 +563,23 @@ fn capacity_html(st: &CapacityStudy, svg: &str) -> String {
     }
     page.figure(
         svg,
-        "SLO attainment and TTFT p99 at every evaluated load scale (all seeds); vertical lines: \
-         each policy's mean capacity.",
+        &format!(
+            "Left: {} against load, each policy's mean across seeds (line) and 95 % band; the \
+             dashed line is the {}; a diamond marks each policy's capacity (its mean across \
+             seeds, where it crosses that line) with its 95 % interval as a whisker. Right: the \
+             capacities with their intervals. Every evaluated scale is in \
+             capacity_evaluations.csv.",
+            if st.slo.target.is_some() {
+                "SLO attainment (the share of requests within every bound)"
+            } else {
+                "the worst bound's value over its limit"
+            },
+            if st.slo.target.is_some() {
+                "target"
+            } else {
+                "limit (the SLO holds below it)"
+            }
+        ),
     );
     page.raw(
         "<p class=\"meta\"><a href=\"capacity.json\">capacity.json</a> · \
@@ -453,6 +607,7 @@ mod tests {
             slo: spec.clone(),
             options: SearchOptions::default(),
             base_rate_per_s: Some(0.5),
+            seed_meaning: Default::default(),
         };
         run_study(plan, |b| {
             b.iter()

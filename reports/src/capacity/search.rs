@@ -293,7 +293,7 @@ pub(crate) mod tests {
             "{}",
             c.describe()
         );
-        let target = SloSpec::parse("e2el_mean<=500ms", Some(0.5)).unwrap();
+        let target = SloSpec::parse("e2el<=500ms", Some(0.5)).unwrap();
         let t = find_capacity(&target, &opts, 1, |s| ps_run(s * 600.0)).unwrap();
         // The fake run records no per-request attainment (slo_met 0 of 1).
         assert!(

@@ -1,15 +1,19 @@
 //! The SLO of `routelab capacity`: `--slo "ttft_p99<=2s,tpot_p99<=100ms"` parsed into a
 //! validated [`SloSpec`], and the one test of whether a run meets it.
 //!
-//! A bound is `METRIC_STAT<=VALUE UNIT`: metric `ttft`, `tpot`, `itl` or `e2el` (the names of
-//! `vllm bench serve`), statistic `pNN` (any percentile 0 < NN < 100: `p50`, `p99`, `p99.9`)
-//! or `mean`, value a finite number > 0 with unit `s` or `ms`. Bounds are separated by commas.
+//! Without `--target`, a bound is `METRIC_STAT<=VALUE UNIT`: metric `ttft`, `tpot`, `itl` or
+//! `e2el` (the names of `vllm bench serve`), statistic `pNN` (any percentile 0 < NN < 100:
+//! `p50`, `p99`, `p99.9`) or `mean`, value a finite number > 0 with unit `s` or `ms`. With
+//! `--target F`, a bound is a per-request bound `METRIC<=VALUE UNIT`, with no statistic.
+//! Bounds are separated by commas.
 //!
 //! **What holds means.** Without a target, every bound holds on the run's distribution (the
 //! percentile or mean of the run's histogram is at most the bound). With a target (`--target
-//! 0.9`), each bound is a per-request bound instead (its statistic is then ignored) and the SLO
-//! holds when the fraction of arrived requests that completed within *all* of them is at least
-//! the target: the simulator's recorder counts them against [`SloSpec::per_request`].
+//! 0.9`), each bound applies to each request and the SLO holds when the fraction of arrived
+//! requests that completed within *all* of them is at least the target: the simulator's
+//! recorder counts them against [`SloSpec::per_request`]. A statistic written with a target is
+//! refused (issue 29: `ttft_p50<=2s --target 0.9` ran as a per-request bound while every header
+//! still said p50), and so is a per-request bound without one.
 //!
 //! ITL: this simulator has no per-token events, so a request's mean inter-token latency is its
 //! TPOT. A per-request `itl` bound is therefore a TPOT bound; a distribution bound on `itl` reads
@@ -76,7 +80,7 @@ impl SloMetric {
     }
 }
 
-/// Which statistic of a metric's distribution a bound applies to.
+/// Which statistic of a metric's distribution a bound applies to, or none: a per-request bound.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Statistic {
@@ -84,6 +88,13 @@ pub enum Statistic {
     Mean,
     /// A percentile, 0 < p < 100.
     Percentile(f64),
+    /// Each request's own value (with `--target`: the fraction of requests within every bound
+    /// is what holds or not). Its value in a run, for the outputs, is the quantile at the
+    /// target: the latency that fraction of requests stayed within.
+    PerRequest {
+        /// The `--target` fraction.
+        target: f64,
+    },
 }
 
 impl fmt::Display for Statistic {
@@ -91,6 +102,7 @@ impl fmt::Display for Statistic {
         match self {
             Statistic::Mean => f.write_str("mean"),
             Statistic::Percentile(p) => write!(f, "p{p}"),
+            Statistic::PerRequest { .. } => f.write_str("per request"),
         }
     }
 }
@@ -107,9 +119,13 @@ pub struct Bound {
 }
 
 impl Bound {
-    /// `ttft_p99` (the bound's name, as written in `--slo`).
+    /// `ttft_p99`, or `ttft` for a per-request bound (the bound's name, as written in
+    /// `--slo`).
     pub fn name(&self) -> String {
-        format!("{}_{}", self.metric.as_str(), self.statistic)
+        match self.statistic {
+            Statistic::PerRequest { .. } => self.metric.as_str().to_string(),
+            s => format!("{}_{s}", self.metric.as_str()),
+        }
     }
 
     /// The statistic in a run (`None`: the run has no value, e.g. nothing completed).
@@ -118,6 +134,7 @@ impl Bound {
         match self.statistic {
             Statistic::Mean => h.mean_secs(),
             Statistic::Percentile(p) => h.quantile_secs(p / 100.0),
+            Statistic::PerRequest { target } => h.quantile_secs(target),
         }
         .filter(|v| v.is_finite())
     }
@@ -162,7 +179,7 @@ impl SloSpec {
             return Err(InputError::new(SLO_FLAG, "", "is empty").valid(BOUND_FORM));
         }
         for part in slo.split(',') {
-            let b = parse_bound(part.trim())?;
+            let b = parse_bound(part.trim(), target)?;
             if bounds
                 .iter()
                 .any(|o| o.metric == b.metric && o.statistic == b.statistic)
@@ -263,20 +280,68 @@ pub fn parse_target(t: f64) -> Result<f64, InputError> {
     }
 }
 
-fn parse_bound(part: &str) -> Result<Bound, InputError> {
+fn parse_bound(part: &str, target: Option<f64>) -> Result<Bound, InputError> {
     let err = |message: String| InputError::new(SLO_FLAG, part, message);
     let Some((name, value)) = part.split_once("<=") else {
         return Err(err("is not a bound".into()).valid(BOUND_FORM));
     };
     let (name, value) = (name.trim(), value.trim());
-    let Some((metric, stat)) = name.split_once('_') else {
-        return Err(err(format!("`{name}` names no statistic")).valid(VALID_METRICS));
+    let (metric, stat) = match name.split_once('_') {
+        Some((m, s)) => (m, Some(s)),
+        None => (name, None),
     };
     let metric = SloMetric::ALL
         .into_iter()
         .find(|m| m.as_str() == metric)
-        .ok_or_else(|| err(format!("unknown metric `{metric}`")).valid(VALID_METRICS))?;
-    let statistic = if stat == "mean" {
+        .ok_or_else(|| {
+            let valid = if target.is_some() {
+                VALID_PER_REQUEST
+            } else {
+                VALID_METRICS
+            };
+            err(format!("unknown metric `{metric}`")).valid(valid)
+        })?;
+    let bound_s = parse_value(value, &err)?;
+    let per_request = format!("{}<={value}", metric.as_str());
+    let statistic = match (stat, target) {
+        (None, Some(target)) => Statistic::PerRequest { target },
+        (Some(stat), Some(t)) => {
+            return Err(err(format!(
+                "`{name}` bounds a statistic of the run's distribution ({stat}), but --target {t} \
+                 makes every bound a per-request bound: each request's {} within {value}, and at \
+                 least {}% of the requests within every bound; write `{per_request}` (or leave \
+                 --target out to bound the run's {stat})",
+                metric.as_str(),
+                t * 100.0
+            ))
+            .valid(VALID_PER_REQUEST));
+        }
+        (None, None) => {
+            return Err(err(format!(
+                "`{name}` names no statistic; a bound without one is a per-request bound, which \
+                 needs --target F (the fraction of requests that must meet every bound, e.g. \
+                 `--slo \"{per_request}\" --target 0.9`)"
+            ))
+            .valid(VALID_METRICS));
+        }
+        (Some(stat), None) => parse_statistic(stat, &err)?,
+    };
+    Ok(Bound {
+        metric,
+        statistic,
+        bound_s,
+    })
+}
+
+/// What a per-request bound looks like, said in the errors about one.
+const VALID_PER_REQUEST: &str = "with --target, per-request bounds METRIC<=VALUE: ttft, tpot, \
+                                 itl or e2el, e.g. ttft<=2s,tpot<=100ms";
+
+fn parse_statistic(
+    stat: &str,
+    err: &impl Fn(String) -> InputError,
+) -> Result<Statistic, InputError> {
+    Ok(if stat == "mean" {
         Statistic::Mean
     } else {
         let p = stat
@@ -289,7 +354,10 @@ fn parse_bound(part: &str) -> Result<Bound, InputError> {
             )));
         }
         Statistic::Percentile(p)
-    };
+    })
+}
+
+fn parse_value(value: &str, err: &impl Fn(String) -> InputError) -> Result<f64, InputError> {
     let (number, per_second) = if let Some(n) = value.strip_suffix("ms") {
         (n, 1e-3)
     } else if let Some(n) = value.strip_suffix('s') {
@@ -302,12 +370,7 @@ fn parse_bound(part: &str) -> Result<Bound, InputError> {
     let x: f64 = number.trim().parse().map_err(|_| {
         err(format!("`{number}` is not a number")).valid("a number with s or ms, e.g. 2s or 100ms")
     })?;
-    let bound_s = rule::positive(x).map_err(|v| err(v.to_string()))? * per_second;
-    Ok(Bound {
-        metric,
-        statistic,
-        bound_s,
-    })
+    Ok(rule::positive(x).map_err(|v| err(v.to_string()))? * per_second)
 }
 
 #[cfg(test)]
@@ -325,11 +388,52 @@ mod tests {
         assert_eq!(s.bounds[1].metric, SloMetric::Tpot);
         assert!((s.bounds[1].bound_s - 0.1).abs() < 1e-15);
         assert_eq!(s.to_string(), "ttft_p99<=2s,tpot_p99<=100ms");
-        let odd = SloSpec::parse("e2el_p99.9<=1.5s,itl_mean<=20ms", Some(1.0)).unwrap();
+        let odd = SloSpec::parse("e2el_p99.9<=1.5s,itl_mean<=20ms", None).unwrap();
         assert_eq!(odd.bounds[0].statistic, Statistic::Percentile(99.9));
         assert_eq!(odd.bounds[1].statistic, Statistic::Mean);
-        assert_eq!(odd.target, Some(1.0));
         assert_eq!(odd.to_string(), "e2el_p99.9<=1.5s,itl_mean<=20ms");
+        let per_request = SloSpec::parse("ttft<=2s, tpot<=100ms", Some(0.9)).unwrap();
+        assert_eq!(
+            per_request.bounds[0].statistic,
+            Statistic::PerRequest { target: 0.9 }
+        );
+        assert_eq!(per_request.target, Some(0.9));
+        assert_eq!(per_request.to_string(), "ttft<=2s,tpot<=100ms");
+        assert_eq!(
+            per_request.rule(),
+            "at least 90% of requests complete within every bound (ttft <= 2s, tpot <= 100ms) \
+             per request"
+        );
+    }
+
+    #[test]
+    fn trap2_a_statistic_with_a_target_is_refused_saying_how_to_write_a_per_request_bound() {
+        // Regression (issue 29): `ttft_p50<=2s,tpot_mean<=100ms --target 0.9` ran as
+        // per-request bounds while every header still said p50.
+        let e = SloSpec::parse("ttft_p50<=2s,tpot_mean<=100ms", Some(0.9)).unwrap_err();
+        assert_eq!(
+            (e.file.as_str(), e.field.as_str()),
+            ("--slo", "ttft_p50<=2s")
+        );
+        let m = e.to_string();
+        assert!(
+            m.contains(
+                "`ttft_p50` bounds a statistic of the run's distribution (p50), but \
+                        --target 0.9 makes every bound a per-request bound"
+            ) && m.contains("write `ttft<=2s` (or leave --target out to bound the run's p50)")
+                && m.contains("valid: with --target, per-request bounds METRIC<=VALUE"),
+            "{m}"
+        );
+        let e = SloSpec::parse("ttft<=2s,tpot_mean<=100ms", Some(0.9)).unwrap_err();
+        assert_eq!(e.field, "tpot_mean<=100ms");
+        assert!(e.to_string().contains("write `tpot<=100ms`"), "{e}");
+        // The per-request spelling without a target says what it needs.
+        let e = SloSpec::parse("ttft<=2s", None).unwrap_err().to_string();
+        assert!(
+            e.contains("a bound without one is a per-request bound, which needs --target F")
+                && e.contains("--slo \"ttft<=2s\" --target 0.9"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -425,19 +529,15 @@ mod tests {
                 .holds(&m)
         );
         // With a target, the recorded attainment (90 of 100) decides.
-        assert!(SloSpec::parse("ttft_p99<=2s", Some(0.9)).unwrap().holds(&m));
-        assert!(
-            !SloSpec::parse("ttft_p99<=2s", Some(0.91))
-                .unwrap()
-                .holds(&m)
-        );
+        assert!(SloSpec::parse("ttft<=2s", Some(0.9)).unwrap().holds(&m));
+        assert!(!SloSpec::parse("ttft<=2s", Some(0.91)).unwrap().holds(&m));
+        // A per-request bound's value is the quantile at the target: 90 % stayed within 1 s.
+        let b = &SloSpec::parse("ttft<=2s", Some(0.9)).unwrap().bounds[0];
+        assert_eq!(b.name(), "ttft");
+        assert!((b.value(&m).unwrap() - 1.0).abs() < 0.01);
         // Nothing measured: nothing holds.
         let empty = metrics(&[], 0);
         assert!(!SloSpec::parse("ttft_p99<=2s", None).unwrap().holds(&empty));
-        assert!(
-            !SloSpec::parse("ttft_p99<=2s", Some(0.5))
-                .unwrap()
-                .holds(&empty)
-        );
+        assert!(!SloSpec::parse("ttft<=2s", Some(0.5)).unwrap().holds(&empty));
     }
 }

@@ -455,10 +455,10 @@ fn sweep_outputs() {
         }
     }
     let dir = out_dir("sweep");
-    let w = write_sweep(&dir, "t/sweep", &params, &rows).unwrap();
+    let w = write_sweep(&dir, "t/sweep", "", &params, &rows).unwrap();
     assert_eq!(w.files.len(), 4);
     if let Some(k) = keep("sweep") {
-        write_sweep(&k, "t/sweep", &params, &rows).unwrap();
+        write_sweep(&k, "t/sweep", "", &params, &rows).unwrap();
     }
     let csv = std::fs::read_to_string(dir.join("sweep.csv")).unwrap();
     assert!(csv.starts_with("burst_size,rtt_ms,policy,requests,"));
@@ -485,9 +485,9 @@ fn sweep_outputs() {
         })
         .collect();
     let cat_dir = out_dir("sweep-categorical");
-    write_sweep(&cat_dir, "t/sweep", &["traffic".to_string()], &cat).unwrap();
+    write_sweep(&cat_dir, "t/sweep", "", &["traffic".to_string()], &cat).unwrap();
     if let Some(k) = keep("sweep-categorical") {
-        write_sweep(&k, "t/sweep", &["traffic".to_string()], &cat).unwrap();
+        write_sweep(&k, "t/sweep", "", &["traffic".to_string()], &cat).unwrap();
     }
     let svg = std::fs::read_to_string(cat_dir.join("sweep.svg")).unwrap();
     assert!(svg.contains("\nsmall burst\n</text>") && svg.contains("\nlarge burst\n</text>"));
@@ -496,7 +496,7 @@ fn sweep_outputs() {
         values: vec!["1".to_string()],
         ..rows[0].clone()
     }];
-    let err = write_sweep(&out_dir("sweep-bad"), "t/sweep", &params, &bad).unwrap_err();
+    let err = write_sweep(&out_dir("sweep-bad"), "t/sweep", "", &params, &bad).unwrap_err();
     assert!(err.to_string().contains("sweep.csv"));
 }
 

@@ -67,6 +67,7 @@ pub fn run(
     sim.run(traffic, &mut sink)?;
     let mut metrics = sim.finish();
     metrics.skipped_rows = traffic.skipped();
+    metrics.traffic_warnings = traffic.warnings();
     Ok(metrics)
 }
 

@@ -103,6 +103,8 @@ impl Sim<'_> {
         }
         self.running.retain(|&q| q != p);
         let wall = run.last_done.nanos_since(run.started);
+        let worker = self.by_id[run.order.worker.index()] as usize;
+        let now = self.now;
         let m = self.rec.metrics_mut();
         m.probe_gpu_s += wall as f64 / 1e9;
         let mut result = ProbeResult {
@@ -114,6 +116,9 @@ impl Sim<'_> {
         };
         if run.ok && run.order.phase == ProbePhase::Measure {
             m.probe_measurements += 1;
+            m.workers[worker]
+                .first_measured_ns
+                .get_or_insert(now.as_nanos());
         }
         let waiting = std::mem::take(&mut self.probes[p as usize].waiting);
         for &(replica, order) in &waiting {

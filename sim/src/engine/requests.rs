@@ -174,6 +174,7 @@ impl Sim<'_> {
 
     fn route(&mut self, req: u32, traffic: &mut dyn TrafficSource, sink: Sink<'_, '_>) {
         let Some(model) = self.model else {
+            self.rec.rejected_because(&RouteError::NoWorkerForModel);
             self.reject(req, traffic, sink);
             return;
         };
@@ -202,7 +203,10 @@ impl Sim<'_> {
                     .router
                     .enqueue(ticket, &request);
             }
-            Err(_) => self.reject(req, traffic, sink),
+            Err(e) => {
+                self.rec.rejected_because(&e);
+                self.reject(req, traffic, sink);
+            }
         }
     }
 
@@ -397,7 +401,10 @@ impl Sim<'_> {
                 let req = (ticket & 0xFFFF_FFFF) as u32;
                 match outcome {
                     Ok(d) => self.dispatched(req, d),
-                    Err(_) => self.reject(req, traffic, sink),
+                    Err(e) => {
+                        self.rec.rejected_because(&e);
+                        self.reject(req, traffic, sink);
+                    }
                 }
             }
         }

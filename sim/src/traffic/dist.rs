@@ -80,6 +80,19 @@ impl LengthDist {
         }
     }
 
+    /// The distribution's mean, tokens (a log-normal's before its clamp: an upper estimate).
+    #[must_use]
+    pub fn mean(&self) -> f64 {
+        match *self {
+            Self::Fixed(n) => f64::from(n),
+            Self::Uniform { min, max } => (f64::from(min) + f64::from(max)) / 2.0,
+            Self::LogNormal { median, sigma, max } => {
+                (median * (sigma * sigma / 2.0).exp()).min(f64::from(max))
+            }
+            Self::Exponential { mean } => mean.max(1.0),
+        }
+    }
+
     /// Draw one value (≥ 1).
     #[inline]
     pub fn sample(&self, rng: &mut SourceRng) -> u32 {
@@ -159,6 +172,16 @@ impl DurationDist {
                 format!("is uniform{{min: {min}, max: {max}}}; expected min <= max"),
             )),
             _ => Ok(()),
+        }
+    }
+
+    /// The distribution's mean, ns.
+    #[must_use]
+    pub fn mean_ns(&self) -> f64 {
+        match *self {
+            Self::Fixed(d) => d as f64,
+            Self::Uniform { min, max } => (min as f64 + max as f64) / 2.0,
+            Self::Exponential { mean } => mean as f64,
         }
     }
 

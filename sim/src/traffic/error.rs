@@ -100,6 +100,15 @@ pub enum TrafficError {
         /// Number of ids expected.
         expected: u64,
     },
+    /// A trace source has no request to replay (an empty file, a header without rows, every
+    /// row skipped or left out): refused, so that a run never reports on no traffic.
+    #[error("{path}: no requests to replay: {detail}; a trace source needs at least one valid row")]
+    Empty {
+        /// Trace file.
+        path: PathBuf,
+        /// What the file held instead.
+        detail: String,
+    },
     /// A [`Merge`](super::Merge) could not encode a source's tag.
     #[error(
         "tag {tag} of merged source #{source_index} is too large to encode among {sources} \
@@ -166,6 +175,26 @@ impl TrafficError {
             | Self::Unsorted { line, .. }
             | Self::HashIdsLength { line, .. } => Some(*line),
             _ => None,
+        }
+    }
+
+    /// This error with its field found at `at` within the line (a span of an OpenTelemetry
+    /// Collector export line: `resourceSpans[0].scopeSpans[0].spans[3]`).
+    #[must_use]
+    pub(crate) fn within_field(self, at: &str) -> Self {
+        match self {
+            Self::BadRow {
+                path,
+                line,
+                field,
+                problem,
+            } => Self::BadRow {
+                path,
+                line,
+                field: format!("{at}.{field}"),
+                problem,
+            },
+            other => other,
         }
     }
 

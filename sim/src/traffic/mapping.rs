@@ -209,6 +209,33 @@ impl ArrivalUnit {
     }
 }
 
+/// What a session id says about the prompts of its requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum SessionPrefix {
+    /// A chat: each request's prompt begins with the session's previous prompt and output, so
+    /// the session's requests share a growing prefix (the default).
+    #[default]
+    Growing,
+    /// The id only groups requests (a user, a job): their prompts share nothing by it. The
+    /// grouping still keeps a session's requests together when a trace is resampled.
+    None,
+}
+
+impl SessionPrefix {
+    /// Every value's name, as a mapping's `session_prefix` accepts it.
+    pub const NAMES: &'static str = "growing, none";
+
+    /// The value called `name`.
+    #[must_use]
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "growing" => Some(Self::Growing),
+            "none" => Some(Self::None),
+            _ => None,
+        }
+    }
+}
+
 /// A field of a row: a CSV column's name, or a path into a JSON object.
 ///
 /// JSON path syntax: keys separated by `.`; a key holding dots is written in double quotes,
@@ -296,6 +323,8 @@ pub struct TraceMapping {
     prompt_tokens: FieldPath,
     output_tokens: FieldPath,
     session_id: Option<FieldPath>,
+    /// What a session id says about its requests' prompts.
+    session_prefix: SessionPrefix,
     prefix_hashes: Option<FieldPath>,
     /// Ready-made mappings know their optional fields may be absent from a row; in a custom
     /// mapping every named field must be present (`null` = none), so a typo is an error.
@@ -345,6 +374,7 @@ impl TraceMapping {
             prompt_tokens,
             output_tokens,
             session_id,
+            session_prefix: SessionPrefix::Growing,
             prefix_hashes,
             optional_may_be_absent: false,
             ignore_without_lengths: None,
@@ -369,6 +399,7 @@ impl TraceMapping {
             prompt_tokens: Self::field("prompt_tokens"),
             output_tokens: Self::field("output_tokens"),
             session_id: None,
+            session_prefix: SessionPrefix::Growing,
             prefix_hashes: Some(Self::field("prefix_hashes")),
             optional_may_be_absent: true,
             ignore_without_lengths: None,
@@ -391,6 +422,7 @@ impl TraceMapping {
             prompt_tokens: Self::field("attributes.\"gen_ai.usage.input_tokens\""),
             output_tokens: Self::field("attributes.\"gen_ai.usage.output_tokens\""),
             session_id: Some(Self::field("attributes.\"gen_ai.conversation.id\"")),
+            session_prefix: SessionPrefix::Growing,
             prefix_hashes: None,
             optional_may_be_absent: true,
             ignore_without_lengths: Some(
@@ -427,6 +459,28 @@ impl TraceMapping {
     pub const fn ignored_rows_are(&self) -> Option<&'static str> {
         self.ignore_without_lengths
     }
+
+    /// This mapping with `session_prefix` (what its session ids say about the prompts).
+    ///
+    /// # Errors
+    /// `none` on a mapping without a session id (the message says why).
+    pub fn with_session_prefix(mut self, session_prefix: SessionPrefix) -> Result<Self, String> {
+        if self.session_id.is_none() && session_prefix != SessionPrefix::Growing {
+            return Err(
+                "`session_prefix` applies to a mapping with a `session_id`; this one has \
+                        none"
+                    .to_owned(),
+            );
+        }
+        self.session_prefix = session_prefix;
+        Ok(self)
+    }
+
+    /// What this mapping's session ids say about the prompts.
+    #[must_use]
+    pub const fn session_prefix(&self) -> SessionPrefix {
+        self.session_prefix
+    }
 }
 
 // ----- reading --------------------------------------------------------------------------------
@@ -440,6 +494,9 @@ pub(crate) struct MappedRow {
     pub session: Option<String>,
     pub blocks: Vec<u64>,
     pub line: u64,
+    /// The session's key once linked ([`sort_and_link_sessions`]): what groups a session's
+    /// requests when the trace is resampled.
+    pub session_key: Option<u64>,
 }
 
 /// What one physical line was.
@@ -450,6 +507,9 @@ pub(crate) enum Parsed {
     Ignored,
     /// A request.
     Row(MappedRow),
+    /// Several spans of one line (an OpenTelemetry Collector export, `resourceSpans` →
+    /// `scopeSpans` → `spans`), each a request, a row that is not one, or its own error.
+    Spans(Vec<Result<Parsed, TrafficError>>),
 }
 
 /// A field's value in one row.
@@ -507,6 +567,22 @@ impl MappedRows {
         self.line
     }
 
+    /// The arrival unit (`auto` resolved once a row was read) and whether the mapping declared
+    /// it (rather than `auto` choosing it).
+    pub(crate) fn unit(&self) -> (ArrivalUnit, bool) {
+        (self.unit, self.mapping.arrival_unit != ArrivalUnit::Auto)
+    }
+
+    /// Data rows seen (after a CSV header), those left out by `skip_rows` included.
+    pub(crate) const fn data_rows(&self) -> u64 {
+        self.data_rows
+    }
+
+    /// The mapping read.
+    pub(crate) const fn mapping(&self) -> &TraceMapping {
+        &self.mapping
+    }
+
     fn bad(&self, field: &FieldPath, problem: impl Into<String>) -> TrafficError {
         TrafficError::BadRow {
             path: self.path.clone(),
@@ -549,6 +625,16 @@ impl MappedRows {
                         expected: self.expected_object(),
                     });
                 }
+                if let Some(spans) = self.collector_spans(&value) {
+                    let items = spans
+                        .into_iter()
+                        .map(|(at, span)| {
+                            let cells = self.cells(|path| json_cell(span, path));
+                            self.row(cells).map_err(|e| e.within_field(&at))
+                        })
+                        .collect();
+                    return Ok(Parsed::Spans(items));
+                }
                 let cells = self.cells(|path| json_cell(&value, path));
                 self.row(cells)
             }
@@ -586,6 +672,35 @@ impl MappedRows {
                 self.row(cells)
             }
         }
+    }
+
+    /// The spans of an OpenTelemetry Collector export line (its file exporter writes one
+    /// `ExportTraceServiceRequest` per line: `resourceSpans[].scopeSpans[].spans[]`, or
+    /// `instrumentationLibrarySpans` before OTLP 0.15), each with where it sits in the line;
+    /// `None` for a line that is one row (unless the mapping itself starts at `resourceSpans`).
+    fn collector_spans<'v>(&self, line: &'v Value) -> Option<Vec<(String, &'v Value)>> {
+        const RESOURCE: &str = "resourceSpans";
+        let resources = line.get(RESOURCE)?.as_array()?;
+        if self.mapping.arrival.keys.first().map(String::as_str) == Some(RESOURCE) {
+            return None;
+        }
+        let mut spans = Vec::new();
+        for (i, resource) in resources.iter().enumerate() {
+            for scope_key in ["scopeSpans", "instrumentationLibrarySpans"] {
+                let Some(scopes) = resource.get(scope_key).and_then(Value::as_array) else {
+                    continue;
+                };
+                for (j, scope) in scopes.iter().enumerate() {
+                    let Some(list) = scope.get("spans").and_then(Value::as_array) else {
+                        continue;
+                    };
+                    spans.extend(list.iter().enumerate().map(|(k, span)| {
+                        (format!("{RESOURCE}[{i}].{scope_key}[{j}].spans[{k}]"), span)
+                    }));
+                }
+            }
+        }
+        Some(spans)
     }
 
     fn expected_object(&self) -> String {
@@ -684,6 +799,7 @@ impl MappedRows {
             session,
             blocks,
             line: self.line,
+            session_key: None,
         }))
     }
 
@@ -831,27 +947,165 @@ impl MappedRows {
     }
 }
 
-/// Sort rows by arrival (stably: equal times keep their file order) and give each session's
-/// requests their growing shared prefix. `source` (the log's file name) salts the session keys,
-/// so that session `1` of one log shares nothing with session `1` of another in the same
-/// scenario.
-pub(crate) fn sort_and_link_sessions(mut rows: Vec<MappedRow>, source: &[u8]) -> Vec<MappedRow> {
+/// Sort rows by arrival (stably: equal times keep their file order) and key each session;
+/// with [`SessionPrefix::Growing`] give each session's requests their growing shared prefix.
+/// `source` (the log's file name) salts the session keys, so that session `1` of one log
+/// shares nothing with session `1` of another in the same scenario.
+///
+/// Returns the rows and, when a growing prefix does not fit the data, a warning: more than
+/// [`SHRINKING_FOLLOW_UPS`] of a session's follow-up requests (at least
+/// [`SHRINKING_MIN_FOLLOW_UPS`] in all) have a shorter prompt than the request before them, so
+/// the prompts do not resend the session's history.
+pub(crate) fn sort_and_link_sessions(
+    mut rows: Vec<MappedRow>,
+    source: &str,
+    prefix: SessionPrefix,
+) -> (Vec<MappedRow>, Option<String>) {
     rows.sort_by_key(|r| r.ts);
-    let salt = key_of_bytes(source);
-    let mut sessions: HashMap<String, (u64, Vec<u64>)> = HashMap::new();
+    let salt = key_of_bytes(source.as_bytes());
+    // Per session: its key, its full blocks so far, its last prompt.
+    let mut sessions: HashMap<String, (u64, Vec<u64>, u32)> = HashMap::new();
+    let (mut follow_ups, mut shrinking) = (0u64, 0u64);
     for row in &mut rows {
         let Some(id) = &row.session else { continue };
-        let (key, full) = sessions
-            .entry(id.clone())
-            .or_insert_with(|| (splitmix64(salt ^ key_of_bytes(id.as_bytes())), Vec::new()));
-        let key = *key;
-        // Block `index` of a session is the same content in each of its requests (the chat
-        // history grows at the end); a trailing partial block also encodes its fill.
-        row.blocks = grow_prefix_blocks(full, row.prompt, |index, fill| {
-            block_content_key(key, index, fill)
+        let mut first = false;
+        let (key, full, last) = sessions.entry(id.clone()).or_insert_with(|| {
+            first = true;
+            (
+                splitmix64(salt ^ key_of_bytes(id.as_bytes())),
+                Vec::new(),
+                0,
+            )
         });
+        let key = *key;
+        row.session_key = Some(key);
+        if !first {
+            follow_ups += 1;
+            shrinking += u64::from(row.prompt < *last);
+        }
+        *last = row.prompt;
+        if prefix == SessionPrefix::Growing {
+            // Block `index` of a session is the same content in each of its requests (the
+            // chat history grows at the end); a trailing partial block also encodes its fill.
+            row.blocks = grow_prefix_blocks(full, row.prompt, |index, fill| {
+                block_content_key(key, index, fill)
+            });
+        }
     }
-    rows
+    let warning = (prefix == SessionPrefix::Growing
+        && follow_ups >= SHRINKING_MIN_FOLLOW_UPS
+        && shrinking as f64 > SHRINKING_FOLLOW_UPS * follow_ups as f64)
+        .then(|| {
+            format!(
+                "{source}: {shrinking} of the {follow_ups} follow-up requests of its sessions \
+                 have a shorter prompt than the session's request before them, so the prompts \
+                 do not resend the session's history; `session_prefix: growing` (the default) \
+                 still gives each the blocks of its session's earlier prompts, which overstates \
+                 prefix reuse: set `session_prefix: none` in the mapping if the session id only \
+                 groups requests (this warning: more than {} % of at least {} follow-ups)",
+                SHRINKING_FOLLOW_UPS * 100.0,
+                SHRINKING_MIN_FOLLOW_UPS
+            )
+        });
+    (rows, warning)
+}
+
+/// Above this fraction of shorter follow-up prompts, a growing session prefix is doubted (a
+/// chat's next prompt holds the previous prompt and its answer, so it never shrinks unless the
+/// client cuts the history).
+pub const SHRINKING_FOLLOW_UPS: f64 = 0.25;
+/// The fewest follow-ups the shrinking test judges.
+pub const SHRINKING_MIN_FOLLOW_UPS: u64 = 10;
+
+/// A declared `offset_s` is doubted when the log then spans more than this (1 day)…
+pub const OFFSET_S_DOUBT_SPAN_S: f64 = 86_400.0;
+/// …at fewer requests per second than this (1 per minute): millisecond offsets read as seconds.
+pub const OFFSET_S_DOUBT_RATE: f64 = 1.0 / 60.0;
+/// A declared `offset_ms` is doubted when the log then spans less than this (60 s)…
+pub const OFFSET_MS_DOUBT_SPAN_S: f64 = 60.0;
+/// …at more requests per second than this: second offsets read as milliseconds.
+pub const OFFSET_MS_DOUBT_RATE: f64 = 1_000.0;
+/// A declared epoch unit is doubted when the first arrival reads as a date before this one
+/// (1990-01-01T00:00:00Z, in seconds): a coarser unit's numbers read in a finer unit.
+pub const EPOCH_DOUBT_BEFORE_S: i64 = 631_152_000;
+
+/// What is implausible about a log's arrivals read in the unit its mapping declares (`unit`,
+/// after `auto` was resolved; `declared` false for `auto`, which picks by magnitude and is not
+/// doubted): the log's `rows` (sorted) would span an implausible time at an implausible rate,
+/// or start before 1990. `None` when nothing is.
+pub(crate) fn unit_warning(
+    unit: ArrivalUnit,
+    declared: bool,
+    rows: &[MappedRow],
+    source: &str,
+) -> Option<String> {
+    let (first, last) = (rows.first()?.ts, rows.last()?.ts);
+    if !declared {
+        return None;
+    }
+    let span_s = (last - first) as f64 / 1e9;
+    let n = rows.len() as f64;
+    let rate = |span: f64| if span > 0.0 { n / span } else { f64::INFINITY };
+    let span_text = |s: f64| {
+        if s >= 2.0 * 86_400.0 {
+            format!("{:.1} days", s / 86_400.0)
+        } else if s >= 7_200.0 {
+            format!("{:.1} h", s / 3_600.0)
+        } else {
+            format!("{s:.1} s")
+        }
+    };
+    let set = |name: &str| format!("set `arrival_unit: {name}`");
+    match unit {
+        ArrivalUnit::OffsetS
+            if span_s > OFFSET_S_DOUBT_SPAN_S && rate(span_s) < OFFSET_S_DOUBT_RATE =>
+        {
+            Some(format!(
+                "{source}: read as `arrival_unit: offset_s`, its {} requests span {} ({:.4} \
+                 req/s); if the offsets are milliseconds they span {} ({:.2} req/s): {} (this \
+                 warning: `offset_s` giving a span over 1 day at under 1 request per minute)",
+                rows.len(),
+                span_text(span_s),
+                rate(span_s),
+                span_text(span_s / 1e3),
+                rate(span_s / 1e3),
+                set("offset_ms")
+            ))
+        }
+        ArrivalUnit::OffsetMs
+            if span_s < OFFSET_MS_DOUBT_SPAN_S && rate(span_s) > OFFSET_MS_DOUBT_RATE =>
+        {
+            Some(format!(
+                "{source}: read as `arrival_unit: offset_ms`, its {} requests span {} ({:.0} \
+                 req/s); if the offsets are seconds they span {} ({:.2} req/s): {} (this \
+                 warning: `offset_ms` giving over 1,000 req/s within a span under 60 s)",
+                rows.len(),
+                span_text(span_s),
+                rate(span_s),
+                span_text(span_s * 1e3),
+                rate(span_s * 1e3),
+                set("offset_s")
+            ))
+        }
+        ArrivalUnit::EpochMs | ArrivalUnit::EpochUs | ArrivalUnit::EpochNs
+            if first / 1_000_000_000 < EPOCH_DOUBT_BEFORE_S =>
+        {
+            let coarser = match unit {
+                ArrivalUnit::EpochMs => ArrivalUnit::EpochS,
+                ArrivalUnit::EpochUs => ArrivalUnit::EpochMs,
+                _ => ArrivalUnit::EpochUs,
+            };
+            Some(format!(
+                "{source}: read as `arrival_unit: {}`, its first arrival is {} s after \
+                 1970-01-01, before 1990; the numbers look like a coarser unit: {} (this \
+                 warning: an epoch time before 1990-01-01)",
+                unit.name(),
+                first / 1_000_000_000,
+                set(coarser.name())
+            ))
+        }
+        _ => None,
+    }
 }
 
 fn json_cell<'v>(root: &'v Value, path: &FieldPath) -> Cell<'v> {
@@ -1082,15 +1336,16 @@ mod tests {
             session: Some(session.to_owned()),
             blocks: Vec::new(),
             line: 0,
+            session_key: None,
         };
         let rows = || vec![row(20, 2000, "a"), row(10, 1100, "a"), row(15, 1100, "b")];
-        let linked = sort_and_link_sessions(rows(), b"one.jsonl");
+        let (linked, _) = sort_and_link_sessions(rows(), "one.jsonl", SessionPrefix::Growing);
         assert_eq!(linked[0].blocks.len(), 3);
         assert_eq!(linked[2].blocks.len(), 4);
         assert_eq!(linked[0].blocks[..2], linked[2].blocks[..2]);
         assert_ne!(linked[0].blocks[0], linked[1].blocks[0]);
         // The same session ids in another log are other sessions.
-        let other = sort_and_link_sessions(rows(), b"two.jsonl");
+        let (other, _) = sort_and_link_sessions(rows(), "two.jsonl", SessionPrefix::Growing);
         assert_ne!(linked[0].blocks[0], other[0].blocks[0]);
     }
 }

@@ -109,4 +109,8 @@ impl TrafficSource for Merge {
             .iter()
             .fold(Skipped::default(), |all, s| all.and(s.skipped()))
     }
+
+    fn warnings(&self) -> Vec<String> {
+        self.sources.iter().flat_map(|s| s.warnings()).collect()
+    }
 }

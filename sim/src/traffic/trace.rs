@@ -9,8 +9,9 @@ use serde_json::Value;
 
 use super::hash::{blocks_for_tokens, chain_in_place};
 use super::mapping::{
-    MappedRow, MappedRows, Parsed, TraceLayout, TraceMapping, sort_and_link_sessions,
+    MappedRow, MappedRows, Parsed, TraceLayout, TraceMapping, sort_and_link_sessions, unit_warning,
 };
+use super::resample::{Resample, TimeWindow};
 use super::{Arrival, Skipped, TrafficError, TrafficSource};
 use std::collections::VecDeque;
 
@@ -111,8 +112,19 @@ pub struct ReplayOptions {
     pub skip_rows: u64,
     /// Simulated time of the first replayed row, ns.
     pub start_offset: u64,
+    /// Start at the fleet's warm-up instead: set for a scenario's trace without
+    /// `start_offset_s`, and resolved by the scenario into `start_offset`
+    /// (`Scenario::warmup_ns`) before the trace is opened; [`TraceReplay`] reads `start_offset`
+    /// only.
+    pub start_after_warmup: bool,
     /// Error out on, or skip and count, invalid rows.
     pub on_bad_row: BadRowPolicy,
+    /// How seeds relate to the trace (`None`: not said in the scenario; the command decides,
+    /// and a plain replay is [`Resample::Exact`]). Not read by [`TraceReplay`] itself, which
+    /// always replays as recorded: see [`super::open_trace`].
+    pub resample: Option<Resample>,
+    /// Only this part of the trace by time (a held-out part); `None`: all of it.
+    pub window: Option<TimeWindow>,
 }
 
 impl Default for ReplayOptions {
@@ -123,7 +135,10 @@ impl Default for ReplayOptions {
             limit: None,
             skip_rows: 0,
             start_offset: 0,
+            start_after_warmup: false,
             on_bad_row: BadRowPolicy::Error,
+            resample: None,
+            window: None,
         }
     }
 }
@@ -134,6 +149,13 @@ impl ReplayOptions {
     /// # Errors
     /// [`TrafficError::InvalidConfig`] when a scale is not a finite positive number.
     pub fn validate(&self) -> Result<(), TrafficError> {
+        if self.limit == Some(0) {
+            return Err(TrafficError::config(
+                "ReplayOptions",
+                "limit",
+                "is 0; expected at least 1 row (leave it out to replay every row)",
+            ));
+        }
         for (field, v) in [
             ("time_scale", self.time_scale),
             ("rate_scale", self.rate_scale),
@@ -192,6 +214,8 @@ pub struct TraceReplay {
     skipped: u64,
     examples: Vec<TrafficError>,
     finished: bool,
+    /// What the replay noticed about the data ([`TrafficSource::warnings`]).
+    warnings: Vec<String>,
 }
 
 impl std::fmt::Debug for TraceReplay {
@@ -279,6 +303,7 @@ impl TraceReplay {
             skipped: 0,
             examples: Vec::new(),
             finished: false,
+            warnings: Vec::new(),
         })
     }
 
@@ -334,8 +359,12 @@ impl TraceReplay {
 
     /// Read a mapped log whole (at most `limit` valid rows, in file order), then sort it.
     fn load_mapped(&mut self) -> Result<VecDeque<MappedRow>, TrafficError> {
+        crate::footprint::check_trace_fits(
+            &self.st.path,
+            (self.limit < u64::MAX).then_some(self.limit),
+        )?;
         let mut rows = Vec::new();
-        while (rows.len() as u64) < self.limit {
+        'lines: while (rows.len() as u64) < self.limit {
             self.buf.clear();
             if let Err(source) = self.reader.read_until(b'\n', &mut self.buf) {
                 return Err(TrafficError::Io {
@@ -350,12 +379,23 @@ impl TraceReplay {
                 .mapped
                 .as_mut()
                 .expect("a mapped replay has its parser");
-            match parser.process(&self.buf) {
-                Ok(Parsed::Nothing) => {}
-                Ok(Parsed::Ignored) => self.ignored += 1,
-                Ok(Parsed::Row(row)) => rows.push(row),
-                Err(e) if e.is_row_error() && self.policy == BadRowPolicy::Skip => self.skip(e),
-                Err(e) => return Err(e),
+            let items = match parser.process(&self.buf) {
+                Ok(Parsed::Spans(items)) => items,
+                other => vec![other],
+            };
+            for item in items {
+                if rows.len() as u64 >= self.limit {
+                    break 'lines;
+                }
+                match item {
+                    Ok(Parsed::Nothing | Parsed::Spans(_)) => {}
+                    Ok(Parsed::Ignored) => self.ignored += 1,
+                    Ok(Parsed::Row(row)) => rows.push(row),
+                    Err(e) if e.is_row_error() && self.policy == BadRowPolicy::Skip => {
+                        self.skip(e);
+                    }
+                    Err(e) => return Err(e),
+                }
             }
         }
         // The file's name, not its path: the same scenario run from another directory (or
@@ -366,10 +406,66 @@ impl TraceReplay {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        Ok(sort_and_link_sessions(rows, source.as_bytes()).into())
+        let parser = self
+            .mapped
+            .as_ref()
+            .expect("a mapped replay has its parser");
+        let (rows, shrinking) =
+            sort_and_link_sessions(rows, &source, parser.mapping().session_prefix());
+        let (unit, declared) = parser.unit();
+        self.warnings
+            .extend(unit_warning(unit, declared, &rows, &source));
+        self.warnings.extend(shrinking);
+        if rows.is_empty() {
+            return Err(self.empty(parser.data_rows()));
+        }
+        Ok(rows.into())
     }
 
-    fn next_mapped(&mut self) -> Result<Option<Arrival>, TrafficError> {
+    /// The error of a trace that replays nothing, saying what it held (`data_rows`: rows after
+    /// a header, those left out by `skip_rows` included).
+    fn empty(&self, data_rows: u64) -> TrafficError {
+        let lines = self.lines_read();
+        let skip_rows = self.st.skip_rows;
+        let detail = if lines == 0 {
+            "the file is empty (0 bytes)".to_owned()
+        } else if self.skipped > 0 {
+            format!(
+                "every one of its {} data row(s) was bad and skipped (on_bad_row: skip); the \
+                 first: {}",
+                self.skipped,
+                self.examples
+                    .first()
+                    .map(ToString::to_string)
+                    .unwrap_or_default()
+            )
+        } else if self.ignored > 0 {
+            let what = match &self.format {
+                TraceFormat::Mapped(m) => m.ignored_rows_are(),
+                _ => None,
+            };
+            format!(
+                "its {} row(s) are not requests ({})",
+                self.ignored,
+                what.unwrap_or("ignored")
+            )
+        } else if skip_rows > 0 && data_rows > 0 {
+            format!("`skip_rows: {skip_rows}` leaves out all {data_rows} of its data rows")
+        } else if self.limit == 0 {
+            "`limit: 0` replays no row".to_owned()
+        } else {
+            format!(
+                "its {lines} line(s) hold no data row (a header, blank lines or nothing but \
+                 whitespace)"
+            )
+        };
+        TrafficError::Empty {
+            path: self.st.path.clone(),
+            detail,
+        }
+    }
+
+    fn next_mapped(&mut self) -> Result<Option<(Arrival, Option<u64>)>, TrafficError> {
         if self.sorted.is_none() {
             if self.finished {
                 return Ok(None);
@@ -394,13 +490,16 @@ impl TraceReplay {
         };
         let delta = u64::try_from(row.ts.saturating_sub(first)).unwrap_or(0);
         self.emitted += 1;
-        Ok(Some(Arrival {
-            at: self.start_offset.saturating_add(self.scale(delta)),
-            prompt_tokens: row.prompt,
-            output_tokens: row.output,
-            prefix_blocks: row.blocks,
-            tag: row.line,
-        }))
+        Ok(Some((
+            Arrival {
+                at: self.start_offset.saturating_add(self.scale(delta)),
+                prompt_tokens: row.prompt,
+                output_tokens: row.output,
+                prefix_blocks: row.blocks,
+                tag: row.line,
+            },
+            row.session_key,
+        )))
     }
 
     #[inline]
@@ -413,15 +512,13 @@ impl TraceReplay {
     }
 }
 
-impl TrafficSource for TraceReplay {
-    fn skipped(&self) -> Skipped {
-        Skipped {
-            rows: self.skipped,
-            first: self.examples.first().map(ToString::to_string),
-        }
-    }
-
-    fn next_arrival(&mut self) -> Result<Option<Arrival>, TrafficError> {
+impl TraceReplay {
+    /// The next row as an arrival, with its session's key (mapped logs with a session id;
+    /// `None` otherwise): what a loaded trace ([`super::resample`]) groups sessions by.
+    ///
+    /// # Errors
+    /// As [`TrafficSource::next_arrival`].
+    pub(crate) fn next_row(&mut self) -> Result<Option<(Arrival, Option<u64>)>, TrafficError> {
         if self.mapped.is_some() {
             return self.next_mapped();
         }
@@ -439,6 +536,9 @@ impl TrafficSource for TraceReplay {
             }
             if self.buf.is_empty() {
                 self.finished = true;
+                if self.emitted == 0 {
+                    return Err(self.empty(self.st.data_rows));
+                }
                 return Ok(None);
             }
             match self.st.process(&self.buf) {
@@ -448,13 +548,16 @@ impl TrafficSource for TraceReplay {
                     let delta = u64::try_from(row.ts.saturating_sub(first)).unwrap_or(0);
                     let at = self.start_offset.saturating_add(self.scale(delta));
                     self.emitted += 1;
-                    return Ok(Some(Arrival {
-                        at,
-                        prompt_tokens: row.prompt,
-                        output_tokens: row.output,
-                        prefix_blocks: row.blocks,
-                        tag: self.st.line,
-                    }));
+                    return Ok(Some((
+                        Arrival {
+                            at,
+                            prompt_tokens: row.prompt,
+                            output_tokens: row.output,
+                            prefix_blocks: row.blocks,
+                            tag: self.st.line,
+                        },
+                        None,
+                    )));
                 }
                 Err(e) if e.is_row_error() && self.policy == BadRowPolicy::Skip => self.skip(e),
                 Err(e) => {
@@ -463,6 +566,23 @@ impl TrafficSource for TraceReplay {
                 }
             }
         }
+    }
+}
+
+impl TrafficSource for TraceReplay {
+    fn skipped(&self) -> Skipped {
+        Skipped {
+            rows: self.skipped,
+            first: self.examples.first().map(ToString::to_string),
+        }
+    }
+
+    fn warnings(&self) -> Vec<String> {
+        self.warnings.clone()
+    }
+
+    fn next_arrival(&mut self) -> Result<Option<Arrival>, TrafficError> {
+        Ok(self.next_row()?.map(|(a, _)| a))
     }
 }
 
@@ -589,12 +709,14 @@ impl ParseState {
                 path: self.path.clone(),
                 line: self.line,
                 problem: format!(
-                    "missing column(s) {}; expected a header like `{AZURE_HEADER}`, found `{text}`",
+                    "missing column(s) {}; expected a header like `{AZURE_HEADER}` (the Azure \
+                     2023 trace, which `.csv` is read as), found `{text}`. {}",
                     missing
                         .iter()
                         .map(|m| format!("`{m}`"))
                         .collect::<Vec<_>>()
-                        .join(", ")
+                        .join(", "),
+                    own_columns_hint("csv", &names)
                 ),
             });
         }
@@ -669,6 +791,19 @@ impl ParseState {
                     .to_owned(),
             )
         })?;
+        if raw.timestamp.is_none() && raw.input_length.is_none() && raw.output_length.is_none() {
+            let keys: Vec<String> = serde_json::from_str::<serde_json::Map<String, Value>>(text)
+                .map(|m| m.keys().cloned().collect())
+                .unwrap_or_default();
+            return Err(self.bad(
+                "timestamp",
+                format!(
+                    "is missing, and so are `input_length` and `output_length`: this is not a \
+                     Mooncake row (which `.jsonl` is read as). {}",
+                    own_columns_hint("jsonl", &keys)
+                ),
+            ));
+        }
         let ts = json_timestamp_ns(raw.timestamp.as_ref()).map_err(|p| self.bad("timestamp", p))?;
         let prompt =
             json_count(raw.input_length.as_ref(), 0).map_err(|p| self.bad("input_length", p))?;
@@ -698,6 +833,21 @@ impl ParseState {
             blocks,
         })
     }
+}
+
+/// How to read a log with its own columns or keys (`layout` `csv` or `jsonl`, `names` the
+/// ones it has): a mapping in a scenario's trace source, which `trace stats` reads too.
+pub(crate) fn own_columns_hint(layout: &str, names: &[String]) -> String {
+    let shown: Vec<&str> = names.iter().take(12).map(String::as_str).collect();
+    let what = if layout == "csv" { "columns" } else { "keys" };
+    format!(
+        "A log with its own {what} ({}) is read through a mapping in a scenario: `trace: {{ \
+         path: <file>, format: {layout}, mapping: {{ arrival: <{what}>, prompt_tokens: \
+         <{what}>, output_tokens: <{what}> }} }}` (optional `arrival_unit`, `session_id`, \
+         `session_prefix`, `prefix_hashes`; docs/traces.md), then `routelab trace stats \
+         <scenario>.yaml` shows what it reads",
+        shown.join(", ")
+    )
 }
 
 fn unquote(s: &str) -> &str {

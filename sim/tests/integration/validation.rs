@@ -75,3 +75,36 @@ fn a_missing_profile_lists_the_available_ones() {
     assert!(e.message.contains("available: "), "{e}");
     assert!(e.message.contains("rtx4090-27b"), "{e}");
 }
+
+#[test]
+fn trap5_a_source_the_machine_cannot_hold_is_refused_with_the_figure() {
+    // Regression (issue 29): `poisson: { rate_per_s: 1e6 }` passed validation and the run took
+    // all the memory it could. A million requests a second for a day on one 4090: 8.64e10
+    // requests, nearly all waiting, ~15 TB at 176 B each.
+    let e = validate(&format!(
+        "{HEAD}traffic:\n  - poisson: {{ rate_per_s: 1e6, duration_s: 86400, prompt: {{ fixed: 100 }}, output: {{ fixed: 10 }} }}\npolicies: [seed-v1]\n"
+    ))
+    .unwrap_err();
+    assert_eq!(e.field, "traffic[0]", "{e}");
+    assert_eq!(e.line, Some(6), "{e}");
+    let m = e.to_string();
+    assert!(
+        m.contains("would keep about 8.640e10 requests waiting at the gateway")
+            && m.contains("the fleet serves at most")
+            && m.contains("at 176 B a waiting request is 15.2 TB of memory")
+            && m.contains("this machine allows")
+            && m.contains("a run holds every waiting request in memory"),
+        "{m}"
+    );
+    // The same rate for a second's worth of requests fits (they wait, a million of them).
+    assert!(
+        validate(&format!(
+            "{HEAD}traffic:\n  - poisson: {{ rate_per_s: 1e6, count: 1000000, prompt: {{ fixed: 100 }}, output: {{ fixed: 10 }} }}\npolicies: [seed-v1]\n"
+        ))
+        .is_ok()
+    );
+    // A fleet that keeps up is never refused, however many requests: the bundled benchmark,
+    // 1,000,000 requests at 133 req/s on 64 workers.
+    let bench = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/bench/fleet-64.yaml");
+    assert!(Scenario::load(&bench).is_ok());
+}
