@@ -2,10 +2,10 @@
 //! valgrind (deterministic, unlike time on a shared machine), against committed references.
 //!
 //! ```text
-//! cargo run --release --example speed_gate                      # check (CI runs this)
-//! cargo run --release --example speed_gate -- --update          # take new references
-//! cargo run --release --example speed_gate -- --tolerance 2     # check against a 2 % budget
-//! cargo run --release --example speed_gate -- --inject-slowdown 5   # show that 5 % is caught
+//! cargo run --release --example speed_gate                         # check
+//! cargo run --release --example speed_gate -- --tolerance 2        # check against a 2 % budget
+//! cargo run --release --example speed_gate -- --inject-slowdown 5  # check, then show that 5 % more fails (CI)
+//! cargo run --release --example speed_gate -- --update             # take new references
 //! ```
 //!
 //! Each case (`workload.rs`: `fleet-64` at 100,000 requests, `fleet-10k` cut to 10,000, the
