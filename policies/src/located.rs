@@ -80,6 +80,15 @@ impl InputError {
         self
     }
 
+    /// Set the position to a YAML parser's location (`Spanned::referenced`; the parser's
+    /// `Location::UNKNOWN` leaves it unknown).
+    pub fn at_location(self, loc: serde_saphyr::Location) -> Self {
+        self.at(
+            u32::try_from(loc.line()).ok(),
+            u32::try_from(loc.column()).ok(),
+        )
+    }
+
     /// Say what would be valid.
     pub fn valid(mut self, valid: impl Into<String>) -> Self {
         self.valid = Some(valid.into().into_boxed_str());
@@ -377,6 +386,20 @@ mod tests {
         assert!(e.message.contains("unknown field `rat`"), "{e}");
         assert!(e.to_string().starts_with("d.yaml:3:"), "{e}");
         assert!(!e.to_string().contains("<input>"));
+    }
+
+    #[test]
+    fn at_location_takes_the_values_position() {
+        #[derive(Debug, serde::Deserialize)]
+        struct Spans {
+            rate: serde_saphyr::Spanned<f64>,
+        }
+        let doc = parse_yaml::<Spans>("# rate\nrate:   -3\n", "s.yaml").unwrap();
+        let e =
+            InputError::new("s.yaml", "rate", "-3 is not valid").at_location(doc.rate.referenced);
+        assert_eq!(e.to_string(), "s.yaml:2:9: rate: -3 is not valid");
+        let e = InputError::new("s.yaml", "rate", "m").at_location(serde_saphyr::Location::UNKNOWN);
+        assert_eq!(e.to_string(), "s.yaml: rate: m");
     }
 
     #[test]
