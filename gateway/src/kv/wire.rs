@@ -36,7 +36,8 @@ pub const END_OF_REPLAY: i64 = -1;
 pub struct BlockHash(pub u64);
 
 impl BlockHash {
-    fn of_bytes(b: &[u8]) -> BlockHash {
+    /// The key of a byte-string hash.
+    pub fn of_bytes(b: &[u8]) -> BlockHash {
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
         for &x in b {
             h = (h ^ u64::from(x)).wrapping_mul(0x100_0000_01b3);
