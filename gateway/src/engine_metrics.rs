@@ -7,7 +7,7 @@
 //! | KV in use (fraction) | `vllm:kv_cache_usage_perc` (before 0.10: `vllm:gpu_cache_usage_perc`) | `sglang:token_usage` | `llamacpp:kv_cache_usage_ratio` when present, else 0 |
 //! | running tokens | KV in use × the worker's `cache_tokens`; without it running requests × mean prompt | `sglang:num_used_tokens` | KV in use × `cache_tokens`; else running × mean prompt |
 //! | queued prompt tokens | `vllm:num_requests_waiting` × mean prompt | `sglang:num_queue_reqs` × mean prompt | `llamacpp:requests_deferred` × mean prompt |
-//! | generation tok/s | Δ `vllm:generation_tokens_total` ÷ Δt between polls | `sglang:gen_throughput` | Δ `llamacpp:tokens_predicted_total` ÷ Δt |
+//! | generation tok/s | per-request decode speed × running requests: Δ(`vllm:request_generation_tokens_sum` − `_count`) ÷ Δ `vllm:request_decode_time_seconds_sum`; without them Δ `vllm:generation_tokens_total` ÷ Δt | `sglang:gen_throughput` | Δ `llamacpp:tokens_predicted_total` ÷ Δ `llamacpp:tokens_predicted_seconds_total` × `requests_processing` |
 //!
 //! Running requests are `vllm:num_requests_running`, `sglang:num_running_reqs`,
 //! `llamacpp:requests_processing`. The mean prompt is Δ prompt tokens ÷ Δ requests between polls
@@ -65,6 +65,11 @@ pub struct Scrape {
     pub prompt_total: Option<f64>,
     /// Counter: requests whose prompt was counted.
     pub requests_total: Option<f64>,
+    /// Counter: tokens generated in decode steps (the first token of each request, which its
+    /// prefill makes, left out where the engine says how many requests finished).
+    pub decode_tokens: Option<f64>,
+    /// Counter: seconds requests spent decoding (summed over requests).
+    pub decode_seconds: Option<f64>,
 }
 
 /// Sum the series of each family (`name{labels} value`); comment and malformed lines are
@@ -125,6 +130,14 @@ pub fn parse(text: &str) -> Option<Scrape> {
             generation_total: first(&["vllm:generation_tokens_total", "vllm:generation_tokens"]),
             prompt_total: first(&["vllm:request_prompt_tokens_sum", "vllm:prompt_tokens_total"]),
             requests_total: sum("vllm:request_prompt_tokens_count"),
+            decode_tokens: match (
+                sum("vllm:request_generation_tokens_sum"),
+                sum("vllm:request_generation_tokens_count"),
+            ) {
+                (Some(t), Some(n)) => Some(t - n),
+                _ => None,
+            },
+            decode_seconds: sum("vllm:request_decode_time_seconds_sum"),
         });
     }
     if sum("sglang:num_running_reqs").is_some() || sum("sglang:num_queue_reqs").is_some() {
@@ -138,6 +151,8 @@ pub fn parse(text: &str) -> Option<Scrape> {
             generation_total: sum("sglang:generation_tokens_total"),
             prompt_total: sum("sglang:prompt_tokens_total"),
             requests_total: sum("sglang:num_requests_total"),
+            decode_tokens: None,
+            decode_seconds: None,
         });
     }
     if f.keys().any(|k| k.starts_with("llamacpp:")) {
@@ -151,6 +166,8 @@ pub fn parse(text: &str) -> Option<Scrape> {
             generation_total: sum("llamacpp:tokens_predicted_total"),
             prompt_total: sum("llamacpp:prompt_tokens_total"),
             requests_total: None,
+            decode_tokens: sum("llamacpp:tokens_predicted_total"),
+            decode_seconds: sum("llamacpp:tokens_predicted_seconds_total"),
         });
     }
     None
@@ -188,12 +205,29 @@ pub fn report(
         (None, Some(c)) if now.kv_used.is_some() => kv * c as f64,
         _ => now.running * mean_prompt,
     };
-    let generation_tok_s = now.gen_tok_s.unwrap_or_else(|| {
-        prev.and_then(|(p, dt_s)| {
-            let d = delta(now.generation_total, p.generation_total)?;
-            (dt_s > 0.0).then(|| d / dt_s)
+    // The aggregate rate while generating, as the simulator reports it (per-request decode
+    // speed × sequences decoding): a per-request speed from the decode counters (over the
+    // window, else over the engine's life) times the requests running. Without decode counters,
+    // the output counter's rate over the window (which an idle stretch lowers).
+    let per_request = {
+        let windowed = prev.and_then(|(p, _)| {
+            let t = delta(now.decode_tokens, p.decode_tokens)?;
+            let s = delta(now.decode_seconds, p.decode_seconds)?;
+            (s > 0.0).then(|| t / s)
+        });
+        windowed.or_else(|| {
+            let s = now.decode_seconds.filter(|&s| s > 0.0)?;
+            Some(now.decode_tokens? / s)
         })
-        .unwrap_or(0.0)
+    };
+    let generation_tok_s = now.gen_tok_s.unwrap_or_else(|| match per_request {
+        Some(v) => v * now.running,
+        None => prev
+            .and_then(|(p, dt_s)| {
+                let d = delta(now.generation_total, p.generation_total)?;
+                (dt_s > 0.0).then(|| d / dt_s)
+            })
+            .unwrap_or(0.0),
     });
     EngineReport {
         kv_used_fraction: kv,

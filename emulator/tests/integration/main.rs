@@ -5,6 +5,7 @@
 
 mod disconnect;
 mod request_log;
+mod signals;
 
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
