@@ -286,6 +286,26 @@ vllm:request_prompt_tokens_bucket{engine="0",le="+Inf",model_name="m"} 10.0
     }
 
     #[test]
+    fn vllms_rate_is_per_request_decode_speed_times_requests_running() {
+        let page = |tokens: f64, n: f64, secs: f64| {
+            format!(
+                "vllm:num_requests_running 4\nvllm:generation_tokens_total 99999\n\
+                 vllm:request_generation_tokens_sum {tokens}\nvllm:request_generation_tokens_count {n}\n\
+                 vllm:request_decode_time_seconds_sum {secs}\n"
+            )
+        };
+        // Lifetime: (1010 - 10) decode tokens over 20 s = 50 tok/s per request, x 4 running.
+        let a = parse(&page(1010.0, 10.0, 20.0)).unwrap();
+        assert_eq!(report(&a, None, None, 0).generation_tok_s, 200.0);
+        // Window: (2020 - 20) - (1010 - 10) = 1000 tokens over 10 s = 100 tok/s, x 4.
+        let b = parse(&page(2020.0, 20.0, 30.0)).unwrap();
+        assert_eq!(
+            report(&b, Some((&a, 10.0)), None, 0).generation_tok_s,
+            400.0
+        );
+    }
+
+    #[test]
     fn sglang_and_llamacpp_names_are_read() {
         let s = parse("sglang:num_running_reqs{tp_rank=\"0\"} 5\nsglang:num_queue_reqs 1\nsglang:token_usage 0.5\nsglang:num_used_tokens 4096\nsglang:gen_throughput 812.5\n").unwrap();
         let r = report(&s, None, None, 0);

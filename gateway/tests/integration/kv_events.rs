@@ -321,3 +321,191 @@ async fn a_dead_stream_falls_back_to_approximate_visibly() {
     );
     assert_eq!(kv(c).await["fallback_blocks"], 1);
 }
+
+fn check(yaml: &str) -> (Option<i32>, String, String) {
+    let dir = temp_dir("signals-check");
+    let file = dir.join("g.yaml");
+    std::fs::write(&file, yaml).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_routelab-gateway"))
+        .arg("--config")
+        .arg(&file)
+        .arg("--check")
+        .output()
+        .expect("the binary runs");
+    let _ = std::fs::remove_dir_all(&dir);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `--check` says, per worker, what the policy reads and whether the worker provides it, and
+/// warns about each missing signal naming the fallback.
+#[test]
+fn check_says_what_the_policy_reads_of_each_worker_and_names_each_fallback() {
+    let w = |name: &str, extra: &str| {
+        format!(
+            "  - {{name: {name}, base_url: \"http://127.0.0.1:9\", model: m, context_window: 4096{extra}}}\n"
+        )
+    };
+    // least-load without a metrics poll
+    let (code, out, err) = check(&format!(
+        "policy: least-load\nengine_metrics: {{poll: off}}\nworkers:\n{}",
+        w("a", "")
+    ));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains(
+            "policy least-load: reads prompt tokens, engine metrics (every 10 s of policy time)"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("worker a: tokens estimate"), "{out}");
+    assert!(
+        err.contains("warning: worker a: the policy reads engine metrics but engine_metrics.poll is off; it falls back to the gateway's own counts of tokens in flight"),
+        "{err}"
+    );
+    // ... and with the poll (the default for a rule that reads reports): no warning.
+    let (_, out, err) = check(&format!("policy: least-load\nworkers:\n{}", w("a", "")));
+    assert!(
+        out.contains("engine metrics: polled from each worker's /metrics every 10 s"),
+        "{out}"
+    );
+    assert!(!err.contains("warning"), "{err}");
+    // kv-events: a without a stream, b with one; no tokenizer.
+    let (code, out, err) = check(&format!(
+        "policy: equal/p2c/raw/none/kv-events\nworkers:\n{}{}",
+        w("a", ""),
+        w("b", ", kv_events: {endpoint: \"tcp://127.0.0.1:5557\"}")
+    ));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("worker a: tokens estimate"), "{out}");
+    assert!(out.contains("no kv_events"), "{out}");
+    assert!(
+        out.contains(
+            "kv events from tcp://127.0.0.1:5557 (no replay socket: gaps cannot be filled)"
+        ),
+        "{out}"
+    );
+    assert!(
+        err.contains("warning: worker a: the policy reads kv events but the worker has no kv_events; it falls back to approximate"),
+        "{err}"
+    );
+    assert!(
+        err.contains("model m: prompt tokens are estimated"),
+        "{err}"
+    );
+    // With the model's tokenizer: exact, and no token warning.
+    let d = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../data/tokenizers/smollm2-135m-instruct");
+    let (code, out, err) = check(&format!(
+        "policy: equal/p2c/raw/none/kv-events\nmodels:\n  - {{name: m, tokenizer: \"{}\", chat_template: \"{}\"}}\nworkers:\n{}",
+        d.join("tokenizer.json").display(),
+        d.join("chat_template.jinja").display(),
+        w(
+            "b",
+            ", kv_events: {endpoint: \"tcp://127.0.0.1:5557\", replay_endpoint: \"tcp://127.0.0.1:5558\"}"
+        )
+    ));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("worker b: tokens exact ("), "{out}");
+    assert!(!err.contains("warning"), "{err}");
+    // A tokenizer that is not there: exit 2, located.
+    let (code, _, err) = check(&format!(
+        "models:\n  - {{name: m, tokenizer: nope.json}}\nworkers:\n{}",
+        w("a", "")
+    ));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("models[0].tokenizer") && err.contains("nope.json"),
+        "{err}"
+    );
+}
+
+/// The metrics poll: a worker serving vLLM's names is live with its report; once its page
+/// fails, its report ages out (the rule falls back to the gateway's own counts) and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_polled_report_is_live_then_ages_out_when_the_page_fails() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let failing = std::sync::Arc::new(AtomicBool::new(false));
+    let f = failing.clone();
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let f = f.clone();
+            async move {
+                if f.load(SeqCst) {
+                    (hyper::StatusCode::INTERNAL_SERVER_ERROR, String::new())
+                } else {
+                    (
+                        hyper::StatusCode::OK,
+                        "vllm:num_requests_running{engine=\"0\"} 2\nvllm:num_requests_waiting{engine=\"0\"} 1\nvllm:kv_cache_usage_perc{engine=\"0\"} 0.25\nvllm:request_prompt_tokens_sum{engine=\"0\"} 3000\nvllm:request_prompt_tokens_count{engine=\"0\"} 3\n".to_string(),
+                    )
+                }
+            }
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(l, app).await;
+    });
+    let mut wa = worker("a", &url, "m", &[], 32768);
+    wa.push_str("    cache_tokens: 8192\n");
+    let gateway = serve(
+        "least-load",
+        "engine_metrics: {interval_s: 0.1, stale_after_s: 0.5}\nhealth: {interval_s: 0}",
+        &[wa],
+    )
+    .await;
+    let Gateway { base, c, .. } = &gateway;
+    let em = async |c: &HttpClient| {
+        admin_worker(c, base, "a").await["signals"]["engine_metrics"].clone()
+    };
+    wait_for("a live report", Duration::from_secs(10), async || {
+        em(c).await["state"] == "live"
+    })
+    .await;
+    let e = em(c).await;
+    assert_eq!(e["engine"], "vllm", "{e}");
+    assert_eq!(e["report"]["kv_used_fraction"], 0.25, "{e}");
+    assert_eq!(
+        e["report"]["running_tokens"], 2048,
+        "KV use x cache_tokens: {e}"
+    );
+    assert_eq!(
+        e["report"]["queued_prompt_tokens"], 1000,
+        "waiting x mean prompt: {e}"
+    );
+    failing.store(true, SeqCst);
+    wait_for(
+        "the report to age out",
+        Duration::from_secs(10),
+        async || em(c).await["state"] == "stale",
+    )
+    .await;
+    let e = em(c).await;
+    assert!(
+        e["failed"].as_u64().unwrap() >= 1 && e.get("report").is_none(),
+        "{e}"
+    );
+    assert!(e["last_error"].as_str().unwrap().contains("500"), "{e}");
+    let reads = admin_worker(c, base, "a").await["signals"]["reads"].clone();
+    let m = reads
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["signal"] == "engine metrics")
+        .unwrap()
+        .clone();
+    assert_eq!(m["provided"], false, "{reads}");
+    let text = send(c, Method::GET, &format!("{base}/metrics"), None, "")
+        .await
+        .text();
+    assert!(
+        text.contains("routelab_worker_engine_metrics_live{worker=\"a\",model=\"m\"} 0"),
+        "{text}"
+    );
+    server.abort();
+}
