@@ -397,15 +397,5 @@ async fn least_load_run(names: MetricsNames) -> (RunMetrics, PlayReport, String)
 }
 
 async fn get_admin(c: &HttpClient, url: &str) -> (u16, String) {
-    let req = hyper::Request::get(url)
-        .header("authorization", format!("Bearer {TOKEN}"))
-        .body(Full::new(bytes::Bytes::new()))
-        .unwrap();
-    let r = tokio::time::timeout(Duration::from_secs(10), c.request(req))
-        .await
-        .unwrap()
-        .unwrap();
-    let status = r.status().as_u16();
-    let b = r.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8_lossy(&b).into_owned())
+    get_as(c, url, Some(TOKEN)).await
 }

@@ -82,31 +82,19 @@ impl Translator {
 
     /// Translate one engine event into router events, appended to `out`.
     pub fn apply(&mut self, event: &Event, out: &mut Vec<KvEvent>) {
+        if !on_gpu(event) {
+            self.skipped += 1;
+            return;
+        }
         match event {
             Event::BlockStored {
                 block_hashes,
                 parent,
                 token_ids,
                 block_size,
-                medium,
-                group_idx,
                 ..
-            } => {
-                if !on_gpu(medium.as_deref(), *group_idx) {
-                    self.skipped += 1;
-                    return;
-                }
-                self.store(block_hashes, *parent, token_ids, *block_size, out);
-            }
-            Event::BlockRemoved {
-                block_hashes,
-                medium,
-                group_idx,
-            } => {
-                if !on_gpu(medium.as_deref(), *group_idx) {
-                    self.skipped += 1;
-                    return;
-                }
+            } => self.store(block_hashes, *parent, token_ids, *block_size, out),
+            Event::BlockRemoved { block_hashes, .. } => {
                 for h in block_hashes {
                     self.remove(*h, out);
                 }
@@ -115,7 +103,7 @@ impl Translator {
                 self.clear();
                 out.push(KvEvent::AllCleared);
             }
-            Event::Unknown(_) => self.skipped += 1,
+            Event::Unknown(_) => {}
         }
     }
 
@@ -199,8 +187,19 @@ impl Translator {
     }
 }
 
-/// Events about the GPU cache of the first KV cache group (what a prefill reuses).
-fn on_gpu(medium: Option<&str>, group: Option<i64>) -> bool {
+/// Whether an event is about the GPU cache of the first KV cache group (what a prefill
+/// reuses): not another tier's copy, not another group's, not an unknown kind.
+fn on_gpu(event: &Event) -> bool {
+    let (medium, group) = match event {
+        Event::BlockStored {
+            medium, group_idx, ..
+        }
+        | Event::BlockRemoved {
+            medium, group_idx, ..
+        } => (medium.as_deref(), *group_idx),
+        Event::AllBlocksCleared => (None, None),
+        Event::Unknown(_) => return false,
+    };
     medium.is_none_or(|m| m.eq_ignore_ascii_case("gpu")) && group.is_none_or(|g| g == 0)
 }
 

@@ -322,24 +322,6 @@ async fn a_dead_stream_falls_back_to_approximate_visibly() {
     assert_eq!(kv(c).await["fallback_blocks"], 1);
 }
 
-fn check(yaml: &str) -> (Option<i32>, String, String) {
-    let dir = temp_dir("signals-check");
-    let file = dir.join("g.yaml");
-    std::fs::write(&file, yaml).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_routelab-gateway"))
-        .arg("--config")
-        .arg(&file)
-        .arg("--check")
-        .output()
-        .expect("the binary runs");
-    let _ = std::fs::remove_dir_all(&dir);
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 /// `--check` says, per worker, what the policy reads and whether the worker provides it, and
 /// warns about each missing signal naming the fallback.
 #[test]
@@ -350,7 +332,7 @@ fn check_says_what_the_policy_reads_of_each_worker_and_names_each_fallback() {
         )
     };
     // least-load without a metrics poll
-    let (code, out, err) = check(&format!(
+    let (code, out, err) = check_config(&format!(
         "policy: least-load\nengine_metrics: {{poll: off}}\nworkers:\n{}",
         w("a", "")
     ));
@@ -367,14 +349,14 @@ fn check_says_what_the_policy_reads_of_each_worker_and_names_each_fallback() {
         "{err}"
     );
     // ... and with the poll (the default for a rule that reads reports): no warning.
-    let (_, out, err) = check(&format!("policy: least-load\nworkers:\n{}", w("a", "")));
+    let (_, out, err) = check_config(&format!("policy: least-load\nworkers:\n{}", w("a", "")));
     assert!(
         out.contains("engine metrics: polled from each worker's /metrics every 10 s"),
         "{out}"
     );
     assert!(!err.contains("warning"), "{err}");
     // kv-events: a without a stream, b with one; no tokenizer.
-    let (code, out, err) = check(&format!(
+    let (code, out, err) = check_config(&format!(
         "policy: equal/p2c/raw/none/kv-events\nworkers:\n{}{}",
         w("a", ""),
         w("b", ", kv_events: {endpoint: \"tcp://127.0.0.1:5557\"}")
@@ -399,7 +381,7 @@ fn check_says_what_the_policy_reads_of_each_worker_and_names_each_fallback() {
     // With the model's tokenizer: exact, and no token warning.
     let d = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../data/tokenizers/smollm2-135m-instruct");
-    let (code, out, err) = check(&format!(
+    let (code, out, err) = check_config(&format!(
         "policy: equal/p2c/raw/none/kv-events\nmodels:\n  - {{name: m, tokenizer: \"{}\", chat_template: \"{}\"}}\nworkers:\n{}",
         d.join("tokenizer.json").display(),
         d.join("chat_template.jinja").display(),
@@ -412,7 +394,7 @@ fn check_says_what_the_policy_reads_of_each_worker_and_names_each_fallback() {
     assert!(out.contains("worker b: tokens exact ("), "{out}");
     assert!(!err.contains("warning"), "{err}");
     // A tokenizer that is not there: exit 2, located.
-    let (code, _, err) = check(&format!(
+    let (code, _, err) = check_config(&format!(
         "models:\n  - {{name: m, tokenizer: nope.json}}\nworkers:\n{}",
         w("a", "")
     ));
