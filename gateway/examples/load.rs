@@ -11,7 +11,8 @@
 //! one runtime, so on a small machine the figures include their contention.
 //!
 //! Arguments (all optional): `--requests N --concurrency C --rate R --seconds S --workers W
-//! --signals 0|1`. With `--signals 1` the production signals are on: the model's prompts are
+//! --signals 0|1|2|3`. With `--signals 1` the production signals are on (2: exact tokens only;
+//! 3: KV streams and metrics polls only): the model's prompts are
 //! counted by the vendored SmolLM2 tokenizer and chat template, the policy mirrors the workers'
 //! KV event streams (each fake worker publishes a 32-block batch every 10 ms, as an engine
 //! publishes one per step) and the gateway polls each worker's vLLM-named `/metrics` every
@@ -152,7 +153,10 @@ async fn main() {
     let rate = arg("--rate", 1_000);
     let secs = arg("--seconds", 5);
     let nworkers = arg("--workers", 4);
-    let signals = arg("--signals", 0) == 1;
+    // 0: none; 1: all; 2: exact tokens only; 3: KV streams and metrics polls only.
+    let level = arg("--signals", 0);
+    let signals = level != 0;
+    let (tokens, streams) = (level == 1 || level == 2, level == 1 || level == 3);
     let mut workers = Vec::new();
     for _ in 0..nworkers {
         workers.push(fake_worker().await);
@@ -162,14 +166,20 @@ async fn main() {
     if signals {
         let d = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../data/tokenizers/smollm2-135m-instruct");
-        yaml += &format!(
-            "policy: probe/p2c:higher-weight/capacity/none/kv-events\n\
-             engine_metrics: {{poll: on, interval_s: 1}}\n\
-             models:\n  - {{name: m, tokenizer: \"{}\", chat_template: \"{}\"}}\n",
-            d.join("tokenizer.json").display(),
-            d.join("chat_template.jinja").display()
-        );
-        for _ in 0..nworkers {
+        if tokens {
+            yaml += &format!(
+                "models:\n  - {{name: m, tokenizer: \"{}\", chat_template: \"{}\"}}\n",
+                d.join("tokenizer.json").display(),
+                d.join("chat_template.jinja").display()
+            );
+        }
+        if !streams {
+            yaml += "policy: probe/p2c:higher-weight/capacity/none\n";
+        } else {
+            yaml += "policy: probe/p2c:higher-weight/capacity/none/kv-events\n\
+                     engine_metrics: {poll: on, interval_s: 1}\n";
+        }
+        for _ in 0..if streams { nworkers } else { 0 } {
             publishers.push(
                 routelab_gateway::kv::publisher::start("127.0.0.1", "", 10_000)
                     .await
@@ -251,10 +261,11 @@ async fn main() {
 
     println!(
         "== signals {}",
-        if signals {
-            "on (exact tokens, KV event streams, metrics polls)"
-        } else {
-            "off"
+        match level {
+            0 => "off",
+            1 => "on (exact tokens, KV event streams, metrics polls)",
+            2 => "exact tokens only",
+            _ => "KV event streams and metrics polls only",
         }
     );
     println!("== throughput: {n} requests, {conc} in flight, {nworkers} fake workers");

@@ -107,7 +107,8 @@ async fn handle(s: Arc<Shared>, req: Request, ep: Endpoint) -> Result<Response, 
     // Exact with the model's tokenizer, else the estimate (crate::tokens).
     let counted = s
         .tokenizers
-        .count(&bytes, ep, &parsed)
+        .count_async(bytes.clone(), ep, &parsed)
+        .await
         .map_err(|b| ApiError::bad_request(b.message, b.param))?;
     parsed.prompt_tokens = counted.prompt_tokens;
     let prefix = counted.prefix;

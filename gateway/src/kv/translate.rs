@@ -326,3 +326,70 @@ mod tests {
         assert_eq!(t.unplaced, 1);
     }
 }
+
+#[cfg(test)]
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// However an engine stores and evicts the blocks of a few prompts, the router blocks
+        /// the translator announces held are exactly those completed by a placed engine block:
+        /// each key stored once while held, removed once when its last holder goes.
+        #[test]
+        fn announced_blocks_are_exactly_the_held_ones(
+            ops in prop::collection::vec((0usize..3, 0usize..64, any::<bool>()), 1..200),
+        ) {
+            // Three prompts of 1,024 tokens in 16-token blocks; engine hashes per (prompt, block).
+            let prompts: Vec<Vec<u32>> = (0..3u32).map(|p| (0..1024).map(|i| i * 3 + p * 7).collect()).collect();
+            let hash = |p: usize, b: usize| BlockHash((p * 1000 + b) as u64);
+            let mut t = Translator::default();
+            let mut held: std::collections::HashSet<(usize, usize)> = Default::default();
+            let mut announced: HashMap<u64, u32> = HashMap::new();
+            for (p, b, store) in ops {
+                let mut out = Vec::new();
+                if store {
+                    // Stored with its parent, as an engine stores a block after its prefix.
+                    let parent = b.checked_sub(1).map(|q| hash(p, q));
+                    if b > 0 && !held.contains(&(p, b - 1)) {
+                        continue;
+                    }
+                    t.apply(&Event::BlockStored {
+                        block_hashes: vec![hash(p, b)],
+                        parent,
+                        token_ids: prompts[p][b * 16..(b + 1) * 16].to_vec(),
+                        block_size: 16,
+                        lora_id: None,
+                        medium: None,
+                        group_idx: None,
+                    }, &mut out);
+                    held.insert((p, b));
+                } else {
+                    t.apply(&Event::BlockRemoved { block_hashes: vec![hash(p, b)], medium: None, group_idx: None }, &mut out);
+                    held.remove(&(p, b));
+                }
+                for e in out {
+                    match e {
+                        KvEvent::Stored { block, .. } => {
+                            prop_assert!(announced.insert(block, 1).is_none(), "stored twice");
+                        }
+                        KvEvent::Removed { block } => {
+                            prop_assert!(announced.remove(&block).is_some(), "removed unheld");
+                        }
+                        _ => prop_assert!(false, "no clear here"),
+                    }
+                }
+            }
+            // Held router blocks: a block ending at a 512 boundary that was placed (its whole
+            // chain was stored when it was).
+            let expect: std::collections::HashSet<u64> = held
+                .iter()
+                .filter(|(_, b)| (b + 1) % 32 == 0)
+                .filter(|(p, b)| t.placed.contains_key(&hash(*p, *b)))
+                .map(|(p, b)| crate::tokens::block_keys(&prompts[*p][..(b + 1) * 16])[(b + 1) / 32 - 1])
+                .collect();
+            let got: std::collections::HashSet<u64> = announced.keys().copied().collect();
+            prop_assert_eq!(got, expect);
+        }
+    }
+}

@@ -470,3 +470,70 @@ mod tests {
         assert_eq!(seq_of(b"short"), None);
     }
 }
+
+#[cfg(test)]
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn event() -> impl Strategy<Value = Event> {
+        let hashes = prop::collection::vec(any::<u64>().prop_map(BlockHash), 0..6);
+        let medium = prop::option::of(prop_oneof![
+            Just("GPU".to_string()),
+            Just("CPU".to_string())
+        ]);
+        prop_oneof![
+            (
+                hashes.clone(),
+                prop::option::of(any::<u64>().prop_map(BlockHash)),
+                prop::collection::vec(any::<u32>(), 0..40),
+                1u32..64,
+                prop::option::of(any::<i64>()),
+                medium.clone(),
+                prop::option::of(0i64..3),
+            )
+                .prop_map(
+                    |(block_hashes, parent, token_ids, block_size, lora_id, medium, group_idx)| {
+                        Event::BlockStored {
+                            block_hashes,
+                            parent,
+                            token_ids,
+                            block_size,
+                            lora_id,
+                            medium,
+                            group_idx,
+                        }
+                    }
+                ),
+            (hashes, medium, prop::option::of(0i64..3)).prop_map(
+                |(block_hashes, medium, group_idx)| {
+                    Event::BlockRemoved {
+                        block_hashes,
+                        medium,
+                        group_idx,
+                    }
+                }
+            ),
+            Just(Event::AllBlocksCleared),
+        ]
+    }
+
+    proptest! {
+        /// Whatever a publisher sends, decoding answers a batch or an error, never a panic.
+        #[test]
+        fn any_bytes_decode_to_a_batch_or_an_error(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+            let _ = decode(&bytes);
+        }
+
+        /// The array-like encoding round-trips every batch (absent trailing fields included).
+        #[test]
+        fn every_batch_round_trips(
+            ts in -1e12f64..1e12,
+            events in prop::collection::vec(event(), 0..5),
+            rank in prop::option::of(0i64..8),
+        ) {
+            let b = Batch { ts, events, data_parallel_rank: rank };
+            prop_assert_eq!(decode(&encode(&b)).unwrap(), b);
+        }
+    }
+}
