@@ -127,9 +127,8 @@ impl Session {
             }
             if seq > last + 1 {
                 self.s.signals.kv_update(self.id, |st| st.status.gaps += 1);
-                match dealer {
-                    Some(d) => self.catch_up(d, last + 1, Some(seq)).await?,
-                    None => {}
+                if let Some(d) = dealer {
+                    self.catch_up(d, last + 1, Some(seq)).await?;
                 }
                 if self.last.is_some_and(|l| l + 1 < seq) {
                     self.restart_mirror();
