@@ -92,6 +92,8 @@ struct Stream {
     phase: Phase,
     /// Tokens produced so far (before the return delay).
     produced: u32,
+    /// Model time of its first token.
+    first_at: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -110,6 +112,18 @@ pub struct DriverCounters {
     pub completed: u64,
     /// Requests whose client went away before the end (taken out of the engine).
     pub aborted: u64,
+    /// Prompt tokens of the requests handed to the engine.
+    pub prompt_tokens: u64,
+    /// Output tokens the engine produced.
+    pub generation_tokens: u64,
+    /// Prompt tokens of the completed requests (vLLM's `request_prompt_tokens` sum; the count
+    /// is `completed`).
+    pub completed_prompt_tokens: u64,
+    /// Output tokens of the completed requests (vLLM's `request_generation_tokens` sum).
+    pub completed_generation_tokens: u64,
+    /// Model time the completed requests spent decoding, first token to last, ns (vLLM's
+    /// `request_decode_time_seconds` sum).
+    pub completed_decode_ns: u64,
 }
 
 struct State {
@@ -125,6 +139,9 @@ struct State {
     deliveries: VecDeque<(u64, u64, Update)>,
     outputs: Vec<EngineOutput>,
     counters: DriverCounters,
+    /// Where the engine's KV events go, when they are published.
+    kv_tx: Option<tokio::sync::mpsc::UnboundedSender<Vec<routelab_policies::KvEvent>>>,
+    kv_buf: Vec<routelab_policies::KvEvent>,
 }
 
 /// Shared between the driver thread, the HTTP handlers and the handle.
@@ -155,6 +172,14 @@ pub struct EngineSnapshot {
     pub warm: bool,
     /// Counters.
     pub counters: DriverCounters,
+    /// KV tokens the running sequences hold (as vLLM's metrics show KV use).
+    pub kv_allocated_tokens: u64,
+    /// The engine's KV capacity in tokens.
+    pub kv_capacity_tokens: u64,
+    /// Output tokens per second the engine generates now (the simulator's engine report).
+    pub generation_tok_s: f64,
+    /// Prompt tokens of the requests waiting inside the engine.
+    pub waiting_prompt_tokens: u64,
 }
 
 impl Driver {
@@ -173,6 +198,8 @@ impl Driver {
                 deliveries: VecDeque::new(),
                 outputs: Vec::new(),
                 counters: DriverCounters::default(),
+                kv_tx: None,
+                kv_buf: Vec::new(),
             }),
             cv: Condvar::new(),
         }
@@ -180,6 +207,17 @@ impl Driver {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// From now on send the engine's KV events (as its cache records them) to `tx`, one vector
+    /// per processing round.
+    pub fn publish_kv(
+        &self,
+        tx: tokio::sync::mpsc::UnboundedSender<Vec<routelab_policies::KvEvent>>,
+    ) {
+        let mut st = self.lock();
+        st.engine.publish_kv_events(true);
+        st.kv_tx = Some(tx);
     }
 
     /// Start the driver thread.
@@ -217,6 +255,7 @@ impl Driver {
                 blocks,
                 phase: Phase::InTransit,
                 produced: 0,
+                first_at: 0,
             },
         );
         st.pending.push(Reverse((now + self.half_rtt_ns, seq)));
@@ -266,6 +305,10 @@ impl Driver {
             streams: st.streams.len() as u32,
             warm: st.engine.is_warm(),
             counters: st.counters,
+            kv_allocated_tokens: st.engine.kv_allocated_tokens(now),
+            kv_capacity_tokens: st.engine.kv_capacity_tokens(),
+            generation_tok_s: st.engine.generation_tok_s(),
+            waiting_prompt_tokens: st.engine.waiting_prompt_tokens(),
         }
     }
 
@@ -277,6 +320,20 @@ impl Driver {
             }
             let now = self.clock.now_ns().max(st.engine_ns);
             self.process(&mut st, now);
+            if st.kv_tx.is_some() {
+                let State {
+                    engine,
+                    kv_tx,
+                    kv_buf,
+                    ..
+                } = &mut *st;
+                engine.drain_kv_events(kv_buf);
+                if !kv_buf.is_empty()
+                    && let Some(tx) = kv_tx
+                {
+                    let _ = tx.send(std::mem::take(kv_buf));
+                }
+            }
             match self.next_wakeup(&st) {
                 None => st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner()),
                 Some(at) => {
@@ -336,6 +393,7 @@ impl Driver {
                 engine.admit(at, seq, s.prompt, s.output, &s.blocks);
                 s.phase = Phase::Engine;
                 counters.admitted += 1;
+                counters.prompt_tokens += u64::from(s.prompt);
             }
         }
         self.advance(st, now);
@@ -344,6 +402,7 @@ impl Driver {
             engine,
             streams,
             deliveries,
+            counters,
             ..
         } = &mut *st;
         for (&seq, s) in streams.iter_mut() {
@@ -353,6 +412,7 @@ impl Driver {
             if let Some(d) = engine.decoded_tokens(now, seq) {
                 let n = tokens_out(d, s.output);
                 if n > s.produced {
+                    counters.generation_tokens += u64::from(n - s.produced);
                     s.produced = n;
                     deliveries.push_back((now + half, seq, Update::Tokens(n)));
                 }
@@ -420,7 +480,9 @@ impl Driver {
                     at, cached_tokens, ..
                 } => {
                     s.phase = Phase::Decoding;
+                    counters.generation_tokens += u64::from(1u32.saturating_sub(s.produced));
                     s.produced = 1;
+                    s.first_at = at;
                     deliveries.push_back((
                         at + half,
                         seq,
@@ -432,8 +494,12 @@ impl Driver {
                 }
                 EngineOutput::Completed(c) => {
                     s.phase = Phase::Finished;
+                    counters.generation_tokens += u64::from(s.output.saturating_sub(s.produced));
                     s.produced = s.output;
                     counters.completed += 1;
+                    counters.completed_prompt_tokens += u64::from(s.prompt);
+                    counters.completed_generation_tokens += u64::from(s.output);
+                    counters.completed_decode_ns += c.at.saturating_sub(s.first_at);
                     deliveries.push_back((
                         c.at + half,
                         seq,

@@ -2,6 +2,8 @@
 
 use crate::server::{Emulator, EmulatorError, EmulatorOptions, serve};
 use routelab_gateway::config::CacheTokens;
+use routelab_gateway::kv::KvEventsConfig;
+use routelab_gateway::tokens::ModelConfig;
 use routelab_gateway::{GatewayConfig, PolicyEntry, WorkerConfig};
 use routelab_policies::PREFIX_BLOCK_TOKENS;
 use routelab_sim::{SimSetup, derive_seed};
@@ -13,6 +15,20 @@ pub struct EmulatedFleet {
     emulators: Vec<Option<Emulator>>,
     workers: Vec<WorkerConfig>,
     tick_s: f64,
+    models: Vec<ModelConfig>,
+}
+
+/// What the emulated engines publish beside their answers.
+#[derive(Debug, Clone, Default)]
+pub struct FleetOptions {
+    /// Every emulator publishes its KV events (vLLM's wire format) and the gateway
+    /// configuration subscribes to them (`kv_events` per worker).
+    pub kv_events: bool,
+    /// The model's tokenizer and chat template (absolute paths): every emulator counts prompts
+    /// with them, and the gateway configuration names them for the scenario's model.
+    pub tokenizer: Option<(std::path::PathBuf, Option<std::path::PathBuf>)>,
+    /// Whose names the emulators' `/metrics` use.
+    pub metrics: crate::server::MetricsNames,
 }
 
 /// Start one emulator per worker of `setup` on `127.0.0.1:0`: its hardware profile, overrides
@@ -20,6 +36,22 @@ pub struct EmulatedFleet {
 /// the simulator gives it (`derive_seed(seed, 1000 + i)`), all running `speedup` times faster
 /// than wall time. Lifecycle events and late registrations are not replayed.
 pub async fn start_fleet(setup: &SimSetup, speedup: f64) -> Result<EmulatedFleet, EmulatorError> {
+    start_fleet_with(setup, speedup, &FleetOptions::default()).await
+}
+
+/// [`start_fleet`] with KV events and / or a tokenizer ([`FleetOptions`]).
+pub async fn start_fleet_with(
+    setup: &SimSetup,
+    speedup: f64,
+    options: &FleetOptions,
+) -> Result<EmulatedFleet, EmulatorError> {
+    let tokenizer = match &options.tokenizer {
+        Some((t, c)) => Some(std::sync::Arc::new(
+            routelab_gateway::tokens::ModelTokenizer::load(t, c.as_deref())
+                .map_err(EmulatorError::Invalid)?,
+        )),
+        None => None,
+    };
     let mut emulators = Vec::with_capacity(setup.workers.len());
     let mut workers = Vec::with_capacity(setup.workers.len());
     for (i, w) in setup.workers.iter().enumerate() {
@@ -30,8 +62,17 @@ pub async fn start_fleet(setup: &SimSetup, speedup: f64) -> Result<EmulatedFleet
         opts.speedup = speedup;
         opts.seed = derive_seed(setup.seed, 1000 + i as u64);
         opts.context_window = Some(w.spec.context_window);
+        opts.tokenizer = tokenizer.clone();
+        opts.kv_events = options.kv_events;
+        opts.metrics = options.metrics;
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let emu = serve(listener, opts).await?;
+        let kv_events = emu.kv_endpoints().map(|(endpoint, replay)| KvEventsConfig {
+            endpoint,
+            replay_endpoint: Some(replay),
+            topic: String::new(),
+            heartbeat_s: 1.0,
+        });
         workers.push(WorkerConfig {
             name: w.spec.name.clone(),
             base_url: emu.base_url(),
@@ -45,6 +86,7 @@ pub async fn start_fleet(setup: &SimSetup, speedup: f64) -> Result<EmulatedFleet
                 .spec
                 .cache_blocks
                 .and_then(|b| CacheTokens::new(f64::from(b) * f64::from(PREFIX_BLOCK_TOKENS)).ok()),
+            kv_events,
         });
         emulators.push(Some(emu));
     }
@@ -52,6 +94,19 @@ pub async fn start_fleet(setup: &SimSetup, speedup: f64) -> Result<EmulatedFleet
         emulators,
         workers,
         tick_s: setup.tick_ns as f64 / 1e9,
+        models: options
+            .tokenizer
+            .iter()
+            .map(|(t, c)| ModelConfig {
+                name: setup
+                    .workers
+                    .first()
+                    .map(|w| w.spec.model.clone())
+                    .unwrap_or_default(),
+                tokenizer: t.clone(),
+                chat_template: c.clone(),
+            })
+            .collect(),
     })
 }
 
@@ -98,6 +153,7 @@ impl EmulatedFleet {
         // In policy time: the gateway divides it by its clock scale.
         c.probe.poll_interval_s = self.tick_s;
         c.workers = self.workers.clone();
+        c.models = self.models.clone();
         c
     }
 

@@ -36,14 +36,15 @@
 
 mod driver;
 mod fleet;
+mod kv;
 mod openai;
 mod player;
 mod server;
 
 pub use driver::{DriverCounters, EngineSnapshot};
-pub use fleet::{EmulatedFleet, start_fleet};
+pub use fleet::{EmulatedFleet, FleetOptions, start_fleet, start_fleet_with};
 pub use player::{
     PlayError, PlayOptions, PlayReport, PlayedRequest, admin_weights_of, play, play_with,
     prompt_text, provenance_from_str,
 };
-pub use server::{Emulator, EmulatorError, EmulatorOptions, serve};
+pub use server::{Emulator, EmulatorError, EmulatorOptions, MetricsNames, serve};

@@ -21,8 +21,13 @@ pub(crate) struct GenRequest {
     pub output_tokens: u32,
     pub stream: bool,
     pub include_usage: bool,
-    /// 2,048-byte prefix block hashes of the rendered prompt (the engine's 512-token blocks).
+    /// Prefix block keys of the prompt (the engine's 512-token blocks): chain hashes of the
+    /// token ids, or of the rendered prompt's 2,048-byte blocks without a tokenizer (the same
+    /// keys the gateway computes, [`routelab_gateway::tokens`]).
     pub blocks: Vec<u64>,
+    /// The prompt's token ids when asked for (to publish KV events): the tokenizer's, or the
+    /// estimate's byte tokens.
+    pub ids: Option<std::sync::Arc<[u32]>>,
 }
 
 /// A 400 with its message and parameter.
@@ -51,12 +56,31 @@ fn opt_u32(v: &Value, key: &'static str) -> Result<Option<u32>, Invalid> {
 }
 
 /// Parse a request body for `endpoint`; `default_max_tokens` applies when the body has none.
+/// With a `tokenizer` the prompt is counted and keyed by its token ids, as the gateway does
+/// with the same tokenizer; `want_ids` keeps the ids (for KV events).
 pub(crate) fn parse(
     body: &[u8],
     endpoint: Endpoint,
     default_max_tokens: u32,
+    tokenizer: Option<&routelab_gateway::tokens::ModelTokenizer>,
+    want_ids: bool,
 ) -> Result<GenRequest, Invalid> {
+    use routelab_gateway::tokens::{block_keys, byte_tokens};
     let p = prompt::parse(body, endpoint).map_err(|b| invalid(b.message, b.param))?;
+    let (counted, blocks, ids) = match tokenizer {
+        Some(t) => {
+            let ids = t
+                .ids(body, endpoint, &p)
+                .map_err(|b| invalid(b.message, b.param))?;
+            let n = u32::try_from(ids.len()).unwrap_or(u32::MAX);
+            (n, block_keys(&ids), want_ids.then(|| ids.into()))
+        }
+        None => (
+            p.prompt_tokens,
+            prompt::prefix_hashes(p.prompt.as_bytes()),
+            want_ids.then(|| byte_tokens(p.prompt.as_bytes()).into()),
+        ),
+    };
     let v: Value = serde_json::from_slice(body).map_err(|e| invalid(e.to_string(), None))?;
     let output = p.max_tokens.unwrap_or(default_max_tokens);
     if output == 0 {
@@ -82,7 +106,7 @@ pub(crate) fn parse(
             Some("ignore_eos"),
         ));
     }
-    let prompt_tokens = opt_u32(&v, "prompt_tokens")?.unwrap_or(p.prompt_tokens);
+    let prompt_tokens = opt_u32(&v, "prompt_tokens")?.unwrap_or(counted);
     let include_usage = v
         .pointer("/stream_options/include_usage")
         .and_then(Value::as_bool)
@@ -93,7 +117,8 @@ pub(crate) fn parse(
         output_tokens: output,
         stream: p.stream,
         include_usage,
-        blocks: prompt::prefix_hashes(p.prompt.as_bytes()),
+        blocks,
+        ids,
     })
 }
 
@@ -246,24 +271,26 @@ mod tests {
         let body = br#"{"model":"m","messages":[{"role":"user","content":"abcdefgh"}],
             "max_tokens":7,"min_tokens":7,"ignore_eos":true,"stream":true,
             "stream_options":{"include_usage":true}}"#;
-        let r = parse(body, Endpoint::Chat, 16).unwrap();
+        let r = parse(body, Endpoint::Chat, 16, None, false).unwrap();
         assert_eq!(r.model, "m");
         // "<|user|>\nabcdefgh\n" = 18 bytes -> 5 tokens, as the gateway estimates
         assert_eq!((r.prompt_tokens, r.output_tokens), (5, 7));
         assert!(r.stream && r.include_usage);
         let body = br#"{"model":"m","prompt":"x","prompt_tokens":1234}"#;
-        let r = parse(body, Endpoint::Completions, 16).unwrap();
+        let r = parse(body, Endpoint::Completions, 16, None, false).unwrap();
         assert_eq!(
             (r.prompt_tokens, r.output_tokens, r.stream),
             (1234, 16, false)
         );
         let bad = br#"{"model":"m","prompt":"x","max_tokens":4,"min_tokens":5}"#;
         assert_eq!(
-            parse(bad, Endpoint::Completions, 16).unwrap_err().param,
+            parse(bad, Endpoint::Completions, 16, None, false)
+                .unwrap_err()
+                .param,
             Some("min_tokens")
         );
         let zero = br#"{"model":"m","prompt":"x","max_tokens":0}"#;
-        assert!(parse(zero, Endpoint::Completions, 16).is_err());
+        assert!(parse(zero, Endpoint::Completions, 16, None, false).is_err());
     }
 
     #[test]

@@ -77,8 +77,9 @@ impl PlayOptions {
 /// One request as the player saw it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlayedRequest {
-    /// The row `routelab run` would write (`queue_s`, `believed_cached_tokens` and
-    /// `affinity_kept` are not observable from a client: 0 / false).
+    /// The row `routelab run` would write (`believed_cached_tokens` from the gateway's
+    /// `x-routelab-believed-cached-tokens` header; `queue_s` and `affinity_kept` are not
+    /// observable from a client: 0 / false).
     pub record: RequestRecord,
     /// HTTP status from the gateway (`None`: no answer at all).
     pub http_status: Option<u16>,
@@ -137,9 +138,9 @@ pub async fn play(
 /// SLO), output / prompt / cached tokens (cached from `usage.prompt_tokens_details`), first
 /// arrival and last completion, per-worker requests / completed / failed / output tokens /
 /// TTFT and e2e sums, and (with an admin token) final weights and provenances plus probe bursts
-/// (from `/metrics`). Not observable from a client, left at 0 / empty: `retried`, the gateway
-/// queue histogram, `believed_cached_tokens`, `probe_measurements`, `probe_gpu_s`, the
-/// timeline, `events`.
+/// (from `/metrics`), `believed_cached_tokens` (the gateway's response header). Not observable
+/// from a client, left at 0 / empty: `retried`, the gateway queue histogram,
+/// `probe_measurements`, `probe_gpu_s`, the timeline, `events`.
 pub async fn play_with(
     scenario: &Scenario,
     seed: u64,
@@ -343,6 +344,8 @@ struct Observed {
     content_events: u32,
     usage_tokens: Option<u32>,
     cached_tokens: u32,
+    /// What the gateway believed the chosen worker had cached (its response header).
+    believed_cached_tokens: u32,
 }
 
 impl Pending {
@@ -363,6 +366,7 @@ impl Pending {
             content_events: 0,
             usage_tokens: None,
             cached_tokens: 0,
+            believed_cached_tokens: 0,
         };
         let req = hyper::Request::post(self.url)
             .header(hyper::header::CONTENT_TYPE, "application/json")
@@ -383,6 +387,11 @@ impl Pending {
                 .get(WORKER_HEADER)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string);
+            o.believed_cached_tokens = resp
+                .headers()
+                .get(routelab_gateway::proxy::BELIEVED_CACHED_HEADER)
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .unwrap_or(0);
             let ok = resp.status().is_success();
             o.streamed = ok;
             let mut body = resp.into_body();
@@ -568,7 +577,7 @@ impl Accumulator {
             prompt_tokens: o.arrival.prompt_tokens,
             output_tokens: o.usage_tokens.unwrap_or(o.content_events),
             cached_tokens: o.cached_tokens,
-            believed_cached_tokens: 0,
+            believed_cached_tokens: o.believed_cached_tokens,
             affinity_kept: false,
         }
     }
@@ -761,6 +770,7 @@ mod tests {
             content_events: usage,
             usage_tokens: Some(usage),
             cached_tokens: 0,
+            believed_cached_tokens: 0,
         }
     }
 
@@ -819,6 +829,7 @@ mod tests {
             content_events: 0,
             usage_tokens: None,
             cached_tokens: 0,
+            believed_cached_tokens: 0,
         };
         let mut s = SseScan::default();
         s.feed(

@@ -67,6 +67,27 @@ pub struct EmulatorOptions {
     /// Largest prompt + `max_tokens` accepted (400 `context_length_exceeded` above); `None`:
     /// the profile's context window.
     pub context_window: Option<u32>,
+    /// The model's tokenizer (and chat template): prompts are counted and keyed by its token
+    /// ids, as the gateway does with the same files; `None`: the bytes / 4 estimate.
+    pub tokenizer: Option<Arc<routelab_gateway::tokens::ModelTokenizer>>,
+    /// Publish the simulated cache's KV events in vLLM's wire format
+    /// ([`Emulator::kv_endpoints`]).
+    pub kv_events: bool,
+    /// Whose names `GET /metrics` uses.
+    pub metrics: MetricsNames,
+}
+
+/// Whose metric names the emulator's `/metrics` serves.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MetricsNames {
+    /// vLLM's (V1 engine): requests running and waiting, KV use, token counters, per-request
+    /// histograms.
+    #[default]
+    Vllm,
+    /// SGLang's: requests running and queued, token usage, tokens in the KV cache and
+    /// `sglang:gen_throughput` — here the engine model's generation rate at the moment of the
+    /// scrape, the very figure the simulator's engine poll hands `least-load`.
+    Sglang,
 }
 
 impl EmulatorOptions {
@@ -83,6 +104,9 @@ impl EmulatorOptions {
             tick: Duration::from_millis(10),
             default_max_tokens: 256,
             context_window: None,
+            tokenizer: None,
+            kv_events: false,
+            metrics: MetricsNames::Vllm,
         }
     }
 
@@ -132,6 +156,9 @@ struct App {
     profile: String,
     speedup: f64,
     ids: AtomicU64,
+    tokenizer: Option<Arc<routelab_gateway::tokens::ModelTokenizer>>,
+    kv: Option<crate::kv::KvStream>,
+    metrics_names: MetricsNames,
 }
 
 /// A running emulator. Dropping it is [`Emulator::kill`].
@@ -141,6 +168,7 @@ pub struct Emulator {
     thread: Option<std::thread::JoinHandle<()>>,
     server: Option<JoinHandle<()>>,
     stop_accepting: Option<oneshot::Sender<()>>,
+    kv_endpoints: Option<(String, String)>,
 }
 
 /// Start an emulator on an already bound listener (bind `127.0.0.1:0` in tests). The model's
@@ -156,6 +184,16 @@ pub async fn serve(
     let clock = ModelClock::new(opts.speedup);
     let half_rtt_ns = (opts.rtt_ms * 1e6 / 2.0).round() as u64;
     let driver = Arc::new(Driver::new(engine, clock, half_rtt_ns, opts.tick));
+    let kv = if opts.kv_events {
+        let (stream, tx) = crate::kv::KvStream::start(opts.seed ^ 0x6b76_5f65_7665_6e74)
+            .await
+            .map_err(|e| EmulatorError::Io(std::io::Error::other(e.to_string())))?;
+        driver.publish_kv(tx);
+        Some(stream)
+    } else {
+        None
+    };
+    let kv_endpoints = kv.as_ref().map(crate::kv::KvStream::endpoints);
     let thread = driver.spawn(opts.profile.name())?;
     let app = Arc::new(App {
         driver: driver.clone(),
@@ -168,6 +206,9 @@ pub async fn serve(
         profile: opts.profile.name().to_string(),
         speedup: opts.speedup,
         ids: AtomicU64::new(1),
+        tokenizer: opts.tokenizer.clone(),
+        kv,
+        metrics_names: opts.metrics,
     });
     let router = Router::new()
         .route("/v1/chat/completions", post(chat))
@@ -175,6 +216,7 @@ pub async fn serve(
         .route("/v1/models", get(models))
         .route("/health", get(|| async { "" }))
         .route("/emulator/stats", get(stats))
+        .route("/metrics", get(metrics))
         .with_state(app);
     let (tx, mut rx) = oneshot::channel::<()>();
     let server = tokio::spawn(async move {
@@ -211,6 +253,7 @@ pub async fn serve(
         thread: Some(thread),
         server: Some(server),
         stop_accepting: Some(tx),
+        kv_endpoints,
     })
 }
 
@@ -223,6 +266,12 @@ impl Emulator {
     /// `http://127.0.0.1:PORT`, for a gateway's `base_url`.
     pub fn base_url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Where its KV events are published (`tcp://` PUB endpoint, replay endpoint), when
+    /// [`EmulatorOptions::kv_events`] is on.
+    pub fn kv_endpoints(&self) -> Option<(String, String)> {
+        self.kv_endpoints.clone()
     }
 
     /// The engine right now.
@@ -326,6 +375,132 @@ async fn stats(State(app): State<Arc<App>>) -> Response {
     .into_response()
 }
 
+/// `GET /metrics`: the engine's figures under vLLM's names (V1 engine), so a gateway polls it
+/// as it polls vLLM: requests running and waiting, KV cache use (0 to 1, as allocated), token
+/// counters, and the finished requests' prompt and output lengths and decode times (histograms
+/// with their `+Inf` bucket only: the sums and counts are what a poller reads).
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    use std::fmt::Write as _;
+    let s = app.driver.snapshot();
+    let l = format!(
+        "engine=\"0\",model_name=\"{}\"",
+        app.model.replace('\\', "\\\\").replace('"', "\\\"")
+    );
+    let kv = s.kv_allocated_tokens as f64 / s.kv_capacity_tokens.max(1) as f64;
+    let mut out = String::new();
+    if app.metrics_names == MetricsNames::Sglang {
+        let l = format!(
+            "model_name=\"{}\"",
+            app.model.replace('\\', "\\\\").replace('"', "\\\"")
+        );
+        for (name, kind, value) in [
+            ("sglang:num_running_reqs", "gauge", s.running.to_string()),
+            ("sglang:num_queue_reqs", "gauge", s.waiting.to_string()),
+            ("sglang:token_usage", "gauge", format!("{}", kv.min(1.0))),
+            (
+                "sglang:num_used_tokens",
+                "gauge",
+                s.kv_allocated_tokens.to_string(),
+            ),
+            (
+                "sglang:gen_throughput",
+                "gauge",
+                format!("{}", s.generation_tok_s),
+            ),
+            (
+                "sglang:prompt_tokens_total",
+                "counter",
+                s.counters.completed_prompt_tokens.to_string(),
+            ),
+            (
+                "sglang:generation_tokens_total",
+                "counter",
+                s.counters.generation_tokens.to_string(),
+            ),
+            (
+                "sglang:num_requests_total",
+                "counter",
+                s.counters.completed.to_string(),
+            ),
+        ] {
+            let _ = writeln!(out, "# TYPE {name} {kind}\n{name}{{{l}}} {value}");
+        }
+        return (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            out,
+        )
+            .into_response();
+    }
+    let mut family = |name: &str, kind: &str, help: &str, value: String| {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{l}}} {value}"
+        );
+    };
+    family(
+        "vllm:num_requests_running",
+        "gauge",
+        "Number of requests in model execution batches.",
+        s.running.to_string(),
+    );
+    family(
+        "vllm:num_requests_waiting",
+        "gauge",
+        "Number of requests waiting to be processed.",
+        s.waiting.to_string(),
+    );
+    family(
+        "vllm:kv_cache_usage_perc",
+        "gauge",
+        "KV-cache usage. 1 means 100 percent usage.",
+        format!("{}", kv.min(1.0)),
+    );
+    family(
+        "vllm:prompt_tokens_total",
+        "counter",
+        "Number of prefill tokens processed.",
+        s.counters.prompt_tokens.to_string(),
+    );
+    family(
+        "vllm:generation_tokens_total",
+        "counter",
+        "Number of generation tokens processed.",
+        s.counters.generation_tokens.to_string(),
+    );
+    let _ = writeln!(
+        out,
+        "# HELP vllm:request_prompt_tokens Number of prefill tokens processed.\n# TYPE vllm:request_prompt_tokens histogram\n\
+         vllm:request_prompt_tokens_bucket{{{l},le=\"+Inf\"}} {n}\nvllm:request_prompt_tokens_sum{{{l}}} {sum}\nvllm:request_prompt_tokens_count{{{l}}} {n}",
+        n = s.counters.completed,
+        sum = s.counters.completed_prompt_tokens
+    );
+    let _ = writeln!(
+        out,
+        "# HELP vllm:request_generation_tokens Number of generation tokens processed.\n# TYPE vllm:request_generation_tokens histogram\n\
+         vllm:request_generation_tokens_bucket{{{l},le=\"+Inf\"}} {n}\nvllm:request_generation_tokens_sum{{{l}}} {sum}\nvllm:request_generation_tokens_count{{{l}}} {n}",
+        n = s.counters.completed,
+        sum = s.counters.completed_generation_tokens
+    );
+    let _ = writeln!(
+        out,
+        "# HELP vllm:request_decode_time_seconds Histogram of time spent in DECODE phase for request.\n# TYPE vllm:request_decode_time_seconds histogram\n\
+         vllm:request_decode_time_seconds_bucket{{{l},le=\"+Inf\"}} {n}\nvllm:request_decode_time_seconds_sum{{{l}}} {sum}\nvllm:request_decode_time_seconds_count{{{l}}} {n}",
+        n = s.counters.completed,
+        sum = s.counters.completed_decode_ns as f64 / 1e9
+    );
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        out,
+    )
+        .into_response()
+}
+
 fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -346,7 +521,13 @@ fn engine_gone() -> Response {
 /// Serve one generation request received at model time `arrived` (the request's time inside
 /// the engine model starts there: parsing it costs no model time, as in the simulator).
 async fn generate(app: Arc<App>, arrived: u64, body: Bytes, endpoint: Endpoint) -> Response {
-    let req = match openai::parse(&body, endpoint, app.default_max_tokens) {
+    let req = match openai::parse(
+        &body,
+        endpoint,
+        app.default_max_tokens,
+        app.tokenizer.as_deref(),
+        app.kv.is_some(),
+    ) {
         Ok(r) => r,
         Err(e) => {
             return error(
@@ -379,6 +560,9 @@ async fn generate(app: Arc<App>, arrived: u64, body: Bytes, endpoint: Endpoint) 
             ),
             Some("max_tokens"),
         );
+    }
+    if let (Some(kv), Some(ids)) = (&app.kv, &req.ids) {
+        kv.remember(&req.blocks, ids);
     }
     let Some((seq, mut rx)) = app.driver.submit(
         arrived,

@@ -2,7 +2,7 @@
 //!
 //! | method and path | what |
 //! |---|---|
-//! | `GET /admin/workers` | every worker not removed: name, model, state, ejected, drained, weight, provenance, in_flight, cap, last probe throughput and age, counters |
+//! | `GET /admin/workers` | every worker not removed: name, model, state, ejected, drained, weight, provenance, in_flight, cap, last probe throughput and age, counters, and `signals` (what the policy reads of it and whether it is live: tokens, KV event stream, metrics poll, recent history; [`crate::signals`]); beside the list, the gateway's own `signals` (engine poll settings, task restarts) |
 //! | `POST /admin/workers` | add a worker (body: a worker as in the config file) → 201 |
 //! | `DELETE /admin/workers/{name}` | deregister |
 //! | `POST /admin/workers/{name}/drain` | stop sending new requests |
@@ -170,14 +170,40 @@ pub(crate) fn worker_json(
 
 /// `GET /admin/workers`
 pub(crate) async fn list(State(s): State<Arc<Shared>>) -> Response {
-    let core = s.core();
-    let probe_state = core.router.strategy().export_state();
-    let now = s.clock.now();
-    let workers: Vec<Value> = (0..core.workers.len())
-        .filter(|&i| !core.workers[i].removed)
-        .map(|i| worker_json(&core, WorkerId(i as u32), probe_state.as_ref(), now))
-        .collect();
-    axum::Json(json!({ "policy": core.router.config().name, "workers": workers })).into_response()
+    let (policy, mut workers, signal_keys) = {
+        let core = s.core();
+        let probe_state = core.router.strategy().export_state();
+        let now = s.clock.now();
+        let live: Vec<usize> = (0..core.workers.len())
+            .filter(|&i| !core.workers[i].removed)
+            .collect();
+        let workers: Vec<Value> = live
+            .iter()
+            .map(|&i| worker_json(&core, WorkerId(i as u32), probe_state.as_ref(), now))
+            .collect();
+        let keys: Vec<(WorkerId, String, bool)> = live
+            .iter()
+            .map(|&i| {
+                let w = &core.workers[i];
+                (
+                    WorkerId(i as u32),
+                    w.cfg.model.clone(),
+                    w.cfg.kv_events.is_some(),
+                )
+            })
+            .collect();
+        (core.router.config().name.clone(), workers, keys)
+    };
+    // Outside the router's lock: the signal views take their own locks.
+    for (w, (id, model, kv)) in workers.iter_mut().zip(signal_keys) {
+        w["signals"] = crate::signals::admin_view(&s, id, &model, kv);
+    }
+    axum::Json(json!({
+        "policy": policy,
+        "workers": workers,
+        "signals": crate::signals::gateway_view(&s),
+    }))
+    .into_response()
 }
 
 /// `POST /admin/workers`

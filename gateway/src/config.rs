@@ -23,8 +23,7 @@
 use crate::error::WorkerError;
 use routelab_policies::located::{parse_yaml, rule};
 use routelab_policies::{
-    InputError, KNOWLEDGE_FIELD, MAX_CACHE_BLOCKS, PREFIX_BLOCK_TOKENS, PolicyEntry,
-    PrefixKnowledge, WorkerSpec,
+    InputError, MAX_CACHE_BLOCKS, PREFIX_BLOCK_TOKENS, PolicyEntry, WorkerSpec,
 };
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -90,6 +89,14 @@ pub struct GatewayConfig {
     /// The passive capacity curve (`GET /admin/capacity`).
     #[serde(default)]
     pub capacity: CapacityConfig,
+    /// Models whose prompts are counted with their own tokenizer ([`crate::tokens`]); the
+    /// others by the bytes / 4 estimate.
+    #[serde(default)]
+    pub models: Vec<crate::tokens::ModelConfig>,
+    /// Polling the engines' `/metrics` for the rules that read engine reports
+    /// ([`crate::signals`]).
+    #[serde(default)]
+    pub engine_metrics: crate::signals::EngineMetricsConfig,
     /// Workers known at start (more can be added with the admin API).
     #[serde(default)]
     pub workers: Vec<WorkerConfig>,
@@ -305,6 +312,10 @@ pub struct WorkerConfig {
     /// prefixes; without it the worker shares the router's fleet-wide bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_tokens: Option<CacheTokens>,
+    /// The engine's KV event stream (vLLM's ZeroMQ publisher), for `prefix_knowledge:
+    /// kv-events` ([`crate::kv`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_events: Option<crate::kv::KvEventsConfig>,
 }
 
 /// Most KV cache tokens a worker may announce: the policy crate's largest per-worker record,
@@ -360,6 +371,12 @@ impl WorkerConfig {
             name: name(),
             error,
         })?;
+        if let Some(kv) = &self.kv_events {
+            kv.validate().map_err(|error| WorkerError::KvEvents {
+                name: name(),
+                error,
+            })?;
+        }
         Ok(())
     }
 
@@ -674,21 +691,9 @@ impl GatewayConfig {
     pub fn validate(&self) -> Result<(), InputError> {
         let file = self.origin.as_str();
         // The probe's shape is bounded by the policy crate (a burst is real requests here).
-        let policy = self.policy.build_in(file, "policy")?;
-        if let PrefixKnowledge::KvEvents { .. } = policy.knowledge {
-            // A name or composition is wrong as a whole; a mapping at its field.
-            let field = match &self.policy {
-                PolicyEntry::Name(_) => "policy".to_string(),
-                PolicyEntry::Full(_) => format!("policy.{KNOWLEDGE_FIELD}"),
-            };
-            return Err(InputError::new(
-                file,
-                field,
-                "`kv-events` is simulator-only for now: the gateway has no KV event subscriber",
-            )
-            .valid(format!(
-                "{KNOWLEDGE_FIELD}: approximate (the default: give each worker its cache_tokens) or unbounded"
-            )));
+        self.policy.build_in(file, "policy")?;
+        if let Err((field, message, valid)) = self.engine_metrics.validate() {
+            return Err(InputError::new(file, field, message).valid(valid));
         }
         for (field, value) in self.numbers() {
             if let (Some(x), Some(rule)) = (value, number_rule(field)) {
@@ -804,39 +809,27 @@ mod tests {
     }
 
     #[test]
-    fn a_policy_that_asks_for_kv_events_is_refused_as_simulator_only() {
-        for (policy, field) in [
-            (
-                "{preset: seed-v3, prefix_knowledge: kv-events}",
-                "policy.prefix_knowledge",
-            ),
-            (
-                "{preset: seed-v3, prefix_knowledge: kv-events, kv_event_delay_s: 0.1}",
-                "policy.prefix_knowledge",
-            ),
-            ("probe/sed/capacity/kv-events", "policy"),
+    fn a_policy_that_asks_for_kv_events_is_accepted_and_workers_name_their_streams() {
+        for policy in [
+            "{preset: seed-v3, prefix_knowledge: kv-events}",
+            "probe/sed/capacity/kv-events",
         ] {
-            let e = GatewayConfig::from_yaml(&format!("policy: {policy}\n"), "g.yaml").unwrap_err();
-            assert_eq!(
-                (e.file.as_str(), e.field.as_str()),
-                ("g.yaml", field),
-                "{e}"
-            );
-            let text = e.to_string();
-            assert!(text.contains("simulator-only for now"), "{text}");
+            let c = GatewayConfig::from_yaml(&format!("policy: {policy}\n"), "g.yaml").unwrap();
             assert!(
-                text.contains("prefix_knowledge: approximate (the default: give each worker its cache_tokens) or unbounded"),
-                "{text}"
+                c.policy.build().unwrap().kv_event_delay().is_some(),
+                "{policy}"
             );
         }
-        for ok in [
-            "{preset: seed-v3, prefix_knowledge: unbounded}",
-            "seed-v3",
-            "probe/approximate",
-        ] {
-            let c = GatewayConfig::from_yaml(&format!("policy: {ok}\n"), "g.yaml").unwrap();
-            assert!(c.policy.build().unwrap().kv_event_delay().is_none(), "{ok}");
-        }
+        let yaml = "workers:\n  - {name: a, base_url: \"http://h:1\", model: m, context_window: 9, kv_events: {endpoint: \"tcp://h:5557\", replay_endpoint: \"tcp://h:5558\"}}\n";
+        let c = GatewayConfig::from_yaml(yaml, "g.yaml").unwrap();
+        assert_eq!(c.workers[0].kv_events.as_ref().unwrap().heartbeat_s, 1.0);
+        let e = GatewayConfig::from_yaml(&yaml.replace("tcp://h:5557", "h:5557"), "g.yaml")
+            .unwrap_err();
+        assert_eq!(e.field, "workers[0].kv_events", "{e}");
+        assert!(e.to_string().contains("tcp://HOST:PORT"), "{e}");
+        let e =
+            GatewayConfig::from_yaml("engine_metrics: {interval_s: -1}\n", "g.yaml").unwrap_err();
+        assert_eq!(e.field, "engine_metrics.interval_s", "{e}");
     }
 
     #[test]

@@ -64,6 +64,14 @@ pub enum WorkerError {
     /// A live worker already has the name (the admin API answers 409).
     #[error("a worker named `{0}` already exists")]
     Duplicate(String),
+    /// An unusable `kv_events` block.
+    #[error("worker `{name}`: {error}")]
+    KvEvents {
+        /// The worker.
+        name: String,
+        /// Why (names the field and what is valid).
+        error: String,
+    },
 }
 
 impl WorkerError {
@@ -74,6 +82,7 @@ impl WorkerError {
             WorkerError::EmptyModel { .. } => "model",
             WorkerError::ZeroContextWindow { .. } => "context_window",
             WorkerError::BaseUrl { .. } => "base_url",
+            WorkerError::KvEvents { .. } => "kv_events",
         }
     }
 
@@ -85,6 +94,7 @@ impl WorkerError {
             WorkerError::ZeroContextWindow { .. } => "must be > 0".into(),
             WorkerError::BaseUrl { error, .. } => error.to_string(),
             WorkerError::Duplicate(name) => format!("duplicate name `{name}`"),
+            WorkerError::KvEvents { error, .. } => error.clone(),
         }
     }
 

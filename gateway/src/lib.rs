@@ -35,8 +35,10 @@ mod admin_page;
 pub mod capacity;
 pub mod clock;
 pub mod config;
+pub mod engine_metrics;
 pub mod error;
 pub mod health;
+pub mod kv;
 pub mod metrics;
 pub mod persist;
 pub mod probe;
@@ -44,7 +46,9 @@ pub mod prompt;
 pub mod proxy;
 pub mod reqlog;
 pub mod server;
+pub mod signals;
 mod state;
+pub mod tokens;
 pub mod upstream;
 
 pub use config::{GatewayConfig, Secret, WorkerConfig};
@@ -279,7 +283,12 @@ fn build(config: &GatewayConfig, settings: Settings) -> Result<Arc<Shared>, Gate
         )?)),
         None => None,
     };
-    let shared = Arc::new(Shared::new(
+    let tokenizers = tokens::Tokenizers::load(
+        &config.models,
+        &tokens::config_base(config.origin()),
+        config.origin(),
+    )?;
+    let mut shared = Shared::new(
         settings,
         clock,
         router,
@@ -287,7 +296,9 @@ fn build(config: &GatewayConfig, settings: Settings) -> Result<Arc<Shared>, Gate
         client,
         request_log,
         loaded,
-    ));
+    );
+    shared.tokenizers = tokenizers;
+    let shared = Arc::new(shared);
     {
         let mut core = shared.core();
         let now = shared.clock.now();
@@ -363,6 +374,7 @@ async fn metrics_handler(State(s): State<Arc<Shared>>) -> axum::response::Respon
         metrics::render(&rows, core.router.queued(), &s.global)
     };
     text.push_str(&metrics::render_connections(&s.connections));
+    text.push_str(&signals::render_metrics(&s));
     text.push_str(&metrics::render_request_log(
         s.request_log.as_deref().map(reqlog::RequestLog::counters),
     ));
@@ -456,6 +468,7 @@ pub async fn start_on(
     if shared.ejection_enabled() {
         tasks.push(tokio::spawn(health::run(shared.clone())));
     }
+    tasks.extend(signals::start(&shared));
     log(
         "started",
         &[

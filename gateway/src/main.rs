@@ -32,11 +32,26 @@ fn main() -> std::process::ExitCode {
                 config.clock_scale
             );
         }
+        // What the policy will see of each worker, and what it falls back to where a signal
+        // is missing.
+        let (lines, warnings) = match routelab_gateway::signals::check_report(&config) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("error: {:#}", anyhow::Error::new(e));
+                return std::process::ExitCode::from(2);
+            }
+        };
+        for w in &warnings {
+            eprintln!("warning: {w}");
+        }
         println!(
             "{}: ok ({} workers)",
             args.config.display(),
             config.workers.len()
         );
+        for l in &lines {
+            println!("  {l}");
+        }
         return std::process::ExitCode::SUCCESS;
     }
     let rt = match tokio::runtime::Builder::new_multi_thread()

@@ -67,6 +67,11 @@ impl Histogram {
         self.counts.iter().map(|c| c.load(Relaxed)).sum()
     }
 
+    /// Sum of the observations, seconds.
+    pub fn sum_s(&self) -> f64 {
+        self.sum_ns.load(Relaxed) as f64 / 1e9
+    }
+
     fn render(&self, out: &mut String, name: &str, labels: &str) {
         let mut cum = 0;
         for (i, b) in self.bounds.iter().enumerate() {
@@ -177,7 +182,7 @@ pub struct WorkerRow<'a> {
 }
 
 /// Escape a label value.
-fn esc(s: &str) -> String {
+pub(crate) fn esc(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")

@@ -102,9 +102,16 @@ async fn handle(s: Arc<Shared>, req: Request, ep: Endpoint) -> Result<Response, 
             ));
         }
     };
-    let parsed =
+    let mut parsed =
         prompt::parse(&bytes, ep).map_err(|b| ApiError::bad_request(b.message, b.param))?;
-    let prefix = prompt::prefix_hashes(parsed.prompt.as_bytes());
+    // Exact with the model's tokenizer, else the estimate (crate::tokens).
+    let counted = s
+        .tokenizers
+        .count_async(bytes.clone(), ep, &parsed)
+        .await
+        .map_err(|b| ApiError::bad_request(b.message, b.param))?;
+    parsed.prompt_tokens = counted.prompt_tokens;
+    let prefix = counted.prefix;
     let context_tokens = parsed
         .prompt_tokens
         .saturating_add(parsed.max_tokens.unwrap_or(0));
@@ -174,6 +181,8 @@ async fn handle(s: Arc<Shared>, req: Request, ep: Endpoint) -> Result<Response, 
         };
         metrics.requests.fetch_add(1, Relaxed);
         tried.push(decision.worker);
+        // A worker whose KV event stream is down: record the prompt as `approximate` would.
+        s.signals.dispatched(&s, decision.worker, &prefix);
         if let Some(t) = trace.as_mut() {
             t.worker(&name);
         }
@@ -402,6 +411,9 @@ fn copy_headers(from: &HeaderMap, to: &mut HeaderMap) {
 /// Response header naming the worker that served the request (set on every answer that came
 /// from a worker, streaming or not), so a client or a load generator can attribute it.
 pub const WORKER_HEADER: &str = "x-routelab-worker";
+/// The response header with the prompt tokens the router believed the chosen worker had
+/// cached when it chose it (what the simulator records as `believed_cached_tokens`).
+pub const BELIEVED_CACHED_HEADER: &str = "x-routelab-believed-cached-tokens";
 
 /// Pass the worker's answer to the client: SSE frame by frame, anything else buffered (a
 /// non-streaming completion is small, and buffering lets a broken body become a clean 502).
@@ -425,6 +437,10 @@ async fn respond(
     if let Ok(v) = HeaderValue::from_str(worker) {
         out.headers_mut().insert(WORKER_HEADER, v);
     }
+    out.headers_mut().insert(
+        BELIEVED_CACHED_HEADER,
+        HeaderValue::from(flight.charge.tokens.saturating_sub(flight.charge.uncached)),
+    );
     let idle = s.settings.stream_idle_timeout;
     // Only a generation counts in the capacity curve, not an error body.
     flight.curve = parts.status.is_success().then_some(!is_sse);

@@ -47,6 +47,8 @@ pub(crate) struct Settings {
     pub server: crate::server::Limits,
     /// `capacity.min_observed_s`, policy time.
     pub min_observed: Duration,
+    /// The engines' metrics poll (`engine_metrics`).
+    pub engine_poll: crate::signals::PollSettings,
 }
 
 impl Settings {
@@ -85,6 +87,12 @@ impl Settings {
                     .unwrap_or_else(crate::server::default_max_connections),
             },
             min_observed: secs("capacity.min_observed_s", c.capacity.min_observed_s)?,
+            engine_poll: c.engine_metrics.settings(
+                c.policy
+                    .build_in(c.origin(), "policy")?
+                    .chooser
+                    .engine_poll_interval(),
+            ),
         })
     }
 }
@@ -104,6 +112,10 @@ pub(crate) struct Shared {
     pub persist_lock: tokio::sync::Mutex<PersistedProbeState>,
     /// The request log, when configured.
     pub request_log: Option<Arc<RequestLog>>,
+    /// The engines' KV streams, metrics polls and recent history ([`crate::signals`]).
+    pub signals: crate::signals::SignalHub,
+    /// The configured models' tokenizers ([`crate::tokens`]).
+    pub tokenizers: crate::tokens::Tokenizers,
 }
 
 impl Shared {
@@ -132,6 +144,8 @@ impl Shared {
             connections: Arc::default(),
             persist_lock: tokio::sync::Mutex::new(written),
             request_log,
+            signals: Default::default(),
+            tokenizers: Default::default(),
         }
     }
 

@@ -650,7 +650,7 @@ pub const KNOWLEDGE: [Part; 3] = [
     Part {
         name: "kv-events",
         describe: || {
-            "simulator only for now: the router mirrors the blocks each engine stores and evicts (vLLM's KV events, as Dynamo's KV router and llm-d's precise prefix scorer consume them), kv_event_delay_s after they happen; the holder is the worker with the longest leading match; nothing is recorded at dispatch".into()
+            "the router mirrors the blocks each engine stores and evicts (vLLM's KV events, as Dynamo's KV router and llm-d's precise prefix scorer consume them; the gateway subscribes to each worker's stream), kv_event_delay_s after they happen; the holder is the worker with the longest leading match; nothing is recorded at dispatch".into()
         },
         params: &[Param {
             name: "kv_event_delay_s",

@@ -10,7 +10,7 @@
 //! chooser: { kind: sed, ties: higher-weight }
 //! affinity: { kind: capacity, base: 2, per_1k_tokens: 0.25, max: 8 }
 //! cap: { kind: weighted, limit: 24 }
-//! prefix_knowledge: approximate   # the default; or unbounded, or kv-events (simulator only)
+//! prefix_knowledge: approximate   # the default; or unbounded, or kv-events
 //! kv_event_delay_s: 0             # kv-events only: how late the engines' events arrive
 //! ```
 //!

@@ -248,6 +248,14 @@ impl Router {
         }
     }
 
+    /// Drop a worker's engine report (the host's poll of it went stale): the rules use the
+    /// router's local counters for it again, as before its first report.
+    pub fn forget_engine_report(&mut self, _now: Time, id: WorkerId) {
+        if let Some(s) = self.signals.get_mut(id.index()) {
+            s.forget_report();
+        }
+    }
+
     /// The network round trip to a worker, as the host measured or configured it (rules that
     /// estimate TTFT add it; others ignore it).
     pub fn set_round_trip(&mut self, id: WorkerId, rtt: std::time::Duration) {

@@ -7,9 +7,9 @@
 //!   the host hands the request's [`Charge`] back at first token, completion or failure;
 //! - **engine reports** ([`EngineReport`]), which a host polls from its engines on the interval
 //!   the policy asks for ([`Router::engine_poll_interval`](crate::Router::engine_poll_interval)).
-//!   A host without a poller (the gateway today) never calls
-//!   [`Router::engine_report`](crate::Router::engine_report) and the rules then use the local
-//!   counters only.
+//!   A host that stops hearing from an engine drops its report
+//!   ([`Router::forget_engine_report`](crate::Router::forget_engine_report)) and the rules use the
+//!   local counters for it again, as they do before its first report.
 
 /// Tokens per prefix block: hosts hash prompts in blocks of this many tokens (the simulator's
 /// traffic and the gateway's 2,048-byte blocks at 4 bytes a token), so believed-cached blocks
@@ -107,6 +107,12 @@ impl Signals {
         }
     }
 
+    /// The last report aged out: back to the local count (the last positive throughput stays,
+    /// as the best figure known).
+    pub(crate) fn forget_report(&mut self) {
+        self.report = None;
+    }
+
     /// Tokens the engine holds as the router sees it: the last report plus what was dispatched
     /// since, or the local count when no report ever came.
     pub(crate) fn engine_tokens(&self) -> f64 {
@@ -171,5 +177,11 @@ mod tests {
             uncached: 0,
         });
         assert_eq!(s.engine_tokens(), 550.0);
+        s.forget_report();
+        assert_eq!(
+            s.engine_tokens(),
+            s.tokens_in_flight as f64,
+            "a dropped report falls back to the local count"
+        );
     }
 }

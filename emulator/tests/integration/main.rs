@@ -5,6 +5,7 @@
 
 mod disconnect;
 mod request_log;
+mod signals;
 
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
@@ -129,9 +130,16 @@ fn rel(a: f64, b: f64) -> f64 {
 }
 
 async fn get(c: &HttpClient, url: &str) -> (u16, String) {
-    let req = hyper::Request::get(url)
-        .body(Full::new(bytes::Bytes::new()))
-        .unwrap();
+    get_as(c, url, None).await
+}
+
+/// A GET with an optional bearer token.
+async fn get_as(c: &HttpClient, url: &str, token: Option<&str>) -> (u16, String) {
+    let mut req = hyper::Request::get(url);
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let req = req.body(Full::new(bytes::Bytes::new())).unwrap();
     let r = tokio::time::timeout(Duration::from_secs(10), c.request(req))
         .await
         .unwrap()

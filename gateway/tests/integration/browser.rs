@@ -19,13 +19,21 @@ const SECS_20: Duration = Duration::from_secs(20);
 async fn the_admin_page_pins_a_weight_in_a_real_browser() {
     let a = FakeWorker::start(1000.0).await;
     let b = FakeWorker::start(500.0).await;
+    // a publishes KV events (b does not, though the policy reads them); the gateway polls the
+    // workers' /metrics, which the fakes do not serve.
+    let publ = routelab_gateway::kv::publisher::start("127.0.0.1", "", 16)
+        .await
+        .unwrap();
+    let mut wa = worker("a", &a.url, "m", &[], 32768);
+    wa.push_str(&format!(
+        "    kv_events: {{endpoint: \"{}\", replay_endpoint: \"{}\"}}\n",
+        publ.endpoint(),
+        publ.replay_endpoint()
+    ));
     let gateway = serve(
-        "{preset: seed-v3, weights: {kind: probe, concurrency: 4, output_tokens: 32, warmup: true}}",
-        "probe: {poll_interval_s: 0.05}",
-        &[
-            worker("a", &a.url, "m", &[], 32768),
-            worker("b", &b.url, "m", &[], 32768),
-        ],
+        "{preset: seed-v3, weights: {kind: probe, concurrency: 4, output_tokens: 32, warmup: true}, prefix_knowledge: kv-events}",
+        "probe: {poll_interval_s: 0.05}\nengine_metrics: {poll: on, interval_s: 0.5}",
+        &[wa, worker("b", &b.url, "m", &[], 32768)],
     )
     .await;
     let Gateway { base, c, .. } = gateway;
@@ -41,7 +49,8 @@ async fn the_admin_page_pins_a_weight_in_a_real_browser() {
     assert_eq!(api.status, StatusCode::UNAUTHORIZED);
 
     let driver = ChromeDriver::start().await;
-    let browser = Browser::open(&driver, (1400, 700)).await;
+    // The page must fit a 1,280 px window.
+    let browser = Browser::open(&driver, (1280, 800)).await;
     browser.go(&format!("{base}/admin#token={TOKEN}")).await;
     wait_for("both workers measured, on the page", SECS_20, async || {
         browser
@@ -63,6 +72,72 @@ async fn the_admin_page_pins_a_weight_in_a_real_browser() {
             .as_deref(),
         Some("m")
     );
+    // The signals column: a's stream live, b's missing (the policy reads KV events, b has no
+    // stream), the metrics poll waiting (the fakes serve no /metrics), tokens estimated.
+    wait_for("a's KV stream live, on the page", SECS_20, async || {
+        browser
+            .text(r#"tr[data-worker="a"] .kv-state .badge"#)
+            .await
+            .as_deref()
+            == Some("live")
+    })
+    .await;
+    for (sel, want) in [
+        (r#"tr[data-worker="b"] .kv-state .badge"#, "missing"),
+        (r#"tr[data-worker="a"] .metrics-state .badge"#, "waiting"),
+        (r#"tr[data-worker="a"] .tokens .badge"#, "estimate"),
+    ] {
+        assert_eq!(browser.text(sel).await.as_deref(), Some(want), "{sel}");
+    }
+    // The history: three sparklines per worker, drawn once samples came (every 2 s).
+    wait_for("two history samples of a", SECS_20, async || {
+        browser
+            .execute(
+                r#"return Number(document.querySelector('tr[data-worker="a"] .spark-weight').dataset.samples);"#,
+                vec![],
+            )
+            .await
+            .ok()
+            .and_then(|v| v.as_f64())
+            .is_some_and(|n| n >= 2.0)
+    })
+    .await;
+    let sparks = browser
+        .execute(
+            r#"return Array.from(document.querySelectorAll('tr[data-worker="a"] td.history polyline')).map(p => p.getAttribute('points').split(' ').length);"#,
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(sparks.as_array().map(Vec::len), Some(3), "{sparks}");
+    assert!(
+        sparks[2].as_u64().unwrap() >= 2,
+        "the weight line has points: {sparks}"
+    );
+    // Nothing is cut off or scrolls sideways: the page, the table's panel and the actions
+    // column all end within the window.
+    let fit = browser
+        .execute(
+            r#"const p = document.querySelector('.panel');
+               const right = Math.max(...Array.from(document.querySelectorAll('td.actions-cell, th')).map(e => e.getBoundingClientRect().right));
+               return {inner: window.innerWidth, page: document.documentElement.scrollWidth,
+                       panel: p.scrollWidth, panel_client: p.clientWidth, right: right};"#,
+            vec![],
+        )
+        .await
+        .unwrap();
+    let n = |k: &str| fit[k].as_f64().unwrap();
+    assert!(n("inner") <= 1280.0, "{fit}");
+    assert!(n("page") <= n("inner"), "the page scrolls sideways: {fit}");
+    assert!(
+        n("panel") <= n("panel_client"),
+        "the table scrolls in its panel: {fit}"
+    );
+    assert!(
+        n("right") <= n("inner"),
+        "the actions column is cut off: {fit}"
+    );
+
     // The token left the address bar as soon as the page had it.
     let url = browser.url().await;
     assert!(!url.contains(TOKEN), "{url}");
@@ -200,4 +275,5 @@ async fn the_admin_page_pins_a_weight_in_a_real_browser() {
         browser.screenshot(std::path::Path::new(&path)).await;
     }
     browser.close().await;
+    drop(publ);
 }

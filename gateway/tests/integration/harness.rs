@@ -256,3 +256,22 @@ pub async fn post_chat(
     )
     .await
 }
+
+/// Run the gateway binary with `--check` on `yaml`: exit code, stdout, stderr.
+pub fn check_config(yaml: &str) -> (Option<i32>, String, String) {
+    let dir = temp_dir("signals-check");
+    let file = dir.join("g.yaml");
+    std::fs::write(&file, yaml).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_routelab-gateway"))
+        .arg("--config")
+        .arg(&file)
+        .arg("--check")
+        .output()
+        .expect("the binary runs");
+    let _ = std::fs::remove_dir_all(&dir);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

@@ -5,6 +5,7 @@ mod browser;
 mod fake;
 mod hardening;
 mod harness;
+mod kv_events;
 mod operations;
 mod protocol;
 mod request_log;

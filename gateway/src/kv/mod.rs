@@ -1,0 +1,266 @@
+//! The engines' KV events in the gateway (`prefix_knowledge: kv-events`).
+//!
+//! A worker with `kv_events: { endpoint, replay_endpoint }` is subscribed to as vLLM's own
+//! subscriber example does it ([`subscriber`]): a SUB socket on the engine's PUB socket and a
+//! DEALER on its ROUTER replay socket. Each batch ([`wire`]) is re-keyed from the token ids it
+//! carries ([`translate`]) and handed to [`routelab_policies::Router::apply_kv_events`], which
+//! feeds the mirror the simulator's `kv-events` runs on. A sequence gap asks the replay socket
+//! for the missing batches; the same request, sent every `heartbeat_s` for what came after the
+//! last batch, is the stream's liveness check (and recovers a lost last batch). While a worker's
+//! stream is down the gateway records what it dispatches to it instead, as `approximate` does
+//! ([`Fallback`]), and says so (`/admin`, `routelab_worker_kv_events_live`).
+
+pub mod publisher;
+pub(crate) mod subscriber;
+pub mod translate;
+pub mod wire;
+
+use routelab_policies::KvEvent;
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+
+/// Where a worker's engine publishes its KV events (vLLM: `--kv-events-config
+/// '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557",
+/// "replay_endpoint": "tcp://*:5558"}'`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KvEventsConfig {
+    /// The engine's PUB socket, `tcp://host:port`.
+    pub endpoint: String,
+    /// The engine's ROUTER replay socket; none: gaps cannot be recovered (the worker's mirror
+    /// starts again from the next batch) and liveness is the connection's only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_endpoint: Option<String>,
+    /// The topic the engine publishes under (vLLM's default: empty).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub topic: String,
+    /// Seconds between liveness checks (replay requests for what follows the last batch).
+    #[serde(default = "default_heartbeat_s")]
+    pub heartbeat_s: f64,
+}
+
+fn default_heartbeat_s() -> f64 {
+    1.0
+}
+
+impl KvEventsConfig {
+    /// Check the endpoints' form (`tcp://host:port`) and the heartbeat; the message names what
+    /// is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        for (field, e) in [
+            ("endpoint", Some(&self.endpoint)),
+            ("replay_endpoint", self.replay_endpoint.as_ref()),
+        ] {
+            let Some(e) = e else { continue };
+            let ok = e
+                .strip_prefix("tcp://")
+                .and_then(|hp| hp.rsplit_once(':'))
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+            if !ok {
+                return Err(format!(
+                    "kv_events.{field} `{e}` is not a ZeroMQ TCP endpoint (valid: tcp://HOST:PORT, port 1-65535)"
+                ));
+            }
+        }
+        if !(self.heartbeat_s.is_finite() && (0.01..=3600.0).contains(&self.heartbeat_s)) {
+            return Err(format!(
+                "kv_events.heartbeat_s = {} (valid: 0.01 to 3600 seconds)",
+                self.heartbeat_s
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Where a worker's stream stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamState {
+    /// Not configured for this worker.
+    Off,
+    /// Connecting (or reconnecting); the fallback records dispatches meanwhile.
+    Connecting,
+    /// Receiving: the mirror is the engine's announced cache.
+    Live,
+    /// Lost; reconnecting, the fallback records dispatches meanwhile.
+    Down,
+}
+
+impl StreamState {
+    /// The name shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StreamState::Off => "off",
+            StreamState::Connecting => "connecting",
+            StreamState::Live => "live",
+            StreamState::Down => "down",
+        }
+    }
+}
+
+/// A worker's stream counters (cumulative) and state.
+#[derive(Debug, Clone, Serialize)]
+pub struct StreamStatus {
+    /// Now.
+    pub state: StreamState,
+    /// The last batch's sequence number.
+    pub last_seq: Option<i64>,
+    /// Batches applied (live and replayed).
+    pub batches: u64,
+    /// Engine events in them.
+    pub events: u64,
+    /// Sequence gaps seen.
+    pub gaps: u64,
+    /// Batches recovered by replay requests.
+    pub replayed: u64,
+    /// Gaps no replay could fill (the worker's mirror started again).
+    pub unrecovered: u64,
+    /// Payloads that were not a `KVEventBatch`, and messages that were not three frames.
+    pub malformed: u64,
+    /// Engine blocks whose parent was unknown.
+    pub unplaced: u64,
+    /// Events not about the GPU cache of the first KV cache group, or of an unknown kind.
+    pub skipped: u64,
+    /// Sessions (connections) started.
+    pub sessions: u64,
+    /// Why the stream last went down.
+    pub last_error: Option<String>,
+    /// Router blocks the fallback recorded while the stream was not live.
+    pub fallback_blocks: usize,
+}
+
+impl StreamStatus {
+    pub(crate) fn new(state: StreamState) -> StreamStatus {
+        StreamStatus {
+            state,
+            last_seq: None,
+            batches: 0,
+            events: 0,
+            gaps: 0,
+            replayed: 0,
+            unrecovered: 0,
+            malformed: 0,
+            unplaced: 0,
+            skipped: 0,
+            sessions: 0,
+            last_error: None,
+            fallback_blocks: 0,
+        }
+    }
+}
+
+/// While a worker's stream is not live: what the gateway dispatched to it, as `approximate`
+/// records it (the prompt's blocks, the oldest forgotten first beyond the worker's cache), so
+/// the router's belief about that worker is a guess rather than empty.
+#[derive(Debug, Default)]
+pub struct Fallback {
+    ring: VecDeque<u64>,
+    held: std::collections::HashSet<u64>,
+}
+
+/// Blocks the fallback keeps for a worker of unknown cache size (the affinity's shared index
+/// is 65,536 blocks for the fleet; one worker's guess stays well below it).
+pub const FALLBACK_BLOCKS: usize = 16_384;
+
+impl Fallback {
+    /// The events recording a dispatched prefix: its blocks not yet held, stored in chain order;
+    /// the oldest removed beyond `bound` blocks.
+    pub fn record(&mut self, prefix: &[u64], bound: usize, out: &mut Vec<KvEvent>) {
+        for (i, &b) in prefix.iter().enumerate() {
+            if self.held.insert(b) {
+                self.ring.push_back(b);
+                out.push(KvEvent::Stored {
+                    block: b,
+                    parent: i.checked_sub(1).map(|p| prefix[p]),
+                });
+            }
+        }
+        while self.ring.len() > bound.max(1) {
+            if let Some(old) = self.ring.pop_front() {
+                self.held.remove(&old);
+                out.push(KvEvent::Removed { block: old });
+            }
+        }
+    }
+
+    /// Blocks recorded.
+    pub fn len(&self) -> usize {
+        self.ring.len()
+    }
+
+    /// True when nothing is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.ring.is_empty()
+    }
+
+    /// Forget everything.
+    pub fn clear(&mut self) {
+        self.ring.clear();
+        self.held.clear();
+    }
+}
+
+/// A worker's stream as the gateway tracks it.
+#[derive(Debug)]
+pub(crate) struct WorkerStream {
+    pub status: StreamStatus,
+    pub fallback: Fallback,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fallback_records_a_chain_once_and_forgets_the_oldest() {
+        let mut f = Fallback::default();
+        let mut out = Vec::new();
+        f.record(&[1, 2, 3], 4, &mut out);
+        assert_eq!(out.len(), 3);
+        out.clear();
+        f.record(&[1, 2, 5, 6], 4, &mut out);
+        assert_eq!(
+            out,
+            [
+                KvEvent::Stored {
+                    block: 5,
+                    parent: Some(2)
+                },
+                KvEvent::Stored {
+                    block: 6,
+                    parent: Some(5)
+                },
+                KvEvent::Removed { block: 1 },
+            ]
+        );
+        assert_eq!(f.len(), 4);
+    }
+
+    #[test]
+    fn endpoints_must_be_tcp_host_port() {
+        let mut c = KvEventsConfig {
+            endpoint: "tcp://127.0.0.1:5557".into(),
+            replay_endpoint: Some("tcp://127.0.0.1:5558".into()),
+            topic: String::new(),
+            heartbeat_s: 1.0,
+        };
+        assert!(c.validate().is_ok());
+        for bad in [
+            "127.0.0.1:5557",
+            "tcp://:1",
+            "tcp://h:0",
+            "tcp://h:99999",
+            "ipc:///x",
+        ] {
+            c.endpoint = bad.into();
+            let e = c.validate().unwrap_err();
+            assert!(
+                e.contains("kv_events.endpoint") && e.contains("tcp://HOST:PORT"),
+                "{e}"
+            );
+        }
+        c.endpoint = "tcp://h:1".into();
+        c.heartbeat_s = 0.0;
+        assert!(c.validate().unwrap_err().contains("heartbeat_s"));
+    }
+}
