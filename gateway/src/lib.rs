@@ -335,6 +335,40 @@ fn app(shared: Arc<Shared>) -> HttpRouter {
         .with_state(shared)
 }
 
+/// The gateway's HTTP service without a listener or background tasks (no probe runner, no health
+/// checks): one request in, one response out, through every per-request layer the listener
+/// applies. For benches and embedding; [`start`] serves the same routes on a socket.
+pub struct Handler {
+    routes: axum::Router,
+}
+
+impl Handler {
+    /// Build the router, restore the state file and register the configured workers, as
+    /// [`start`] does.
+    pub fn new(config: GatewayConfig) -> Result<Handler, GatewayError> {
+        config.validate()?;
+        let settings = Settings::from_config(&config)?;
+        let limits = settings.server;
+        let shared = build(&config, settings)?;
+        Ok(Handler {
+            routes: server::scoped(app(shared), server::Scope::All, limits),
+        })
+    }
+
+    /// Answer one request.
+    pub async fn call<B>(&self, req: hyper::Request<B>) -> axum::response::Response
+    where
+        B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let service = hyper_util::service::TowerToHyperService::new(self.routes.clone());
+        match hyper::service::Service::call(&service, req).await {
+            Ok(response) => response,
+            Err(never) => match never {},
+        }
+    }
+}
+
 async fn metrics_handler(State(s): State<Arc<Shared>>) -> axum::response::Response {
     let mut text = {
         let core = s.core();

@@ -1,0 +1,146 @@
+//! One request through the gateway's handler ([`routelab_gateway::Handler`]: every per-request
+//! layer the listener applies, the parse, the routing decision, the forward to a worker and the
+//! answer), against the same request sent straight to the worker with the gateway's kind of
+//! client. The difference is what the gateway adds; the client-side socket of the listener is
+//! not in it (the request body is in memory).
+//!
+//! The worker is a tiny in-process axum server on loopback (a fixed completion, no delay), so
+//! both figures carry one loopback round trip, on one thread; four workers, `seed-v3` (prefix affinity, p2c,
+//! cap), health checks and probes off.
+//!
+//! ```text
+//! cargo bench -p routelab-gateway --bench handler -- --warm-up-time 2 --measurement-time 10
+//! ```
+
+use bytes::Bytes;
+use criterion::{Criterion, criterion_group, criterion_main};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use std::time::Duration;
+
+const ANSWER: &str = r#"{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":1,"total_tokens":13}}"#;
+
+/// Eight content events, a usage event and `[DONE]`, as one chunk.
+fn stream_answer() -> String {
+    let mut s = String::new();
+    for i in 0..8 {
+        s.push_str(&format!(
+            "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t{i} \"}}}}]}}\n\n"
+        ));
+    }
+    s.push_str("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":8}}\n\ndata: [DONE]\n\n");
+    s
+}
+
+async fn fake_worker() -> String {
+    let stream = stream_answer();
+    let app = axum::Router::new()
+        .route(
+            "/v1/chat/completions",
+            axum::routing::post(move |body: Bytes| {
+                let stream = stream.clone();
+                async move {
+                    if body.windows(13).any(|w| w == b"\"stream\":true") {
+                        ([("content-type", "text/event-stream")], stream)
+                    } else {
+                        ([("content-type", "application/json")], ANSWER.to_string())
+                    }
+                }
+            }),
+        )
+        .route("/health", axum::routing::get(|| async { "ok" }));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    let l = axum::serve::ListenerExt::tap_io(l, |t| {
+        let _ = t.set_nodelay(true);
+    });
+    tokio::spawn(async move {
+        let _ = axum::serve(l, app).await;
+    });
+    url
+}
+
+fn body(stream: bool) -> Bytes {
+    Bytes::from(format!(
+        r#"{{"model":"m","messages":[{{"role":"system","content":"You are brief."}},{{"role":"user","content":"Say ok."}}],"max_tokens":16,"stream":{stream}}}"#
+    ))
+}
+
+fn request(uri: &str, body: Bytes) -> hyper::Request<Full<Bytes>> {
+    hyper::Request::post(uri)
+        .header("host", "gateway")
+        .header("content-type", "application/json")
+        .body(Full::new(body))
+        .unwrap()
+}
+
+fn bench(c: &mut Criterion) {
+    // One thread runs the worker, the client and the handler: no cross-thread wake-ups, so the
+    // spread is the code's, not the scheduler's (a multi-threaded runtime gave ±25 % here).
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let workers: Vec<String> = rt.block_on(async {
+        let mut w = Vec::new();
+        for _ in 0..4 {
+            w.push(fake_worker().await);
+        }
+        w
+    });
+    let mut yaml =
+        String::from("listen: 127.0.0.1:0\npolicy: seed-v3\nhealth: {interval_s: 0}\nworkers:\n");
+    for (i, w) in workers.iter().enumerate() {
+        yaml +=
+            &format!("  - {{name: w{i}, base_url: \"{w}\", model: m, context_window: 32768}}\n");
+    }
+    let config = routelab_gateway::GatewayConfig::from_yaml(&yaml, "bench.yaml").unwrap();
+    let handler = {
+        let _entered = rt.enter();
+        routelab_gateway::Handler::new(config).unwrap()
+    };
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build(connector);
+    let direct = format!("{}/v1/chat/completions", workers[0]);
+
+    let mut group = c.benchmark_group("one request");
+    for stream in [false, true] {
+        let kind = if stream { "streamed" } else { "buffered" };
+        let payload = body(stream);
+        group.bench_function(format!("direct to the worker, {kind}"), |b| {
+            b.iter(|| {
+                rt.block_on(async {
+                    let r = client
+                        .request(request(&direct, payload.clone()))
+                        .await
+                        .unwrap();
+                    assert!(r.status().is_success());
+                    r.into_body().collect().await.unwrap().to_bytes()
+                })
+            })
+        });
+        group.bench_function(format!("through the handler, {kind}"), |b| {
+            b.iter(|| {
+                rt.block_on(async {
+                    let r = handler
+                        .call(request("/v1/chat/completions", payload.clone()))
+                        .await;
+                    assert!(r.status().is_success(), "{}", r.status());
+                    r.into_body().collect().await.unwrap().to_bytes()
+                })
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().measurement_time(Duration::from_secs(10));
+    targets = bench
+}
+criterion_main!(benches);
