@@ -137,8 +137,9 @@ pub(crate) fn worker_json(
     probe_state: Option<&PersistedProbeState>,
     now: Time,
 ) -> Value {
-    let w = &core.workers[id.index()];
-    let info = core.router.fleet().get(id).expect("registered");
+    let (Some(w), Some(info)) = (core.workers.get(id), core.router.fleet().get(id)) else {
+        return json!({ "removed": true });
+    };
     // Seconds since the measurement the worker's cached probe result comes from (it may predate
     // a restart); null if it was never measured.
     let last_probe_age_s = probe_state
@@ -173,22 +174,27 @@ pub(crate) async fn list(State(s): State<Arc<Shared>>) -> Response {
     let core = s.core();
     let probe_state = core.router.strategy().export_state();
     let now = s.clock.now();
-    let workers: Vec<Value> = (0..core.workers.len())
-        .filter(|&i| !core.workers[i].removed)
-        .map(|i| worker_json(&core, WorkerId(i as u32), probe_state.as_ref(), now))
+    let workers: Vec<Value> = core
+        .workers
+        .live()
+        .map(|(id, _)| worker_json(&core, id, probe_state.as_ref(), now))
         .collect();
     axum::Json(json!({ "policy": core.router.config().name, "workers": workers })).into_response()
 }
 
 /// `POST /admin/workers`
 pub(crate) async fn add(State(s): State<Arc<Shared>>, body: Bytes) -> Result<Response, ApiError> {
-    let cfg: WorkerConfig = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request(format!("invalid worker: {e}"), None))?;
+    // Its fields are checked as they are read, as in the file: the error names the field.
+    let cfg: WorkerConfig =
+        serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&body))
+            .map_err(|e| {
+                ApiError::bad_request(format!("invalid worker: {}: {}", e.path(), e.inner()), None)
+            })?;
     let name = cfg.name.clone();
     let row = {
         let mut core = s.core();
         let now = s.clock.now();
-        let id = core.add_worker(now, cfg).map_err(|e| {
+        let id = core.add_worker(now, cfg, &s).map_err(|e| {
             let status = match e {
                 WorkerError::Duplicate(_) => StatusCode::CONFLICT,
                 _ => StatusCode::BAD_REQUEST,
@@ -226,7 +232,7 @@ pub(crate) async fn remove(
         let mut core = s.core();
         let id = find(&core, &name)?;
         let now = s.clock.now();
-        core.remove_worker(now, id);
+        core.remove_worker(now, id, &s);
     }
     crate::log("admin_remove", &[("worker", &name)]);
     Ok(axum::Json(json!({ "removed": name })).into_response())
@@ -244,7 +250,11 @@ pub(crate) async fn drain(
         core.router
             .drain(now, id)
             .map_err(|e| ApiError::bad_request(e.to_string(), None))?;
-        core.workers[id.index()].drained = true;
+        if let Some(w) = core.workers.get_mut(id) {
+            w.drained = true;
+        }
+        // A drained worker leaves the model's pool: the panic mode may change.
+        core.apply_health(now, id, &s);
         one_row(&s, &core, id)
     };
     crate::log("admin_drain", &[("worker", &name)]);
@@ -260,7 +270,7 @@ pub(crate) async fn undrain(
         let mut core = s.core();
         let id = find(&core, &name)?;
         let now = s.clock.now();
-        if !core.undrain(now, id) {
+        if !core.undrain(now, id, &s) {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
                 "invalid_request_error",
@@ -415,8 +425,7 @@ pub(crate) async fn capacity(
         .model;
     let (model, workers) = {
         let core = s.core();
-        let live: Vec<&crate::state::WorkerRt> =
-            core.workers.iter().filter(|w| !w.removed).collect();
+        let live: Vec<&crate::state::WorkerRt> = core.workers.live().map(|(_, w)| w).collect();
         let mut models: Vec<&str> = live.iter().map(|w| w.cfg.model.as_str()).collect();
         models.sort_unstable();
         models.dedup();

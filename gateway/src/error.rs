@@ -64,6 +64,17 @@ pub enum WorkerError {
     /// A live worker already has the name (the admin API answers 409).
     #[error("a worker named `{0}` already exists")]
     Duplicate(String),
+    /// A name, node or model that logs, metrics labels and the admin page would show wrongly:
+    /// control or bidirectional-formatting characters, or too long.
+    #[error("worker {name:?}: {field} {reason}")]
+    Text {
+        /// The worker, as given (printed escaped).
+        name: String,
+        /// The field at fault (`name`, `node`, `model`).
+        field: &'static str,
+        /// What is wrong, with what would be valid.
+        reason: String,
+    },
 }
 
 impl WorkerError {
@@ -74,6 +85,7 @@ impl WorkerError {
             WorkerError::EmptyModel { .. } => "model",
             WorkerError::ZeroContextWindow { .. } => "context_window",
             WorkerError::BaseUrl { .. } => "base_url",
+            WorkerError::Text { field, .. } => field,
         }
     }
 
@@ -85,6 +97,7 @@ impl WorkerError {
             WorkerError::ZeroContextWindow { .. } => "must be > 0".into(),
             WorkerError::BaseUrl { error, .. } => error.to_string(),
             WorkerError::Duplicate(name) => format!("duplicate name `{name}`"),
+            WorkerError::Text { reason, .. } => reason.clone(),
         }
     }
 

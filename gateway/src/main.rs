@@ -11,9 +11,19 @@ struct Args {
     /// The YAML configuration (see gateway/examples/gateway.yaml).
     #[arg(long, short)]
     config: PathBuf,
-    /// Check the configuration and exit.
+    /// Check the configuration and what start reads beside it (the state file) and exit.
     #[arg(long)]
     check: bool,
+}
+
+/// The exit code for an error at start: 2 for bad input (a configuration that cannot be used,
+/// e.g. a request log that cannot be opened), as at load; 1 otherwise.
+fn exit_code(e: &routelab_gateway::GatewayError) -> u8 {
+    if matches!(e, routelab_gateway::GatewayError::Config(_)) {
+        2
+    } else {
+        1
+    }
 }
 
 fn main() -> std::process::ExitCode {
@@ -26,6 +36,13 @@ fn main() -> std::process::ExitCode {
         }
     };
     if args.check {
+        // What start reads beside the file (the state file, the log's directory) is read the
+        // same way here, so a configuration `--check` passes does not then fail to start.
+        if let Err(e) = routelab_gateway::check(&config) {
+            let code = exit_code(&e);
+            eprintln!("error: {:#}", anyhow::Error::new(e));
+            return std::process::ExitCode::from(code);
+        }
         if config.clock_scale != 1.0 {
             eprintln!(
                 "warning: clock_scale is {}: policy time runs faster than wall time; for tests and emulations only",
@@ -53,13 +70,7 @@ fn main() -> std::process::ExitCode {
         let mut gateway = match routelab_gateway::start(config).await {
             Ok(g) => g,
             Err(e) => {
-                // A configuration that cannot be used (e.g. a request log that cannot be
-                // opened) is bad input, as at load: exit 2.
-                let code = if matches!(e, routelab_gateway::GatewayError::Config(_)) {
-                    2
-                } else {
-                    1
-                };
+                let code = exit_code(&e);
                 eprintln!("error: {:#}", anyhow::Error::new(e));
                 return std::process::ExitCode::from(code);
             }
