@@ -114,6 +114,9 @@ pub struct ServerConfig {
     /// 4,096, or less where the process's open-file limit would run out first
     /// (`server::default_max_connections`).
     pub max_connections: Option<u32>,
+    /// After a shutdown signal, how long requests in flight may still run; then their
+    /// connections are closed (a stream trickling for minutes must not hold the shutdown).
+    pub drain_timeout_s: f64,
 }
 
 impl Default for ServerConfig {
@@ -126,6 +129,8 @@ impl Default for ServerConfig {
             body_read_timeout_s: 30.0,
             // Derived from the open-file limit at start (see `server::default_max_connections`).
             max_connections: None,
+            // Kubernetes' default grace period before SIGKILL is 30 s: finish within it.
+            drain_timeout_s: 25.0,
         }
     }
 }
@@ -587,7 +592,8 @@ fn number_rule(field: &str) -> Option<NumberRule> {
         | "probe.poll_interval_s"
         | "probe.request_timeout_s"
         | "server.header_read_timeout_s"
-        | "server.body_read_timeout_s" => Period,
+        | "server.body_read_timeout_s"
+        | "server.drain_timeout_s" => Period,
         "health.max_ejection_percent" | "health.panic_threshold_percent" => Percent,
         "clock_scale" => Scale,
         f if f.starts_with("workers[") && f.ends_with("].context_window") => {
@@ -726,7 +732,7 @@ impl GatewayConfig {
 
     /// Every numeric field and its value (none: not set, nothing to check); [`number_rule`]
     /// says what each accepts.
-    fn numbers(&self) -> [(&'static str, Option<f64>); 23] {
+    fn numbers(&self) -> [(&'static str, Option<f64>); 24] {
         let (u, h, p, srv) = (&self.upstream, &self.health, &self.probe, &self.server);
         let log = self.request_log.as_ref();
         [
@@ -768,6 +774,7 @@ impl GatewayConfig {
                 "upstream.max_response_bytes",
                 Some(u.max_response_bytes as f64),
             ),
+            ("server.drain_timeout_s", Some(srv.drain_timeout_s)),
         ]
     }
 

@@ -378,11 +378,8 @@ fn app(shared: Arc<Shared>) -> HttpRouter {
         // After every route: the 405 fallback is set on the routes registered so far.
         .fallback(proxy::unknown_path)
         .method_not_allowed_fallback(proxy::method_not_allowed)
-        // Outermost, after every route and fallback: counts each answer an `ApiError` made.
-        .layer(axum::middleware::map_response_with_state(
-            shared.clone(),
-            metrics::count_rejections,
-        ))
+        // Each listener adds its layers around these, the rejection counter outermost
+        // (`server::scoped`).
         .with_state(shared)
 }
 
@@ -402,7 +399,7 @@ impl Handler {
         let limits = settings.server;
         let shared = build(&config, settings)?;
         Ok(Handler {
-            routes: server::scoped(app(shared), server::Scope::All, limits),
+            routes: server::scoped(app(shared.clone()), server::Scope::All, limits, shared),
         })
     }
 
@@ -523,7 +520,7 @@ pub async fn start_on(
     };
     let public = server::serve(
         listener,
-        server::scoped(routes.clone(), public_scope, limits),
+        server::scoped(routes.clone(), public_scope, limits, shared.clone()),
         limits,
         connections.clone(),
         rx.clone(),
@@ -531,7 +528,7 @@ pub async fn start_on(
     let admin = admin_listener.map(|l| {
         server::serve(
             l,
-            server::scoped(routes, server::Scope::Admin, limits),
+            server::scoped(routes, server::Scope::Admin, limits, shared.clone()),
             limits,
             connections.clone(),
             rx,

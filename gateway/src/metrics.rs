@@ -146,7 +146,7 @@ impl GlobalMetrics {
     }
 }
 
-/// Middleware (outermost in `app()`): count every answer built from an `ApiError`, whichever
+/// Middleware (outermost, `server::scoped`): count every answer built from an `ApiError`, whichever
 /// handler, extractor or layer made it, from the [`RejectionCode`] it carries.
 pub(crate) async fn count_rejections(State(s): State<Arc<Shared>>, r: Response) -> Response {
     if let Some(RejectionCode(code)) = r.extensions().get::<RejectionCode>().copied() {

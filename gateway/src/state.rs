@@ -85,6 +85,7 @@ impl Settings {
                     .server
                     .max_connections
                     .unwrap_or_else(crate::server::default_max_connections),
+                drain_timeout: secs("server.drain_timeout_s", c.server.drain_timeout_s)?,
             },
             min_observed: secs("capacity.min_observed_s", c.capacity.min_observed_s)?,
             max_response_bytes: c.upstream.max_response_bytes,

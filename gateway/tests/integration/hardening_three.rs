@@ -10,6 +10,7 @@ use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const SECS_10: Duration = Duration::from_secs(10);
 
@@ -54,6 +55,30 @@ impl Binary {
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
+
+    fn signal(&self, name: &str) {
+        let ok = std::process::Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill runs")
+            .success();
+        assert!(ok, "kill -{name}");
+    }
+
+    /// The exit status, if it exits within `limit`.
+    async fn exited_within(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }
 
 impl Drop for Binary {
@@ -91,6 +116,15 @@ async fn metric(c: &HttpClient, base: &str, series: &str) -> Option<f64> {
         l.strip_prefix(series)
             .and_then(|v| v.strip_prefix(' '))
             .and_then(|v| v.parse().ok())
+    })
+}
+
+/// A streamed chat request on a client of its own: its status and whole body.
+fn spawn_stream(chat: &str, tokens: u32) -> tokio::task::JoinHandle<Answer> {
+    let chat = chat.to_string();
+    tokio::spawn(async move {
+        let body = chat_body("m", "stream", tokens, true);
+        send(&client(), Method::POST, &chat, None, body).await
     })
 }
 
@@ -376,6 +410,111 @@ async fn a_symlinked_state_file_is_written_through_the_link() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+// ---- 6. SIGHUP, 7. drain -------------------------------------------------------------------
+
+/// Regression (6): SIGHUP's default action killed the gateway mid-stream, without a log line.
+/// It is logged and ignored: the stream completes and the gateway serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_is_logged_and_ignored_mid_stream() {
+    let w = FakeWorker::start(20.0).await;
+    w.state.natural_len.store(20, SeqCst);
+    let dir = temp_dir("sighup");
+    let b = Binary::start(&binary_config(&w.url, "health: {interval_s: 0}"), &dir).await;
+    let stream = spawn_stream(&format!("{}/v1/chat/completions", b.base), 20);
+    wait_for("the stream at the worker", SECS_10, async || {
+        w.requests() == 1
+    })
+    .await;
+    b.signal("HUP");
+    let a = tokio::time::timeout(SECS_10, stream)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.status, StatusCode::OK);
+    assert!(a.text().ends_with("data: [DONE]\n\n"), "{}", a.text());
+    let mut b = b;
+    assert!(b.exited_within(Duration::from_millis(100)).await.is_none());
+    assert!(b.log().contains("event=sighup_ignored"), "{}", b.log());
+    let a = post_chat(
+        &client(),
+        &format!("{}/v1/chat/completions", b.base),
+        "hi",
+        4,
+        false,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK);
+    b.signal("TERM");
+    assert_eq!(
+        b.exited_within(SECS_10).await.and_then(|s| s.code()),
+        Some(0)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Regression (7): a stream trickling in held the graceful shutdown as long as it lasted (88 s
+/// in the probe). After `server.drain_timeout_s` the connections still open are closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drain_ends_at_its_deadline() {
+    let w = FakeWorker::start(0.0).await;
+    w.state.hold.store(true, SeqCst);
+    let dir = temp_dir("drain");
+    let mut b = Binary::start(
+        &binary_config(
+            &w.url,
+            "health: {interval_s: 0}\nserver: {drain_timeout_s: 1}",
+        ),
+        &dir,
+    )
+    .await;
+    let held = spawn_stream(&format!("{}/v1/chat/completions", b.base), 4);
+    wait_for("the held stream at the worker", SECS_10, async || {
+        w.requests() == 1
+    })
+    .await;
+    let asked = Instant::now();
+    b.signal("TERM");
+    let status = b.exited_within(Duration::from_secs(6)).await;
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{}", b.log());
+    assert!(asked.elapsed() >= Duration::from_millis(900));
+    assert!(b.log().contains("event=drain_timeout"), "{}", b.log());
+    held.abort();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Regression (7): a second SIGTERM during the drain was ignored. It ends the gateway at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_exits_at_once() {
+    let w = FakeWorker::start(0.0).await;
+    w.state.hold.store(true, SeqCst);
+    let dir = temp_dir("second-signal");
+    let mut b = Binary::start(
+        &binary_config(
+            &w.url,
+            "health: {interval_s: 0}\nserver: {drain_timeout_s: 60}",
+        ),
+        &dir,
+    )
+    .await;
+    let held = spawn_stream(&format!("{}/v1/chat/completions", b.base), 4);
+    wait_for("the held stream at the worker", SECS_10, async || {
+        w.requests() == 1
+    })
+    .await;
+    b.signal("TERM");
+    wait_for("the drain to start", SECS_10, async || {
+        b.log().contains("event=shutting_down")
+    })
+    .await;
+    assert!(b.exited_within(Duration::from_millis(300)).await.is_none());
+    b.signal("INT");
+    let status = b.exited_within(Duration::from_secs(3)).await;
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{}", b.log());
+    assert!(b.log().contains("event=shutdown_forced"), "{}", b.log());
+    held.abort();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 // ---- 8. the output limit -------------------------------------------------------------------
 
 /// Regression (8): `max_tokens` won over `max_completion_tokens`, so a small `max_tokens` let a
@@ -403,6 +542,36 @@ async fn the_context_filter_reads_the_limit_the_engine_reads() {
 }
 
 // ---- 9. statuses, headers, the log's failures ----------------------------------------------
+
+/// Regression (9): a body that timed out was answered 408 but counted as the 400 the handler
+/// saw when its body was cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_408_is_counted_as_a_408() {
+    let gateway = serve(
+        "seed-v1",
+        "server: {body_read_timeout_s: 0.5}",
+        &[worker("idle", "http://127.0.0.1:9", "m", &[], 4096)],
+    )
+    .await;
+    let Gateway { gw, base, c, .. } = gateway;
+    let mut tcp = tokio::net::TcpStream::connect(gw.local_addr())
+        .await
+        .unwrap();
+    tcp.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    let _ = tokio::time::timeout(SECS_10, tcp.read_to_string(&mut answer)).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    let m = metrics(&c, &base).await;
+    assert!(
+        m.contains(
+            "routelab_gateway_rejections_total{status=\"408\",code=\"request_timeout\"} 1\n"
+        ),
+        "{m}"
+    );
+    assert!(!m.contains("status=\"400\""), "{m}");
+}
 
 /// Regression (9): when every retry ended in a worker's 5xx, the client got a 502 of the
 /// gateway's own, losing the worker's status and `Retry-After`. The last worker's answer is
@@ -458,6 +627,49 @@ async fn headers_named_in_connection_are_not_forwarded() {
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert_eq!(r.headers["x-kept"], "1");
     assert!(!r.headers.contains_key("x-trace"), "{:?}", r.headers);
+}
+
+/// Regression (9): requests without `Host`, or with two, were answered; RFC 9112 §3.2 asks for
+/// a 400. An HTTP/1.0 request may leave it out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_without_one_host_are_refused() {
+    let w = FakeWorker::start(0.0).await;
+    let gateway = serve(
+        "seed-v1",
+        "health: {interval_s: 0}",
+        &[worker("w", &w.url, "m", &[], 4096)],
+    )
+    .await;
+    let Gateway { gw, base, c, .. } = gateway;
+    let body = chat_body("m", "hi", 4, false);
+    for (version, hosts, status) in [
+        ("1.1", "", "400"),
+        ("1.1", "host: a\r\nhost: b\r\n", "400"),
+        ("1.0", "", "200"),
+        ("1.1", "host: gw\r\n", "200"),
+    ] {
+        let mut tcp = tokio::net::TcpStream::connect(gw.local_addr())
+            .await
+            .unwrap();
+        let request = format!(
+            "POST /v1/chat/completions HTTP/{version}\r\n{hosts}content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        tcp.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        let _ = tokio::time::timeout(SECS_10, tcp.read_to_string(&mut answer)).await;
+        let got = answer.split_whitespace().nth(1);
+        assert_eq!(got, Some(status), "{version} {hosts:?}: {answer}");
+        if status == "400" {
+            assert!(answer.contains("\"code\":\"invalid_host\""), "{answer}");
+        }
+    }
+    assert_eq!(w.requests(), 2);
+    assert!(
+        metrics(&c, &base).await.contains(
+            "routelab_gateway_rejections_total{status=\"400\",code=\"invalid_host\"} 2\n"
+        )
+    );
 }
 
 /// Regression (9): with the request log's disk full, 3,000 requests printed 5,946 log lines
