@@ -109,8 +109,8 @@ pub struct ConnectionStats {
     last_rejection_log_s: AtomicU64,
 }
 
-/// The HTTP routes as this listener serves them: around `routes`, the scope's filter, the body
-/// deadline and the `Host` rule, and outermost the count of every rejection (`shared`'s
+/// The HTTP routes as this listener serves them: around `routes`, the scope's filter, the `Host`
+/// rule and the body deadline, and outermost the count of every rejection (`shared`'s
 /// metrics), so that the answers those layers give are counted as what they are (a 408 used to
 /// be counted as the 400 the handler saw when its body was cut).
 pub(crate) fn scoped(
@@ -130,7 +130,6 @@ pub(crate) fn scoped(
             limits.body_read_timeout,
             body_deadline,
         ))
-        .layer(axum::middleware::from_fn(host_rule))
         .layer(axum::middleware::map_response_with_state(
             shared,
             crate::metrics::count_rejections,
@@ -140,8 +139,8 @@ pub(crate) fn scoped(
 /// RFC 9112 §3.2: "A server MUST respond with a 400 (Bad Request) status code to any HTTP/1.1
 /// request message that lacks a Host header field and to any request message that contains
 /// more than one Host header field line or a Host header field with an invalid field value."
-/// An HTTP/1.0 request may leave it out.
-async fn host_rule(req: Request, next: Next) -> Response {
+/// An HTTP/1.0 request may leave it out. The refusal, if any.
+fn host_rule(req: &Request) -> Option<Response> {
     let mut hosts = req.headers().get_all(header::HOST).iter();
     let problem = match (hosts.next(), hosts.next()) {
         (None, _) if req.version() >= axum::http::Version::HTTP_11 => {
@@ -153,16 +152,15 @@ async fn host_rule(req: Request, next: Next) -> Response {
         }
         _ => None,
     };
-    match problem {
-        None => next.run(req).await,
-        Some(message) => ApiError::new(
+    problem.map(|message| {
+        ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_request_error",
             "invalid_host",
             message,
         )
-        .into_response(),
-    }
+        .into_response()
+    })
 }
 
 async fn scope_filter(State(scope): State<Scope>, req: Request, next: Next) -> Response {
@@ -185,7 +183,12 @@ async fn scope_filter(State(scope): State<Scope>, req: Request, next: Next) -> R
 #[error("the request body was not received within {0:?}")]
 pub struct BodyReadTimeout(Duration);
 
+/// The request's own checks, in one layer (each layer costs a boxed future per request): the
+/// `Host` rule, and the body deadline (a body not received by then is answered 408).
 async fn body_deadline(State(limit): State<Duration>, req: Request, next: Next) -> Response {
+    if let Some(refused) = host_rule(&req) {
+        return refused;
+    }
     let timed_out = Arc::new(AtomicBool::new(false));
     let deadline = Instant::now() + limit;
     let req = req.map(|inner| {
