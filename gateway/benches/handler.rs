@@ -11,9 +11,19 @@
 //! ```text
 //! cargo bench -p routelab-gateway --bench handler -- --warm-up-time 2 --measurement-time 10
 //! ```
+//!
+//! On a noisy machine count instructions instead: with `ROUTELAB_BENCH_REQUESTS=N` (and
+//! `ROUTELAB_BENCH_MODE=direct|handler`, `ROUTELAB_BENCH_STREAM=1` for the streamed kind) the
+//! binary sends N requests of one kind and exits, to run under `valgrind --tool=cachegrind`;
+//! two counts (N and 2N) difference out the set-up:
+//!
+//! ```text
+//! ROUTELAB_BENCH_REQUESTS=2000 ROUTELAB_BENCH_MODE=handler valgrind --tool=cachegrind \
+//!     --cache-sim=no target/release/deps/handler-<hash>
+//! ```
 
 use bytes::Bytes;
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, criterion_group};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -76,63 +86,91 @@ fn request(uri: &str, body: Bytes) -> hyper::Request<Full<Bytes>> {
         .unwrap()
 }
 
-fn bench(c: &mut Criterion) {
-    // One thread runs the worker, the client and the handler: no cross-thread wake-ups, so the
-    // spread is the code's, not the scheduler's (a multi-threaded runtime gave ±25 % here).
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let workers: Vec<String> = rt.block_on(async {
-        let mut w = Vec::new();
-        for _ in 0..4 {
-            w.push(fake_worker().await);
-        }
-        w
-    });
-    let mut yaml =
-        String::from("listen: 127.0.0.1:0\npolicy: seed-v3\nhealth: {interval_s: 0}\nworkers:\n");
-    for (i, w) in workers.iter().enumerate() {
-        yaml +=
-            &format!("  - {{name: w{i}, base_url: \"{w}\", model: m, context_window: 32768}}\n");
-    }
-    let config = routelab_gateway::GatewayConfig::from_yaml(&yaml, "bench.yaml").unwrap();
-    let handler = {
-        let _entered = rt.enter();
-        routelab_gateway::Handler::new(config).unwrap()
-    };
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    let client: Client<HttpConnector, Full<Bytes>> =
-        Client::builder(TokioExecutor::new()).build(connector);
-    let direct = format!("{}/v1/chat/completions", workers[0]);
+/// The runtime, the fake workers, the handler and a client sending straight to one worker.
+struct Setup {
+    rt: tokio::runtime::Runtime,
+    handler: routelab_gateway::Handler,
+    client: Client<HttpConnector, Full<Bytes>>,
+    direct: String,
+}
 
+impl Setup {
+    fn new() -> Setup {
+        // One thread runs the worker, the client and the handler: no cross-thread wake-ups, so
+        // the spread is the code's, not the scheduler's (a multi-threaded runtime gave ±25 %).
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let workers: Vec<String> = rt.block_on(async {
+            let mut w = Vec::new();
+            for _ in 0..4 {
+                w.push(fake_worker().await);
+            }
+            w
+        });
+        let mut yaml = String::from(
+            "listen: 127.0.0.1:0\npolicy: seed-v3\nhealth: {interval_s: 0}\nworkers:\n",
+        );
+        for (i, w) in workers.iter().enumerate() {
+            yaml += &format!(
+                "  - {{name: w{i}, base_url: \"{w}\", model: m, context_window: 32768}}\n"
+            );
+        }
+        let config = routelab_gateway::GatewayConfig::from_yaml(&yaml, "bench.yaml").unwrap();
+        let handler = {
+            let _entered = rt.enter();
+            routelab_gateway::Handler::new(config).unwrap()
+        };
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new()).build(connector);
+        let direct = format!("{}/v1/chat/completions", workers[0]);
+        Setup {
+            rt,
+            handler,
+            client,
+            direct,
+        }
+    }
+
+    /// One request straight to the worker.
+    fn direct(&self, payload: &Bytes) -> Bytes {
+        self.rt.block_on(async {
+            let r = self
+                .client
+                .request(request(&self.direct, payload.clone()))
+                .await
+                .unwrap();
+            assert!(r.status().is_success());
+            r.into_body().collect().await.unwrap().to_bytes()
+        })
+    }
+
+    /// One request through the handler.
+    fn handler(&self, payload: &Bytes) -> Bytes {
+        self.rt.block_on(async {
+            let r = self
+                .handler
+                .call(request("/v1/chat/completions", payload.clone()))
+                .await;
+            assert!(r.status().is_success(), "{}", r.status());
+            r.into_body().collect().await.unwrap().to_bytes()
+        })
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let setup = Setup::new();
     let mut group = c.benchmark_group("one request");
     for stream in [false, true] {
         let kind = if stream { "streamed" } else { "buffered" };
         let payload = body(stream);
         group.bench_function(format!("direct to the worker, {kind}"), |b| {
-            b.iter(|| {
-                rt.block_on(async {
-                    let r = client
-                        .request(request(&direct, payload.clone()))
-                        .await
-                        .unwrap();
-                    assert!(r.status().is_success());
-                    r.into_body().collect().await.unwrap().to_bytes()
-                })
-            })
+            b.iter(|| setup.direct(&payload))
         });
         group.bench_function(format!("through the handler, {kind}"), |b| {
-            b.iter(|| {
-                rt.block_on(async {
-                    let r = handler
-                        .call(request("/v1/chat/completions", payload.clone()))
-                        .await;
-                    assert!(r.status().is_success(), "{}", r.status());
-                    r.into_body().collect().await.unwrap().to_bytes()
-                })
-            })
+            b.iter(|| setup.handler(&payload))
         });
     }
     group.finish();
@@ -143,4 +181,25 @@ criterion_group! {
     config = Criterion::default().measurement_time(Duration::from_secs(10));
     targets = bench
 }
-criterion_main!(benches);
+
+fn main() {
+    let Some(n) = std::env::var("ROUTELAB_BENCH_REQUESTS")
+        .ok()
+        .and_then(|n| n.parse::<u32>().ok())
+    else {
+        benches();
+        Criterion::default().configure_from_args().final_summary();
+        return;
+    };
+    // The instruction-count mode: N requests of one kind, nothing printed.
+    let setup = Setup::new();
+    let payload = body(std::env::var("ROUTELAB_BENCH_STREAM").is_ok_and(|v| v == "1"));
+    let through_handler = std::env::var("ROUTELAB_BENCH_MODE").is_ok_and(|m| m == "handler");
+    for _ in 0..n {
+        if through_handler {
+            setup.handler(&payload);
+        } else {
+            setup.direct(&payload);
+        }
+    }
+}
