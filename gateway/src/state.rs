@@ -339,22 +339,23 @@ impl Core {
         }
     }
 
-    /// The workers of `id`'s model the health logic judges (not removed, not drained), and how
-    /// many of them are ejected.
+    /// The workers of `model` the health logic judges: not removed, not drained.
+    fn pool(&self, model: ModelId) -> impl Iterator<Item = (WorkerId, &WorkerRt)> {
+        self.workers.live().filter(move |(i, w)| {
+            !w.drained
+                && self
+                    .router
+                    .fleet()
+                    .get(*i)
+                    .is_some_and(|f| f.model == model)
+        })
+    }
+
+    /// How many workers `model`'s pool has ([`Core::pool`]), and how many of them are ejected.
     fn pool_of(&self, model: ModelId) -> (usize, usize) {
-        self.workers
-            .live()
-            .filter(|(i, w)| {
-                !w.drained
-                    && self
-                        .router
-                        .fleet()
-                        .get(*i)
-                        .is_some_and(|f| f.model == model)
-            })
-            .fold((0, 0), |(n, out), (_, w)| {
-                (n + 1, out + usize::from(w.ejected))
-            })
+        self.pool(model).fold((0, 0), |(n, out), (_, w)| {
+            (n + 1, out + usize::from(w.ejected))
+        })
     }
 
     /// Whether failing requests may eject one more of `model`'s workers: at most
@@ -404,16 +405,7 @@ impl Core {
             );
         }
         let ids: Vec<(WorkerId, bool)> = self
-            .workers
-            .live()
-            .filter(|(i, w)| {
-                !w.drained
-                    && self
-                        .router
-                        .fleet()
-                        .get(*i)
-                        .is_some_and(|f| f.model == model)
-            })
+            .pool(model)
             .map(|(i, w)| (i, !w.ejected || panic))
             .collect();
         let mut reopened = false;

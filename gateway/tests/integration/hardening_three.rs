@@ -452,26 +452,30 @@ async fn sighup_is_logged_and_ignored_mid_stream() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Regression (7): a stream trickling in held the graceful shutdown as long as it lasted (88 s
-/// in the probe). After `server.drain_timeout_s` the connections still open are closed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_drain_ends_at_its_deadline() {
+/// The binary with `server.drain_timeout_s: drain` in front of a worker that holds customer
+/// requests, and a stream held there: the worker, the binary, the stream, the directory.
+async fn binary_holding_a_stream(
+    tag: &str,
+    drain: u32,
+) -> (FakeWorker, Binary, tokio::task::JoinHandle<Answer>, PathBuf) {
     let w = FakeWorker::start(0.0).await;
     w.state.hold.store(true, SeqCst);
-    let dir = temp_dir("drain");
-    let mut b = Binary::start(
-        &binary_config(
-            &w.url,
-            "health: {interval_s: 0}\nserver: {drain_timeout_s: 1}",
-        ),
-        &dir,
-    )
-    .await;
+    let dir = temp_dir(tag);
+    let extra = format!("health: {{interval_s: 0}}\nserver: {{drain_timeout_s: {drain}}}");
+    let b = Binary::start(&binary_config(&w.url, &extra), &dir).await;
     let held = spawn_stream(&format!("{}/v1/chat/completions", b.base), 4);
     wait_for("the held stream at the worker", SECS_10, async || {
         w.requests() == 1
     })
     .await;
+    (w, b, held, dir)
+}
+
+/// Regression (7): a stream trickling in held the graceful shutdown as long as it lasted (88 s
+/// in the probe). After `server.drain_timeout_s` the connections still open are closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drain_ends_at_its_deadline() {
+    let (_w, mut b, held, dir) = binary_holding_a_stream("drain", 1).await;
     let asked = Instant::now();
     b.signal("TERM");
     let status = b.exited_within(Duration::from_secs(6)).await;
@@ -485,22 +489,7 @@ async fn the_drain_ends_at_its_deadline() {
 /// Regression (7): a second SIGTERM during the drain was ignored. It ends the gateway at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_signal_exits_at_once() {
-    let w = FakeWorker::start(0.0).await;
-    w.state.hold.store(true, SeqCst);
-    let dir = temp_dir("second-signal");
-    let mut b = Binary::start(
-        &binary_config(
-            &w.url,
-            "health: {interval_s: 0}\nserver: {drain_timeout_s: 60}",
-        ),
-        &dir,
-    )
-    .await;
-    let held = spawn_stream(&format!("{}/v1/chat/completions", b.base), 4);
-    wait_for("the held stream at the worker", SECS_10, async || {
-        w.requests() == 1
-    })
-    .await;
+    let (_w, mut b, held, dir) = binary_holding_a_stream("second-signal", 60).await;
     b.signal("TERM");
     wait_for("the drain to start", SECS_10, async || {
         b.log().contains("event=shutting_down")
