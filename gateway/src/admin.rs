@@ -137,8 +137,9 @@ pub(crate) fn worker_json(
     probe_state: Option<&PersistedProbeState>,
     now: Time,
 ) -> Value {
-    let w = &core.workers[id.index()];
-    let info = core.router.fleet().get(id).expect("registered");
+    let (Some(w), Some(info)) = (core.workers.get(id), core.router.fleet().get(id)) else {
+        return json!({ "removed": true });
+    };
     // Seconds since the measurement the worker's cached probe result comes from (it may predate
     // a restart); null if it was never measured.
     let last_probe_age_s = probe_state
@@ -174,23 +175,15 @@ pub(crate) async fn list(State(s): State<Arc<Shared>>) -> Response {
         let core = s.core();
         let probe_state = core.router.strategy().export_state();
         let now = s.clock.now();
-        let live: Vec<usize> = (0..core.workers.len())
-            .filter(|&i| !core.workers[i].removed)
+        let workers: Vec<Value> = core
+            .workers
+            .live()
+            .map(|(id, _)| worker_json(&core, id, probe_state.as_ref(), now))
             .collect();
-        let workers: Vec<Value> = live
-            .iter()
-            .map(|&i| worker_json(&core, WorkerId(i as u32), probe_state.as_ref(), now))
-            .collect();
-        let keys: Vec<(WorkerId, String, bool)> = live
-            .iter()
-            .map(|&i| {
-                let w = &core.workers[i];
-                (
-                    WorkerId(i as u32),
-                    w.cfg.model.clone(),
-                    w.cfg.kv_events.is_some(),
-                )
-            })
+        let keys: Vec<(WorkerId, String, bool)> = core
+            .workers
+            .live()
+            .map(|(id, w)| (id, w.cfg.model.clone(), w.cfg.kv_events.is_some()))
             .collect();
         (core.router.config().name.clone(), workers, keys)
     };
@@ -208,13 +201,17 @@ pub(crate) async fn list(State(s): State<Arc<Shared>>) -> Response {
 
 /// `POST /admin/workers`
 pub(crate) async fn add(State(s): State<Arc<Shared>>, body: Bytes) -> Result<Response, ApiError> {
-    let cfg: WorkerConfig = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request(format!("invalid worker: {e}"), None))?;
+    // Its fields are checked as they are read, as in the file: the error names the field.
+    let cfg: WorkerConfig =
+        serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&body))
+            .map_err(|e| {
+                ApiError::bad_request(format!("invalid worker: {}: {}", e.path(), e.inner()), None)
+            })?;
     let name = cfg.name.clone();
     let row = {
         let mut core = s.core();
         let now = s.clock.now();
-        let id = core.add_worker(now, cfg).map_err(|e| {
+        let id = core.add_worker(now, cfg, &s).map_err(|e| {
             let status = match e {
                 WorkerError::Duplicate(_) => StatusCode::CONFLICT,
                 _ => StatusCode::BAD_REQUEST,
@@ -248,12 +245,15 @@ pub(crate) async fn remove(
     State(s): State<Arc<Shared>>,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    {
+    let id = {
         let mut core = s.core();
         let id = find(&core, &name)?;
         let now = s.clock.now();
-        core.remove_worker(now, id);
-    }
+        core.remove_worker(now, id, &s);
+        id
+    };
+    // Outside the router's lock, as every signal lock is taken.
+    s.signals.forget_worker(id);
     crate::log("admin_remove", &[("worker", &name)]);
     Ok(axum::Json(json!({ "removed": name })).into_response())
 }
@@ -270,7 +270,11 @@ pub(crate) async fn drain(
         core.router
             .drain(now, id)
             .map_err(|e| ApiError::bad_request(e.to_string(), None))?;
-        core.workers[id.index()].drained = true;
+        if let Some(w) = core.workers.get_mut(id) {
+            w.drained = true;
+        }
+        // A drained worker leaves the model's pool: the panic mode may change.
+        core.apply_health(now, id, &s);
         one_row(&s, &core, id)
     };
     crate::log("admin_drain", &[("worker", &name)]);
@@ -286,7 +290,7 @@ pub(crate) async fn undrain(
         let mut core = s.core();
         let id = find(&core, &name)?;
         let now = s.clock.now();
-        if !core.undrain(now, id) {
+        if !core.undrain(now, id, &s) {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
                 "invalid_request_error",
@@ -441,8 +445,7 @@ pub(crate) async fn capacity(
         .model;
     let (model, workers) = {
         let core = s.core();
-        let live: Vec<&crate::state::WorkerRt> =
-            core.workers.iter().filter(|w| !w.removed).collect();
+        let live: Vec<&crate::state::WorkerRt> = core.workers.live().map(|(_, w)| w).collect();
         let mut models: Vec<&str> = live.iter().map(|w| w.cfg.model.as_str()).collect();
         models.sort_unstable();
         models.dedup();

@@ -121,6 +121,9 @@ pub struct ServerConfig {
     /// 4,096, or less where the process's open-file limit would run out first
     /// (`server::default_max_connections`).
     pub max_connections: Option<u32>,
+    /// After a shutdown signal, how long requests in flight may still run; then their
+    /// connections are closed (a stream trickling for minutes must not hold the shutdown).
+    pub drain_timeout_s: f64,
 }
 
 impl Default for ServerConfig {
@@ -133,6 +136,8 @@ impl Default for ServerConfig {
             body_read_timeout_s: 30.0,
             // Derived from the open-file limit at start (see `server::default_max_connections`).
             max_connections: None,
+            // Kubernetes' default grace period before SIGKILL is 30 s: finish within it.
+            drain_timeout_s: 25.0,
         }
     }
 }
@@ -181,6 +186,10 @@ pub struct UpstreamConfig {
     /// Longest gap between two body chunks from a worker once its body has started; none:
     /// `response_timeout_s`. A stream that stalls longer ends with an SSE error event.
     pub stream_idle_timeout_s: Option<f64>,
+    /// Largest worker body the gateway holds in memory: a non-streamed answer (502
+    /// `response_too_large` past it), a probe reply or a health check's (a failure past it).
+    /// Streams are passed through and not bounded.
+    pub max_response_bytes: usize,
 }
 
 impl Default for UpstreamConfig {
@@ -190,6 +199,9 @@ impl Default for UpstreamConfig {
             response_timeout_s: 300.0,
             max_idle_per_worker: 256,
             stream_idle_timeout_s: None,
+            // A non-streamed completion is kilobytes; 32 MiB still holds a long one with
+            // per-token log-probabilities.
+            max_response_bytes: 32 * 1024 * 1024,
         }
     }
 }
@@ -209,6 +221,14 @@ pub struct HealthConfig {
     pub unhealthy_after: u32,
     /// Consecutive successful checks before an ejected worker is re-admitted.
     pub healthy_after: u32,
+    /// Most of a model's workers that failing requests may eject, in percent (Envoy's
+    /// `max_ejection_percent`); one is always allowed. Health checks are not capped: a worker
+    /// that fails its own checks is out, and too many out starts the panic mode.
+    pub max_ejection_percent: f64,
+    /// When fewer than this percentage of a model's workers (not drained) are healthy, the
+    /// model is in panic mode: requests go to all of them, ejected or not (Envoy's
+    /// `healthy_panic_threshold`); 0 turns the panic mode off.
+    pub panic_threshold_percent: f64,
 }
 
 impl Default for HealthConfig {
@@ -219,6 +239,9 @@ impl Default for HealthConfig {
             timeout_s: 2.0,
             unhealthy_after: 3,
             healthy_after: 1,
+            // Envoy's defaults.
+            max_ejection_percent: 10.0,
+            panic_threshold_percent: 50.0,
         }
     }
 }
@@ -289,14 +312,17 @@ impl RequestLogConfig {
 #[serde(deny_unknown_fields)]
 pub struct WorkerConfig {
     /// Unique name.
+    #[serde(deserialize_with = "checked_text")]
     pub name: String,
     /// Server root, e.g. `http://10.0.0.5:8000`; request paths (`/v1/chat/completions`) are
     /// appended to it.
+    #[serde(deserialize_with = "checked_base_url")]
     pub base_url: String,
     /// The machine; probe cache and pins are keyed on (node, model). Default: the name.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "checked_optional_text")]
     pub node: Option<String>,
     /// The model it serves.
+    #[serde(deserialize_with = "checked_text")]
     pub model: String,
     /// One entry per GPU.
     #[serde(default)]
@@ -354,12 +380,77 @@ impl<'de> Deserialize<'de> for CacheTokens {
     }
 }
 
+/// Longest worker name, node or model, in bytes.
+pub const MAX_NAME_BYTES: usize = 256;
+
+/// Why a name, node or model cannot be shown as it is (in log lines, metric labels, the admin
+/// page): a control character (a line break forges a log line) or a bidirectional formatting
+/// character (it reorders what a reader sees: `U+202E` turns `a-evil` around), or too long.
+/// The reason says what would be valid.
+fn text_problem(text: &str) -> Option<String> {
+    const VALID: &str =
+        "valid: printable text without control or bidirectional-formatting characters";
+    let bidi = |c: char| matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}');
+    if let Some(c) = text.chars().find(|&c| c.is_control() || bidi(c)) {
+        let kind = if c.is_control() {
+            "a control character"
+        } else {
+            "a bidirectional-formatting character"
+        };
+        return Some(format!("contains {kind} (U+{:04X}); {VALID}", u32::from(c)));
+    }
+    (text.len() > MAX_NAME_BYTES)
+        .then(|| format!("is {} bytes long; at most {MAX_NAME_BYTES}", text.len()))
+}
+
+// The worker fields are checked as they are read, so that the file and the admin API refuse a
+// bad one alike, the file at its line ([`WorkerConfig::validate`] applies the same rules to a
+// configuration built in code).
+fn checked_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let text = String::deserialize(d)?;
+    match text_problem(&text) {
+        Some(reason) => Err(serde::de::Error::custom(reason)),
+        None => Ok(text),
+    }
+}
+
+fn checked_optional_text<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<String>, D::Error> {
+    match Option::<String>::deserialize(d)? {
+        Some(text) => match text_problem(&text) {
+            Some(reason) => Err(serde::de::Error::custom(reason)),
+            None => Ok(Some(text)),
+        },
+        None => Ok(None),
+    }
+}
+
+fn checked_base_url<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let url = String::deserialize(d)?;
+    crate::upstream::BaseUrl::parse(&url).map_err(serde::de::Error::custom)?;
+    Ok(url)
+}
+
 impl WorkerConfig {
     /// Check the fields a router cannot.
     pub fn validate(&self) -> Result<(), WorkerError> {
         let name = || self.name.clone();
         if self.name.trim().is_empty() {
             return Err(WorkerError::EmptyName);
+        }
+        for (field, text) in [
+            ("name", Some(&self.name)),
+            ("node", self.node.as_ref()),
+            ("model", Some(&self.model)),
+        ] {
+            if let Some(reason) = text.and_then(|t| text_problem(t)) {
+                return Err(WorkerError::Text {
+                    name: name(),
+                    field,
+                    reason,
+                });
+            }
         }
         if self.model.trim().is_empty() {
             return Err(WorkerError::EmptyModel { name: name() });
@@ -425,7 +516,8 @@ fn default_log_keep() -> u32 {
     5
 }
 
-/// Largest `max_body_bytes`: a body is held in memory while it is routed.
+/// Largest `max_body_bytes` and `upstream.max_response_bytes`: a body is held in memory while
+/// it is routed or relayed.
 pub const MAX_BODY_BYTES: u64 = 1 << 30;
 /// Largest `retries` (more than any fleet has workers to try).
 pub const MAX_RETRIES: u64 = 100;
@@ -457,6 +549,8 @@ enum NumberRule {
     OffOrPeriod,
     /// The clock scale, within [`CLOCK_SCALE_RANGE`].
     Scale,
+    /// A percentage, 0 to 100.
+    Percent,
 }
 
 impl NumberRule {
@@ -469,6 +563,8 @@ impl NumberRule {
             NumberRule::OffOrPeriod => rule::period(x)
                 .map(drop)
                 .map_err(|v| rule::Violation::new(x, format!("0 (off) or {}", v.expected))),
+            NumberRule::Percent if x.is_finite() && (0.0..=100.0).contains(&x) => Ok(()),
+            NumberRule::Percent => Err(rule::Violation::new(x, "a percentage from 0 to 100")),
             NumberRule::Scale => {
                 let (min, max) = CLOCK_SCALE_RANGE;
                 if x.is_finite() && (min..=max).contains(&x) {
@@ -497,7 +593,7 @@ fn number_rule(field: &str) -> Option<NumberRule> {
     use NumberRule::*;
     Some(match field {
         "seed" => Whole(0, u64::MAX),
-        "max_body_bytes" => Whole(1, MAX_BODY_BYTES),
+        "max_body_bytes" | "upstream.max_response_bytes" => Whole(1, MAX_BODY_BYTES),
         "retries" => Whole(0, MAX_RETRIES),
         "upstream.max_idle_per_worker" => Whole(0, MAX_IDLE_PER_WORKER),
         "server.max_connections" => Whole(1, MAX_CONNECTIONS),
@@ -513,7 +609,9 @@ fn number_rule(field: &str) -> Option<NumberRule> {
         | "probe.poll_interval_s"
         | "probe.request_timeout_s"
         | "server.header_read_timeout_s"
-        | "server.body_read_timeout_s" => Period,
+        | "server.body_read_timeout_s"
+        | "server.drain_timeout_s" => Period,
+        "health.max_ejection_percent" | "health.panic_threshold_percent" => Percent,
         "clock_scale" => Scale,
         f if f.starts_with("workers[") && f.ends_with("].context_window") => {
             Whole(1, u32::MAX.into())
@@ -651,7 +749,7 @@ impl GatewayConfig {
 
     /// Every numeric field and its value (none: not set, nothing to check); [`number_rule`]
     /// says what each accepts.
-    fn numbers(&self) -> [(&'static str, Option<f64>); 20] {
+    fn numbers(&self) -> [(&'static str, Option<f64>); 24] {
         let (u, h, p, srv) = (&self.upstream, &self.health, &self.probe, &self.server);
         let log = self.request_log.as_ref();
         [
@@ -684,6 +782,16 @@ impl GatewayConfig {
             ("server.max_connections", srv.max_connections.map(f64::from)),
             ("health.unhealthy_after", Some(f64::from(h.unhealthy_after))),
             ("health.healthy_after", Some(f64::from(h.healthy_after))),
+            ("health.max_ejection_percent", Some(h.max_ejection_percent)),
+            (
+                "health.panic_threshold_percent",
+                Some(h.panic_threshold_percent),
+            ),
+            (
+                "upstream.max_response_bytes",
+                Some(u.max_response_bytes as f64),
+            ),
+            ("server.drain_timeout_s", Some(srv.drain_timeout_s)),
         ]
     }
 
@@ -723,8 +831,8 @@ impl GatewayConfig {
                     .valid("a file path, e.g. /var/log/routelab/requests.jsonl"),
             );
         }
-        if !self.health.path.starts_with('/') {
-            return Err(InputError::new(file, "health.path", "must start with `/`")
+        if let Err(reason) = crate::upstream::check_path(&self.health.path) {
+            return Err(InputError::new(file, "health.path", reason)
                 .valid("a path such as /health or /v1/models"));
         }
         let mut names = std::collections::HashSet::new();
@@ -1081,6 +1189,62 @@ mod tests {
             e.to_string(),
             "g.yaml: request_log.keep: 5000 is not valid; expected a whole number from 0 to 1000"
         );
+    }
+
+    /// Regression (issue 30, hardening 10): these workers were accepted, from the file and the
+    /// admin API alike; now each is an error at its line, naming the field and what is valid.
+    #[test]
+    fn workers_with_unusable_urls_or_names_are_located_at_their_line() {
+        for (entry, field, says) in [
+            ("name: w, base_url: \"http://h:0\"", "base_url", "port"),
+            ("name: w, base_url: \"http://h:99999\"", "base_url", "port"),
+            (
+                "name: w, base_url: \"http://u:p@h\"",
+                "base_url",
+                "user information",
+            ),
+            ("name: w, base_url: \"http://h/#f\"", "base_url", "fragment"),
+            (
+                "name: \"a\\nb\", base_url: \"http://h\"",
+                "name",
+                "control character",
+            ),
+            (
+                "name: \"a\\u202Eb\", base_url: \"http://h\"",
+                "name",
+                "bidirectional",
+            ),
+            (
+                "name: w, node: \"n\\u0007\", base_url: \"http://h\"",
+                "node",
+                "control",
+            ),
+            (
+                "name: w, base_url: \"http://h\", model: \"m\\u2066\"",
+                "model",
+                "bidirectional",
+            ),
+        ] {
+            let model = if entry.contains("model:") {
+                ""
+            } else {
+                ", model: m"
+            };
+            let yaml = format!(
+                "listen: 127.0.0.1:0\nworkers:\n  - {{{entry}{model}, context_window: 9}}\n"
+            );
+            let e = GatewayConfig::from_yaml(&yaml, "g.yaml").unwrap_err();
+            assert_eq!(e.field, format!("workers[0].{field}"), "{entry}: {e}");
+            assert_eq!(e.line, Some(3), "{entry}: {e}");
+            assert!(e.to_string().contains(says), "{entry}: {e}");
+        }
+        let long = format!("n{}", "x".repeat(MAX_NAME_BYTES));
+        let e = GatewayConfig::from_yaml(
+            &format!("{WORKER}}}\n").replace("name: a", &format!("name: {long}")),
+            "g.yaml",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("at most 256"), "{e}");
     }
 
     #[test]

@@ -72,6 +72,17 @@ pub enum WorkerError {
         /// Why (names the field and what is valid).
         error: String,
     },
+    /// A name, node or model that logs, metrics labels and the admin page would show wrongly:
+    /// control or bidirectional-formatting characters, or too long.
+    #[error("worker {name:?}: {field} {reason}")]
+    Text {
+        /// The worker, as given (printed escaped).
+        name: String,
+        /// The field at fault (`name`, `node`, `model`).
+        field: &'static str,
+        /// What is wrong, with what would be valid.
+        reason: String,
+    },
 }
 
 impl WorkerError {
@@ -83,6 +94,7 @@ impl WorkerError {
             WorkerError::ZeroContextWindow { .. } => "context_window",
             WorkerError::BaseUrl { .. } => "base_url",
             WorkerError::KvEvents { .. } => "kv_events",
+            WorkerError::Text { field, .. } => field,
         }
     }
 
@@ -95,6 +107,7 @@ impl WorkerError {
             WorkerError::BaseUrl { error, .. } => error.to_string(),
             WorkerError::Duplicate(name) => format!("duplicate name `{name}`"),
             WorkerError::KvEvents { error, .. } => error.clone(),
+            WorkerError::Text { reason, .. } => reason.clone(),
         }
     }
 

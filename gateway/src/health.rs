@@ -7,14 +7,16 @@
 //! or the connect timed out) ejects the worker at once: nothing listens there, so waiting for
 //! `unhealthy_after` more failures would only keep routing to a dead worker.
 
-use crate::state::Shared;
+use crate::state::{Failure, Shared};
+use crate::supervise::{BackgroundTask, report_panic};
+use crate::upstream::BaseUrlError;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, Limited};
 use routelab_policies::WorkerId;
 use std::sync::Arc;
 use tokio::task::JoinSet;
 
-/// The health loop; runs until aborted.
+/// The health loop; runs until aborted (supervised: [`crate::supervise`]).
 pub(crate) async fn run(s: Arc<Shared>) {
     // The first round runs one interval after start, not at once: a worker is presumed up when
     // registered, and a request that finds it unreachable ejects it at once anyway (and is
@@ -26,34 +28,45 @@ pub(crate) async fn run(s: Arc<Shared>) {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        let targets: Vec<(WorkerId, hyper::Uri)> = {
+        let targets: Vec<(WorkerId, Result<hyper::Uri, BaseUrlError>)> = {
             let core = s.core();
             core.workers
-                .iter()
-                .enumerate()
-                .filter(|(_, w)| !w.removed && !w.drained)
-                .map(|(i, w)| (WorkerId(i as u32), w.base.join(&s.settings.health.path)))
+                .live()
+                .filter(|(_, w)| !w.drained)
+                .map(|(id, w)| (id, w.base.join(&s.settings.health.path)))
                 .collect()
         };
         let mut set = JoinSet::new();
         for (id, uri) in targets {
             let s = s.clone();
             set.spawn(async move {
-                let outcome = check(&s, uri).await;
+                let outcome = match uri {
+                    Ok(uri) => check(&s, uri).await,
+                    Err(e) => {
+                        // Not expected (the path and the URL are checked when they are read);
+                        // a check that cannot be sent fails rather than ending the loop.
+                        crate::log("health_check_failed", &[("error", &e.to_string())]);
+                        Check::Unhealthy
+                    }
+                };
                 let mut core = s.core();
                 let now = s.clock.now();
                 match outcome {
                     Check::Healthy => core.note_success(now, id, true, &s),
                     Check::Unhealthy => {
-                        core.note_failure(now, id, false, &s);
+                        core.note_failure(now, id, Failure::Check { hard: false }, &s);
                     }
                     Check::Unreachable => {
-                        core.note_failure(now, id, true, &s);
+                        core.note_failure(now, id, Failure::Check { hard: true }, &s);
                     }
                 }
             });
         }
-        while set.join_next().await.is_some() {}
+        while let Some(done) = set.join_next().await {
+            if let Err(e) = done {
+                report_panic(&s, BackgroundTask::Health, e);
+            }
+        }
     }
 }
 
@@ -86,7 +99,11 @@ async fn check(s: &Shared, uri: hyper::Uri) -> Check {
             Err(_) => return Check::Unhealthy,
         };
         let ok = resp.status().is_success();
-        match resp.into_body().collect().await {
+        // Bounded: a health answer is a few bytes; an endless one must not fill the memory.
+        match Limited::new(resp.into_body(), s.settings.max_response_bytes)
+            .collect()
+            .await
+        {
             Ok(_) if ok => Check::Healthy,
             _ => Check::Unhealthy,
         }

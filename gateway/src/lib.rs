@@ -17,8 +17,9 @@
 //! The HTTP server is our own accept loop ([`server`]): header and body read timeouts and a
 //! connection cap per listener, graceful shutdown.
 //!
-//! Background tasks run the burst probe ([`probe`]) and the health checks ([`health`]); the
-//! probe cache and pins are persisted atomically in a state file ([`persist`]).
+//! Background tasks run the burst probe ([`probe`]) and the health checks ([`health`]), each
+//! restarted, logged and counted if it panics ([`supervise`]); the probe cache and pins are
+//! persisted atomically in a state file ([`persist`]).
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), routelab_gateway::GatewayError> {
@@ -48,6 +49,7 @@ pub mod reqlog;
 pub mod server;
 pub mod signals;
 mod state;
+pub mod supervise;
 pub mod tokens;
 pub mod upstream;
 
@@ -60,7 +62,7 @@ use axum::Router as HttpRouter;
 use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
-use routelab_policies::{Router, WorkerId};
+use routelab_policies::Router;
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 use tokio::net::TcpListener;
@@ -241,13 +243,62 @@ impl Drop for RunningGateway {
     }
 }
 
+/// The state file as start reads it: the directory it is written in must exist, and the
+/// file, if there is one yet, must be a state file (entries that are not valid are ignored and
+/// logged). `--check` reads it the same way ([`check`]).
+fn load_state(
+    config: &GatewayConfig,
+    router: &Router,
+    clock: &clock::Clock,
+) -> Result<Option<routelab_policies::weights::PersistedProbeState>, GatewayError> {
+    let Some(path) = &config.state_file else {
+        return Ok(None);
+    };
+    persist::check_directory(path).map_err(|reason| {
+        routelab_policies::InputError::new(config.origin(), "state_file", reason).valid(
+            "a file in an existing directory (the file itself is created at the first write)",
+        )
+    })?;
+    Ok(persist::load(
+        path,
+        clock,
+        persist::pin_range(router.config()),
+    )?)
+}
+
+/// What start would refuse beyond the configuration itself, without starting: the state file
+/// read as start reads it (a corrupt one fails here as it fails the start), and the request
+/// log's directory. For `routelab-gateway --check`.
+pub fn check(config: &GatewayConfig) -> Result<(), GatewayError> {
+    config.validate()?;
+    Settings::from_config(config)?;
+    let router = Router::new(config.policy.build_in(config.origin(), "policy")?);
+    load_state(config, &router, &clock::Clock::scaled(config.clock_scale))?;
+    if let Some(log) = &config.request_log {
+        let dir = match log.path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => std::path::Path::new("."),
+        };
+        if !dir.is_dir() {
+            return Err(routelab_policies::InputError::new(
+                config.origin(),
+                "request_log.path",
+                format!("the directory `{}` does not exist", dir.display()),
+            )
+            .valid("a writable file in an existing directory")
+            .into());
+        }
+    }
+    Ok(())
+}
+
 /// Build the router, restore the state file, register the configured workers.
 fn build(config: &GatewayConfig, settings: Settings) -> Result<Arc<Shared>, GatewayError> {
     let policy = config.policy.build_in(config.origin(), "policy")?;
     let clock = clock::Clock::scaled(config.clock_scale);
     let mut router = Router::new(policy);
-    if let Some(path) = &config.state_file
-        && let Some(state) = persist::load(path, &clock, persist::pin_range(router.config()))?
+    if let Some(state) = load_state(config, &router, &clock)?
+        && let Some(path) = &config.state_file
     {
         log(
             "state_loaded",
@@ -303,7 +354,7 @@ fn build(config: &GatewayConfig, settings: Settings) -> Result<Arc<Shared>, Gate
         let mut core = shared.core();
         let now = shared.clock.now();
         for w in &config.workers {
-            core.add_worker(now, w.clone())?;
+            core.add_worker(now, w.clone(), &shared)?;
         }
     }
     Ok(shared)
@@ -338,12 +389,43 @@ fn app(shared: Arc<Shared>) -> HttpRouter {
         // After every route: the 405 fallback is set on the routes registered so far.
         .fallback(proxy::unknown_path)
         .method_not_allowed_fallback(proxy::method_not_allowed)
-        // Outermost, after every route and fallback: counts each answer an `ApiError` made.
-        .layer(axum::middleware::map_response_with_state(
-            shared.clone(),
-            metrics::count_rejections,
-        ))
+        // Each listener adds its layers around these, the rejection counter outermost
+        // (`server::scoped`).
         .with_state(shared)
+}
+
+/// The gateway's HTTP service without a listener or background tasks (no probe runner, no health
+/// checks): one request in, one response out, through every per-request layer the listener
+/// applies. For benches and embedding; [`start`] serves the same routes on a socket.
+pub struct Handler {
+    routes: axum::Router,
+}
+
+impl Handler {
+    /// Build the router, restore the state file and register the configured workers, as
+    /// [`start`] does.
+    pub fn new(config: GatewayConfig) -> Result<Handler, GatewayError> {
+        config.validate()?;
+        let settings = Settings::from_config(&config)?;
+        let limits = settings.server;
+        let shared = build(&config, settings)?;
+        Ok(Handler {
+            routes: server::scoped(app(shared.clone()), server::Scope::All, limits, shared),
+        })
+    }
+
+    /// Answer one request.
+    pub async fn call<B>(&self, req: hyper::Request<B>) -> axum::response::Response
+    where
+        B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let service = hyper_util::service::TowerToHyperService::new(self.routes.clone());
+        match hyper::service::Service::call(&service, req).await {
+            Ok(response) => response,
+            Err(never) => match never {},
+        }
+    }
 }
 
 async fn metrics_handler(State(s): State<Arc<Shared>>) -> axum::response::Response {
@@ -351,12 +433,9 @@ async fn metrics_handler(State(s): State<Arc<Shared>>) -> axum::response::Respon
         let core = s.core();
         let rows: Vec<metrics::WorkerRow<'_>> = core
             .workers
-            .iter()
-            .enumerate()
-            .filter(|(_, w)| !w.removed)
-            .map(|(i, w)| {
-                let id = WorkerId(i as u32);
-                let info = core.router.fleet().get(id).expect("registered");
+            .live()
+            .filter_map(|(id, w)| Some((id, w, core.router.fleet().get(id)?)))
+            .map(|(id, w, info)| {
                 let weight = core.router.weight(id).unwrap_or_default();
                 metrics::WorkerRow {
                     name: &w.cfg.name,
@@ -371,7 +450,18 @@ async fn metrics_handler(State(s): State<Arc<Shared>>) -> axum::response::Respon
                 }
             })
             .collect();
-        metrics::render(&rows, core.router.queued(), &s.global)
+        let mut text = metrics::render(&rows, core.router.queued(), &s.global);
+        let models: Vec<(&str, bool)> = core
+            .router
+            .models()
+            .into_iter()
+            .map(|m| {
+                let panic = core.router.model_id(m).is_some_and(|id| core.panicking(id));
+                (m, panic)
+            })
+            .collect();
+        text.push_str(&metrics::render_fleet(&models, core.workers.slots()));
+        text
     };
     text.push_str(&metrics::render_connections(&s.connections));
     text.push_str(&signals::render_metrics(&s));
@@ -442,7 +532,7 @@ pub async fn start_on(
     };
     let public = server::serve(
         listener,
-        server::scoped(routes.clone(), public_scope, limits),
+        server::scoped(routes.clone(), public_scope, limits, shared.clone()),
         limits,
         connections.clone(),
         rx.clone(),
@@ -450,7 +540,7 @@ pub async fn start_on(
     let admin = admin_listener.map(|l| {
         server::serve(
             l,
-            server::scoped(routes, server::Scope::Admin, limits),
+            server::scoped(routes, server::Scope::Admin, limits, shared.clone()),
             limits,
             connections.clone(),
             rx,
@@ -464,9 +554,20 @@ pub async fn start_on(
             None => public.await,
         }
     });
-    let mut tasks = vec![tokio::spawn(probe::run(shared.clone()))];
+    use supervise::{BackgroundTask, RESTART_PAUSE, supervise};
+    let mut tasks = vec![supervise(
+        shared.clone(),
+        BackgroundTask::Probe,
+        RESTART_PAUSE,
+        probe::run,
+    )];
     if shared.ejection_enabled() {
-        tasks.push(tokio::spawn(health::run(shared.clone())));
+        tasks.push(supervise(
+            shared.clone(),
+            BackgroundTask::Health,
+            RESTART_PAUSE,
+            health::run,
+        ));
     }
     tasks.extend(signals::start(&shared));
     log(
@@ -522,5 +623,96 @@ mod tests {
         assert!(!line.contains("s3cr3t"), "{line}");
         assert!(line.contains("<redacted>"), "{line}");
         assert!(line.contains("peer=127.0.0.1:9"), "{line}");
+    }
+
+    /// Regression (the merge of the signals and hardening branches): a worker removed and added
+    /// again takes its old slot back (`Router::revive`), so the engine report polled from the
+    /// removed engine, and what the signal hub knew of it, must not describe the new one.
+    #[test]
+    fn a_worker_added_again_in_its_slot_starts_without_the_removed_engines_signals() {
+        let config = GatewayConfig::from_yaml(
+            "policy: least-load\nhealth: {interval_s: 0}\nworkers:\n  - {name: a, base_url: \"http://127.0.0.1:9\", model: m, context_window: 4096}\n",
+            "t.yaml",
+        )
+        .unwrap();
+        let shared = build(&config, Settings::from_config(&config).unwrap()).unwrap();
+        let report = routelab_policies::EngineReport {
+            kv_used_fraction: 0.5,
+            queued_prompt_tokens: 1_000,
+            running_tokens: 2_000,
+            generation_tok_s: 300.0,
+        };
+        let now = shared.clock.now();
+        let id = {
+            let mut core = shared.core();
+            let id = core.by_name["a"];
+            core.router.engine_report(now, id, report);
+            assert_eq!(core.router.signals(id).unwrap().report, Some(report));
+            core.remove_worker(now, id, &shared);
+            id
+        };
+        shared.signals.forget_worker(id);
+        assert!(shared.signals.stream(id).is_none() && shared.signals.poll(id).is_none());
+        let mut core = shared.core();
+        let again = core
+            .add_worker(now, config.workers[0].clone(), &shared)
+            .unwrap();
+        assert_eq!(again, id, "the worker took its slot back");
+        assert_eq!(core.router.signals(id).unwrap().report, None);
+    }
+
+    /// Regression (issue 30, hardening 1): a panic ended the health or probe loop silently and
+    /// for good. Supervised, it is counted and the task started again; aborting the
+    /// supervisor (shutdown) ends the task it runs.
+    #[tokio::test]
+    async fn a_background_task_that_panics_is_counted_and_started_again() {
+        use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
+        use supervise::BackgroundTask;
+        struct Flag(Arc<AtomicBool>);
+        impl Drop for Flag {
+            fn drop(&mut self) {
+                self.0.store(true, SeqCst);
+            }
+        }
+        let config = GatewayConfig::from_yaml("health: {interval_s: 0}\n", "t.yaml").unwrap();
+        let shared = build(&config, Settings::from_config(&config).unwrap()).unwrap();
+        let (runs, dropped) = (
+            Arc::new(AtomicU32::new(0)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (r, d) = (runs.clone(), dropped.clone());
+        let task = supervise::supervise(
+            shared.clone(),
+            BackgroundTask::Health,
+            std::time::Duration::from_millis(5),
+            move |_| {
+                let n = r.fetch_add(1, SeqCst);
+                let flag = Flag(d.clone());
+                async move {
+                    let _flag = flag;
+                    assert!(n >= 2, "run {n} broke");
+                    std::future::pending::<()>().await;
+                }
+            },
+        );
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while runs.load(SeqCst) < 3 {
+            assert!(tokio::time::Instant::now() < deadline, "not restarted");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let restarts = &shared.global.task_restarts;
+        assert_eq!(restarts.of(BackgroundTask::Health), 2);
+        assert_eq!(restarts.of(BackgroundTask::Probe), 0);
+        dropped.store(false, SeqCst);
+        task.abort();
+        let _ = task.await;
+        while !dropped.load(SeqCst) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the task outlived its supervisor"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert_eq!(runs.load(SeqCst), 3);
     }
 }

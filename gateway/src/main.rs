@@ -11,9 +11,19 @@ struct Args {
     /// The YAML configuration (see gateway/examples/gateway.yaml).
     #[arg(long, short)]
     config: PathBuf,
-    /// Check the configuration and exit.
+    /// Check the configuration and what start reads beside it (the state file) and exit.
     #[arg(long)]
     check: bool,
+}
+
+/// The exit code for an error at start: 2 for bad input (a configuration that cannot be used,
+/// e.g. a request log that cannot be opened), as at load; 1 otherwise.
+fn exit_code(e: &routelab_gateway::GatewayError) -> u8 {
+    if matches!(e, routelab_gateway::GatewayError::Config(_)) {
+        2
+    } else {
+        1
+    }
 }
 
 fn main() -> std::process::ExitCode {
@@ -26,6 +36,13 @@ fn main() -> std::process::ExitCode {
         }
     };
     if args.check {
+        // What start reads beside the file (the state file, the log's directory) is read the
+        // same way here, so a configuration `--check` passes does not then fail to start.
+        if let Err(e) = routelab_gateway::check(&config) {
+            let code = exit_code(&e);
+            eprintln!("error: {:#}", anyhow::Error::new(e));
+            return std::process::ExitCode::from(code);
+        }
         if config.clock_scale != 1.0 {
             eprintln!(
                 "warning: clock_scale is {}: policy time runs faster than wall time; for tests and emulations only",
@@ -65,49 +82,90 @@ fn main() -> std::process::ExitCode {
         }
     };
     rt.block_on(async move {
+        let mut signals = match Signals::new() {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("error: cannot listen for signals: {e}");
+                return std::process::ExitCode::FAILURE;
+            }
+        };
         let mut gateway = match routelab_gateway::start(config).await {
             Ok(g) => g,
             Err(e) => {
-                // A configuration that cannot be used (e.g. a request log that cannot be
-                // opened) is bad input, as at load: exit 2.
-                let code = if matches!(e, routelab_gateway::GatewayError::Config(_)) {
-                    2
-                } else {
-                    1
-                };
+                let code = exit_code(&e);
                 eprintln!("error: {:#}", anyhow::Error::new(e));
                 return std::process::ExitCode::from(code);
             }
         };
         tokio::select! {
-            _ = shutdown_signal() => {
-                routelab_gateway::log("shutting_down", &[]);
-                gateway.shutdown().await;
+            signal = signals.stop() => {
+                routelab_gateway::log("shutting_down", &[("signal", signal)]);
             }
-            _ = gateway.wait() => {}
+            _ = gateway.wait() => return std::process::ExitCode::SUCCESS,
         }
-        std::process::ExitCode::SUCCESS
+        // The drain is bounded by `server.drain_timeout_s`; a second signal ends it at once.
+        tokio::select! {
+            _ = gateway.shutdown() => std::process::ExitCode::SUCCESS,
+            signal = signals.stop() => {
+                routelab_gateway::log(
+                    "shutdown_forced",
+                    &[("signal", signal), ("note", "a second signal: exiting without waiting for requests in flight")],
+                );
+                std::process::exit(1);
+            }
+        }
     })
 }
 
-async fn shutdown_signal() {
+/// The signals the gateway answers. SIGTERM and SIGINT stop it (the first gracefully, a second
+/// at once). SIGHUP, whose default action would kill the process mid-stream, is logged and
+/// otherwise ignored: the gateway does not reload its configuration (workers change through
+/// the admin API, and the request log reopens its file by itself when it is moved away).
+struct Signals {
     #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(t) => t,
-                Err(_) => {
-                    let _ = tokio::signal::ctrl_c().await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Listen from now on (before the start, so that no signal between start and listening
+    /// falls to its default action).
+    fn new() -> std::io::Result<Signals> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(Signals {
+                term: signal(SignalKind::terminate())?,
+                int: signal(SignalKind::interrupt())?,
+                hup: signal(SignalKind::hangup())?,
+            })
+        }
+        #[cfg(not(unix))]
+        {
+            Ok(Signals {})
         }
     }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
+
+    /// The next signal that asks the gateway to stop, by name; a SIGHUP meanwhile is logged.
+    async fn stop(&mut self) -> &'static str {
+        #[cfg(unix)]
+        loop {
+            tokio::select! {
+                _ = self.term.recv() => return "SIGTERM",
+                _ = self.int.recv() => return "SIGINT",
+                _ = self.hup.recv() => routelab_gateway::log(
+                    "sighup_ignored",
+                    &[("note", "the gateway does not reload its configuration; restart it to apply a new one")],
+                ),
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            "ctrl-c"
+        }
     }
 }

@@ -136,6 +136,8 @@ pub struct GlobalMetrics {
     pub queued_total: AtomicU64,
     /// Retries on another worker.
     pub retries: AtomicU64,
+    /// Panics of the background tasks ([`crate::supervise`]).
+    pub task_restarts: crate::supervise::TaskRestarts,
     /// Answers the gateway gave itself (an `ApiError`), by status and code. A map behind a
     /// lock because the codes are open-ended; it is touched only on a rejection, briefly.
     pub rejections: Mutex<BTreeMap<(u16, &'static str), u64>>,
@@ -149,7 +151,7 @@ impl GlobalMetrics {
     }
 }
 
-/// Middleware (outermost in `app()`): count every answer built from an `ApiError`, whichever
+/// Middleware (outermost, `server::scoped`): count every answer built from an `ApiError`, whichever
 /// handler, extractor or layer made it, from the [`RejectionCode`] it carries.
 pub(crate) async fn count_rejections(State(s): State<Arc<Shared>>, r: Response) -> Response {
     if let Some(RejectionCode(code)) = r.extensions().get::<RejectionCode>().copied() {
@@ -201,6 +203,32 @@ pub fn render_connections(stats: &crate::server::ConnectionStats) -> String {
         stats.open.load(Relaxed),
         stats.rejected.load(Relaxed)
     )
+}
+
+/// Each model's panic mode (1 while fewer than `health.panic_threshold_percent` of its workers
+/// are healthy and requests go to all of them) and the size of the worker table (removed
+/// workers' slots included: it grows only when a worker never seen before is added), in the
+/// Prometheus text format.
+pub fn render_fleet(models: &[(&str, bool)], worker_slots: usize) -> String {
+    let mut out = String::from(
+        "# HELP routelab_model_panic_mode 1 while too few of the model's workers are healthy (health.panic_threshold_percent) and requests go to all of them, ejected or not.\n\
+         # TYPE routelab_model_panic_mode gauge\n",
+    );
+    for (model, panic) in models {
+        let _ = writeln!(
+            out,
+            "routelab_model_panic_mode{{model=\"{}\"}} {}",
+            esc(model),
+            u8::from(*panic)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP routelab_gateway_worker_slots Workers the gateway has registered since start, removed ones included (a worker removed and added again takes its slot back).\n\
+         # TYPE routelab_gateway_worker_slots gauge\n\
+         routelab_gateway_worker_slots {worker_slots}"
+    );
+    out
 }
 
 /// The request log's counters in the Prometheus text format (zeros when there is no log, so
@@ -361,6 +389,18 @@ pub fn render(rows: &[WorkerRow<'_>], queue_len: usize, global: &GlobalMetrics) 
         "# HELP routelab_retries_total Requests retried on another worker.\n# TYPE routelab_retries_total counter\nroutelab_retries_total {}",
         global.retries.load(Relaxed)
     );
+    let _ = writeln!(
+        out,
+        "# HELP routelab_gateway_task_restarts_total Panics of a background task (or of a task it spawned), each logged as task_panicked; the task is started again.\n# TYPE routelab_gateway_task_restarts_total counter"
+    );
+    for task in crate::supervise::BackgroundTask::ALL {
+        let _ = writeln!(
+            out,
+            "routelab_gateway_task_restarts_total{{task=\"{}\"}} {}",
+            task.as_str(),
+            global.task_restarts.of(task)
+        );
+    }
     let _ = writeln!(
         out,
         "# HELP routelab_gateway_rejections_total Requests the gateway answered with an error itself, by HTTP status and error code.\n# TYPE routelab_gateway_rejections_total counter"

@@ -505,6 +505,14 @@ pub const LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10)
 ///
 /// Blocking: call it from a blocking thread.
 pub fn save(path: &Path, update: &Update<'_>, clock: &Clock) -> Result<(), StateFileError> {
+    // A state file that is a symbolic link is written through the link: the rename replaces the
+    // file it points to, not the link (which would leave the link's target stale and the pins
+    // lost at the next start from it). The lock is the target's, so that writers naming the
+    // file through different links share it.
+    let path = &resolve_links(path).map_err(|error| StateFileError::Write {
+        path: path.to_path_buf(),
+        error,
+    })?;
     let _lock = lock(path, LOCK_TIMEOUT)?;
     let existing = read(path)?;
     let existed = existing.is_some();
@@ -524,6 +532,53 @@ pub fn save(path: &Path, update: &Update<'_>, clock: &Clock) -> Result<(), State
         path: path.to_path_buf(),
         error,
     })
+}
+
+/// Most symbolic links followed from the state file to a regular file (Linux's own bound).
+const MAX_LINKS: usize = 40;
+
+/// The file `path` names once every symbolic link on the way is followed (a link's relative
+/// target is relative to the link's directory); `path` itself when it is not a link or does
+/// not exist yet. A loop of links is an error.
+pub fn resolve_links(path: &Path) -> std::io::Result<PathBuf> {
+    let mut at = path.to_path_buf();
+    for _ in 0..MAX_LINKS {
+        match std::fs::symlink_metadata(&at) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target = std::fs::read_link(&at)?;
+                at = match at.parent() {
+                    Some(dir) if target.is_relative() => dir.join(target),
+                    _ => target,
+                };
+            }
+            Ok(_) => return Ok(at),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(at),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::other(format!(
+        "more than {MAX_LINKS} symbolic links from `{}` (a loop?)",
+        path.display()
+    )))
+}
+
+/// Whether the state file can be written where it is: the directory of the file it names
+/// (links followed) exists. The error names the directory.
+pub fn check_directory(path: &Path) -> Result<(), String> {
+    let file =
+        resolve_links(path).map_err(|e| format!("cannot follow `{}`: {e}", path.display()))?;
+    let dir = match file.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if dir.is_dir() {
+        Ok(())
+    } else {
+        Err(format!(
+            "the directory `{}` does not exist: the state file could never be written, and every pin would fail",
+            dir.display()
+        ))
+    }
 }
 
 /// Take the exclusive lock on [`lock_path`]`(path)`, trying until `timeout` has passed. Held

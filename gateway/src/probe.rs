@@ -10,8 +10,9 @@
 //! them.
 
 use crate::state::Shared;
+use crate::supervise::{BackgroundTask, report_panic};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::Uri;
 use routelab_policies::{ProbeOrder, ProbePhase, ProbeResult};
 use std::sync::Arc;
@@ -21,7 +22,7 @@ use tokio::task::JoinSet;
 
 struct Job {
     order: ProbeOrder,
-    uri: Uri,
+    uri: Result<Uri, crate::upstream::BaseUrlError>,
     model: String,
     name: String,
 }
@@ -30,7 +31,8 @@ struct Job {
 /// `clock_scale`, and a timer cannot usefully fire more often than this.
 const MIN_WALL_POLL: Duration = Duration::from_millis(1);
 
-/// The probe loop; runs until aborted (its bursts are aborted with it).
+/// The probe loop; runs until aborted (its bursts are aborted with it; supervised:
+/// [`crate::supervise`]).
 pub(crate) async fn run(s: Arc<Shared>) {
     let poll = s.clock.to_wall(s.settings.probe_poll).max(MIN_WALL_POLL);
     let mut ticker = tokio::time::interval(poll);
@@ -39,7 +41,11 @@ pub(crate) async fn run(s: Arc<Shared>) {
     let mut bursts = JoinSet::new();
     loop {
         ticker.tick().await;
-        while bursts.try_join_next().is_some() {}
+        while let Some(done) = bursts.try_join_next() {
+            if let Err(e) = done {
+                report_panic(&s, BackgroundTask::Probe, e);
+            }
+        }
         let jobs: Vec<Job> = {
             let mut core = s.core();
             let now = s.clock.now();
@@ -49,7 +55,7 @@ pub(crate) async fn run(s: Arc<Shared>) {
             orders
                 .iter()
                 .filter_map(|o| {
-                    let w = core.workers.get(o.worker.index())?;
+                    let w = core.workers.get(o.worker)?;
                     Some(Job {
                         order: *o,
                         uri: w.base.join("/v1/chat/completions"),
@@ -100,9 +106,15 @@ pub enum ProbeError {
     /// No answer within `probe.request_timeout_s`.
     #[error("timed out")]
     TimedOut,
-    /// The request's task panicked or was cancelled.
+    /// The request's task was cancelled.
     #[error("{0}")]
     Task(tokio::task::JoinError),
+    /// The request's task panicked (logged as `task_panicked` and counted).
+    #[error("the probe request panicked")]
+    Panicked,
+    /// The answer was longer than `upstream.max_response_bytes`.
+    #[error("the answer is larger than upstream.max_response_bytes ({0} bytes)")]
+    TooLarge(usize),
 }
 
 async fn one(s: Arc<Shared>, uri: Uri, body: Bytes, tokens: u32) -> Result<u64, ProbeError> {
@@ -117,11 +129,14 @@ async fn one(s: Arc<Shared>, uri: Uri, body: Bytes, tokens: u32) -> Result<u64, 
             .await
             .map_err(|e| ProbeError::Request(crate::proxy::error_chain(&e)))?;
         let status = resp.status();
-        let bytes = resp
-            .into_body()
+        let limit = s.settings.max_response_bytes;
+        let bytes = Limited::new(resp.into_body(), limit)
             .collect()
             .await
-            .map_err(ProbeError::Body)?
+            .map_err(|e| match e.downcast::<hyper::Error>() {
+                Ok(e) => ProbeError::Body(*e),
+                Err(_) => ProbeError::TooLarge(limit),
+            })?
             .to_bytes();
         if !status.is_success() {
             return Err(ProbeError::Status(status));
@@ -141,20 +156,26 @@ async fn burst(s: Arc<Shared>, job: Job) {
     let body = probe_body(&job.model, o.prompt_tokens, o.output_tokens);
     let start = Instant::now();
     let mut set = JoinSet::new();
-    for _ in 0..o.concurrency.max(1) {
-        set.spawn(one(
-            s.clone(),
-            job.uri.clone(),
-            body.clone(),
-            o.output_tokens,
-        ));
-    }
     let mut tokens = 0u64;
     let mut error = None;
+    match &job.uri {
+        Ok(uri) => {
+            for _ in 0..o.concurrency.max(1) {
+                set.spawn(one(s.clone(), uri.clone(), body.clone(), o.output_tokens));
+            }
+        }
+        // Not expected (base URLs are checked when they are read): the burst fails, and the
+        // router hears so, rather than waiting for a result that never comes.
+        Err(e) => error = Some(ProbeError::Request(e.to_string())),
+    }
     while let Some(r) = set.join_next().await {
         match r {
             Ok(Ok(n)) => tokens += n,
             Ok(Err(e)) => error = Some(e),
+            Err(e) if e.is_panic() => {
+                report_panic(&s, BackgroundTask::Probe, e);
+                error = Some(ProbeError::Panicked);
+            }
             Err(e) => error = Some(ProbeError::Task(e)),
         }
     }
@@ -173,7 +194,7 @@ async fn burst(s: Arc<Shared>, job: Job) {
         let mut core = s.core();
         let now = s.clock.now();
         core.router.probe_result(now, &result);
-        if let Some(w) = core.workers.get_mut(o.worker.index()) {
+        if let Some(w) = core.workers.get_mut(o.worker) {
             if result.ok {
                 w.metrics.probes_ok.fetch_add(1, Relaxed);
                 if o.phase == ProbePhase::Measure {

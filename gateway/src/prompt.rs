@@ -8,10 +8,13 @@
 //!   The router's context filter uses `prompt tokens + max_tokens` (when given), the same check
 //!   an engine makes.
 //! - **What is refused** (400), so that the gateway and an engine agree before a worker is
-//!   chosen: a body that is not a JSON object, an empty `messages`, `max_tokens` (or
-//!   `max_completion_tokens`) below 1 (vLLM's rule), and `n` other than 1 (the gateway routes
-//!   one generation per request and accounts for one output). The emulator parses requests
-//!   with this module, so it refuses the same.
+//!   chosen: a body that is not a JSON object, nested deeper than [`MAX_JSON_DEPTH`], an empty
+//!   `messages`, `max_tokens` (or `max_completion_tokens`) below 1 (vLLM's rule), and `n` other
+//!   than 1 (the gateway routes one generation per request and accounts for one output).
+//!   Whole numbers may be written as floats (`5.0`, `1e3`), as the engines read them. The
+//!   emulator parses requests with this module, so it refuses the same.
+//! - **Output limit**: on the chat endpoint `max_completion_tokens` wins over `max_tokens` when
+//!   both are sent, as in vLLM and SGLang; the completions endpoint reads `max_tokens` only.
 //! - **Prefix affinity**: the rendered prompt is cut into blocks of [`BLOCK_BYTES`] (≈512
 //!   tokens) and chain-hashed (hash `i` covers blocks `0..=i`, FNV-1a 64); a trailing partial
 //!   block is not hashed, since the next turn of a conversation changes it. At most
@@ -66,7 +69,8 @@ pub struct Parsed {
     pub prompt: String,
     /// Estimated prompt tokens.
     pub prompt_tokens: u32,
-    /// `max_tokens` (or `max_completion_tokens`), if given.
+    /// The output limit the engine will read (`max_completion_tokens`, else `max_tokens`, on
+    /// the chat endpoint; `max_tokens` on the completions one), if given.
     pub max_tokens: Option<u32>,
     /// `stream: true`.
     pub stream: bool,
@@ -96,6 +100,16 @@ pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<Parsed, BadRequest> {
     if body.trim_ascii_start().first() != Some(&b'{') {
         return Err(bad("the request body must be a JSON object", None));
     }
+    // serde skips a field it does not know without a depth limit: a 100,000-deep array in an
+    // unknown field passed here and reached the engine's own parser.
+    if let Some(depth) = too_deep(body) {
+        return Err(bad(
+            format!(
+                "the request body nests arrays and objects {depth} levels deep; at most {MAX_JSON_DEPTH}"
+            ),
+            None,
+        ));
+    }
     let b: Body = serde_json::from_slice(body).map_err(|e| {
         bad(
             format!("We could not parse the JSON body of your request: {e}"),
@@ -113,10 +127,21 @@ pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<Parsed, BadRequest> {
     };
     let max_tokens = output_limit(b.max_tokens, "max_tokens")?;
     let max_completion_tokens = output_limit(b.max_completion_tokens, "max_completion_tokens")?;
-    let max_tokens = max_tokens.or(max_completion_tokens);
+    // The engines' reading when both are sent: `max_completion_tokens` wins on the chat
+    // endpoint (OpenAI deprecated `max_tokens` for it), and the completions endpoint has only
+    // `max_tokens` (vLLM's `OpenAIServing._validate_input`, vllm/entrypoints/openai/engine/
+    // serving.py: `request.max_completion_tokens or request.max_tokens` for chat,
+    // `max_tokens` otherwise; SGLang's `ChatCompletionRequest.to_sampling_params`,
+    // python/sglang/srt/entrypoints/openai/protocol.py: `max_new_tokens =
+    // self.max_completion_tokens or self.max_tokens`, and its `CompletionRequest` has no
+    // `max_completion_tokens`). The context filter must use the limit the engine will.
+    let max_tokens = match endpoint {
+        Endpoint::Chat => max_completion_tokens.or(max_tokens),
+        Endpoint::Completions => max_tokens,
+    };
     match b.n {
         None | Some(Value::Null) => {}
-        Some(n) if n.as_u64() == Some(1) => {}
+        Some(n) if whole_number(&n) == Some(1) => {}
         Some(n) => {
             return Err(bad(
                 format!(
@@ -141,13 +166,28 @@ pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<Parsed, BadRequest> {
     })
 }
 
+/// A JSON number that is a whole number ≥ 0, written as an integer or as a float (`5.0`,
+/// `1e3`), as the engines read their integer fields: vLLM's and SGLang's request models are
+/// pydantic models in lax mode, whose `int` takes a float with no fractional part and refuses
+/// one with a fraction (pydantic's conversion table). (Lax mode also takes numeric strings and
+/// booleans; the gateway refuses those, which errs on the side of an answer the engine would
+/// have given rather than a limit it would read differently.)
+fn whole_number(v: &Value) -> Option<u64> {
+    if let Some(n) = v.as_u64() {
+        return Some(n);
+    }
+    let x = v.as_f64()?;
+    // Below 2^64 and integral: exact as a u64.
+    (x >= 0.0 && x.fract() == 0.0 && x < 18_446_744_073_709_551_616.0).then_some(x as u64)
+}
+
 /// An output-length limit (`max_tokens`, `max_completion_tokens`): absent, or a whole number
-/// from 1 (an engine generates at least one token; vLLM refuses 0) to `u32::MAX`.
+/// ([`whole_number`]) from 1 (an engine generates at least one token; vLLM refuses 0) to
+/// `u32::MAX`.
 fn output_limit(v: Option<Value>, param: &'static str) -> Result<Option<u32>, BadRequest> {
     match v {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_u64()
+        Some(v) => whole_number(&v)
             .and_then(|n| u32::try_from(n).ok())
             .filter(|&n| n >= 1)
             .map(Some)
@@ -161,6 +201,40 @@ fn output_limit(v: Option<Value>, param: &'static str) -> Result<Option<u32>, Ba
                 )
             }),
     }
+}
+
+/// Deepest nesting of arrays and objects accepted in a request body: serde_json's own limit
+/// for the values it builds, far above what a chat request needs.
+pub const MAX_JSON_DEPTH: usize = 128;
+
+/// The depth reached if `body` nests arrays and objects deeper than [`MAX_JSON_DEPTH`]. One pass
+/// over the bytes, skipping strings (brackets in them do not count); the JSON itself is checked
+/// by the parser afterwards.
+fn too_deep(body: &[u8]) -> Option<usize> {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in body {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_JSON_DEPTH {
+                    return Some(depth);
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    None
 }
 
 /// `ceil(bytes / BYTES_PER_TOKEN)`, saturating.
@@ -356,5 +430,65 @@ mod tests {
         assert_eq!(ha[0], hb[0]);
         assert_ne!(ha[1], hb[1]);
         assert!(prefix_hashes(&a[..BLOCK_BYTES - 1]).is_empty());
+    }
+
+    /// Regression (issue 30, hardening 8): with both limits sent, `max_tokens` won, so a small
+    /// `max_tokens` beside a large `max_completion_tokens` passed the context filter while the
+    /// engine generated up to the large one; and whole-number floats were refused.
+    #[test]
+    fn the_engines_reading_of_the_output_limit() {
+        let chat = |extra: &str| {
+            parse(
+                format!(r#"{{"model":"m","messages":[{{"content":"hi"}}]{extra}}}"#).as_bytes(),
+                Endpoint::Chat,
+            )
+        };
+        let p = chat(r#","max_tokens":4,"max_completion_tokens":9000"#).unwrap();
+        assert_eq!(p.max_tokens, Some(9000));
+        let p = chat(r#","max_completion_tokens":9000,"max_tokens":4"#).unwrap();
+        assert_eq!(p.max_tokens, Some(9000));
+        assert_eq!(chat(r#","max_tokens":4"#).unwrap().max_tokens, Some(4));
+        // The completions endpoint has no `max_completion_tokens` in either engine.
+        let p = parse(
+            br#"{"model":"m","prompt":"x","max_tokens":4,"max_completion_tokens":9000}"#,
+            Endpoint::Completions,
+        )
+        .unwrap();
+        assert_eq!(p.max_tokens, Some(4));
+        for (given, read) in [("5.0", 5), ("1e3", 1000), ("1E+3", 1000), ("7", 7)] {
+            let p = chat(&format!(r#","max_tokens":{given}"#)).unwrap();
+            assert_eq!(p.max_tokens, Some(read), "{given}");
+            let p = chat(&format!(r#","max_completion_tokens":{given},"n":1.0"#)).unwrap();
+            assert_eq!(p.max_tokens, Some(read), "{given}");
+        }
+        for bad in ["5.5", "0.0", "-1.0", "1e10", "\"5\"", "true"] {
+            let e = chat(&format!(r#","max_tokens":{bad}"#)).unwrap_err();
+            assert_eq!(e.param, Some("max_tokens"), "{bad}");
+        }
+        assert_eq!(chat(r#","n":2.0"#).unwrap_err().param, Some("n"));
+    }
+
+    /// Regression (issue 30, hardening 10): a 100,000-deep array in a field the gateway does
+    /// not read was forwarded to the engine.
+    #[test]
+    fn bodies_nested_too_deep_are_refused() {
+        let deep = |n: usize| {
+            format!(
+                r#"{{"model":"m","messages":[{{"content":"hi"}}],"extra":{}{}}}"#,
+                "[".repeat(n),
+                "]".repeat(n)
+            )
+        };
+        let e = parse(deep(100_000).as_bytes(), Endpoint::Chat).unwrap_err();
+        assert!(e.message.contains("at most 128"), "{e:?}");
+        // The body's object is the first level.
+        assert!(parse(deep(MAX_JSON_DEPTH - 1).as_bytes(), Endpoint::Chat).is_ok());
+        assert!(parse(deep(MAX_JSON_DEPTH).as_bytes(), Endpoint::Chat).is_err());
+        // Brackets inside strings do not count, escaped quotes included.
+        let text = format!(
+            r#"{{"model":"m","messages":[{{"content":"\"{}"}}]}}"#,
+            "[".repeat(500)
+        );
+        assert!(parse(text.as_bytes(), Endpoint::Chat).is_ok());
     }
 }

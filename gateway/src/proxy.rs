@@ -3,7 +3,7 @@
 use crate::error::ApiError;
 use crate::prompt::{self, Endpoint};
 use crate::reqlog::{LogStatus, Trace};
-use crate::state::{Core, Flight, QueueTicket, Shared};
+use crate::state::{Core, Failure, Flight, QueueTicket, Shared};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
@@ -41,9 +41,8 @@ pub(crate) async fn models(State(s): State<Arc<Shared>>) -> Response {
     let mut names: Vec<String> = {
         let core = s.core();
         core.workers
-            .iter()
-            .filter(|w| !w.removed)
-            .map(|w| w.cfg.model.clone())
+            .live()
+            .map(|(_, w)| w.cfg.model.clone())
             .collect()
     };
     names.sort_unstable();
@@ -82,26 +81,8 @@ async fn handle(s: Arc<Shared>, req: Request, ep: Endpoint) -> Result<Response, 
     let arrival_unix_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    let max = s.settings.max_body;
     let (parts, body) = req.into_parts();
-    let declared = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > max as u64) {
-        return Err(too_large(max));
-    }
-    let bytes = match Limited::new(body, max).collect().await {
-        Ok(c) => c.to_bytes(),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => return Err(too_large(max)),
-        Err(e) => {
-            return Err(ApiError::bad_request(
-                format!("could not read the request body: {e}"),
-                None,
-            ));
-        }
-    };
+    let bytes = read_request_body(&s, &parts.headers, body).await?;
     let mut parsed =
         prompt::parse(&bytes, ep).map_err(|b| ApiError::bad_request(b.message, b.param))?;
     // Exact with the model's tokenizer, else the estimate (crate::tokens).
@@ -112,9 +93,6 @@ async fn handle(s: Arc<Shared>, req: Request, ep: Endpoint) -> Result<Response, 
         .map_err(|b| ApiError::bad_request(b.message, b.param))?;
     parsed.prompt_tokens = counted.prompt_tokens;
     let prefix = counted.prefix;
-    let context_tokens = parsed
-        .prompt_tokens
-        .saturating_add(parsed.max_tokens.unwrap_or(0));
     let Some(model) = s.core().router.model_id(&parsed.model) else {
         return Err(ApiError::model_not_found(format!(
             "The model `{}` does not exist or no worker serves it",
@@ -123,7 +101,9 @@ async fn handle(s: Arc<Shared>, req: Request, ep: Endpoint) -> Result<Response, 
     };
     let route_req = RouteRequest {
         model,
-        context_tokens,
+        context_tokens: parsed
+            .prompt_tokens
+            .saturating_add(parsed.max_tokens.unwrap_or(0)),
         prefix: &prefix,
         prompt_tokens: parsed.prompt_tokens,
     };
@@ -139,117 +119,296 @@ async fn handle(s: Arc<Shared>, req: Request, ep: Endpoint) -> Result<Response, 
             &prefix,
         )
     });
-    // A request that ends in the gateway: no response byte, no output.
-    let log_end = |trace: &mut Option<Trace>, status: LogStatus| {
-        if let Some(t) = trace.as_mut() {
-            t.finish(status, None, None);
-        }
+    let forward = Forward {
+        ep,
+        body: bytes,
+        accept: parts.headers.get(header::ACCEPT).cloned(),
+        arrived,
+        prompt_tokens: parsed.prompt_tokens,
     };
-
-    let mut tried: Vec<WorkerId> = Vec::new();
-    let mut last_error = String::from("no worker answered");
-    let mut last_status = LogStatus::UpstreamError;
+    let mut tries = Tries::default();
     for attempt in 0..=s.settings.retries {
-        let decision = match admit(&s, &route_req, &tried).await {
-            Ok(d) => {
-                if attempt > 0 {
-                    s.global.retries.fetch_add(1, Relaxed);
+        let decision = match admit(&s, &route_req, &tries.tried).await {
+            Ok(d) => d,
+            Err(refusal) => match tries.refused(refusal, attempt, &s, &parsed.model) {
+                // No worker left to retry on: the last worker's failure is the answer.
+                None => break,
+                Some(e) => {
+                    tries.log_end(&mut trace, LogStatus::Rejected);
+                    return Err(e);
                 }
-                d
-            }
-            Err(Refusal::Route(e)) if attempt == 0 => {
-                log_end(&mut trace, LogStatus::Rejected);
-                return Err(ApiError::route(e, &parsed.model));
-            }
-            Err(Refusal::QueueTimeout) => {
-                log_end(&mut trace, LogStatus::Rejected);
-                let earlier = (attempt > 0).then_some(last_error.as_str());
-                return Err(queue_timeout(s.settings.queue_timeout, earlier));
-            }
-            // No worker left to retry on: the last worker's failure is the answer.
-            Err(Refusal::Route(_)) => break,
+            },
         };
-        let dispatched_at = s.clock.now();
-        let (uri, metrics, name) = {
+        if attempt > 0 {
+            s.global.retries.fetch_add(1, Relaxed);
+        }
+        tries.tried.push(decision.worker);
+        match forward.attempt(&s, decision, &prefix, &mut trace).await {
+            Attempt::Answered(response) => {
+                tries.judge(&s, true);
+                return Ok(response);
+            }
+            Attempt::Failed(fault) => tries.failed(fault, attempt),
+        }
+    }
+    tries.judge(&s, false);
+    let status = tries
+        .last
+        .as_ref()
+        .map_or(LogStatus::UpstreamError, |f| f.log);
+    tries.log_end(&mut trace, status);
+    tries.into_answer()
+}
+
+/// The request body, whole, at most `max_body_bytes` (413 above).
+async fn read_request_body(
+    s: &Shared,
+    headers: &HeaderMap,
+    body: axum::body::Body,
+) -> Result<Bytes, ApiError> {
+    let max = s.settings.max_body;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(too_large(max));
+    }
+    match Limited::new(body, max).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large(max)),
+        Err(e) => Err(ApiError::bad_request(
+            format!("could not read the request body: {e}"),
+            None,
+        )),
+    }
+}
+
+/// What the request sends to a worker, on each attempt.
+pub(crate) struct Forward {
+    ep: Endpoint,
+    body: Bytes,
+    accept: Option<HeaderValue>,
+    /// When the request arrived.
+    pub arrived: Instant,
+    /// Its prompt tokens, as the router counts them.
+    pub prompt_tokens: u32,
+}
+
+/// How one attempt ended.
+enum Attempt {
+    /// The worker's answer (a success, or its refusal: 4xx) is the request's answer.
+    Answered(Response),
+    /// It failed there; another worker may be tried.
+    Failed(Fault),
+}
+
+/// A failed attempt.
+struct Fault {
+    worker: WorkerId,
+    /// What went wrong, for the log and a 502.
+    message: String,
+    /// The request log's status if this stays the last failure.
+    log: LogStatus,
+    /// The worker's 5xx answer, passed to the client if no retry does better.
+    answer: Option<Response>,
+}
+
+impl Forward {
+    /// Send the request to the worker the router chose; its slot is freed however it ends.
+    async fn attempt(
+        &self,
+        s: &Arc<Shared>,
+        decision: Decision,
+        prefix: &[u64],
+        trace: &mut Option<Trace>,
+    ) -> Attempt {
+        let found = {
             let core = s.core();
-            let w = &core.workers[decision.worker.index()];
-            (
-                w.base.join(ep.path()),
-                w.metrics.clone(),
-                w.cfg.name.clone(),
-            )
+            core.workers.get(decision.worker).map(|w| {
+                (
+                    w.base.join(self.ep.path()),
+                    w.metrics.clone(),
+                    w.cfg.name.clone(),
+                )
+            })
+        };
+        let Some((uri, metrics, name)) = found else {
+            // Removed between the decision and here: give the slot back.
+            let now = s.clock.now();
+            s.core()
+                .release(now, decision.worker, decision.charge, None);
+            return Attempt::Failed(Fault {
+                worker: decision.worker,
+                message: "the worker chosen was removed".into(),
+                log: LogStatus::UpstreamError,
+                answer: None,
+            });
         };
         metrics.requests.fetch_add(1, Relaxed);
-        tried.push(decision.worker);
         // A worker whose KV event stream is down: record the prompt as `approximate` would.
-        s.signals.dispatched(&s, decision.worker, &prefix);
+        s.signals.dispatched(s, decision.worker, prefix);
         if let Some(t) = trace.as_mut() {
             t.worker(&name);
         }
-        let mut flight = Flight {
-            shared: s.clone(),
-            worker: decision.worker,
-            metrics,
-            arrived,
-            dispatched_at,
-            first_token_at: None,
-            prompt_tokens: parsed.prompt_tokens,
-            finished: false,
-            charge: decision.charge,
-            curve: None,
-            decoding: None,
-            trace: None,
+        let mut flight = Flight::new(s, &decision, metrics, name, self);
+        let fault = |message: String, log| {
+            Attempt::Failed(Fault {
+                worker: decision.worker,
+                message,
+                log,
+                answer: None,
+            })
         };
-        let mut up = hyper::Request::post(uri);
-        if let Some(h) = up.headers_mut() {
-            h.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
-            if let Some(a) = parts.headers.get(header::ACCEPT) {
-                h.insert(header::ACCEPT, a.clone());
+        let uri = match uri {
+            Ok(uri) => uri,
+            Err(e) => {
+                flight.fail_unjudged();
+                return fault(e.to_string(), LogStatus::UpstreamError);
             }
-        }
-        let up = up
-            .body(Full::new(bytes.clone()))
-            .expect("method, URI and headers are valid");
+        };
+        let up = self.request(uri);
         // The response timeout runs until the worker's first body byte (headers may come
         // before a slow prefill is done), so it is counted from here, not from the headers.
         let first_chunk_by = tokio::time::Instant::now() + s.settings.response_timeout;
         match tokio::time::timeout_at(first_chunk_by, s.client.request(up)).await {
             Err(_) => {
                 flight.fail(false);
-                last_error = format!("worker `{name}` did not answer within the response timeout");
-                last_status = LogStatus::Timeout;
+                let name = &flight.name;
+                fault(
+                    format!("worker `{name}` did not answer within the response timeout"),
+                    LogStatus::Timeout,
+                )
             }
             Ok(Err(e)) => {
-                let hard = crate::health::ejects_at_once(&e);
-                flight.fail(hard);
-                last_error = format!("worker `{name}`: {}", error_chain(&e));
-                last_status = LogStatus::UpstreamError;
+                flight.fail(crate::health::ejects_at_once(&e));
+                let name = &flight.name;
+                fault(
+                    format!("worker `{name}`: {}", error_chain(&e)),
+                    LogStatus::UpstreamError,
+                )
             }
             Ok(Ok(r)) if r.status().is_server_error() => {
-                flight.fail(false);
-                last_error = format!("worker `{name}` answered {}", r.status());
-                last_status = LogStatus::UpstreamError;
+                // Whether the worker or the request is at fault is judged when the request
+                // ends ([`Tries::judge`]): here the slot is freed and the answer kept.
+                let message = format!("worker `{}` answered {}", flight.name, r.status());
+                let answer = server_error(s, r, &flight.name, first_chunk_by).await;
+                flight.fail_unjudged();
+                Attempt::Failed(Fault {
+                    worker: decision.worker,
+                    message,
+                    log: LogStatus::UpstreamError,
+                    answer: Some(answer),
+                })
             }
             Ok(Ok(r)) => {
                 // This response is the request's answer: its flight writes the log line.
                 flight.trace = trace.take();
-                return Ok(respond(&s, flight, r, &name, first_chunk_by).await);
+                Attempt::Answered(respond(s, flight, r, first_chunk_by).await)
             }
         }
+    }
+
+    /// The request to `uri`: the client's body unchanged, its `Accept`.
+    fn request(&self, uri: hyper::Uri) -> hyper::Request<Full<Bytes>> {
+        let mut up = hyper::Request::post(uri);
+        if let Some(h) = up.headers_mut() {
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            if let Some(a) = &self.accept {
+                h.insert(header::ACCEPT, a.clone());
+            }
+        }
+        up.body(Full::new(self.body.clone()))
+            .expect("method, URI and headers are valid")
+    }
+}
+
+/// The attempts of one request: the workers tried, the failures, and the health verdict they
+/// add up to.
+#[derive(Default)]
+struct Tries {
+    tried: Vec<WorkerId>,
+    /// Workers that answered this request with a 5xx. Judged when the request ends: a worker
+    /// failed where another then answered is at fault; a request that every worker tried
+    /// failed with a 5xx is (one bad request retried across the fleet must not eject it).
+    server_errors: Vec<WorkerId>,
+    last: Option<Fault>,
+}
+
+impl Tries {
+    /// The answer to a refusal by the router or the queue on attempt `attempt`; `None` when it
+    /// only means no other worker is left for a retry.
+    fn refused(&self, refusal: Refusal, attempt: u32, s: &Shared, model: &str) -> Option<ApiError> {
+        match refusal {
+            Refusal::Route(e) if attempt == 0 => Some(ApiError::route(e, model)),
+            Refusal::Route(_) => None,
+            Refusal::QueueTimeout => Some(queue_timeout(
+                s.settings.queue_timeout,
+                self.last.as_ref().map(|f| f.message.as_str()),
+            )),
+        }
+    }
+
+    fn failed(&mut self, fault: Fault, attempt: u32) {
         crate::log(
             "upstream_error",
-            &[
-                ("worker", &name),
-                ("attempt", &attempt.to_string()),
-                ("error", &last_error),
-            ],
+            &[("attempt", &attempt.to_string()), ("error", &fault.message)],
         );
+        if fault.answer.is_some() {
+            self.server_errors.push(fault.worker);
+        }
+        self.last = Some(fault);
     }
-    log_end(&mut trace, last_status);
-    Err(ApiError::upstream(last_error))
+
+    /// Tell the health logic what the 5xx answers meant, now that the request ended
+    /// (`answered`: a worker answered it).
+    fn judge(&self, s: &Shared, answered: bool) {
+        let guilty: &[WorkerId] = match (answered, self.server_errors.as_slice()) {
+            (true, all) | (false, all @ [_]) => all,
+            (false, several) => {
+                if !several.is_empty() {
+                    crate::log(
+                        "request_specific_error",
+                        &[(
+                            "note",
+                            "every worker tried answered this request with a 5xx; no worker is blamed",
+                        )],
+                    );
+                }
+                &[]
+            }
+        };
+        if guilty.is_empty() {
+            return;
+        }
+        let now = s.clock.now();
+        let mut core = s.core();
+        for &w in guilty {
+            core.note_failure(now, w, Failure::Request { hard: false }, s);
+        }
+    }
+
+    fn log_end(&self, trace: &mut Option<Trace>, status: LogStatus) {
+        if let Some(t) = trace.as_mut() {
+            t.finish(status, None, None);
+        }
+    }
+
+    /// The answer when no attempt succeeded: the last worker's own 5xx answer (its status,
+    /// `Retry-After` and body) if it gave one, else a 502 naming the last failure.
+    fn into_answer(self) -> Result<Response, ApiError> {
+        match self.last {
+            Some(Fault {
+                answer: Some(answer),
+                ..
+            }) => Ok(answer),
+            Some(f) => Err(ApiError::upstream(f.message)),
+            None => Err(ApiError::upstream("no worker answered")),
+        }
+    }
 }
 
 /// An error with its sources (hyper's own message is terse: "client error (Connect)").
@@ -400,9 +559,20 @@ const HOP_BY_HOP: &[&str] = &[
     "content-length",
 ];
 
+/// Copy a worker's end-to-end headers: not the hop-by-hop ones (RFC 9110 §7.6.1), and not
+/// those the worker's `Connection` header names, which are hop-by-hop for that one connection.
 fn copy_headers(from: &HeaderMap, to: &mut HeaderMap) {
+    let named: Vec<String> = from
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| t.trim().to_ascii_lowercase())
+        .filter(|t| !t.is_empty())
+        .collect();
     for (k, v) in from {
-        if !HOP_BY_HOP.contains(&k.as_str()) {
+        let k_str = k.as_str();
+        if !HOP_BY_HOP.contains(&k_str) && !named.iter().any(|n| n == k_str) {
             to.append(k.clone(), v.clone());
         }
     }
@@ -423,7 +593,6 @@ async fn respond(
     s: &Arc<Shared>,
     mut flight: Flight,
     r: hyper::Response<Incoming>,
-    worker: &str,
     first_chunk_by: tokio::time::Instant,
 ) -> Response {
     let (parts, mut body) = r.into_parts();
@@ -431,12 +600,7 @@ async fn respond(
         .headers
         .get(header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-    let mut out = Response::new(Body::empty());
-    *out.status_mut() = parts.status;
-    copy_headers(&parts.headers, out.headers_mut());
-    if let Ok(v) = HeaderValue::from_str(worker) {
-        out.headers_mut().insert(WORKER_HEADER, v);
-    }
+    let mut out = answer_head(&parts, &flight.name);
     out.headers_mut().insert(
         BELIEVED_CACHED_HEADER,
         HeaderValue::from(flight.charge.tokens.saturating_sub(flight.charge.uncached)),
@@ -454,8 +618,98 @@ async fn respond(
         });
         return out;
     }
-    let mut buf = BytesMut::new();
     let mut stall = StallTimer::new(first_chunk_by, idle);
+    let read = read_body(s, &parts.headers, &mut body, &mut stall, || {
+        flight.first_byte()
+    })
+    .await;
+    let buf = match read {
+        Ok(buf) => buf,
+        Err(failure) => {
+            let (status, err) =
+                failure.answer(&flight.name, idle, flight.first_token_at.is_some(), s);
+            flight.log_end(status, None);
+            if matches!(failure, BodyFailure::TooLarge) {
+                // The worker answered; the answer is too large to relay, not a sick worker.
+                flight.abandon();
+            } else {
+                flight.fail(false);
+            }
+            return err.into_response();
+        }
+    };
+    if parts.status.is_success() {
+        let output = output_tokens_of_json(&buf);
+        flight.complete(output, Some(output));
+    } else {
+        // The worker refused the request (4xx): the client's fault, not the worker's.
+        flight.log_end(LogStatus::Rejected, None);
+        flight.abandon();
+    }
+    *out.body_mut() = Body::from(buf);
+    out
+}
+
+/// The head of the answer relayed from a worker: its status and end-to-end headers, and the
+/// worker's name.
+fn answer_head(parts: &hyper::http::response::Parts, worker: &str) -> Response {
+    let mut out = Response::new(Body::empty());
+    *out.status_mut() = parts.status;
+    copy_headers(&parts.headers, out.headers_mut());
+    if let Ok(v) = HeaderValue::from_str(worker) {
+        out.headers_mut().insert(WORKER_HEADER, v);
+    }
+    out
+}
+
+/// A worker's 5xx answer, read whole (bounded as any buffered body), to pass on to the client
+/// if it stays the request's last answer: the worker's status, its `Retry-After` and its
+/// body. A body that cannot be read whole is replaced by the gateway's own error saying why.
+async fn server_error(
+    s: &Shared,
+    r: hyper::Response<Incoming>,
+    worker: &str,
+    first_chunk_by: tokio::time::Instant,
+) -> Response {
+    let (parts, mut body) = r.into_parts();
+    let mut out = answer_head(&parts, worker);
+    let idle = s.settings.stream_idle_timeout;
+    let mut stall = StallTimer::new(first_chunk_by, idle);
+    match read_body(s, &parts.headers, &mut body, &mut stall, || {}).await {
+        Ok(buf) => *out.body_mut() = Body::from(buf),
+        Err(failure) => {
+            let (_, err) = failure.answer(worker, idle, false, s);
+            out.headers_mut().remove(header::CONTENT_TYPE);
+            out.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            *out.body_mut() = Body::from(err.body().to_string());
+        }
+    }
+    out
+}
+
+/// Read a worker's body whole: at most `upstream.max_response_bytes` (refused at once when its
+/// `Content-Length` says more), its first chunk by the stall timer's deadline and no longer
+/// gap than the stream idle timeout, the whole within the response timeout. `first_chunk` is
+/// called at each non-empty chunk.
+async fn read_body(
+    s: &Shared,
+    headers: &HeaderMap,
+    body: &mut Incoming,
+    stall: &mut StallTimer,
+    mut first_chunk: impl FnMut(),
+) -> Result<Bytes, BodyFailure> {
+    let limit = s.settings.max_response_bytes;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(BodyFailure::TooLarge);
+    }
+    let mut buf = BytesMut::new();
     let read = tokio::time::timeout(s.settings.response_timeout, async {
         loop {
             let frame = tokio::select! {
@@ -470,50 +724,74 @@ async fn respond(
             let frame = frame.map_err(BodyFailure::Broken)?;
             if let Ok(d) = frame.into_data() {
                 if !d.is_empty() {
-                    flight.first_byte();
+                    first_chunk();
                     stall.chunk();
+                }
+                if buf.len() + d.len() > limit {
+                    return Err(BodyFailure::TooLarge);
                 }
                 buf.extend_from_slice(&d);
             }
         }
     })
     .await;
-    let failure = match read {
-        Ok(Ok(())) => None,
-        Ok(Err(BodyFailure::Broken(e))) => Some((
-            LogStatus::UpstreamError,
-            ApiError::upstream(format!("the worker's response broke: {}", error_chain(&e))),
-        )),
-        Ok(Err(BodyFailure::Stalled)) => Some((
-            LogStatus::Timeout,
-            stalled(worker, idle, flight.first_token_at.is_some()),
-        )),
-        Err(_) => Some((
-            LogStatus::Timeout,
-            ApiError::upstream("the worker's response did not finish within the response timeout"),
-        )),
-    };
-    if let Some((status, err)) = failure {
-        flight.log_end(status, None);
-        flight.fail(false);
-        return err.into_response();
+    match read {
+        Ok(Ok(())) => Ok(buf.freeze()),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(BodyFailure::TimedOut),
     }
-    if parts.status.is_success() {
-        let output = output_tokens_of_json(&buf);
-        flight.complete(output, Some(output));
-    } else {
-        // The worker refused the request (4xx): the client's fault, not the worker's.
-        flight.log_end(LogStatus::Rejected, None);
-        flight.abandon();
-    }
-    *out.body_mut() = Body::from(buf.freeze());
-    out
 }
 
 /// Why a buffered body did not arrive whole.
 enum BodyFailure {
     Broken(hyper::Error),
     Stalled,
+    TimedOut,
+    /// Longer than `upstream.max_response_bytes`.
+    TooLarge,
+}
+
+impl BodyFailure {
+    /// The request log's status and the client's answer (`started`: a first chunk came).
+    fn answer(
+        &self,
+        worker: &str,
+        idle: std::time::Duration,
+        started: bool,
+        s: &Shared,
+    ) -> (LogStatus, ApiError) {
+        match self {
+            BodyFailure::Broken(e) => (
+                LogStatus::UpstreamError,
+                ApiError::upstream(format!("the worker's response broke: {}", error_chain(e))),
+            ),
+            BodyFailure::Stalled => (LogStatus::Timeout, stalled(worker, idle, started)),
+            BodyFailure::TimedOut => (
+                LogStatus::Timeout,
+                ApiError::upstream(
+                    "the worker's response did not finish within the response timeout",
+                ),
+            ),
+            BodyFailure::TooLarge => {
+                let limit = s.settings.max_response_bytes;
+                crate::log(
+                    "response_too_large",
+                    &[("worker", worker), ("limit_bytes", &limit.to_string())],
+                );
+                (
+                    LogStatus::UpstreamError,
+                    ApiError::new(
+                        StatusCode::BAD_GATEWAY,
+                        "upstream_error",
+                        "response_too_large",
+                        format!(
+                            "worker `{worker}` sent a response larger than the gateway relays whole ({limit} bytes, upstream.max_response_bytes); ask for `stream: true`"
+                        ),
+                    ),
+                )
+            }
+        }
+    }
 }
 
 /// The answer (a 502, or the SSE error event of a stream) when a worker's body stalled:
@@ -776,11 +1054,11 @@ impl http_body::Body for SseBody {
                 this.flight
                     .log_end(LogStatus::Timeout, this.scan.logged_output());
                 this.flight.fail(false);
-                let name = {
-                    let core = this.flight.shared.core();
-                    core.workers[this.flight.worker.index()].cfg.name.clone()
-                };
-                let err = stalled(&name, this.stall.idle, this.flight.first_token_at.is_some());
+                let err = stalled(
+                    &this.flight.name,
+                    this.stall.idle,
+                    this.flight.first_token_at.is_some(),
+                );
                 Poll::Ready(Some(Ok(Frame::data(err.sse_event()))))
             }
             Poll::Ready(Some(Ok(frame))) => {
@@ -800,12 +1078,11 @@ impl http_body::Body for SseBody {
                 this.flight
                     .log_end(LogStatus::UpstreamError, this.scan.logged_output());
                 this.flight.fail(false);
-                let name = {
-                    let core = this.flight.shared.core();
-                    core.workers[this.flight.worker.index()].cfg.name.clone()
-                };
                 let chain = error_chain(&e);
-                crate::log("stream_broken", &[("worker", &name), ("error", &chain)]);
+                crate::log(
+                    "stream_broken",
+                    &[("worker", &this.flight.name), ("error", &chain)],
+                );
                 let err = ApiError::upstream(format!(
                     "the worker's stream broke after the first byte: {chain}"
                 ));

@@ -43,6 +43,8 @@ pub(crate) struct Limits {
     pub header_read_timeout: Duration,
     pub body_read_timeout: Duration,
     pub max_connections: u32,
+    /// How long connections may finish their requests after a shutdown began.
+    pub drain_timeout: Duration,
 }
 
 /// The default `server.max_connections`: 4,096 (well above what one gateway in front of a few
@@ -107,19 +109,58 @@ pub struct ConnectionStats {
     last_rejection_log_s: AtomicU64,
 }
 
-/// The HTTP routes as this listener serves them: the scope's filter and the body deadline
-/// around `routes`.
-pub(crate) fn scoped(routes: axum::Router, scope: Scope, limits: Limits) -> axum::Router {
+/// The HTTP routes as this listener serves them: around `routes`, the scope's filter, the `Host`
+/// rule and the body deadline, and outermost the count of every rejection (`shared`'s
+/// metrics), so that the answers those layers give are counted as what they are (a 408 used to
+/// be counted as the 400 the handler saw when its body was cut).
+pub(crate) fn scoped(
+    routes: axum::Router,
+    scope: Scope,
+    limits: Limits,
+    shared: Arc<crate::state::Shared>,
+) -> axum::Router {
     let routes = match scope {
         Scope::All => routes,
         Scope::Public | Scope::Admin => {
             routes.layer(axum::middleware::from_fn_with_state(scope, scope_filter))
         }
     };
-    routes.layer(axum::middleware::from_fn_with_state(
-        limits.body_read_timeout,
-        body_deadline,
-    ))
+    routes
+        .layer(axum::middleware::from_fn_with_state(
+            limits.body_read_timeout,
+            body_deadline,
+        ))
+        .layer(axum::middleware::map_response_with_state(
+            shared,
+            crate::metrics::count_rejections,
+        ))
+}
+
+/// RFC 9112 §3.2: "A server MUST respond with a 400 (Bad Request) status code to any HTTP/1.1
+/// request message that lacks a Host header field and to any request message that contains
+/// more than one Host header field line or a Host header field with an invalid field value."
+/// An HTTP/1.0 request may leave it out. The refusal, if any.
+fn host_rule(req: &Request) -> Option<Response> {
+    let mut hosts = req.headers().get_all(header::HOST).iter();
+    let problem = match (hosts.next(), hosts.next()) {
+        (None, _) if req.version() >= axum::http::Version::HTTP_11 => {
+            Some("an HTTP/1.1 request must have a `Host` header")
+        }
+        (Some(_), Some(_)) => Some("a request must have one `Host` header, not several"),
+        (Some(h), None) if h.is_empty() || h.to_str().is_err() => {
+            Some("the `Host` header is not a valid host")
+        }
+        _ => None,
+    };
+    problem.map(|message| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "invalid_host",
+            message,
+        )
+        .into_response()
+    })
 }
 
 async fn scope_filter(State(scope): State<Scope>, req: Request, next: Next) -> Response {
@@ -142,7 +183,12 @@ async fn scope_filter(State(scope): State<Scope>, req: Request, next: Next) -> R
 #[error("the request body was not received within {0:?}")]
 pub struct BodyReadTimeout(Duration);
 
+/// The request's own checks, in one layer (each layer costs a boxed future per request): the
+/// `Host` rule, and the body deadline (a body not received by then is answered 408).
 async fn body_deadline(State(limit): State<Duration>, req: Request, next: Next) -> Response {
+    if let Some(refused) = host_rule(&req) {
+        return refused;
+    }
     let timed_out = Arc::new(AtomicBool::new(false));
     let deadline = Instant::now() + limit;
     let req = req.map(|inner| {
@@ -234,6 +280,8 @@ pub(crate) async fn serve(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections as usize));
+    // Connections closed at the drain deadline with a request still running.
+    let cut = Arc::new(AtomicU64::new(0));
     let local = listener
         .local_addr()
         .map(|a| a.to_string())
@@ -264,17 +312,33 @@ pub(crate) async fn serve(
         let routes = routes.clone();
         let stats = stats.clone();
         let shutdown = shutdown.clone();
+        let cut = cut.clone();
         tokio::spawn(async move {
             stats.open.fetch_add(1, Relaxed);
-            connection(tcp, peer, routes, limits, shutdown).await;
+            connection(tcp, peer, routes, limits, shutdown, &cut).await;
             stats.open.fetch_sub(1, Relaxed);
             drop(slot);
         });
     }
     // New clients are refused from now on, rather than left waiting in the backlog.
     drop(listener);
-    // Every connection holds a slot until it closes: all slots back means all closed.
+    // Every connection holds a slot until it closes: all slots back means all closed (each
+    // closes by the drain deadline at the latest).
     let _all_closed = slots.acquire_many(limits.max_connections).await;
+    let cut = cut.load(Relaxed);
+    if cut > 0 {
+        crate::log(
+            "drain_timeout",
+            &[
+                ("listen", &local),
+                ("connections_cut", &cut.to_string()),
+                (
+                    "drain_timeout_s",
+                    &limits.drain_timeout.as_secs_f64().to_string(),
+                ),
+            ],
+        );
+    }
 }
 
 /// Serve one connection until it closes (gracefully, once `shutdown` turns true).
@@ -284,6 +348,7 @@ async fn connection(
     routes: axum::Router,
     limits: Limits,
     mut shutdown: watch::Receiver<bool>,
+    cut: &AtomicU64,
 ) {
     let service = TowerToHyperService::new(routes);
     // Handlers may ask who the client is (`ConnectInfo<SocketAddr>`), as with `axum::serve`.
@@ -303,7 +368,14 @@ async fn connection(
     }
     conn.as_mut().graceful_shutdown();
     // Errors (a client that went away, a header timeout) end the connection; nothing to add.
-    let _ = conn.await;
+    // A request still running at the drain deadline is cut with its connection: a stream
+    // trickling for minutes must not hold the shutdown.
+    if tokio::time::timeout(limits.drain_timeout, conn)
+        .await
+        .is_err()
+    {
+        cut.fetch_add(1, Relaxed);
+    }
 }
 
 /// How many over-the-cap connections are answered at once; beyond it they are closed without

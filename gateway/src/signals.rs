@@ -101,16 +101,12 @@ impl EngineMetricsConfig {
         if let Some(v) = self.stale_after_s {
             secs("stale_after_s", v)?;
         }
-        if !self.path.starts_with('/')
-            || self
-                .path
-                .chars()
-                .any(|c| c.is_whitespace() || c.is_control())
-        {
+        // The rule every path the gateway requests from a worker follows (`health.path` too).
+        if let Err(reason) = crate::upstream::check_path(&self.path) {
             return Err((
                 "engine_metrics.path".into(),
-                format!("`{}` is not a URL path", self.path),
-                "a path starting with / without spaces, e.g. /metrics",
+                format!("`{}` {reason}", self.path),
+                "a path such as /metrics",
             ));
         }
         Ok(())
@@ -268,7 +264,7 @@ impl SignalHub {
         let cache_blocks = s
             .core()
             .workers
-            .get(id.index())
+            .get(id)
             .and_then(|w| w.cfg.cache_tokens.map(crate::config::CacheTokens::blocks));
         let mut out = Vec::new();
         {
@@ -285,6 +281,15 @@ impl SignalHub {
             let now = s.clock.now();
             s.core().router.apply_kv_events(now, id, &out);
         }
+    }
+
+    /// A worker was removed: what the hub knew of it goes with it, so a worker added again in
+    /// its slot (`Router::revive`) starts with a new stream (the stream keeper starts a new
+    /// subscriber), poll and history rather than the removed engine's.
+    pub fn forget_worker(&self, id: WorkerId) {
+        lock(&self.kv).remove(&id.0);
+        lock(&self.polls).remove(&id.0);
+        lock(&self.history).remove(&id.0);
     }
 
     fn restarted(&self, task: &'static str) {
@@ -318,7 +323,7 @@ impl SignalHub {
 fn worker_name(s: &Shared, id: WorkerId) -> String {
     s.core()
         .workers
-        .get(id.index())
+        .get(id)
         .map(|w| w.cfg.name.clone())
         .unwrap_or_default()
 }
@@ -392,10 +397,9 @@ async fn keep_streams(s: Arc<Shared>) {
             // Only a policy that mirrors the engines' caches reads the streams.
             let reads = core.router.kv_event_delay().is_some();
             core.workers
-                .iter()
-                .enumerate()
-                .filter(|(_, w)| reads && !w.removed)
-                .filter_map(|(i, w)| w.cfg.kv_events.clone().map(|c| (WorkerId(i as u32), c)))
+                .live()
+                .filter(|_| reads)
+                .filter_map(|(id, w)| w.cfg.kv_events.clone().map(|c| (id, c)))
                 .collect()
         };
         let keep: std::collections::HashSet<u32> = wanted.iter().map(|(id, _)| id.0).collect();
@@ -410,6 +414,11 @@ async fn keep_streams(s: Arc<Shared>) {
         });
         for (id, cfg) in wanted {
             let restart = match running.get(&id.0) {
+                // Removed and added again since (`SignalHub::forget_worker`): a new engine.
+                Some(h) if !lock(&s.signals.kv).contains_key(&id.0) => {
+                    h.abort();
+                    true
+                }
                 Some(h) if h.is_finished() => {
                     s.signals.restarted("kv_subscriber");
                     crate::log(
@@ -437,6 +446,15 @@ async fn keep_streams(s: Arc<Shared>) {
     }
 }
 
+/// A worker to poll: its page's URL (or why it cannot be made), its cache size in tokens and
+/// the requests sent to it so far.
+type PollTarget = (
+    WorkerId,
+    Result<hyper::Uri, crate::upstream::BaseUrlError>,
+    Option<u64>,
+    u64,
+);
+
 /// Poll every live worker's `/metrics` each interval and hand the router its report; drop a
 /// report once it is older than `stale_after_s`.
 async fn poll_engines(s: Arc<Shared>) {
@@ -446,22 +464,19 @@ async fn poll_engines(s: Arc<Shared>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let targets: Vec<(WorkerId, hyper::Uri, Option<u64>, u64)> = {
+        let targets: Vec<PollTarget> = {
             let core = s.core();
             core.workers
-                .iter()
-                .enumerate()
-                .filter(|(i, w)| {
-                    !w.removed
-                        && core
-                            .router
-                            .fleet()
-                            .get(WorkerId(*i as u32))
-                            .is_some_and(|f| f.state != WorkerState::Removed)
+                .live()
+                .filter(|(id, _)| {
+                    core.router
+                        .fleet()
+                        .get(*id)
+                        .is_some_and(|f| f.state != WorkerState::Removed)
                 })
-                .map(|(i, w)| {
+                .map(|(id, w)| {
                     (
-                        WorkerId(i as u32),
+                        id,
                         w.base.join(&p.path),
                         w.cfg.cache_tokens.map(crate::config::CacheTokens::tokens),
                         w.metrics.requests.load(Relaxed),
@@ -472,7 +487,14 @@ async fn poll_engines(s: Arc<Shared>) {
         let polls = targets.into_iter().map(|(id, uri, cache, sent)| {
             let s = s.clone();
             let timeout = p.timeout;
-            async move { (id, cache, sent, fetch(&s, uri, timeout).await) }
+            async move {
+                // A URL that cannot be made is a failed poll, said in its status, never a panic.
+                let page = match uri {
+                    Ok(uri) => fetch(&s, uri, timeout).await,
+                    Err(e) => Err(e.to_string()),
+                };
+                (id, cache, sent, page)
+            }
         });
         let results = futures_util::future::join_all(polls).await;
         let now = s.clock.now();
@@ -529,6 +551,10 @@ async fn poll_engines(s: Arc<Shared>) {
         if !reports.is_empty() {
             let mut core = s.core();
             for (id, r) in reports {
+                // Removed while its page was being read: nothing to tell the router.
+                if core.workers.get(id).is_none() {
+                    continue;
+                }
                 match r {
                     Some(r) => core.router.engine_report(now, id, r),
                     None => core.router.forget_engine_report(now, id),
@@ -566,11 +592,8 @@ async fn sample_history(s: Arc<Shared>) {
         let rows: Vec<(u32, u32, f64, u64, f64)> = {
             let core = s.core();
             core.workers
-                .iter()
-                .enumerate()
-                .filter(|(_, w)| !w.removed)
-                .map(|(i, w)| {
-                    let id = WorkerId(i as u32);
+                .live()
+                .map(|(id, w)| {
                     let info = core.router.fleet().get(id);
                     (
                         id.0,
@@ -614,12 +637,10 @@ pub(crate) fn render_metrics(s: &Shared) -> String {
     let labels: HashMap<u32, String> = {
         let core = s.core();
         core.workers
-            .iter()
-            .enumerate()
-            .filter(|(_, w)| !w.removed)
-            .map(|(i, w)| {
+            .live()
+            .map(|(id, w)| {
                 (
-                    i as u32,
+                    id.0,
                     format!(
                         "worker=\"{}\",model=\"{}\"",
                         crate::metrics::esc(&w.cfg.name),

@@ -18,10 +18,10 @@ use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use routelab_policies::weights::{PersistedProbeState, ProbeCacheEntry};
 use routelab_policies::{
-    AdminError, Completion, Decision, InputError, RouteError, Router, Time, WorkerId, WorkerSpec,
-    WorkerState,
+    AdminError, Completion, Decision, InputError, ModelId, RouteError, Router, Time, WorkerId,
+    WorkerSpec, WorkerState,
 };
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -49,6 +49,8 @@ pub(crate) struct Settings {
     pub min_observed: Duration,
     /// The engines' metrics poll (`engine_metrics`).
     pub engine_poll: crate::signals::PollSettings,
+    /// `upstream.max_response_bytes`.
+    pub max_response_bytes: usize,
 }
 
 impl Settings {
@@ -85,6 +87,7 @@ impl Settings {
                     .server
                     .max_connections
                     .unwrap_or_else(crate::server::default_max_connections),
+                drain_timeout: secs("server.drain_timeout_s", c.server.drain_timeout_s)?,
             },
             min_observed: secs("capacity.min_observed_s", c.capacity.min_observed_s)?,
             engine_poll: c.engine_metrics.settings(
@@ -93,6 +96,7 @@ impl Settings {
                     .chooser
                     .engine_poll_interval(),
             ),
+            max_response_bytes: c.upstream.max_response_bytes,
         })
     }
 }
@@ -134,8 +138,10 @@ impl Shared {
             core: Mutex::new(Core {
                 router,
                 rng: Xoshiro256PlusPlus::seed_from_u64(seed),
-                workers: Vec::new(),
+                workers: WorkerTable::default(),
                 by_name: HashMap::new(),
+                removed: HashMap::new(),
+                panicking: HashSet::new(),
                 waiters: HashMap::new(),
                 next_ticket: 1,
             }),
@@ -175,19 +181,87 @@ pub(crate) struct WorkerRt {
     pub ejected: bool,
     /// Drained by an administrator (health logic leaves it alone).
     pub drained: bool,
-    pub removed: bool,
     /// Last measured burst throughput, tok/s.
     pub probe_tok_s: Option<f64>,
+}
+
+/// The gateway's records of the workers, indexed by [`WorkerId`] like the router's fleet. A
+/// removed worker's record is dropped (its slot keeps 8 bytes), and a worker removed and added
+/// again takes its old slot back ([`Core::add_worker`]), so that adding and removing workers
+/// through the admin API does not grow the gateway without bound.
+#[derive(Debug, Default)]
+pub(crate) struct WorkerTable {
+    slots: Vec<Option<Box<WorkerRt>>>,
+}
+
+impl WorkerTable {
+    /// A worker that is not removed.
+    pub fn get(&self, id: WorkerId) -> Option<&WorkerRt> {
+        self.slots.get(id.index())?.as_deref()
+    }
+
+    /// A worker that is not removed.
+    pub fn get_mut(&mut self, id: WorkerId) -> Option<&mut WorkerRt> {
+        self.slots.get_mut(id.index())?.as_deref_mut()
+    }
+
+    /// The workers that are not removed, in id order.
+    pub fn live(&self) -> impl Iterator<Item = (WorkerId, &WorkerRt)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, w)| Some((WorkerId(i as u32), w.as_deref()?)))
+    }
+
+    /// Slots, removed workers' included: the router's fleet size.
+    pub fn slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    fn put(&mut self, id: WorkerId, w: WorkerRt) {
+        if id.index() == self.slots.len() {
+            self.slots.push(Some(Box::new(w)));
+        } else {
+            self.slots[id.index()] = Some(Box::new(w));
+        }
+    }
+
+    fn take(&mut self, id: WorkerId) -> Option<Box<WorkerRt>> {
+        self.slots.get_mut(id.index())?.take()
+    }
 }
 
 /// The router and what must change with it atomically.
 pub(crate) struct Core {
     pub router: Router,
     pub rng: Xoshiro256PlusPlus,
-    pub workers: Vec<WorkerRt>,
+    pub workers: WorkerTable,
     pub by_name: HashMap<String, WorkerId>,
+    /// Removed workers by name: re-added with the same engine, a worker takes its slot back.
+    removed: HashMap<String, WorkerId>,
+    /// Models in panic mode ([`Core::apply_health`]).
+    panicking: HashSet<ModelId>,
     waiters: HashMap<u64, oneshot::Sender<Result<Decision, RouteError>>>,
     next_ticket: u64,
+}
+
+/// What a failure says about a worker, for the health logic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// A request failed on it; `hard`: its connection could not be made. Ejections by
+    /// requests are capped (`health.max_ejection_percent`): one bad request retried across the
+    /// fleet must not take the fleet out.
+    Request { hard: bool },
+    /// An active health check failed; `hard`: its connection could not be made.
+    Check { hard: bool },
+}
+
+impl Failure {
+    fn hard(self) -> bool {
+        match self {
+            Failure::Request { hard } | Failure::Check { hard } => hard,
+        }
+    }
 }
 
 /// Every name [`state_name`] gives a worker the gateway still lists (removed ones are not
@@ -206,8 +280,15 @@ pub(crate) fn state_name(s: WorkerState) -> &'static str {
 }
 
 impl Core {
-    /// Register a worker (names are unique among workers not removed).
-    pub fn add_worker(&mut self, now: Time, cfg: WorkerConfig) -> Result<WorkerId, WorkerError> {
+    /// Register a worker (names are unique among workers not removed). A worker removed
+    /// earlier and added again with the same engine (its spec equal but for the launch
+    /// arguments) takes its old slot back, as a restarted engine ([`Router::revive`]).
+    pub fn add_worker(
+        &mut self,
+        now: Time,
+        cfg: WorkerConfig,
+        s: &Shared,
+    ) -> Result<WorkerId, WorkerError> {
         cfg.validate()?;
         if self.by_name.contains_key(&cfg.name) {
             return Err(WorkerError::Duplicate(cfg.name));
@@ -216,37 +297,150 @@ impl Core {
             name: cfg.name.clone(),
             error,
         })?;
-        let id = self.router.register(now, cfg.spec());
-        debug_assert_eq!(id.index(), self.workers.len());
+        let spec = cfg.spec();
+        let revived = self.removed.get(&cfg.name).copied().filter(|&id| {
+            self.router.fleet().get(id).is_some_and(|w| {
+                WorkerSpec {
+                    launch_args: spec.launch_args.clone(),
+                    ..w.spec.clone()
+                } == spec
+            }) && self.router.revive(now, id, &spec.launch_args).is_ok()
+        });
+        let id = match revived {
+            Some(id) => {
+                self.removed.remove(&cfg.name);
+                id
+            }
+            None => {
+                let id = self.router.register(now, spec.clone());
+                debug_assert_eq!(id.index(), self.workers.slots());
+                id
+            }
+        };
         self.by_name.insert(cfg.name.clone(), id);
         // A cached measurement adopted at registration counts as the last probe.
         let probe_tok_s = self
             .router
             .strategy()
             .export_state()
-            .and_then(|s| cached_measurement(&s, &cfg.spec()).map(|e| e.throughput_tok_s));
-        self.workers.push(WorkerRt {
-            cfg,
-            base,
-            metrics: Arc::new(WorkerMetrics::default()),
-            consecutive_failures: 0,
-            consecutive_successes: 0,
-            ejected: false,
-            drained: false,
-            removed: false,
-            probe_tok_s,
-        });
+            .and_then(|st| cached_measurement(&st, &spec).map(|e| e.throughput_tok_s));
+        self.workers.put(
+            id,
+            WorkerRt {
+                cfg,
+                base,
+                metrics: Arc::new(WorkerMetrics::default()),
+                consecutive_failures: 0,
+                consecutive_successes: 0,
+                ejected: false,
+                drained: false,
+                probe_tok_s,
+            },
+        );
+        self.apply_health(now, id, s);
         self.pump(now);
         Ok(id)
     }
 
     /// Deregister a worker.
-    pub fn remove_worker(&mut self, now: Time, id: WorkerId) {
-        if self.router.remove(now, id).is_ok() {
-            let w = &mut self.workers[id.index()];
-            w.removed = true;
+    pub fn remove_worker(&mut self, now: Time, id: WorkerId, s: &Shared) {
+        if self.router.remove(now, id).is_ok()
+            && let Some(w) = self.workers.take(id)
+        {
             self.by_name.remove(&w.cfg.name);
+            self.removed.insert(w.cfg.name.clone(), id);
+            // Its polled report described the removed engine, not one added again in its slot.
+            self.router.forget_engine_report(now, id);
+            self.apply_health(now, id, s);
         }
+    }
+
+    /// The workers of `model` the health logic judges: not removed, not drained.
+    fn pool(&self, model: ModelId) -> impl Iterator<Item = (WorkerId, &WorkerRt)> {
+        self.workers.live().filter(move |(i, w)| {
+            !w.drained
+                && self
+                    .router
+                    .fleet()
+                    .get(*i)
+                    .is_some_and(|f| f.model == model)
+        })
+    }
+
+    /// How many workers `model`'s pool has ([`Core::pool`]), and how many of them are ejected.
+    fn pool_of(&self, model: ModelId) -> (usize, usize) {
+        self.pool(model).fold((0, 0), |(n, out), (_, w)| {
+            (n + 1, out + usize::from(w.ejected))
+        })
+    }
+
+    /// Whether failing requests may eject one more of `model`'s workers: at most
+    /// `health.max_ejection_percent` of them are ejected at once, and always at least one may
+    /// be (Envoy's `max_ejection_percent`).
+    fn may_eject_another(&self, model: ModelId, s: &Shared) -> bool {
+        let (n, out) = self.pool_of(model);
+        out == 0 || (out + 1) as f64 * 100.0 <= s.settings.health.max_ejection_percent * n as f64
+    }
+
+    /// Make `id`'s model routable as its workers' health says: an ejected worker is not
+    /// routed to, unless fewer than `health.panic_threshold_percent` of the model's workers
+    /// (not drained) are healthy; then the model is in panic mode and every worker gets
+    /// requests again, ejected or not (Envoy's panic mode: better to try a worker that may be
+    /// sick than to refuse everything, e.g. when the health checks themselves are wrong).
+    /// Health checks go on meanwhile, and re-admissions bring the model out of it.
+    pub fn apply_health(&mut self, now: Time, id: WorkerId, s: &Shared) {
+        let Some(model) = self.router.fleet().get(id).map(|w| w.model) else {
+            return;
+        };
+        let (n, out) = self.pool_of(model);
+        let threshold = s.settings.health.panic_threshold_percent;
+        let panic = n > 0 && ((n - out) as f64) * 100.0 < threshold * n as f64;
+        let was = self.panicking.contains(&model);
+        if panic != was {
+            if panic {
+                self.panicking.insert(model);
+            } else {
+                self.panicking.remove(&model);
+            }
+            let name = self
+                .router
+                .model_name(model)
+                .unwrap_or_default()
+                .to_string();
+            crate::log(
+                if panic {
+                    "panic_mode_entered"
+                } else {
+                    "panic_mode_left"
+                },
+                &[
+                    ("model", &name),
+                    ("healthy", &(n - out).to_string()),
+                    ("workers", &n.to_string()),
+                ],
+            );
+        }
+        let ids: Vec<(WorkerId, bool)> = self
+            .pool(model)
+            .map(|(i, w)| (i, !w.ejected || panic))
+            .collect();
+        let mut reopened = false;
+        for (i, routable) in ids {
+            let state = self.router.fleet().get(i).map(|f| f.state);
+            if routable && state == Some(WorkerState::Disconnected) {
+                reopened |= self.router.reconnect(now, i).is_ok();
+            } else if !routable && state == Some(WorkerState::Up) {
+                let _ = self.router.disconnect(now, i);
+            }
+        }
+        if reopened {
+            self.pump(now);
+        }
+    }
+
+    /// The models in panic mode.
+    pub fn panicking(&self, model: ModelId) -> bool {
+        self.panicking.contains(&model)
     }
 
     /// A live worker by name.
@@ -331,11 +525,11 @@ impl Core {
     /// worker is routable again at once (the router treats it as reconnected with the same
     /// engine, keeping a fresh measurement); one the health logic ejected meanwhile is left to
     /// the health checks, which look at it again from now on.
-    pub fn undrain(&mut self, now: Time, id: WorkerId) -> bool {
-        let Some(w) = self.workers.get_mut(id.index()) else {
+    pub fn undrain(&mut self, now: Time, id: WorkerId, s: &Shared) -> bool {
+        let Some(w) = self.workers.get_mut(id) else {
             return false;
         };
-        if !w.drained || w.removed {
+        if !w.drained {
             return false;
         }
         w.drained = false;
@@ -347,48 +541,63 @@ impl Core {
         if draining && self.router.reconnect(now, id).is_ok() {
             self.pump(now);
         }
+        self.apply_health(now, id, s);
         true
     }
 
     /// A request or check against the worker failed; eject it after enough in a row (at once
-    /// for a `hard` failure such as a refused connection). True if it was ejected now.
-    pub fn note_failure(&mut self, now: Time, id: WorkerId, hard: bool, s: &Shared) -> bool {
+    /// for a hard failure such as a refused connection), within the ejection cap for failing
+    /// requests. True if it was ejected now.
+    pub fn note_failure(&mut self, now: Time, id: WorkerId, failure: Failure, s: &Shared) -> bool {
         let unhealthy_after = s.settings.health.unhealthy_after.max(1);
-        let Some(w) = self.workers.get_mut(id.index()) else {
+        let Some(model) = self.router.fleet().get(id).map(|f| f.model) else {
+            return false;
+        };
+        let capped =
+            matches!(failure, Failure::Request { .. }) && !self.may_eject_another(model, s);
+        let Some(w) = self.workers.get_mut(id) else {
             return false;
         };
         w.consecutive_successes = 0;
         w.consecutive_failures = w.consecutive_failures.saturating_add(1);
-        let up = self
-            .router
-            .fleet()
-            .get(id)
-            .is_some_and(|i| i.state == WorkerState::Up);
-        if s.ejection_enabled()
-            && up
-            && !w.drained
-            && !w.removed
-            && (hard || w.consecutive_failures >= unhealthy_after)
-            && self.router.disconnect(now, id).is_ok()
+        if !s.ejection_enabled()
+            || w.ejected
+            || w.drained
+            || !(failure.hard() || w.consecutive_failures >= unhealthy_after)
         {
-            w.ejected = true;
+            return false;
+        }
+        if capped {
             crate::log(
-                "worker_ejected",
+                "ejection_capped",
                 &[
                     ("worker", &w.cfg.name),
                     ("failures", &w.consecutive_failures.to_string()),
+                    (
+                        "max_ejection_percent",
+                        &s.settings.health.max_ejection_percent.to_string(),
+                    ),
                 ],
             );
-            return true;
+            return false;
         }
-        false
+        w.ejected = true;
+        crate::log(
+            "worker_ejected",
+            &[
+                ("worker", &w.cfg.name),
+                ("failures", &w.consecutive_failures.to_string()),
+            ],
+        );
+        self.apply_health(now, id, s);
+        true
     }
 
     /// A request or check against the worker succeeded; re-admit an ejected worker after
     /// enough successful checks in a row (`check`: an active health check).
     pub fn note_success(&mut self, now: Time, id: WorkerId, check: bool, s: &Shared) {
         let healthy_after = s.settings.health.healthy_after.max(1);
-        let Some(w) = self.workers.get_mut(id.index()) else {
+        let Some(w) = self.workers.get_mut(id) else {
             return;
         };
         w.consecutive_failures = 0;
@@ -396,14 +605,11 @@ impl Core {
             return;
         }
         w.consecutive_successes = w.consecutive_successes.saturating_add(1);
-        if w.consecutive_successes >= healthy_after && !w.removed {
+        if w.consecutive_successes >= healthy_after {
             w.ejected = false;
             w.consecutive_successes = 0;
-            let name = w.cfg.name.clone();
-            if self.router.reconnect(now, id).is_ok() {
-                crate::log("worker_readmitted", &[("worker", &name)]);
-                self.pump(now);
-            }
+            crate::log("worker_readmitted", &[("worker", &w.cfg.name)]);
+            self.apply_health(now, id, s);
         }
     }
 }
@@ -449,6 +655,8 @@ impl Drop for QueueTicket {
 pub(crate) struct Flight {
     pub shared: Arc<Shared>,
     pub worker: WorkerId,
+    /// The worker's name, for log lines (the worker may be removed while its request runs).
+    pub name: String,
     pub metrics: Arc<WorkerMetrics>,
     pub arrived: Instant,
     pub dispatched_at: Time,
@@ -468,6 +676,31 @@ pub(crate) struct Flight {
 }
 
 impl Flight {
+    /// A request `forward` dispatched to `decision`'s worker now.
+    pub fn new(
+        shared: &Arc<Shared>,
+        decision: &Decision,
+        metrics: Arc<WorkerMetrics>,
+        name: String,
+        forward: &crate::proxy::Forward,
+    ) -> Flight {
+        Flight {
+            shared: shared.clone(),
+            worker: decision.worker,
+            name,
+            metrics,
+            arrived: forward.arrived,
+            dispatched_at: shared.clock.now(),
+            first_token_at: None,
+            prompt_tokens: forward.prompt_tokens,
+            finished: false,
+            charge: decision.charge,
+            curve: None,
+            decoding: None,
+            trace: None,
+        }
+    }
+
     /// The first body byte arrived from the worker.
     pub fn first_byte(&mut self) {
         if self.first_token_at.is_some() {
@@ -533,8 +766,28 @@ impl Flight {
     /// The worker failed the request (`hard`: the connection could not be made). Logged as
     /// `upstream_error` unless [`Flight::log_end`] said otherwise first.
     pub fn fail(&mut self, hard: bool) {
+        if self.release_failed() {
+            let now = self.shared.clock.now();
+            self.shared.core().note_failure(
+                now,
+                self.worker,
+                Failure::Request { hard },
+                &self.shared,
+            );
+        }
+    }
+
+    /// The worker failed the request in a way that may be the request's fault (a 5xx): the
+    /// slot is freed and the error counted, and the health logic is told later, if at all,
+    /// when the request has ended (`proxy::Tries::judge`).
+    pub fn fail_unjudged(&mut self) {
+        self.release_failed();
+    }
+
+    /// Count the failure and free the slot; false if the flight had already ended.
+    fn release_failed(&mut self) -> bool {
         if self.finished {
-            return;
+            return false;
         }
         self.finished = true;
         self.metrics
@@ -543,9 +796,10 @@ impl Flight {
         let now = self.shared.clock.now();
         self.end_decoding(now, None);
         self.log_end(LogStatus::UpstreamError, None);
-        let mut core = self.shared.core();
-        core.release(now, self.worker, self.charge, None);
-        core.note_failure(now, self.worker, hard, &self.shared);
+        self.shared
+            .core()
+            .release(now, self.worker, self.charge, None);
+        true
     }
 
     /// The request ended without a worker fault worth counting (client gone, client error).

@@ -62,6 +62,69 @@ pub enum BaseUrlError {
         /// As written.
         url: String,
     },
+    /// A fragment (`#...`): the HTTP client drops it, and with it every path appended after it.
+    #[error("`{url}`: must not have a fragment (`#...`)")]
+    Fragment {
+        /// As written.
+        url: String,
+    },
+    /// User information (`user:password@`): credentials in a URL end up in logs and the admin
+    /// API's answers.
+    #[error("`{url}`: must not carry user information (`user@` or `user:password@`)")]
+    UserInfo {
+        /// As written.
+        url: String,
+    },
+    /// A port that is not a number from 1 to 65535.
+    #[error("`{url}`: the port must be a number from 1 to 65535")]
+    Port {
+        /// As written.
+        url: String,
+    },
+    /// Longer than [`MAX_BASE_URL_BYTES`].
+    #[error("a base URL of {len} bytes is too long (at most {MAX_BASE_URL_BYTES})")]
+    TooLong {
+        /// Its length.
+        len: usize,
+    },
+    /// A path does not make a URL with this base (a path of the configuration that was not
+    /// checked at load; never expected).
+    #[error("`{url}` joined with `{path}` is not a URL: {error}")]
+    Join {
+        /// The base, as kept.
+        url: String,
+        /// The path appended.
+        path: String,
+        /// The parser's complaint.
+        error: hyper::http::uri::InvalidUri,
+    },
+}
+
+/// Longest base URL: far above any real one, and short enough that every path the gateway
+/// appends ([`MAX_PATH_BYTES`]) still makes a URL (the HTTP library refuses 64 KiB ones).
+pub const MAX_BASE_URL_BYTES: usize = 2048;
+/// Longest path appended to a base URL (`health.path`).
+pub const MAX_PATH_BYTES: usize = 1024;
+
+/// Check a path to append to base URLs (`health.path`): it starts with `/`, has no fragment,
+/// is at most [`MAX_PATH_BYTES`] and is a valid request path (no space nor control character).
+/// The error says what is wrong.
+pub fn check_path(path: &str) -> Result<(), String> {
+    if !path.starts_with('/') {
+        return Err("must start with `/`".into());
+    }
+    if path.len() > MAX_PATH_BYTES {
+        return Err(format!(
+            "is {} bytes long (at most {MAX_PATH_BYTES})",
+            path.len()
+        ));
+    }
+    if path.contains('#') {
+        return Err("must not have a fragment (`#...`)".into());
+    }
+    path.parse::<hyper::http::uri::PathAndQuery>()
+        .map(drop)
+        .map_err(|e| format!("is not a valid request path ({e}): escape spaces and other special characters as %XX"))
 }
 
 /// A worker's server root, `http://host:port[/prefix]`.
@@ -71,9 +134,17 @@ pub struct BaseUrl {
 }
 
 impl BaseUrl {
-    /// Parse and check a base URL: `http` only, with a host, no query.
+    /// Parse and check a base URL: `http` only, with a host and at most a port (1 to 65535),
+    /// no user information, query or fragment, at most [`MAX_BASE_URL_BYTES`] long.
     pub fn parse(s: &str) -> Result<BaseUrl, BaseUrlError> {
         let url = || s.to_string();
+        if s.len() > MAX_BASE_URL_BYTES {
+            return Err(BaseUrlError::TooLong { len: s.len() });
+        }
+        // The URL parser accepts and then drops a fragment: refuse it before.
+        if s.contains('#') {
+            return Err(BaseUrlError::Fragment { url: url() });
+        }
         let uri: Uri = s
             .parse()
             .map_err(|error| BaseUrlError::NotAUrl { url: url(), error })?;
@@ -87,8 +158,17 @@ impl BaseUrl {
             }
             None => return Err(BaseUrlError::NoScheme { url: url() }),
         }
-        if uri.authority().is_none() {
+        let Some(authority) = uri.authority() else {
             return Err(BaseUrlError::NoHost { url: url() });
+        };
+        if authority.as_str().contains('@') {
+            return Err(BaseUrlError::UserInfo { url: url() });
+        }
+        if uri.host().is_none_or(str::is_empty) {
+            return Err(BaseUrlError::NoHost { url: url() });
+        }
+        if !port_is_valid(authority.as_str()) {
+            return Err(BaseUrlError::Port { url: url() });
         }
         if uri.query().is_some() {
             return Err(BaseUrlError::Query { url: url() });
@@ -98,16 +178,36 @@ impl BaseUrl {
         })
     }
 
-    /// The URL of `path` (which starts with `/`) on this worker.
-    pub fn join(&self, path: &str) -> Uri {
+    /// The URL of `path` (which starts with `/`) on this worker. Never fails for a path that
+    /// passed [`check_path`] (the bounds leave room), but a caller handles the error rather
+    /// than trusting that: a panic here once killed the health loop.
+    pub fn join(&self, path: &str) -> Result<Uri, BaseUrlError> {
         format!("{}{}", self.root, path)
             .parse()
-            .expect("a valid base URL joined with a valid path is a valid URL")
+            .map_err(|error| BaseUrlError::Join {
+                url: self.root.clone(),
+                path: path.to_string(),
+                error,
+            })
     }
 
     /// As written (without a trailing slash).
     pub fn as_str(&self) -> &str {
         &self.root
+    }
+}
+
+/// The authority's port, if it names one, is a number from 1 to 65535 (the URL parser takes
+/// `h:99999`, `h:0`, `h:abc` and `h:` alike).
+fn port_is_valid(authority: &str) -> bool {
+    // An IPv6 literal is bracketed: the port comes after `]`.
+    let after_host = match authority.strip_prefix('[') {
+        Some(rest) => rest.find(']').map_or("", |i| &rest[i + 1..]),
+        None => authority.find(':').map_or("", |i| &authority[i..]),
+    };
+    match after_host.strip_prefix(':') {
+        None => after_host.is_empty(),
+        Some(port) => port.parse::<u16>().is_ok_and(|p| p >= 1),
     }
 }
 
@@ -119,11 +219,16 @@ mod tests {
     fn base_urls() {
         let b = BaseUrl::parse("http://127.0.0.1:8000/").unwrap();
         assert_eq!(
-            b.join("/v1/models").to_string(),
+            b.join("/v1/models").unwrap().to_string(),
             "http://127.0.0.1:8000/v1/models"
         );
         let b = BaseUrl::parse("http://h:1/engine").unwrap();
-        assert_eq!(b.join("/health").to_string(), "http://h:1/engine/health");
+        assert_eq!(
+            b.join("/health").unwrap().to_string(),
+            "http://h:1/engine/health"
+        );
+        let b = BaseUrl::parse("http://[::1]:65535").unwrap();
+        assert_eq!(b.join("/x").unwrap().to_string(), "http://[::1]:65535/x");
         assert!(matches!(
             BaseUrl::parse("https://h"),
             Err(BaseUrlError::Scheme { scheme, .. }) if scheme == "https"
@@ -132,5 +237,55 @@ mod tests {
         let e = BaseUrl::parse("http://h/?a=1").unwrap_err();
         assert!(matches!(e, BaseUrlError::Query { .. }));
         assert_eq!(e.to_string(), "`http://h/?a=1`: must not have a query");
+    }
+
+    /// Regression (issue 30, hardening 1 and 10): each of these was accepted, from the file and
+    /// from the admin API; a 65 KB URL then made `join` panic in the health and probe loops,
+    /// and a fragment silently sent every request to the server's root.
+    #[test]
+    fn urls_that_would_misroute_or_break_a_join_are_refused() {
+        for (bad, what) in [
+            ("http://h:0", "port"),
+            ("http://h:99999", "port"),
+            ("http://h:abc", "port"),
+            ("http://h:", "port"),
+            ("http://[::1]:0", "port"),
+            ("http://user:pw@h:80", "user information"),
+            ("http://user@h", "user information"),
+            ("http://h:80/#frag", "fragment"),
+            ("http://h#f", "fragment"),
+            ("http://:80", "host"),
+        ] {
+            let e = BaseUrl::parse(bad).unwrap_err();
+            assert!(e.to_string().contains(what), "{bad}: {e}");
+        }
+        let long = format!("http://h/{}", "a".repeat(65_000));
+        let e = BaseUrl::parse(&long).unwrap_err();
+        assert!(
+            matches!(e, BaseUrlError::TooLong { len } if len == long.len()),
+            "{e}"
+        );
+        // The longest base and the longest path still join.
+        let base = format!("http://h/{}", "a".repeat(MAX_BASE_URL_BYTES - 9));
+        let path = format!("/{}", "p".repeat(MAX_PATH_BYTES - 1));
+        check_path(&path).unwrap();
+        assert!(BaseUrl::parse(&base).unwrap().join(&path).is_ok());
+    }
+
+    #[test]
+    fn health_paths_are_request_paths() {
+        for ok in ["/health", "/v1/models", "/a%20b", "/h?x=1"] {
+            check_path(ok).unwrap();
+        }
+        for (bad, what) in [
+            ("/a b", "not a valid request path"),
+            ("health", "start with"),
+            ("/a#b", "fragment"),
+            ("/\u{7}", "not a valid request path"),
+        ] {
+            let e = check_path(bad).unwrap_err();
+            assert!(e.contains(what), "{bad}: {e}");
+        }
+        assert!(check_path(&format!("/{}", "a".repeat(MAX_PATH_BYTES))).is_err());
     }
 }

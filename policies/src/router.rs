@@ -371,6 +371,22 @@ impl Router {
         Ok(())
     }
 
+    /// Bring a removed worker back, its engine started anew (possibly with other launch
+    /// arguments), as [`Router::restart`] does for a worker that was never removed. For a host
+    /// that removes and re-adds the same worker: the worker's slot is reused instead of a new
+    /// one being registered, since the router's per-worker arrays never shrink (a gateway whose
+    /// admin API adds and removes a worker 20,000 times would otherwise keep 20,000 slots). An
+    /// id that is not a removed worker is an error.
+    pub fn revive(&mut self, now: Time, id: WorkerId, launch_args: &str) -> Result<(), AdminError> {
+        match self.fleet.workers.get_mut(id.index()) {
+            // `restart` takes a worker that is not removed; its in-flight count (requests still
+            // finishing from before the removal) is kept and released as they end.
+            Some(w) if w.state == WorkerState::Removed => w.state = WorkerState::Disconnected,
+            _ => return Err(AdminError::UnknownWorker(id)),
+        }
+        self.restart(now, id, launch_args)
+    }
+
     /// Deregister a worker for good; its peers' weights are re-normalised.
     pub fn remove(&mut self, now: Time, id: WorkerId) -> Result<(), AdminError> {
         self.set_state(id, WorkerState::Removed)?;
@@ -1029,6 +1045,33 @@ mod tests {
             prefix: &[],
             prompt_tokens: 10,
         }
+    }
+
+    /// A removed worker that comes back takes its old slot: routable again, nothing new
+    /// registered, its in-flight request still released; only a removed worker can be revived.
+    #[test]
+    fn a_revived_worker_reuses_its_slot() {
+        let mut r = Router::new(PolicyConfig::from_name("equal/p2c/no-affinity/flat:4").unwrap());
+        let mut rng = rand::rngs::Xoshiro256PlusPlus::seed_from_u64(1);
+        let a = r.register(Time::ZERO, spec("a"));
+        assert!(r.revive(Time::ZERO, a, "--a").is_err(), "a live worker");
+        let held = r.route(Time::ZERO, &plain_request(&r), &mut rng).unwrap();
+        r.remove(Time::ZERO, a).unwrap();
+        assert!(r.route(Time::ZERO, &plain_request(&r), &mut rng).is_err());
+        r.revive(Time::ZERO, a, "--b").unwrap();
+        assert_eq!(r.fleet().iter().count(), 1, "no new slot");
+        let info = r.fleet().get(a).unwrap();
+        assert_eq!((info.state, info.in_flight), (WorkerState::Up, 1));
+        assert_eq!(info.spec.launch_args, "--b");
+        let d = r.route(Time::ZERO, &plain_request(&r), &mut rng).unwrap();
+        assert_eq!(d.worker, a);
+        r.fail(Time::ZERO, a, held.charge);
+        r.fail(Time::ZERO, a, d.charge);
+        assert_eq!(r.fleet().get(a).unwrap().in_flight, 0);
+        assert!(
+            r.revive(Time::ZERO, WorkerId(7), "").is_err(),
+            "an unknown id"
+        );
     }
 
     #[test]

@@ -23,6 +23,8 @@ pub const MODE_DIE: u32 = 2;
 /// for [`STALL`]: a worker that went silent mid-response.
 pub const MODE_STALL: u32 = 3;
 pub const STALL: Duration = Duration::from_secs(40);
+/// A prompt containing this makes every fake worker answer 500.
+pub const POISON: &str = "poison-pill";
 
 pub struct FakeState {
     /// Per-request tokens/s (f64 bits); 0 = as fast as possible.
@@ -137,7 +139,8 @@ async fn generate(State(st): State<Arc<FakeState>>, body: Bytes) -> Response {
         st.requests.fetch_add(1, SeqCst);
     }
     let mode = st.mode.load(SeqCst);
-    if mode == MODE_500 {
+    // A request that breaks every engine (a "poison" request): 500 whatever the mode.
+    if mode == MODE_500 || body.windows(POISON.len()).any(|w| w == POISON.as_bytes()) {
         return (StatusCode::INTERNAL_SERVER_ERROR, "engine exploded").into_response();
     }
     if !ignore_eos && st.hold.load(SeqCst) {
@@ -226,4 +229,87 @@ async fn generate(State(st): State<Arc<FakeState>>, body: Bytes) -> Response {
         .header(header::CACHE_CONTROL, "no-cache")
         .body(Body::from_stream(events))
         .unwrap()
+}
+
+/// A worker speaking raw HTTP/1.1: it answers every request with `response` (bytes as given,
+/// so a test controls every header) and closes the connection. Counts requests.
+pub struct RawWorker {
+    pub url: String,
+    pub requests: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for RawWorker {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl RawWorker {
+    pub async fn start(response: String) -> RawWorker {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // Shared, not copied per connection: a test may answer tens of megabytes.
+        let response = Arc::new(response);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let requests = Arc::new(AtomicU64::new(0));
+        let count = requests.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                let response = response.clone();
+                let count = count.clone();
+                tokio::spawn(async move {
+                    // Read the head, then the body its Content-Length announces.
+                    let mut got = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    let body_len = loop {
+                        let Ok(n) = tcp.read(&mut buf).await else {
+                            return;
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        got.extend_from_slice(&buf[..n]);
+                        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+                            let len: usize = head
+                                .lines()
+                                .find_map(|l| l.strip_prefix("content-length:"))
+                                .and_then(|v| v.trim().parse().ok())
+                                .unwrap_or(0);
+                            break end + 4 + len;
+                        }
+                    };
+                    while got.len() < body_len {
+                        match tcp.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    count.fetch_add(1, SeqCst);
+                    let _ = tcp.write_all(response.as_bytes()).await;
+                    let _ = tcp.shutdown().await;
+                });
+            }
+        });
+        RawWorker {
+            url,
+            requests,
+            task,
+        }
+    }
+
+    pub fn requests(&self) -> u64 {
+        self.requests.load(SeqCst)
+    }
+}
+
+/// A whole HTTP/1.1 response with `status` (e.g. `503 Service Unavailable`), extra header
+/// lines (each ending in `\r\n`; one of them should be `connection: close`, since the worker
+/// closes) and a JSON body.
+pub fn raw_response(status: &str, headers: &str, body: &str) -> String {
+    format!(
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{headers}\r\n{body}",
+        body.len()
+    )
 }

@@ -563,6 +563,137 @@ proptest! {
     }
 }
 
+/// A worker's `base_url`: well-formed ones with every port (0, 99,999 and beyond included),
+/// user information, fragments, queries, odd paths, IPv6 literals, URLs near and past the
+/// URL parser's 64 KiB, and arbitrary text.
+fn yaml_url() -> impl Strategy<Value = String> {
+    let host = prop_oneof![
+        Just("127.0.0.1".to_string()),
+        Just("[::1]".to_string()),
+        Just("user:pw@h".to_string()),
+        Just("".to_string()),
+        "[a-z0-9.-]{1,12}",
+    ];
+    let port = prop_oneof![
+        Just(String::new()),
+        Just(":".to_string()),
+        (0u32..200_000).prop_map(|p| format!(":{p}")),
+        "[:a-z0-9]{0,6}",
+    ];
+    let tail = prop_oneof![
+        Just(String::new()),
+        Just("/".to_string()),
+        Just("/engine".to_string()),
+        Just("/#frag".to_string()),
+        Just("?q=1".to_string()),
+        Just("/a b".to_string()),
+        (60_000usize..65_600).prop_map(|n| format!("/{}", "a".repeat(n))),
+        "\\PC{0,12}",
+    ];
+    prop_oneof![
+        4 => (host, port, tail).prop_map(|(h, p, t)| format!("http://{h}{p}{t}")),
+        1 => "\\PC{0,30}",
+        1 => Just("https://h".to_string()),
+    ]
+}
+
+/// A `health.path`: usual ones, ones with spaces, fragments, control characters, no leading
+/// slash, very long, arbitrary text.
+fn yaml_path() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("/health".to_string()),
+        Just("/a b".to_string()),
+        Just("/a#b".to_string()),
+        Just("/a%20b?x=1".to_string()),
+        Just("health".to_string()),
+        Just("/\u{7f}".to_string()),
+        (1000usize..70_000).prop_map(|n| format!("/{}", "p".repeat(n))),
+        "/\\PC{0,20}",
+        ".{0,20}",
+    ]
+}
+
+/// A worker name: plain, with control or bidirectional-formatting characters, very long,
+/// arbitrary text.
+fn yaml_name() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("w".to_string()),
+        Just("a\nevent=forged".to_string()),
+        Just("evil\u{202e}gnp".to_string()),
+        Just("x\u{2066}y".to_string()),
+        Just("tab\tname".to_string()),
+        (200usize..400).prop_map(|n| "n".repeat(n)),
+        ".{1,20}",
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Hardening round three, 1 and 10: no URL, health path or worker name in the file panics
+    /// at load or at start, each is accepted or a located error, the admin API (JSON) takes a
+    /// worker exactly when the file does, and every accepted worker's URL joins every path the
+    /// gateway appends to it (a join that failed panicked the health and probe loops).
+    #[test]
+    fn config_urls_paths_and_names_never_panic(
+        url in yaml_url(),
+        path in yaml_path(),
+        name in yaml_name(),
+    ) {
+        let quoted = |s: &str| serde_json::to_string(s).unwrap();
+        let yaml = format!(
+            "listen: 127.0.0.1:0\nadmin_token: prop-admin-token\nhealth: {{interval_s: 0.001, path: {}}}\nprobe: {{poll_interval_s: 0.001}}\nworkers:\n  - {{name: {}, base_url: {}, model: m, context_window: 4096}}\n",
+            quoted(&path),
+            quoted(&name),
+            quoted(&url),
+        );
+        let Ok(loaded) = std::panic::catch_unwind(|| {
+            routelab_gateway::GatewayConfig::from_yaml(&yaml, "prop.yaml")
+        }) else {
+            panic!("from_yaml panicked on\n{yaml}");
+        };
+        let api = serde_json::from_value::<routelab_gateway::WorkerConfig>(serde_json::json!({
+            "name": name, "base_url": url, "model": "m", "context_window": 4096,
+        }))
+        .and_then(|w| w.validate().map_err(serde::de::Error::custom));
+        match loaded {
+            Err(e) => {
+                prop_assert_eq!(e.file.as_str(), "prop.yaml");
+                prop_assert!(!e.field.is_empty(), "unlocated: {e}");
+                if e.field.starts_with("workers[0]") {
+                    prop_assert!(api.is_err(), "the API took what the file refused: {e}");
+                }
+            }
+            Ok(cfg) => {
+                prop_assert!(api.is_ok(), "the API refused what the file took: {api:?}");
+                let base = routelab_gateway::upstream::BaseUrl::parse(&cfg.workers[0].base_url)
+                    .expect("accepted");
+                for p in [cfg.health.path.as_str(), "/v1/chat/completions", "/v1/completions"] {
+                    prop_assert!(base.join(p).is_ok(), "{url} + {p}");
+                }
+                let started = runtime().block_on(async move {
+                    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                    let gw = routelab_gateway::start_on(cfg, listener)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    // A few health and probe rounds.
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    tokio::time::timeout(SECS_10, gw.shutdown())
+                        .await
+                        .map_err(|_| "shutdown took over 10 s".to_string())
+                });
+                prop_assert!(started.is_ok(), "{yaml}\nvalid, yet: {started:?}");
+                prop_assert_eq!(
+                    PROP_PANICS.load(std::sync::atomic::Ordering::SeqCst),
+                    0,
+                    "a gateway task panicked on\n{}",
+                    yaml
+                );
+            }
+        }
+    }
+}
+
 /// The accept loop keeps `axum::serve`'s graceful shutdown: a request in flight finishes, new
 /// connections are refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

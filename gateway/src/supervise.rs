@@ -1,0 +1,124 @@
+//! The background tasks (the probe runner, the health checks) are supervised: a task that
+//! panics is logged (`task_panicked`, with the panic's message), counted
+//! (`routelab_gateway_task_restarts_total{task}`) and started again after a pause. Before, a
+//! panic ended the task silently: a health loop that died left every ejected worker ejected for
+//! ever, a probe loop that died left every worker on its last weight.
+//!
+//! The short-lived tasks they spawn (a probe burst, one health check) report their own panics
+//! through [`report_panic`] when they are joined.
+
+use crate::state::Shared;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+use tokio::task::{JoinError, JoinHandle};
+
+/// A supervised background task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackgroundTask {
+    /// The probe runner ([`crate::probe`]).
+    Probe,
+    /// The health checks ([`crate::health`]).
+    Health,
+}
+
+impl BackgroundTask {
+    /// Every task, in the order of [`TaskRestarts`]'s counters.
+    pub const ALL: [BackgroundTask; 2] = [BackgroundTask::Probe, BackgroundTask::Health];
+
+    /// Its name in logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackgroundTask::Probe => "probe",
+            BackgroundTask::Health => "health",
+        }
+    }
+}
+
+/// Panics of each background task (or of a task it spawned) since start.
+#[derive(Debug, Default)]
+pub struct TaskRestarts([AtomicU64; BackgroundTask::ALL.len()]);
+
+impl TaskRestarts {
+    /// One more panic of `task`.
+    pub fn count(&self, task: BackgroundTask) {
+        self.0[task as usize].fetch_add(1, Relaxed);
+    }
+
+    /// Panics of `task` so far.
+    pub fn of(&self, task: BackgroundTask) -> u64 {
+        self.0[task as usize].load(Relaxed)
+    }
+}
+
+/// How long a supervisor waits before starting a task that panicked again: a task that panics
+/// at once must not spin.
+pub const RESTART_PAUSE: Duration = Duration::from_secs(1);
+
+/// The message a panic carried (`panic!("...")` or a formatted one), if any.
+fn panic_message(e: JoinError) -> String {
+    match e.try_into_panic() {
+        Ok(payload) => payload
+            .downcast_ref::<&str>()
+            .map(ToString::to_string)
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".to_string()),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Log and count a task of `task`'s that ended in a panic; a cancelled one (shutdown) is not
+/// reported. True if it panicked.
+pub(crate) fn report_panic(s: &Shared, task: BackgroundTask, e: JoinError) -> bool {
+    if !e.is_panic() {
+        return false;
+    }
+    s.global.task_restarts.count(task);
+    crate::log(
+        "task_panicked",
+        &[("task", task.as_str()), ("panic", &panic_message(e))],
+    );
+    true
+}
+
+/// Aborts the task it holds when dropped, so that aborting a supervisor aborts its task.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Run the task `start` makes until it ends or is aborted; when it panics, report it and
+/// start a new one after `pause`.
+pub(crate) fn supervise<F, Fut>(
+    s: Arc<Shared>,
+    task: BackgroundTask,
+    pause: Duration,
+    start: F,
+) -> JoinHandle<()>
+where
+    F: Fn(Arc<Shared>) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    tokio::spawn(async move {
+        loop {
+            let mut running = AbortOnDrop(tokio::spawn(start(s.clone())));
+            let ended = (&mut running.0).await;
+            // Ended (the loops never do) or cancelled: nothing to restart.
+            if !ended.is_err_and(|e| report_panic(&s, task, e)) {
+                return;
+            }
+            crate::log(
+                "task_restarting",
+                &[
+                    ("task", task.as_str()),
+                    ("after_s", &pause.as_secs_f64().to_string()),
+                ],
+            );
+            tokio::time::sleep(pause).await;
+        }
+    })
+}
