@@ -1,13 +1,21 @@
 //! The burst probe over HTTP.
 //!
 //! Every `probe.poll_interval_s` the router is ticked and asked for probe orders; each order is a
-//! burst of `concurrency` concurrent non-streaming chat requests with `max_tokens` =
-//! `min_tokens` = T and `ignore_eos: true`, sent straight to the worker: not routed, not counted
-//! in the router's load counters nor in the request metrics. Throughput = total output tokens
-//! (from `usage`, else T per request) ÷ the time from the first request sent to the last
-//! response received, in policy time (wall time × `clock_scale`). Any error or non-2xx answer
-//! makes the burst `ok: false`. Warm-up orders are ordinary orders: the policy crate sequences
-//! them.
+//! burst of `concurrency` concurrent streaming chat requests with `max_tokens` = `min_tokens` =
+//! T and `ignore_eos: true`, sent straight to the worker: not routed, not counted in the
+//! router's load counters nor in the request metrics. Throughput = total output tokens (from
+//! the final `usage`, else the content events) ÷ the time from the first request sent to the
+//! last stream's end, in policy time (wall time × `clock_scale`).
+//!
+//! **A slow engine is measured, not timed out.** A burst still running after `probe.budget_s`
+//! (policy time) is cut: its requests are dropped (the engine aborts them as the connections
+//! close) and its throughput is the output tokens streamed within the budget over the budget —
+//! what the engine delivered with the burst queued, the same quantity a complete burst
+//! measures. The admin view (`last_probe_basis`) and the log line (`basis`) say which it was.
+//! (A 1-thread llama.cpp server with 4 slots took 98.7 s for the default 16 × 128-token burst
+//! and timed out the next one at 120 s, keeping the unmeasured weight 1.0.) Any error or non-2xx
+//! answer before the cut makes the burst `ok: false`. Warm-up orders are ordinary orders: the
+//! policy crate sequences them.
 
 use crate::state::Shared;
 use bytes::Bytes;
@@ -15,6 +23,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::Uri;
 use routelab_policies::{ProbeOrder, ProbePhase, ProbeResult};
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
@@ -75,7 +84,8 @@ fn probe_body(model: &str, prompt_tokens: u32, tokens: u32) -> Bytes {
         "max_tokens": tokens,
         "min_tokens": tokens,
         "ignore_eos": true,
-        "stream": false,
+        "stream": true,
+        "stream_options": {"include_usage": true},
         "temperature": 0,
     });
     Bytes::from(serde_json::to_vec(&body).expect("json"))
@@ -105,9 +115,18 @@ pub enum ProbeError {
     Task(tokio::task::JoinError),
 }
 
-async fn one(s: Arc<Shared>, uri: Uri, body: Bytes, tokens: u32) -> Result<u64, ProbeError> {
+/// One probe request, streamed: every content event adds one to `streamed` as it arrives (what
+/// a cut burst counts); the result is the stream's output tokens (final usage, else content
+/// events).
+async fn one(
+    s: Arc<Shared>,
+    uri: Uri,
+    body: Bytes,
+    streamed: Arc<AtomicU64>,
+) -> Result<u64, ProbeError> {
     let req = hyper::Request::post(uri)
         .header(hyper::header::CONTENT_TYPE, "application/json")
+        .header(hyper::header::ACCEPT, "text/event-stream")
         .body(Full::new(body))
         .expect("valid request");
     let work = async {
@@ -117,19 +136,30 @@ async fn one(s: Arc<Shared>, uri: Uri, body: Bytes, tokens: u32) -> Result<u64, 
             .await
             .map_err(|e| ProbeError::Request(crate::proxy::error_chain(&e)))?;
         let status = resp.status();
-        let bytes = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(ProbeError::Body)?
-            .to_bytes();
+        let mut body = resp.into_body();
         if !status.is_success() {
+            let _ = body.collect().await;
             return Err(ProbeError::Status(status));
         }
-        let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(ProbeError::BadJson)?;
-        Ok(v.pointer("/usage/completion_tokens")
-            .and_then(serde_json::Value::as_u64)
-            .unwrap_or(u64::from(tokens)))
+        let mut scan = crate::proxy::SseScan::default();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(ProbeError::Body)?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            let before = scan.content_events();
+            scan.feed(&data);
+            streamed.fetch_add(u64::from(scan.content_events() - before), Relaxed);
+            if scan.done() {
+                break;
+            }
+        }
+        if !scan.done() {
+            return Err(ProbeError::Request(
+                "the stream ended without [DONE]".to_string(),
+            ));
+        }
+        Ok(u64::from(scan.output_tokens()))
     };
     tokio::time::timeout(s.settings.probe_timeout, work)
         .await
@@ -140,25 +170,43 @@ async fn burst(s: Arc<Shared>, job: Job) {
     let o = job.order;
     let body = probe_body(&job.model, o.prompt_tokens, o.output_tokens);
     let start = Instant::now();
+    let streamed = Arc::new(AtomicU64::new(0));
     let mut set = JoinSet::new();
     for _ in 0..o.concurrency.max(1) {
         set.spawn(one(
             s.clone(),
             job.uri.clone(),
             body.clone(),
-            o.output_tokens,
+            streamed.clone(),
         ));
     }
+    let budget_at = start + s.clock.to_wall(s.settings.probe_budget);
     let mut tokens = 0u64;
     let mut error = None;
-    while let Some(r) = set.join_next().await {
-        match r {
-            Ok(Ok(n)) => tokens += n,
-            Ok(Err(e)) => error = Some(e),
-            Err(e) => error = Some(ProbeError::Task(e)),
+    let mut cut = false;
+    loop {
+        tokio::select! {
+            r = set.join_next() => match r {
+                None => break,
+                Some(Ok(Ok(n))) => tokens += n,
+                Some(Ok(Err(e))) => error = Some(e),
+                Some(Err(e)) => error = Some(ProbeError::Task(e)),
+            },
+            () = tokio::time::sleep_until(budget_at.into()) => {
+                // Out of budget: what streamed so far is the measurement; dropping the rest
+                // closes their connections, and the engine aborts them.
+                cut = true;
+                tokens = streamed.load(Relaxed);
+                set.abort_all();
+                break;
+            }
         }
     }
-    let wall = start.elapsed();
+    let wall = if cut {
+        budget_at.saturating_duration_since(start)
+    } else {
+        start.elapsed()
+    };
     let result = ProbeResult {
         order: o.id,
         worker: o.worker,
@@ -178,6 +226,7 @@ async fn burst(s: Arc<Shared>, job: Job) {
                 w.metrics.probes_ok.fetch_add(1, Relaxed);
                 if o.phase == ProbePhase::Measure {
                     w.probe_tok_s = Some(tp);
+                    w.probe_cut_at_budget = cut;
                 }
             } else {
                 w.metrics.probes_failed.fetch_add(1, Relaxed);
@@ -197,6 +246,14 @@ async fn burst(s: Arc<Shared>, job: Job) {
             ("ok", &result.ok.to_string()),
             ("tok_s", &format!("{tp:.1}")),
             ("wall_ms", &wall.as_millis().to_string()),
+            (
+                "basis",
+                if cut {
+                    "cut at probe.budget_s: tokens streamed within it"
+                } else {
+                    "complete burst"
+                },
+            ),
             (
                 "error",
                 &error.as_ref().map(ToString::to_string).unwrap_or_default(),
