@@ -88,6 +88,9 @@ pub struct PlayedRequest {
     pub sse_error: bool,
     /// Why it failed, if it did.
     pub error: Option<String>,
+    /// The prompt tokens the engine counted (`usage.prompt_tokens` of the stream), when it
+    /// said: the engine's tokenizer, where the row's `prompt_tokens` is the length asked for.
+    pub engine_prompt_tokens: Option<u32>,
 }
 
 /// Everything a play measured.
@@ -342,6 +345,7 @@ struct Observed {
     error: Option<String>,
     content_events: u32,
     usage_tokens: Option<u32>,
+    usage_prompt_tokens: Option<u32>,
     cached_tokens: u32,
 }
 
@@ -362,6 +366,7 @@ impl Pending {
             error: None,
             content_events: 0,
             usage_tokens: None,
+            usage_prompt_tokens: None,
             cached_tokens: 0,
         };
         let req = hyper::Request::post(self.url)
@@ -488,6 +493,10 @@ impl SseScan {
                     .get("completion_tokens")
                     .and_then(serde_json::Value::as_u64)
                     .map(|n| n as u32);
+                o.usage_prompt_tokens = u
+                    .get("prompt_tokens")
+                    .and_then(serde_json::Value::as_u64)
+                    .map(|n| n as u32);
                 o.cached_tokens = u
                     .pointer("/prompt_tokens_details/cached_tokens")
                     .and_then(serde_json::Value::as_u64)
@@ -540,6 +549,7 @@ impl Accumulator {
             streamed: o.streamed,
             sse_error: o.sse_error,
             error: o.error,
+            engine_prompt_tokens: o.usage_prompt_tokens,
         });
     }
 
@@ -760,6 +770,7 @@ mod tests {
             error: None,
             content_events: usage,
             usage_tokens: Some(usage),
+            usage_prompt_tokens: Some(100),
             cached_tokens: 0,
         }
     }
@@ -818,6 +829,7 @@ mod tests {
             error: None,
             content_events: 0,
             usage_tokens: None,
+            usage_prompt_tokens: None,
             cached_tokens: 0,
         };
         let mut s = SseScan::default();
@@ -833,10 +845,10 @@ mod tests {
             now,
         );
         assert_eq!((o.first, o.content_events), (Some(now), 1));
-        s.feed(b"data: {\"choices\":[],\"usage\":{\"completion_tokens\":7,\"prompt_tokens_details\":{\"cached_tokens\":512}}}\n\ndata: [DONE]\n\n", &mut o, now);
+        s.feed(b"data: {\"choices\":[],\"usage\":{\"completion_tokens\":7,\"prompt_tokens\":90,\"prompt_tokens_details\":{\"cached_tokens\":512}}}\n\ndata: [DONE]\n\n", &mut o, now);
         assert_eq!(
-            (o.usage_tokens, o.cached_tokens, o.done),
-            (Some(7), 512, true)
+            (o.usage_tokens, o.usage_prompt_tokens, o.cached_tokens, o.done),
+            (Some(7), Some(90), 512, true)
         );
         s.feed(b"data: {\"error\":{\"message\":\"x\"}}\n\n", &mut o, now);
         assert!(o.sse_error);
