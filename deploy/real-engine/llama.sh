@@ -154,9 +154,12 @@ cmd_start() {
       stop_recorded "$dir"; die "port $port is in use on 127.0.0.1 (something already listens there): pick another port"
     fi
     local log=$dir/llama-$port.log
-    # Each slot gets ctx tokens of its own (llama.cpp splits -c across --parallel slots).
+    # Each slot gets ctx tokens of its own (llama.cpp splits -c across --parallel slots). A
+    # step carries at most 512 tokens (-b/-ub 512: the profile's prefill_chunk_tokens), and
+    # prompts are not cached, so every request prefills its whole prompt as the fit assumes.
     "$SERVER_BIN" --host 127.0.0.1 --port "$port" -m "$model" --parallel "$slots" \
       --threads "$threads" --threads-batch "$threads" -c $((ctx * slots)) --cont-batching \
+      --batch-size 512 --ubatch-size 512 --no-cache-prompt --cache-ram 0 \
       --metrics --no-webui >"$log" 2>&1 &
     printf '%s\t%s\t%s\t%s\n' "llama-$port" "$port" "$!" "$log" >>"$dir/servers.tsv"
   done

@@ -116,9 +116,7 @@ pub enum BenchError {
     #[error(transparent)]
     Play(#[from] PlayError),
     /// Requests failed: a benchmark of a failing engine measures nothing.
-    #[error(
-        "{failed} of {requests} requests failed at concurrency {concurrency} (first: {first})"
-    )]
+    #[error("{failed} of {requests} requests failed at concurrency {concurrency} (first: {first})")]
     Failed {
         /// Failed or rejected requests.
         failed: u32,
@@ -155,7 +153,9 @@ fn scenario(cfg: &BenchConfig) -> Result<Scenario, BenchError> {
 /// any request failed, [`BenchError::Play`] when the URL is unusable.
 pub async fn bench(url: &str, cfg: &BenchConfig) -> Result<BenchResult, BenchError> {
     if cfg.concurrency == 0 {
-        return Err(BenchError::Invalid("concurrency 0: at least 1 client".into()));
+        return Err(BenchError::Invalid(
+            "concurrency 0: at least 1 client".into(),
+        ));
     }
     if cfg.requests < cfg.concurrency {
         return Err(BenchError::Invalid(format!(
@@ -218,7 +218,11 @@ pub async fn bench(url: &str, cfg: &BenchConfig) -> Result<BenchResult, BenchErr
         mean_ttft_s: ttfts.iter().sum::<f64>() / n,
         p90_ttft_s: p90,
         mean_tpot_s: tpots.iter().sum::<f64>() / (tpots.len().max(1) as f64),
-        mean_e2e_s: ok.iter().map(|r| r.record.e2e_s.unwrap_or(0.0)).sum::<f64>() / n,
+        mean_e2e_s: ok
+            .iter()
+            .map(|r| r.record.e2e_s.unwrap_or(0.0))
+            .sum::<f64>()
+            / n,
         decode_tok_s: {
             let (tokens, secs) = ok.iter().fold((0.0, 0.0), |(t, s), r| {
                 let after_first = f64::from(r.record.output_tokens.saturating_sub(1));

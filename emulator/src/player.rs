@@ -847,7 +847,12 @@ mod tests {
         assert_eq!((o.first, o.content_events), (Some(now), 1));
         s.feed(b"data: {\"choices\":[],\"usage\":{\"completion_tokens\":7,\"prompt_tokens\":90,\"prompt_tokens_details\":{\"cached_tokens\":512}}}\n\ndata: [DONE]\n\n", &mut o, now);
         assert_eq!(
-            (o.usage_tokens, o.usage_prompt_tokens, o.cached_tokens, o.done),
+            (
+                o.usage_tokens,
+                o.usage_prompt_tokens,
+                o.cached_tokens,
+                o.done
+            ),
             (Some(7), Some(90), 512, true)
         );
         s.feed(b"data: {\"error\":{\"message\":\"x\"}}\n\n", &mut o, now);

@@ -60,10 +60,7 @@ pub fn run(args: &BenchArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
         "--request-timeout-s {} is not valid; expected seconds > 0",
         args.request_timeout_s
     );
-    anyhow::ensure!(
-        args.rounds >= 1,
-        "--rounds 0 is not valid; expected >= 1"
-    );
+    anyhow::ensure!(args.rounds >= 1, "--rounds 0 is not valid; expected >= 1");
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("{}: cannot create", args.out.display()))?;
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;

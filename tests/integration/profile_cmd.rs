@@ -492,10 +492,7 @@ fn fit_reports_each_points_error_warns_on_kv_and_takes_gpu_names() {
         "{t}"
     );
     let y = std::fs::read_to_string(&out).unwrap();
-    assert!(
-        y.contains("gpu_names: [\"RTX 4090\", \"RTX 4090\"]"),
-        "{y}"
-    );
+    assert!(y.contains("gpu_names: [\"RTX 4090\", \"RTX 4090\"]"), "{y}");
 }
 
 /// Issue 29, trap 6: a TTFT in seconds declared as ms made a 1.7 M tok/s prefill without a

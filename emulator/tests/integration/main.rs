@@ -767,7 +767,10 @@ async fn a_slow_engine_is_measured_within_the_probe_budget() {
     eprintln!("slow: {slow}\nfast: {fast}");
     assert_eq!(slow["provenance"], "measured", "{slow}");
     let tok_s = slow["last_probe_tok_s"].as_f64().unwrap();
-    assert!((tok_s / 20.0 - 1.0).abs() < 0.25, "slow measured at {tok_s} tok/s");
+    assert!(
+        (tok_s / 20.0 - 1.0).abs() < 0.25,
+        "slow measured at {tok_s} tok/s"
+    );
     assert!(
         slow["last_probe_basis"]
             .as_str()

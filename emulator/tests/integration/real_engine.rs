@@ -30,19 +30,23 @@ const CTX_PER_SLOT: u32 = 4096;
 /// The two servers: (slots, threads). One thread each: the machine has two cores.
 const SERVERS: [(u32, u32); 2] = [(4, 1), (2, 1)];
 /// The decode sweep: a short prompt, a long output, every concurrency up to the larger slot
-/// count.
+/// count. (SmolLM2's chat template adds ~38 tokens to any prompt, and the player's filler text
+/// tokenizes at ~3 engine tokens per token asked: 4 asked are ~50 engine tokens.)
 const SWEEP: [u32; 3] = [1, 2, 4];
-const DECODE_PROMPT: u32 = 8;
-const DECODE_OUTPUT: u32 = 48;
-/// The closed loops that pin the overlap: prompts long enough that C of them exceed the
-/// prefill chunk (512 tokens: the script runs llama-server with `-b 512`), short outputs.
-const LOOP_PROMPT: u32 = 96;
-const LOOP_OUTPUT: u32 = 16;
+const DECODE_PROMPT: u32 = 4;
+const DECODE_OUTPUT: u32 = 32;
+/// The closed loops that pin the overlap: prompts long enough that 3 or 4 of them exceed the
+/// prefill chunk (512 tokens: the script runs llama-server with `-b 512`; 48 asked are ~190
+/// engine tokens), outputs long enough that decoding is a good part of the loop (prefill
+/// alone must leave time to decode); one client for the prefill speed.
+const LOOPS: [u32; 3] = [1, 3, 4];
+const LOOP_PROMPT: u32 = 48;
+const LOOP_OUTPUT: u32 = 48;
 const ROUNDS: u32 = 2;
 /// The prediction's requests: the shape and how many per load.
-const PREDICT_PROMPT: u32 = 24;
-const PREDICT_OUTPUT: u32 = 24;
-const PREDICT_REQUESTS: u32 = 40;
+const PREDICT_PROMPT: u32 = 4;
+const PREDICT_OUTPUT: u32 = 16;
+const PREDICT_REQUESTS: u32 = 30;
 const LOADS: [f64; 3] = [0.30, 0.60, 0.85];
 /// A routing rule with no probe and no coin: the simulator and the gateway make the same
 /// choices on the same arrivals when the engines keep time.
@@ -301,7 +305,7 @@ fn real_engine_calibrated_fitted_and_predicted() {
         // 1. Calibration of the 4-slot server, the user's way.
         eprintln!("calibration ({:.0} s)", started.elapsed().as_secs_f64());
         let decode = sweep(&urls[0], DECODE_PROMPT, DECODE_OUTPUT, &SWEEP, 1.0).await;
-        let loops = sweep(&urls[0], LOOP_PROMPT, LOOP_OUTPUT, &SWEEP, 1.0).await;
+        let loops = sweep(&urls[0], LOOP_PROMPT, LOOP_OUTPUT, &LOOPS, 1.0).await;
         let inputs: Vec<FitInput> = loops
             .iter()
             .map(|r| FitInput {
@@ -358,7 +362,17 @@ fn real_engine_calibrated_fitted_and_predicted() {
         )
         .await
         .unwrap();
-        let emu_decode = sweep(&emu.base_url(), DECODE_PROMPT, DECODE_OUTPUT, &SWEEP, 4.0).await;
+        // the emulator takes the prompt length it is told: the engine's own count
+        let engine_decode_prompt =
+            (decode[0].total_input_tokens as f64 / f64::from(decode[0].completed)).round() as u32;
+        let emu_decode = sweep(
+            &emu.base_url(),
+            engine_decode_prompt,
+            DECODE_OUTPUT,
+            &SWEEP,
+            4.0,
+        )
+        .await;
         for (real, emulated) in decode.iter().zip(&emu_decode) {
             let err = emulated.output_tok_s() / real.output_tok_s() - 1.0;
             eprintln!(
@@ -477,10 +491,16 @@ fn real_engine_calibrated_fitted_and_predicted() {
                 started.elapsed().as_secs_f64()
             );
             if (ep.0 / em.0 - 1.0).abs() > E2E_MEAN_BOUND {
-                failures.push(format!("load {load}: e2e mean sim {:.3} real {:.3}", ep.0, em.0));
+                failures.push(format!(
+                    "load {load}: e2e mean sim {:.3} real {:.3}",
+                    ep.0, em.0
+                ));
             }
             if (tp.0 / tm.0 - 1.0).abs() > TTFT_MEAN_BOUND {
-                failures.push(format!("load {load}: TTFT mean sim {:.3} real {:.3}", tp.0, tm.0));
+                failures.push(format!(
+                    "load {load}: TTFT mean sim {:.3} real {:.3}",
+                    tp.0, tm.0
+                ));
             }
             for n in names {
                 if (share(m, n) - share(&sim, n)).abs() > SHARE_BOUND {

@@ -803,8 +803,7 @@ fn build(
         match &sweep_values {
             Some(v) => Ok(v.clone()),
             None => {
-                let v =
-                    decode_values(&m.points, subtract.then(|| model_with(overlap)).as_ref())?;
+                let v = decode_values(&m.points, subtract.then(|| model_with(overlap)).as_ref())?;
                 Ok(pooled_values(&m.points, &v))
             }
         }
@@ -1172,7 +1171,8 @@ fn build(
         m.sources.push("gpu_names from --gpu-names".to_string());
     }
     if let Some(sw) = &sweep {
-        m.sources.extend(sw.sources.iter().map(|s| format!("{s} (--decode-sweep)")));
+        m.sources
+            .extend(sw.sources.iter().map(|s| format!("{s} (--decode-sweep)")));
     }
     let gpus: Vec<String> = m.gpu_names.iter().map(|g| q(g)).collect();
     let _ = writeln!(y, "gpu_names: [{}]", gpus.join(", "));
@@ -1344,7 +1344,12 @@ fn warnings(
     let held = points
         .iter()
         .filter_map(|p| p.closed_loop)
-        .map(|r| (r.concurrency, r.concurrency * (r.prompt_tokens + r.output_tokens)))
+        .map(|r| {
+            (
+                r.concurrency,
+                r.concurrency * (r.prompt_tokens + r.output_tokens),
+            )
+        })
         .fold(None::<(f64, f64)>, |m, x| match m {
             Some(m) if m.1 >= x.1 => Some(m),
             _ => Some(x),

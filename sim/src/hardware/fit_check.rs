@@ -137,7 +137,8 @@ impl PointError {
 pub struct OverlapFit {
     /// The fitted value, in `[0, 1]`.
     pub value: f64,
-    /// Jackknife standard error over the rows (`None` with fewer than 3 rows).
+    /// Jackknife standard error over the rows (`None` with one row; with two it is half their
+    /// difference).
     pub std_error: Option<f64>,
     /// Each informative row's own overlap (the value that alone makes it agree), clamped to
     /// `[0, 1]`, with its concurrency.
@@ -277,7 +278,7 @@ pub fn infer_overlap(rows: &[OverlapRow], model: &StepModel) -> Option<OverlapFi
             (r.row.concurrency, own.unwrap_or(value))
         })
         .collect();
-    let std_error = (rows.len() >= 3)
+    let std_error = (rows.len() >= 2)
         .then(|| {
             let leave_out: Vec<f64> = (0..rows.len())
                 .filter_map(|i| {
@@ -336,7 +337,7 @@ mod tests {
     fn rows_against_a_known_curve_give_back_the_overlap() {
         // closed loops whose decode aggregates, subtracted at overlap 0.3, equal the curve
         let model = StepModel {
-            prefill_tok_s: 1000.0,
+            prefill_tok_s: 5000.0,
             prefill_chunk_tokens: 512,
             prefill_overlap: 0.0,
         };
