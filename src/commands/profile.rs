@@ -15,7 +15,7 @@ pub enum ProfileCommand {
     /// Fit a profile YAML from measurements: a CSV of concurrency,aggregate_tok_s, the result
     /// files of `vllm bench serve --save-result` (one per --max-concurrency), or a saved
     /// `GET /admin/capacity` of the gateway.
-    Fit(FitArgs),
+    Fit(Box<FitArgs>),
     /// Print a profile's decode curve and fields and write its chart (SVG + PNG).
     Show(ShowArgs),
 }

@@ -12,12 +12,13 @@
 //! `cargo test --workspace --release --test integration real_engine -- --ignored`. The bounds
 //! and the run-to-run spread they come from are in `docs/validation.md`.
 
+use super::share;
 use routelab_emulator::{BenchConfig, BenchResult, EmulatorOptions, PlayOptions, bench, serve};
+use routelab_sim::Scenario;
 use routelab_sim::hardware::HardwareProfile;
 use routelab_sim::hardware::fit::{FitInput, FitOptions, FitSource, fit};
 use routelab_sim::hardware::fit_check::simulate_closed_loop;
 use routelab_sim::worker::EngineMode;
-use routelab_sim::{RunMetrics, Scenario};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -207,11 +208,11 @@ fn with_slots(yaml: &str, name: &str, slots: u32) -> (String, HardwareProfile) {
     (out, p)
 }
 
-fn scenario_yaml(profiles: &[(String, PathBuf)], rate: f64, prompt: u32) -> String {
+fn scenario_yaml(profiles: &[(String, PathBuf)], rate: f64, prompt: u32, rtt_ms: f64) -> String {
     let mut y = format!("name: real-engine/two-llama\nseed: 11\nmodel: {MODEL}\nfleet:\n");
     for (name, path) in profiles {
         y.push_str(&format!(
-            "  - {{ name: {name}, profile: {}, rtt_ms: 0 }}\n",
+            "  - {{ name: {name}, profile: {}, rtt_ms: {rtt_ms:.1} }}\n",
             path.display()
         ));
     }
@@ -227,16 +228,6 @@ fn mean_p90(h: &routelab_sim::histogram::Histogram) -> (f64, f64) {
         h.mean_secs().unwrap_or(f64::NAN),
         h.quantile_secs(0.9).unwrap_or(f64::NAN),
     )
-}
-
-fn share(m: &RunMetrics, name: &str) -> f64 {
-    let total: u64 = m.workers.iter().map(|w| w.requests).sum();
-    let w = m
-        .workers
-        .iter()
-        .find(|w| w.name == name)
-        .map_or(0, |w| w.requests);
-    w as f64 / total.max(1) as f64
 }
 
 /// Bad input to the script: a missing model, a port in use, a server that fails to start —
@@ -405,6 +396,16 @@ fn real_engine_calibrated_fitted_and_predicted() {
         let probe = sweep(&urls[0], PREDICT_PROMPT, 2, &[1], 1.0).await;
         let engine_prompt =
             (probe[0].total_input_tokens as f64 / f64::from(probe[0].completed)).round() as u32;
+        // What a request costs the engine beyond its prefill and decode (HTTP, the chat
+        // template, tokenizing, sampling): the short-prompt sweep's TTFT at one client less its
+        // prefill, given to the simulator as the workers' round trip.
+        let overhead_s = (decode[0].mean_ttft_s
+            - f64::from(engine_decode_prompt) / fitted.profile.prefill_tok_s())
+        .max(0.0);
+        eprintln!(
+            "per-request overhead {:.1} ms (as rtt_ms)",
+            overhead_s * 1e3
+        );
         let capacity_rps: f64 = profiles
             .iter()
             .map(|(_, _, p)| {
@@ -448,12 +449,12 @@ fn real_engine_calibrated_fitted_and_predicted() {
         for load in LOADS {
             let rate = load * capacity_rps;
             let played = Scenario::from_yaml(
-                &scenario_yaml(&paths, rate, PREDICT_PROMPT),
+                &scenario_yaml(&paths, rate, PREDICT_PROMPT, 0.0),
                 &dir.join("played.yaml"),
             )
             .unwrap_or_else(|e| panic!("{e}"));
             let simulated = Scenario::from_yaml(
-                &scenario_yaml(&paths, rate, engine_prompt),
+                &scenario_yaml(&paths, rate, engine_prompt, overhead_s * 1e3),
                 &dir.join("simulated.yaml"),
             )
             .unwrap_or_else(|e| panic!("{e}"));
