@@ -40,6 +40,10 @@ enum Command {
     Emulate(commands::emulate::EmulateArgs),
     /// Play a scenario's traffic in real time against a running gateway; write summary.json.
     Realtime(commands::realtime::RealtimeArgs),
+    /// A closed-loop benchmark sweep of an OpenAI-compatible endpoint (an engine, an emulator
+    /// or the gateway): one `vllm bench serve`-style result file per concurrency, what
+    /// `profile fit --from vllm-bench` reads.
+    Bench(commands::bench::BenchArgs),
     /// Check scenario files without running them (exit 2 if any is invalid).
     Validate {
         /// Scenario YAML files.
@@ -100,6 +104,7 @@ fn main() -> ExitCode {
         ),
         Command::Emulate(args) => commands::emulate::run(&args, &mut std::io::stdout().lock()),
         Command::Realtime(args) => commands::realtime::run(&args, &mut std::io::stdout().lock()),
+        Command::Bench(args) => commands::bench::run(&args, &mut std::io::stdout().lock()),
         Command::Check(args) => commands::check::run(
             &args,
             &mut std::io::stdout().lock(),

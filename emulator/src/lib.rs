@@ -20,6 +20,9 @@
 //! - [`play`] / [`play_with`]: the scenario's traffic (closed-loop follow-ups included) sent in
 //!   real time to a gateway as streaming requests; fills a [`routelab_sim::RunMetrics`] in
 //!   scenario time, so the very same `summary.json` as `routelab run` can be written from it.
+//! - [`bench`]: a closed-loop benchmark of any OpenAI-compatible endpoint (`routelab bench`),
+//!   the player on a `closed_loop` scenario, written as `vllm bench serve --save-result` writes
+//!   its results, so a sweep is `routelab profile fit --from vllm-bench`'s input as it is.
 //!
 //! ```no_run
 //! # async fn demo(scenario: routelab_sim::Scenario) -> Result<(), Box<dyn std::error::Error>> {
@@ -34,6 +37,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod bench;
 mod driver;
 mod fleet;
 mod kv;
@@ -41,6 +45,7 @@ mod openai;
 mod player;
 mod server;
 
+pub use bench::{BenchConfig, BenchError, BenchResult, bench, unsaturated_rise};
 pub use driver::{DriverCounters, EngineSnapshot};
 pub use fleet::{EmulatedFleet, FleetOptions, start_fleet, start_fleet_with};
 pub use player::{

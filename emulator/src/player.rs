@@ -89,6 +89,9 @@ pub struct PlayedRequest {
     pub sse_error: bool,
     /// Why it failed, if it did.
     pub error: Option<String>,
+    /// The prompt tokens the engine counted (`usage.prompt_tokens` of the stream), when it
+    /// said: the engine's tokenizer, where the row's `prompt_tokens` is the length asked for.
+    pub engine_prompt_tokens: Option<u32>,
 }
 
 /// Everything a play measured.
@@ -343,6 +346,7 @@ struct Observed {
     error: Option<String>,
     content_events: u32,
     usage_tokens: Option<u32>,
+    usage_prompt_tokens: Option<u32>,
     cached_tokens: u32,
     /// What the gateway believed the chosen worker had cached (its response header).
     believed_cached_tokens: u32,
@@ -365,6 +369,7 @@ impl Pending {
             error: None,
             content_events: 0,
             usage_tokens: None,
+            usage_prompt_tokens: None,
             cached_tokens: 0,
             believed_cached_tokens: 0,
         };
@@ -497,6 +502,10 @@ impl SseScan {
                     .get("completion_tokens")
                     .and_then(serde_json::Value::as_u64)
                     .map(|n| n as u32);
+                o.usage_prompt_tokens = u
+                    .get("prompt_tokens")
+                    .and_then(serde_json::Value::as_u64)
+                    .map(|n| n as u32);
                 o.cached_tokens = u
                     .pointer("/prompt_tokens_details/cached_tokens")
                     .and_then(serde_json::Value::as_u64)
@@ -549,6 +558,7 @@ impl Accumulator {
             streamed: o.streamed,
             sse_error: o.sse_error,
             error: o.error,
+            engine_prompt_tokens: o.usage_prompt_tokens,
         });
     }
 
@@ -769,6 +779,7 @@ mod tests {
             error: None,
             content_events: usage,
             usage_tokens: Some(usage),
+            usage_prompt_tokens: Some(100),
             cached_tokens: 0,
             believed_cached_tokens: 0,
         }
@@ -828,6 +839,7 @@ mod tests {
             error: None,
             content_events: 0,
             usage_tokens: None,
+            usage_prompt_tokens: None,
             cached_tokens: 0,
             believed_cached_tokens: 0,
         };
@@ -844,10 +856,15 @@ mod tests {
             now,
         );
         assert_eq!((o.first, o.content_events), (Some(now), 1));
-        s.feed(b"data: {\"choices\":[],\"usage\":{\"completion_tokens\":7,\"prompt_tokens_details\":{\"cached_tokens\":512}}}\n\ndata: [DONE]\n\n", &mut o, now);
+        s.feed(b"data: {\"choices\":[],\"usage\":{\"completion_tokens\":7,\"prompt_tokens\":90,\"prompt_tokens_details\":{\"cached_tokens\":512}}}\n\ndata: [DONE]\n\n", &mut o, now);
         assert_eq!(
-            (o.usage_tokens, o.cached_tokens, o.done),
-            (Some(7), 512, true)
+            (
+                o.usage_tokens,
+                o.usage_prompt_tokens,
+                o.cached_tokens,
+                o.done
+            ),
+            (Some(7), Some(90), 512, true)
         );
         s.feed(b"data: {\"error\":{\"message\":\"x\"}}\n\n", &mut o, now);
         assert!(o.sse_error);

@@ -163,6 +163,11 @@ pub(crate) fn worker_json(
         "in_flight": info.in_flight,
         "cap": cap,
         "last_probe_tok_s": w.probe_tok_s,
+        "last_probe_basis": w.probe_tok_s.map(|_| if w.probe_cut_at_budget {
+            "tokens streamed within probe.budget_s (the burst was cut at the budget)"
+        } else {
+            "a complete burst"
+        }),
         "last_probe_age_s": last_probe_age_s,
         "requests_total": w.metrics.requests.load(Relaxed),
         "errors_total": w.metrics.errors.load(Relaxed),

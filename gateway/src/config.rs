@@ -254,6 +254,10 @@ pub struct ProbeRunnerConfig {
     pub poll_interval_s: f64,
     /// Timeout of one probe request; a burst with a timed-out request is a failed burst.
     pub request_timeout_s: f64,
+    /// Policy time a burst may take: a burst still running then is cut, and its throughput is
+    /// the output tokens streamed within the budget over the budget (a slow engine is
+    /// measured rather than timed out; the admin view and the log say which).
+    pub budget_s: f64,
 }
 
 impl Default for ProbeRunnerConfig {
@@ -261,6 +265,7 @@ impl Default for ProbeRunnerConfig {
         ProbeRunnerConfig {
             poll_interval_s: 1.0,
             request_timeout_s: 120.0,
+            budget_s: 30.0,
         }
     }
 }
@@ -608,6 +613,7 @@ fn number_rule(field: &str) -> Option<NumberRule> {
         | "health.timeout_s"
         | "probe.poll_interval_s"
         | "probe.request_timeout_s"
+        | "probe.budget_s"
         | "server.header_read_timeout_s"
         | "server.body_read_timeout_s"
         | "server.drain_timeout_s" => Period,
@@ -749,7 +755,7 @@ impl GatewayConfig {
 
     /// Every numeric field and its value (none: not set, nothing to check); [`number_rule`]
     /// says what each accepts.
-    fn numbers(&self) -> [(&'static str, Option<f64>); 24] {
+    fn numbers(&self) -> [(&'static str, Option<f64>); 25] {
         let (u, h, p, srv) = (&self.upstream, &self.health, &self.probe, &self.server);
         let log = self.request_log.as_ref();
         [
@@ -767,6 +773,7 @@ impl GatewayConfig {
             ("health.timeout_s", Some(h.timeout_s)),
             ("probe.poll_interval_s", Some(p.poll_interval_s)),
             ("probe.request_timeout_s", Some(p.request_timeout_s)),
+            ("probe.budget_s", Some(p.budget_s)),
             (
                 "server.header_read_timeout_s",
                 Some(srv.header_read_timeout_s),

@@ -1,13 +1,21 @@
 //! The burst probe over HTTP.
 //!
 //! Every `probe.poll_interval_s` the router is ticked and asked for probe orders; each order is a
-//! burst of `concurrency` concurrent non-streaming chat requests with `max_tokens` =
-//! `min_tokens` = T and `ignore_eos: true`, sent straight to the worker: not routed, not counted
-//! in the router's load counters nor in the request metrics. Throughput = total output tokens
-//! (from `usage`, else T per request) ÷ the time from the first request sent to the last
-//! response received, in policy time (wall time × `clock_scale`). Any error or non-2xx answer
-//! makes the burst `ok: false`. Warm-up orders are ordinary orders: the policy crate sequences
-//! them.
+//! burst of `concurrency` concurrent streaming chat requests with `max_tokens` = `min_tokens` =
+//! T and `ignore_eos: true`, sent straight to the worker: not routed, not counted in the
+//! router's load counters nor in the request metrics. Throughput = total output tokens (from
+//! the final `usage`, else the content events) ÷ the time from the first request sent to the
+//! last stream's end, in policy time (wall time × `clock_scale`).
+//!
+//! **A slow engine is measured, not timed out.** A burst still running after `probe.budget_s`
+//! (policy time) is cut: its requests are dropped (the engine aborts them as the connections
+//! close) and its throughput is the output tokens streamed within the budget over the budget —
+//! what the engine delivered with the burst queued, the same quantity a complete burst
+//! measures. The admin view (`last_probe_basis`) and the log line (`basis`) say which it was.
+//! (A 1-thread llama.cpp server with 4 slots took 98.7 s for the default 16 × 128-token burst
+//! and timed out the next one at 120 s, keeping the unmeasured weight 1.0.) Any error or non-2xx
+//! answer before the cut makes the burst `ok: false`. Warm-up orders are ordinary orders: the
+//! policy crate sequences them.
 
 use crate::state::Shared;
 use crate::supervise::{BackgroundTask, report_panic};
@@ -16,6 +24,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::Uri;
 use routelab_policies::{ProbeOrder, ProbePhase, ProbeResult};
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
@@ -81,7 +90,8 @@ fn probe_body(model: &str, prompt_tokens: u32, tokens: u32) -> Bytes {
         "max_tokens": tokens,
         "min_tokens": tokens,
         "ignore_eos": true,
-        "stream": false,
+        "stream": true,
+        "stream_options": {"include_usage": true},
         "temperature": 0,
     });
     Bytes::from(serde_json::to_vec(&body).expect("json"))
@@ -100,9 +110,6 @@ pub enum ProbeError {
     /// A non-2xx answer.
     #[error("status {0}")]
     Status(hyper::StatusCode),
-    /// The answer is not JSON.
-    #[error("bad JSON: {0}")]
-    BadJson(serde_json::Error),
     /// No answer within `probe.request_timeout_s`.
     #[error("timed out")]
     TimedOut,
@@ -117,9 +124,18 @@ pub enum ProbeError {
     TooLarge(usize),
 }
 
-async fn one(s: Arc<Shared>, uri: Uri, body: Bytes, tokens: u32) -> Result<u64, ProbeError> {
+/// One probe request, streamed: every content event adds one to `streamed` as it arrives (what
+/// a cut burst counts); the result is the stream's output tokens (final usage, else content
+/// events).
+async fn one(
+    s: Arc<Shared>,
+    uri: Uri,
+    body: Bytes,
+    streamed: Arc<AtomicU64>,
+) -> Result<u64, ProbeError> {
     let req = hyper::Request::post(uri)
         .header(hyper::header::CONTENT_TYPE, "application/json")
+        .header(hyper::header::ACCEPT, "text/event-stream")
         .body(Full::new(body))
         .expect("valid request");
     let work = async {
@@ -129,22 +145,37 @@ async fn one(s: Arc<Shared>, uri: Uri, body: Bytes, tokens: u32) -> Result<u64, 
             .await
             .map_err(|e| ProbeError::Request(crate::proxy::error_chain(&e)))?;
         let status = resp.status();
+        // At most `upstream.max_response_bytes` of a reply is read, streamed or not.
         let limit = s.settings.max_response_bytes;
-        let bytes = Limited::new(resp.into_body(), limit)
-            .collect()
-            .await
-            .map_err(|e| match e.downcast::<hyper::Error>() {
+        let body_error =
+            |e: Box<dyn std::error::Error + Send + Sync>| match e.downcast::<hyper::Error>() {
                 Ok(e) => ProbeError::Body(*e),
                 Err(_) => ProbeError::TooLarge(limit),
-            })?
-            .to_bytes();
+            };
+        let mut body = Limited::new(resp.into_body(), limit);
         if !status.is_success() {
+            let _ = body.collect().await;
             return Err(ProbeError::Status(status));
         }
-        let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(ProbeError::BadJson)?;
-        Ok(v.pointer("/usage/completion_tokens")
-            .and_then(serde_json::Value::as_u64)
-            .unwrap_or(u64::from(tokens)))
+        let mut scan = crate::proxy::SseScan::default();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(body_error)?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            let before = scan.content_events();
+            scan.feed(&data);
+            streamed.fetch_add(u64::from(scan.content_events() - before), Relaxed);
+            if scan.done() {
+                break;
+            }
+        }
+        if !scan.done() {
+            return Err(ProbeError::Request(
+                "the stream ended without [DONE]".to_string(),
+            ));
+        }
+        Ok(u64::from(scan.output_tokens()))
     };
     tokio::time::timeout(s.settings.probe_timeout, work)
         .await
@@ -155,31 +186,49 @@ async fn burst(s: Arc<Shared>, job: Job) {
     let o = job.order;
     let body = probe_body(&job.model, o.prompt_tokens, o.output_tokens);
     let start = Instant::now();
+    let streamed = Arc::new(AtomicU64::new(0));
     let mut set = JoinSet::new();
     let mut tokens = 0u64;
     let mut error = None;
     match &job.uri {
         Ok(uri) => {
             for _ in 0..o.concurrency.max(1) {
-                set.spawn(one(s.clone(), uri.clone(), body.clone(), o.output_tokens));
+                set.spawn(one(s.clone(), uri.clone(), body.clone(), streamed.clone()));
             }
         }
         // Not expected (base URLs are checked when they are read): the burst fails, and the
         // router hears so, rather than waiting for a result that never comes.
         Err(e) => error = Some(ProbeError::Request(e.to_string())),
     }
-    while let Some(r) = set.join_next().await {
-        match r {
-            Ok(Ok(n)) => tokens += n,
-            Ok(Err(e)) => error = Some(e),
-            Err(e) if e.is_panic() => {
-                report_panic(&s, BackgroundTask::Probe, e);
-                error = Some(ProbeError::Panicked);
+    let budget_at = start + s.clock.to_wall(s.settings.probe_budget);
+    let mut cut = false;
+    loop {
+        tokio::select! {
+            r = set.join_next() => match r {
+                None => break,
+                Some(Ok(Ok(n))) => tokens += n,
+                Some(Ok(Err(e))) => error = Some(e),
+                Some(Err(e)) if e.is_panic() => {
+                    report_panic(&s, BackgroundTask::Probe, e);
+                    error = Some(ProbeError::Panicked);
+                }
+                Some(Err(e)) => error = Some(ProbeError::Task(e)),
+            },
+            () = tokio::time::sleep_until(budget_at.into()) => {
+                // Out of budget: what streamed so far is the measurement; dropping the rest
+                // closes their connections, and the engine aborts them.
+                cut = true;
+                tokens = streamed.load(Relaxed);
+                set.abort_all();
+                break;
             }
-            Err(e) => error = Some(ProbeError::Task(e)),
         }
     }
-    let wall = start.elapsed();
+    let wall = if cut {
+        budget_at.saturating_duration_since(start)
+    } else {
+        start.elapsed()
+    };
     let result = ProbeResult {
         order: o.id,
         worker: o.worker,
@@ -199,6 +248,7 @@ async fn burst(s: Arc<Shared>, job: Job) {
                 w.metrics.probes_ok.fetch_add(1, Relaxed);
                 if o.phase == ProbePhase::Measure {
                     w.probe_tok_s = Some(tp);
+                    w.probe_cut_at_budget = cut;
                 }
             } else {
                 w.metrics.probes_failed.fetch_add(1, Relaxed);
@@ -218,6 +268,14 @@ async fn burst(s: Arc<Shared>, job: Job) {
             ("ok", &result.ok.to_string()),
             ("tok_s", &format!("{tp:.1}")),
             ("wall_ms", &wall.as_millis().to_string()),
+            (
+                "basis",
+                if cut {
+                    "cut at probe.budget_s: tokens streamed within it"
+                } else {
+                    "complete burst"
+                },
+            ),
             (
                 "error",
                 &error.as_ref().map(ToString::to_string).unwrap_or_default(),

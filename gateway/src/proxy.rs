@@ -1004,6 +1004,16 @@ impl SseScan {
         }
     }
 
+    /// Events that carried output text so far (one token each, as engines stream).
+    pub(crate) fn content_events(&self) -> u32 {
+        self.content_events
+    }
+
+    /// Whether the stream's `data: [DONE]` passed.
+    pub(crate) fn done(&self) -> bool {
+        self.done
+    }
+
     /// The final `usage.completion_tokens` if the stream had one, else the data events.
     pub fn output_tokens(&self) -> u32 {
         self.usage.unwrap_or(self.data_events)

@@ -41,6 +41,8 @@ pub(crate) struct Settings {
     pub health_timeout: Duration,
     pub probe_poll: Duration,
     pub probe_timeout: Duration,
+    /// `probe.budget_s`, policy time.
+    pub probe_budget: Duration,
     pub state_file: Option<PathBuf>,
     pub admin_token: Option<crate::config::Secret>,
     /// The client-facing server's limits (`server.*`).
@@ -72,6 +74,7 @@ impl Settings {
             health_timeout: secs("health.timeout_s", c.health.timeout_s)?,
             probe_poll: secs("probe.poll_interval_s", c.probe.poll_interval_s)?,
             probe_timeout: secs("probe.request_timeout_s", c.probe.request_timeout_s)?,
+            probe_budget: secs("probe.budget_s", c.probe.budget_s)?,
             state_file: c.state_file.clone(),
             admin_token: c.admin_token.clone().filter(|t| !t.expose().is_empty()),
             server: crate::server::Limits {
@@ -183,6 +186,9 @@ pub(crate) struct WorkerRt {
     pub drained: bool,
     /// Last measured burst throughput, tok/s.
     pub probe_tok_s: Option<f64>,
+    /// Whether that burst was cut at `probe.budget_s` (its throughput counts the tokens
+    /// streamed within the budget) rather than completed.
+    pub probe_cut_at_budget: bool,
 }
 
 /// The gateway's records of the workers, indexed by [`WorkerId`] like the router's fleet. A
@@ -335,6 +341,7 @@ impl Core {
                 ejected: false,
                 drained: false,
                 probe_tok_s,
+                probe_cut_at_budget: false,
             },
         );
         self.apply_health(now, id, s);

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use routelab_reports::{profile_text, write_profile_chart};
 use routelab_sim::ProfileLookup;
-use routelab_sim::hardware::fit::{FitInput, FitOptions, FitSource, MixedStep, fit};
+use routelab_sim::hardware::fit::{FitInput, FitOptions, FitSource, FittedProfile, MixedStep, fit};
 
 /// The `profile` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -15,7 +15,7 @@ pub enum ProfileCommand {
     /// Fit a profile YAML from measurements: a CSV of concurrency,aggregate_tok_s, the result
     /// files of `vllm bench serve --save-result` (one per --max-concurrency), or a saved
     /// `GET /admin/capacity` of the gateway.
-    Fit(FitArgs),
+    Fit(Box<FitArgs>),
     /// Print a profile's decode curve and fields and write its chart (SVG + PNG).
     Show(ShowArgs),
 }
@@ -64,6 +64,15 @@ pub struct FitArgs {
     /// routelab's 0.4, listed as extrapolated).
     #[arg(long, value_name = "F")]
     pub prefill_overlap: Option<f64>,
+    /// A pure-decode sweep of the same engine (CSV `concurrency,aggregate_tok_s`, e.g. the
+    /// `decode.csv` of `routelab bench`): the curve comes from it and the closed-loop FILEs fit
+    /// prefill_overlap, with its uncertainty.
+    #[arg(long, value_name = "CSV")]
+    pub decode_sweep: Option<PathBuf>,
+    /// What the worker announces to the router, comma-separated (e.g. "RTX 4090,RTX 4090");
+    /// overrides the source's.
+    #[arg(long, value_delimiter = ',', value_name = "NAMES")]
+    pub gpu_names: Option<Vec<String>>,
 }
 
 /// Options of `routelab profile show`.
@@ -107,18 +116,75 @@ fn fit_cmd(args: &FitArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
             .map(MixedStep::parse)
             .transpose()?,
         prefill_overlap: args.prefill_overlap,
+        decode_sweep: args
+            .decode_sweep
+            .as_deref()
+            .map(FitInput::read)
+            .transpose()?,
+        gpu_names: args
+            .gpu_names
+            .as_ref()
+            .map(|g| g.iter().map(|n| n.trim().to_string()).collect()),
     };
     let fitted = fit(source, &inputs, &options)?;
     match &args.out {
-        None => write!(out, "{}", fitted.yaml)?,
+        None => {
+            // the YAML alone on stdout (it may be piped into a file); the check on stderr
+            write!(out, "{}", fitted.yaml)?;
+            eprint!("{}", fit_report(&fitted));
+        }
         Some(path) => {
             std::fs::write(path, &fitted.yaml)
                 .with_context(|| format!("{}: cannot write", path.display()))?;
             write!(out, "{}", profile_text(&fitted.profile))?;
+            write!(out, "\n{}", fit_report(&fitted))?;
             writeln!(out, "\nprofile: {}", path.display())?;
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// How well the fitted profile reproduces its inputs: each point's error, then the warnings.
+fn fit_report(fitted: &FittedProfile) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "fit check: each input point against the fitted profile (a closed loop simulated on \
+         the simulator's engine, a pure-decode point read off the curve)"
+    );
+    let _ = writeln!(
+        s,
+        "{:<36} {:>11} {:<25} {:>10} {:>10} {:>8}",
+        "source", "concurrency", "figure", "measured", "fitted", "error"
+    );
+    for e in &fitted.errors {
+        let _ = writeln!(
+            s,
+            "{:<36} {:>11} {:<25} {:>10.2} {:>10.2} {:>+7.1}%",
+            e.source,
+            e.concurrency,
+            e.what,
+            e.measured,
+            e.fitted,
+            e.relative() * 100.0
+        );
+    }
+    if let Some(o) = &fitted.overlap_fit {
+        let _ = writeln!(
+            s,
+            "prefill_overlap {:.3}{} fitted against {}",
+            o.value,
+            o.std_error
+                .map(|e| format!(" ± {e:.3}"))
+                .unwrap_or_default(),
+            o.against
+        );
+    }
+    for w in &fitted.warnings {
+        let _ = writeln!(s, "warning: {w}");
+    }
+    s
 }
 
 fn show(args: &ShowArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {

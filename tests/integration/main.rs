@@ -1,4 +1,5 @@
 //! Integration tests of the `routelab` lab: the bundled case studies and the command line.
+mod bench_cmd;
 mod capacity;
 mod case_studies;
 mod check_output;

@@ -443,3 +443,105 @@ fn a_bad_step_time_table_or_overlap_is_located() {
     let o = routelab_in(&dir, None, &["profile", "show", "overlap.yaml"]);
     bad_input(&o, &["overlap.yaml", "prefill_overlap", "[0, 1]"]);
 }
+
+/// Issue 29: `profile fit` reports its own error — every input point against what the fitted
+/// profile gives (the closed loops simulated back) — warns on a KV size and a running limit
+/// below what the engine held, and takes `--gpu-names`.
+#[test]
+fn fit_reports_each_points_error_warns_on_kv_and_takes_gpu_names() {
+    let dir = scratch("profile-check");
+    let out = dir.join("p.yaml");
+    let mut args = vec![
+        "profile",
+        "fit",
+        "--from",
+        "vllm-bench",
+        "--name",
+        "checked",
+        "--out",
+        out.to_str().unwrap(),
+        "--kv-capacity-tokens",
+        "4096",
+        "--context-window",
+        "2048",
+        "--max-running",
+        "8",
+        "--gpu-names",
+        "RTX 4090, RTX 4090",
+    ];
+    let files = vllm_files();
+    args.extend(files.iter().map(String::as_str));
+    let o = routelab(&args);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("fit check"), "{t}");
+    for c in [1, 2, 4, 8, 16] {
+        let row = t
+            .lines()
+            .find(|l| l.contains(&format!("c{c}.json")) && l.contains("closed-loop output tok/s"))
+            .unwrap_or_else(|| panic!("no error row for c{c}: {t}"));
+        assert!(row.trim_end().ends_with('%'), "{row}");
+    }
+    // 16 clients of 512 + 256 tokens held 12,288 tokens of KV
+    assert!(
+        t.contains("warning: kv_capacity_tokens 4096 cannot hold the measured concurrency"),
+        "{t}"
+    );
+    assert!(
+        t.contains("warning: max_running 8 is below the measured concurrency 16"),
+        "{t}"
+    );
+    let y = std::fs::read_to_string(&out).unwrap();
+    assert!(y.contains("gpu_names: [\"RTX 4090\", \"RTX 4090\"]"), "{y}");
+}
+
+/// Issue 29, trap 6: a TTFT in seconds declared as ms made a 1.7 M tok/s prefill without a
+/// word; a point corrected by more than 25 % passed silently too. Both warn, with the threshold.
+#[test]
+fn implausible_units_and_large_corrections_are_warned_about() {
+    let dir = scratch("profile-units");
+    let c1 = std::fs::read_to_string(format!("{DATA}/vllm-bench/c1.json")).unwrap();
+    let seconds = dir.join("c1.json");
+    std::fs::write(
+        &seconds,
+        c1.replace("\"mean_ttft_ms\": 152.31", "\"mean_ttft_ms\": 0.15231"),
+    )
+    .unwrap();
+    let mut files = vec![seconds.display().to_string()];
+    files.extend(vllm_files().into_iter().skip(1));
+    let mut args = vec!["profile", "fit", "--from", "vllm-bench", "--name", "u"];
+    args.extend(files.iter().map(String::as_str));
+    let o = routelab(&args);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("x the single-sequence decode speed (more than 1000 x")
+            && t.contains("in seconds rather than milliseconds"),
+        "{t}"
+    );
+    // the untouched files give no such warning
+    let mut args = vec!["profile", "fit", "--from", "vllm-bench", "--name", "u"];
+    let good = vllm_files();
+    args.extend(good.iter().map(String::as_str));
+    let t = text(&routelab(&args));
+    assert!(!t.contains("rather than milliseconds"), "{t}");
+
+    let csv = dir.join("bent.csv");
+    std::fs::write(&csv, "concurrency,aggregate_tok_s\n1,100\n2,60\n4,400\n").unwrap();
+    let o = routelab(&[
+        "profile",
+        "fit",
+        "--from",
+        "csv",
+        csv.to_str().unwrap(),
+        "--name",
+        "bent",
+    ]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("warning: decode.points[1] (concurrency 2) was corrected by")
+            && t.contains("more than 25 %"),
+        "{t}"
+    );
+}

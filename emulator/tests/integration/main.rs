@@ -4,6 +4,7 @@
 //! lock) so that they do not steal each other's CPU on a small machine.
 
 mod disconnect;
+mod real_engine;
 mod request_log;
 mod signals;
 
@@ -728,4 +729,63 @@ fn diagnostic_sim_routing_seed_spread() {
             share(&m, "r5090")
         );
     }
+}
+
+/// Issue 31: the burst probe measures a slow engine. The default 16 × 128-token burst takes
+/// ~100 s of model time on an engine that decodes 20 tok/s; the gateway cuts it at
+/// `probe.budget_s` (30 s) and measures the tokens streamed within it, so the worker gets a
+/// measured weight (not the unmeasured default after a timed-out burst), and the admin view
+/// says the measurement was cut. The fast worker's bursts complete and say so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_engine_is_measured_within_the_probe_budget() {
+    let _serial = SERIAL.lock().await;
+    const K: f64 = 10.0;
+    let sc = scenario("emulator/tests/data/slow-engine.yaml");
+    let (fleet, gw, url, _origin) = stack(&sc, "seed-v3", K).await;
+    // warm-up and measure bursts: 2 × 30 s of policy time on the slow worker, 6 s of wall
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let workers = loop {
+        let req = hyper::Request::get(format!("{url}/admin/workers"))
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .body(Full::new(bytes::Bytes::new()))
+            .unwrap();
+        let r = client().request(req).await.unwrap();
+        let b = r.into_body().collect().await.unwrap().to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
+        let list = v["workers"].as_array().cloned().unwrap_or_default();
+        let measured = list
+            .iter()
+            .filter(|w| w["last_probe_tok_s"].is_number())
+            .count();
+        if measured == 2 || Instant::now() > deadline {
+            break list;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    gw.kill();
+    fleet.shutdown(Duration::ZERO).await;
+    let get = |name: &str| {
+        workers
+            .iter()
+            .find(|w| w["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no worker {name}: {workers:?}"))
+    };
+    let (slow, fast) = (get("slow"), get("fast"));
+    eprintln!("slow: {slow}\nfast: {fast}");
+    assert_eq!(slow["provenance"], "measured", "{slow}");
+    let tok_s = slow["last_probe_tok_s"].as_f64().unwrap();
+    assert!(
+        (tok_s / 20.0 - 1.0).abs() < 0.25,
+        "slow measured at {tok_s} tok/s"
+    );
+    assert!(
+        slow["last_probe_basis"]
+            .as_str()
+            .is_some_and(|b| b.contains("cut at the budget")),
+        "{slow}"
+    );
+    assert_eq!(fast["provenance"], "measured", "{fast}");
+    assert_eq!(fast["last_probe_basis"], "a complete burst", "{fast}");
+    assert!(slow["weight"].as_f64().unwrap() < fast["weight"].as_f64().unwrap());
 }

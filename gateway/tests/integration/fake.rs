@@ -94,6 +94,13 @@ impl FakeWorker {
             .with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
+        // Each token leaves at once, as an engine's server sends it: without TCP_NODELAY,
+        // Nagle's algorithm held a token until the previous one was acknowledged, and on a
+        // kept-alive connection (delayed ACKs) a 1,000 tok/s stream came out at ~500 tok/s,
+        // so a streamed probe burst measured the fast worker at half its speed.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |t| {
+            let _ = t.set_nodelay(true);
+        });
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });

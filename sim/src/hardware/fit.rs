@@ -37,6 +37,11 @@ use routelab_policies::located::{InputError, rule};
 use routelab_policies::weights::ProbeConfig;
 use serde_json::Value;
 
+use super::fit_check::{
+    CORRECTION_WARN, OverlapFit, OverlapRow, PREFILL_PER_DECODE_MAX, PREFILL_PER_DECODE_MIN,
+    PointError, SIMULATED_ERROR_WARN, SIMULATED_ROUNDS_MAX, infer_overlap, informative,
+    simulate_closed_loop,
+};
 use super::{
     DEFAULT_PREFILL_CHUNK_TOKENS, DEFAULT_PREFILL_OVERLAP, HardwareProfile, MIN_CONTEXT_WINDOW,
     mixed_step_s, overlap_from_mixed_step,
@@ -143,6 +148,12 @@ pub struct FitOptions {
     pub mixed_step: Option<MixedStep>,
     /// `prefill_overlap` as given (checked to be in `[0, 1]`).
     pub prefill_overlap: Option<f64>,
+    /// A pure-decode sweep of the same engine (a CSV of `concurrency,aggregate_tok_s`, nothing
+    /// prefilling beside the decodes): the profile's curve comes from it, and the closed-loop
+    /// rows fit `prefill_overlap` against it ([`super::fit_check::infer_overlap`]).
+    pub decode_sweep: Option<FitInput>,
+    /// What the worker announces to the router (overrides the source's `gpu_names`).
+    pub gpu_names: Option<Vec<String>>,
 }
 
 /// The step-model figures that say how long a closed loop's prefill steps last.
@@ -371,15 +382,24 @@ impl PointMove {
     }
 }
 
-/// A fitted profile: the validated profile, the YAML it was read from, and every point's move.
+/// A fitted profile: the validated profile, the YAML it was read from, every point's move, and
+/// how well the profile reproduces its inputs.
 #[derive(Debug, Clone)]
 pub struct FittedProfile {
     /// The profile (its origin is `fitted:<name>`).
     pub profile: HardwareProfile,
     /// The profile file's text.
     pub yaml: String,
-    /// One entry per measured point, in concurrency order.
+    /// One entry per point of the curve, in concurrency order.
     pub moves: Vec<PointMove>,
+    /// Every input point against what the fitted profile gives for it (a closed loop simulated
+    /// on the simulator's engine, a pure-decode point read off the curve), in input order.
+    pub errors: Vec<PointError>,
+    /// What a careful reader should look at, each with its threshold
+    /// ([`super::fit_check`]'s constants).
+    pub warnings: Vec<String>,
+    /// The overlap fitted from the data, when it was.
+    pub overlap_fit: Option<OverlapFit>,
 }
 
 /// `x` to the nearest `1 / per_unit`, never below it (a profile's figures are > 0). Dividing
@@ -431,6 +451,8 @@ struct Obs {
     weight: f64,
     /// The closed loop it was measured in, when its output tok/s includes its prompts' prefill.
     closed_loop: Option<ClosedLoop>,
+    /// Requests per client in that closed loop (for simulating it back).
+    rounds: u32,
     at: RowAt,
 }
 
@@ -490,7 +512,71 @@ pub fn fit(
             read_gateway(first, opts.worker.as_deref())?
         }
     };
-    build(source, measured, opts)
+    let sweep = match &opts.decode_sweep {
+        None => None,
+        Some(input) => {
+            if opts.pure_decode {
+                return Err(flag_error(
+                    "--decode-sweep",
+                    "given with --pure-decode",
+                    "--decode-sweep with closed-loop rows (their prefill is what the sweep \
+                     measures the overlap of), or --pure-decode alone",
+                ));
+            }
+            let sweep = read_csv(input)?;
+            if let Some(p) = sweep.points.iter().find(|p| p.closed_loop.is_some()) {
+                return Err(InputError::new(
+                    &input.origin,
+                    "mean_prompt_tokens",
+                    "a closed-loop row in the pure-decode sweep",
+                )
+                .at(p.at.line, None)
+                .valid(
+                    "rows of `concurrency,aggregate_tok_s` measured with nothing prefilling \
+                     (routelab bench writes decode.csv so)",
+                ));
+            }
+            Some(sweep)
+        }
+    };
+    build(source, measured, sweep, opts)
+}
+
+/// The points of `points` with one concurrency pooled into one (weights added; the first
+/// row's place kept for errors). `points` are in non-decreasing concurrency.
+fn pooled_points(points: &[Obs]) -> Vec<Obs> {
+    let mut out: Vec<Obs> = Vec::with_capacity(points.len());
+    for p in points {
+        match out.last_mut() {
+            Some(last) if last.concurrency == p.concurrency => last.weight += p.weight,
+            _ => out.push(p.clone()),
+        }
+    }
+    out
+}
+
+/// `values` (one per point) pooled as [`pooled_points`] pools the points: the weighted mean.
+fn pooled_values(points: &[Obs], values: &[f64]) -> Vec<f64> {
+    let mut out: Vec<(f64, f64, f64)> = Vec::with_capacity(points.len());
+    for (p, &v) in points.iter().zip(values) {
+        match out.last_mut() {
+            Some(last) if last.0 == p.concurrency => {
+                last.1 += p.weight * v;
+                last.2 += p.weight;
+            }
+            _ => out.push((p.concurrency, p.weight * v, p.weight)),
+        }
+    }
+    out.iter()
+        .zip(pooled_points(points).iter())
+        .map(|(&(_, s, w), p)| {
+            if p.weight == w && values.len() == out.len() {
+                s / w
+            } else {
+                round_to(s / w, 1e3)
+            }
+        })
+        .collect()
 }
 
 /// The message of a broken value rule; its `expected` goes to the error's `valid`.
@@ -633,7 +719,12 @@ fn decode_values(points: &[Obs], subtract: Option<&StepModel>) -> Result<Vec<f64
 /// is a small share of their time).
 const OVERLAP_ROUNDS: usize = 200;
 
-fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProfile, InputError> {
+fn build(
+    source: FitSource,
+    mut m: Measured,
+    sweep: Option<Measured>,
+    opts: &FitOptions,
+) -> Result<FittedProfile, InputError> {
     let mut fitted_notes: Vec<String> = Vec::new();
     let mut extrapolated: Vec<String> = Vec::new();
     let chunk = DEFAULT_PREFILL_CHUNK_TOKENS;
@@ -672,13 +763,22 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
         Some(p) => p,
         None => {
             // nothing to subtract: the measured values are the decode curve
-            let raw: Vec<f64> = m.points.iter().map(|p| p.aggregate_tok_s).collect();
+            let (points, raw): (Vec<Obs>, Vec<f64>) = match &sweep {
+                Some(sw) => (
+                    sw.points.clone(),
+                    sw.points.iter().map(|p| p.aggregate_tok_s).collect(),
+                ),
+                None => {
+                    let raw: Vec<f64> = m.points.iter().map(|p| p.aggregate_tok_s).collect();
+                    (pooled_points(&m.points), pooled_values(&m.points, &raw))
+                }
+            };
             extrapolated.push(format!(
                 "prefill_tok_s (not measured: {DEFAULT_PREFILL_PER_DECODE} x the single-sequence \
                  decode speed; pass --prefill-tok-s)"
             ));
             round_to(
-                DEFAULT_PREFILL_PER_DECODE * curve_of(&monotone_points(&m.points, &raw), 1.0),
+                DEFAULT_PREFILL_PER_DECODE * curve_of(&monotone_points(&points, &raw), 1.0),
                 10.0,
             )
         }
@@ -690,8 +790,25 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
         prefill_chunk_tokens: chunk,
         prefill_overlap: overlap,
     };
-    let values_with =
-        |overlap: f64| decode_values(&m.points, subtract.then(|| model_with(overlap)).as_ref());
+    // The curve's points: the pure-decode sweep's when one is given (the closed-loop rows then
+    // fit the overlap only), else the measured points with rows of one concurrency pooled.
+    let (curve_points, sweep_values): (Vec<Obs>, Option<Vec<f64>>) = match &sweep {
+        Some(sw) => (
+            sw.points.clone(),
+            Some(sw.points.iter().map(|p| p.aggregate_tok_s).collect()),
+        ),
+        None => (pooled_points(&m.points), None),
+    };
+    let values_with = |overlap: f64| -> Result<Vec<f64>, InputError> {
+        match &sweep_values {
+            Some(v) => Ok(v.clone()),
+            None => {
+                let v = decode_values(&m.points, subtract.then(|| model_with(overlap)).as_ref())?;
+                Ok(pooled_values(&m.points, &v))
+            }
+        }
+    };
+    let mut overlap_fit: Option<OverlapFit> = None;
     let (overlap, overlap_note) = match (opts.prefill_overlap, opts.mixed_step) {
         (Some(_), Some(_)) => {
             return Err(flag_error(
@@ -719,7 +836,7 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
             let mut settled = false;
             for _ in 0..OVERLAP_ROUNDS {
                 let values = values_with(overlap)?;
-                let moves = monotone_points(&m.points, &values);
+                let moves = monotone_points(&curve_points, &values);
                 let next = step
                     .overlap(curve_of(&moves, f64::from(step.decoding)), prefill_tok_s)
                     .map_err(|msg| {
@@ -754,7 +871,7 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
             let overlap = (overlap * 1e4).round() / 1e4;
             let d_s = f64::from(step.decoding)
                 / curve_of(
-                    &monotone_points(&m.points, &values_with(overlap)?),
+                    &monotone_points(&curve_points, &values_with(overlap)?),
                     f64::from(step.decoding),
                 );
             (
@@ -772,17 +889,63 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
             )
         }
         (None, None) => {
-            extrapolated.push(format!(
-                "prefill_overlap (not measured: routelab's default {DEFAULT_PREFILL_OVERLAP}, \
-                 fitted to the one published mixed step; pass --mixed-step or \
-                 --prefill-overlap)"
-            ));
-            (DEFAULT_PREFILL_OVERLAP, String::new())
+            let groups = curve_points.len() < m.points.len();
+            let inferred = if subtract && (sweep.is_some() || groups) {
+                overlap_from_rows(&m.points, &curve_points, &sweep_values, &model_with(0.0))
+            } else {
+                None
+            };
+            match inferred {
+                Some(of) => {
+                    let value = (of.value * 1e4).round() / 1e4;
+                    let per_row: Vec<String> = of
+                        .per_row
+                        .iter()
+                        .map(|(c, o)| format!("{c}: {o:.3}"))
+                        .collect();
+                    let note = format!(
+                        "prefill_overlap {value}{} fitted to {} closed-loop rows against {}: \
+                         the overlap whose prefill subtraction brings their decode aggregates \
+                         to agree, in least squares of the log ratios (each row alone, by \
+                         concurrency: {})",
+                        of.std_error
+                            .map(|e| format!(" ± {e:.3} (jackknife standard error)"))
+                            .unwrap_or_default(),
+                        of.per_row.len(),
+                        of.against,
+                        per_row.join(", ")
+                    );
+                    overlap_fit = Some(OverlapFit { value, ..of });
+                    (value, note)
+                }
+                None if sweep.is_some() => {
+                    return Err(flag_error(
+                        "--decode-sweep",
+                        "the closed-loop rows cannot pin prefill_overlap: in none of them does \
+                         a prefill run beside decodes under the step model (one client, or \
+                         every loop's prompts fit one prefill step), so no overlap changes \
+                         their decode aggregate",
+                        format!(
+                            "closed loops at concurrency >= 2 whose clients' prompts together \
+                             exceed the prefill chunk ({chunk} tokens), or --prefill-overlap F"
+                        ),
+                    ));
+                }
+                None => {
+                    extrapolated.push(format!(
+                        "prefill_overlap (not measured: routelab's default \
+                         {DEFAULT_PREFILL_OVERLAP}, fitted to the one published mixed step; \
+                         pass --mixed-step, --prefill-overlap, or --decode-sweep with the \
+                         closed-loop rows)"
+                    ));
+                    (DEFAULT_PREFILL_OVERLAP, String::new())
+                }
+            }
         }
     };
 
     let values = values_with(overlap)?;
-    let moves = monotone_points(&m.points, &values);
+    let moves = monotone_points(&curve_points, &values);
     let curve_at = |c: f64| curve_of(&moves, c);
 
     let moved: Vec<(usize, &PointMove)> = moves
@@ -795,6 +958,13 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
         .map(|mv| mv.relative().abs())
         .fold(0.0f64, f64::max);
     // Which decode figures these are, first: the one thing a reader must know about the curve.
+    if let Some(sw) = &sweep {
+        fitted_notes.push(format!(
+            "decode aggregate from the pure-decode sweep (--decode-sweep, {} rows): taken as \
+             measured; the closed-loop rows fit prefill_overlap and are simulated back (below)",
+            sw.points.len()
+        ));
+    }
     if subtract {
         fitted_notes.push(format!(
             "decode aggregate with the prompts' prefill subtracted: each closed-loop row's \
@@ -807,12 +977,13 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
              {prefill_tok_s}, prefill_overlap {overlap}) is taken out (see docs/profiles.md, \
              \"The step-time model\")"
         ));
-        for (p, (mv, v)) in m.points.iter().zip(moves.iter().zip(&values)) {
+        let row_values = decode_values(&m.points, Some(&model_with(overlap)))?;
+        for (p, v) in m.points.iter().zip(&row_values) {
             if let Some(row) = &p.closed_loop {
                 fitted_notes.push(format!(
                     "decode aggregate at concurrency {}: closed-loop {} tok/s (P = {}, N = {}) \
                      -> {} tok/s decode only ({:+.2} %)",
-                    mv.concurrency,
+                    p.concurrency,
                     row.output_tok_s,
                     row.prompt_tokens,
                     row.output_tokens,
@@ -864,7 +1035,7 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
     fitted_notes.extend(m.notes);
     fitted_notes.extend(prefill_note);
     if !overlap_note.is_empty() {
-        if opts.mixed_step.is_some() {
+        if opts.mixed_step.is_some() || overlap_fit.is_some() {
             fitted_notes.push(overlap_note);
         } else {
             extrapolated.push(overlap_note);
@@ -995,6 +1166,14 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
         "description: {}",
         q(&format!("fitted from {} measurements", source.name()))
     );
+    if let Some(g) = &opts.gpu_names {
+        m.gpu_names.clone_from(g);
+        m.sources.push("gpu_names from --gpu-names".to_string());
+    }
+    if let Some(sw) = &sweep {
+        m.sources
+            .extend(sw.sources.iter().map(|s| format!("{s} (--decode-sweep)")));
+    }
     let gpus: Vec<String> = m.gpu_names.iter().map(|g| q(g)).collect();
     let _ = writeln!(y, "gpu_names: [{}]", gpus.join(", "));
     let list = |y: &mut String, key: &str, items: &[String]| {
@@ -1029,11 +1208,191 @@ fn build(source: FitSource, m: Measured, opts: &FitOptions) -> Result<FittedProf
 
     let origin = format!("fitted:{}", opts.name.trim());
     let profile = HardwareProfile::from_yaml_str(&y, &origin)?;
+    let errors = point_errors(&profile, &m.points, sweep.as_ref(), opts.pure_decode);
+    let warnings = warnings(&profile, &m.points, &moves, &errors, opts);
     Ok(FittedProfile {
         profile,
         yaml: y,
         moves,
+        errors,
+        warnings,
+        overlap_fit,
     })
+}
+
+/// The closed-loop rows of `points` that can say something about the overlap, held against the
+/// sweep's curve when there is one (`sweep_values` for `curve_points`), else against the other
+/// rows of their concurrency; the fitted overlap ([`infer_overlap`]).
+fn overlap_from_rows(
+    points: &[Obs],
+    curve_points: &[Obs],
+    sweep_values: &Option<Vec<f64>>,
+    model: &StepModel,
+) -> Option<OverlapFit> {
+    let sweep_moves = sweep_values
+        .as_ref()
+        .map(|v| monotone_points(curve_points, v));
+    let mut group = 0usize;
+    let mut last_c = None;
+    let mut rows = Vec::new();
+    for p in points {
+        if last_c.is_some_and(|c| c != p.concurrency) {
+            group += 1;
+        }
+        last_c = Some(p.concurrency);
+        let Some(row) = p.closed_loop else { continue };
+        if !informative(&row, model) {
+            continue;
+        }
+        rows.push(OverlapRow {
+            row,
+            weight: p.weight,
+            reference: sweep_moves.as_ref().map(|mv| curve_of(mv, p.concurrency)),
+            group,
+        });
+    }
+    infer_overlap(&rows, model)
+}
+
+/// Every input point against the fitted profile: a closed loop simulated on the fluid engine
+/// (unless the rows were declared pure decode), a pure-decode point read off the curve.
+fn point_errors(
+    profile: &HardwareProfile,
+    points: &[Obs],
+    sweep: Option<&Measured>,
+    pure_decode: bool,
+) -> Vec<PointError> {
+    let label = |p: &Obs| match p.at.line {
+        Some(l) => format!("{}:{l}", p.at.file),
+        None => p.at.file.clone(),
+    };
+    let decode_point = |p: &Obs| PointError {
+        source: label(p),
+        concurrency: p.concurrency,
+        what: "decode aggregate tok/s",
+        measured: p.aggregate_tok_s,
+        fitted: profile.aggregate_tok_s(p.concurrency),
+    };
+    let mut out: Vec<PointError> = points
+        .iter()
+        .map(|p| match (&p.closed_loop, pure_decode) {
+            (Some(row), false) => {
+                let sim = simulate_closed_loop(
+                    crate::worker::EngineMode::Fluid,
+                    profile,
+                    (row.concurrency.round() as u32).max(1),
+                    p.rounds.clamp(1, SIMULATED_ROUNDS_MAX),
+                    (row.prompt_tokens.round() as u32).max(1),
+                    (row.output_tokens.round() as u32).max(2),
+                );
+                PointError {
+                    source: label(p),
+                    concurrency: p.concurrency,
+                    what: "closed-loop output tok/s",
+                    measured: row.output_tok_s,
+                    fitted: sim.output_tok_s,
+                }
+            }
+            _ => decode_point(p),
+        })
+        .collect();
+    if let Some(sw) = sweep {
+        out.extend(sw.points.iter().map(decode_point));
+    }
+    out
+}
+
+/// The warnings a careful reader needs, each with its threshold.
+fn warnings(
+    profile: &HardwareProfile,
+    points: &[Obs],
+    moves: &[PointMove],
+    errors: &[PointError],
+    opts: &FitOptions,
+) -> Vec<String> {
+    let mut w = Vec::new();
+    for (i, mv) in moves.iter().enumerate() {
+        if mv.relative().abs() > CORRECTION_WARN {
+            w.push(format!(
+                "decode.points[{i}] (concurrency {}) was corrected by {:+.0} % ({} -> {} tok/s), \
+                 more than {:.0} %: the measurement breaks the curve's rules (the aggregate may \
+                 not fall as concurrency grows, nor the per-request speed rise); re-measure \
+                 that concurrency or leave it out",
+                mv.concurrency,
+                mv.relative() * 100.0,
+                round_to(mv.measured_tok_s, 1e3),
+                mv.fitted_tok_s,
+                CORRECTION_WARN * 100.0
+            ));
+        }
+    }
+    for e in errors {
+        if e.relative().abs() > SIMULATED_ERROR_WARN {
+            w.push(format!(
+                "{} (concurrency {}): the fitted profile gives {:.2} {} where {:.2} was \
+                 measured ({:+.1} %, more than {:.0} %)",
+                e.source,
+                e.concurrency,
+                e.fitted,
+                e.what,
+                e.measured,
+                e.relative() * 100.0,
+                SIMULATED_ERROR_WARN * 100.0
+            ));
+        }
+    }
+    let held = points
+        .iter()
+        .filter_map(|p| p.closed_loop)
+        .map(|r| {
+            (
+                r.concurrency,
+                r.concurrency * (r.prompt_tokens + r.output_tokens),
+            )
+        })
+        .fold(None::<(f64, f64)>, |m, x| match m {
+            Some(m) if m.1 >= x.1 => Some(m),
+            _ => Some(x),
+        });
+    if let Some((c, tokens)) = held
+        && tokens > profile.kv_capacity_tokens() as f64
+    {
+        w.push(format!(
+            "kv_capacity_tokens {} cannot hold the measured concurrency: {c} requests of \
+             prompt + output tokens need {tokens:.0} tokens of KV at once, which the engine \
+             held; pass the engine's KV size with --kv-capacity-tokens",
+            profile.kv_capacity_tokens()
+        ));
+    }
+    let top = points.iter().map(|p| p.concurrency).fold(0.0f64, f64::max);
+    if top > f64::from(profile.max_running()) {
+        w.push(format!(
+            "max_running {} is below the measured concurrency {top}: the simulated engine \
+             queues what the measured one ran at once; pass the engine's limit with \
+             --max-running (llama.cpp --parallel, vLLM --max-num-seqs)",
+            profile.max_running()
+        ));
+    }
+    if opts.prefill_tok_s.is_none() {
+        let ratio = profile.prefill_tok_s() / profile.aggregate_tok_s(1.0);
+        if ratio > PREFILL_PER_DECODE_MAX {
+            w.push(format!(
+                "prefill_tok_s {} is {ratio:.0} x the single-sequence decode speed (more than \
+                 {PREFILL_PER_DECODE_MAX:.0} x; the bundled profiles sit at 10-90 x): is the \
+                 TTFT it was derived from (mean_ttft_ms) in seconds rather than milliseconds?",
+                profile.prefill_tok_s()
+            ));
+        } else if ratio < PREFILL_PER_DECODE_MIN {
+            w.push(format!(
+                "prefill_tok_s {} is {ratio:.2} x the single-sequence decode speed (less than \
+                 {PREFILL_PER_DECODE_MIN} x: prefill batches a prompt's tokens, decode runs one \
+                 a step): is the TTFT it was derived from in milliseconds declared as seconds, \
+                 or does it hold a long queue?",
+                profile.prefill_tok_s()
+            ));
+        }
+    }
+    w
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1156,6 +1515,7 @@ fn read_csv(input: &FitInput) -> Result<Measured, InputError> {
             aggregate_tok_s: a,
             weight: 1.0,
             closed_loop,
+            rounds: 20,
             at: RowAt {
                 file: file.to_string(),
                 field: "aggregate_tok_s".into(),
@@ -1236,6 +1596,10 @@ fn parse_json(input: &FitInput, what: &str) -> Result<Value, InputError> {
 // ---------------------------------------------------------------------------------------------
 // vllm bench serve
 // ---------------------------------------------------------------------------------------------
+
+/// Two runs at one concurrency are the same benchmark unless their mean prompt or output
+/// lengths differ by more than this share.
+const SAME_LENGTH_SHARE: f64 = 0.05;
 
 /// The fields of a `vllm bench serve --save-result` file that the fit reads.
 pub const VLLM_FIELDS: [&str; 7] = [
@@ -1342,8 +1706,16 @@ fn read_vllm(inputs: &[FitInput]) -> Result<Measured, InputError> {
         .map(read_vllm_one)
         .collect::<Result<Vec<_>, _>>()?;
     runs.sort_by(|a, b| a.concurrency.total_cmp(&b.concurrency));
+    let lengths = |r: &BenchRun| {
+        (
+            r.total_input_tokens / r.completed,
+            r.total_output_tokens / r.completed,
+        )
+    };
+    let differ = |a: f64, b: f64| (a / b - 1.0).abs() > SAME_LENGTH_SHARE;
     for w in runs.windows(2) {
-        if w[0].concurrency == w[1].concurrency {
+        let ((p0, n0), (p1, n1)) = (lengths(&w[0]), lengths(&w[1]));
+        if w[0].concurrency == w[1].concurrency && !differ(p0, p1) && !differ(n0, n1) {
             return Err(InputError::new(
                 &w[1].origin,
                 "max_concurrency",
@@ -1352,7 +1724,10 @@ fn read_vllm(inputs: &[FitInput]) -> Result<Measured, InputError> {
                     w[1].concurrency, w[0].origin
                 ),
             )
-            .valid("one file per --max-concurrency value"));
+            .valid(
+                "one file per --max-concurrency value, or runs at one concurrency whose mean \
+                 prompt or output lengths differ by more than 5 % (they fit prefill_overlap)",
+            ));
         }
     }
     let mut m = Measured {
@@ -1372,6 +1747,7 @@ fn read_vllm(inputs: &[FitInput]) -> Result<Measured, InputError> {
                 prompt_tokens: r.total_input_tokens / r.completed,
                 output_tokens: r.total_output_tokens / r.completed,
             }),
+            rounds: ((r.completed / r.concurrency).round() as u32).max(1),
             at: r.at.clone(),
         });
         m.sources.push(format!(
@@ -1544,6 +1920,7 @@ fn read_gateway(input: &FitInput, worker: Option<&str>) -> Result<Measured, Inpu
             aggregate_tok_s: num("aggregate_tok_s")?,
             weight: num("observed_s")?,
             closed_loop: None,
+            rounds: 1,
             at: RowAt {
                 file: origin.to_string(),
                 field: format!("{wf}.points[{i}].aggregate_tok_s"),

@@ -26,6 +26,7 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 pub mod fit;
+pub mod fit_check;
 pub mod lookup;
 pub mod step;
 

@@ -353,3 +353,113 @@ fn a_closed_loop_fit_reproduces_its_benchmark_with_the_default_overlap() {
         ));
     }
 }
+
+/// The pure-decode sweep a user measures: `c` sequences of a 1-token prompt decoding `output`
+/// tokens together (one burst, nothing prefilling beside them once they decode), reported as
+/// `routelab bench`'s `decode.csv` reports it: `c` × tokens after the first ÷ time after the
+/// first token.
+fn decode_sweep_csv(truth: &HardwareProfile, output: u32) -> String {
+    let mut csv = String::from("concurrency,aggregate_tok_s\n");
+    for &c in &CONCURRENCY {
+        let mut e = Engine::new(
+            EngineMode::Step,
+            Arc::new(truth.clone()),
+            EngineOverrides::default(),
+            7,
+        );
+        for seq in 0..u64::from(c) {
+            e.admit(0, seq, 1, output, &[]);
+        }
+        let (mut tokens, mut secs) = (0.0, 0.0);
+        let mut outs = Vec::new();
+        while let Some(t) = e.next_event_time() {
+            e.advance_to(t, &mut outs);
+            for o in outs.drain(..) {
+                if let EngineOutput::Completed(d) = o {
+                    tokens += f64::from(output - 1);
+                    secs += (d.at - d.first_token_at) as f64 / NS;
+                }
+            }
+        }
+        csv.push_str(&format!("{c},{:.3}\n", f64::from(c) * tokens / secs));
+    }
+    csv
+}
+
+/// Issue 31's must-show: `prefill_overlap` inferred from closed-loop benchmark results of a
+/// step-level engine with a known overlap — against a pure-decode sweep of the same engine,
+/// and without one from runs at two prompt lengths per concurrency — within ±0.1 of the truth,
+/// with an uncertainty; and the profile fitted so predicts the benchmark's closed loops.
+#[test]
+fn the_overlap_is_recovered_from_closed_loop_results_with_and_without_a_decode_sweep() {
+    const BOUND: f64 = 0.1;
+    let (long, short, output) = (1024, 256, 128);
+    for truth_overlap in [0.1, 0.5, 0.9] {
+        let truth = true_profile(truth_overlap);
+        let runs = |prompt: u32| -> Vec<Bench> {
+            CONCURRENCY
+                .iter()
+                .map(|&c| closed_loop(EngineMode::Step, &truth, c, prompt, output))
+                .collect()
+        };
+        let (long_runs, short_runs) = (runs(long), runs(short));
+        let opts = FitOptions {
+            name: "fitted".into(),
+            max_running: Some(truth.max_running()),
+            kv_capacity_tokens: Some(truth.kv_capacity_tokens()),
+            ..FitOptions::default()
+        };
+        let sweep = FitInput {
+            origin: "decode.csv".into(),
+            text: decode_sweep_csv(&truth, 256),
+        };
+        let with_sweep = fit(
+            FitSource::VllmBench,
+            &long_runs.iter().map(Bench::result_json).collect::<Vec<_>>(),
+            &FitOptions {
+                decode_sweep: Some(sweep),
+                ..opts.clone()
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        // without a sweep: the long-prompt runs and the short-prompt runs at the same C must
+        // give one decode aggregate
+        let mut both: Vec<FitInput> = long_runs.iter().map(Bench::result_json).collect();
+        both.extend(short_runs.iter().map(|b| FitInput {
+            origin: format!("short-c{}.json", b.concurrency),
+            ..b.result_json()
+        }));
+        let without_sweep =
+            fit(FitSource::VllmBench, &both, &opts).unwrap_or_else(|e| panic!("{e}"));
+        for (how, f) in [("with the sweep", &with_sweep), ("without", &without_sweep)] {
+            let of = f.overlap_fit.as_ref().expect("an overlap was fitted");
+            println!(
+                "truth {truth_overlap}: {how}: fitted {:.3} ± {:?}, per row {:?}",
+                of.value, of.std_error, of.per_row
+            );
+            assert!(
+                (of.value - truth_overlap).abs() <= BOUND,
+                "{how}: fitted overlap {:.3}, truth {truth_overlap}",
+                of.value
+            );
+            assert_eq!(f.profile.prefill_overlap(), of.value);
+            assert!(
+                of.std_error.is_some_and(|e| e.is_finite()),
+                "{how}: no uncertainty"
+            );
+            // predict: the fitted profile's closed loops against the benchmark's
+            for b in &long_runs {
+                let sim = closed_loop(EngineMode::Fluid, &f.profile, b.concurrency, long, output);
+                let err = sim.output_tok_s() / b.output_tok_s() - 1.0;
+                assert!(
+                    err.abs() <= TOLERANCE,
+                    "{how}: C = {}: predicted {:.1} tok/s, benchmark {:.1} ({:+.2} %)",
+                    b.concurrency,
+                    sim.output_tok_s(),
+                    b.output_tok_s(),
+                    err * 100.0
+                );
+            }
+        }
+    }
+}
