@@ -17,9 +17,10 @@
 //! The HTTP server is our own accept loop ([`server`]): header and body read timeouts and a
 //! connection cap per listener, graceful shutdown.
 //!
-//! Background tasks run the burst probe ([`probe`]) and the health checks ([`health`]), each
-//! restarted, logged and counted if it panics ([`supervise`]); the probe cache and pins are
-//! persisted atomically in a state file ([`persist`]).
+//! Background tasks run the burst probe ([`probe`]), the health checks ([`health`]) and the
+//! engine signals ([`signals`]: KV event streams, the engines' `/metrics`, the admin page's
+//! history), each restarted, logged and counted if it panics ([`supervise`]); the probe cache
+//! and pins are persisted atomically in a state file ([`persist`]).
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), routelab_gateway::GatewayError> {
@@ -659,6 +660,35 @@ mod tests {
             .unwrap();
         assert_eq!(again, id, "the worker took its slot back");
         assert_eq!(core.router.signals(id).unwrap().report, None);
+    }
+
+    /// A supervised task that returns (rather than panics) ends its supervisor: nothing is
+    /// restarted and no restart is counted for it, only for the panic before.
+    #[tokio::test]
+    async fn a_supervised_task_that_returns_ends_its_supervisor() {
+        use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+        use supervise::BackgroundTask;
+        let config = GatewayConfig::from_yaml("workers: []\n", "t.yaml").unwrap();
+        let shared = build(&config, Settings::from_config(&config).unwrap()).unwrap();
+        let runs = Arc::new(AtomicU32::new(0));
+        let r = runs.clone();
+        let task = supervise::supervise(
+            shared.clone(),
+            BackgroundTask::History,
+            std::time::Duration::from_millis(5),
+            move |_| {
+                let first = r.fetch_add(1, SeqCst) == 0;
+                async move { assert!(!first, "the first run dies") }
+            },
+        );
+        tokio::time::timeout(std::time::Duration::from_secs(10), task)
+            .await
+            .expect("the supervisor ended")
+            .unwrap();
+        assert_eq!(runs.load(SeqCst), 2);
+        let restarts = &shared.global.task_restarts;
+        assert_eq!(restarts.of(BackgroundTask::History), 1);
+        assert_eq!(restarts.of(BackgroundTask::KvStreams), 0);
     }
 
     /// Regression (issue 30, hardening 1): a panic ended the health or probe loop silently and

@@ -1,7 +1,7 @@
 //! What each worker tells the router besides its answers, and what the policy will see of it:
 //! the engines' KV event streams ([`crate::kv`]), their `/metrics` ([`crate::engine_metrics`]),
-//! a short history per worker for the admin page, and the supervision that keeps these
-//! background tasks alive (a task that panics is logged, counted in
+//! a short history per worker for the admin page. Its background tasks are supervised as every
+//! other ([`crate::supervise`]: a task that panics is logged, counted in
 //! `routelab_gateway_task_restarts_total{task}` and started again).
 //!
 //! ```yaml
@@ -16,11 +16,11 @@
 use crate::engine_metrics::{self, Engine, Scrape};
 use crate::kv::{Fallback, KvEventsConfig, StreamState, StreamStatus, WorkerStream};
 use crate::state::Shared;
+use crate::supervise::{BackgroundTask, RESTART_PAUSE, report_panic, supervise};
 use routelab_policies::{EngineReport, KvEvent, PrefixKnowledge, Time, WorkerId, WorkerState};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::future::Future;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -198,7 +198,6 @@ pub(crate) struct SignalHub {
     kv: Mutex<HashMap<u32, WorkerStream>>,
     polls: Mutex<HashMap<u32, PollStatus>>,
     history: Mutex<HashMap<u32, History>>,
-    restarts: Mutex<BTreeMap<&'static str, u64>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -292,15 +291,6 @@ impl SignalHub {
         lock(&self.history).remove(&id.0);
     }
 
-    fn restarted(&self, task: &'static str) {
-        *lock(&self.restarts).entry(task).or_default() += 1;
-    }
-
-    /// Task restarts by task name.
-    pub fn restarts(&self) -> BTreeMap<&'static str, u64> {
-        lock(&self.restarts).clone()
-    }
-
     /// A worker's stream status, if it has a stream.
     pub fn stream(&self, id: WorkerId) -> Option<StreamStatus> {
         lock(&self.kv).get(&id.0).map(|w| w.status.clone())
@@ -328,65 +318,34 @@ fn worker_name(s: &Shared, id: WorkerId) -> String {
         .unwrap_or_default()
 }
 
-/// Run `make()` as a task; if it panics, log it, count it and run it again (after a second, so
-/// a task that panics at once does not spin). Returns when the task returns normally.
-pub(crate) fn supervise<F, Fut>(s: Arc<Shared>, task: &'static str, make: F) -> JoinHandle<()>
-where
-    F: Fn() -> Fut + Send + 'static,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    tokio::spawn(async move {
-        loop {
-            match tokio::spawn(make()).await {
-                Ok(()) => return,
-                Err(e) if e.is_cancelled() => return,
-                Err(e) => {
-                    s.signals.restarted(task);
-                    crate::log(
-                        "task_restarted",
-                        &[("task", task), ("error", &panic_message(e))],
-                    );
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-            }
-        }
-    })
-}
-
-fn panic_message(e: tokio::task::JoinError) -> String {
-    match e.try_into_panic() {
-        Ok(p) => p
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_string())
-            .or_else(|| p.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "panic".into()),
-        Err(e) => e.to_string(),
-    }
-}
-
 /// Start the signal tasks: the KV stream keeper (one subscriber per worker with `kv_events`,
 /// started and stopped as workers come and go), the metrics poller and the history sampler.
 pub(crate) fn start(s: &Arc<Shared>) -> Vec<JoinHandle<()>> {
-    let mut tasks = Vec::new();
-    let s1 = s.clone();
-    tasks.push(supervise(s.clone(), "kv_streams", move || {
-        keep_streams(s1.clone())
-    }));
+    let mut tasks = vec![supervise(
+        s.clone(),
+        BackgroundTask::KvStreams,
+        RESTART_PAUSE,
+        keep_streams,
+    )];
     if s.settings.engine_poll.enabled {
-        let s2 = s.clone();
-        tasks.push(supervise(s.clone(), "engine_metrics", move || {
-            poll_engines(s2.clone())
-        }));
+        tasks.push(supervise(
+            s.clone(),
+            BackgroundTask::EngineMetrics,
+            RESTART_PAUSE,
+            poll_engines,
+        ));
     }
-    let s3 = s.clone();
-    tasks.push(supervise(s.clone(), "history", move || {
-        sample_history(s3.clone())
-    }));
+    tasks.push(supervise(
+        s.clone(),
+        BackgroundTask::History,
+        RESTART_PAUSE,
+        sample_history,
+    ));
     tasks
 }
 
 /// Keep one subscriber running per live worker with `kv_events`; one that ended (panicked) is
-/// logged, counted and started again.
+/// logged, counted ([`report_panic`]) and started again.
 async fn keep_streams(s: Arc<Shared>) {
     let mut running: HashMap<u32, JoinHandle<()>> = HashMap::new();
     let mut tick = tokio::time::interval(Duration::from_millis(250));
@@ -419,18 +378,24 @@ async fn keep_streams(s: Arc<Shared>) {
                     h.abort();
                     true
                 }
-                Some(h) if h.is_finished() => {
-                    s.signals.restarted("kv_subscriber");
-                    crate::log(
-                        "task_restarted",
-                        &[("task", "kv_subscriber"), ("worker", &worker_name(&s, id))],
-                    );
-                    true
-                }
-                Some(_) => false,
+                Some(h) => h.is_finished(),
                 None => true,
             };
             if restart {
+                // A subscriber runs until it is aborted: one that ended by itself panicked.
+                if let Some(ended) = running.remove(&id.0)
+                    && ended.is_finished()
+                    && let Err(e) = ended.await
+                    && report_panic(&s, BackgroundTask::KvSubscriber, e)
+                {
+                    crate::log(
+                        "task_restarting",
+                        &[
+                            ("task", BackgroundTask::KvSubscriber.as_str()),
+                            ("worker", &worker_name(&s, id)),
+                        ],
+                    );
+                }
                 lock(&s.signals.kv)
                     .entry(id.0)
                     .or_insert_with(|| WorkerStream {
@@ -625,13 +590,9 @@ async fn sample_history(s: Arc<Shared>) {
     }
 }
 
-/// The tasks [`supervise`] and the stream keeper restart, named in
-/// `routelab_gateway_task_restarts_total{task}` (every one listed, 0 until it restarts).
-pub const TASKS: &[&str] = &["engine_metrics", "history", "kv_streams", "kv_subscriber"];
-
 /// The signal families of `/metrics`: per worker with a KV stream, whether it is live and its
-/// counters; per polled worker, whether its report is live and the polls' outcomes; and the
-/// background tasks' restarts.
+/// counters; per polled worker, whether its report is live and the polls' outcomes (the
+/// background tasks' restarts are rendered with the gateway's own families, [`crate::metrics`]).
 pub(crate) fn render_metrics(s: &Shared) -> String {
     use std::fmt::Write as _;
     let labels: HashMap<u32, String> = {
@@ -746,22 +707,6 @@ pub(crate) fn render_metrics(s: &Shared) -> String {
                 p.failed
             );
         }
-    }
-    let restarts = s.signals.restarts();
-    let _ = writeln!(
-        out,
-        "# HELP routelab_gateway_task_restarts_total Background tasks that died (panicked) and were started again.\n# TYPE routelab_gateway_task_restarts_total counter"
-    );
-    for t in TASKS
-        .iter()
-        .copied()
-        .chain(restarts.keys().copied().filter(|k| !TASKS.contains(k)))
-    {
-        let _ = writeln!(
-            out,
-            "routelab_gateway_task_restarts_total{{task=\"{t}\"}} {}",
-            restarts.get(t).copied().unwrap_or(0)
-        );
     }
     out
 }
@@ -931,7 +876,10 @@ pub(crate) fn gateway_view(s: &Shared) -> Value {
             "stale_after_s": p.stale_after_s,
             "path": p.path,
         },
-        "task_restarts": s.signals.restarts(),
+        "task_restarts": BackgroundTask::ALL
+            .iter()
+            .map(|&t| (t.as_str(), s.global.task_restarts.of(t)))
+            .collect::<std::collections::BTreeMap<_, _>>(),
     })
 }
 
@@ -1053,28 +1001,5 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(bad.validate().unwrap_err().0, "engine_metrics.timeout_s");
-    }
-
-    #[tokio::test]
-    async fn a_supervised_task_that_panics_is_counted_and_run_again() {
-        let c = crate::GatewayConfig::from_yaml("workers: []\n", "t.yaml").unwrap();
-        let settings = crate::state::Settings::from_config(&c).unwrap();
-        let s = crate::build(&c, settings).unwrap();
-        let runs = Arc::new(std::sync::atomic::AtomicU32::new(0));
-        let r = runs.clone();
-        let h = supervise(s.clone(), "test_task", move || {
-            let r = r.clone();
-            async move {
-                if r.fetch_add(1, Relaxed) == 0 {
-                    panic!("first run dies");
-                }
-            }
-        });
-        tokio::time::timeout(Duration::from_secs(5), h)
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(runs.load(Relaxed), 2);
-        assert_eq!(s.signals.restarts().get("test_task"), Some(&1));
     }
 }

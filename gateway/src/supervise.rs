@@ -1,11 +1,12 @@
-//! The background tasks (the probe runner, the health checks) are supervised: a task that
-//! panics is logged (`task_panicked`, with the panic's message), counted
-//! (`routelab_gateway_task_restarts_total{task}`) and started again after a pause. Before, a
-//! panic ended the task silently: a health loop that died left every ejected worker ejected for
-//! ever, a probe loop that died left every worker on its last weight.
+//! Every background task is supervised: the probe runner, the health checks and the signal
+//! tasks (the KV stream keeper and the subscribers it keeps, the engine metrics poll, the admin
+//! page's history sampler). A task that panics is logged (`task_panicked`, with the panic's
+//! message), counted (`routelab_gateway_task_restarts_total{task}`) and started again after a
+//! pause. Before, a panic ended the task silently: a health loop that died left every ejected
+//! worker ejected for ever, a probe loop that died left every worker on its last weight.
 //!
-//! The short-lived tasks they spawn (a probe burst, one health check) report their own panics
-//! through [`report_panic`] when they are joined.
+//! The short-lived tasks they spawn (a probe burst, one health check, a worker's KV event
+//! subscriber) report their own panics through [`report_panic`] when they are joined.
 
 use crate::state::Shared;
 use std::future::Future;
@@ -21,17 +22,36 @@ pub enum BackgroundTask {
     Probe,
     /// The health checks ([`crate::health`]).
     Health,
+    /// The KV stream keeper: one subscriber per worker with `kv_events` ([`crate::signals`]).
+    KvStreams,
+    /// One worker's KV event subscriber ([`crate::kv::subscriber`]), restarted by the keeper.
+    KvSubscriber,
+    /// The engines' `/metrics` poll ([`crate::engine_metrics`]).
+    EngineMetrics,
+    /// The admin page's history sampler ([`crate::signals`]).
+    History,
 }
 
 impl BackgroundTask {
     /// Every task, in the order of [`TaskRestarts`]'s counters.
-    pub const ALL: [BackgroundTask; 2] = [BackgroundTask::Probe, BackgroundTask::Health];
+    pub const ALL: [BackgroundTask; 6] = [
+        BackgroundTask::Probe,
+        BackgroundTask::Health,
+        BackgroundTask::KvStreams,
+        BackgroundTask::KvSubscriber,
+        BackgroundTask::EngineMetrics,
+        BackgroundTask::History,
+    ];
 
     /// Its name in logs and metrics.
     pub fn as_str(self) -> &'static str {
         match self {
             BackgroundTask::Probe => "probe",
             BackgroundTask::Health => "health",
+            BackgroundTask::KvStreams => "kv_streams",
+            BackgroundTask::KvSubscriber => "kv_subscriber",
+            BackgroundTask::EngineMetrics => "engine_metrics",
+            BackgroundTask::History => "history",
         }
     }
 }
