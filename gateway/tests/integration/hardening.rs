@@ -305,7 +305,6 @@ async fn a_clock_scale_runs_policy_timers_faster_and_measures_in_policy_time() {
 /// Defect 2: `--check` refuses numbers that would break the gateway, with exit 2 and the field.
 #[test]
 fn check_exits_2_on_numbers_that_would_break_the_gateway() {
-    let dir = temp_dir("check-numbers");
     for (yaml, field) in [
         ("queue_timeout_s: 1e20\n", "queue_timeout_s"),
         ("probe: {poll_interval_s: 1e-12}\n", "probe.poll_interval_s"),
@@ -329,21 +328,12 @@ fn check_exits_2_on_numbers_that_would_break_the_gateway() {
             "policy.weights.concurrency",
         ),
     ] {
-        let file = dir.join("g.yaml");
-        std::fs::write(&file, format!("admin_token: {TOKEN}\n{yaml}")).unwrap();
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_routelab-gateway"))
-            .arg("--config")
-            .arg(&file)
-            .arg("--check")
-            .output()
-            .expect("the binary runs");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{yaml}: {stderr}");
+        let (code, _, stderr) = check_config(&format!("admin_token: {TOKEN}\n{yaml}"));
+        assert_eq!(code, Some(2), "{yaml}: {stderr}");
         assert!(stderr.contains(field), "{yaml}: {stderr}");
         assert!(!stderr.contains("panicked"), "{yaml}: {stderr}");
         assert!(!stderr.contains(TOKEN), "the token was printed: {stderr}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A YAML number: special floats, arbitrary floats and integers, and the bounds of the rules.

@@ -88,22 +88,6 @@ impl Drop for Binary {
     }
 }
 
-/// Run the binary's `--check` on `yaml`: its exit code and stderr.
-fn check(yaml: &str, dir: &Path) -> (Option<i32>, String) {
-    let file = dir.join("check.yaml");
-    std::fs::write(&file, yaml).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_routelab-gateway"))
-        .arg("--config")
-        .arg(&file)
-        .arg("--check")
-        .output()
-        .expect("the binary runs");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 async fn metrics(c: &HttpClient, base: &str) -> String {
     send(c, Method::GET, &format!("{base}/metrics"), None, "")
         .await
@@ -145,11 +129,9 @@ fn a_health_path_that_is_not_a_request_path_is_refused_at_load() {
         assert_eq!(e.field, "health.path", "{path}: {e}");
         assert!(e.valid.is_some(), "{e}");
     }
-    let dir = temp_dir("health-path");
-    let (code, stderr) = check("health: {path: \"/a b\"}\n", &dir);
+    let (code, _, stderr) = check_config("health: {path: \"/a b\"}\n");
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("health.path"), "{stderr}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Regression (1, 10): the admin API answered 201 to a ~65 KB base URL (the health, probe and
@@ -805,7 +787,7 @@ async fn check_reads_the_state_file_as_start_does() {
     let state = dir.join("state.json");
     std::fs::write(&state, "{not a state file").unwrap();
     let yaml = format!("state_file: {}\n", state.display());
-    let (code, stderr) = check(&yaml, &dir);
+    let (code, _, stderr) = check_config(&yaml);
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("invalid state file"), "{stderr}");
     let cfg = GatewayConfig::from_yaml(&format!("listen: 127.0.0.1:0\n{yaml}"), "g.yaml").unwrap();
@@ -814,7 +796,7 @@ async fn check_reads_the_state_file_as_start_does() {
 
     let missing = dir.join("no-such-dir").join("state.json");
     let yaml = format!("listen: 127.0.0.1:0\nstate_file: {}\n", missing.display());
-    let (code, stderr) = check(&yaml, &dir);
+    let (code, _, stderr) = check_config(&yaml);
     assert_eq!(code, Some(2), "{stderr}");
     assert!(
         stderr.contains("state_file") && stderr.contains("no-such-dir"),

@@ -259,7 +259,7 @@ pub async fn post_chat(
 
 /// Run the gateway binary with `--check` on `yaml`: exit code, stdout, stderr.
 pub fn check_config(yaml: &str) -> (Option<i32>, String, String) {
-    let dir = temp_dir("signals-check");
+    let dir = temp_dir("check");
     let file = dir.join("g.yaml");
     std::fs::write(&file, yaml).unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_routelab-gateway"))
