@@ -248,9 +248,19 @@ pub fn run_study<E>(
             study.seed_stop = SeedStop::Fixed;
             return Ok(study);
         };
+        // A policy whose ratio to the baseline cannot be formed yet (the baseline infeasible
+        // on every seed so far) is not precise: it counts as an interval without a width, so
+        // the rule adds seeds until a ratio forms or the maximum is reached (dropping it would
+        // let an empty list read as "every ratio precise").
+        let unformed = Interval {
+            n: 0,
+            mean: 1.0,
+            sd: None,
+            half_width: None,
+        };
         let ratios: Vec<(Interval, f64)> = (0..study.policies.len())
-            .filter_map(|i| study.ratio(i))
-            .map(|r| (r, 1.0))
+            .filter(|&i| i != study.baseline)
+            .map(|i| (study.ratio(i).unwrap_or(unformed), 1.0))
             .collect();
         if let Some(stop) = auto.stop(study.seeds.len(), &ratios) {
             study.seed_stop = stop;
@@ -344,5 +354,28 @@ mod tests {
         assert!(report::capacity_table(&st).contains("the maximum of 7 seeds was reached"));
         assert_eq!(st.seeds, [10, 11, 12, 13, 14, 15, 16]);
         assert_eq!(st.policies[1].seeds.len(), 7);
+    }
+
+    /// Regression: a baseline that is infeasible on every seed gives no paired ratio at all,
+    /// and an empty list of ratios used to read as "every ratio precise" after two seeds.
+    #[test]
+    fn auto_seeds_do_not_stop_while_no_ratio_to_the_baseline_can_be_formed() {
+        let infeasible_baseline = |b: &[(usize, u64)]| {
+            let mut v = batch(b)?;
+            for (c, &(p, _)) in v.iter_mut().zip(b) {
+                if p == 0 {
+                    c.scale = 0.0;
+                }
+            }
+            Ok::<_, String>(v)
+        };
+        let auto = AutoSeeds {
+            max: 5,
+            ..AutoSeeds::default()
+        };
+        let st = run_study(plan(SeedPlan::Auto(auto)), infeasible_baseline).unwrap();
+        assert!(st.ratio(1).is_none());
+        assert_eq!(st.seed_stop, SeedStop::MaxSeeds);
+        assert_eq!(st.seeds.len(), 5);
     }
 }
