@@ -303,6 +303,15 @@ fn run(mut w: Writer, rx: Receiver<Msg>, counters: &LogCounters) {
         handle(&mut w, m);
         loop {
             match rx.try_recv() {
+                // A sync ends the batch: what comes after it may have been sent after the
+                // live file was moved (the host synced, then moved it), so the next line
+                // checks the path first. Continuing the batch here lost lines 5-8 of
+                // `lines_after_the_live_file_was_moved_go_to_a_new_file_at_the_path` to the
+                // moved file when the test's sends overtook the writer (seen under load).
+                Ok(m @ Msg::Sync(_)) => {
+                    handle(&mut w, m);
+                    break;
+                }
                 Ok(m) => handle(&mut w, m),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => {
