@@ -10,6 +10,9 @@
 //! A second group, `peer rules route+complete`, times the field's routers (`cache-aware`,
 //! `least-load`, …, as presets) the same way over 64 workers with the 64-block prefix.
 //!
+//! `predictive route+complete` times our `predictive` over 64, 1,024 and 10,240 workers with
+//! the 64-block prefix (a full scan up to 16 candidates, then 16 drawn plus the prefix holder).
+//!
 //! A third, `prefix knowledge route+complete`, times `seed-v3` and `cache-aware` with the 64-block
 //! prefix under each prefix knowledge over 8, 64 and 1,024 workers that announce a 1,024-block
 //! cache each: `approximate` (every worker's own ring evicting), `unbounded`, and `kv-events`
@@ -42,6 +45,11 @@ fn decision(c: &mut Criterion) {
     let mut group = c.benchmark_group("peer rules route+complete");
     for name in PolicyConfig::field_presets() {
         bench_one(&mut group, preset(name), 64, None, true, Some(name));
+    }
+    group.finish();
+    let mut group = c.benchmark_group("predictive route+complete");
+    for n in [64usize, 1_024, 10_240] {
+        bench_one(&mut group, preset("predictive"), n, None, true, None);
     }
     group.finish();
     let mut group = c.benchmark_group("prefix knowledge route+complete");

@@ -14,6 +14,7 @@
 
 use crate::chooser::Chooser;
 use crate::config::{Affinity, Allowance, Cap, PolicyConfig, PrefixKnowledge};
+use crate::predictive::PredictiveParams;
 use crate::weights::{
     AtLoadConfig, Clamp, LiveConfig, ProbeConfig, SlowStart, TableConfig, Unmeasured,
 };
@@ -310,7 +311,7 @@ const TIES_PARAM: Param = Param {
 };
 
 /// Choosers.
-pub const CHOOSERS: [Part; 14] = [
+pub const CHOOSERS: [Part; 15] = [
     Part {
         name: "p2c",
         describe: || {
@@ -516,6 +517,45 @@ pub const CHOOSERS: [Part; 14] = [
             default: Some(|| peer(Chooser::HIT_MINUS_LOAD, "beta")),
         }],
     },
+    Part {
+        name: "predictive",
+        describe: || {
+            let p = PredictiveParams::DEFAULT;
+            format!(
+                "ours: per worker, predicted TTFT = round trip + (uncached tokens waiting + own uncached) in {}-token chunks, each a mixed step beside its decode at its measured prefill tok/s + a wait for KV memory when its cache is full, and TPOT = its measured decode step a + b x (running + 1); lowest (predicted SLO misses, this request's + victims ({}) x running requests pushed over the TPOT bound) + {} x (completion + victims x damage to the running); bounds: ttft_s / tpot_s, else the host's SLO; every candidate up to scan ({}), else scan drawn + the prefix holder; pool_prefill_tok_s: one pool figure instead (ablation); prefix_aware: false ignores cached prefixes (ablation)",
+                crate::capacity::CHUNK_TOKENS,
+                p.victims,
+                crate::predictive::COMPLETION_WEIGHT,
+                p.scan
+            )
+        },
+        params: &[
+            Param {
+                name: "ttft_s",
+                default: None,
+            },
+            Param {
+                name: "tpot_s",
+                default: None,
+            },
+            Param {
+                name: "victims",
+                default: Some(|| PredictiveParams::DEFAULT.victims.to_string()),
+            },
+            Param {
+                name: "scan",
+                default: Some(|| PredictiveParams::DEFAULT.scan.to_string()),
+            },
+            Param {
+                name: "pool_prefill_tok_s",
+                default: None,
+            },
+            Param {
+                name: "prefix_aware",
+                default: Some(|| PredictiveParams::DEFAULT.prefix_aware.to_string()),
+            },
+        ],
+    },
 ];
 
 /// A peer rule's parameter, as YAML, from the chooser's default constant (so the catalog cannot
@@ -716,7 +756,7 @@ macro_rules! peer_preset_part {
 /// The presets, in historical order (built by [`PolicyConfig::preset`]), then the field's
 /// routers as published: equal weights (the measured sticky variant: at-load), no affinity part
 /// (each rule carries its own), no cap (none of them has one).
-pub const PRESETS: [Part; 13] = [
+pub const PRESETS: [Part; 14] = [
     Part {
         name: "seed-v1",
         describe: || {
@@ -781,6 +821,13 @@ pub const PRESETS: [Part; 13] = [
     peer_preset_part!("wait-and-widen"),
     peer_preset_part!("kv-cost"),
     peer_preset_part!("hit-minus-load"),
+    Part {
+        name: "predictive",
+        describe: || {
+            "ours: the predictive chooser (each worker's prefill speed and decode curve measured from its completions; aims at the host's SLO) over seed-v3's burst-probe weights with warm-up (its prior for a worker traffic has not measured yet), no affinity part (it weighs the prefix itself), no cap".into()
+        },
+        params: &[],
+    },
 ];
 
 #[cfg(test)]
@@ -998,9 +1045,56 @@ mod tests {
     }
 
     #[test]
+    fn predictive_is_ours_measured_uncapped_and_aims_at_the_hosts_slo() {
+        let cfg = PolicyConfig::preset("predictive").unwrap();
+        assert!(!cfg.chooser.is_peer_rule(), "ours, not a field router");
+        assert!(cfg.chooser.reads_prefixes() && cfg.reads_prefixes());
+        assert_eq!((cfg.affinity, cfg.cap), (Affinity::None, Cap::None));
+        assert_eq!(
+            cfg.weights,
+            PolicyConfig::preset("seed-v3").unwrap().weights
+        );
+        assert_eq!(
+            cfg.chooser,
+            crate::Chooser::Predictive(PredictiveParams::DEFAULT)
+        );
+        assert_eq!(
+            PolicyConfig::from_name("at-load/predictive")
+                .unwrap()
+                .chooser,
+            cfg.chooser,
+            "the composition grammar knows it"
+        );
+        let mut r = crate::Router::new(cfg);
+        r.aim_at(2.0, 0.1);
+        let crate::Chooser::Predictive(p) = r.config().chooser else {
+            panic!("predictive")
+        };
+        assert_eq!((p.ttft_s, p.tpot_s), (Some(2.0), Some(0.1)));
+        // Bounds of its own win over the host's.
+        let own = PolicyConfig::from_raw(
+            &crate::located::parse_yaml(
+                "preset: predictive\nchooser: { kind: predictive, ttft_s: 30 }",
+                "p.yaml",
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let mut r = crate::Router::new(own);
+        r.aim_at(2.0, 0.1);
+        let crate::Chooser::Predictive(p) = r.config().chooser else {
+            panic!("predictive")
+        };
+        assert_eq!((p.ttft_s, p.tpot_s), (Some(30.0), Some(0.1)));
+    }
+
+    #[test]
     fn peer_presets_are_their_chooser_with_equal_weights_no_affinity_and_no_cap() {
         let mut peers = 0;
-        for p in PRESETS.iter().filter(|p| !p.name.starts_with("seed-")) {
+        for p in PRESETS
+            .iter()
+            .filter(|p| !p.name.starts_with("seed-") && p.name != "predictive")
+        {
             let cfg = PolicyConfig::preset(p.name).unwrap();
             assert!(cfg.chooser.is_peer_rule(), "{}", p.name);
             assert_eq!(

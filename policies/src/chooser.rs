@@ -6,6 +6,7 @@
 //! selection code and tie handling lives here; nothing allocates.
 
 use crate::catalog;
+use crate::predictive::{self, PredictiveParams};
 use crate::rules::{self, RuleCtx};
 use rand::{Rng, RngExt};
 use std::time::Duration;
@@ -155,6 +156,9 @@ pub enum Chooser {
         /// Load weight β.
         beta: f64,
     },
+    /// Ours: predicted TTFT and TPOT per worker from its measured prefill speed and decode
+    /// curve, chosen by an objective tied to the SLO (`predictive.rs`).
+    Predictive(PredictiveParams),
 }
 
 impl Chooser {
@@ -237,6 +241,7 @@ impl Chooser {
             Chooser::WaitAndWiden { .. } => "wait-and-widen",
             Chooser::KvCost { .. } => "kv-cost",
             Chooser::HitMinusLoad { .. } => "hit-minus-load",
+            Chooser::Predictive(_) => "predictive",
         }
     }
 
@@ -252,7 +257,20 @@ impl Chooser {
                 | Chooser::Wrr
                 | Chooser::Random
                 | Chooser::RoundRobin
+                | Chooser::Predictive(_)
         )
+    }
+
+    /// True when the chooser reads the router's prefix index and local signals: the field's
+    /// routers and `predictive` (which reads the index sparsely: the holder of the longest
+    /// remembered prefix).
+    pub fn reads_prefixes(&self) -> bool {
+        self.is_peer_rule() || matches!(self, Chooser::Predictive(_))
+    }
+
+    /// True when the router should measure each worker's capacity from completions for it.
+    pub fn measures_capacity(&self) -> bool {
+        matches!(self, Chooser::Predictive(_))
     }
 
     /// How often the host should poll engine reports for this chooser, if it reads them.
@@ -283,6 +301,7 @@ impl Chooser {
             "wait-and-widen" => Self::WAIT_AND_WIDEN,
             "kv-cost" => Self::KV_COST,
             "hit-minus-load" => Self::HIT_MINUS_LOAD,
+            "predictive" => Chooser::Predictive(PredictiveParams::DEFAULT),
             _ => return None,
         })
     }
@@ -402,6 +421,7 @@ impl Chooser {
                 temperature,
             } => rules::kv_cost(&ctx(), cands, hot, prefill_weight, temperature, rng),
             Chooser::HitMinusLoad { beta } => rules::hit_minus_load(&ctx(), cands, hot, beta),
+            Chooser::Predictive(p) => predictive::predictive(&ctx(), cands, hot, &p, rng),
         }
     }
 }
@@ -478,7 +498,7 @@ fn smooth_wrr(cands: &[u32], hot: &[Hot], current: &mut [f64]) -> Option<usize> 
 /// in the biased sliver), but inlined — on the decision path the library's generic call cost
 /// as much as the draw itself. The tests hold it to the library's answer.
 #[inline]
-fn below<R: Rng + ?Sized>(rng: &mut R, n: usize) -> usize {
+pub(crate) fn below<R: Rng + ?Sized>(rng: &mut R, n: usize) -> usize {
     debug_assert!(
         n > 0 && n <= u32::MAX as usize,
         "empty or too wide range {n}"

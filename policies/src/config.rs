@@ -24,6 +24,7 @@ use crate::catalog;
 use crate::chooser::{Chooser, TieRule};
 use crate::error::ConfigError;
 use crate::located::{InputError, rule};
+use crate::predictive::PredictiveParams;
 use crate::weights::{
     AtLoadConfig, AtLoadWeights, Clamp, EqualWeights, LiveConfig, LiveWeights, OracleWeights,
     ProbeConfig, ProbeWeights, Shaping, SlowStart, TableConfig, TableWeights, Unmeasured,
@@ -344,7 +345,7 @@ impl PolicyConfig {
     /// field's routers (their rules carry their own prefix preference). Without a reader the
     /// knowledge mode has nothing to inform.
     pub fn reads_prefixes(&self) -> bool {
-        self.affinity != Affinity::None || self.chooser.is_peer_rule()
+        self.affinity != Affinity::None || self.chooser.reads_prefixes()
     }
 
     /// When the router mirrors the engines' KV events: the delay after which a host should hand
@@ -429,6 +430,16 @@ impl PolicyConfig {
             "sticky-until-saturated-measured" => (
                 WeightsConfig::AtLoad(AtLoadConfig::default()),
                 Chooser::STICKY_MEASURED,
+                Affinity::None,
+                Cap::None,
+            ),
+            // Ours: predicted latency from measured capacity; it weighs the prefix and the
+            // load itself, so no affinity part and no cap. The burst probe's weights (with
+            // warm-up) are its prior for a worker no traffic has measured yet: a cold fleet or a
+            // restarted worker is not routed as if every worker were the same.
+            "predictive" => (
+                probe(true),
+                Chooser::Predictive(PredictiveParams::DEFAULT),
                 Affinity::None,
                 Cap::None,
             ),
@@ -841,6 +852,19 @@ pub struct RawChooser {
     pub temperature: Option<f64>,
     /// hit-minus-load: load weight.
     pub beta: Option<f64>,
+    /// predictive: TTFT bound, seconds.
+    pub ttft_s: Option<f64>,
+    /// predictive: TPOT bound, seconds.
+    pub tpot_s: Option<f64>,
+    /// predictive: weight of the running requests' misses and damage.
+    pub victims: Option<f64>,
+    /// predictive: candidates scanned (a whole number >= 1; read as a number so a negative or
+    /// a fraction gets the rule's message).
+    pub scan: Option<f64>,
+    /// predictive: one pool-wide prefill speed instead of measured ones (ablation), tok/s.
+    pub pool_prefill_tok_s: Option<f64>,
+    /// predictive: credit believed-cached prefixes.
+    pub prefix_aware: Option<bool>,
 }
 
 /// Raw affinity.
@@ -1188,7 +1212,13 @@ impl RawChooser {
             rtt_s,
             prefill_weight,
             temperature,
-            beta
+            beta,
+            ttft_s,
+            tpot_s,
+            victims,
+            scan,
+            pool_prefill_tok_s,
+            prefix_aware
         );
         v
     }
@@ -1302,6 +1332,26 @@ impl RawChooser {
             Chooser::HitMinusLoad { beta } => Chooser::HitMinusLoad {
                 beta: non_negative("beta", self.beta, beta)?,
             },
+            Chooser::Predictive(d) => {
+                let optional_positive = |field: &str, v: Option<f64>| {
+                    v.map(|x| positive(field, Some(x), x)).transpose()
+                };
+                Chooser::Predictive(PredictiveParams {
+                    ttft_s: optional_positive("ttft_s", self.ttft_s)?,
+                    tpot_s: optional_positive("tpot_s", self.tpot_s)?,
+                    victims: non_negative("victims", self.victims, d.victims)?,
+                    scan: self.scan.map_or(Ok(d.scan), |x| {
+                        rule::whole(x, 1, u64::from(MAX_WIDEN_CANDIDATES))
+                            .map(|n| u32::try_from(n).unwrap_or(MAX_WIDEN_CANDIDATES))
+                            .map_err(|e| invalid("scan", e.to_string()))
+                    })?,
+                    pool_prefill_tok_s: optional_positive(
+                        "pool_prefill_tok_s",
+                        self.pool_prefill_tok_s,
+                    )?,
+                    prefix_aware: self.prefix_aware.unwrap_or(d.prefix_aware),
+                })
+            }
             other => other,
         };
         match (chooser, self.bias) {
@@ -1545,5 +1595,44 @@ mod tests {
         let e = chooser_of("weights: { kind: equal }\nchooser: { kind: p2c, key_blocks: 2 }")
             .unwrap_err();
         assert_eq!(e.field(), "chooser.key_blocks");
+    }
+
+    #[test]
+    fn predictive_takes_its_bounds_and_ablations_and_refuses_bad_values_by_field() {
+        let c = chooser_of(
+            "preset: predictive\nchooser: { kind: predictive, ttft_s: 30, tpot_s: 0.1, scan: 2, pool_prefill_tok_s: 15928, prefix_aware: false, victims: 0.5 }",
+        )
+        .unwrap();
+        assert_eq!(
+            c,
+            Chooser::Predictive(PredictiveParams {
+                ttft_s: Some(30.0),
+                tpot_s: Some(0.1),
+                victims: 0.5,
+                scan: 2,
+                pool_prefill_tok_s: Some(15_928.0),
+                prefix_aware: false,
+            })
+        );
+        for (yaml, field) in [
+            ("ttft_s: 0", "chooser.ttft_s"),
+            ("tpot_s: -1", "chooser.tpot_s"),
+            ("tpot_s: .nan", "chooser.tpot_s"),
+            ("scan: 0", "chooser.scan"),
+            ("scan: 2.5", "chooser.scan"),
+            ("victims: -1", "chooser.victims"),
+            ("pool_prefill_tok_s: .inf", "chooser.pool_prefill_tok_s"),
+            ("beta: 1", "chooser.beta"),
+        ] {
+            let e = chooser_of(&format!(
+                "preset: predictive\nchooser: {{ kind: predictive, {yaml} }}"
+            ))
+            .unwrap_err();
+            assert_eq!(e.field(), field, "{yaml}: {e}");
+        }
+        // Its parameters are not the other choosers'.
+        let e =
+            chooser_of("weights: { kind: equal }\nchooser: { kind: p2c, scan: 4 }").unwrap_err();
+        assert_eq!(e.field(), "chooser.scan");
     }
 }

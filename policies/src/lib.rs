@@ -12,6 +12,8 @@
 //!   `round-robin`, with a [`TieRule`]; and the field's routers as published (`cache-aware`,
 //!   `least-load`, `sticky-until-saturated`, `pulsar`, `wait-and-widen`, `kv-cost`,
 //!   `hit-minus-load`), which read router-local [`Signals`] and polled [`EngineReport`]s;
+//!   and ours, `predictive`: predicted TTFT and TPOT per worker from its measured prefill speed
+//!   and decode curve ([`capacity`]);
 //! - **affinity** ([`Affinity`]): `none`, `raw`, `capacity` prefix-cache preference;
 //! - **cap** ([`Cap`]): `none`, `flat`, `weighted`, with FIFO queueing at the host;
 //!
@@ -49,6 +51,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod capacity;
 pub mod catalog;
 mod chooser;
 mod config;
@@ -57,6 +60,7 @@ mod kv;
 mod load_index;
 pub mod located;
 mod mirror;
+mod predictive;
 mod prefix;
 mod router;
 mod rules;
@@ -74,6 +78,7 @@ pub use config::{
 pub use error::{AdminError, ConfigError, RouteError};
 pub use kv::KvEvent;
 pub use located::InputError;
+pub use predictive::PredictiveParams;
 pub use prefix::PrefixIndex;
 pub use router::{Decision, RouteRequest, Router};
 pub use rules::{DEFAULT_GENERATION_TOK_S, DEFAULT_INPUT_TOK_S};

@@ -1,6 +1,7 @@
 //! The router: filters, prefix affinity, chooser and caps over the live fleet.
 
-use crate::chooser::Hot;
+use crate::capacity::{Capacities, Sample};
+use crate::chooser::{Chooser, Hot};
 use crate::config::{Affinity, AffinityUnits, Cap, PolicyConfig, PrefixKnowledge};
 use crate::error::{AdminError, RouteError};
 use crate::load_index::{LoadIndex, affinity_load};
@@ -99,6 +100,11 @@ pub struct Router {
     /// Each worker's position in its model's `members` (meaningful while it is routable and its
     /// model's load index is not stale).
     position: Vec<u32>,
+    /// Each worker's measured prefill speed and decode curve: fed from completions only when
+    /// the chooser reads them (`predictive`), so every other policy pays nothing.
+    capacity: Capacities,
+    /// [`Chooser::measures_capacity`], read once.
+    measures_capacity: bool,
 }
 
 impl Router {
@@ -107,7 +113,7 @@ impl Router {
         let strategy = config.weights.build();
         let blocks = match config.affinity {
             // The field's rules carry their own prefix preference and need the index.
-            Affinity::None if config.chooser.is_peer_rule() => Affinity::DEFAULT_INDEX_BLOCKS,
+            Affinity::None if config.chooser.reads_prefixes() => Affinity::DEFAULT_INDEX_BLOCKS,
             Affinity::None => 0,
             Affinity::Prefix { index_blocks, .. } => index_blocks,
         };
@@ -126,6 +132,7 @@ impl Router {
             Affinity::Prefix { units, .. } => Some(units),
             Affinity::None => None,
         };
+        let config_measures = config.chooser.measures_capacity();
         Router {
             config,
             fleet: Fleet::default(),
@@ -140,6 +147,8 @@ impl Router {
             signals: Vec::new(),
             affinity_units,
             position: Vec::new(),
+            capacity: Capacities::default(),
+            measures_capacity: config_measures,
         }
     }
 
@@ -264,6 +273,21 @@ impl Router {
         }
     }
 
+    /// The SLO the host holds the fleet to (seconds): a `predictive` chooser whose own bounds
+    /// are not set aims at these. Other choosers ignore it.
+    pub fn aim_at(&mut self, ttft_s: f64, tpot_s: f64) {
+        if let Chooser::Predictive(p) = &mut self.config.chooser {
+            let valid = |x: f64| (x.is_finite() && x > 0.0).then_some(x);
+            p.ttft_s = p.ttft_s.or(valid(ttft_s));
+            p.tpot_s = p.tpot_s.or(valid(tpot_s));
+        }
+    }
+
+    /// The measured capacities (`predictive`'s knowledge; empty for other choosers).
+    pub fn capacity(&self) -> &Capacities {
+        &self.capacity
+    }
+
     /// Requests waiting at the gateway.
     pub fn queued(&self) -> usize {
         self.queue.len()
@@ -287,6 +311,10 @@ impl Router {
         self.signals.push(Signals::default());
         self.position.push(u32::MAX);
         self.prefix.register_worker(id, spec.cache_blocks);
+        if self.measures_capacity {
+            self.capacity
+                .set_cache_blocks(id.index(), spec.cache_blocks);
+        }
         let window = spec.context_window;
         self.fleet.workers.push(WorkerInfo {
             spec,
@@ -361,6 +389,10 @@ impl Router {
         }
         info.since = now;
         self.prefix.forget_worker(id);
+        if args_changed {
+            // Other launch arguments, another engine: its measured capacity starts over.
+            self.capacity.forget(id.index());
+        }
         self.feed(
             now,
             WeightEvent::Restarted {
@@ -384,6 +416,8 @@ impl Router {
             Some(w) if w.state == WorkerState::Removed => w.state = WorkerState::Disconnected,
             _ => return Err(AdminError::UnknownWorker(id)),
         }
+        // The slot may now hold another machine: nothing measured before carries over.
+        self.capacity.forget(id.index());
         self.restart(now, id, launch_args)
     }
 
@@ -459,8 +493,8 @@ impl Router {
         req: &RouteRequest<'_>,
         rng: &mut R,
     ) -> Result<Decision, RouteError> {
-        let decision = self.choose(req, rng)?;
-        self.dispatch(now, &decision, req.prefix);
+        let mut decision = self.choose(req, rng)?;
+        self.dispatch(now, &mut decision, req.prefix);
         Ok(decision)
     }
 
@@ -493,8 +527,8 @@ impl Router {
         for &(i, in_flight) in saved.iter().rev() {
             self.set_in_flight(i, in_flight);
         }
-        let decision = outcome?;
-        self.dispatch(now, &decision, req.prefix);
+        let mut decision = outcome?;
+        self.dispatch(now, &mut decision, req.prefix);
         Ok(decision)
     }
 
@@ -510,6 +544,23 @@ impl Router {
 
     /// A request completed; its slot and its charge are free again.
     pub fn complete(&mut self, now: Time, id: WorkerId, charge: Charge, completion: &Completion) {
+        if self.measures_capacity
+            && self
+                .fleet
+                .workers
+                .get(id.index())
+                .is_some_and(|w| w.in_flight > 0)
+        {
+            let h = &self.hot[id.index()];
+            let sample = Sample {
+                weight: h.weight,
+                round_trip_s: self.signals[id.index()].round_trip_s.unwrap_or(0.0),
+                prefill_tokens: charge.prefill_at_dispatch,
+                // Its dispatch count and the count now (itself still in), averaged.
+                sharing: (f64::from(charge.sharing_at_dispatch) + f64::from(h.in_flight)) / 2.0,
+            };
+            self.capacity.learn(id.index(), completion, sample);
+        }
         if self.release_slot(id, charge) {
             // Pulsar's ring weight: the peak input tokens/s observed on the worker.
             let ttft = (completion.first_token_at - completion.dispatched_at).as_secs_f64();
@@ -589,7 +640,8 @@ impl Router {
                 }
                 other => {
                     let q = self.queue.remove(i).expect("index in range");
-                    if let Ok(d) = &other {
+                    let mut other = other;
+                    if let Ok(d) = &mut other {
                         self.dispatch(now, d, &q.prefix);
                     }
                     return Some((q.ticket, other));
@@ -659,13 +711,14 @@ impl Router {
         }
 
         let hot = &self.hot;
-        let (signals, index) = (&self.signals, &self.prefix);
+        let (signals, index, capacity) = (&self.signals, &self.prefix, &self.capacity);
         let ctx = || RuleCtx {
             prompt_tokens: req.prompt_tokens,
             prefix: req.prefix,
             holder: remembered,
             signals,
             index,
+            capacity,
         };
         let entry = &mut self.models[req.model.0 as usize];
         let pick = chooser.pick(
@@ -694,8 +747,17 @@ impl Router {
         })
     }
 
-    fn dispatch(&mut self, now: Time, d: &Decision, prefix: &[u64]) {
+    fn dispatch(&mut self, now: Time, d: &mut Decision, prefix: &[u64]) {
         let id = d.worker;
+        if self.measures_capacity {
+            // What the completion will be measured against: the uncached tokens it waits for
+            // (those already waiting, and its own) and the requests it shares the worker with.
+            let s = &self.signals[id.index()];
+            d.charge.prefill_at_dispatch =
+                u32::try_from(s.uncached_in_flight + u64::from(d.charge.uncached))
+                    .unwrap_or(u32::MAX);
+            d.charge.sharing_at_dispatch = self.hot[id.index()].in_flight.saturating_add(1);
+        }
         self.signals[id.index()].charge(d.charge);
         if prefix.is_empty() {
             self.signals[id.index()].grow_unhashed(d.charge.tokens);
@@ -1015,6 +1077,7 @@ fn charge_of(prompt_tokens: u32, believed_blocks: usize) -> Charge {
     Charge {
         tokens: prompt_tokens,
         uncached: prompt_tokens - cached.min(u64::from(prompt_tokens)) as u32,
+        ..Charge::NONE
     }
 }
 

@@ -8,6 +8,7 @@
 //! Every function answers a position in `cands` among the candidates below their cap, or `None`
 //! when all are full. Nothing allocates.
 
+use crate::capacity::Capacities;
 use crate::chooser::Hot;
 use crate::prefix::PrefixIndex;
 use crate::signals::{PREFIX_BLOCK_TOKENS, Signals};
@@ -35,12 +36,14 @@ pub(crate) struct RuleCtx<'a> {
     pub signals: &'a [Signals],
     /// The router's prefix index (per-worker tree sizes).
     pub index: &'a PrefixIndex,
+    /// The workers' measured capacities (fed only for `predictive`).
+    pub capacity: &'a Capacities,
 }
 
 impl RuleCtx<'_> {
     /// Prompt tokens the router believes worker `i` holds.
     #[inline]
-    fn overlap(&self, i: u32) -> u32 {
+    pub(crate) fn overlap(&self, i: u32) -> u32 {
         match self.holder {
             Some((w, blocks)) if w.0 == i => {
                 let t = (blocks as u64 * u64::from(PREFIX_BLOCK_TOKENS)).min(u64::MAX >> 1);
@@ -404,6 +407,7 @@ mod tests {
         signals: Vec<Signals>,
         index: PrefixIndex,
         cands: Vec<u32>,
+        capacity: Capacities,
     }
 
     impl Case {
@@ -416,6 +420,7 @@ mod tests {
                 signals: vec![Signals::default(); n],
                 index,
                 cands: (0..n as u32).collect(),
+                capacity: Capacities::default(),
             }
         }
 
@@ -426,6 +431,7 @@ mod tests {
                 holder: self.index.longest(prefix),
                 signals: &self.signals,
                 index: &self.index,
+                capacity: &self.capacity,
             }
         }
     }
@@ -487,6 +493,7 @@ mod tests {
         c.signals[0].charge(Charge {
             tokens: 4000,
             uncached: 4000,
+            ..Charge::NONE
         });
         let ctx = c.ctx(100, &[]);
         assert_eq!(least_load(&ctx, &c.cands, &c.hot, 0.15), Some(1));

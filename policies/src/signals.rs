@@ -25,6 +25,12 @@ pub struct Charge {
     /// Prompt tokens the router did not believe cached, counted until the first token (then
     /// [`Router::first_token`](crate::Router::first_token) sets it to 0).
     pub uncached: u32,
+    /// What the router saw at dispatch, for the capacity it measures from the completion
+    /// (`predictive` only; 0 otherwise): uncached prompt tokens already waiting on the worker
+    /// plus this request's.
+    pub prefill_at_dispatch: u32,
+    /// Requests on the worker at dispatch, this one included (`predictive` only; else 0).
+    pub sharing_at_dispatch: u32,
 }
 
 impl Charge {
@@ -32,6 +38,8 @@ impl Charge {
     pub const NONE: Charge = Charge {
         tokens: 0,
         uncached: 0,
+        prefill_at_dispatch: 0,
+        sharing_at_dispatch: 0,
     };
 }
 
@@ -135,10 +143,12 @@ mod tests {
         let mut a = Charge {
             tokens: 1000,
             uncached: 600,
+            ..Charge::NONE
         };
         let b = Charge {
             tokens: 300,
             uncached: 300,
+            ..Charge::NONE
         };
         s.charge(a);
         s.charge(b);
@@ -159,6 +169,7 @@ mod tests {
         s.charge(Charge {
             tokens: 100,
             uncached: 100,
+            ..Charge::NONE
         });
         assert_eq!(s.engine_tokens(), 100.0);
         s.report(EngineReport {
@@ -175,6 +186,7 @@ mod tests {
         s.charge(Charge {
             tokens: 10,
             uncached: 0,
+            ..Charge::NONE
         });
         assert_eq!(s.engine_tokens(), 550.0);
         s.forget_report();

@@ -362,6 +362,65 @@ async fn gateway_with_emulators_reproduces_the_simulator() {
     fleet.shutdown(Duration::ZERO).await;
 }
 
+/// `predictive` through the gateway: the router measures each emulated worker's prefill speed
+/// and decode curve from the completions it sees (in the gateway's scaled policy time) and
+/// predicts TTFT and TPOT from them, as it does in the simulator; shares, median TTFT and
+/// median end-to-end latency match the simulator within the headline check's tolerances. The
+/// SLO it aims at is written into the policy, so both sides aim at the same bounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn predictive_through_the_gateway_reproduces_the_simulator() {
+    let _serial = SERIAL.lock().await;
+    const K: f64 = 5.0;
+    let sc = scenario("emulator/tests/data/sim-to-real.yaml");
+    let policy = routelab_gateway::GatewayConfig::from_yaml(
+        "policy: { name: predictive, preset: predictive, chooser: { kind: predictive, ttft_s: 2, tpot_s: 0.1 } }\n",
+        "predictive.yaml",
+    )
+    .unwrap()
+    .policy;
+    let mut traffic = sc.traffic_source(sc.setup.seed).unwrap();
+    let sim = routelab_sim::run(&sc.setup, &policy.build().unwrap(), &mut *traffic, None).unwrap();
+    let fleet = start_fleet(&sc.setup, K).await.unwrap();
+    let mut cfg = fleet.gateway_config("predictive", sc.setup.seed, K);
+    cfg.policy = policy;
+    cfg.admin_token = Some(TOKEN.into());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let origin = Instant::now();
+    let gw = routelab_gateway::start_on(cfg, listener).await.unwrap();
+    let url = format!("http://{}", gw.local_addr());
+    let real = play_on(&sc, &url, K, origin, "predictive", Duration::from_secs(60)).await;
+    let m = &real.metrics;
+    let (ts, tr) = (p50(&sim.ttft), p50(&m.ttft));
+    let (es, er) = (p50(&sim.e2e), p50(&m.e2e));
+    eprintln!(
+        "predictive sim-to-real: requests sim {} real {}; ttft p50 sim {ts:.4} real {tr:.4} ({:+.1} %); e2e p50 sim {es:.4} real {er:.4} ({:+.1} %)",
+        sim.requests,
+        m.requests,
+        (tr / ts - 1.0) * 100.0,
+        (er / es - 1.0) * 100.0
+    );
+    for w in ["pair", "pro6000", "r5090"] {
+        eprintln!(
+            "  {w:8} share sim {:.3} real {:.3}",
+            share(&sim, w),
+            share(m, w)
+        );
+    }
+    gw.kill();
+    fleet.shutdown(Duration::ZERO).await;
+    assert_eq!(m.requests, sim.requests);
+    assert_eq!(m.completed, m.requests, "every request completes");
+    for w in ["pair", "pro6000", "r5090"] {
+        let (a, b) = (share(m, w), share(&sim, w));
+        assert!(
+            (a - b).abs() <= 0.05,
+            "{w}: share real {a:.3} vs sim {b:.3}"
+        );
+    }
+    assert!(rel(tr, ts) <= 0.15, "median TTFT real {tr} vs sim {ts}");
+    assert!(rel(er, es) <= 0.15, "median e2e real {er} vs sim {es}");
+}
+
 /// Multi-turn traffic: follow-ups are sent when the previous turn completes, prefixes are
 /// shared, and the emulators' prefix caches serve them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -90,7 +90,8 @@ fn a_charge_handed_back_releases_exactly_what_was_charged() {
         first.charge,
         Charge {
             tokens: 1_400,
-            uncached: 1_400
+            uncached: 1_400,
+            ..Charge::NONE
         }
     );
     // The same prompt again: the router believes its 3 blocks (1,400 tokens) cached there.

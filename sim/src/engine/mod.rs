@@ -218,7 +218,13 @@ impl<'a> Sim<'a> {
             .collect();
         let n = setup.gateways.replicas.max(1);
         let replicas: Vec<Replica> = (0..n)
-            .map(|r| Replica::new(Router::new(policy.clone()), setup.seed, r))
+            .map(|r| {
+                let mut router = Router::new(policy.clone());
+                // A chooser that predicts latency aims at the scenario's SLO unless its own
+                // bounds are set (others ignore it).
+                router.aim_at(setup.slo.ttft_s, setup.slo.tpot_s);
+                Replica::new(router, setup.seed, r)
+            })
             .collect();
         let kv = kv::KvDelivery::new(replicas[0].router.kv_event_delay());
         if kv.enabled() {

@@ -24,22 +24,9 @@
 //! measurement fits their card's value with [`overlap_from_mixed_step`]
 //! (`routelab profile fit --mixed-step`).
 
-/// The share of the shorter part of a mixed step (usually the prefill) that hides under the
-/// longer one when a profile does not say (`prefill_overlap`). See the module documentation.
-pub const DEFAULT_PREFILL_OVERLAP: f64 = 0.4;
-
-/// Seconds one engine step lasts when its decode alone would take `decode_s` and its prefill
-/// alone `prefill_s`, with `overlap` in `[0, 1]` of the shorter part hidden under the longer.
-/// Pure decode (`prefill_s = 0`) is `decode_s`, pure prefill is `prefill_s`.
-#[inline]
-pub fn mixed_step_s(decode_s: f64, prefill_s: f64, overlap: f64) -> f64 {
-    let (long, short) = if decode_s >= prefill_s {
-        (decode_s, prefill_s)
-    } else {
-        (prefill_s, decode_s)
-    };
-    long + (1.0 - overlap) * short
-}
+// The formula and its default live in the policy crate, below both the simulator and the
+// gateway's router, whose `predictive` chooser predicts TTFT with the same step model.
+pub use routelab_policies::capacity::{DEFAULT_PREFILL_OVERLAP, mixed_step_s};
 
 /// The overlap a measured mixed step implies: a step that decoded a batch whose decode-only
 /// step lasts `decode_s`, beside prompt tokens that alone take `prefill_s`, measured at
