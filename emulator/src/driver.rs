@@ -180,6 +180,10 @@ pub struct EngineSnapshot {
     pub generation_tok_s: f64,
     /// Prompt tokens of the requests waiting inside the engine.
     pub waiting_prompt_tokens: u64,
+    /// The requests whose prompts `waiting_prompt_tokens` counts: those waiting for room and
+    /// those admitted while a step ran, not yet in one (what the engine's metrics show waiting,
+    /// as the simulator's engine report counts them).
+    pub queued: u32,
 }
 
 impl Driver {
@@ -309,6 +313,7 @@ impl Driver {
             kv_capacity_tokens: st.engine.kv_capacity_tokens(),
             generation_tok_s: st.engine.generation_tok_s(),
             waiting_prompt_tokens: st.engine.waiting_prompt_tokens(),
+            queued: st.engine.queued(),
         }
     }
 

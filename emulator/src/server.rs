@@ -378,10 +378,13 @@ async fn stats(State(app): State<Arc<App>>) -> Response {
 /// `GET /metrics`: the engine's figures under vLLM's names (V1 engine), so a gateway polls it
 /// as it polls vLLM: requests running and waiting, KV cache use (0 to 1, as allocated), token
 /// counters, and the finished requests' prompt and output lengths and decode times (histograms
-/// with their `+Inf` bucket only: the sums and counts are what a poller reads).
+/// with their `+Inf` bucket only: the sums and counts are what a poller reads). A request admitted
+/// while a step runs is still waiting until the next step takes it, as in the simulator's engine
+/// report: the waiting count is the requests whose prompts the report counts queued.
 async fn metrics(State(app): State<Arc<App>>) -> Response {
     use std::fmt::Write as _;
     let s = app.driver.snapshot();
+    let (running, waiting) = (s.in_flight.saturating_sub(s.queued), s.queued);
     let l = format!(
         "engine=\"0\",model_name=\"{}\"",
         app.model.replace('\\', "\\\\").replace('"', "\\\"")
@@ -394,8 +397,8 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
             app.model.replace('\\', "\\\\").replace('"', "\\\"")
         );
         for (name, kind, value) in [
-            ("sglang:num_running_reqs", "gauge", s.running.to_string()),
-            ("sglang:num_queue_reqs", "gauge", s.waiting.to_string()),
+            ("sglang:num_running_reqs", "gauge", running.to_string()),
+            ("sglang:num_queue_reqs", "gauge", waiting.to_string()),
             ("sglang:token_usage", "gauge", format!("{}", kv.min(1.0))),
             (
                 "sglang:num_used_tokens",
@@ -444,13 +447,13 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
         "vllm:num_requests_running",
         "gauge",
         "Number of requests in model execution batches.",
-        s.running.to_string(),
+        running.to_string(),
     );
     family(
         "vllm:num_requests_waiting",
         "gauge",
         "Number of requests waiting to be processed.",
-        s.waiting.to_string(),
+        waiting.to_string(),
     );
     family(
         "vllm:kv_cache_usage_perc",

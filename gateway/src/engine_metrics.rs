@@ -14,7 +14,9 @@
 //! (`vllm:request_prompt_tokens_sum` / `_count`; `sglang:prompt_tokens_total` /
 //! `sglang:num_requests_total`; `llamacpp:prompt_tokens_total` over `llamacpp:n_decode_total`
 //! is not a request count, so llama.cpp's mean prompt is the lifetime `prompt_tokens_total` ÷
-//! the gateway's own count of requests sent), or the lifetime mean before two polls. Families
+//! the gateway's own count of requests sent), or the lifetime mean before two polls, or, before
+//! the engine has finished any request, the mean prompt the gateway itself sent the worker (a
+//! queue behind the first requests is not empty for want of a finished one). Families
 //! with several series (one per engine or model label) are summed; gauges that are fractions
 //! are averaged. Δt is policy time, so an emulation at `clock_scale: K` reads model-time rates.
 
@@ -173,14 +175,23 @@ pub fn parse(text: &str) -> Option<Scrape> {
     None
 }
 
+/// What the gateway has sent a worker so far, as it stood when the poll was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sent {
+    /// Requests (llama.cpp's mean prompt divides the engine's prompt tokens by it).
+    pub requests: u64,
+    /// Their prompt tokens (the mean prompt before the engine has finished any request).
+    pub prompt_tokens: u64,
+}
+
 /// Turn a scrape (and the one before it, `prev_s` seconds of policy time earlier) into a
-/// report. `cache_tokens`: the worker's configured KV cache size; `sent`: requests the gateway
-/// has sent the worker (llama.cpp's mean prompt).
+/// report. `cache_tokens`: the worker's configured KV cache size; `sent`: what the gateway has
+/// sent the worker.
 pub fn report(
     now: &Scrape,
     prev: Option<(&Scrape, f64)>,
     cache_tokens: Option<u64>,
-    sent: u64,
+    sent: Sent,
 ) -> EngineReport {
     let delta = |a: Option<f64>, b: Option<f64>| match (a, b) {
         (Some(a), Some(b)) if a >= b => Some(a - b),
@@ -192,11 +203,19 @@ pub fn report(
             let dn = delta(now.requests_total, p.requests_total)?;
             (dn > 0.0).then(|| dt / dn)
         });
-        let lifetime_requests = now.requests_total.or((sent > 0).then_some(sent as f64));
-        windowed.or_else(|| {
-            let n = lifetime_requests.filter(|&n| n > 0.0)?;
-            Some(now.prompt_total? / n)
-        })
+        let lifetime_requests = now
+            .requests_total
+            .or((sent.requests > 0).then_some(sent.requests as f64));
+        windowed
+            .or_else(|| {
+                let n = lifetime_requests.filter(|&n| n > 0.0)?;
+                Some(now.prompt_total? / n)
+            })
+            // No request finished yet (the engine's counters are 0): what the gateway sent.
+            .filter(|&m| m > 0.0)
+            .or_else(|| {
+                (sent.requests > 0).then(|| sent.prompt_tokens as f64 / sent.requests as f64)
+            })
     }
     .unwrap_or(0.0);
     let kv = now.kv_used.unwrap_or(0.0).clamp(0.0, 1.0);
@@ -265,7 +284,7 @@ vllm:request_prompt_tokens_bucket{engine="0",le="+Inf",model_name="m"} 10.0
             (Engine::Vllm, 4.0, 2.0, Some(0.25))
         );
         // First poll: lifetime mean prompt 500; KV × cache size.
-        let r = report(&a, None, Some(100_000), 0);
+        let r = report(&a, None, Some(100_000), Sent::default());
         assert_eq!(r.queued_prompt_tokens, 1000);
         assert_eq!(r.running_tokens, 25_000);
         assert_eq!(r.generation_tok_s, 0.0, "a rate needs two polls");
@@ -279,7 +298,7 @@ vllm:request_prompt_tokens_bucket{engine="0",le="+Inf",model_name="m"} 10.0
                 ),
         )
         .unwrap();
-        let r = report(&b, Some((&a, 10.0)), None, 0);
+        let r = report(&b, Some((&a, 10.0)), None, Sent::default());
         assert_eq!(r.generation_tok_s, 200.0);
         // Windowed mean prompt 300; no cache size: running requests × mean prompt.
         assert_eq!((r.queued_prompt_tokens, r.running_tokens), (600, 1200));
@@ -296,11 +315,14 @@ vllm:request_prompt_tokens_bucket{engine="0",le="+Inf",model_name="m"} 10.0
         };
         // Lifetime: (1010 - 10) decode tokens over 20 s = 50 tok/s per request, x 4 running.
         let a = parse(&page(1010.0, 10.0, 20.0)).unwrap();
-        assert_eq!(report(&a, None, None, 0).generation_tok_s, 200.0);
+        assert_eq!(
+            report(&a, None, None, Sent::default()).generation_tok_s,
+            200.0
+        );
         // Window: (2020 - 20) - (1010 - 10) = 1000 tokens over 10 s = 100 tok/s, x 4.
         let b = parse(&page(2020.0, 20.0, 30.0)).unwrap();
         assert_eq!(
-            report(&b, Some((&a, 10.0)), None, 0).generation_tok_s,
+            report(&b, Some((&a, 10.0)), None, Sent::default()).generation_tok_s,
             400.0
         );
     }
@@ -308,7 +330,7 @@ vllm:request_prompt_tokens_bucket{engine="0",le="+Inf",model_name="m"} 10.0
     #[test]
     fn sglang_and_llamacpp_names_are_read() {
         let s = parse("sglang:num_running_reqs{tp_rank=\"0\"} 5\nsglang:num_queue_reqs 1\nsglang:token_usage 0.5\nsglang:num_used_tokens 4096\nsglang:gen_throughput 812.5\n").unwrap();
-        let r = report(&s, None, None, 0);
+        let r = report(&s, None, None, Sent::default());
         assert_eq!(s.engine, Engine::Sglang);
         assert_eq!(
             (r.kv_used_fraction, r.running_tokens, r.generation_tok_s),
@@ -316,7 +338,11 @@ vllm:request_prompt_tokens_bucket{engine="0",le="+Inf",model_name="m"} 10.0
         );
         let l1 = parse("llamacpp:prompt_tokens_total 900\nllamacpp:prompt_seconds_total 1.5\nllamacpp:tokens_predicted_total 100\nllamacpp:tokens_predicted_seconds_total 2\nllamacpp:requests_processing 2\nllamacpp:requests_deferred 1\n").unwrap();
         let l2 = parse("llamacpp:prompt_tokens_total 900\nllamacpp:tokens_predicted_total 600\nllamacpp:requests_processing 2\nllamacpp:requests_deferred 1\n").unwrap();
-        let r = report(&l2, Some((&l1, 5.0)), None, 3);
+        let sent = Sent {
+            requests: 3,
+            prompt_tokens: 1_200,
+        };
+        let r = report(&l2, Some((&l1, 5.0)), None, sent);
         assert_eq!(l2.engine, Engine::Llamacpp);
         assert_eq!(
             (r.generation_tok_s, r.queued_prompt_tokens, r.running_tokens),
@@ -325,10 +351,32 @@ vllm:request_prompt_tokens_bucket{engine="0",le="+Inf",model_name="m"} 10.0
     }
 
     #[test]
+    fn before_the_engine_finished_a_request_the_queue_is_priced_at_what_the_gateway_sent() {
+        // SGLang's counters count finished requests: none yet, one waiting.
+        let s = parse("sglang:num_running_reqs 2\nsglang:num_queue_reqs 1\nsglang:num_used_tokens 3000\nsglang:prompt_tokens_total 0\nsglang:num_requests_total 0\n").unwrap();
+        let sent = Sent {
+            requests: 3,
+            prompt_tokens: 4_500,
+        };
+        assert_eq!(report(&s, None, None, sent).queued_prompt_tokens, 1_500);
+        assert_eq!(
+            report(&s, None, None, Sent::default()).queued_prompt_tokens,
+            0,
+            "nothing sent, nothing known"
+        );
+        // Once one finished, the engine's own mean.
+        let t = parse("sglang:num_running_reqs 2\nsglang:num_queue_reqs 1\nsglang:prompt_tokens_total 800\nsglang:num_requests_total 1\n").unwrap();
+        assert_eq!(report(&t, None, None, sent).queued_prompt_tokens, 800);
+    }
+
+    #[test]
     fn a_counter_reset_gives_no_rate_and_other_pages_are_not_engines() {
         let a = parse("vllm:num_requests_running 1\nvllm:generation_tokens_total 500\n").unwrap();
         let b = parse("vllm:num_requests_running 1\nvllm:generation_tokens_total 20\n").unwrap();
-        assert_eq!(report(&b, Some((&a, 1.0)), None, 0).generation_tok_s, 0.0);
+        assert_eq!(
+            report(&b, Some((&a, 1.0)), None, Sent::default()).generation_tok_s,
+            0.0
+        );
         assert!(parse("# nothing\nprocess_cpu_seconds_total 3\nbroken{ 1\n").is_none());
         assert!(parse("").is_none());
     }

@@ -411,22 +411,32 @@ async fn keep_streams(s: Arc<Shared>) {
     }
 }
 
-/// A worker to poll: its page's URL (or why it cannot be made), its cache size in tokens and
-/// the requests sent to it so far.
-type PollTarget = (
-    WorkerId,
-    Result<hyper::Uri, crate::upstream::BaseUrlError>,
-    Option<u64>,
-    u64,
-);
+/// A worker to poll, as it stood when its poll was sent.
+struct PollTarget {
+    id: WorkerId,
+    /// Its page's URL, or why it cannot be made.
+    uri: Result<hyper::Uri, crate::upstream::BaseUrlError>,
+    /// Its cache size in tokens.
+    cache: Option<u64>,
+    /// Requests sent to it so far.
+    sent: u64,
+    /// Prompt tokens the router dispatched to it so far ([`routelab_policies::Signals`]'s
+    /// `tokens_dispatched`): the report applies as of this mark, so the requests dispatched
+    /// while the poll is out stay counted on top of it.
+    mark: u64,
+}
 
 /// Poll every live worker's `/metrics` each interval and hand the router its report; drop a
 /// report once it is older than `stale_after_s`.
+///
+/// As the simulator polls its engines: on a fixed grid of policy time from the gateway's start
+/// (a tick delayed by a busy runtime does not shift the ones after it), and each report taken
+/// as of the moment its poll was sent, not the (later) moment every worker had answered.
 async fn poll_engines(s: Arc<Shared>) {
     let p = s.settings.engine_poll.clone();
     let wall = s.clock.to_wall(Duration::from_secs_f64(p.interval_s));
     let mut tick = tokio::time::interval(wall);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         tick.tick().await;
         let targets: Vec<PollTarget> = {
@@ -439,26 +449,28 @@ async fn poll_engines(s: Arc<Shared>) {
                         .get(*id)
                         .is_some_and(|f| f.state != WorkerState::Removed)
                 })
-                .map(|(id, w)| {
-                    (
-                        id,
-                        w.base.join(&p.path),
-                        w.cfg.cache_tokens.map(crate::config::CacheTokens::tokens),
-                        w.metrics.requests.load(Relaxed),
-                    )
+                .map(|(id, w)| PollTarget {
+                    id,
+                    uri: w.base.join(&p.path),
+                    cache: w.cfg.cache_tokens.map(crate::config::CacheTokens::tokens),
+                    sent: w.metrics.requests.load(Relaxed),
+                    mark: core
+                        .router
+                        .signals(id)
+                        .map_or(0, |sig| sig.tokens_dispatched),
                 })
                 .collect()
         };
-        let polls = targets.into_iter().map(|(id, uri, cache, sent)| {
+        let polls = targets.into_iter().map(|t| {
             let s = s.clone();
             let timeout = p.timeout;
             async move {
                 // A URL that cannot be made is a failed poll, said in its status, never a panic.
-                let page = match uri {
-                    Ok(uri) => fetch(&s, uri, timeout).await,
-                    Err(e) => Err(e.to_string()),
+                let page = match t.uri {
+                    Ok(ref uri) => fetch(&s, uri.clone(), timeout).await,
+                    Err(ref e) => Err(e.to_string()),
                 };
-                (id, cache, sent, page)
+                (t, page)
             }
         });
         let results = futures_util::future::join_all(polls).await;
@@ -466,8 +478,15 @@ async fn poll_engines(s: Arc<Shared>) {
         let mut reports = Vec::new();
         {
             let mut polls = lock(&s.signals.polls);
-            polls.retain(|id, _| results.iter().any(|(w, ..)| w.0 == *id));
-            for (id, cache, sent, r) in results {
+            polls.retain(|id, _| results.iter().any(|(t, _)| t.id.0 == *id));
+            for (t, r) in results {
+                let PollTarget {
+                    id,
+                    cache,
+                    sent,
+                    mark,
+                    ..
+                } = t;
                 let st = polls.entry(id.0).or_insert_with(|| PollStatus {
                     state: PollState::Waiting,
                     engine: None,
@@ -489,14 +508,22 @@ async fn poll_engines(s: Arc<Shared>) {
                             .last_scrape
                             .as_ref()
                             .map(|(sc, at)| (sc, now.saturating_since(*at).as_secs_f64()));
-                        let report = engine_metrics::report(&scrape, prev, cache, sent);
+                        let report = engine_metrics::report(
+                            &scrape,
+                            prev,
+                            cache,
+                            engine_metrics::Sent {
+                                requests: sent,
+                                prompt_tokens: mark,
+                            },
+                        );
                         st.ok += 1;
                         st.engine = Some(scrape.engine);
                         st.report = Some(report);
                         st.at = Some(now);
                         st.state = PollState::Live;
                         st.last_scrape = Some((scrape, now));
-                        reports.push((id, Some(report)));
+                        reports.push((id, Some((report, mark))));
                     }
                     Err(e) => {
                         st.failed += 1;
@@ -521,7 +548,7 @@ async fn poll_engines(s: Arc<Shared>) {
                     continue;
                 }
                 match r {
-                    Some(r) => core.router.engine_report(now, id, r),
+                    Some((r, mark)) => core.router.engine_report_as_of(now, id, r, mark),
                     None => core.router.forget_engine_report(now, id),
                 }
             }

@@ -257,6 +257,25 @@ impl Router {
         }
     }
 
+    /// An engine's figures polled by a request sent when the worker's
+    /// [`Signals::tokens_dispatched`] read `mark`. The prompt tokens dispatched since stay
+    /// counted on top of the report (the engine may have written its figures before they
+    /// reached it), where [`Router::engine_report`], the report of an instant poll, counts from
+    /// zero again: a host whose polls take time (a network round trip, a slow engine, the other
+    /// workers' answers awaited) uses this one, so that the requests dispatched while its poll
+    /// was out are not forgotten until the next one.
+    pub fn engine_report_as_of(
+        &mut self,
+        _now: Time,
+        id: WorkerId,
+        report: EngineReport,
+        mark: u64,
+    ) {
+        if let Some(s) = self.signals.get_mut(id.index()) {
+            s.report_as_of(report, mark);
+        }
+    }
+
     /// Drop a worker's engine report (the host's poll of it went stale): the rules use the
     /// router's local counters for it again, as before its first report.
     pub fn forget_engine_report(&mut self, _now: Time, id: WorkerId) {

@@ -65,6 +65,10 @@ pub struct Signals {
     pub uncached_in_flight: u64,
     /// Prompt tokens dispatched since the last engine report (the local count between polls).
     pub tokens_since_report: u64,
+    /// Prompt tokens dispatched to the worker so far (cumulative, never released): a host whose
+    /// poll takes time reads it when it sends the poll and hands it back with the report
+    /// ([`Router::engine_report_as_of`](crate::Router::engine_report_as_of)).
+    pub tokens_dispatched: u64,
     /// The last engine report, if any.
     pub report: Option<EngineReport>,
     /// The last positive generation throughput reported (tokens/s), 0 before any.
@@ -92,6 +96,7 @@ impl Signals {
         self.tokens_in_flight += u64::from(c.tokens);
         self.uncached_in_flight += u64::from(c.uncached);
         self.tokens_since_report += u64::from(c.tokens);
+        self.tokens_dispatched += u64::from(c.tokens);
     }
 
     /// Saturating: a host that hands back a charge twice cannot drive a counter below 0.
@@ -113,6 +118,14 @@ impl Signals {
         if r.generation_tok_s.is_finite() && r.generation_tok_s > 0.0 {
             self.generation_tok_s = r.generation_tok_s;
         }
+    }
+
+    /// A report the engine gave in answer to a poll sent when `tokens_dispatched` was `mark`:
+    /// what was dispatched since then stays counted on top of it (the engine may have written
+    /// its figures before those requests reached it).
+    pub(crate) fn report_as_of(&mut self, r: EngineReport, mark: u64) {
+        self.report(r);
+        self.tokens_since_report = self.tokens_dispatched.saturating_sub(mark);
     }
 
     /// The last report aged out: back to the local count (the last positive throughput stays,
@@ -194,6 +207,40 @@ mod tests {
             s.engine_tokens(),
             s.tokens_in_flight as f64,
             "a dropped report falls back to the local count"
+        );
+    }
+
+    #[test]
+    fn a_report_as_of_its_poll_keeps_what_was_dispatched_while_the_poll_was_out() {
+        let charge = |tokens| Charge {
+            tokens,
+            uncached: tokens,
+        };
+        let report = EngineReport {
+            running_tokens: 500,
+            ..EngineReport::default()
+        };
+        let mut s = Signals::default();
+        s.charge(charge(100));
+        let mark = s.tokens_dispatched;
+        // Dispatched after the poll went out, before its answer was applied.
+        s.charge(charge(30));
+        let mut late = s;
+        late.report_as_of(report, mark);
+        assert_eq!(late.engine_tokens(), 530.0);
+        s.report(report);
+        assert_eq!(s.engine_tokens(), 500.0, "an instant report forgets them");
+        let mut instant = late;
+        instant.report_as_of(report, instant.tokens_dispatched);
+        assert_eq!(
+            instant.engine_tokens(),
+            500.0,
+            "a mark of now is an instant report"
+        );
+        assert_eq!(
+            (late.tokens_dispatched, late.tokens_in_flight),
+            (130, 130),
+            "the cumulative count is never reset"
         );
     }
 }

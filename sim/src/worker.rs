@@ -837,6 +837,12 @@ impl EngineModel {
         self.kv_capacity
     }
 
+    /// The sequences [`Self::waiting_prompt_tokens`] counts: those waiting for room and the
+    /// gated ones (what an engine's metrics endpoint reports as requests waiting).
+    pub fn queued(&self) -> u32 {
+        self.waiting.len() as u32 + (self.prefill.len() as u32).saturating_sub(self.fl.joined)
+    }
+
     /// Prompt tokens of the sequences waiting for admission to the running set (what an
     /// engine's metrics endpoint reports as queued).
     pub fn waiting_prompt_tokens(&self) -> u64 {

@@ -276,13 +276,37 @@ async fn kv_events_through_the_gateway_reproduce_the_simulator() {
     assert!(rel(p50(&m.ttft), p50(&sim.ttft)) <= 0.15, "median TTFT");
 }
 
-/// Gateway + emulators on `least-load`: the gateway polls each emulator's `/metrics` every 10 s
-/// of scenario time, as the simulator polls its engines, and reproduces the simulator's shares
-/// and TTFT. The emulators serve SGLang's names here: `sglang:gen_throughput` is then the
+/// Gateway + emulators on `least-load`: the gateway polls each emulator's `/metrics` every 2 s
+/// of scenario time, as the simulator polls its engines, and its shares and TTFT are the
+/// simulator's. The emulators serve SGLang's names here: `sglang:gen_throughput` is then the
 /// engine model's generation rate at the scrape, the figure the simulator's poll hands the
 /// rule. (With vLLM's names the rate is estimated from counters, per-request decode speed ×
 /// requests running: the same rule then routes on a smoother figure than the simulator's
 /// instantaneous one and the shares drift; `least_load_reads_vllm_names_too` checks that path.)
+///
+/// **The shares are held to the rule's own spread, not to one simulated run.** Between polls
+/// the rule sends the requests to the worker that looked least loaded at the last one (plus what
+/// it dispatched since), so which worker that is depends on where each poll lands relative to
+/// the arrivals, and one decision that goes the other way changes every later one. The
+/// simulator alone, its polls 10 ms later (2 ms of wall time here), gives pair 0.203 instead of
+/// 0.272; over 40 poll phases spread across the 2 s interval its shares range over pair
+/// 0.207–0.286, pro6000 0.382–0.535, r5090 0.226–0.355 (sd 0.019, 0.032, 0.027; TTFT p50
+/// 0.405–0.468 s, e2e p50 4.08–4.40 s). A real run's polls land 3–35 ms of scenario time after
+/// the simulator's, its arrivals 2–25 ms, and an SGLang page gives the queue as a count (the
+/// gateway prices it at a mean prompt where the simulator hands the rule the queued prompts
+/// themselves), so its routing parts from the simulator's within the first ten seconds (at the
+/// 20th request, measured) and it is one more draw from that spread: 31 runs (idle, with two or
+/// four busy loops on the two cores, and beside a cargo build) gave pair 0.244 ± 0.020, pro6000
+/// 0.437 ± 0.025, r5090 0.319 ± 0.027 (mean ± sd), against the simulator's phases' 0.249,
+/// 0.444, 0.307. Held to 0.05 of the simulator's one run, as it was, 6 of those 31 failed (up to
+/// 0.078 off), and 2 of 10 before the gateway's fixes (pro6000 0.498 against 0.424 on CI). So
+/// each real share must lie within the simulator's range over [`PHASES`] poll phases, widened
+/// by [`MARGIN`]. What it still catches: a gateway that routes without the rule's ranking
+/// (round robin: pair 0.336, above 0.326) or herds by prefix (sticky-until-saturated: pair
+/// 0.502); one that polls at the wrong interval, by the poll count (52–53 measured; 26 at twice
+/// the interval); one that reads no report at all, by the reports' state (its shares, 0.290 /
+/// 0.396 / 0.313, are inside the spread, as are a plain load balancer's, and were within 0.05
+/// of the simulator's run too: one run of this rule cannot tell them apart).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn least_load_on_polled_engine_metrics_reproduces_the_simulator() {
     let _serial = SERIAL.lock().await;
@@ -293,8 +317,14 @@ async fn least_load_on_polled_engine_metrics_reproduces_the_simulator() {
         let em = &w["signals"]["engine_metrics"];
         assert_eq!(em["state"], "live", "{em}");
         assert_eq!(em["engine"], "sglang", "{em}");
+        eprintln!(
+            "  {:8} polls ok {} failed {}",
+            w["name"], em["ok"], em["failed"]
+        );
+        // ~103 s of scenario (the traffic and its tail) at one poll per 2 s: 51 polls; one
+        // every 4 s would be 26.
         assert!(
-            em["ok"].as_u64().unwrap() >= 25,
+            em["ok"].as_u64().unwrap() >= 45,
             "polled every 2 s of scenario time: {em}"
         );
         let reads = w["signals"]["reads"].to_string();
@@ -305,15 +335,72 @@ async fn least_load_on_polled_engine_metrics_reproduces_the_simulator() {
     }
     assert_eq!(m.requests, sim.requests);
     assert_eq!(m.completed, m.requests);
+    let sc = scenario("emulator/tests/data/least-load.yaml");
+    let phases = poll_phases(&sc, "least-load-2s", PHASES);
     for w in ["pair", "pro6000", "r5090"] {
-        let (a, b) = (share(m, w), share(&sim, w));
+        let range = phases
+            .iter()
+            .map(|p| share(p, w))
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), s| {
+                (lo.min(s), hi.max(s))
+            });
+        let a = share(m, w);
+        eprintln!(
+            "  {w:8} share real {a:.3}; simulator over {PHASES} poll phases {:.3}..{:.3} (one run: {:.3}, off by {:+.3})",
+            range.0,
+            range.1,
+            share(&sim, w),
+            a - share(&sim, w)
+        );
         assert!(
-            (a - b).abs() <= 0.05,
-            "{w}: share real {a:.3} vs sim {b:.3}"
+            a >= range.0 - MARGIN && a <= range.1 + MARGIN,
+            "{w}: share real {a:.3}, the simulator's over {PHASES} poll phases {:.3}..{:.3} (± {MARGIN})",
+            range.0,
+            range.1
         );
     }
     assert!(rel(p50(&m.ttft), p50(&sim.ttft)) <= 0.15, "median TTFT");
     assert!(rel(p50(&m.e2e), p50(&sim.e2e)) <= 0.15, "median e2e");
+}
+
+/// Poll phases the simulator's spread is taken over (see above).
+const PHASES: u32 = 40;
+/// How far outside the simulator's range a real share may lie: the phases sample the spread,
+/// they do not bound it (the farthest of 31 real runs lay 0.018 outside the 40 phases' range,
+/// r5090 0.373 against 0.355). With 0.04 the nearest bound, r5090's 0.395, is 2.8 sd of the
+/// real shares above their mean, and round robin's pair share, 0.336, is still outside pair's
+/// 0.326.
+const MARGIN: f64 = 0.04;
+
+/// The simulator's runs of `policy` with its engine polls landing at `n` phases spread evenly
+/// over the poll interval: the traffic moved later by `k / n` of the interval (the same
+/// arrivals, requests and engine noise; the polls, at multiples of the interval from 0, land
+/// that much earlier relative to them).
+fn poll_phases(sc: &Scenario, policy: &str, n: u32) -> Vec<RunMetrics> {
+    let p = sc
+        .policies
+        .iter()
+        .find(|p| p.name == policy)
+        .cloned()
+        .unwrap_or_else(|| routelab_policies::PolicyConfig::from_name(policy).unwrap());
+    let interval = p
+        .chooser
+        .engine_poll_interval()
+        .expect("a policy that polls its engines");
+    (0..n)
+        .map(|k| {
+            let shift = u64::try_from((interval * k / n).as_nanos()).unwrap();
+            let mut sc = sc.clone();
+            for t in &mut sc.traffic {
+                match t {
+                    TrafficSpec::Poisson(c) => c.start += shift,
+                    other => panic!("poll phases move Poisson traffic only, not {other:?}"),
+                }
+            }
+            let mut traffic = sc.traffic_source(sc.setup.seed).unwrap();
+            routelab_sim::run(&sc.setup, &p, &mut *traffic, None).unwrap()
+        })
+        .collect()
 }
 
 /// The same run with vLLM's names: every worker's report is live and read as vLLM's, every

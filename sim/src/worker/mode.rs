@@ -140,6 +140,8 @@ impl Engine {
         fn max_running(&self) -> u32;
         /// Effective KV capacity (tokens).
         fn kv_capacity_tokens(&self) -> u64;
+        /// Sequences whose prompts `waiting_prompt_tokens` counts.
+        fn queued(&self) -> u32;
         /// Prompt tokens of the waiting sequences.
         fn waiting_prompt_tokens(&self) -> u64;
         /// Output tokens per second the engine generates now.

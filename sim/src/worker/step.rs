@@ -386,6 +386,11 @@ impl StepEngine {
         self.kv_capacity
     }
 
+    /// The sequences [`Self::waiting_prompt_tokens`] counts (here the waiting ones).
+    pub fn queued(&self) -> u32 {
+        self.waiting()
+    }
+
     /// Prompt tokens of the waiting sequences.
     pub fn waiting_prompt_tokens(&self) -> u64 {
         self.waiting
