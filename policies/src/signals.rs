@@ -215,6 +215,7 @@ mod tests {
         let charge = |tokens| Charge {
             tokens,
             uncached: tokens,
+            ..Charge::NONE
         };
         let report = EngineReport {
             running_tokens: 500,
