@@ -179,25 +179,12 @@ pub(crate) fn predictive<R: Rng + ?Sized>(
     for _ in 0..p.scan.max(1) {
         consider(below(rng, k), &mut best);
     }
-    // The prefix holder competes too when it is a candidate (same model, a window at least
-    // the smallest eligible one: `cands` is every such worker, largest window first). Scoring
-    // it by id avoids a search of `cands`; its position is looked up only if it wins.
-    let mut holder_best = None;
+    // The prefix holder competes too when it is a candidate (its position comes from the
+    // router, which keeps each member's; no search of `cands`).
     if p.prefix_aware
-        && let Some((w, _)) = ctx.holder
-        && let Some(h) = hot.get(w.index())
-        && h.routable
-        && h.open()
-        && h.model == hot[cands[0] as usize].model
-        && h.context_window >= hot[cands[k - 1] as usize].context_window
+        && let Some(pos) = ctx.holder_pos
     {
-        let s = predict(ctx, w.0, h, p).score;
-        if best.is_none_or(|b| s < b.1) {
-            holder_best = cands.iter().position(|&c| c == w.0);
-        }
-    }
-    if holder_best.is_some() {
-        return holder_best;
+        consider(pos, &mut best);
     }
     if best.is_none() {
         // Every draw was full: scan them all.
@@ -287,6 +274,11 @@ mod tests {
                 signals: &self.signals,
                 index: &self.index,
                 capacity: &self.capacity,
+                holder_pos: self
+                    .index
+                    .longest(prefix)
+                    .map(|(w, _)| w.index())
+                    .filter(|&i| i < self.cands.len()),
             }
         }
 

@@ -61,6 +61,9 @@ struct ModelEntry {
     largest_registered_window: u32,
     /// Round-robin cursor.
     cursor: usize,
+    /// `Router::position` no longer matches `members` (a member joined or left) for a chooser
+    /// that reads it without a load index (`predictive`'s prefix holder).
+    positions_stale: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -729,6 +732,23 @@ impl Router {
             }
         }
 
+        // `predictive` scores the prefix holder beside its sampled candidates: its position
+        // among them, from the positions kept per member (refreshed after a membership change).
+        let holder_pos = match remembered {
+            Some((w, _)) if self.measures_capacity => {
+                let entry = &mut self.models[req.model.0 as usize];
+                if entry.positions_stale {
+                    for (pos, &i) in entry.members.iter().enumerate() {
+                        self.position[i as usize] = pos as u32;
+                    }
+                    entry.positions_stale = false;
+                }
+                let h = &self.hot[w.index()];
+                let pos = self.position[w.index()] as usize;
+                (h.routable && h.model == req.model.0 && pos < k).then_some(pos)
+            }
+            _ => None,
+        };
         let hot = &self.hot;
         let (signals, index, capacity) = (&self.signals, &self.prefix, &self.capacity);
         let ctx = || RuleCtx {
@@ -738,6 +758,7 @@ impl Router {
             signals,
             index,
             capacity,
+            holder_pos,
         };
         let entry = &mut self.models[req.model.0 as usize];
         let pick = chooser.pick(
@@ -957,6 +978,7 @@ impl Router {
         entry.members.insert(at, id.0);
         entry.windows.insert(at, window);
         entry.cursor = 0;
+        entry.positions_stale = true;
         entry.largest_registered_window = entry.largest_registered_window.max(window);
         // Nothing in flight and no cap yet (`u32::MAX` until its weight is applied).
         if self.hot[id.index()].open() {
@@ -994,6 +1016,7 @@ impl Router {
             .map(|&i| hot[i as usize].context_window)
             .collect();
         entry.cursor = 0;
+        entry.positions_stale = true;
         entry.loads.invalidate();
         entry.loads.reserve(entry.members.len());
         entry.largest_registered_window = (0..hot.len())

@@ -38,6 +38,9 @@ pub(crate) struct RuleCtx<'a> {
     pub index: &'a PrefixIndex,
     /// The workers' measured capacities (fed only for `predictive`).
     pub capacity: &'a Capacities,
+    /// The prefix holder's position among the candidates, when it is one (computed only for
+    /// `predictive`; `None` otherwise).
+    pub holder_pos: Option<usize>,
 }
 
 impl RuleCtx<'_> {
@@ -432,6 +435,7 @@ mod tests {
                 signals: &self.signals,
                 index: &self.index,
                 capacity: &self.capacity,
+                holder_pos: None,
             }
         }
     }
