@@ -149,7 +149,9 @@ fn kv_wait_s(kv_tokens: Option<f64>, prompts: f64, n: f64, own: u32, out: f64, t
 }
 
 /// The `predictive` choice: a position in `cands` among the open candidates, `None` when all
-/// are full.
+/// are full. Never inlined into `Chooser::pick`, whose other arms are the hot path of every
+/// other policy.
+#[inline(never)]
 pub(crate) fn predictive<R: Rng + ?Sized>(
     ctx: &RuleCtx<'_>,
     cands: &[u32],

@@ -566,22 +566,8 @@ impl Router {
 
     /// A request completed; its slot and its charge are free again.
     pub fn complete(&mut self, now: Time, id: WorkerId, charge: Charge, completion: &Completion) {
-        if self.measures_capacity
-            && self
-                .fleet
-                .workers
-                .get(id.index())
-                .is_some_and(|w| w.in_flight > 0)
-        {
-            let h = &self.hot[id.index()];
-            let sample = Sample {
-                weight: h.weight,
-                round_trip_s: self.signals[id.index()].round_trip_s.unwrap_or(0.0),
-                prefill_tokens: charge.prefill_at_dispatch,
-                // Its dispatch count and the count now (itself still in), averaged.
-                sharing: (f64::from(charge.sharing_at_dispatch) + f64::from(h.in_flight)) / 2.0,
-            };
-            self.capacity.learn(id.index(), completion, sample);
+        if self.measures_capacity {
+            self.learn_capacity(id, charge, completion);
         }
         if self.release_slot(id, charge) {
             // Pulsar's ring weight: the peak input tokens/s observed on the worker.
@@ -701,8 +687,6 @@ impl Router {
         if entry.free == 0 {
             return Err(RouteError::AllAtCap { model: req.model });
         }
-        let chooser = self.config.chooser;
-
         // One lookup serves both the affinity rule and the believed-cached figure.
         let remembered = self.prefix.longest(req.prefix);
         // Prefix affinity: keep the holder unless it is much busier than the freest candidate.
@@ -735,18 +719,7 @@ impl Router {
         // `predictive` scores the prefix holder beside its sampled candidates: its position
         // among them, from the positions kept per member (refreshed after a membership change).
         let holder_pos = match remembered {
-            Some((w, _)) if self.measures_capacity => {
-                let entry = &mut self.models[req.model.0 as usize];
-                if entry.positions_stale {
-                    for (pos, &i) in entry.members.iter().enumerate() {
-                        self.position[i as usize] = pos as u32;
-                    }
-                    entry.positions_stale = false;
-                }
-                let h = &self.hot[w.index()];
-                let pos = self.position[w.index()] as usize;
-                (h.routable && h.model == req.model.0 && pos < k).then_some(pos)
-            }
+            Some((w, _)) if self.measures_capacity => self.holder_position(req.model.0, w, k),
             _ => None,
         };
         let hot = &self.hot;
@@ -761,7 +734,7 @@ impl Router {
             holder_pos,
         };
         let entry = &mut self.models[req.model.0 as usize];
-        let pick = chooser.pick(
+        let pick = self.config.chooser.pick(
             &entry.members[..k],
             hot,
             &mut entry.cursor,
@@ -787,16 +760,61 @@ impl Router {
         })
     }
 
+    /// `predictive`'s measurement of a completion (kept out of line: the other policies'
+    /// completion path stays as short as it was).
+    #[inline(never)]
+    fn learn_capacity(&mut self, id: WorkerId, charge: Charge, completion: &Completion) {
+        if !self
+            .fleet
+            .workers
+            .get(id.index())
+            .is_some_and(|w| w.in_flight > 0)
+        {
+            return;
+        }
+        let h = &self.hot[id.index()];
+        let sample = Sample {
+            weight: h.weight,
+            round_trip_s: self.signals[id.index()].round_trip_s.unwrap_or(0.0),
+            prefill_tokens: charge.prefill_at_dispatch,
+            // Its dispatch count and the count now (itself still in), averaged.
+            sharing: (f64::from(charge.sharing_at_dispatch) + f64::from(h.in_flight)) / 2.0,
+        };
+        self.capacity.learn(id.index(), completion, sample);
+    }
+
+    /// The prefix holder's position among the first `k` members of `model`, if it is one of
+    /// them (positions refreshed after a membership change). Out of line, for `predictive`.
+    #[inline(never)]
+    fn holder_position(&mut self, model: u32, holder: WorkerId, k: usize) -> Option<usize> {
+        let entry = &mut self.models[model as usize];
+        if entry.positions_stale {
+            for (pos, &i) in entry.members.iter().enumerate() {
+                self.position[i as usize] = pos as u32;
+            }
+            entry.positions_stale = false;
+        }
+        let h = &self.hot[holder.index()];
+        let pos = self.position[holder.index()] as usize;
+        (h.routable && h.model == model && pos < k).then_some(pos)
+    }
+
+    /// What a completion will be measured against (`predictive`): the uncached tokens it
+    /// waits for (those already waiting, and its own) and the requests it shares the worker
+    /// with. Out of line.
+    #[inline(never)]
+    fn note_dispatch(&self, d: &mut Decision) {
+        let id = d.worker;
+        let s = &self.signals[id.index()];
+        d.charge.prefill_at_dispatch =
+            u32::try_from(s.uncached_in_flight + u64::from(d.charge.uncached)).unwrap_or(u32::MAX);
+        d.charge.sharing_at_dispatch = self.hot[id.index()].in_flight.saturating_add(1);
+    }
+
     fn dispatch(&mut self, now: Time, d: &mut Decision, prefix: &[u64]) {
         let id = d.worker;
         if self.measures_capacity {
-            // What the completion will be measured against: the uncached tokens it waits for
-            // (those already waiting, and its own) and the requests it shares the worker with.
-            let s = &self.signals[id.index()];
-            d.charge.prefill_at_dispatch =
-                u32::try_from(s.uncached_in_flight + u64::from(d.charge.uncached))
-                    .unwrap_or(u32::MAX);
-            d.charge.sharing_at_dispatch = self.hot[id.index()].in_flight.saturating_add(1);
+            self.note_dispatch(d);
         }
         self.signals[id.index()].charge(d.charge);
         if prefix.is_empty() {
