@@ -764,11 +764,12 @@ impl Router {
     /// completion path stays as short as it was).
     #[inline(never)]
     fn learn_capacity(&mut self, id: WorkerId, charge: Charge, completion: &Completion) {
-        if !self
+        // Not a request this router has in flight (a charge handed back twice, an unknown id).
+        if self
             .fleet
             .workers
             .get(id.index())
-            .is_some_and(|w| w.in_flight > 0)
+            .is_none_or(|w| w.in_flight == 0)
         {
             return;
         }
