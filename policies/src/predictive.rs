@@ -200,9 +200,9 @@ pub(crate) fn predictive<R: Rng + ?Sized>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capacity::{Capacities, Sample};
-    use crate::prefix::PrefixIndex;
-    use crate::signals::{Charge, Signals};
+    use crate::capacity::Sample;
+    use crate::rules::tests::Case;
+    use crate::signals::Charge;
     use crate::time::Time;
     use crate::weights::Completion;
     use crate::worker::WorkerId;
@@ -210,38 +210,7 @@ mod tests {
     use rand::rngs::Xoshiro256PlusPlus;
     use std::time::Duration;
 
-    struct Case {
-        hot: Vec<Hot>,
-        signals: Vec<Signals>,
-        index: PrefixIndex,
-        capacity: Capacities,
-        cands: Vec<u32>,
-    }
-
     impl Case {
-        fn new(in_flight: &[u32]) -> Case {
-            let n = in_flight.len();
-            let mut index = PrefixIndex::new(1024);
-            index.reserve_workers(n);
-            Case {
-                hot: in_flight
-                    .iter()
-                    .map(|&f| Hot {
-                        weight: 1.0,
-                        in_flight: f,
-                        cap: u32::MAX,
-                        context_window: 1 << 20,
-                        model: 0,
-                        routable: true,
-                    })
-                    .collect(),
-                signals: vec![Signals::default(); n],
-                index,
-                capacity: Capacities::default(),
-                cands: (0..n as u32).collect(),
-            }
-        }
-
         /// Teach worker `i` a prefill speed and a decode step `a + b·n` through completions,
         /// as the router would learn them.
         fn teach(&mut self, i: usize, prefill_tok_s: f64, a: f64, b: f64) {
@@ -265,22 +234,6 @@ mod tests {
                     sharing: n,
                 };
                 self.capacity.learn(i, &c, s);
-            }
-        }
-
-        fn ctx<'a>(&'a self, prompt: u32, prefix: &'a [u64]) -> RuleCtx<'a> {
-            RuleCtx {
-                prompt_tokens: prompt,
-                prefix,
-                holder: self.index.longest(prefix),
-                signals: &self.signals,
-                index: &self.index,
-                capacity: &self.capacity,
-                holder_pos: self
-                    .index
-                    .longest(prefix)
-                    .map(|(w, _)| w.index())
-                    .filter(|&i| i < self.cands.len()),
             }
         }
 

@@ -385,7 +385,7 @@ pub(crate) fn hit_minus_load(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::signals::{Charge, EngineReport};
     use rand::SeedableRng;
@@ -405,16 +405,18 @@ mod tests {
             .collect()
     }
 
-    struct Case {
-        hot: Vec<Hot>,
-        signals: Vec<Signals>,
-        index: PrefixIndex,
-        cands: Vec<u32>,
-        capacity: Capacities,
+    /// A fleet of workers of weight 1 (candidates in id order) and what a rule reads about
+    /// them; `predictive`'s tests use it too.
+    pub(crate) struct Case {
+        pub hot: Vec<Hot>,
+        pub signals: Vec<Signals>,
+        pub index: PrefixIndex,
+        pub cands: Vec<u32>,
+        pub capacity: Capacities,
     }
 
     impl Case {
-        fn new(in_flight: &[u32]) -> Case {
+        pub(crate) fn new(in_flight: &[u32]) -> Case {
             let n = in_flight.len();
             let mut index = PrefixIndex::new(1024);
             index.reserve_workers(n);
@@ -427,15 +429,20 @@ mod tests {
             }
         }
 
-        fn ctx<'a>(&'a self, prompt: u32, prefix: &'a [u64]) -> RuleCtx<'a> {
+        /// The request as a rule sees it (the holder's position is its id: the candidates
+        /// are every worker in id order).
+        pub(crate) fn ctx<'a>(&'a self, prompt: u32, prefix: &'a [u64]) -> RuleCtx<'a> {
+            let holder = self.index.longest(prefix);
             RuleCtx {
                 prompt_tokens: prompt,
                 prefix,
-                holder: self.index.longest(prefix),
+                holder,
                 signals: &self.signals,
                 index: &self.index,
                 capacity: &self.capacity,
-                holder_pos: None,
+                holder_pos: holder
+                    .map(|(w, _)| w.index())
+                    .filter(|&i| i < self.cands.len()),
             }
         }
     }

@@ -87,15 +87,37 @@ async fn play_on(
     .unwrap()
 }
 
-fn simulate(sc: &Scenario, policy: &str) -> RunMetrics {
-    let p = sc
-        .policies
+/// The scenario's policy of that name, else the preset or composition it names.
+fn policy_of(sc: &Scenario, policy: &str) -> routelab_policies::PolicyConfig {
+    sc.policies
         .iter()
         .find(|p| p.name == policy)
         .cloned()
-        .unwrap_or_else(|| routelab_policies::PolicyConfig::from_name(policy).unwrap());
+        .unwrap_or_else(|| routelab_policies::PolicyConfig::from_name(policy).unwrap())
+}
+
+fn simulate(sc: &Scenario, policy: &str) -> RunMetrics {
+    let p = policy_of(sc, policy);
     let mut traffic = sc.traffic_source(sc.setup.seed).unwrap();
     routelab_sim::run(&sc.setup, &p, &mut *traffic, None).unwrap()
+}
+
+/// The sim-to-real tolerances of the headline check: every request played and completed, each
+/// worker's share within 0.05 of the simulator's, median TTFT and e2e within 15 %.
+fn assert_reproduces(sim: &RunMetrics, m: &RunMetrics) {
+    assert_eq!(m.requests, sim.requests);
+    assert_eq!(m.completed, m.requests, "every request completes");
+    for w in ["pair", "pro6000", "r5090"] {
+        let (a, b) = (share(m, w), share(sim, w));
+        assert!(
+            (a - b).abs() <= 0.05,
+            "{w}: share real {a:.3} vs sim {b:.3}"
+        );
+    }
+    let (ts, tr) = (p50(&sim.ttft), p50(&m.ttft));
+    let (es, er) = (p50(&sim.e2e), p50(&m.e2e));
+    assert!(rel(tr, ts) <= 0.15, "median TTFT real {tr} vs sim {ts}");
+    assert!(rel(er, es) <= 0.15, "median e2e real {er} vs sim {es}");
 }
 
 fn share(m: &RunMetrics, name: &str) -> f64 {
@@ -347,17 +369,7 @@ async fn gateway_with_emulators_reproduces_the_simulator() {
         sim.e2e.quantile_secs(0.9).unwrap_or(f64::NAN),
         m.e2e.quantile_secs(0.9).unwrap_or(f64::NAN)
     );
-    assert_eq!(m.requests, sim.requests);
-    assert_eq!(m.completed, m.requests, "every request completes");
-    for w in ["pair", "pro6000", "r5090"] {
-        let (a, b) = (share(m, w), share(&sim, w));
-        assert!(
-            (a - b).abs() <= 0.05,
-            "{w}: share real {a:.3} vs sim {b:.3}"
-        );
-    }
-    assert!(rel(tr, ts) <= 0.15, "median TTFT real {tr} vs sim {ts}");
-    assert!(rel(er, es) <= 0.15, "median e2e real {er} vs sim {es}");
+    assert_reproduces(&sim, m);
     gw.kill();
     fleet.shutdown(Duration::ZERO).await;
 }
@@ -408,17 +420,7 @@ async fn predictive_through_the_gateway_reproduces_the_simulator() {
     }
     gw.kill();
     fleet.shutdown(Duration::ZERO).await;
-    assert_eq!(m.requests, sim.requests);
-    assert_eq!(m.completed, m.requests, "every request completes");
-    for w in ["pair", "pro6000", "r5090"] {
-        let (a, b) = (share(m, w), share(&sim, w));
-        assert!(
-            (a - b).abs() <= 0.05,
-            "{w}: share real {a:.3} vs sim {b:.3}"
-        );
-    }
-    assert!(rel(tr, ts) <= 0.15, "median TTFT real {tr} vs sim {ts}");
-    assert!(rel(er, es) <= 0.15, "median e2e real {er} vs sim {es}");
+    assert_reproduces(&sim, m);
 }
 
 /// Multi-turn traffic: follow-ups are sent when the previous turn completes, prefixes are

@@ -377,12 +377,7 @@ const MARGIN: f64 = 0.04;
 /// arrivals, requests and engine noise; the polls, at multiples of the interval from 0, land
 /// that much earlier relative to them).
 fn poll_phases(sc: &Scenario, policy: &str, n: u32) -> Vec<RunMetrics> {
-    let p = sc
-        .policies
-        .iter()
-        .find(|p| p.name == policy)
-        .cloned()
-        .unwrap_or_else(|| routelab_policies::PolicyConfig::from_name(policy).unwrap());
+    let p = policy_of(sc, policy);
     let interval = p
         .chooser
         .engine_poll_interval()
