@@ -1223,6 +1223,24 @@ impl RawChooser {
         v
     }
 
+    /// `predictive`'s parameters over the defaults `d`.
+    fn predictive(&self, d: PredictiveParams) -> Result<PredictiveParams, ConfigError> {
+        let optional_positive =
+            |field: &str, v: Option<f64>| v.map(|x| positive(field, Some(x), x)).transpose();
+        Ok(PredictiveParams {
+            ttft_s: optional_positive("ttft_s", self.ttft_s)?,
+            tpot_s: optional_positive("tpot_s", self.tpot_s)?,
+            victims: non_negative("victims", self.victims, d.victims)?,
+            scan: self.scan.map_or(Ok(d.scan), |x| {
+                rule::whole(x, 1, u64::from(MAX_WIDEN_CANDIDATES))
+                    .map(|n| u32::try_from(n).unwrap_or(MAX_WIDEN_CANDIDATES))
+                    .map_err(|e| invalid("scan", e.to_string()))
+            })?,
+            pool_prefill_tok_s: optional_positive("pool_prefill_tok_s", self.pool_prefill_tok_s)?,
+            prefix_aware: self.prefix_aware.unwrap_or(d.prefix_aware),
+        })
+    }
+
     /// Validate into a [`Chooser`]; `default_ties` applies when `ties` is not given (the base
     /// preset's rule, else `higher-weight`, as in command-line compositions).
     pub fn validate(&self, default_ties: TieRule) -> Result<Chooser, ConfigError> {
@@ -1332,26 +1350,7 @@ impl RawChooser {
             Chooser::HitMinusLoad { beta } => Chooser::HitMinusLoad {
                 beta: non_negative("beta", self.beta, beta)?,
             },
-            Chooser::Predictive(d) => {
-                let optional_positive = |field: &str, v: Option<f64>| {
-                    v.map(|x| positive(field, Some(x), x)).transpose()
-                };
-                Chooser::Predictive(PredictiveParams {
-                    ttft_s: optional_positive("ttft_s", self.ttft_s)?,
-                    tpot_s: optional_positive("tpot_s", self.tpot_s)?,
-                    victims: non_negative("victims", self.victims, d.victims)?,
-                    scan: self.scan.map_or(Ok(d.scan), |x| {
-                        rule::whole(x, 1, u64::from(MAX_WIDEN_CANDIDATES))
-                            .map(|n| u32::try_from(n).unwrap_or(MAX_WIDEN_CANDIDATES))
-                            .map_err(|e| invalid("scan", e.to_string()))
-                    })?,
-                    pool_prefill_tok_s: optional_positive(
-                        "pool_prefill_tok_s",
-                        self.pool_prefill_tok_s,
-                    )?,
-                    prefix_aware: self.prefix_aware.unwrap_or(d.prefix_aware),
-                })
-            }
+            Chooser::Predictive(d) => Chooser::Predictive(self.predictive(d)?),
             other => other,
         };
         match (chooser, self.bias) {
