@@ -522,7 +522,7 @@ pub const CHOOSERS: [Part; 15] = [
         describe: || {
             let p = PredictiveParams::DEFAULT;
             format!(
-                "ours: per worker, predicted TTFT = round trip + (uncached tokens waiting + own uncached) in {}-token chunks, each a mixed step beside its decode at its measured prefill tok/s + a wait for KV memory when its cache is full, and TPOT = its measured decode step a + b x (running + 1); lowest (predicted SLO misses, this request's + victims ({}) x running requests pushed over the TPOT bound) + {} x (completion + victims x damage to the running); bounds: ttft_s / tpot_s, else the host's SLO; every candidate up to scan ({}), else scan drawn + the prefix holder; pool_prefill_tok_s: one pool figure instead (ablation); prefix_aware: false ignores cached prefixes (ablation)",
+                "ours: per worker, predicted TTFT = round trip + (uncached tokens waiting + own uncached) in {}-token chunks, each a mixed step beside its decode at its measured prefill tok/s + a wait for KV memory when its cache is full, and TPOT = its measured decode step a + b x (running + 1); lowest (predicted SLO misses, this request's + victims ({}) x running requests pushed over the TPOT bound) + {} x (completion + victims x damage to the running); predicted to miss everywhere: least harm to the others (their misses and damage + the prefill queue it holds up); bounds: ttft_s / tpot_s, else the host's SLO; every candidate up to scan ({}), else scan drawn + the prefix holder; pool_prefill_tok_s: one pool figure instead (ablation); prefix_aware: false ignores cached prefixes (ablation)",
                 crate::capacity::CHUNK_TOKENS,
                 p.victims,
                 crate::predictive::COMPLETION_WEIGHT,
