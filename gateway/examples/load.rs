@@ -17,9 +17,14 @@
 //! KV event streams (each fake worker publishes a 32-block batch every 10 ms, as an engine
 //! publishes one per step) and the gateway polls each worker's vLLM-named `/metrics` every
 //! second.
+//!
+//! The open loop keeps its tasks until the end, so it cannot run for long: for a soak of the
+//! gateway binary, with its RSS sampled, see the `soak` example.
 
-use axum::routing::post;
+mod fake;
+
 use bytes::Bytes;
+use fake::{Fleet, Signals};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -29,29 +34,6 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
-
-const ANSWER: &str = r#"{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":1,"total_tokens":13}}"#;
-
-const METRICS: &str = "vllm:num_requests_running{engine=\"0\"} 3\nvllm:num_requests_waiting{engine=\"0\"} 0\nvllm:kv_cache_usage_perc{engine=\"0\"} 0.2\nvllm:generation_tokens_total{engine=\"0\"} 1000\n";
-
-async fn fake_worker() -> String {
-    let app = axum::Router::new()
-        .route(
-            "/v1/chat/completions",
-            post(|| async { ([("content-type", "application/json")], ANSWER) }),
-        )
-        .route("/metrics", axum::routing::get(|| async { METRICS }))
-        .route("/health", axum::routing::get(|| async { "ok" }));
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", l.local_addr().unwrap());
-    let l = axum::serve::ListenerExt::tap_io(l, |t| {
-        let _ = t.set_nodelay(true);
-    });
-    tokio::spawn(async move {
-        let _ = axum::serve(l, app).await;
-    });
-    url
-}
 
 fn arg(name: &str, default: u64) -> u64 {
     let args: Vec<String> = std::env::args().collect();
@@ -155,88 +137,15 @@ async fn main() {
     let nworkers = arg("--workers", 4);
     // 0: none; 1: all; 2: exact tokens only; 3: KV streams and metrics polls only.
     let level = arg("--signals", 0);
-    let signals = level != 0;
-    let (tokens, streams) = (level == 1 || level == 2, level == 1 || level == 3);
-    let mut workers = Vec::new();
-    for _ in 0..nworkers {
-        workers.push(fake_worker().await);
-    }
-    let mut yaml = String::from("listen: 127.0.0.1:0\nhealth: {interval_s: 5}\n");
-    let mut publishers = Vec::new();
-    if signals {
-        let d = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../data/tokenizers/smollm2-135m-instruct");
-        if tokens {
-            yaml += &format!(
-                "models:\n  - {{name: m, tokenizer: \"{}\", chat_template: \"{}\"}}\n",
-                d.join("tokenizer.json").display(),
-                d.join("chat_template.jinja").display()
-            );
-        }
-        if !streams {
-            yaml += "policy: probe/p2c:higher-weight/capacity/none\n";
-        } else {
-            yaml += "policy: probe/p2c:higher-weight/capacity/none/kv-events\n\
-                     engine_metrics: {poll: on, interval_s: 1}\n";
-        }
-        for _ in 0..if streams { nworkers } else { 0 } {
-            publishers.push(
-                routelab_gateway::kv::publisher::start("127.0.0.1", "", 10_000)
-                    .await
-                    .unwrap(),
-            );
-        }
-    } else {
-        yaml += "policy: probe/p2c:higher-weight/capacity/none\n";
-    }
-    yaml += "workers:\n";
-    for (i, w) in workers.iter().enumerate() {
-        yaml += &format!("  - {{name: w{i}, base_url: \"{w}\", model: m, context_window: 32768");
-        if let Some(p) = publishers.get(i) {
-            yaml += &format!(
-                ", kv_events: {{endpoint: \"{}\", replay_endpoint: \"{}\"}}",
-                p.endpoint(),
-                p.replay_endpoint()
-            );
-        }
-        yaml += "}\n";
-    }
-    // Each worker's engine: a 512-token chain stored and evicted again, one batch every 10 ms.
-    let publishers = Arc::new(publishers);
-    let publishing = {
-        let publishers = publishers.clone();
-        tokio::spawn(async move {
-            use routelab_gateway::kv::wire::{Batch, BlockHash, Event};
-            let mut tick = tokio::time::interval(Duration::from_millis(10));
-            for round in 0u64.. {
-                tick.tick().await;
-                for (w, p) in publishers.iter().enumerate() {
-                    let base = (round * 64 + w as u64) << 8;
-                    let hashes: Vec<BlockHash> = (0..32).map(|j| BlockHash(base + j)).collect();
-                    p.publish(&Batch {
-                        ts: 0.0,
-                        events: vec![
-                            Event::BlockStored {
-                                block_hashes: hashes.clone(),
-                                parent: None,
-                                token_ids: (0..512).map(|t| (t + round as u32) % 49_152).collect(),
-                                block_size: 16,
-                                lora_id: None,
-                                medium: Some("GPU".into()),
-                                group_idx: None,
-                            },
-                            Event::BlockRemoved {
-                                block_hashes: hashes,
-                                medium: Some("GPU".into()),
-                                group_idx: None,
-                            },
-                        ],
-                        data_parallel_rank: None,
-                    });
-                }
-            }
-        })
+    let chosen = Signals {
+        tokens: level == 1 || level == 2,
+        kv: level == 1 || level == 3,
+        polls: level == 1 || level == 3,
     };
+    let signals = level != 0;
+    let fleet = Fleet::start(nworkers as usize, chosen).await;
+    let yaml = fleet.config("127.0.0.1:0", chosen);
+    let publishing = fleet.publish();
     let cfg = routelab_gateway::GatewayConfig::from_yaml(&yaml, "load.yaml").unwrap();
     let gw = routelab_gateway::start_on(
         cfg,
@@ -245,10 +154,8 @@ async fn main() {
     .await
     .unwrap();
     let via = format!("http://{}/v1/chat/completions", gw.local_addr());
-    let direct = format!("{}/v1/chat/completions", workers[0]);
-    let body = Bytes::from(
-        r#"{"model":"m","messages":[{"role":"system","content":"You are brief."},{"role":"user","content":"Say ok."}],"max_tokens":16}"#,
-    );
+    let direct = format!("{}/v1/chat/completions", fleet.workers[0]);
+    let body = Bytes::from(fake::BODY);
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     let c: HttpClient = Client::builder(TokioExecutor::new())
