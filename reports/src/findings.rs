@@ -1,5 +1,6 @@
-//! `docs/findings.md` is written by three commands: `compare --findings` writes the document,
-//! `capacity --findings` its capacity section and `replicas --findings` its replicas section.
+//! `docs/findings.md` is written by three commands and a script: `compare --findings` writes
+//! the document, `capacity --findings` its capacity section, `replicas --findings` its replicas
+//! section and `scripts/weight-error-findings` its weight-error section.
 //! Each generated section sits between two marker comments, so each command can regenerate its
 //! part and keep the others'.
 
@@ -9,9 +10,13 @@ pub const CAPACITY: &str = "capacity";
 /// The section `replicas --findings` writes.
 pub const REPLICAS: &str = "replicas";
 
+/// The section comparing weight strategies against both weight-error references, made from
+/// `compare`'s output by `scripts/weight-error-findings`.
+pub const WEIGHT_ERROR: &str = "weight-error";
+
 /// The sections generated apart from `compare --findings`'s document, in the order it keeps
 /// them after its own text.
-pub const GENERATED_APART: &[&str] = &[CAPACITY, REPLICAS];
+pub const GENERATED_APART: &[&str] = &[CAPACITY, REPLICAS, WEIGHT_ERROR];
 
 /// Each section of [`GENERATED_APART`] that `doc` has, whole (markers included), in that
 /// order: what `compare --findings` keeps when it rewrites the document.

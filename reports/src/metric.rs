@@ -362,20 +362,37 @@ pub const CATALOG: &[Metric] = &[
         "99th percentile of the inter-token latency, each request's mean gap weighted by its \
          gaps.",
         |m| quantile(&m.itl, 0.99)),
-    // The weight error (issue 10): how far the router's weights were from the oracle's.
+    // The weight error (issue 10): how far the router's weights were from the oracle's. The
+    // headline rates each engine where the traffic runs it (issue 27); the reference before
+    // that, every engine at the scenario's oracle_concurrency, is kept beside it.
     metric!("weight_error", "weight error", LogRatio, Lower, Top("weight_error"), csv: true,
         gate: false,
         "Time-averaged |ln(weight / oracle weight)| over every worker's active time (a \
-         time-weighted mean over workers); the oracle weight is the true capacity relative to \
-         the median of the model's active workers, clamped as the oracle strategy clamps it. \
+         time-weighted mean over workers); the oracle weight is the worker's capacity at its \
+         operating concurrency (the sequences it decoded, time-averaged over its active time so \
+         far, re-estimated at 1, 2, 4, … 32 s, then every minute of simulated time, and at \
+         every fleet change) relative to the median of the model's active workers, clamped as \
+         the oracle strategy clamps it. \
          Weights are compared as the router holds them (table and live weights are not \
          normalised to their median).",
         |m| m.weight_error().mean()),
     metric!("weight_error_after_10m", "weight error after 10 min", LogRatio, Lower,
         Top("weight_error_after_10m"), csv: true, gate: false,
         "The weight error from the 10th minute of simulated time on: the steady state, \
-         without registration and first measurements.",
+         without registration and first measurements, against operating concurrencies \
+         averaged over at least 10 minutes.",
         |m| m.weight_error().after_warmup()),
+    metric!("weight_error_at_oracle_concurrency", "weight error at oracle concurrency",
+        LogRatio, Lower, Top("weight_error_at_oracle_concurrency"), csv: true, gate: false,
+        "The weight error against the oracle that rates every engine at the scenario's \
+         oracle_concurrency (16 unless set) instead of its operating concurrency: what the \
+         probe measures, and what weight_error meant before issue 27.",
+        |m| m.weight_error_at_oracle_concurrency().mean()),
+    metric!("weight_error_at_oracle_concurrency_after_10m",
+        "weight error at oracle concurrency after 10 min", LogRatio, Lower,
+        Top("weight_error_at_oracle_concurrency_after_10m"), csv: true, gate: false,
+        "The weight error at the oracle concurrency from the 10th minute of simulated time on.",
+        |m| m.weight_error_at_oracle_concurrency().after_warmup()),
     // ---- overlap regret (issue 10 §4): a neutral diagnostic of what the router knows, not a
     // gate metric — a policy without prefix affinity has a large regret by design and can
     // still be the better policy; its cost shows in the latency metrics the gate tracks.
@@ -498,6 +515,10 @@ pub const REPLICA_METRICS: &[ReplicaMetric] = &[
         read: |r| r.weight_error.mean(),
     },
     ReplicaMetric {
+        name: "weight_error_at_oracle_concurrency",
+        read: |r| r.weight_error_at_oracle_concurrency.mean(),
+    },
+    ReplicaMetric {
         name: "overlap_regret_mean_tokens",
         read: |r| r.overlap_regret.mean(),
     },
@@ -557,6 +578,8 @@ pub mod views {
         "failed",
         "weight_error",
         "weight_error_after_10m",
+        "weight_error_at_oracle_concurrency",
+        "weight_error_at_oracle_concurrency_after_10m",
     ];
 
     /// The comparison's key metrics: the HTML table, its winners and the findings.

@@ -131,7 +131,8 @@ const SECTION_HEADER: &str = "## How many gateway replicas\n\n\
          on each seed (as in the capacity section); **vs one gateway**: its paired ratio, seed by\n\
          seed, to the same policy behind the first deployment listed, established only when the\n\
          95 % interval excludes 1; **weight error** (mean |ln(weight / oracle weight)| over\n\
-         replicas and workers) and **overlap regret** (mean tokens a better-cached eligible\n\
+         replicas and workers, the oracle rating each engine at its operating concurrency) and\n\
+         **overlap regret** (mean tokens a better-cached eligible\n\
          worker held) at load scale 1. A policy **degrades** at the smallest N whose ratio is\n\
          established below 1. Replica semantics: `docs/replicas.md`.\n";
 

@@ -251,7 +251,7 @@ mod tests {
         assert!(json.contains(r#""output_tok_s":null"#), "{json}");
         assert!(
             json.ends_with(
-                r#""slo_attainment":0.0,"request_throughput":null,"total_token_throughput":null,"goodput":null,"itl_s":{"mean":null,"p50":null,"p90":null,"p99":null},"weight_error":null,"weight_error_after_10m":null,"overlap_regret_tokens":{"mean":null,"p99":null}}"#
+                r#""slo_attainment":0.0,"request_throughput":null,"total_token_throughput":null,"goodput":null,"itl_s":{"mean":null,"p50":null,"p90":null,"p99":null},"weight_error":null,"weight_error_after_10m":null,"weight_error_at_oracle_concurrency":null,"weight_error_at_oracle_concurrency_after_10m":null,"overlap_regret_tokens":{"mean":null,"p99":null}}"#
             ),
             "{json}"
         );

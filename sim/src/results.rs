@@ -55,8 +55,15 @@ pub struct WorkerTotals {
     pub ttft_sum_s: f64,
     /// Sum of its completed requests' end-to-end latency, s.
     pub e2e_sum_s: f64,
-    /// How far its weight was from the oracle's while it was active.
+    /// How far its weight was from the oracle's while it was active, the oracle rating each
+    /// engine at its operating concurrency (see [`RunMetrics::weight_error`]).
     pub weight_error: WeightError,
+    /// The same against the oracle rating every engine at the scenario's
+    /// `oracle_concurrency`.
+    pub weight_error_at_oracle_concurrency: WeightError,
+    /// Its operating concurrency: sequences decoding, time-averaged over its active time
+    /// (`None`: never active).
+    pub operating_concurrency: Option<f64>,
     /// When a probe first measured it, ns (`None`: never): what a trace's warm-up waits for.
     pub first_measured_ns: Option<u64>,
 }
@@ -196,6 +203,8 @@ impl WorkerTotals {
             ttft_sum_s: 0.0,
             e2e_sum_s: 0.0,
             weight_error: WeightError::default(),
+            weight_error_at_oracle_concurrency: WeightError::default(),
+            operating_concurrency: None,
             first_measured_ns: None,
         }
     }
@@ -227,6 +236,9 @@ pub struct ReplicaTotals {
     /// Its weights' distance from the oracle's, over every worker (see
     /// [`RunMetrics::weight_error`]).
     pub weight_error: WeightError,
+    /// The same against the oracle at the scenario's `oracle_concurrency` (see
+    /// [`RunMetrics::weight_error_at_oracle_concurrency`]).
+    pub weight_error_at_oracle_concurrency: WeightError,
     /// Its weight of each worker at the end, by fleet index (1.0 for one never registered).
     pub final_weights: Vec<f64>,
 }
@@ -391,12 +403,23 @@ impl RunMetrics {
 
     /// The weight error of the whole fleet: every worker's integral over every worker's
     /// active time (a time-weighted mean over workers; with several gateway replicas, over
-    /// workers and replicas). A host that has no oracle (the real-time player) leaves it
+    /// workers and replicas), against the oracle that rates each engine at its **operating
+    /// concurrency** — the sequences it decoded, time-averaged over its active time, as far
+    /// as the run had gone when the reference was last refreshed (see the simulator's
+    /// `engine::weight_error`). A host that has no oracle (the real-time player) leaves it
     /// empty: `mean()` is then `None`.
     pub fn weight_error(&self) -> WeightError {
         self.workers
             .iter()
             .fold(WeightError::default(), |a, w| a.plus(w.weight_error))
+    }
+
+    /// [`Self::weight_error`] against the oracle that rates every engine at the scenario's
+    /// `oracle_concurrency` (16 unless set): the reference before issue 27.
+    pub fn weight_error_at_oracle_concurrency(&self) -> WeightError {
+        self.workers.iter().fold(WeightError::default(), |a, w| {
+            a.plus(w.weight_error_at_oracle_concurrency)
+        })
     }
 }
 

@@ -575,6 +575,9 @@ pub struct EngineModel {
     /// the prefill work.
     gate_v: f64,
     busy_ns: u64,
+    /// ∫ sequences decoding dt while busy, sequence-nanoseconds: the operating concurrency's
+    /// numerator (the weight error's second reference).
+    decoding_ns: u64,
     // --- what the rates are made of (every refresh)
     /// `step_time_s(n)` for (at least) `n = 0..=max_running`: the profile's shared table
     /// ([`HardwareProfile::step_times`]).
@@ -640,6 +643,7 @@ impl EngineModel {
             ready_at: 0,
             pace,
             busy_ns: 0,
+            decoding_ns: 0,
             t0: 0,
             fl: Fluid::default(),
             crossing: None,
@@ -912,6 +916,19 @@ impl EngineModel {
         self.busy_ns
     }
 
+    /// ∫ sequences decoding dt up to `now` (not before the engine's last move), in
+    /// sequence-nanoseconds: what [`Self::busy_ns`] counts, weighted by the decoding count.
+    /// Read between events, it extends the last move to `now` (nothing changes the count
+    /// between the engine's events).
+    pub fn decoding_ns(&self, now: u64) -> u64 {
+        let ahead = if self.running > 0 && self.ready_at <= self.t0 {
+            u64::from(self.n_decoding) * now.saturating_sub(self.t0)
+        } else {
+            0
+        };
+        self.decoding_ns + ahead
+    }
+
     /// Current overall speed multiplier (node factor × cold factor × epoch factor; 0 if not up).
     pub fn speed_multiplier(&self) -> f64 {
         self.speed_at(self.t0)
@@ -1096,6 +1113,8 @@ impl EngineModel {
         }
         if self.running > 0 && self.ready_at <= self.t0 {
             self.busy_ns += dt_ns;
+            // the decoding count is constant between the engine's events, as the flow assumes
+            self.decoding_ns += u64::from(self.n_decoding) * dt_ns;
         }
         self.t0 = t;
         if self.fl.q > q_before && self.prefills_with_blocks > 0 {

@@ -110,13 +110,13 @@ impl Sim<'_> {
         let w = &self.workers[worker as usize];
         let Some(id) = w.id else { return };
         let setup = &self.setup.workers[worker as usize];
-        let cap =
-            setup.profile.aggregate_tok_s(self.setup.oracle_concurrency) * w.engine.speed_factor();
+        let speed = w.engine.speed_factor();
+        let cap = setup.profile.aggregate_tok_s(self.setup.oracle_concurrency) * speed;
         let now = self.now;
         for r in &mut self.replicas {
             r.router.set_true_capacity(now, id, cap);
         }
-        self.werr.set_capacity(id, cap);
+        self.werr.set_capacity(id, cap, speed);
     }
 
     pub(super) fn lifecycle(

@@ -338,6 +338,11 @@ impl<'a> Sim<'a> {
                 continue;
             }
             self.now = at;
+            // The operating-concurrency reference is re-derived at the first event at or
+            // after each refresh time, whether or not a weight moved there.
+            if at >= self.werr.next_refresh {
+                self.werr.due = true;
+            }
             self.events += 1;
             let measurements = self.rec.metrics().probe_measurements;
             match ev {

@@ -160,6 +160,8 @@ impl Engine {
         fn peek_cached_tokens(&self, prompt_tokens: u32, prefix: &[u64]) -> u32;
         /// Nanoseconds the engine was busy.
         fn busy_ns(&self) -> u64;
+        /// Sequence-nanoseconds decoding up to `now`.
+        fn decoding_ns(&self, now: u64) -> u64;
         /// Current overall speed multiplier.
         fn speed_multiplier(&self) -> f64;
         /// The node's speed factor.

@@ -177,6 +177,9 @@ pub struct StepEngine {
     pace: Speed,
     work_since_ready: f64,
     busy_ns: u64,
+    /// ∫ sequences decoding dt while a step runs, sequence-nanoseconds (see
+    /// `EngineModel::decoding_ns`).
+    decoding_ns: u64,
     /// The time the engine has been moved to.
     t0: u64,
     // --- the running step
@@ -233,6 +236,7 @@ impl StepEngine {
             pace,
             work_since_ready: 0.0,
             busy_ns: 0,
+            decoding_ns: 0,
             t0: 0,
             step_start: 0,
             step_end: None,
@@ -457,6 +461,17 @@ impl StepEngine {
         self.busy_ns
     }
 
+    /// ∫ sequences decoding dt up to `now` (not before the engine's last move), in
+    /// sequence-nanoseconds; between events it extends the last move to `now`.
+    pub fn decoding_ns(&self, now: u64) -> u64 {
+        let ahead = if self.step_end.is_some() {
+            u64::from(self.n_decoding) * now.saturating_sub(self.t0)
+        } else {
+            0
+        };
+        self.decoding_ns + ahead
+    }
+
     /// Current overall speed multiplier (node factor × cold factor × epoch factor; 0 if not up).
     pub fn speed_multiplier(&self) -> f64 {
         let t = self.t0;
@@ -597,6 +612,7 @@ impl StepEngine {
         }
         if self.step_end.is_some() {
             self.busy_ns += t - self.t0;
+            self.decoding_ns += u64::from(self.n_decoding) * (t - self.t0);
         }
         self.t0 = t;
     }
