@@ -42,6 +42,47 @@ fn arg(name: &str) -> Option<String> {
         .cloned()
 }
 
+/// The flags this example takes, each followed by a value.
+const FLAGS: [&str; 8] = [
+    "--rate",
+    "--seconds",
+    "--sample",
+    "--workers",
+    "--signals",
+    "--gateway",
+    "--dir",
+    "--wrap",
+];
+
+/// Refuse what this example does not take (a typo would otherwise start a 20-minute soak with
+/// the defaults); `--help` prints the arguments.
+fn check_args() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!(
+            "soak [--rate R (400)] [--seconds S (1200)] [--sample N (15)] [--workers W (4)] \
+             [--signals all|none|tokens,kv,polls (all)] [--gateway PATH] [--dir PATH] [--wrap \"CMD ARGS\"]"
+        );
+        std::process::exit(0);
+    }
+    let mut i = 0;
+    while i < args.len() {
+        if !FLAGS.contains(&args[i].as_str()) {
+            eprintln!(
+                "error: `{}` is not an argument of soak (valid: {}; --help)",
+                args[i],
+                FLAGS.join(", ")
+            );
+            std::process::exit(2);
+        }
+        if i + 1 >= args.len() {
+            eprintln!("error: {} needs a value", args[i]);
+            std::process::exit(2);
+        }
+        i += 2;
+    }
+}
+
 fn num(name: &str, default: u64) -> u64 {
     match arg(name) {
         None => default,
@@ -151,6 +192,7 @@ fn gateway_binary() -> PathBuf {
 
 #[tokio::main]
 async fn main() {
+    check_args();
     let rate = num("--rate", 400).max(1);
     let secs = num("--seconds", 1200);
     let every = num("--sample", 15).max(1);
