@@ -69,6 +69,7 @@ fn fleet(
                     order: o.id,
                     worker: o.worker,
                     output_tokens: tokens,
+                    prompt_tokens: 0,
                     wall: Duration::from_secs_f64(tokens as f64 / tok_s),
                     ok: true,
                 },

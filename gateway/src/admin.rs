@@ -169,6 +169,9 @@ pub(crate) fn worker_json(
             "a complete burst"
         }),
         "last_probe_age_s": last_probe_age_s,
+        // The prefill-bound burst's prompt tokens/s (probes configured with `prefill_requests`):
+        // the prefill speed `predictive` uses until the worker's traffic has measured its own.
+        "probe_prefill_tok_s": core.router.strategy().probed_prefill_tok_s(id),
         "requests_total": w.metrics.requests.load(Relaxed),
         "errors_total": w.metrics.errors.load(Relaxed),
     })

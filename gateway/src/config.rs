@@ -806,7 +806,7 @@ impl GatewayConfig {
     pub fn validate(&self) -> Result<(), InputError> {
         let file = self.origin.as_str();
         // The probe's shape is bounded by the policy crate (a burst is real requests here).
-        self.policy.build_in(file, "policy")?;
+        let policy = self.policy.build_in(file, "policy")?;
         if let Err((field, message, valid)) = self.engine_metrics.validate() {
             return Err(InputError::new(file, field, message).valid(valid));
         }
@@ -847,6 +847,13 @@ impl GatewayConfig {
             w.validate().map_err(|e| e.located(file, i))?;
             if !names.insert(w.name.as_str()) {
                 return Err(WorkerError::Duplicate(w.name.clone()).located(file, i));
+            }
+            if let Err(reason) = policy.prefill_probe_fits(w.context_window) {
+                return Err(InputError::new(
+                    file,
+                    format!("workers[{i}].context_window"),
+                    reason,
+                ));
             }
         }
         Ok(())
@@ -986,6 +993,43 @@ mod tests {
             e.to_string(),
             "g.yaml: queue_timeout_s: -1 is not valid; expected a finite number of seconds from 0 to 1e9"
         );
+    }
+
+    /// A prefill-bound probe whose given prompt length cannot fit a configured worker's
+    /// context window is a located error naming the window and what would fit; one that fits
+    /// is accepted, and predictive's default (no length given) fits its prompts to each window.
+    #[test]
+    fn a_prefill_probe_that_cannot_fit_a_context_window_is_a_located_error() {
+        let worker = "workers:\n  - {name: a, base_url: \"http://h:1\", model: m, context_window: 9}\n  - {name: b, base_url: \"http://h:2\", model: m, context_window: 2048}\n";
+        GatewayConfig::from_yaml(&format!("policy: predictive\n{worker}"), "g.yaml").unwrap();
+        let given = |tokens: u32| {
+            format!(
+                "policy: {{preset: predictive, weights: {{kind: probe, prefill_requests: 4, prefill_prompt_tokens: {tokens}}}}}\n"
+            )
+        };
+        GatewayConfig::from_yaml(&format!("{}{worker}", given(8)), "g.yaml").unwrap();
+        let e = GatewayConfig::from_yaml(&format!("{}{worker}", given(9)), "g.yaml").unwrap_err();
+        assert_eq!(e.field, "workers[0].context_window", "{e}");
+        assert!(
+            e.message.contains("(9 prompt tokens and 1 output token)")
+                && e.message.contains("context window of 9 tokens")
+                && e.message.contains("prefill_prompt_tokens to at most 8"),
+            "{e}"
+        );
+        // The second worker's window equals the prompt: no room for the output token.
+        let only_b =
+            "workers:\n  - {name: b, base_url: \"http://h:2\", model: m, context_window: 2048}\n";
+        let e =
+            GatewayConfig::from_yaml(&format!("{}{only_b}", given(2048)), "g.yaml").unwrap_err();
+        assert_eq!(e.field, "workers[0].context_window", "{e}");
+        GatewayConfig::from_yaml(&format!("{}{only_b}", given(2047)), "g.yaml").unwrap();
+        // Without `prefill_requests`, the prompt length alone is refused by name.
+        let e = GatewayConfig::from_yaml(
+            "policy: {preset: seed-v3, weights: {kind: probe, prefill_prompt_tokens: 8}}\n",
+            "g.yaml",
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "policy.weights.prefill_prompt_tokens", "{e}");
     }
 
     #[test]

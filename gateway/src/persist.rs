@@ -35,6 +35,10 @@ struct CacheEntry {
     model: String,
     launch_args: String,
     throughput_tok_s: f64,
+    /// The prefill-bound burst's prompt tokens/s, when the probe has one (absent otherwise, so
+    /// a file written without prefill probes reads and writes as before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    prefill_tok_s: Option<f64>,
     measured_at_unix_ms: i64,
 }
 
@@ -106,6 +110,7 @@ impl CacheEntry {
             model: e.model.clone(),
             launch_args: e.launch_args.clone(),
             throughput_tok_s: e.throughput_tok_s,
+            prefill_tok_s: e.prefill_tok_s,
             measured_at_unix_ms: clock.to_unix_ms(e.measured_at),
         }
     }
@@ -220,13 +225,31 @@ fn validate(
                 key: format!("{}/{}/{}", e.node, e.model, e.launch_args),
                 reason,
             }),
-            None => cache.push(ProbeCacheEntry {
-                node: e.node,
-                model: e.model,
-                launch_args: e.launch_args,
-                throughput_tok_s: e.throughput_tok_s,
-                measured_at: clock.from_unix_ms(e.measured_at_unix_ms),
-            }),
+            None => {
+                // A bad prefill speed is dropped alone: the throughput beside it stands, and
+                // the prefill-bound burst measures it again.
+                let prefill_tok_s = e.prefill_tok_s.filter(|v| {
+                    let ok = v.is_finite() && *v > 0.0;
+                    if !ok {
+                        ignored.push(IgnoredEntry {
+                            entry: format!("cache[{i}].prefill_tok_s"),
+                            key: format!("{}/{}/{}", e.node, e.model, e.launch_args),
+                            reason: format!(
+                                "prefill_tok_s {v} is not a positive finite number (the throughput is kept; the prefill speed is measured again)"
+                            ),
+                        });
+                    }
+                    ok
+                });
+                cache.push(ProbeCacheEntry {
+                    node: e.node,
+                    model: e.model,
+                    launch_args: e.launch_args,
+                    throughput_tok_s: e.throughput_tok_s,
+                    prefill_tok_s,
+                    measured_at: clock.from_unix_ms(e.measured_at_unix_ms),
+                })
+            }
         }
     }
     let mut pins = Vec::with_capacity(file.pins.len());
@@ -686,6 +709,7 @@ mod tests {
                 model: "m".into(),
                 launch_args: "--x".into(),
                 throughput_tok_s: 992.0,
+                prefill_tok_s: None,
                 measured_at: clock.now(),
             }],
             pins: vec![ProbePin {
@@ -770,6 +794,7 @@ mod tests {
             model: "m".into(),
             launch_args: "--x".into(),
             throughput_tok_s: tp,
+            prefill_tok_s: None,
             measured_at_unix_ms: at_ms,
         }
     }
@@ -846,12 +871,66 @@ mod tests {
         assert_eq!(ignored[0].entry, "pins[1]");
     }
 
+    /// A cached prefill speed (predictive's prefill-bound probe) that is not a positive
+    /// number is ignored alone and reported: the throughput beside it is kept, the others'
+    /// prefill speeds too. A measurement without one is written without the field, so files
+    /// of policies without a prefill probe are unchanged.
+    #[test]
+    fn a_bad_cached_prefill_speed_is_ignored_alone_and_reported() {
+        let clock = Clock::new();
+        let now = clock.to_unix_ms(clock.now());
+        let entry = |node: &str, prefill: &str| {
+            format!(
+                r#"{{"node":"{node}","model":"m","launch_args":"","throughput_tok_s":900.0,{prefill}"measured_at_unix_ms":{now}}}"#
+            )
+        };
+        let text = format!(
+            r#"{{"version":1,"saved_at_unix_ms":{now},"cache":[{},{},{},{}],"pins":[]}}"#,
+            entry("zero", r#""prefill_tok_s":0.0,"#),
+            entry("negative", r#""prefill_tok_s":-3.5,"#),
+            entry("good", r#""prefill_tok_s":5000.0,"#),
+            entry("none", ""),
+        );
+        let f: StateFile = serde_json::from_str(&text).unwrap();
+        let (state, ignored) = validate(f, &clock, now, None);
+        let kept: Vec<(&str, f64, Option<f64>)> = state
+            .cache
+            .iter()
+            .map(|e| (e.node.as_str(), e.throughput_tok_s, e.prefill_tok_s))
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                ("zero", 900.0, None),
+                ("negative", 900.0, None),
+                ("good", 900.0, Some(5000.0)),
+                ("none", 900.0, None),
+            ]
+        );
+        let report: Vec<&str> = ignored.iter().map(|i| i.entry.as_str()).collect();
+        assert_eq!(report, ["cache[0].prefill_tok_s", "cache[1].prefill_tok_s"]);
+        assert!(
+            ignored[1]
+                .reason
+                .starts_with("prefill_tok_s -3.5 is not a positive finite number"),
+            "{:?}",
+            ignored[1]
+        );
+        let written = to_bytes(&file(vec![cache_entry("none", 900.0, now)], vec![]));
+        assert!(
+            !String::from_utf8(written)
+                .unwrap()
+                .contains("prefill_tok_s")
+        );
+    }
+
     fn measured(clock: &Clock, node: &str, tp: f64, at_ms: i64) -> ProbeCacheEntry {
         ProbeCacheEntry {
             node: node.into(),
             model: "m".into(),
             launch_args: "--x".into(),
             throughput_tok_s: tp,
+            prefill_tok_s: None,
             measured_at: clock.from_unix_ms(at_ms),
         }
     }

@@ -80,10 +80,18 @@ pub(crate) async fn run(s: Arc<Shared>) {
     }
 }
 
-fn probe_body(model: &str, prompt_tokens: u32, tokens: u32) -> Bytes {
+/// A probe request's body: `prompt_tokens` of text (≈ 4 bytes a token) and exactly `tokens`
+/// output tokens. `unique`, when given, opens the prompt so that no two requests share a
+/// cached prefix (a prefill-bound burst must prefill every prompt token it counts).
+fn probe_body(model: &str, prompt_tokens: u32, tokens: u32, unique: Option<(u64, u32)>) -> Bytes {
     const PHRASE: &str = "Describe the sea at dawn. ";
     let want = (prompt_tokens as usize * 4).max(PHRASE.len());
-    let content: String = PHRASE.chars().cycle().take(want).collect();
+    let opening = unique.map_or_else(String::new, |(order, i)| format!("Probe {order}-{i}. "));
+    let content: String = opening
+        .chars()
+        .chain(PHRASE.chars().cycle())
+        .take(want.max(opening.len()))
+        .collect();
     let body = serde_json::json!({
         "model": model,
         "messages": [{"role": "user", "content": content}],
@@ -124,15 +132,23 @@ pub enum ProbeError {
     TooLarge(usize),
 }
 
+/// What one probe request delivered.
+struct Delivered {
+    /// Output tokens: the final usage, else the content events.
+    output: u64,
+    /// Prompt tokens as the engine counted them in its final usage, if it did.
+    prompt: Option<u32>,
+}
+
 /// One probe request, streamed: every content event adds one to `streamed` as it arrives (what
 /// a cut burst counts); the result is the stream's output tokens (final usage, else content
-/// events).
+/// events) and the engine's prompt-token count.
 async fn one(
     s: Arc<Shared>,
     uri: Uri,
     body: Bytes,
     streamed: Arc<AtomicU64>,
-) -> Result<u64, ProbeError> {
+) -> Result<Delivered, ProbeError> {
     let req = hyper::Request::post(uri)
         .header(hyper::header::CONTENT_TYPE, "application/json")
         .header(hyper::header::ACCEPT, "text/event-stream")
@@ -175,7 +191,10 @@ async fn one(
                 "the stream ended without [DONE]".to_string(),
             ));
         }
-        Ok(u64::from(scan.output_tokens()))
+        Ok(Delivered {
+            output: u64::from(scan.output_tokens()),
+            prompt: scan.prompt_tokens(),
+        })
     };
     tokio::time::timeout(s.settings.probe_timeout, work)
         .await
@@ -184,16 +203,29 @@ async fn one(
 
 async fn burst(s: Arc<Shared>, job: Job) {
     let o = job.order;
-    let body = probe_body(&job.model, o.prompt_tokens, o.output_tokens);
+    let prefill = o.phase == ProbePhase::Prefill;
+    let shared_body = probe_body(&job.model, o.prompt_tokens, o.output_tokens, None);
     let start = Instant::now();
     let streamed = Arc::new(AtomicU64::new(0));
     let mut set = JoinSet::new();
     let mut tokens = 0u64;
+    // Prompt tokens: the engine's count where its usage gives one, else as ordered.
+    let mut prompt_tokens = 0u64;
     let mut error = None;
     match &job.uri {
         Ok(uri) => {
-            for _ in 0..o.concurrency.max(1) {
-                set.spawn(one(s.clone(), uri.clone(), body.clone(), streamed.clone()));
+            for i in 0..o.concurrency.max(1) {
+                let body = if prefill {
+                    probe_body(
+                        &job.model,
+                        o.prompt_tokens,
+                        o.output_tokens,
+                        Some((o.id, i)),
+                    )
+                } else {
+                    shared_body.clone()
+                };
+                set.spawn(one(s.clone(), uri.clone(), body, streamed.clone()));
             }
         }
         // Not expected (base URLs are checked when they are read): the burst fails, and the
@@ -206,7 +238,10 @@ async fn burst(s: Arc<Shared>, job: Job) {
         tokio::select! {
             r = set.join_next() => match r {
                 None => break,
-                Some(Ok(Ok(n))) => tokens += n,
+                Some(Ok(Ok(d))) => {
+                    tokens += d.output;
+                    prompt_tokens += u64::from(d.prompt.unwrap_or(o.prompt_tokens));
+                }
                 Some(Ok(Err(e))) => error = Some(e),
                 Some(Err(e)) if e.is_panic() => {
                     report_panic(&s, BackgroundTask::Probe, e);
@@ -219,6 +254,11 @@ async fn burst(s: Arc<Shared>, job: Job) {
                 // closes their connections, and the engine aborts them.
                 cut = true;
                 tokens = streamed.load(Relaxed);
+                // A prefill-bound burst cut short measured no prefill speed: prompts not yet
+                // answered were not (all) prefilled.
+                if prefill {
+                    error = Some(ProbeError::TimedOut);
+                }
                 set.abort_all();
                 break;
             }
@@ -233,12 +273,17 @@ async fn burst(s: Arc<Shared>, job: Job) {
         order: o.id,
         worker: o.worker,
         output_tokens: tokens,
+        prompt_tokens,
         // In policy time, so that the throughput is too: an emulator at `--speedup K` behind
         // a gateway at `clock_scale: K` is measured at its emulated tok/s.
         wall: s.clock.to_policy(wall),
         ok: error.is_none(),
     };
-    let tp = result.throughput_tok_s();
+    let tp = if prefill {
+        result.prefill_tok_s()
+    } else {
+        result.throughput_tok_s()
+    };
     {
         let mut core = s.core();
         let now = s.clock.now();
@@ -256,10 +301,7 @@ async fn burst(s: Arc<Shared>, job: Job) {
         }
         core.pump(now);
     }
-    let phase = match o.phase {
-        ProbePhase::Warmup => "warmup",
-        ProbePhase::Measure => "measure",
-    };
+    let phase = o.phase.name();
     crate::log(
         "probe",
         &[

@@ -881,6 +881,8 @@ struct UsageOnly {
 #[derive(Deserialize)]
 struct Usage {
     completion_tokens: Option<u32>,
+    #[serde(default)]
+    prompt_tokens: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -893,9 +895,11 @@ struct ChoicesOnly {
 fn usage_tokens(body: &[u8]) -> Option<u32> {
     match serde_json::from_slice(body) {
         Ok(UsageOnly {
-            usage: Some(Usage {
-                completion_tokens: Some(n),
-            }),
+            usage:
+                Some(Usage {
+                    completion_tokens: Some(n),
+                    ..
+                }),
         }) => Some(n),
         _ => None,
     }
@@ -931,6 +935,8 @@ pub(crate) struct SseScan {
     /// Events that carry output text (one token each, as engines stream).
     content_events: u32,
     usage: Option<u32>,
+    /// The final usage's `prompt_tokens`, if it had one.
+    usage_prompt: Option<u32>,
     /// The stream's `data: [DONE]` passed.
     done: bool,
 }
@@ -997,10 +1003,12 @@ impl SseScan {
                 usage:
                     Some(Usage {
                         completion_tokens: Some(n),
+                        prompt_tokens,
                     }),
             }) = serde_json::from_slice(payload)
         {
             self.usage = Some(n);
+            self.usage_prompt = prompt_tokens;
         }
     }
 
@@ -1017,6 +1025,11 @@ impl SseScan {
     /// The final `usage.completion_tokens` if the stream had one, else the data events.
     pub fn output_tokens(&self) -> u32 {
         self.usage.unwrap_or(self.data_events)
+    }
+
+    /// The final `usage.prompt_tokens` if the stream had one (the engine's own count).
+    pub(crate) fn prompt_tokens(&self) -> Option<u32> {
+        self.usage_prompt
     }
 
     /// The request log's output tokens: the final usage, else the content events, else (no

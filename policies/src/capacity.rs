@@ -160,6 +160,9 @@ pub struct Meter {
     decode: Line,
     /// Measured prefill tok/s, once there are enough samples.
     prefill_tok_s: Option<f64>,
+    /// Prefill tok/s a prefill-bound probe burst measured (the figure until traffic has
+    /// measured its own).
+    probed_prefill_tok_s: Option<f64>,
     /// Measured step line `(a, b)`, once there are enough samples.
     step: Option<(f64, f64)>,
     /// The worker's KV cache in tokens, when the host knows it (its `cache_blocks`).
@@ -224,6 +227,17 @@ impl Capacities {
         }
     }
 
+    /// Worker `index`'s prefill speed as a prefill-bound probe measured it (`None`: none, or
+    /// not a positive finite figure).
+    pub fn set_probed_prefill(&mut self, index: usize, tok_s: Option<f64>) {
+        let tok_s = tok_s.filter(|v| v.is_finite() && *v > 0.0);
+        if tok_s.is_none() && self.workers.len() <= index {
+            return;
+        }
+        self.ensure(index);
+        self.workers[index].probed_prefill_tok_s = tok_s;
+    }
+
     /// Worker `index`'s KV cache in blocks of [`PREFIX_BLOCK_TOKENS`], as the host states it.
     pub fn set_cache_blocks(&mut self, index: usize, blocks: Option<u32>) {
         self.ensure(index);
@@ -240,12 +254,14 @@ impl Capacities {
         }
     }
 
-    /// Worker `index`'s figures: its own once measured, else the fleet's per unit of weight
-    /// times `weight`, else the priors times `weight`.
+    /// Worker `index`'s figures: its own once measured (the prefill speed: from its traffic,
+    /// else from a prefill-bound probe), else the fleet's per unit of weight times `weight`,
+    /// else the priors times `weight`.
     #[inline]
     pub fn estimate(&self, index: usize, weight: f64) -> Estimate {
         let m = self.workers.get(index);
-        let prefill_tok_s = m.and_then(|m| m.prefill_tok_s).unwrap_or_else(|| {
+        let own_prefill = m.and_then(|m| m.prefill_tok_s.or(m.probed_prefill_tok_s));
+        let prefill_tok_s = own_prefill.unwrap_or_else(|| {
             self.fleet_prefill_per_weight
                 .unwrap_or(crate::rules::DEFAULT_INPUT_TOK_S)
                 * weight

@@ -197,13 +197,14 @@ pub const WEIGHTS: [Part; 6] = [
         describe: || {
             let p = ProbeConfig::default();
             format!(
-                "v3: {} x {}-token burst; throughput / median of the model's workers, clamped [{}, {}]; warm-up, {} h cache, pins{}",
+                "v3: {} x {}-token burst; throughput / median of the model's workers, clamped [{}, {}]; warm-up, {} h cache, pins{}; prefill_requests > 0 adds a prefill-bound burst after each measurement (that many prompts of prefill_prompt_tokens, default {} or the worker's context window less one, one output token each: prompt tokens / wall time = the prefill speed predictive uses)",
                 p.concurrency,
                 p.output_tokens,
                 p.clamp.min,
                 p.clamp.max,
                 p.cache_ttl.as_secs() / 3600,
-                shaping_sentence()
+                shaping_sentence(),
+                crate::weights::PrefillProbe::PROMPT_TOKENS
             )
         },
         params: &[
@@ -223,6 +224,15 @@ pub const WEIGHTS: [Part; 6] = [
             Param {
                 name: "warmup",
                 default: Some(|| ProbeConfig::default().warmup.to_string()),
+            },
+            Param {
+                name: "prefill_requests",
+                default: Some(|| "0".into()),
+            },
+            // Its default (printed in the description) applies only with `prefill_requests`.
+            Param {
+                name: "prefill_prompt_tokens",
+                default: None,
             },
             Param {
                 name: "cache_ttl_s",
@@ -824,7 +834,12 @@ pub const PRESETS: [Part; 14] = [
     Part {
         name: "predictive",
         describe: || {
-            "ours: the predictive chooser (each worker's prefill speed and decode curve measured from its completions; aims at the host's SLO) over seed-v3's burst-probe weights with warm-up (its prior for a worker traffic has not measured yet), no affinity part (it weighs the prefix itself), no cap".into()
+            let p = crate::weights::PrefillProbe::DEFAULT;
+            format!(
+                "ours: the predictive chooser (each worker's prefill speed and decode curve measured from its completions; aims at the host's SLO) over seed-v3's burst-probe weights with warm-up plus a prefill-bound burst ({} x {}-token prompts or the context window less one, one output token: the prefill speed until traffic has measured it; the weights are its prior for a worker traffic has not measured yet), no affinity part (it weighs the prefix itself), no cap",
+                p.requests,
+                crate::weights::PrefillProbe::PROMPT_TOKENS
+            )
         },
         params: &[],
     },
@@ -1050,8 +1065,14 @@ mod tests {
         assert!(!cfg.chooser.is_peer_rule(), "ours, not a field router");
         assert!(cfg.chooser.reads_prefixes() && cfg.reads_prefixes());
         assert_eq!((cfg.affinity, cfg.cap), (Affinity::None, Cap::None));
+        // seed-v3's probe, plus the prefill-bound burst.
+        let WeightsConfig::Probe(mut probe) = cfg.weights.clone() else {
+            panic!("{:?}", cfg.weights)
+        };
+        assert_eq!(probe.prefill, Some(crate::weights::PrefillProbe::DEFAULT));
+        probe.prefill = None;
         assert_eq!(
-            cfg.weights,
+            WeightsConfig::Probe(probe),
             PolicyConfig::preset("seed-v3").unwrap().weights
         );
         assert_eq!(

@@ -27,8 +27,8 @@ use crate::located::{InputError, rule};
 use crate::predictive::PredictiveParams;
 use crate::weights::{
     AtLoadConfig, AtLoadWeights, Clamp, EqualWeights, LiveConfig, LiveWeights, OracleWeights,
-    ProbeConfig, ProbeWeights, Shaping, SlowStart, TableConfig, TableWeights, Unmeasured,
-    WeightStrategy,
+    PrefillProbe, ProbeConfig, ProbeWeights, Shaping, SlowStart, TableConfig, TableWeights,
+    Unmeasured, WeightStrategy,
 };
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -378,6 +378,33 @@ impl PolicyConfig {
             .filter(|n| PolicyConfig::preset(n).is_ok_and(|c| c.chooser.is_peer_rule()))
     }
 
+    /// Whether a worker whose context window is `context_window` tokens can take the
+    /// probe's prefill-bound requests of the `prefill_prompt_tokens` given and one output
+    /// token; the reason when it cannot. Hosts check the workers they are configured with (a
+    /// worker added later, like every worker when no length is given, gets prompts fitted to
+    /// its window).
+    pub fn prefill_probe_fits(&self, context_window: u32) -> Result<(), String> {
+        // Without a length given, the prompts are fitted to each window.
+        let WeightsConfig::Probe(ProbeConfig {
+            prefill:
+                Some(PrefillProbe {
+                    prompt_tokens: Some(prompt),
+                    ..
+                }),
+            ..
+        }) = &self.weights
+        else {
+            return Ok(());
+        };
+        if *prompt < context_window {
+            return Ok(());
+        }
+        Err(format!(
+            "the probe's prefill-bound requests ({prompt} prompt tokens and 1 output token) do not fit this worker's context window of {context_window} tokens; set the policy's weights.prefill_prompt_tokens to at most {}, leave it out (prompts fitted to each window), or give the worker a larger context_window",
+            context_window.saturating_sub(1)
+        ))
+    }
+
     /// A preset by name (the list is [`catalog::PRESETS`]).
     pub fn preset(name: &str) -> Result<PolicyConfig, ConfigError> {
         let p2c_first = Chooser::P2c {
@@ -437,8 +464,13 @@ impl PolicyConfig {
             // load itself, so no affinity part and no cap. The burst probe's weights (with
             // warm-up) are its prior for a worker no traffic has measured yet: a cold fleet or a
             // restarted worker is not routed as if every worker were the same.
+            // Its probe adds the prefill-bound burst: the prefill speed it predicts TTFT with,
+            // measured before traffic has measured it.
             "predictive" => (
-                probe(true),
+                WeightsConfig::Probe(ProbeConfig {
+                    prefill: Some(PrefillProbe::DEFAULT),
+                    ..ProbeConfig::default()
+                }),
                 Chooser::Predictive(PredictiveParams::DEFAULT),
                 Affinity::None,
                 Cap::None,
@@ -755,6 +787,10 @@ pub struct RawWeights {
     pub prompt_tokens: Option<u32>,
     /// probe: send a warm-up burst first.
     pub warmup: Option<bool>,
+    /// probe: requests of the prefill-bound burst after each measurement (0: none).
+    pub prefill_requests: Option<u32>,
+    /// probe: prompt tokens of each prefill-bound request.
+    pub prefill_prompt_tokens: Option<u32>,
     /// probe: result cache lifetime.
     pub cache_ttl_s: Option<f64>,
     /// probe: re-measure period (only when idle).
@@ -1033,6 +1069,8 @@ impl RawWeights {
             output_tokens,
             prompt_tokens,
             warmup,
+            prefill_requests,
+            prefill_prompt_tokens,
             cache_ttl_s,
             reprobe_period_s,
             retry_after_s,
@@ -1069,6 +1107,41 @@ impl RawWeights {
             unmeasured,
             slow_start,
         })
+    }
+
+    /// The probe's prefill-bound part: `prefill_requests` > 0 turns it on.
+    fn prefill_probe(&self) -> Result<Option<PrefillProbe>, ConfigError> {
+        let d = PrefillProbe::DEFAULT;
+        let requests = match self.prefill_requests {
+            None | Some(0) => {
+                if self.prefill_prompt_tokens.is_some() {
+                    return Err(invalid(
+                        "prefill_prompt_tokens",
+                        "applies only with `prefill_requests` of 1 or more (0 or unset: no prefill-bound burst)".to_string(),
+                    ));
+                }
+                return Ok(None);
+            }
+            Some(n) => count_at_most(
+                "prefill_requests",
+                Some(n),
+                d.requests,
+                crate::weights::MAX_PROBE_CONCURRENCY,
+            )?,
+        };
+        let prompt_tokens = match self.prefill_prompt_tokens {
+            None => None,
+            given => Some(count_at_most(
+                "prefill_prompt_tokens",
+                given,
+                PrefillProbe::PROMPT_TOKENS,
+                crate::weights::MAX_PROBE_PROMPT_TOKENS,
+            )?),
+        };
+        Ok(Some(PrefillProbe {
+            requests,
+            prompt_tokens,
+        }))
     }
 
     /// Validate into a [`WeightsConfig`].
@@ -1121,6 +1194,7 @@ impl RawWeights {
                     clamp: clamp(self.clamp)?,
                     retry_after: seconds("retry_after_s", self.retry_after_s, d.retry_after)?,
                     shaping: self.shaping()?,
+                    prefill: self.prefill_probe()?,
                 })
             }
             "oracle" => WeightsConfig::Oracle(clamp(self.clamp)?),

@@ -347,6 +347,7 @@ impl Router {
         });
         self.join_model(model, id, window);
         self.feed(now, WeightEvent::Registered(id));
+        self.sync_probed_prefill(id);
         // A strategy may report no change on registration (`equal`): the cap and weight must
         // still be applied, or the worker stays uncapped.
         self.refresh_weight(id);
@@ -378,6 +379,7 @@ impl Router {
         self.set_state(id, WorkerState::Up)?;
         self.fleet.workers[id.index()].since = now;
         self.feed(now, WeightEvent::Reconnected(id));
+        self.sync_probed_prefill(id);
         Ok(())
     }
 
@@ -422,6 +424,7 @@ impl Router {
                 args_changed,
             },
         );
+        self.sync_probed_prefill(id);
         Ok(())
     }
 
@@ -454,6 +457,9 @@ impl Router {
     /// A node manager restarted; its workers re-register, with or without the probe cache.
     pub fn node_manager_restart(&mut self, now: Time, node: &str, keep_cache: bool) {
         self.feed(now, WeightEvent::NodeManagerRestart { node, keep_cache });
+        for i in 0..self.fleet.len() {
+            self.sync_probed_prefill(WorkerId(i as u32));
+        }
     }
 
     // ----- admin -------------------------------------------------------------------------
@@ -504,6 +510,17 @@ impl Router {
     /// A probe burst finished.
     pub fn probe_result(&mut self, now: Time, result: &ProbeResult) {
         self.feed(now, WeightEvent::Probe(result));
+        self.sync_probed_prefill(result.worker);
+    }
+
+    /// Hand the capacity meters the prefill speed the weight strategy's probe measured (or
+    /// adopted from its cache) for `id`, if any: the figure a worker's prefill is predicted
+    /// with until its own traffic has measured it.
+    fn sync_probed_prefill(&mut self, id: WorkerId) {
+        if self.fleet.get(id).is_some() {
+            let probed = self.strategy.probed_prefill_tok_s(id);
+            self.capacity.set_probed_prefill(id.index(), probed);
+        }
     }
 
     // ----- the request path ----------------------------------------------------------------
@@ -1214,6 +1231,7 @@ mod tests {
                     order: o.id,
                     worker: o.worker,
                     output_tokens: tokens,
+                    prompt_tokens: 0,
                     wall: Duration::from_secs(1),
                     ok: true,
                 };
@@ -1245,6 +1263,7 @@ mod tests {
                 order: o.id,
                 worker: o.worker,
                 output_tokens: tok_s(o.worker),
+                prompt_tokens: 0,
                 wall: Duration::from_secs(1),
                 ok: true,
             };

@@ -118,6 +118,7 @@ fn warm_router(
                     order: o.id,
                     worker: o.worker,
                     output_tokens: tokens,
+                    prompt_tokens: 0,
                     wall: Duration::from_secs_f64(tokens as f64 / tok_s),
                     ok: true,
                 },

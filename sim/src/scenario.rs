@@ -1155,6 +1155,20 @@ impl Validator<'_> {
                     .within(&format!("policies[{i}]"))
                     .at(at.line, at.column)
             })?;
+            // A prefill-bound probe (predictive's) must fit every worker's context window.
+            if let Some((w, reason)) = workers
+                .iter()
+                .find_map(|w| Some((w, cfg.prefill_probe_fits(w.spec.context_window).err()?)))
+            {
+                return Err(self.invalid(
+                    Some(&p.referenced),
+                    format!("policies[{i}]"),
+                    format!(
+                        "policy `{}` on worker `{}`: {reason}",
+                        cfg.name, w.spec.name
+                    ),
+                ));
+            }
             if policies.iter().any(|q: &PolicyConfig| q.name == cfg.name) {
                 return Err(self.invalid(
                     Some(&p.referenced),

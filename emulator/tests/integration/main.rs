@@ -418,8 +418,30 @@ async fn predictive_through_the_gateway_reproduces_the_simulator() {
             share(m, w)
         );
     }
+    // The prefill-bound probe measured each engine's prefill speed through the gateway (its
+    // profile's `prefill_tok_s`: PRO 6000 6,000, the pair and the 5090 4,000; the burst's
+    // wall time also holds a round trip and the first token's decode step).
+    let req = hyper::Request::get(format!("{url}/admin/workers"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let body = client().request(req).await.unwrap().into_body();
+    let v: serde_json::Value =
+        serde_json::from_slice(&body.collect().await.unwrap().to_bytes()).unwrap();
     gw.kill();
     fleet.shutdown(Duration::ZERO).await;
+    for (name, profile_tok_s) in [("pair", 4000.0), ("pro6000", 6000.0), ("r5090", 4000.0)] {
+        let w = v["workers"]
+            .as_array()
+            .and_then(|l| l.iter().find(|w| w["name"] == name))
+            .unwrap_or_else(|| panic!("no worker {name}: {v}"));
+        let probed = w["probe_prefill_tok_s"].as_f64().unwrap_or(0.0);
+        eprintln!("  {name:8} probed prefill {probed:.0} tok/s (profile {profile_tok_s})");
+        assert!(
+            (probed / profile_tok_s - 1.0).abs() < 0.25,
+            "{name}: probed prefill {probed} tok/s, profile {profile_tok_s}: {w}"
+        );
+    }
     assert_reproduces(&sim, m);
 }
 

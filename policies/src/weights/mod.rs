@@ -13,8 +13,8 @@ mod simple;
 pub use at_load::{AtLoadConfig, AtLoadWeights};
 pub use live::{LiveConfig, LiveWeights};
 pub use probe::{
-    MAX_PROBE_CONCURRENCY, MAX_PROBE_PROMPT_TOKENS, PersistedProbeState, ProbeCacheEntry,
-    ProbeConfig, ProbePin, ProbeWeights,
+    MAX_PROBE_CONCURRENCY, MAX_PROBE_PROMPT_TOKENS, PersistedProbeState, PrefillProbe,
+    ProbeCacheEntry, ProbeConfig, ProbePin, ProbeWeights,
 };
 pub use shaping::{Shaped, Shaping, SlowStart, Unmeasured};
 pub use simple::{EqualWeights, OracleWeights, TableConfig, TableWeights, oracle_weights};
@@ -70,6 +70,21 @@ pub enum ProbePhase {
     Warmup,
     /// The burst whose throughput becomes the measurement.
     Measure,
+    /// The prefill-bound burst that follows a measurement when the probe is configured with
+    /// one (long prompts, one output token each): its prompt tokens over its wall time are the
+    /// worker's prefill speed, which `predictive` reads before traffic has measured it.
+    Prefill,
+}
+
+impl ProbePhase {
+    /// The phase's name in logs and the admin view.
+    pub fn name(self) -> &'static str {
+        match self {
+            ProbePhase::Warmup => "warmup",
+            ProbePhase::Measure => "measure",
+            ProbePhase::Prefill => "prefill",
+        }
+    }
 }
 
 /// A burst the host should send to a worker, outside billing and the router's load counters.
@@ -98,6 +113,9 @@ pub struct ProbeResult {
     pub worker: WorkerId,
     /// Output tokens received in total.
     pub output_tokens: u64,
+    /// Prompt tokens of the burst's requests (as the engine counted them where it says, else
+    /// as ordered): what a [`ProbePhase::Prefill`] burst's speed is measured in.
+    pub prompt_tokens: u64,
     /// Wall time from the first request sent to the last token received.
     pub wall: Duration,
     /// False if the burst failed (worker crashed, errors): nothing is learned.
@@ -110,6 +128,17 @@ impl ProbeResult {
         let secs = self.wall.as_secs_f64();
         if self.ok && secs > 0.0 {
             sanitize(self.output_tokens as f64 / secs)
+        } else {
+            0.0
+        }
+    }
+
+    /// Total prompt tokens over wall time (a prefill-bound burst's prefill speed); zero for an
+    /// unusable result.
+    pub fn prefill_tok_s(&self) -> f64 {
+        let secs = self.wall.as_secs_f64();
+        if self.ok && secs > 0.0 {
+            sanitize(self.prompt_tokens as f64 / secs)
         } else {
             0.0
         }
@@ -201,6 +230,12 @@ pub trait WeightStrategy: Send + fmt::Debug {
 
     /// Restore what [`WeightStrategy::export_state`] returned.
     fn import_state(&mut self, _state: PersistedProbeState) {}
+
+    /// The worker's prefill speed (prompt tokens/s) measured by a prefill-bound probe burst
+    /// (or adopted from the probe cache); default: none.
+    fn probed_prefill_tok_s(&self, _worker: WorkerId) -> Option<f64> {
+        None
+    }
 }
 
 /// Lower and upper bound of a measured weight.

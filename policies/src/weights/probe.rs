@@ -38,6 +38,43 @@ pub struct ProbeConfig {
     pub retry_after: Duration,
     /// New and unmeasured workers' weights.
     pub shaping: Shaping,
+    /// A prefill-bound burst after each measurement (`None`: none, the source's probe).
+    pub prefill: Option<PrefillProbe>,
+}
+
+/// The prefill-bound part of the burst probe: `requests` concurrent requests of
+/// `prompt_tokens` fresh prompt tokens and one output token each. Their prompt tokens over
+/// the burst's wall time are the worker's prefill speed (its GPU time is counted like the
+/// rest of the probe).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefillProbe {
+    /// Concurrent requests (ours: 4).
+    pub requests: u32,
+    /// Prompt tokens of each, as configured. `None`: [`PrefillProbe::PROMPT_TOKENS`] or the
+    /// worker's context window less one token, whichever is shorter. A length given must fit
+    /// the configured workers' windows (hosts check it); a worker added later with a smaller
+    /// window gets prompts of its window less one token.
+    pub prompt_tokens: Option<u32>,
+}
+
+impl PrefillProbe {
+    /// The default prompt length (ours: 2,048 tokens, four 512-token chunks per request: long
+    /// enough that a step's fixed cost is a small share of the burst).
+    pub const PROMPT_TOKENS: u32 = 2048;
+
+    /// `predictive`'s prefill probe.
+    pub const DEFAULT: PrefillProbe = PrefillProbe {
+        requests: 4,
+        prompt_tokens: None,
+    };
+
+    /// The prompt length on a worker whose context window is `window` tokens.
+    pub fn prompt_on(&self, window: u32) -> u32 {
+        self.prompt_tokens
+            .unwrap_or(Self::PROMPT_TOKENS)
+            .min(window.saturating_sub(1))
+            .max(1)
+    }
 }
 
 impl Default for ProbeConfig {
@@ -52,6 +89,7 @@ impl Default for ProbeConfig {
             clamp: Clamp::SOURCE,
             retry_after: Duration::from_secs(60),
             shaping: Shaping::default(),
+            prefill: None,
         }
     }
 }
@@ -67,6 +105,8 @@ pub struct ProbeCacheEntry {
     pub launch_args: String,
     /// Measured throughput, tokens/s.
     pub throughput_tok_s: f64,
+    /// Measured prefill speed, prompt tokens/s (a prefill-bound burst's; `None`: not measured).
+    pub prefill_tok_s: Option<f64>,
     /// When it was measured.
     pub measured_at: Time,
 }
@@ -92,6 +132,14 @@ pub struct PersistedProbeState {
 }
 
 type CacheKey = (String, String, String);
+
+/// A cached measurement: throughput, prefill speed if measured, when.
+#[derive(Debug, Clone, Copy)]
+struct Cached {
+    throughput: f64,
+    prefill_tok_s: Option<f64>,
+    at: Time,
+}
 type PinKey = (String, String);
 
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -102,14 +150,21 @@ enum Pending {
     Due { warmed: bool },
     /// A burst is out.
     Out { order: u64, phase: ProbePhase },
+    /// The throughput is measured; the prefill-bound burst should start.
+    PrefillDue,
 }
 
 #[derive(Debug, Clone, Default)]
 struct WorkerProbe {
     throughput: Option<f64>,
+    /// Prefill speed from the prefill-bound burst, prompt tokens/s.
+    prefill_tok_s: Option<f64>,
     measured_at: Time,
     pending: Pending,
     not_before: Time,
+    /// Prompt tokens of this worker's prefill-bound requests (the configured length, fitted
+    /// to its context window).
+    prefill_prompt: u32,
 }
 
 /// v3: weight = burst throughput ÷ median throughput of the same model's workers, clamped.
@@ -117,7 +172,7 @@ struct WorkerProbe {
 pub struct ProbeWeights {
     config: ProbeConfig,
     workers: Vec<WorkerProbe>,
-    cache: HashMap<CacheKey, (f64, Time)>,
+    cache: HashMap<CacheKey, Cached>,
     pins: HashMap<PinKey, f64>,
     weights: Vec<Weight>,
     next_order: u64,
@@ -184,21 +239,40 @@ impl ProbeWeights {
             .map(|w| (w.spec.node.clone(), w.spec.model.clone()))
     }
 
-    /// Take the measurement from the cache if fresh, else ask for a probe.
+    /// Last measured prefill speed of a worker, prompt tokens/s.
+    pub fn prefill_tok_s(&self, worker: WorkerId) -> Option<f64> {
+        self.workers
+            .get(worker.index())
+            .and_then(|w| w.prefill_tok_s)
+    }
+
+    /// Take the measurement from the cache if fresh, else ask for a probe. A cached
+    /// measurement without the prefill speed a configured prefill probe wants asks for the
+    /// prefill-bound burst alone.
     fn adopt_cached_or_probe(&mut self, now: Time, fleet: &Fleet, id: WorkerId) {
         let cached = Self::cache_key(fleet, id)
             .and_then(|k| self.cache.get(&k).copied())
-            .filter(|(_, at)| now.saturating_since(*at) < self.config.cache_ttl);
+            .filter(|c| now.saturating_since(c.at) < self.config.cache_ttl);
+        let prefill = self.config.prefill;
+        let window = fleet.get(id).map_or(u32::MAX, |w| w.spec.context_window);
         let slot = ensure_slot(&mut self.workers, id);
+        slot.prefill_prompt = prefill.map_or(0, |p| p.prompt_on(window));
         match cached {
-            Some((tp, at)) => {
-                slot.throughput = Some(tp);
-                slot.measured_at = at;
+            Some(c) => {
+                slot.throughput = Some(c.throughput);
+                slot.prefill_tok_s = c.prefill_tok_s;
+                slot.measured_at = c.at;
                 slot.pending = Pending::Nothing;
-                self.note_measured(at);
+                if prefill.is_some() && c.prefill_tok_s.is_none() {
+                    slot.pending = Pending::PrefillDue;
+                    slot.not_before = now;
+                    self.due.insert(id.0);
+                }
+                self.note_measured(c.at);
             }
             None => {
                 slot.throughput = None;
+                slot.prefill_tok_s = None;
                 slot.pending = Pending::Due { warmed: false };
                 slot.not_before = now;
                 self.due.insert(id.0);
@@ -453,16 +527,25 @@ impl ProbeWeights {
         let Some(slot) = self.workers.get_mut(id.index()) else {
             return;
         };
-        let Pending::Due { warmed } = slot.pending else {
-            return;
-        };
         if now < slot.not_before {
             return;
         }
-        let phase = if self.config.warmup && !warmed {
-            ProbePhase::Warmup
-        } else {
-            ProbePhase::Measure
+        let (phase, concurrency, output_tokens, prompt_tokens) = match slot.pending {
+            Pending::Due { warmed } => (
+                if self.config.warmup && !warmed {
+                    ProbePhase::Warmup
+                } else {
+                    ProbePhase::Measure
+                },
+                self.config.concurrency,
+                self.config.output_tokens,
+                self.config.prompt_tokens,
+            ),
+            Pending::PrefillDue => match self.config.prefill {
+                Some(p) => (ProbePhase::Prefill, p.requests, 1, slot.prefill_prompt),
+                None => return,
+            },
+            Pending::Nothing | Pending::Out { .. } => return,
         };
         let order = self.next_order;
         self.next_order += 1;
@@ -471,9 +554,9 @@ impl ProbeWeights {
             id: order,
             worker: id,
             phase,
-            concurrency: self.config.concurrency,
-            output_tokens: self.config.output_tokens,
-            prompt_tokens: self.config.prompt_tokens,
+            concurrency,
+            output_tokens,
+            prompt_tokens,
         });
     }
 
@@ -485,6 +568,10 @@ impl ProbeWeights {
             return false;
         };
         if order != r.order {
+            return false;
+        }
+        if phase == ProbePhase::Prefill {
+            self.on_prefill_result(now, fleet, r);
             return false;
         }
         // A burst with no tokens or no wall time measured nothing (its throughput is reported
@@ -506,12 +593,49 @@ impl ProbeWeights {
                 slot.throughput = Some(tp);
                 slot.measured_at = now;
                 slot.pending = Pending::Nothing;
+                // A new throughput starts a new measurement: the prefill speed is taken again.
+                slot.prefill_tok_s = None;
+                if self.config.prefill.is_some() {
+                    slot.pending = Pending::PrefillDue;
+                    slot.not_before = now;
+                    self.due.insert(r.worker.0);
+                }
                 self.note_measured(now);
                 if let Some(k) = Self::cache_key(fleet, r.worker) {
-                    self.cache.insert(k, (tp, now));
+                    self.cache.insert(
+                        k,
+                        Cached {
+                            throughput: tp,
+                            prefill_tok_s: None,
+                            at: now,
+                        },
+                    );
                 }
                 true
             }
+            // Handled above.
+            ProbePhase::Prefill => false,
+        }
+    }
+
+    /// A prefill-bound burst ended: its prompt tokens over its wall time are the worker's
+    /// prefill speed (kept beside the throughput in the cache). A failed or empty burst is
+    /// retried after `retry_after`; the weight never depends on it.
+    fn on_prefill_result(&mut self, now: Time, fleet: &Fleet, r: &super::ProbeResult) {
+        let Some(slot) = self.workers.get_mut(r.worker.index()) else {
+            return;
+        };
+        let speed = r.prefill_tok_s();
+        if speed <= 0.0 {
+            slot.pending = Pending::PrefillDue;
+            slot.not_before = now + self.config.retry_after;
+            self.due.insert(r.worker.0);
+            return;
+        }
+        slot.prefill_tok_s = Some(speed);
+        slot.pending = Pending::Nothing;
+        if let Some(c) = Self::cache_key(fleet, r.worker).and_then(|k| self.cache.get_mut(&k)) {
+            c.prefill_tok_s = Some(speed);
         }
     }
 }
@@ -548,10 +672,21 @@ impl WeightStrategy for ProbeWeights {
             }
             WeightEvent::Disconnected(id) | WeightEvent::Removed(id) => {
                 if let Some(w) = self.workers.get_mut(id.index()) {
-                    // A burst that was out is lost with the connection; start over later.
-                    if matches!(w.pending, Pending::Out { .. }) {
-                        w.pending = Pending::Due { warmed: false };
-                        self.due.insert(id.0);
+                    // A burst that was out is lost with the connection; start over later (a
+                    // prefill-bound one alone: the throughput it follows stands).
+                    match w.pending {
+                        Pending::Out {
+                            phase: ProbePhase::Prefill,
+                            ..
+                        } => {
+                            w.pending = Pending::PrefillDue;
+                            self.due.insert(id.0);
+                        }
+                        Pending::Out { .. } => {
+                            w.pending = Pending::Due { warmed: false };
+                            self.due.insert(id.0);
+                        }
+                        _ => {}
                     }
                 }
                 self.update_one(fleet, id)
@@ -613,6 +748,10 @@ impl WeightStrategy for ProbeWeights {
         Some(&self.weights)
     }
 
+    fn probed_prefill_tok_s(&self, worker: WorkerId) -> Option<f64> {
+        self.prefill_tok_s(worker)
+    }
+
     /// Measurements come from probe bursts only (the `_` arm of `observe`).
     fn observes_requests(&self) -> bool {
         false
@@ -639,7 +778,7 @@ impl WeightStrategy for ProbeWeights {
         self.due.retain(|&i| {
             workers
                 .get(i as usize)
-                .is_some_and(|w| matches!(w.pending, Pending::Due { .. }))
+                .is_some_and(|w| matches!(w.pending, Pending::Due { .. } | Pending::PrefillDue))
         });
     }
 
@@ -647,12 +786,13 @@ impl WeightStrategy for ProbeWeights {
         let mut cache: Vec<ProbeCacheEntry> = self
             .cache
             .iter()
-            .map(|((node, model, args), (tp, at))| ProbeCacheEntry {
+            .map(|((node, model, args), c)| ProbeCacheEntry {
                 node: node.clone(),
                 model: model.clone(),
                 launch_args: args.clone(),
-                throughput_tok_s: *tp,
-                measured_at: *at,
+                throughput_tok_s: c.throughput,
+                prefill_tok_s: c.prefill_tok_s,
+                measured_at: c.at,
             })
             .collect();
         cache.sort_by(|a, b| {
@@ -676,9 +816,17 @@ impl WeightStrategy for ProbeWeights {
             // A corrupt (NaN, negative, zero) throughput is no measurement: skip it rather than
             // cache "measured at 0 tok/s", which would pin the worker at the clamp's minimum.
             let tp = super::sanitize(e.throughput_tok_s);
+            // The same for the prefill speed: a corrupt one is dropped, the throughput kept.
+            let prefill_tok_s = e.prefill_tok_s.map(super::sanitize).filter(|&v| v > 0.0);
             if tp > 0.0 {
-                self.cache
-                    .insert((e.node, e.model, e.launch_args), (tp, e.measured_at));
+                self.cache.insert(
+                    (e.node, e.model, e.launch_args),
+                    Cached {
+                        throughput: tp,
+                        prefill_tok_s,
+                        at: e.measured_at,
+                    },
+                );
             }
         }
         for p in state.pins {
@@ -808,6 +956,7 @@ mod tests {
             order: out[0].id,
             worker: out[0].worker,
             output_tokens: 100,
+            prompt_tokens: 0,
             wall: Duration::from_secs(1),
             ok: true,
         };
@@ -825,8 +974,13 @@ mod tests {
         #[test]
         fn incremental_weights_and_due_list_equal_a_rebuild(
             ops in proptest::collection::vec(any_op(), 1..120),
+            prefill in any::<bool>(),
         ) {
-            let mut p = ProbeWeights::new(ProbeConfig::default());
+            // With a prefill-bound burst after each measurement, or without (the source's).
+            let mut p = ProbeWeights::new(ProbeConfig {
+                prefill: prefill.then_some(PrefillProbe::DEFAULT),
+                ..ProbeConfig::default()
+            });
             let mut fleet = Fleet::default();
             let mut now = Time::ZERO;
             let mut pending_orders: Vec<ProbeOrder> = Vec::new();
@@ -847,6 +1001,7 @@ mod tests {
                                 order: o.id,
                                 worker: o.worker,
                                 output_tokens: tokens + u64::from(o.worker.0 % 3),
+                                prompt_tokens: u64::from(o.concurrency) * u64::from(o.prompt_tokens),
                                 wall: Duration::from_secs(1),
                                 ok: true,
                             };
@@ -866,6 +1021,7 @@ mod tests {
                                 order: o.id,
                                 worker: o.worker,
                                 output_tokens: 0,
+                                prompt_tokens: 0,
                                 wall: Duration::ZERO,
                                 ok: false,
                             };

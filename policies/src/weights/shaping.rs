@@ -247,6 +247,10 @@ impl WeightStrategy for Shaped {
     fn import_state(&mut self, state: PersistedProbeState) {
         self.inner.import_state(state);
     }
+
+    fn probed_prefill_tok_s(&self, worker: WorkerId) -> Option<f64> {
+        self.inner.probed_prefill_tok_s(worker)
+    }
 }
 
 #[cfg(test)]

@@ -107,6 +107,7 @@ pub fn burst(order: &ProbeOrder, tok_s: f64) -> ProbeResult {
         order: order.id,
         worker: order.worker,
         output_tokens: tokens,
+        prompt_tokens: u64::from(order.concurrency) * u64::from(order.prompt_tokens),
         wall: Duration::from_secs_f64(tokens as f64 / tok_s),
         ok: true,
     }

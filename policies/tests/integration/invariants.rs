@@ -570,6 +570,7 @@ impl Sim {
                         order: o.id,
                         worker: o.worker,
                         output_tokens,
+                        prompt_tokens: 0,
                         wall,
                         ok,
                     };

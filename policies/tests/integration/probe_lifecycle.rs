@@ -12,6 +12,7 @@ fn measured(preset: &str) -> (Router, WorkerId, WorkerId) {
         ProbePhase::Warmup => 275.0,
         ProbePhase::Measure if id == pro => 980.0,
         ProbePhase::Measure => 479.0,
+        ProbePhase::Prefill => unreachable!("these presets order no prefill-bound burst"),
     });
     assert!(poll(&mut router, secs(1.0)).is_empty());
     (router, pair, pro)
@@ -230,4 +231,120 @@ fn a_failed_burst_is_retried_later_and_learns_nothing() {
     assert!(router.weight(pro).unwrap().is_unmeasured());
     assert!(for_worker(&poll(&mut router, secs(3.0)), pro).is_empty());
     assert_eq!(for_worker(&poll(&mut router, secs(62.0)), pro).len(), 1);
+}
+
+/// `predictive`'s probe adds a prefill-bound burst after each measurement (one output token,
+/// prompts fitted to the worker's context window); its prompt tokens over its wall time are
+/// the prefill speed the chooser predicts with before traffic has measured the worker, and it
+/// survives a gateway restart through the probe cache. The weight never depends on it, and a
+/// failed prefill burst is retried alone.
+#[test]
+fn predictive_measures_prefill_speed_with_a_prefill_bound_burst() {
+    let mut router = Router::new(policy("predictive"));
+    let pair = router.register(Time::ZERO, spec("pair", &["RTX 4090", "RTX 4090"]));
+    let small = router.register(
+        Time::ZERO,
+        spec_full("small", "small", MODEL, &["RTX 4090"], 1000, ""),
+    );
+    let t = secs(1.0);
+    let mut prefill_orders = Vec::new();
+    let mut failed_once = false;
+    for _ in 0..8 {
+        let orders = poll(&mut router, t);
+        if orders.is_empty() {
+            break;
+        }
+        for o in &orders {
+            let result = match o.phase {
+                ProbePhase::Prefill => {
+                    prefill_orders.push(*o);
+                    let prompt = u64::from(o.concurrency) * u64::from(o.prompt_tokens);
+                    // The pair prefills 8,000 tok/s, the small worker 2,000; the small one's
+                    // first prefill burst fails.
+                    let speed = if o.worker == pair { 8000.0 } else { 2000.0 };
+                    let ok = o.worker == pair || failed_once;
+                    failed_once |= o.worker == small;
+                    routelab_policies::ProbeResult {
+                        order: o.id,
+                        worker: o.worker,
+                        output_tokens: u64::from(o.concurrency),
+                        prompt_tokens: prompt,
+                        wall: std::time::Duration::from_secs_f64(prompt as f64 / speed),
+                        ok,
+                    }
+                }
+                _ => burst(o, 500.0),
+            };
+            router.probe_result(t, &result);
+        }
+    }
+    let weight_before = w(&router, small);
+    let est = |r: &Router, id: WorkerId| r.capacity().estimate(id.index(), w(r, id)).prefill_tok_s;
+    assert_near(est(&router, pair), 8000.0, 1e-6);
+    // Failed once: not measured yet, and not asked again before `retry_after` (60 s).
+    assert_ne!(est(&router, small), 2000.0);
+    assert!(poll(&mut router, secs(30.0)).is_empty());
+    let retry = poll(&mut router, secs(61.5));
+    assert_eq!(retry.len(), 1, "{retry:?}");
+    assert_eq!(
+        (retry[0].worker, retry[0].phase),
+        (small, ProbePhase::Prefill)
+    );
+    let prompt = u64::from(retry[0].concurrency) * u64::from(retry[0].prompt_tokens);
+    router.probe_result(
+        secs(61.5),
+        &routelab_policies::ProbeResult {
+            order: retry[0].id,
+            worker: small,
+            output_tokens: u64::from(retry[0].concurrency),
+            prompt_tokens: prompt,
+            wall: std::time::Duration::from_secs_f64(prompt as f64 / 2000.0),
+            ok: true,
+        },
+    );
+    assert_near(est(&router, small), 2000.0, 1e-6);
+    assert_eq!(
+        w(&router, small),
+        weight_before,
+        "the weight does not move with prefill"
+    );
+    // The prefill-bound orders: 4 prompts of 2,048 tokens and one output token each; the
+    // small worker's window of 1,000 tokens fits 999.
+    let pair_order = prefill_orders.iter().find(|o| o.worker == pair).unwrap();
+    assert_eq!(
+        (
+            pair_order.concurrency,
+            pair_order.output_tokens,
+            pair_order.prompt_tokens
+        ),
+        (4, 1, 2048)
+    );
+    assert_eq!(retry[0].prompt_tokens, 999);
+    // A restarted gateway adopts the cached prefill speed with the throughput: no burst.
+    let state = router.strategy().export_state().unwrap();
+    assert!(
+        state.cache.iter().all(|e| e.prefill_tok_s.is_some()),
+        "{state:?}"
+    );
+    let mut again = Router::new(policy("predictive"));
+    again.import_state(state.clone());
+    let pair2 = again.register(secs(70.0), spec("pair", &["RTX 4090", "RTX 4090"]));
+    assert!(poll(&mut again, secs(70.0)).is_empty());
+    assert_near(est(&again, pair2), 8000.0, 1e-6);
+    // A corrupt cached prefill speed is dropped alone: the throughput is adopted and only the
+    // prefill-bound burst goes out.
+    let mut corrupt = state;
+    for e in &mut corrupt.cache {
+        e.prefill_tok_s = Some(f64::NAN);
+    }
+    let mut third = Router::new(policy("predictive"));
+    third.import_state(corrupt);
+    let pair3 = third.register(secs(70.0), spec("pair", &["RTX 4090", "RTX 4090"]));
+    let orders = poll(&mut third, secs(70.0));
+    assert_eq!(orders.len(), 1, "{orders:?}");
+    assert_eq!(orders[0].phase, ProbePhase::Prefill);
+    assert_eq!(
+        third.weight(pair3).unwrap().provenance,
+        Provenance::Measured
+    );
 }

@@ -88,6 +88,7 @@ fn an_empty_or_instant_probe_result_is_not_a_measurement() {
                 order: order.id,
                 worker: pro,
                 output_tokens: tokens,
+                prompt_tokens: 0,
                 wall,
                 ok: true,
             },
@@ -109,6 +110,7 @@ fn corrupt_persisted_throughputs_are_not_imported() {
         model: MODEL.into(),
         launch_args: String::new(),
         throughput_tok_s: tp,
+        prefill_tok_s: None,
         measured_at: Time::ZERO,
     };
     let mut probe = ProbeWeights::new(ProbeConfig::default());

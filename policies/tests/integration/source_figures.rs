@@ -81,6 +81,7 @@ fn probed(preset: &str, pair_tok_s: f64, pro_tok_s: f64) -> (Router, WorkerId, W
         ProbePhase::Warmup => 275.0,
         ProbePhase::Measure if id == pair => pair_tok_s,
         ProbePhase::Measure => pro_tok_s,
+        ProbePhase::Prefill => unreachable!("these presets order no prefill-bound burst"),
     });
     let warmups = orders
         .iter()
@@ -151,6 +152,7 @@ fn joining_and_leaving_renormalise_without_new_probes() {
     let orders = run_probes(&mut router, secs(10.0), |_, phase| match phase {
         ProbePhase::Warmup => 275.0,
         ProbePhase::Measure => 992.0,
+        ProbePhase::Prefill => unreachable!("these presets order no prefill-bound burst"),
     });
     assert!(!orders.is_empty());
     assert!(orders.iter().all(|o| o.worker == pro2), "{orders:?}");

@@ -111,6 +111,9 @@ impl Sim<'_> {
             order: run.order.id,
             worker: run.order.worker,
             output_tokens: run.tokens,
+            // A complete burst prefilled every prompt it was ordered (probe prompts share no
+            // prefix, so nothing is cached); a failed one measures nothing.
+            prompt_tokens: u64::from(run.order.concurrency) * u64::from(run.order.prompt_tokens),
             wall: Duration::from_nanos(wall),
             ok: run.ok,
         };

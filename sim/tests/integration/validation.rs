@@ -108,3 +108,24 @@ fn trap5_a_source_the_machine_cannot_hold_is_refused_with_the_figure() {
     let bench = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/bench/fleet-64.yaml");
     assert!(Scenario::load(&bench).is_ok());
 }
+
+#[test]
+fn a_prefill_probe_longer_than_a_context_window_is_located_at_its_policy() {
+    let head = "seed: 1\nmodel: m\nfleet:\n  - { name: a, profile: rtx4090-27b, context_window: 4096 }\n  - { name: b, profile: rtx4090-27b, context_window: 2048 }\n";
+    let traffic = "traffic:\n  - poisson: { rate_per_s: 1, duration_s: 10, prompt: { fixed: 100 }, output: { fixed: 10 } }\n";
+    let policy = |tokens: u32| {
+        format!(
+            "policies:\n  - predictive\n  - {{ name: long, preset: predictive, weights: {{ kind: probe, prefill_requests: 2, prefill_prompt_tokens: {tokens} }} }}\n"
+        )
+    };
+    let e = validate(&format!("{head}{traffic}{}", policy(2048))).unwrap_err();
+    assert_eq!((e.field.as_str(), e.line), ("policies[1]", Some(10)), "{e}");
+    assert!(
+        e.message.contains("policy `long` on worker `b`")
+            && e.message.contains("prefill_prompt_tokens to at most 2047"),
+        "{e}"
+    );
+    // One that fits, and predictive's default (fitted to each window), pass.
+    let ok = validate(&format!("{head}{traffic}{}", policy(2047)));
+    assert!(ok.is_ok(), "{}", ok.unwrap_err());
+}
