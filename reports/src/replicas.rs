@@ -176,7 +176,7 @@ pub fn scenario_part(st: &ReplicaStudy) -> String {
         c.precision * 100.0,
     );
     for p in 0..c.policies.len() {
-        let kind = kind_label(PolicyKind::of(c, p));
+        let kind = kind_label(PolicyKind::of(c, p), &c.policies[p].policy);
         for (d, dep) in st.deployments.iter().enumerate() {
             let q = &dep.quality[p];
             let ratio = if d == 0 {
@@ -259,11 +259,14 @@ pub fn scenario_part(st: &ReplicaStudy) -> String {
     out
 }
 
-fn kind_label(k: PolicyKind) -> &'static str {
+/// The kind column: the field's routers, the oracle, the source's presets (`seed-…`, "seed's")
+/// and ours (`predictive` and the measured-weight compositions).
+fn kind_label(k: PolicyKind, policy: &str) -> &'static str {
     match k {
         PolicyKind::Field => "field",
         PolicyKind::Oracle => "oracle (lab only)",
-        PolicyKind::Baseline | PolicyKind::Ours => "seed's",
+        PolicyKind::Baseline | PolicyKind::Ours if policy.starts_with("seed-") => "seed's",
+        PolicyKind::Baseline | PolicyKind::Ours => "ours",
     }
 }
 
@@ -309,6 +312,18 @@ mod tests {
     use super::*;
     use crate::capacity::{PolicyCapacity, SeedCapacity, SloSpec};
     use crate::stats::SeedStop;
+
+    /// Regression: `predictive` was labelled the source's ("seed's") in the replicas tables.
+    #[test]
+    fn ours_and_the_sources_presets_are_told_apart() {
+        assert_eq!(kind_label(PolicyKind::Ours, "predictive"), "ours");
+        assert_eq!(
+            kind_label(PolicyKind::Ours, "at-load/sed/capacity/weighted:24"),
+            "ours"
+        );
+        assert_eq!(kind_label(PolicyKind::Ours, "seed-v3"), "seed's");
+        assert_eq!(kind_label(PolicyKind::Field, "pulsar"), "field");
+    }
 
     fn study(policies: &[(&str, [f64; 3])]) -> CapacityStudy {
         CapacityStudy {
