@@ -856,7 +856,7 @@ impl GatewayConfig {
                 return Err(InputError::new(
                     file,
                     format!("workers[{i}].context_window"),
-                    reason,
+                    reason.to_string(),
                 ));
             }
         }

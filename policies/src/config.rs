@@ -22,7 +22,7 @@
 
 use crate::catalog;
 use crate::chooser::{Chooser, TieRule};
-use crate::error::ConfigError;
+use crate::error::{ConfigError, PrefillProbeTooLong};
 use crate::located::{InputError, rule};
 use crate::predictive::PredictiveParams;
 use crate::weights::{
@@ -383,7 +383,7 @@ impl PolicyConfig {
     /// token; the reason when it cannot. Hosts check the workers they are configured with (a
     /// worker added later, like every worker when no length is given, gets prompts fitted to
     /// its window).
-    pub fn prefill_probe_fits(&self, context_window: u32) -> Result<(), String> {
+    pub fn prefill_probe_fits(&self, context_window: u32) -> Result<(), PrefillProbeTooLong> {
         // Without a length given, the prompts are fitted to each window.
         let WeightsConfig::Probe(ProbeConfig {
             prefill:
@@ -399,10 +399,10 @@ impl PolicyConfig {
         if *prompt < context_window {
             return Ok(());
         }
-        Err(format!(
-            "the probe's prefill-bound requests ({prompt} prompt tokens and 1 output token) do not fit this worker's context window of {context_window} tokens; set the policy's weights.prefill_prompt_tokens to at most {}, leave it out (prompts fitted to each window), or give the worker a larger context_window",
-            context_window.saturating_sub(1)
-        ))
+        Err(PrefillProbeTooLong {
+            prompt_tokens: *prompt,
+            context_window,
+        })
     }
 
     /// A preset by name (the list is [`catalog::PRESETS`]).

@@ -108,6 +108,20 @@ pub enum AdminError {
     InvalidWeight(f64),
 }
 
+/// A probe's prefill-bound requests that cannot fit a worker's context window: the prompt
+/// length given and one output token are more than the window holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the probe's prefill-bound requests ({prompt_tokens} prompt tokens and 1 output token) do not fit this worker's context window of {context_window} tokens; set the policy's weights.prefill_prompt_tokens to at most {}, leave it out (prompts fitted to each window), or give the worker a larger context_window",
+    context_window.saturating_sub(1)
+)]
+pub struct PrefillProbeTooLong {
+    /// The prompt length given (`prefill_prompt_tokens`).
+    pub prompt_tokens: u32,
+    /// The worker's context window.
+    pub context_window: u32,
+}
+
 /// An invalid policy configuration. Messages name the field and what would be valid.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]

@@ -75,7 +75,7 @@ pub use config::{
     Affinity, AffinityUnits, Allowance, Cap, KNOWLEDGE_FIELD, PolicyConfig, PolicyEntry,
     PrefixKnowledge, RawAffinity, RawCap, RawChooser, RawPolicy, RawWeights, WeightsConfig,
 };
-pub use error::{AdminError, ConfigError, RouteError};
+pub use error::{AdminError, ConfigError, PrefillProbeTooLong, RouteError};
 pub use kv::KvEvent;
 pub use located::InputError;
 pub use predictive::PredictiveParams;
