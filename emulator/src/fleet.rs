@@ -6,7 +6,8 @@ use routelab_gateway::kv::KvEventsConfig;
 use routelab_gateway::tokens::ModelConfig;
 use routelab_gateway::{GatewayConfig, PolicyEntry, WorkerConfig};
 use routelab_policies::PREFIX_BLOCK_TOKENS;
-use routelab_sim::{SimSetup, derive_seed};
+use routelab_policies::streams::{ENGINE_STREAM, derive_seed};
+use routelab_sim::SimSetup;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
@@ -33,8 +34,8 @@ pub struct FleetOptions {
 
 /// Start one emulator per worker of `setup` on `127.0.0.1:0`: its hardware profile, overrides
 /// (speed factor, cold start, noise, limits), round trip and context window, the engine seed
-/// the simulator gives it (`derive_seed(seed, 1000 + i)`), all running `speedup` times faster
-/// than wall time. Lifecycle events and late registrations are not replayed.
+/// the simulator gives it (`derive_seed(seed, ENGINE_STREAM + i)`), all running `speedup`
+/// times faster than wall time. Lifecycle events and late registrations are not replayed.
 pub async fn start_fleet(setup: &SimSetup, speedup: f64) -> Result<EmulatedFleet, EmulatorError> {
     start_fleet_with(setup, speedup, &FleetOptions::default()).await
 }
@@ -60,7 +61,7 @@ pub async fn start_fleet_with(
         opts.model = w.spec.model.clone();
         opts.rtt_ms = w.rtt_ns as f64 / 1e6;
         opts.speedup = speedup;
-        opts.seed = derive_seed(setup.seed, 1000 + i as u64);
+        opts.seed = derive_seed(setup.seed, ENGINE_STREAM + i as u64);
         opts.context_window = Some(w.spec.context_window);
         opts.tokenizer = tokenizer.clone();
         opts.kv_events = options.kv_events;

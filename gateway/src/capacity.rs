@@ -217,7 +217,7 @@ mod tests {
     use super::*;
 
     fn at(s: f64) -> Time {
-        Time::from_nanos((s * 1e9).round() as u64)
+        Time::from_secs_f64(s)
     }
 
     fn point(points: &[Point], n: u32) -> Point {

@@ -20,6 +20,7 @@
 //!   block is not hashed, since the next turn of a conversation changes it. At most
 //!   [`MAX_BLOCKS`] hashes per request.
 
+use routelab_policies::streams::{FNV1A_OFFSET, fnv1a_extend};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -311,17 +312,12 @@ fn render_prompt(prompt: Option<Value>) -> Result<(String, Option<u32>), BadRequ
     }
 }
 
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-const FNV_PRIME: u64 = 0x100_0000_01b3;
-
 /// Chain hashes of the prompt's full [`BLOCK_BYTES`] blocks (at most [`MAX_BLOCKS`]).
 pub fn prefix_hashes(prompt: &[u8]) -> Vec<u64> {
     let mut out = Vec::with_capacity((prompt.len() / BLOCK_BYTES).min(MAX_BLOCKS));
-    let mut h = FNV_OFFSET;
+    let mut h = FNV1A_OFFSET;
     for block in prompt.chunks_exact(BLOCK_BYTES).take(MAX_BLOCKS) {
-        for &b in block {
-            h = (h ^ u64::from(b)).wrapping_mul(FNV_PRIME);
-        }
+        h = fnv1a_extend(h, block);
         out.push(h);
     }
     out

@@ -22,8 +22,9 @@
 //! bytes each ([`byte_tokens`]): an engine that announces such ids (the emulator without a
 //! tokenizer) matches too, a real engine does not.
 
-use crate::kv::translate::{FNV_OFFSET, hash_token};
+use crate::kv::translate::hash_token;
 use crate::prompt::{self, BadRequest, Endpoint, MAX_BLOCKS, Parsed};
+use routelab_policies::streams::FNV1A_OFFSET;
 use routelab_policies::{InputError, PREFIX_BLOCK_TOKENS};
 use serde::Deserialize;
 use serde_json::Value;
@@ -50,7 +51,7 @@ pub struct ModelConfig {
 pub fn block_keys(ids: &[u32]) -> Vec<u64> {
     let block = PREFIX_BLOCK_TOKENS as usize;
     let mut out = Vec::with_capacity((ids.len() / block).min(MAX_BLOCKS));
-    let mut h = FNV_OFFSET;
+    let mut h = FNV1A_OFFSET;
     for chunk in ids.chunks_exact(block).take(MAX_BLOCKS) {
         for &id in chunk {
             h = hash_token(h, id);

@@ -65,6 +65,7 @@ mod prefix;
 mod router;
 mod rules;
 mod signals;
+pub mod streams;
 mod time;
 pub mod weights;
 mod worker;

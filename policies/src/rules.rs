@@ -12,6 +12,7 @@ use crate::capacity::Capacities;
 use crate::chooser::Hot;
 use crate::prefix::PrefixIndex;
 use crate::signals::{PREFIX_BLOCK_TOKENS, Signals};
+use crate::streams::splitmix64;
 use crate::worker::WorkerId;
 use rand::{Rng, RngExt};
 
@@ -230,15 +231,6 @@ pub(crate) fn sticky(
     }
 }
 
-/// SplitMix64's finaliser: a well-mixed 64-bit hash of `x`.
-#[inline]
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
 /// NVIDIA Stargate `pulsar`: weighted rendezvous hashing of the prompt's first `key_blocks`
 /// prefix blocks, weight = the worker's peak observed input tokens/s. A prompt without a prefix
 /// goes to the lowest in-flight count ÷ that throughput (nothing to be affine to).
@@ -260,7 +252,7 @@ pub(crate) fn pulsar(
     // Rendezvous: the highest weight ÷ −ln(u) wins, u uniform in (0, 1) from (key, worker);
     // each worker's share of keys is proportional to its weight.
     lowest(cands, hot, |i| {
-        let h = mix(key ^ mix(u64::from(i)));
+        let h = splitmix64(key ^ splitmix64(u64::from(i)));
         let u = ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
         ln_neg(u) / ctx.input_tok_s(i, hot)
     })
@@ -449,7 +441,7 @@ pub(crate) mod tests {
 
     /// Blocks `0..n` of a prompt whose chain is keyed by `seed`.
     fn chain(seed: u64, n: usize) -> Vec<u64> {
-        (0..n as u64).map(|b| mix(seed * 1000 + b)).collect()
+        (0..n as u64).map(|b| splitmix64(seed * 1000 + b)).collect()
     }
 
     #[test]
@@ -569,7 +561,7 @@ pub(crate) mod tests {
         // Worker 2 unobserved: 15,928 × weight 1.
         let mut counts = [0u32; 3];
         for k in 0..30_000u64 {
-            let key = [mix(k)];
+            let key = [splitmix64(k)];
             let ctx = c.ctx(512, &key);
             let first = pulsar(&ctx, &c.cands, &c.hot, 1).unwrap();
             // Same key, same answer (no randomness).
@@ -584,7 +576,7 @@ pub(crate) mod tests {
         // A full worker's keys move to the others; the rest stay where they were.
         c.hot[0].cap = 0;
         for k in 0..2_000u64 {
-            let key = [mix(k)];
+            let key = [splitmix64(k)];
             let before = {
                 c.hot[0].cap = u32::MAX;
                 pulsar(&c.ctx(512, &key), &c.cands, &c.hot, 1).unwrap()
@@ -600,7 +592,7 @@ pub(crate) mod tests {
         let mut h = 0u64;
         keys.iter()
             .map(|&k| {
-                h = mix(h ^ mix(k));
+                h = splitmix64(h ^ splitmix64(k));
                 h
             })
             .collect()
@@ -659,7 +651,7 @@ pub(crate) mod tests {
     #[test]
     fn wait_and_widen_keeps_the_affinity_choice_within_the_window_and_widens_past_it() {
         let mut c = Case::new(&[0; 8]);
-        let key = [mix(42)];
+        let key = [splitmix64(42)];
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(1);
         let home = pulsar(&c.ctx(1000, &key), &c.cands, &c.hot, 1).unwrap();
         // 1,000 tokens at 15,928 tok/s: 63 ms ≤ 200 ms: affinity only.

@@ -1,6 +1,7 @@
 //! Time as the policy crate sees it: an integer count of nanoseconds since an epoch the host
 //! chooses (simulation start, process start, the Unix epoch). The crate never reads a clock.
 
+use crate::streams::{nanos_to_secs, secs_to_nanos};
 use std::fmt;
 use std::ops::{Add, Sub};
 use std::time::Duration;
@@ -21,13 +22,10 @@ impl Time {
         Time(nanos)
     }
 
-    /// A time `secs` seconds after the epoch (negative or NaN clamp to zero).
+    /// A time `secs` seconds after the epoch, rounded to the nearest nanosecond (negative or NaN
+    /// clamp to zero, infinity to the last representable time).
     pub fn from_secs_f64(secs: f64) -> Time {
-        if secs.is_finite() && secs > 0.0 {
-            Time((secs * 1e9).round().min(u64::MAX as f64) as u64)
-        } else {
-            Time(0)
-        }
+        Time(secs_to_nanos(secs))
     }
 
     /// Nanoseconds since the epoch.
@@ -37,7 +35,7 @@ impl Time {
 
     /// Seconds since the epoch.
     pub fn as_secs_f64(self) -> f64 {
-        self.0 as f64 / 1e9
+        nanos_to_secs(self.0)
     }
 
     /// `nanos` nanoseconds later (saturating). Hosts that keep intervals as integer

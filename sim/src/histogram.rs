@@ -11,6 +11,7 @@
 //! recorded, at most 3 776 counters (≈ 30 KiB; ≈ 21 KiB for values up to a day).
 //! `quantile` walks the buckets (O(buckets)). `mean`, `count`, `min`, `max` are exact.
 
+use routelab_policies::streams::{NANOS_PER_SEC, nanos_to_secs, secs_to_nanos};
 use std::fmt;
 
 /// Mantissa bits: 2^6 = 64 buckets per power of two.
@@ -45,34 +46,11 @@ const fn bucket_bounds(i: usize) -> (u64, u64) {
     (mantissa << shift, 1 << shift)
 }
 
-/// `ns` rounded half away from zero to a whole number of nanoseconds; negative and NaN give 0,
-/// and values beyond `u64` saturate. Exactly `ns.round().max(0.0) as u64`, without the call to
-/// the C library's `round` that the baseline x86-64 target makes for it (it has no rounding
-/// instruction): the fraction `ns - trunc(ns)` of a finite double is exact.
-#[inline]
-fn round_ns(ns: f64) -> u64 {
-    if ns > 0.0 {
-        // `as` truncates and saturates.
-        let whole = ns as u64;
-        whole.saturating_add(u64::from(ns - whole as f64 >= 0.5))
-    } else {
-        0
-    }
-}
-
 /// Below this many nanoseconds (2^50, 13 days) `ns` taken to seconds and back,
-/// `round_ns(ns as f64 / 1e9 * 1e9)`, is `ns` again: `ns` is exact as a double, and the
+/// `round_nanos(ns as f64 / 1e9 * 1e9)`, is `ns` again: `ns` is exact as a double, and the
 /// division's and the product's roundings (each a relative error of at most 2^-53) move it by
 /// less than `ns` · 2^-52 < 1/4 ns, which the rounding to whole nanoseconds removes.
 const EXACT_SECS_NS: u64 = 1 << 50;
-
-/// The nanoseconds the `*_secs` recorders count for `secs` seconds (negative and NaN give 0),
-/// for a host that records the same value into several histograms.
-#[inline]
-#[must_use]
-pub fn secs_to_ns(secs: f64) -> u64 {
-    round_ns(secs * 1e9)
-}
 
 /// Log-linear histogram of `u64` nanosecond values with ≤ 0.78 % relative quantile error.
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -152,7 +130,7 @@ impl Histogram {
     /// mean inter-token latency once per gap between its tokens). Negative and NaN count as 0.
     #[inline]
     pub fn record_secs_n(&mut self, secs: f64, n: u64) {
-        self.record_n(secs_to_ns(secs), n);
+        self.record_n(secs_to_nanos(secs), n);
     }
 
     /// Record a duration of `ns` nanoseconds taken as seconds: exactly what
@@ -164,7 +142,7 @@ impl Histogram {
         if ns < EXACT_SECS_NS {
             self.record(ns);
         } else {
-            self.record_secs(ns as f64 / 1e9);
+            self.record_secs(nanos_to_secs(ns));
         }
     }
 
@@ -215,7 +193,7 @@ impl Histogram {
     /// Exact mean, seconds.
     #[must_use]
     pub fn mean_secs(&self) -> Option<f64> {
-        self.mean().map(|ns| ns / 1e9)
+        self.mean().map(|ns| ns / NANOS_PER_SEC)
     }
 
     /// Nearest-rank quantile, ns: an estimate (relative error ≤
@@ -249,7 +227,7 @@ impl Histogram {
     /// [`quantile`](Self::quantile) in seconds.
     #[must_use]
     pub fn quantile_secs(&self, q: f64) -> Option<f64> {
-        self.quantile(q).map(|ns| ns as f64 / 1e9)
+        self.quantile(q).map(nanos_to_secs)
     }
 
     /// Add all values of `other` to `self`.
@@ -309,54 +287,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use rand::{RngExt, SeedableRng};
-
-    /// The rounding the histogram has always done, which `round_ns` must equal exactly.
-    fn library_round(ns: f64) -> u64 {
-        ns.round().max(0.0) as u64
-    }
-
-    #[test]
-    fn round_ns_equals_the_library_rounding_at_the_edges() {
-        let edges = [
-            0.0,
-            -0.0,
-            0.49999999999999994,
-            0.5,
-            1.5,
-            2.5,
-            -0.5,
-            -7.0,
-            4503599627370495.5,
-            4503599627370496.0,
-            9007199254740993.0,
-            18446744073709549568.0,
-            18446744073709551616.0,
-            1e30,
-            f64::MAX,
-            f64::INFINITY,
-            f64::NEG_INFINITY,
-            f64::NAN,
-            f64::MIN_POSITIVE,
-        ];
-        for ns in edges {
-            assert_eq!(round_ns(ns), library_round(ns), "{ns:e}");
-        }
-    }
-
-    proptest! {
-        /// Over every bit pattern of a double (so every sign, exponent and fraction).
-        #[test]
-        fn round_ns_equals_the_library_rounding(bits in any::<u64>()) {
-            let ns = f64::from_bits(bits);
-            prop_assert_eq!(round_ns(ns), library_round(ns));
-        }
-
-        /// Over the seconds a latency histogram sees, with fractions of a nanosecond.
-        #[test]
-        fn round_ns_equals_the_library_rounding_on_latencies(secs in 0.0f64..1e6) {
-            prop_assert_eq!(round_ns(secs * 1e9), library_round(secs * 1e9));
-        }
-    }
+    use routelab_policies::streams::round_nanos;
 
     /// The seconds round trip `record_secs_of_ns` skips, and the edges around its bound.
     fn via_secs(ns: u64) -> Histogram {
@@ -387,7 +318,7 @@ mod tests {
         }
         // Far enough beyond the bound the round trip moves a value: the fallback is needed.
         let odd = (1 << 53) + 1;
-        assert_ne!(round_ns(odd as f64 / 1e9 * 1e9), odd);
+        assert_ne!(round_nanos(odd as f64 / 1e9 * 1e9), odd);
     }
 
     proptest! {

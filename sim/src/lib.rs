@@ -17,7 +17,6 @@
 //! - [`results`]: what a run measured ([`RunMetrics`], [`WorkerTotals`], [`TimelineRow`]).
 //! - [`histogram`]: bounded-memory latency quantiles.
 //! - [`footprint`]: what a scenario would hold in memory, checked before it runs.
-//! - [`seed`]: SplitMix64 and [`derive_seed`], the per-component random streams.
 #![forbid(unsafe_code)]
 
 pub mod engine;
@@ -27,7 +26,6 @@ pub mod histogram;
 pub mod record;
 pub mod results;
 pub mod scenario;
-pub mod seed;
 pub mod sweep;
 pub mod traffic;
 pub mod worker;
@@ -42,5 +40,4 @@ pub use record::{
 };
 pub use results::{Rejections, ReplicaTotals, RunMetrics, TimelineRow, WorkerTotals};
 pub use scenario::{Scenario, ScenarioError, SeedMeaning, TrafficSpec};
-pub use seed::derive_seed;
 pub use worker::{Engine, EngineMode, EngineModel, EngineOverrides, StepEngine};

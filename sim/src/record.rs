@@ -13,8 +13,8 @@
 //! as empty CSV cells. One exception, kept so that committed baselines stay comparable: the
 //! TPOT *distribution* counts a completed one-token output as 0 s (see [`Recorder::finished`]).
 
-use crate::histogram::secs_to_ns;
 use crate::results::{RunMetrics, WorkerTotals};
+use routelab_policies::streams::{nanos_to_secs, secs_to_nanos};
 use routelab_policies::{AdminError, RouteError, Time};
 use std::fmt;
 
@@ -154,10 +154,6 @@ pub struct Outcome {
     pub affinity_kept: bool,
 }
 
-fn secs(ns: u64) -> f64 {
-    ns as f64 / 1e9
-}
-
 impl Outcome {
     /// Time to first token, ns.
     pub fn ttft_ns(&self) -> Option<u64> {
@@ -166,12 +162,12 @@ impl Outcome {
 
     /// Time to first token, s.
     pub fn ttft_s(&self) -> Option<f64> {
-        self.ttft_ns().map(secs)
+        self.ttft_ns().map(nanos_to_secs)
     }
 
     /// End-to-end latency of a completed request, s.
     pub fn e2e_s(&self) -> Option<f64> {
-        (self.status == Status::Ok).then(|| secs(self.end.nanos_since(self.arrival)))
+        (self.status == Status::Ok).then(|| nanos_to_secs(self.end.nanos_since(self.arrival)))
     }
 
     /// Time per output token after the first, s: only a completed request with a first token
@@ -179,7 +175,7 @@ impl Outcome {
     pub fn tpot_s(&self) -> Option<f64> {
         match self.first_token {
             Some(f) if self.status == Status::Ok && self.output_tokens > 1 => {
-                Some(secs(self.end.nanos_since(f)) / f64::from(self.output_tokens - 1))
+                Some(nanos_to_secs(self.end.nanos_since(f)) / f64::from(self.output_tokens - 1))
             }
             _ => None,
         }
@@ -192,7 +188,7 @@ impl Outcome {
 
     /// Time queued at the gateway, s.
     pub fn queue_s(&self) -> Option<f64> {
-        self.queue_ns().map(secs)
+        self.queue_ns().map(nanos_to_secs)
     }
 }
 
@@ -348,7 +344,7 @@ impl Recorder {
         match o.status {
             Status::Ok => {
                 let (ttft_ns, e2e_ns) = completed_latencies_ns(o);
-                let (ttft, e2e) = (secs(ttft_ns), secs(e2e_ns));
+                let (ttft, e2e) = (nanos_to_secs(ttft_ns), nanos_to_secs(e2e_ns));
                 let tpot = o.tpot_s();
                 let m = &mut self.m;
                 m.completed += 1;
@@ -362,7 +358,7 @@ impl Recorder {
                 // nanoseconds, converted once.
                 match tpot {
                     Some(t) => {
-                        let ns = secs_to_ns(t);
+                        let ns = secs_to_nanos(t);
                         m.tpot.record(ns);
                         m.itl.record_n(ns, u64::from(o.output_tokens - 1));
                     }
@@ -409,7 +405,7 @@ impl Recorder {
     pub fn row(&self, o: &Outcome) -> RequestRecord {
         RequestRecord {
             id: o.id,
-            arrival_s: secs(o.arrival.as_nanos()),
+            arrival_s: nanos_to_secs(o.arrival.as_nanos()),
             worker: o
                 .worker
                 .map(|w| self.m.workers[w].name.clone())

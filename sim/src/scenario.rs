@@ -18,7 +18,6 @@
 //! policies: [seed-v1, seed-v3, { preset: seed-v3, chooser: { kind: sed, ties: higher-weight } }]
 //! ```
 
-use crate::derive_seed;
 use crate::engine::{
     Action, Gateways, LifecycleEvent, MAX_REPLICAS, Share, SimSetup, Slo, Split, WorkerSetup,
 };
@@ -32,16 +31,15 @@ use crate::traffic::{
 };
 use crate::worker::{EngineMode, EngineOverrides};
 use routelab_policies::located::{InputError, parse_yaml, rule};
+use routelab_policies::streams::{
+    NANOS_PER_SEC, RESAMPLE_STREAM, TRAFFIC_STREAM, derive_seed, nanos_to_secs, secs_to_nanos,
+};
 use routelab_policies::{PolicyConfig, PolicyEntry, WorkerSpec};
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-/// The random streams of trace resamples: source `i` draws from `RESAMPLE_STREAM + i`, apart
-/// from the generators' `100 + i`, the engines' `1000 + i` and the replicas' streams.
-pub const RESAMPLE_STREAM: u64 = 1 << 36;
 
 /// No traffic at all: the warm-up run's source.
 struct NoTraffic;
@@ -506,7 +504,7 @@ impl Scenario {
     pub fn traffic_source(&self, seed: u64) -> Result<Box<dyn TrafficSource>, TrafficError> {
         let mut sources: Vec<Box<dyn TrafficSource>> = Vec::with_capacity(self.traffic.len());
         for (i, t) in self.traffic.iter().enumerate() {
-            let s = derive_seed(seed, 100 + i as u64);
+            let s = derive_seed(seed, TRAFFIC_STREAM + i as u64);
             sources.push(match t.clone() {
                 TrafficSpec::Burst(c) => Box::new(Burst::new(c, s)?),
                 TrafficSpec::Poisson(c) => Box::new(Poisson::new(c, s)?),
@@ -895,7 +893,7 @@ fn source_load(t: &TrafficSpec) -> Option<crate::footprint::SourceLoad> {
     Some(match t {
         TrafficSpec::Burst(c) => SourceLoad {
             requests: f64::from(c.size) * f64::from(c.repeats.max(1)),
-            span_s: c.period as f64 / NS * f64::from(c.repeats.saturating_sub(1)),
+            span_s: nanos_to_secs(c.period) * f64::from(c.repeats.saturating_sub(1)),
             output_mean: c.output.mean(),
         },
         TrafficSpec::Poisson(c) => SourceLoad::rated(c.rate_per_s, &c.until, c.output.mean()),
@@ -905,7 +903,7 @@ fn source_load(t: &TrafficSpec) -> Option<crate::footprint::SourceLoad> {
             c.output.mean(),
         ),
         TrafficSpec::OnOff(c) => {
-            let cycle_s = (c.window as f64 + c.gap.mean_ns()) / NS;
+            let cycle_s = (c.window as f64 + c.gap.mean_ns()) / NANOS_PER_SEC;
             let rate = if cycle_s > 0.0 {
                 c.burst_size.mean() / cycle_s
             } else {
@@ -927,8 +925,6 @@ struct Validator<'p> {
     path: &'p Path,
     profiles: HashMap<String, Arc<HardwareProfile>>,
 }
-
-const NS: f64 = 1e9;
 
 impl Validator<'_> {
     fn invalid(
@@ -952,9 +948,9 @@ impl Validator<'_> {
         default: f64,
     ) -> Result<u64, ScenarioError> {
         let v = v.unwrap_or(default);
-        // The rule bounds the value; the conversion stays the simulator's own rounding.
+        // The rule bounds the value; the conversion is the one rounding to nanoseconds.
         rule::seconds(v)
-            .map(|_| (v * NS).round() as u64)
+            .map(|_| secs_to_nanos(v))
             .map_err(|e| self.invalid(Some(loc), field, e.to_string()))
     }
 

@@ -28,7 +28,7 @@ pub use closed_loop::{ClosedLoop, ClosedLoopConfig};
 pub use conversations::{Conversations, ConversationsConfig};
 pub use dist::{DurationDist, LengthDist, SourceRng, Until};
 pub use error::TrafficError;
-pub use hash::{BLOCK_TOKENS, CHAIN_ROOT, blocks_for_tokens, chain_block_hash, splitmix64};
+pub use hash::{BLOCK_TOKENS, CHAIN_ROOT, blocks_for_tokens, chain_block_hash};
 pub use mapping::{
     ArrivalUnit, EPOCH_DOUBT_BEFORE_S, FieldPath, OFFSET_MS_DOUBT_RATE, OFFSET_MS_DOUBT_SPAN_S,
     OFFSET_S_DOUBT_RATE, OFFSET_S_DOUBT_SPAN_S, READY_MADE_MAPPINGS, SHRINKING_FOLLOW_UPS,

@@ -85,6 +85,7 @@ use rand_distr::{Distribution, LogNormal};
 
 use crate::hardware::{HardwareProfile, mixed_step_s};
 use routelab_policies::KvEvent;
+use routelab_policies::streams::{NANOS_PER_SEC, nanos_to_secs, secs_to_nanos_ceil};
 
 mod cache;
 use cache::PrefixCache;
@@ -106,7 +107,6 @@ pub const KV_BLOCK_TOKENS: u32 = 16;
 /// one engine cache block.
 pub use crate::traffic::BLOCK_TOKENS;
 
-const NS_PER_S: f64 = 1e9;
 /// Tolerance (tokens) when comparing fluid positions against finish marks.
 const EPS_TOKENS: f64 = 1e-6;
 /// Tolerance (steps) when asking whether the step clock is on a step boundary, on top of the
@@ -336,7 +336,7 @@ impl Default for Fluid {
 /// overshoot by a hair.
 #[inline]
 fn tolerance_at(rate_v: f64) -> f64 {
-    EPS_STEPS + rate_v * 2.0 / NS_PER_S
+    EPS_STEPS + rate_v * 2.0 / NANOS_PER_SEC
 }
 
 /// Whether the step clock at `v`, running at `rate_v` with boundary tolerance `tol`, is
@@ -770,7 +770,7 @@ impl EngineModel {
             .slots
             .iter()
             .find(|s| s.seq == seq && s.phase == Phase::Decode)?;
-        let dt = now.saturating_sub(self.t0) as f64 / NS_PER_S;
+        let dt = nanos_to_secs(now.saturating_sub(self.t0));
         let v = self.advance(self.fl, dt).v;
         let done = (v - s.decode_start) / s.noise;
         Some(done.clamp(0.0, f64::from(s.output - 1)))
@@ -808,7 +808,7 @@ impl EngineModel {
     /// output); a router reading this figure sees what it would see from a real engine, not the
     /// model's reservation. O(running sequences); for polls.
     pub fn kv_allocated_tokens(&self, now: u64) -> u64 {
-        let dt = now.saturating_sub(self.t0) as f64 / NS_PER_S;
+        let dt = nanos_to_secs(now.saturating_sub(self.t0));
         let fl = self.advance(self.fl, dt);
         let block = u64::from(KV_BLOCK_TOKENS);
         self.slots
@@ -1093,7 +1093,7 @@ impl EngineModel {
         }
         let dt_ns = t - self.t0;
         let q_before = self.fl.q;
-        let dt = dt_ns as f64 / NS_PER_S;
+        let dt = nanos_to_secs(dt_ns);
         // kept for this move only: the clocks are about to change
         let crossing = self.crossing.take();
         if self.fl.v + self.fl.rate_v * dt < self.fl.break_v {
@@ -1559,7 +1559,7 @@ impl EngineModel {
     /// `crossing`.
     fn compute_next(&mut self) -> Option<u64> {
         let t = self.t0;
-        let at = |dt_s: f64| -> u64 { t.saturating_add(ceil_ns(dt_s.max(0.0) * NS_PER_S)) };
+        let at = |dt_s: f64| -> u64 { t.saturating_add(secs_to_nanos_ceil(dt_s)) };
         let mut best: Option<u64> = None;
         let mut consider = |x: u64| best = Some(best.map_or(x, |b: u64| b.min(x)));
         let busy = self.running > 0;
@@ -1619,29 +1619,6 @@ fn floor_nn(x: f64) -> f64 {
     // the signed conversion is one instruction; the unsigned one is not
     (x as i64).max(0) as f64
 }
-
-/// `x.ceil()` as whole nanoseconds for `x >= 0` (saturating at `u64::MAX`), without libm's
-/// call. Below 2^63 the signed conversions do it (one instruction each way, where the unsigned
-/// ones are a dozen on the baseline x86-64 target); from there `x` is whole and the unsigned
-/// `as` saturates.
-#[inline]
-fn ceil_ns(x: f64) -> u64 {
-    if x < I64_LIMIT {
-        let whole = x as i64;
-        (if (whole as f64) < x { whole + 1 } else { whole }) as u64
-    } else {
-        // `as` truncates and saturates, a whole x stays
-        let whole = x as u64;
-        if (whole as f64) < x {
-            whole.saturating_add(1)
-        } else {
-            whole
-        }
-    }
-}
-
-/// 2^63, the first `f64` a signed 64-bit conversion saturates at.
-const I64_LIMIT: f64 = 9_223_372_036_854_775_808.0;
 
 /// `x.ceil()` for `x` in `[0, 2^53)` (below 0: 0), without the libm call.
 #[inline]

@@ -16,20 +16,15 @@
 //! counted ([`Translator::unplaced`]).
 
 use super::wire::{BlockHash, Event};
+use routelab_policies::streams::{FNV1A_OFFSET, fnv1a_extend};
 use routelab_policies::{KvEvent, PREFIX_BLOCK_TOKENS};
 use std::collections::HashMap;
 
-/// FNV-1a, the gateway's prefix chain hash (as [`crate::prompt::prefix_hashes`] hashes bytes).
-pub(crate) const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-const FNV_PRIME: u64 = 0x100_0000_01b3;
-
-/// Extend a chain hash by one token id (its little-endian bytes).
+/// Extend a chain hash by one token id (its little-endian bytes): FNV-1a, the gateway's prefix
+/// chain hash, as [`crate::prompt::prefix_hashes`] hashes bytes.
 #[inline]
-pub(crate) fn hash_token(mut h: u64, id: u32) -> u64 {
-    for b in id.to_le_bytes() {
-        h = (h ^ u64::from(b)).wrapping_mul(FNV_PRIME);
-    }
-    h
+pub(crate) fn hash_token(h: u64, id: u32) -> u64 {
+    fnv1a_extend(h, &id.to_le_bytes())
 }
 
 /// Most engine blocks placed per worker; past it the worker's mirror starts again (an engine
@@ -121,7 +116,7 @@ impl Translator {
             return;
         }
         let (mut end, mut state, mut last_key) = match parent {
-            None => (0u64, FNV_OFFSET, None),
+            None => (0u64, FNV1A_OFFSET, None),
             Some(p) => match self.placed.get(&p) {
                 Some(p) => (p.end, p.state, p.last_key),
                 None => {

@@ -38,11 +38,7 @@ pub struct BlockHash(pub u64);
 impl BlockHash {
     /// The key of a byte-string hash.
     pub fn of_bytes(b: &[u8]) -> BlockHash {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for &x in b {
-            h = (h ^ u64::from(x)).wrapping_mul(0x100_0000_01b3);
-        }
-        BlockHash(h)
+        BlockHash(routelab_policies::streams::fnv1a(b))
     }
 }
 

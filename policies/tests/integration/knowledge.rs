@@ -6,6 +6,7 @@
 use proptest::prelude::*;
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
+use routelab_policies::streams::{FNV1A_OFFSET, fnv1a_extend};
 use routelab_policies::{
     Affinity, Completion, Decision, KvEvent, PolicyConfig, PolicyEntry, PrefixIndex,
     PrefixKnowledge, RawPolicy, RouteRequest, Router, Time, WorkerId, WorkerSpec,
@@ -39,12 +40,8 @@ fn decisions_fingerprint(mut router: Router, seed: u64) -> u64 {
     let model = router.model_id("m").unwrap();
     let mut turns = vec![0u64; 200];
     let mut in_flight: Vec<Decision> = Vec::new();
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mix = |h: &mut u64, x: u64| {
-        for b in x.to_le_bytes() {
-            *h = (*h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
-        }
-    };
+    let mut h: u64 = FNV1A_OFFSET;
+    let mix = |h: &mut u64, x: u64| *h = fnv1a_extend(*h, &x.to_le_bytes());
     for i in 0..20_000usize {
         let conv = rng.random_range(0..200usize);
         turns[conv] += 1;

@@ -4,14 +4,12 @@
 //! FNV-1a is not a cryptographic hash; it guards against mistakes (a changed scenario, another
 //! option), not against an adversary, which is all a merge needs.
 
+use routelab_policies::streams::{FNV1A_OFFSET, fnv1a_extend};
 use routelab_sim::{HardwareProfile, Scenario, TrafficSpec};
 use std::collections::{BTreeSet, HashSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-const PRIME: u64 = 0x0000_0100_0000_01b3;
 
 /// A file an input hash could not read.
 #[derive(Debug, thiserror::Error)]
@@ -38,7 +36,7 @@ pub struct InputsHash {
 impl Default for InputsHash {
     fn default() -> Self {
         InputsHash {
-            state: OFFSET,
+            state: FNV1A_OFFSET,
             files: HashSet::new(),
             profiles: HashSet::new(),
         }
@@ -52,10 +50,7 @@ impl InputsHash {
     }
 
     fn raw(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.state ^= u64::from(*b);
-            self.state = self.state.wrapping_mul(PRIME);
-        }
+        self.state = fnv1a_extend(self.state, bytes);
     }
 
     fn end_item(&mut self, tag: &str, len: u64) {

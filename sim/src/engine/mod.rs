@@ -37,7 +37,6 @@ pub use setup::{Action, LifecycleEvent, NO_TIME_LIMIT_NS, SimError, SimSetup, Wo
 pub use crate::record::{RequestRecord, RequestSink, Slo};
 pub use crate::results::{ReplicaTotals, RunMetrics, TimelineRow, WorkerTotals};
 
-use crate::derive_seed;
 use crate::record::Recorder;
 use crate::traffic::TrafficSource;
 use crate::worker::{Engine, EngineOutput};
@@ -45,13 +44,11 @@ use probes::ProbeRun;
 use queue::EventQueue;
 use replicas::{Balancer, Replica};
 use requests::Req;
+use routelab_policies::streams::{ENGINE_STREAM, derive_seed};
 use routelab_policies::{
     EngineReport, PolicyConfig, ProbeOrder, Provenance, Router, Time, WorkerId,
 };
 use weight_error::WeightErrorTracker;
-
-/// The RNG stream of the (first) gateway's router.
-const ROUTER_STREAM: u64 = 1;
 
 /// Run one policy over one traffic source on one fleet.
 ///
@@ -196,7 +193,7 @@ impl<'a> Sim<'a> {
                     w.engine,
                     w.profile.clone(),
                     w.overrides.clone(),
-                    derive_seed(setup.seed, 1000 + i as u64),
+                    derive_seed(setup.seed, ENGINE_STREAM + i as u64),
                 );
                 WorkerRt {
                     engine,

@@ -21,18 +21,12 @@
 //!   others' in-flight counts per worker ([`Router::set_remote_in_flight`]).
 
 use super::Sim;
-use crate::derive_seed;
-use crate::seed::splitmix64;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
+use routelab_policies::streams::{
+    REPLICA_STREAM, ROUTER_STREAM, SPLIT_STREAM, derive_seed, splitmix64,
+};
 use routelab_policies::{Router, WorkerId};
-
-/// The first RNG stream of replicas 1.. (replica `r` draws from `REPLICA_STREAM + r`); far
-/// from the streams of the router (1), the traffic (100 + source) and the engines (1000 +
-/// worker), whatever the fleet's size.
-pub const REPLICA_STREAM: u64 = 1 << 40;
-/// The RNG stream of the `random` split.
-pub const SPLIT_STREAM: u64 = (1 << 40) - 1;
 
 /// The most replicas a scenario may declare.
 pub const MAX_REPLICAS: u32 = 64;
@@ -151,7 +145,7 @@ impl Replica {
     /// stream.
     pub(super) fn new(router: Router, seed: u64, r: u32) -> Replica {
         let stream = if r == 0 {
-            super::ROUTER_STREAM
+            ROUTER_STREAM
         } else {
             REPLICA_STREAM + u64::from(r)
         };

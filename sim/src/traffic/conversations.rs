@@ -5,9 +5,10 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::dist::{DurationDist, LengthDist, SourceRng, check_rate, rng_from_seed};
-use super::hash::{BLOCK_TOKENS, block_content_key, grow_prefix_blocks, splitmix64};
+use super::hash::{BLOCK_TOKENS, block_content_key, grow_prefix_blocks};
 use super::open_loop::PoissonClock;
 use super::{Arrival, TrafficError, TrafficSource};
+use routelab_policies::streams::{CONVERSATION_SALT, splitmix64};
 
 /// `conversations` conversations start as a Poisson process of rate `rate_per_s`. Each has
 /// `turns` turns. Turn 1's prompt is the optional shared system prompt plus `user_tokens`;
@@ -107,7 +108,7 @@ impl Conversations {
         }
         Ok(Self {
             clock: PoissonClock::new(cfg.start, cfg.rate_per_s),
-            salt: splitmix64(seed ^ 0x5EED_C0A7_0000_0001),
+            salt: splitmix64(seed ^ CONVERSATION_SALT),
             system_key: splitmix64(cfg.system_prompt_id ^ 0x5157_E4D0_0000_0002),
             rng: rng_from_seed(seed),
             cfg,

@@ -4,7 +4,7 @@
 /// router's own figure, so its believed-cached tokens and the simulator's blocks agree.
 pub const BLOCK_TOKENS: u32 = routelab_policies::PREFIX_BLOCK_TOKENS;
 
-pub use crate::seed::splitmix64;
+use routelab_policies::streams::splitmix64;
 
 /// One link of a prefix hash chain: the hash of block `i` given the hash of block `i - 1`
 /// (`prev`, [`CHAIN_ROOT`] for block 0) and a key identifying block `i`'s own content.

@@ -15,9 +15,9 @@ use serde_json::Value;
 use super::TrafficError;
 use super::hash::{
     block_content_key, blocks_for_tokens, chain_in_place, grow_prefix_blocks, key_of_bytes,
-    splitmix64,
 };
 use super::trace::{check_count, parse_count, parse_datetime};
+use routelab_policies::streams::splitmix64;
 
 /// How the rows of a mapped trace are laid out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

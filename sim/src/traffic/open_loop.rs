@@ -5,8 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::dist::{DurationDist, LengthDist, SourceRng, Until, check_rate, exp1, rng_from_seed};
 use super::{Arrival, TrafficError, TrafficSource};
-
-const NS_PER_S: f64 = 1e9;
+use routelab_policies::streams::{NANOS_PER_SEC, truncate_nanos};
 
 /// The next arrival of a generator at `at`: prompt drawn before output (the order every
 /// generator's stream depends on), tagged with the generator's running sequence number.
@@ -35,21 +34,17 @@ impl PoissonClock {
     pub(crate) fn new(start: u64, rate_per_s: f64) -> Self {
         Self {
             t_ns: start as f64,
-            mean_gap_ns: NS_PER_S / rate_per_s,
+            mean_gap_ns: NANOS_PER_SEC / rate_per_s,
         }
     }
 
     #[inline]
     pub(crate) fn advance(&mut self, rng: &mut SourceRng) -> u64 {
         self.t_ns += exp1(rng) * self.mean_gap_ns;
-        f64_to_ns(self.t_ns)
+        // Truncated, as it always was; saturates at u64::MAX, which every `Until` treats as
+        // "past the end".
+        truncate_nanos(self.t_ns)
     }
-}
-
-#[inline]
-pub(crate) fn f64_to_ns(t: f64) -> u64 {
-    // `as` saturates at u64::MAX, which every `Until` treats as "past the end".
-    t as u64
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -457,7 +452,7 @@ impl TrafficSource for OnOff {
         let window = self.cfg.window as f64;
         self.pos += (window - self.pos) * (1.0 - u.powf(1.0 / f64::from(self.remaining)));
         self.remaining -= 1;
-        let at = self.burst_start.saturating_add(f64_to_ns(self.pos));
+        let at = self.burst_start.saturating_add(truncate_nanos(self.pos));
         if at >= self.end {
             self.seq = u64::MAX;
             return Ok(None);

@@ -52,10 +52,10 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use rand::RngExt;
+use routelab_policies::streams::{secs_to_nanos, splitmix64};
 use serde::{Deserialize, Serialize};
 
 use super::dist::rng_from_seed;
-use super::hash::splitmix64;
 use super::trace::{ReplayOptions, TraceFormat, TraceReplay};
 use super::{Arrival, Skipped, TrafficError, TrafficSource};
 
@@ -235,7 +235,7 @@ impl LoadedTrace {
             Some(b) => b.clamp(1, c),
             None => {
                 let bins = work_per_second(&self.rows, c);
-                let chosen = politis_white_block(&bins).map_or(0, |b| (b * 1e9).round() as u64);
+                let chosen = politis_white_block(&bins).map_or(0, secs_to_nanos);
                 chosen.max(MIN_BLOCK_NS).min(most)
             }
         })

@@ -8,7 +8,7 @@ use rand_distr::{Distribution, LogNormal};
 
 use super::EngineOverrides;
 use crate::hardware::ColdStart;
-use crate::seed::splitmix64;
+use routelab_policies::streams::{ENGINE_EPOCH_SALT, secs_to_nanos_truncating, splitmix64};
 
 /// A lognormal multiplier with mean 1 and coefficient of variation `cv`; `None` for `cv = 0`
 /// (no noise, and no draw from the engine's stream).
@@ -25,8 +25,9 @@ pub(crate) fn epoch_factor(seed: u64, idx: u64, noise: Option<&LogNormal<f64>>) 
     match noise {
         None => 1.0,
         Some(d) => {
-            let mut rng =
-                Xoshiro256PlusPlus::seed_from_u64(splitmix64(seed ^ splitmix64(idx ^ 0xE90C)));
+            let mut rng = Xoshiro256PlusPlus::seed_from_u64(splitmix64(
+                seed ^ splitmix64(idx ^ ENGINE_EPOCH_SALT),
+            ));
             d.sample(&mut rng)
         }
     }
@@ -58,7 +59,7 @@ impl Speed {
             warmup_tokens: cold.warmup_tokens,
             warm: !overrides.start_cold || cold.warmup_tokens <= 0.0,
             epoch_noise: lognormal(overrides.epoch_noise_cv),
-            epoch_ns: ((overrides.epoch_s * 1e9) as u64).max(1),
+            epoch_ns: secs_to_nanos_truncating(overrides.epoch_s).max(1),
             epoch_idx: u64::MAX,
             epoch_factor: 1.0,
             seed,

@@ -54,12 +54,13 @@ use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand_distr::{Distribution, LogNormal};
 use routelab_policies::KvEvent;
+use routelab_policies::streams::secs_to_nanos_ceil;
 
 use super::cache::PrefixCache;
 use super::speed::{Speed, lognormal};
 use super::{
     AdmitInfo, BLOCK_TOKENS, Completion, EPS_TOKENS, EngineOutput, EngineOverrides,
-    KV_BLOCK_TOKENS, NS_PER_S, cached_tokens,
+    KV_BLOCK_TOKENS, cached_tokens,
 };
 use crate::hardware::HardwareProfile;
 
@@ -835,7 +836,7 @@ impl StepEngine {
             .profile
             .mixed_step_time_s(f64::from(decodes), prefill as f64)
             / speed;
-        let ns = ((step_s * NS_PER_S).ceil() as u64).max(1);
+        let ns = secs_to_nanos_ceil(step_s).max(1);
         self.step_start = t;
         self.step_end = Some(t.saturating_add(ns));
         self.step_s = step_s;
@@ -1002,7 +1003,7 @@ mod tests {
     }
 
     fn ns(s: f64) -> u64 {
-        (s * NS_PER_S).ceil() as u64
+        secs_to_nanos_ceil(s)
     }
 
     #[test]
@@ -1149,7 +1150,9 @@ mod tests {
         );
         // seq 2 also ran alone at the end: it could not have finished when seq 1 did
         let alone = 60.0 * p.step_time_s(1.0);
-        assert!(c2.at as f64 >= c1.at as f64 + alone * NS_PER_S * 0.5);
+        assert!(
+            c2.at as f64 >= c1.at as f64 + alone * routelab_policies::streams::NANOS_PER_SEC * 0.5
+        );
         assert_eq!(e.kv_used_tokens(), 0);
         assert_eq!(e.in_flight(), 0);
     }

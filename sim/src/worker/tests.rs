@@ -1082,40 +1082,6 @@ fn an_event_mid_step_does_not_emit_a_first_token_early() {
     assert!(a > S, "{a}");
 }
 
-/// The libm-free ceiling `compute_next` used before `ceil_ns`: the reference it must equal.
-fn ceil_ns_reference(x: f64) -> u64 {
-    let whole = x as u64;
-    if (whole as f64) < x {
-        whole.saturating_add(1)
-    } else {
-        whole
-    }
-}
-
-#[test]
-fn ceil_ns_equals_the_unsigned_ceiling_at_the_edges() {
-    let below_limit = f64::from_bits(I64_LIMIT.to_bits() - 1);
-    for x in [
-        0.0,
-        0.25,
-        1.0,
-        1.5,
-        1e9,
-        4_503_599_627_370_495.5,
-        9_007_199_254_740_993.0,
-        below_limit,
-        I64_LIMIT,
-        1.5e19,
-        1.8446744073709552e19,
-        1e30,
-        f64::INFINITY,
-    ] {
-        assert_eq!(ceil_ns(x), ceil_ns_reference(x), "{x}");
-    }
-    assert_eq!(ceil_ns(0.5), 1);
-    assert_eq!(ceil_ns(f64::INFINITY), u64::MAX);
-}
-
 #[test]
 fn the_kept_tolerance_follows_the_rates() {
     let p = profile();
@@ -1132,19 +1098,6 @@ fn the_kept_tolerance_follows_the_rates() {
     }
     assert_eq!(out.len(), 4, "two first tokens and two completions");
     assert_eq!(e.fl.tol, tolerance_at(0.0));
-}
-
-proptest! {
-    #[test]
-    fn ceil_ns_equals_the_unsigned_ceiling(bits in 0u64..0x7FF0_0000_0000_0000) {
-        let x = f64::from_bits(bits);
-        prop_assert_eq!(ceil_ns(x), ceil_ns_reference(x));
-    }
-
-    #[test]
-    fn ceil_ns_equals_the_unsigned_ceiling_on_event_scales(x in 0.0f64..1e15) {
-        prop_assert_eq!(ceil_ns(x), ceil_ns_reference(x));
-    }
 }
 
 #[test]

@@ -175,7 +175,7 @@ fn chat_log(dir: &Path) -> PathBuf {
     let mut text = String::new();
     let mut s = 7u64;
     let mut next = |m: u64| {
-        s = routelab_sim::traffic::splitmix64(s);
+        s = routelab_policies::streams::splitmix64(s);
         s % m
     };
     for session in 0..600 {
