@@ -201,10 +201,35 @@ async fn one(
         .map_err(|_| ProbeError::TimedOut)?
 }
 
+/// Start the burst's requests into `set`: one shared body, or for a prefill-bound burst one
+/// prompt each that no other shares.
+fn spawn_requests(
+    s: &Arc<Shared>,
+    job: &Job,
+    uri: &Uri,
+    streamed: &Arc<AtomicU64>,
+    set: &mut JoinSet<Result<Delivered, ProbeError>>,
+) {
+    let o = job.order;
+    let shared = (o.phase != ProbePhase::Prefill)
+        .then(|| probe_body(&job.model, o.prompt_tokens, o.output_tokens, None));
+    for i in 0..o.concurrency.max(1) {
+        let body = match &shared {
+            Some(b) => b.clone(),
+            None => probe_body(
+                &job.model,
+                o.prompt_tokens,
+                o.output_tokens,
+                Some((o.id, i)),
+            ),
+        };
+        set.spawn(one(s.clone(), uri.clone(), body, streamed.clone()));
+    }
+}
+
 async fn burst(s: Arc<Shared>, job: Job) {
     let o = job.order;
     let prefill = o.phase == ProbePhase::Prefill;
-    let shared_body = probe_body(&job.model, o.prompt_tokens, o.output_tokens, None);
     let start = Instant::now();
     let streamed = Arc::new(AtomicU64::new(0));
     let mut set = JoinSet::new();
@@ -213,21 +238,7 @@ async fn burst(s: Arc<Shared>, job: Job) {
     let mut prompt_tokens = 0u64;
     let mut error = None;
     match &job.uri {
-        Ok(uri) => {
-            for i in 0..o.concurrency.max(1) {
-                let body = if prefill {
-                    probe_body(
-                        &job.model,
-                        o.prompt_tokens,
-                        o.output_tokens,
-                        Some((o.id, i)),
-                    )
-                } else {
-                    shared_body.clone()
-                };
-                set.spawn(one(s.clone(), uri.clone(), body, streamed.clone()));
-            }
-        }
+        Ok(uri) => spawn_requests(&s, &job, uri, &streamed, &mut set),
         // Not expected (base URLs are checked when they are read): the burst fails, and the
         // router hears so, rather than waiting for a result that never comes.
         Err(e) => error = Some(ProbeError::Request(e.to_string())),
@@ -301,12 +312,11 @@ async fn burst(s: Arc<Shared>, job: Job) {
         }
         core.pump(now);
     }
-    let phase = o.phase.name();
     crate::log(
         "probe",
         &[
             ("worker", &job.name),
-            ("phase", phase),
+            ("phase", o.phase.name()),
             ("ok", &result.ok.to_string()),
             ("tok_s", &format!("{tp:.1}")),
             ("wall_ms", &wall.as_millis().to_string()),
