@@ -3,18 +3,20 @@
 
 use anyhow::Context;
 use rayon::prelude::*;
+use routelab_lab::capacity::{SearchOptions, find_capacity};
+use routelab_lab::partial::{InputsHash, default_partial_path};
+use routelab_lab::shard::Shard;
+use routelab_lab::sharded::{self, ShardRun};
 use routelab_policies::{InputError, PolicyConfig};
-use routelab_reports::capacity::{SearchOptions, SeedCapacity, SloSpec, find_capacity};
-use routelab_reports::partial::{
-    InputsHash, MergeSet, Partial, Record, Results, VERSION, default_partial_path,
-};
-use routelab_reports::shard::Shard;
+use routelab_reports::capacity::{SeedCapacity, SloSpec};
 use routelab_sim::traffic::Resample;
 use routelab_sim::{RequestRecord, RequestSink, RunMetrics, Scenario, run};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
+
+pub use routelab_lab::sharded::{Found, RecordKey, Sharded, Timing};
 
 /// One simulation to run.
 #[derive(Debug, Clone, Copy)]
@@ -216,26 +218,6 @@ pub fn with_held_out_parts(
     Ok(first.into_iter().chain(held).collect())
 }
 
-/// How long the runs took and on how many threads (the console's last line and `perf.json`;
-/// for a merge, the shards' figures summed).
-#[derive(Debug, Clone, Copy)]
-pub struct Timing {
-    /// Wall seconds.
-    pub wall_s: f64,
-    /// Worker threads.
-    pub threads: usize,
-}
-
-impl Timing {
-    /// This process since `started`, on rayon's threads.
-    pub fn since(started: Instant) -> Timing {
-        Timing {
-            wall_s: started.elapsed().as_secs_f64(),
-            threads: rayon::current_num_threads(),
-        }
-    }
-}
-
 /// The command line's arguments after the subcommand, without `--shard` and `--partial` (what
 /// a partial records, so `merge` can take the same options).
 fn recorded_args() -> anyhow::Result<Vec<String>> {
@@ -279,61 +261,10 @@ pub fn read_scenario(path: &Path, hash: &mut InputsHash) -> anyhow::Result<Scena
     Ok(Scenario::from_yaml(&text, path)?)
 }
 
-/// A command's plan, worked out from its arguments and inputs before anything runs: its job
-/// list cut into units (numbered the same whatever the shard count), how to run some of them,
-/// and how to build every output from the records of all of them. [`run_sharded`] and [`merge_shards`] drive
-/// it, so a whole run, a shard and a merge take one path.
-pub trait Sharded {
-    /// What one run (or search) leaves for the outputs.
-    type Record: Record + Send;
-    /// The command's name.
-    const COMMAND: &'static str;
-    /// Units in the whole job list.
-    fn units(&self) -> usize;
-    /// The unit the record `key` belongs to; `None` when the job list has no such record.
-    fn unit_of(&self, key: &RecordKey<Self>) -> Option<usize>;
-    /// The record `key` in words (for the error when it is missing).
-    fn describe(&self, key: &RecordKey<Self>) -> String;
-    /// [`InputsHash`] of the inputs (as parsed, where the plan read them) and the canonical
-    /// options.
-    fn inputs_hash(&self) -> anyhow::Result<u64>;
-    /// Run these units (ascending); their records, in any order.
-    fn run_units(&self, units: &[usize]) -> anyhow::Result<Vec<Self::Record>>;
-    /// Build the outputs from the records, [`Found::take`]n as needed, and write them.
-    fn finish(
-        &self,
-        found: Found<'_, Self>,
-        timing: Timing,
-        out: &mut dyn Write,
-        note: &mut dyn Write,
-    ) -> anyhow::Result<ExitCode>;
-}
-
-/// The key of a command's records.
-pub type RecordKey<C> = <<C as Sharded>::Record as Record>::Key;
-
-/// The records a command's outputs are built from, looked up by key: one place says which
-/// shard and file should have held a missing one.
-pub struct Found<'a, C: Sharded + ?Sized> {
-    plan: &'a C,
-    results: Results<C::Record>,
-}
-
-impl<C: Sharded + ?Sized> Found<'_, C> {
-    /// The record `key`.
-    pub fn take(&mut self, key: &RecordKey<C>) -> anyhow::Result<C::Record> {
-        let unit = self
-            .plan
-            .unit_of(key)
-            .with_context(|| format!("{key:?} is not a run of `{}`", C::COMMAND))?;
-        Ok(self.results.take(key, unit, || self.plan.describe(key))?)
-    }
-}
-
-/// Run a command: the whole job list, or with `--shard` the units the shard owns into a
-/// partial result (its arguments and inputs hash taken before anything runs, so an edit during
-/// the runs cannot be recorded with results of the old inputs).
-pub fn run_sharded<C: Sharded>(
+/// Run a command through the lab's one path ([`sharded::run`]): the whole job list, or with
+/// `--shard` the units the shard owns into a partial result (its arguments recorded after the
+/// plan is made, before anything runs).
+pub fn run_sharded<C: Sharded<Error = anyhow::Error>>(
     sharding: &ShardArgs,
     plan: impl FnOnce() -> anyhow::Result<C>,
     out: &mut dyn Write,
@@ -341,73 +272,18 @@ pub fn run_sharded<C: Sharded>(
 ) -> anyhow::Result<ExitCode> {
     let shard = sharding.shard()?;
     let plan = plan()?;
-    let Some(shard) = shard else {
-        let started = Instant::now();
-        let all: Vec<usize> = (0..plan.units()).collect();
-        let records = plan.run_units(&all)?;
-        let found = Found {
-            plan: &plan,
-            results: Results::whole(records),
-        };
-        return plan.finish(found, Timing::since(started), out, note);
+    let shard = match shard {
+        Some(shard) => Some(ShardRun {
+            shard,
+            file: sharding
+                .partial
+                .clone()
+                .unwrap_or_else(|| default_partial_path(shard)),
+            args: recorded_args()?,
+        }),
+        None => None,
     };
-    let args = recorded_args()?;
-    let inputs_hash = plan.inputs_hash()?;
-    let units = plan.units();
-    let owned: Vec<usize> = (0..units).filter(|&u| shard.owns(u)).collect();
-    let started = Instant::now();
-    let records = plan.run_units(&owned)?;
-    let timing = Timing::since(started);
-    let file = sharding
-        .partial
-        .clone()
-        .unwrap_or_else(|| default_partial_path(shard));
-    Partial {
-        version: VERSION.to_string(),
-        command: C::COMMAND.to_string(),
-        args,
-        shard,
-        units,
-        inputs_hash,
-        wall_s: timing.wall_s,
-        threads: timing.threads,
-        records: C::Record::into_records(records),
-    }
-    .write(&file)?;
-    writeln!(
-        out,
-        "partial: {} (shard {shard}: {} of {units} units; `routelab merge` combines the {} \
-         shards)",
-        file.display(),
-        owned.len(),
-        shard.count()
-    )?;
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `routelab merge` of a command's partials (checked to belong together): the inputs read now
-/// must hash as the shards' did, each record must be its shard's and appear once; then the
-/// outputs are built as a whole run builds them.
-pub fn merge_shards<C: Sharded>(
-    plan: &C,
-    set: MergeSet,
-    out: &mut dyn Write,
-    note: &mut dyn Write,
-) -> anyhow::Result<ExitCode> {
-    let now = plan.inputs_hash()?;
-    anyhow::ensure!(
-        set.inputs_hash == now,
-        "the inputs or options changed since the shards ran (the partials' inputs hash is \
-         {:016x}, the files here hash to {now:016x}); merge where the shards' input files are, \
-         or run the shards again",
-        set.inputs_hash
-    );
-    let results = Results::from_shards(set.parts, |key| plan.unit_of(key))?;
-    let timing = Timing {
-        wall_s: set.wall_s,
-        threads: set.threads,
-    };
-    plan.finish(Found { plan, results }, timing, out, note)
+    sharded::run(&plan, shard, out, note)
 }
 
 /// The capacity of `policy` on `scenario` at `seed`: the load-scale search of

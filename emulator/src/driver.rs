@@ -1,4 +1,4 @@
-//! The engine driver: one [`EngineModel`] advanced in real time by one OS thread per emulator.
+//! The engine driver: one [`FluidEngine`] advanced in real time by one OS thread per emulator.
 //!
 //! Why a thread and not a tokio timer: tokio's timer wheel has a 1 ms resolution, and at a
 //! speed-up of 10 a millisecond of lateness is 10 ms of model time on every first token and
@@ -11,8 +11,8 @@
 //!
 //! Model time is `(wall time since the emulator started) × speedup`, in nanoseconds.
 
-use routelab_sim::EngineModel;
 use routelab_sim::worker::EngineOutput;
+use routelab_sim::{FluidEngine, InferenceEngine};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 /// Tokens a decoding sequence of `output` tokens has produced after `decoded` decode steps
-/// ([`EngineModel::decoded_tokens`]): the prefill's step produced the first, decode step `k`
+/// ([`FluidEngine::decoded_tokens`]): the prefill's step produced the first, decode step `k`
 /// produces token `k + 1`. The last one is left to the completion, which delivers it, so this
 /// stays below `output` (and at least 1: a decoding sequence has its first token).
 fn tokens_out(decoded: f64, output: u32) -> u32 {
@@ -127,7 +127,7 @@ pub struct DriverCounters {
 }
 
 struct State {
-    engine: EngineModel,
+    engine: FluidEngine,
     stop: bool,
     next_seq: u64,
     /// Last model time handed to the engine.
@@ -187,7 +187,7 @@ pub struct EngineSnapshot {
 }
 
 impl Driver {
-    pub fn new(engine: EngineModel, clock: ModelClock, half_rtt_ns: u64, tick: Duration) -> Self {
+    pub fn new(engine: FluidEngine, clock: ModelClock, half_rtt_ns: u64, tick: Duration) -> Self {
         Driver {
             clock,
             half_rtt_ns,
@@ -558,7 +558,7 @@ mod tests {
             )
             .unwrap(),
         );
-        let mut engine = EngineModel::new(profile, EngineOverrides::default(), 1);
+        let mut engine = FluidEngine::new(profile, EngineOverrides::default(), 1);
         engine.admit(0, 1, 100, 5, &[]);
         let mut out = Vec::new();
         let first = engine.next_event_time().unwrap();

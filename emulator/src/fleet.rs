@@ -49,7 +49,7 @@ pub async fn start_fleet_with(
     let tokenizer = match &options.tokenizer {
         Some((t, c)) => Some(std::sync::Arc::new(
             routelab_gateway::tokens::ModelTokenizer::load(t, c.as_deref())
-                .map_err(EmulatorError::Invalid)?,
+                .map_err(EmulatorError::Tokenizer)?,
         )),
         None => None,
     };

@@ -6,7 +6,7 @@
 //!
 //! - [`serve`]: an OpenAI-compatible server (`POST /v1/chat/completions`, `POST
 //!   /v1/completions`, `GET /v1/models`, `GET /health`, and `GET /emulator/stats`) driven by one
-//!   [`routelab_sim::EngineModel`] in real time — `speedup` times faster than the wall clock
+//!   [`routelab_sim::FluidEngine`] in real time — `speedup` times faster than the wall clock
 //!   when asked, so a 300 s scenario plays in 30 s. First token at the model's first-token
 //!   time (the end of the prefill), then one token per decode step of the sequence's
 //!   progress, the last one at the model's completion: `N` tokens in all for `N` asked; round trips, cold start, degraded speed and the prefix cache as in the

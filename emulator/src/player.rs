@@ -72,6 +72,31 @@ impl PlayOptions {
             policy: String::new(),
         }
     }
+
+    /// The options' ranges: a speedup that is a finite number > 0, room for a request.
+    fn check(&self) -> Result<(), PlayError> {
+        if !(self.speedup.is_finite() && self.speedup > 0.0) {
+            return Err(PlayError::Invalid(format!(
+                "speedup = {}: must be a finite number > 0",
+                self.speedup
+            )));
+        }
+        if self.max_in_flight == 0 {
+            return Err(PlayError::Invalid("max_in_flight must be > 0".into()));
+        }
+        Ok(())
+    }
+
+    /// Wall time from the origin to the deadline: the one given, else the scenario's time
+    /// limit (scaled by the speedup) plus a request's timeout, else an hour.
+    fn play_time(&self, time_limit_ns: Option<u64>) -> Duration {
+        self.deadline.unwrap_or_else(|| match time_limit_ns {
+            Some(limit) => {
+                Duration::from_secs_f64(limit as f64 / 1e9 / self.speedup) + self.request_timeout
+            }
+            None => Duration::from_secs(3600),
+        })
+    }
 }
 
 /// One request as the player saw it.
@@ -150,15 +175,7 @@ pub async fn play_with(
     gateway: &str,
     opts: &PlayOptions,
 ) -> Result<PlayReport, PlayError> {
-    if !(opts.speedup.is_finite() && opts.speedup > 0.0) {
-        return Err(PlayError::Invalid(format!(
-            "speedup = {}: must be a finite number > 0",
-            opts.speedup
-        )));
-    }
-    if opts.max_in_flight == 0 {
-        return Err(PlayError::Invalid("max_in_flight must be > 0".into()));
-    }
+    opts.check()?;
     let base = gateway.trim_end_matches('/').to_string();
     let url: hyper::Uri = format!("{base}/v1/chat/completions")
         .parse()
@@ -169,22 +186,8 @@ pub async fn play_with(
     let origin = opts.origin.unwrap_or_else(Instant::now);
     let scen_ns = |t: Instant| (t.saturating_duration_since(origin).as_nanos() as f64 * k) as u64;
     let wall_at = |ns: u64| origin + Duration::from_secs_f64(ns as f64 / 1e9 / k);
-    let deadline = origin
-        + opts
-            .deadline
-            .unwrap_or_else(|| match setup.time_limit_ns() {
-                Some(limit) => {
-                    Duration::from_secs_f64(limit as f64 / 1e9 / k) + opts.request_timeout
-                }
-                None => Duration::from_secs(3600),
-            });
-    let client: HttpClient = Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(opts.max_in_flight)
-        .build({
-            let mut c = HttpConnector::new();
-            c.set_nodelay(true);
-            c
-        });
+    let deadline = origin + opts.play_time(setup.time_limit_ns());
+    let client = http_client(opts.max_in_flight);
 
     let mut acc = Accumulator::new(&opts.policy, &setup);
     let mut next_open = source.next_arrival()?;
@@ -261,10 +264,33 @@ pub async fn play_with(
         }
     }
     let end_ns = scen_ns(Instant::now());
-    let (admin, probes) = match &opts.admin_token {
+    Ok(final_report(acc, end_ns, &client, &base, opts.admin_token.as_deref()).await)
+}
+
+/// The player's HTTP client: a connection kept per request in flight, no Nagle delay.
+fn http_client(max_in_flight: usize) -> HttpClient {
+    Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(max_in_flight)
+        .build({
+            let mut c = HttpConnector::new();
+            c.set_nodelay(true);
+            c
+        })
+}
+
+/// The report, with the gateway's policy, weights and probe bursts when the admin API can be
+/// read (`admin_token`).
+async fn final_report(
+    mut acc: Accumulator,
+    end_ns: u64,
+    client: &HttpClient,
+    base: &str,
+    admin_token: Option<&str>,
+) -> PlayReport {
+    let (admin, probes) = match admin_token {
         Some(token) => (
-            admin_workers(&client, &base, token).await,
-            probe_bursts(&client, &base).await,
+            admin_workers(client, base, token).await,
+            probe_bursts(client, base).await,
         ),
         None => (None, HashMap::new()),
     };
@@ -273,7 +299,7 @@ pub async fn play_with(
     if m.policy.is_empty() {
         m.policy = policy;
     }
-    Ok(acc.finish(end_ns, &weights, &probes))
+    acc.finish(end_ns, &weights, &probes)
 }
 
 /// The prompt text for an arrival: rendered as a chat message (`<|user|>\n` + text + `\n`) it

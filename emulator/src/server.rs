@@ -12,7 +12,7 @@ use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use routelab_gateway::prompt::Endpoint;
 use routelab_sim::hardware::HardwareError;
-use routelab_sim::{EngineModel, EngineOverrides, HardwareProfile};
+use routelab_sim::{EngineOverrides, FluidEngine, HardwareProfile};
 use serde_json::json;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -36,6 +36,9 @@ pub enum EmulatorError {
     /// A socket or thread could not be set up.
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    /// The model's tokenizer (or chat template) could not be loaded.
+    #[error(transparent)]
+    Tokenizer(#[from] routelab_gateway::tokens::TokenizerError),
 }
 
 /// How one emulated engine behaves. Command-line flags map onto it as `--model NAME` →
@@ -180,7 +183,7 @@ pub async fn serve(
 ) -> Result<Emulator, EmulatorError> {
     opts.validate()?;
     let addr = listener.local_addr()?;
-    let engine = EngineModel::new(opts.profile.clone(), opts.overrides.clone(), opts.seed);
+    let engine = FluidEngine::new(opts.profile.clone(), opts.overrides.clone(), opts.seed);
     let clock = ModelClock::new(opts.speedup);
     let half_rtt_ns = (opts.rtt_ms * 1e6 / 2.0).round() as u64;
     let driver = Arc::new(Driver::new(engine, clock, half_rtt_ns, opts.tick));
@@ -382,61 +385,81 @@ async fn stats(State(app): State<Arc<App>>) -> Response {
 /// while a step runs is still waiting until the next step takes it, as in the simulator's engine
 /// report: the waiting count is the requests whose prompts the report counts queued.
 async fn metrics(State(app): State<Arc<App>>) -> Response {
-    use std::fmt::Write as _;
     let s = app.driver.snapshot();
+    let page = match app.metrics_names {
+        MetricsNames::Sglang => sglang_metrics(&s, &app.model),
+        MetricsNames::Vllm => vllm_metrics(&s, &app.model),
+    };
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        page,
+    )
+        .into_response()
+}
+
+/// A Prometheus label value with `\` and `"` escaped.
+fn label_value(text: &str) -> String {
+    text.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+/// Running and waiting requests, and the KV cache's used fraction (may exceed 1 before the
+/// page's `min`).
+fn load_of(s: &EngineSnapshot) -> (u32, u32, f64) {
     let (running, waiting) = (s.in_flight.saturating_sub(s.queued), s.queued);
-    let l = format!(
-        "engine=\"0\",model_name=\"{}\"",
-        app.model.replace('\\', "\\\\").replace('"', "\\\"")
-    );
     let kv = s.kv_allocated_tokens as f64 / s.kv_capacity_tokens.max(1) as f64;
+    (running, waiting, kv)
+}
+
+/// The page under SGLang's names.
+fn sglang_metrics(s: &EngineSnapshot, model: &str) -> String {
+    use std::fmt::Write as _;
+    let (running, waiting, kv) = load_of(s);
+    let l = format!("model_name=\"{}\"", label_value(model));
     let mut out = String::new();
-    if app.metrics_names == MetricsNames::Sglang {
-        let l = format!(
-            "model_name=\"{}\"",
-            app.model.replace('\\', "\\\\").replace('"', "\\\"")
-        );
-        for (name, kind, value) in [
-            ("sglang:num_running_reqs", "gauge", running.to_string()),
-            ("sglang:num_queue_reqs", "gauge", waiting.to_string()),
-            ("sglang:token_usage", "gauge", format!("{}", kv.min(1.0))),
-            (
-                "sglang:num_used_tokens",
-                "gauge",
-                s.kv_allocated_tokens.to_string(),
-            ),
-            (
-                "sglang:gen_throughput",
-                "gauge",
-                format!("{}", s.generation_tok_s),
-            ),
-            (
-                "sglang:prompt_tokens_total",
-                "counter",
-                s.counters.completed_prompt_tokens.to_string(),
-            ),
-            (
-                "sglang:generation_tokens_total",
-                "counter",
-                s.counters.generation_tokens.to_string(),
-            ),
-            (
-                "sglang:num_requests_total",
-                "counter",
-                s.counters.completed.to_string(),
-            ),
-        ] {
-            let _ = writeln!(out, "# TYPE {name} {kind}\n{name}{{{l}}} {value}");
-        }
-        return (
-            [(
-                header::CONTENT_TYPE,
-                "text/plain; version=0.0.4; charset=utf-8",
-            )],
-            out,
-        )
-            .into_response();
+    for (name, kind, value) in [
+        ("sglang:num_running_reqs", "gauge", running.to_string()),
+        ("sglang:num_queue_reqs", "gauge", waiting.to_string()),
+        ("sglang:token_usage", "gauge", format!("{}", kv.min(1.0))),
+        (
+            "sglang:num_used_tokens",
+            "gauge",
+            s.kv_allocated_tokens.to_string(),
+        ),
+        (
+            "sglang:gen_throughput",
+            "gauge",
+            format!("{}", s.generation_tok_s),
+        ),
+        (
+            "sglang:prompt_tokens_total",
+            "counter",
+            s.counters.completed_prompt_tokens.to_string(),
+        ),
+        (
+            "sglang:generation_tokens_total",
+            "counter",
+            s.counters.generation_tokens.to_string(),
+        ),
+        (
+            "sglang:num_requests_total",
+            "counter",
+            s.counters.completed.to_string(),
+        ),
+    ] {
+        let _ = writeln!(out, "# TYPE {name} {kind}\n{name}{{{l}}} {value}");
     }
+    out
+}
+
+/// The page under vLLM's names.
+fn vllm_metrics(s: &EngineSnapshot, model: &str) -> String {
+    use std::fmt::Write as _;
+    let (running, waiting, kv) = load_of(s);
+    let l = format!("engine=\"0\",model_name=\"{}\"", label_value(model));
+    let mut out = String::new();
     let mut family = |name: &str, kind: &str, help: &str, value: String| {
         let _ = writeln!(
             out,
@@ -494,14 +517,7 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
         n = s.counters.completed,
         sum = s.counters.completed_decode_ns as f64 / 1e9
     );
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        out,
-    )
-        .into_response()
+    out
 }
 
 fn unix_now() -> u64 {

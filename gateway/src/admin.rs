@@ -375,7 +375,7 @@ async fn change_pin(s: &Arc<Shared>, name: &str, to: Option<f64>) -> Result<Valu
         };
         if let Some(weight) = to {
             crate::persist::check_pin(weight, crate::persist::pin_range(core.router.config()))
-                .map_err(|m| ApiError::bad_request(m, Some("weight")))?;
+                .map_err(|m| ApiError::bad_request(m.to_string(), Some("weight")))?;
         }
         let before = core.pin_of(id);
         let now = s.clock.now();

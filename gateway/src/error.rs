@@ -70,7 +70,7 @@ pub enum WorkerError {
         /// The worker.
         name: String,
         /// Why (names the field and what is valid).
-        error: String,
+        error: crate::kv::KvEventsError,
     },
     /// A name, node or model that logs, metrics labels and the admin page would show wrongly:
     /// control or bidirectional-formatting characters, or too long.
@@ -106,7 +106,7 @@ impl WorkerError {
             WorkerError::ZeroContextWindow { .. } => "must be > 0".into(),
             WorkerError::BaseUrl { error, .. } => error.to_string(),
             WorkerError::Duplicate(name) => format!("duplicate name `{name}`"),
-            WorkerError::KvEvents { error, .. } => error.clone(),
+            WorkerError::KvEvents { error, .. } => error.to_string(),
             WorkerError::Text { reason, .. } => reason.clone(),
         }
     }

@@ -256,7 +256,7 @@ fn load_state(
         return Ok(None);
     };
     persist::check_directory(path).map_err(|reason| {
-        routelab_policies::InputError::new(config.origin(), "state_file", reason).valid(
+        routelab_policies::InputError::new(config.origin(), "state_file", reason.to_string()).valid(
             "a file in an existing directory (the file itself is created at the first write)",
         )
     })?;

@@ -34,7 +34,9 @@ pub const E2E_BUCKETS: &[f64] = &[
     0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 ];
 
-/// A lock-free histogram with fixed upper bounds.
+/// A lock-free histogram with fixed upper bounds, for the Prometheus exposition: it renders
+/// cumulative `le` counts and reads no quantile (the scraper does), so it shares neither the
+/// simulator's buckets nor `routelab_policies::histogram`'s quantile rule.
 #[derive(Debug)]
 pub struct Histogram {
     bounds: &'static [f64],
@@ -250,126 +252,162 @@ pub fn render_request_log(counters: Option<&crate::reqlog::LogCounters>) -> Stri
 /// Render everything.
 pub fn render(rows: &[WorkerRow<'_>], queue_len: usize, global: &GlobalMetrics) -> String {
     let mut out = String::with_capacity(4096 + rows.len() * 4096);
-    let labels: Vec<String> = rows
-        .iter()
-        .map(|r| format!("worker=\"{}\",model=\"{}\"", esc(r.name), esc(r.model)))
-        .collect();
-    let gauge = |out: &mut String,
-                 name: &str,
-                 help: &str,
-                 kind: &str,
-                 f: &dyn Fn(&WorkerRow<'_>, &str) -> Option<String>| {
+    let workers = WorkerFamilies::new(rows);
+    workers.render_state(&mut out);
+    workers.render_traffic(&mut out);
+    render_queue(&mut out, queue_len, global);
+    render_gateway_errors(&mut out, global);
+    out
+}
+
+/// The per-worker families: one series per row (per row and label value), each row's labels
+/// escaped once.
+struct WorkerFamilies<'r, 'a> {
+    rows: &'r [WorkerRow<'a>],
+    labels: Vec<String>,
+}
+
+impl<'r, 'a> WorkerFamilies<'r, 'a> {
+    fn new(rows: &'r [WorkerRow<'a>]) -> Self {
+        let labels = rows
+            .iter()
+            .map(|r| format!("worker=\"{}\",model=\"{}\"", esc(r.name), esc(r.model)))
+            .collect();
+        WorkerFamilies { rows, labels }
+    }
+
+    /// A family with a line per row `f` gives (after the name: labels and value).
+    fn family(
+        &self,
+        out: &mut String,
+        name: &str,
+        help: &str,
+        kind: &str,
+        f: &dyn Fn(&WorkerRow<'_>, &str) -> Option<String>,
+    ) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (r, l) in rows.iter().zip(&labels) {
+        for (r, l) in self.rows.iter().zip(&self.labels) {
             if let Some(line) = f(r, l) {
                 let _ = writeln!(out, "{name}{line}");
             }
         }
-    };
-    gauge(
-        &mut out,
-        "routelab_worker_in_flight",
-        "Requests in flight on the worker (router count).",
-        "gauge",
-        &|r, l| Some(format!("{{{l}}} {}", r.in_flight)),
-    );
-    gauge(
-        &mut out,
-        "routelab_worker_weight",
-        "The router's weight of the worker (its provenance: routelab_worker_weight_provenance).",
-        "gauge",
-        &|r, l| Some(format!("{{{l}}} {}", r.weight)),
-    );
-    one_hot(
-        &mut out,
-        "routelab_worker_weight_provenance",
-        "1 for where the worker's weight comes from (default, table, measured, pinned, oracle), 0 for the others.",
-        "provenance",
-        &PROVENANCES.iter().map(|p| p.as_str()).collect::<Vec<_>>(),
-        rows,
-        &labels,
-        |r| r.provenance,
-    );
-    gauge(
-        &mut out,
-        "routelab_worker_cap",
-        "Concurrency cap of the worker (absent when uncapped).",
-        "gauge",
-        &|r, l| r.cap.map(|c| format!("{{{l}}} {c}")),
-    );
-    gauge(
-        &mut out,
-        "routelab_worker_up",
-        "1 when the worker is routable.",
-        "gauge",
-        &|r, l| Some(format!("{{{l}}} {}", u8::from(r.state == "up"))),
-    );
-    one_hot(
-        &mut out,
-        "routelab_worker_state",
-        "1 for the worker's router state (up, draining, disconnected), 0 for the others.",
-        "state",
-        STATE_NAMES,
-        rows,
-        &labels,
-        |r| r.state,
-    );
-    gauge(
-        &mut out,
-        "routelab_worker_probe_throughput_tokens_per_second",
-        "Last burst-probe throughput, output tokens per second.",
-        "gauge",
-        &|r, l| r.probe_tok_s.map(|t| format!("{{{l}}} {t}")),
-    );
-    gauge(
-        &mut out,
-        "routelab_worker_requests_total",
-        "Requests sent to the worker (probes excluded).",
-        "counter",
-        &|r, l| Some(format!("{{{l}}} {}", r.metrics.requests.load(Relaxed))),
-    );
-    gauge(
-        &mut out,
-        "routelab_worker_errors_total",
-        "Requests that failed on the worker.",
-        "counter",
-        &|r, l| Some(format!("{{{l}}} {}", r.metrics.errors.load(Relaxed))),
-    );
-    gauge(
-        &mut out,
-        "routelab_worker_probes_total",
-        "Probe bursts run.",
-        "counter",
-        &|r, l| {
-            Some(format!(
-                "{{{l},result=\"ok\"}} {}\nroutelab_worker_probes_total{{{l},result=\"failed\"}} {}",
-                r.metrics.probes_ok.load(Relaxed),
-                r.metrics.probes_failed.load(Relaxed)
-            ))
-        },
-    );
-    for (name, help, pick) in [
-        (
-            "routelab_worker_ttft_seconds",
-            "Gateway arrival to first response byte.",
-            0,
-        ),
-        (
-            "routelab_worker_e2e_seconds",
-            "Gateway arrival to last response byte.",
-            1,
-        ),
-    ] {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        for (r, l) in rows.iter().zip(&labels) {
-            let h = if pick == 0 {
-                &r.metrics.ttft
-            } else {
-                &r.metrics.e2e
-            };
-            h.render(&mut out, name, l);
+    }
+
+    /// Where each worker stands: in flight, weight and its provenance, cap, state, last probe.
+    fn render_state(&self, out: &mut String) {
+        self.family(
+            out,
+            "routelab_worker_in_flight",
+            "Requests in flight on the worker (router count).",
+            "gauge",
+            &|r, l| Some(format!("{{{l}}} {}", r.in_flight)),
+        );
+        self.family(
+            out,
+            "routelab_worker_weight",
+            "The router's weight of the worker (its provenance: routelab_worker_weight_provenance).",
+            "gauge",
+            &|r, l| Some(format!("{{{l}}} {}", r.weight)),
+        );
+        one_hot(
+            out,
+            "routelab_worker_weight_provenance",
+            "1 for where the worker's weight comes from (default, table, measured, pinned, oracle), 0 for the others.",
+            "provenance",
+            &PROVENANCES.iter().map(|p| p.as_str()).collect::<Vec<_>>(),
+            self.rows,
+            &self.labels,
+            |r| r.provenance,
+        );
+        self.family(
+            out,
+            "routelab_worker_cap",
+            "Concurrency cap of the worker (absent when uncapped).",
+            "gauge",
+            &|r, l| r.cap.map(|c| format!("{{{l}}} {c}")),
+        );
+        self.family(
+            out,
+            "routelab_worker_up",
+            "1 when the worker is routable.",
+            "gauge",
+            &|r, l| Some(format!("{{{l}}} {}", u8::from(r.state == "up"))),
+        );
+        one_hot(
+            out,
+            "routelab_worker_state",
+            "1 for the worker's router state (up, draining, disconnected), 0 for the others.",
+            "state",
+            STATE_NAMES,
+            self.rows,
+            &self.labels,
+            |r| r.state,
+        );
+        self.family(
+            out,
+            "routelab_worker_probe_throughput_tokens_per_second",
+            "Last burst-probe throughput, output tokens per second.",
+            "gauge",
+            &|r, l| r.probe_tok_s.map(|t| format!("{{{l}}} {t}")),
+        );
+    }
+
+    /// What each worker served: requests, errors, probes, TTFT and end-to-end histograms.
+    fn render_traffic(&self, out: &mut String) {
+        self.family(
+            out,
+            "routelab_worker_requests_total",
+            "Requests sent to the worker (probes excluded).",
+            "counter",
+            &|r, l| Some(format!("{{{l}}} {}", r.metrics.requests.load(Relaxed))),
+        );
+        self.family(
+            out,
+            "routelab_worker_errors_total",
+            "Requests that failed on the worker.",
+            "counter",
+            &|r, l| Some(format!("{{{l}}} {}", r.metrics.errors.load(Relaxed))),
+        );
+        self.family(
+            out,
+            "routelab_worker_probes_total",
+            "Probe bursts run.",
+            "counter",
+            &|r, l| {
+                Some(format!(
+                    "{{{l},result=\"ok\"}} {}\nroutelab_worker_probes_total{{{l},result=\"failed\"}} {}",
+                    r.metrics.probes_ok.load(Relaxed),
+                    r.metrics.probes_failed.load(Relaxed)
+                ))
+            },
+        );
+        for (name, help, pick) in [
+            (
+                "routelab_worker_ttft_seconds",
+                "Gateway arrival to first response byte.",
+                0,
+            ),
+            (
+                "routelab_worker_e2e_seconds",
+                "Gateway arrival to last response byte.",
+                1,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+            for (r, l) in self.rows.iter().zip(&self.labels) {
+                let h = if pick == 0 {
+                    &r.metrics.ttft
+                } else {
+                    &r.metrics.e2e
+                };
+                h.render(out, name, l);
+            }
         }
     }
+}
+
+/// The gateway's queue and retries.
+fn render_queue(out: &mut String, queue_len: usize, global: &GlobalMetrics) {
     let _ = writeln!(
         out,
         "# HELP routelab_queue_length Requests waiting at the gateway.\n# TYPE routelab_queue_length gauge\nroutelab_queue_length {queue_len}"
@@ -389,6 +427,10 @@ pub fn render(rows: &[WorkerRow<'_>], queue_len: usize, global: &GlobalMetrics) 
         "# HELP routelab_retries_total Requests retried on another worker.\n# TYPE routelab_retries_total counter\nroutelab_retries_total {}",
         global.retries.load(Relaxed)
     );
+}
+
+/// What went wrong in the gateway itself: background tasks restarted, requests it refused.
+fn render_gateway_errors(out: &mut String, global: &GlobalMetrics) {
     let _ = writeln!(
         out,
         "# HELP routelab_gateway_task_restarts_total Panics of a background task (or of a task it spawned), each logged as task_panicked; the task is started again.\n# TYPE routelab_gateway_task_restarts_total counter"
@@ -417,7 +459,6 @@ pub fn render(rows: &[WorkerRow<'_>], queue_len: usize, global: &GlobalMetrics) 
             esc(code)
         );
     }
-    out
 }
 
 /// A one-hot gauge family: for every row, one series per possible `values` entry, 1 for the

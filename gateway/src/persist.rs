@@ -254,7 +254,7 @@ fn validate(
     }
     let mut pins = Vec::with_capacity(file.pins.len());
     for (i, p) in file.pins.into_iter().enumerate() {
-        let reason = check_pin(p.weight, pin_range).err();
+        let reason = check_pin(p.weight, pin_range).err().map(|e| e.to_string());
         match reason {
             Some(reason) => ignored.push(IgnoredEntry {
                 entry: format!("pins[{i}]"),
@@ -284,18 +284,43 @@ pub fn pin_range(policy: &PolicyConfig) -> Option<Clamp> {
 
 /// Whether `weight` is a valid pin: a finite number > 0, inside `range` when there is one. The
 /// error says what would be valid; the admin API answers it and the state file loader logs it.
-pub fn check_pin(weight: f64, range: Option<Clamp>) -> Result<(), String> {
+pub fn check_pin(weight: f64, range: Option<Clamp>) -> Result<(), PinError> {
     let positive = weight.is_finite() && weight > 0.0;
     match range {
-        Some(r) if !(positive && weight >= r.min && weight <= r.max) => Err(format!(
-            "weight {weight} is out of range: a pin must be a number from {} to {} (the policy's weight clamp)",
-            r.min, r.max
-        )),
-        None if !positive => Err(format!(
-            "weight {weight} is out of range: a pin must be a finite number > 0"
-        )),
+        Some(r) if !(positive && weight >= r.min && weight <= r.max) => {
+            Err(PinError::OutsideClamp {
+                weight,
+                min: r.min,
+                max: r.max,
+            })
+        }
+        None if !positive => Err(PinError::NotPositive { weight }),
         _ => Ok(()),
     }
+}
+
+/// Why a weight cannot be a pin ([`check_pin`]); the message says what would be valid.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PinError {
+    /// Outside the clamp of the policy's `probe` weights (or not a finite number).
+    #[error(
+        "weight {weight} is out of range: a pin must be a number from {min} to {max} (the policy's weight clamp)"
+    )]
+    OutsideClamp {
+        /// The weight asked for.
+        weight: f64,
+        /// The clamp's lower end.
+        min: f64,
+        /// The clamp's upper end.
+        max: f64,
+    },
+    /// Not a finite number > 0 (a strategy without a clamp).
+    #[error("weight {weight} is out of range: a pin must be a finite number > 0")]
+    NotPositive {
+        /// The weight asked for.
+        weight: f64,
+    },
 }
 
 /// A pin set (`Some`) or removed (`None`) by this gateway.
@@ -587,9 +612,11 @@ pub fn resolve_links(path: &Path) -> std::io::Result<PathBuf> {
 
 /// Whether the state file can be written where it is: the directory of the file it names
 /// (links followed) exists. The error names the directory.
-pub fn check_directory(path: &Path) -> Result<(), String> {
-    let file =
-        resolve_links(path).map_err(|e| format!("cannot follow `{}`: {e}", path.display()))?;
+pub fn check_directory(path: &Path) -> Result<(), StateDirectoryError> {
+    let file = resolve_links(path).map_err(|error| StateDirectoryError::Links {
+        path: path.to_path_buf(),
+        error,
+    })?;
     let dir = match file.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
@@ -597,11 +624,31 @@ pub fn check_directory(path: &Path) -> Result<(), String> {
     if dir.is_dir() {
         Ok(())
     } else {
-        Err(format!(
-            "the directory `{}` does not exist: the state file could never be written, and every pin would fail",
-            dir.display()
-        ))
+        Err(StateDirectoryError::Missing { dir })
     }
+}
+
+/// Why the state file could not be written where it is ([`check_directory`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StateDirectoryError {
+    /// Its symbolic links cannot be followed (a loop, or one cannot be read).
+    #[error("cannot follow `{}`: {error}", .path.display())]
+    Links {
+        /// The state file as configured.
+        path: PathBuf,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// The directory it would be written in does not exist.
+    #[error(
+        "the directory `{}` does not exist: the state file could never be written, and every pin would fail",
+        .dir.display()
+    )]
+    Missing {
+        /// That directory.
+        dir: PathBuf,
+    },
 }
 
 /// Take the exclusive lock on [`lock_path`]`(path)`, trying until `timeout` has passed. Held
@@ -1270,7 +1317,7 @@ mod tests {
         let r = Some(Clamp::SOURCE);
         assert!(check_pin(0.25, r).is_ok() && check_pin(8.0, r).is_ok());
         for bad in [8.000001, 0.2499, 0.0, -1.0, f64::NAN, f64::INFINITY] {
-            let e = check_pin(bad, r).unwrap_err();
+            let e = check_pin(bad, r).unwrap_err().to_string();
             assert!(
                 e.ends_with("from 0.25 to 8 (the policy's weight clamp)"),
                 "{e}"

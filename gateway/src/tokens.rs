@@ -101,22 +101,61 @@ impl std::fmt::Debug for ModelTokenizer {
 
 const TEMPLATE: &str = "chat";
 
+/// Why a model's tokenizer (or chat template) could not be loaded ([`ModelTokenizer::load`]);
+/// the message names the file.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TokenizerError {
+    /// The tokenizer file cannot be read as a Hugging Face `tokenizer.json`.
+    #[error("cannot load `{}` as a tokenizer.json: {error}", .path.display())]
+    Tokenizer {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        error: tokenizers::Error,
+    },
+    /// The chat template cannot be read.
+    #[error("cannot read `{}`: {error}", .path.display())]
+    ReadTemplate {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// The chat template is not a Jinja template.
+    #[error("`{}` is not a Jinja template: {error}", .path.display())]
+    Template {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        error: minijinja::Error,
+    },
+}
+
 impl ModelTokenizer {
     /// Load a tokenizer (and template). Errors say which file and why.
-    pub fn load(tokenizer: &Path, chat_template: Option<&Path>) -> Result<ModelTokenizer, String> {
-        let tk = tokenizers::Tokenizer::from_file(tokenizer).map_err(|e| {
-            format!(
-                "cannot load `{}` as a tokenizer.json: {e}",
-                tokenizer.display()
-            )
+    pub fn load(
+        tokenizer: &Path,
+        chat_template: Option<&Path>,
+    ) -> Result<ModelTokenizer, TokenizerError> {
+        let tk = tokenizers::Tokenizer::from_file(tokenizer).map_err(|error| {
+            TokenizerError::Tokenizer {
+                path: tokenizer.to_path_buf(),
+                error,
+            }
         })?;
         let template = match chat_template {
             Some(p) => {
-                let text = std::fs::read_to_string(p)
-                    .map_err(|e| format!("cannot read `{}`: {e}", p.display()))?;
+                let text =
+                    std::fs::read_to_string(p).map_err(|error| TokenizerError::ReadTemplate {
+                        path: p.to_path_buf(),
+                        error,
+                    })?;
                 Some(
-                    Self::environment(text)
-                        .map_err(|e| format!("`{}` is not a Jinja template: {e}", p.display()))?,
+                    Self::environment(text).map_err(|error| TokenizerError::Template {
+                        path: p.to_path_buf(),
+                        error,
+                    })?,
                 )
             }
             None => None,
@@ -350,7 +389,7 @@ impl Tokenizers {
                 _ => "tokenizer",
             };
             let loaded = ModelTokenizer::load(&tk, tmpl.as_deref()).map_err(|e| {
-                InputError::new(origin, format!("models[{i}].{field}"), e)
+                InputError::new(origin, format!("models[{i}].{field}"), e.to_string())
                     .valid("a Hugging Face tokenizer.json (and a Jinja chat template), relative to the configuration file")
             })?;
             out.models.insert(m.name.clone(), Arc::new(loaded));

@@ -121,22 +121,46 @@ pub const MAX_PATH_BYTES: usize = 1024;
 /// Check a path to append to base URLs (`health.path`): it starts with `/`, has no fragment,
 /// is at most [`MAX_PATH_BYTES`] and is a valid request path (no space nor control character).
 /// The error says what is wrong.
-pub fn check_path(path: &str) -> Result<(), String> {
+pub fn check_path(path: &str) -> Result<(), PathError> {
     if !path.starts_with('/') {
-        return Err("must start with `/`".into());
+        return Err(PathError::NoLeadingSlash);
     }
     if path.len() > MAX_PATH_BYTES {
-        return Err(format!(
-            "is {} bytes long (at most {MAX_PATH_BYTES})",
-            path.len()
-        ));
+        return Err(PathError::TooLong { bytes: path.len() });
     }
     if path.contains('#') {
-        return Err("must not have a fragment (`#...`)".into());
+        return Err(PathError::Fragment);
     }
     path.parse::<hyper::http::uri::PathAndQuery>()
         .map(drop)
-        .map_err(|e| format!("is not a valid request path ({e}): escape spaces and other special characters as %XX"))
+        .map_err(|error| PathError::NotARequestPath { error })
+}
+
+/// What is wrong with a path to append to base URLs ([`check_path`]); the message follows the
+/// path's name (`` `/a b` is not a valid request path (...)``).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PathError {
+    /// It does not start with `/`.
+    #[error("must start with `/`")]
+    NoLeadingSlash,
+    /// Longer than [`MAX_PATH_BYTES`].
+    #[error("is {bytes} bytes long (at most {max})", max = MAX_PATH_BYTES)]
+    TooLong {
+        /// Its length.
+        bytes: usize,
+    },
+    /// It has a fragment (`#...`), which is never sent.
+    #[error("must not have a fragment (`#...`)")]
+    Fragment,
+    /// A space, control character or other byte a request path cannot carry.
+    #[error(
+        "is not a valid request path ({error}): escape spaces and other special characters as %XX"
+    )]
+    NotARequestPath {
+        /// The parser's complaint.
+        error: hyper::http::uri::InvalidUri,
+    },
 }
 
 /// A worker's server root, `http://host:port[/prefix]`.
@@ -362,7 +386,7 @@ mod tests {
             ("/a#b", "fragment"),
             ("/\u{7}", "not a valid request path"),
         ] {
-            let e = check_path(bad).unwrap_err();
+            let e = check_path(bad).unwrap_err().to_string();
             assert!(e.contains(what), "{bad}: {e}");
         }
         assert!(check_path(&format!("/{}", "a".repeat(MAX_PATH_BYTES))).is_err());

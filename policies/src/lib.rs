@@ -56,6 +56,7 @@ pub mod catalog;
 mod chooser;
 mod config;
 mod error;
+pub mod histogram;
 mod kv;
 mod load_index;
 pub mod located;
@@ -74,7 +75,8 @@ pub use catalog::{PRESETS, Part};
 pub use chooser::{Chooser, TieRule};
 pub use config::{
     Affinity, AffinityUnits, Allowance, Cap, KNOWLEDGE_FIELD, PolicyConfig, PolicyEntry,
-    PrefixKnowledge, RawAffinity, RawCap, RawChooser, RawPolicy, RawWeights, WeightsConfig,
+    PolicyRole, PrefixKnowledge, RawAffinity, RawCap, RawChooser, RawPolicy, RawWeights,
+    WeightsConfig,
 };
 pub use error::{AdminError, ConfigError, PrefillProbeTooLong, RouteError};
 pub use kv::KvEvent;

@@ -317,6 +317,59 @@ pub mod rule {
     }
 }
 
+/// The one adapter from a YAML reader's positions to located [`InputError`]s: a reader names
+/// its file once, then turns the `referenced` location of a [`serde_saphyr::Spanned`] value
+/// and a field path into an error, or a validation rule's refusal into one.
+///
+/// ```
+/// use routelab_policies::located::{SourceFile, rule};
+/// let file = SourceFile::new("s.yaml");
+/// let err = file.check(&serde_saphyr::Location::UNKNOWN, "tick_s", rule::positive(-1.0));
+/// assert_eq!(err.unwrap_err().to_string(), "s.yaml: tick_s: -1 is not valid; expected a finite number > 0");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceFile {
+    name: String,
+}
+
+impl SourceFile {
+    /// Errors of the input `name` (a path as the user gave it, or a description).
+    pub fn new(name: impl Into<String>) -> Self {
+        SourceFile { name: name.into() }
+    }
+
+    /// The input's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// An error about `field`, position unknown (the whole input, or a default it lacks).
+    pub fn error(&self, field: impl Into<String>, message: impl Into<String>) -> InputError {
+        InputError::new(self.name.clone(), field, message)
+    }
+
+    /// An error about `field` of the value read at `loc` (a `Spanned` value's `referenced`).
+    pub fn at(
+        &self,
+        loc: &serde_saphyr::Location,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) -> InputError {
+        self.error(field, message).at_location(*loc)
+    }
+
+    /// A rule's or a model's verdict on `field` at `loc`: its refusal, as written, is the
+    /// message.
+    pub fn check<T, E: fmt::Display>(
+        &self,
+        loc: &serde_saphyr::Location,
+        field: &str,
+        verdict: Result<T, E>,
+    ) -> Result<T, InputError> {
+        verdict.map_err(|e| self.at(loc, field, e.to_string()))
+    }
+}
+
 /// Parse YAML text into a raw serde struct; on failure an [`InputError`] with the line, column
 /// and field path of the problem and the parser's snippet (with `file` in place of its
 /// `<input>`). [`serde_saphyr::Spanned`] wrappers do not show in field paths.
@@ -335,7 +388,6 @@ pub fn parse_yaml<T: serde::de::DeserializeOwned>(src: &str, file: &str) -> Resu
 
 fn yaml_error(file: &str, field: &str, e: &serde_saphyr::Error) -> InputError {
     let loc = e.location();
-    let to_u32 = |x: u64| u32::try_from(x).unwrap_or(u32::MAX);
     let text = e.to_string();
     // The parser repeats the position in its first line ("error: line L column C: ..."): drop it.
     let text = match text
@@ -351,10 +403,10 @@ fn yaml_error(file: &str, field: &str, e: &serde_saphyr::Error) -> InputError {
         None => (text, None),
     };
     let field = if field == "." { "" } else { field };
-    let mut err = InputError::new(file, field, message).at(
-        loc.map(|l| to_u32(l.line())),
-        loc.map(|l| to_u32(l.column())),
-    );
+    let mut err = InputError::new(file, field, message);
+    if let Some(loc) = loc {
+        err = err.at_location(loc);
+    }
     err.snippet = snippet.map(String::into_boxed_str);
     err
 }
@@ -400,6 +452,26 @@ mod tests {
         assert_eq!(e.to_string(), "s.yaml:2:9: rate: -3 is not valid");
         let e = InputError::new("s.yaml", "rate", "m").at_location(serde_saphyr::Location::UNKNOWN);
         assert_eq!(e.to_string(), "s.yaml: rate: m");
+    }
+
+    #[test]
+    fn a_source_file_locates_errors_and_rule_refusals() {
+        #[derive(Debug, serde::Deserialize)]
+        struct Spans {
+            rate: serde_saphyr::Spanned<f64>,
+        }
+        let doc = parse_yaml::<Spans>("# rate\nrate:   -3\n", "s.yaml").unwrap();
+        let file = SourceFile::new("s.yaml");
+        let loc = &doc.rate.referenced;
+        assert_eq!(
+            file.check(loc, "rate", rule::positive(doc.rate.value))
+                .unwrap_err()
+                .to_string(),
+            "s.yaml:2:9: rate: -3 is not valid; expected a finite number > 0"
+        );
+        assert_eq!(file.check(loc, "rate", rule::positive(2.0)), Ok(2.0));
+        assert_eq!(file.error("rate", "m").to_string(), "s.yaml: rate: m");
+        assert_eq!(file.at(loc, "rate", "m").location(), "s.yaml:2:9");
     }
 
     #[test]

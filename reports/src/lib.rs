@@ -7,17 +7,19 @@
 //!   self-contained `report.html` for `routelab run`; [`write_perf`] for wall-clock figures.
 //! - [`write_compare`]: `compare.json`, `compare.csv`, `compare_seeds.csv`, charts and
 //!   `report.html` for `routelab compare` (mean and 95 % interval across seeds, winners, the
-//!   paired difference of every policy from a baseline); [`grow_seeds`] for `--seeds auto`;
+//!   paired difference of every policy from a baseline; `--seeds auto` grows them in `routelab-lab`);
 //!   [`findings_markdown`] for `docs/findings.md`.
 //! - [`write_sweep`]: `sweep.csv` and a chart for `routelab sweep`.
 //! - [`run_table`], [`summary_table`], [`compare_table`], [`sweep_table`]: aligned plain-text
 //!   tables for the terminal.
-//! - [`capacity`]: `routelab capacity` — the SLO spec, the per-seed capacity search, the
-//!   study across policies and seeds, and its outputs.
+//! - [`capacity`]: `routelab capacity` — the SLO spec, what the per-seed capacity search and
+//!   the study across policies and seeds found (plain data; the search and the study runner
+//!   are `routelab-lab`'s), and its outputs.
 //! - [`profile_text`], [`write_profile_chart`]: a hardware profile's curve and fields for
 //!   `routelab profile show`, and its chart.
 //! - [`metric`]: the one metric catalog every output takes its metrics from.
-//! - [`gate`]: the routing-quality regression gate (suite, baselines, invariants, verdicts).
+//! - [`gate`]: the gate's report (verdicts against the baselines, invariants) that the
+//!   exporters write; the gate itself (suite, baselines, measuring) is `routelab-lab`'s.
 //! - [`export`]: output formats (table, JSON, Markdown, CSV, HTML) behind [`Exporter`].
 //!
 //! **Determinism**: every file except `perf.json` is a pure function of the inputs — no
@@ -35,21 +37,21 @@ pub mod export;
 pub mod findings;
 pub mod gate;
 pub mod holdout;
+mod interval_text;
 pub mod metric;
 mod num;
-pub mod partial;
+mod perf;
 mod profile;
 mod requests_csv;
 pub use requests_csv::{RequestsCsvStream, RowSink};
 pub mod replicas;
 mod run;
-pub mod shard;
 pub mod stats;
 pub mod summary;
 mod sweep;
 
 pub use compare::{
-    AutoSeedsRule, PairedDiff, SeedResult, Verdict, findings_baseline_markdown, grow_seeds,
+    AutoSeedsRule, PairedDiff, SeedResult, Verdict, findings_baseline_markdown,
     reported_differences,
 };
 pub use compare::{
@@ -59,12 +61,13 @@ pub use compare::{
 };
 pub use error::ReportError;
 pub use export::{Exporter, Format};
-pub use gate::{Gate, GateError, GateReport};
+pub use gate::GateReport;
 pub use metric::{CATALOG, Direction, Metric, Unit};
+pub use perf::{PerfInfo, PerfRun, write_perf};
 pub use profile::{profile_concurrencies, profile_text, write_profile_chart};
 pub use run::{
-    AppliedSlo, PerfInfo, PerfRun, PolicyRun, RunEntry, RunMeta, SummaryFile, Written, run_table,
-    summary_file, summary_table, write_perf, write_run,
+    PolicyRun, RunEntry, RunMeta, SummaryFile, Written, run_table, summary_file, summary_table,
+    write_run,
 };
 pub use summary::{ReplicaSummary, RunSummary, WorkerSummary};
 pub use sweep::{SweepRow, sweep_table, write_sweep};

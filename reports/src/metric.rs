@@ -323,7 +323,7 @@ pub const CATALOG: &[Metric] = &[
         |m| (m.prompt_tokens > 0).then(|| m.believed_hit_fraction())),
     metric!("slo_attainment", "SLO attainment", Fraction, Higher, Top("slo_attainment"),
         csv: true, gate: true, "Fraction of requests whose TTFT and TPOT met the SLO.",
-        |m| (m.requests > 0).then(|| m.slo_attainment())),
+        |m| m.slo_attainment()),
     // Added after the gate's metrics so that every existing key and CSV column keeps its place;
     // none is gate-tracked (the baselines do not carry them).
     metric!("request_throughput", "request throughput", RequestsPerSecond, Higher,

@@ -38,22 +38,6 @@ pub(crate) fn fmt_sig(x: Option<f64>, sig: i32) -> String {
     }
 }
 
-/// Whether a 95 % half-width `h` next to its `mean` is no spread at all: every seed gave the
-/// same value, up to the rounding noise of identical seeds (a billionth of the mean or less).
-pub(crate) fn no_spread(mean: f64, h: f64) -> bool {
-    h <= mean.abs() * 1e-9
-}
-
-/// `± h` for a 95 % half-width next to its `mean`, 2 significant digits; no spread
-/// ([`no_spread`]) prints as `± 0`.
-pub(crate) fn fmt_half_width(mean: f64, h: f64) -> String {
-    if no_spread(mean, h) {
-        "± 0".into()
-    } else {
-        format!("± {}", fmt_sig(Some(h), 2))
-    }
-}
-
 /// A fraction as a percentage with one decimal: `75.0%`.
 pub(crate) fn fmt_pct(x: Option<f64>) -> String {
     match x {

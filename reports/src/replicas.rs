@@ -12,8 +12,9 @@
 
 use crate::capacity::{CapacityStudy, PolicyKind, best, ratio_cell};
 use crate::findings;
+use crate::interval_text;
 use crate::metric::{REPLICA_METRICS, view};
-use crate::num::{fmt_half_width, fmt_sig};
+use crate::num::fmt_sig;
 use crate::stats::{Interval, excludes, paired_ratio};
 use routelab_sim::{Gateways, RunMetrics, Share, Split};
 use std::fmt::Write as _;
@@ -111,17 +112,7 @@ fn share_label(share: Share) -> String {
 }
 
 fn interval_cell(iv: Option<Interval>) -> String {
-    match iv {
-        None => "-".into(),
-        Some(iv) => match iv.half_width {
-            Some(h) => format!(
-                "{} {}",
-                fmt_sig(Some(iv.mean), 3),
-                fmt_half_width(iv.mean, h)
-            ),
-            None => fmt_sig(Some(iv.mean), 3),
-        },
-    }
+    interval_text::cell(iv, 3)
 }
 
 const SECTION_HEADER: &str = "## How many gateway replicas\n\n\
@@ -340,6 +331,7 @@ mod tests {
                 .iter()
                 .map(|(name, scales)| PolicyCapacity {
                     policy: (*name).into(),
+                    role: crate::capacity::fixture::role_of(name),
                     seeds: scales
                         .iter()
                         .zip(1..)

@@ -11,44 +11,12 @@ use crate::export::json::write_json;
 use crate::export::table::TextTable;
 use crate::export::{create_dir, write_file};
 use crate::metric::{Direction, share, view, views};
-use crate::num::{fmt_fixed, fmt_pct, fmt_sig, r6};
+use crate::num::{fmt_fixed, fmt_pct, fmt_sig};
 use crate::requests_csv::write_requests_csv;
 use crate::summary::{ReplicaSummary, RunSummary, WorkerSummary};
-use routelab_sim::{RequestRecord, RunMetrics, Scenario};
-use serde::{Deserialize, Serialize};
+use routelab_sim::{RequestRecord, RunMetrics, Scenario, Slo};
+use serde::Serialize;
 use std::path::{Path, PathBuf};
-
-/// The per-request SLO bounds a run was judged against (the scenario's `slo`, defaults
-/// included): shown in `summary.json`, on the console and in the report, so SLO attainment and
-/// goodput can be read against the thresholds actually applied.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct AppliedSlo {
-    /// Time-to-first-token bound, s.
-    pub ttft_s: f64,
-    /// Time-per-output-token bound, s (not applied to one-token outputs).
-    pub tpot_s: f64,
-}
-
-impl AppliedSlo {
-    /// The bounds of a scenario's SLO.
-    pub fn of(slo: &routelab_sim::Slo) -> AppliedSlo {
-        AppliedSlo {
-            ttft_s: slo.ttft_s,
-            tpot_s: slo.tpot_s,
-        }
-    }
-}
-
-impl std::fmt::Display for AppliedSlo {
-    /// `TTFT ≤ 2 s and TPOT ≤ 0.1 s per request`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "TTFT ≤ {} s and TPOT ≤ {} s per request",
-            self.ttft_s, self.tpot_s
-        )
-    }
-}
 
 /// What was run: shown in the report and `summary.json`.
 #[derive(Debug, Clone, PartialEq)]
@@ -62,7 +30,7 @@ pub struct RunMeta {
     /// The scenario file, as the user named it.
     pub scenario_path: String,
     /// The SLO bounds applied.
-    pub slo: AppliedSlo,
+    pub slo: Slo,
     /// What the seed is (`Scenario::seed_meaning`; empty when the host does not say).
     pub seed_meaning: String,
 }
@@ -75,7 +43,7 @@ impl RunMeta {
             seed,
             description: scenario.description.clone(),
             scenario_path: scenario.path.display().to_string(),
-            slo: AppliedSlo::of(&scenario.setup.slo),
+            slo: scenario.setup.slo,
             seed_meaning: String::new(),
         }
     }
@@ -133,7 +101,7 @@ pub struct SummaryFile {
     /// Scenario file.
     pub scenario_path: String,
     /// The per-request SLO bounds applied (SLO attainment and goodput are judged by them).
-    pub slo: AppliedSlo,
+    pub slo: Slo,
     /// What the seed is: a trace replayed as recorded or resampled, and the warm-up a trace
     /// waits for (absent when the host does not say).
     #[serde(skip_serializing_if = "String::is_empty")]
@@ -593,7 +561,7 @@ fn run_headline(meta: &RunMeta, runs: &[PolicyRun]) -> String {
     let policies = runs
         .iter()
         .map(|r| {
-            let mut p = PolicySeeds::new(r.policy.clone());
+            let mut p = PolicySeeds::new(r.policy.clone(), r.metrics.role);
             p.push(meta.seed, &r.metrics);
             p
         })
@@ -744,80 +712,6 @@ pub fn run_table(runs: &[PolicyRun]) -> String {
     out
 }
 
-/// Wall-clock figures of a command, kept apart from the deterministic outputs.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PerfInfo {
-    /// Whole command, wall seconds.
-    pub total_wall_s: f64,
-    /// Worker threads used.
-    pub threads: usize,
-    /// Per simulation.
-    pub runs: Vec<PerfRun>,
-}
-
-/// Wall-clock figures of one simulation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PerfRun {
-    /// Scenario name.
-    pub scenario: String,
-    /// Policy.
-    pub policy: String,
-    /// Seed.
-    pub seed: u64,
-    /// Wall seconds.
-    pub wall_s: f64,
-    /// Events the simulator processed.
-    pub sim_events: u64,
-    /// Simulated seconds.
-    pub simulated_s: f64,
-}
-
-#[derive(Serialize)]
-struct PerfOut<'a> {
-    total_wall_s: Option<f64>,
-    threads: usize,
-    runs: Vec<PerfRunOut<'a>>,
-}
-
-#[derive(Serialize)]
-struct PerfRunOut<'a> {
-    scenario: &'a str,
-    policy: &'a str,
-    seed: u64,
-    wall_s: Option<f64>,
-    sim_events: u64,
-    events_per_s: Option<f64>,
-    simulated_s: Option<f64>,
-    speedup: Option<f64>,
-}
-
-/// Write `perf.json` (wall-clock figures, not reproducible) into `dir`; returns its path.
-pub fn write_perf(dir: &Path, perf: &PerfInfo) -> Result<PathBuf, ReportError> {
-    create_dir(dir)?;
-    let p = dir.join("perf.json");
-    let ratio = |a: f64, b: f64| if b > 0.0 { r6(a / b) } else { None };
-    let out = PerfOut {
-        total_wall_s: r6(perf.total_wall_s),
-        threads: perf.threads,
-        runs: perf
-            .runs
-            .iter()
-            .map(|r| PerfRunOut {
-                scenario: &r.scenario,
-                policy: &r.policy,
-                seed: r.seed,
-                wall_s: r6(r.wall_s),
-                sim_events: r.sim_events,
-                events_per_s: ratio(r.sim_events as f64, r.wall_s),
-                simulated_s: r6(r.simulated_s),
-                speedup: ratio(r.simulated_s, r.wall_s),
-            })
-            .collect(),
-    };
-    write_json(&p, &out)?;
-    Ok(p)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -889,10 +783,7 @@ mod tests {
             seed: 7,
             description: String::new(),
             scenario_path: "t.yaml".into(),
-            slo: AppliedSlo {
-                ttft_s: 2.0,
-                tpot_s: 0.1,
-            },
+            slo: Slo::default(),
             seed_meaning: String::new(),
         };
         let runs = [with_e2e("slow", 2.0), with_e2e("fast", 1.0)];

@@ -160,14 +160,6 @@ impl AutoSeeds {
     }
 }
 
-/// The `k`-th seed (from 0) of a study whose first seed is `first`: `first + k`. Every
-/// command that runs several seeds (`compare`, `sweep`, `capacity`) takes them from here, so
-/// seed k of one is the same run as seed k of another.
-#[must_use]
-pub fn seed_of(first: u64, k: usize) -> u64 {
-    first.wrapping_add(k as u64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

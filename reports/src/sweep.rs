@@ -7,12 +7,13 @@
 //! of plain values per point and policy.
 
 use crate::chart::{self, Figure, Legend, LinePanel, Panel, Series};
-use crate::compare::{MetricStats, PolicySeeds, fmt_interval, interval};
+use crate::compare::{MetricStats, PolicySeeds, interval};
 use crate::error::ReportError;
 use crate::export::csv::write_csv;
 use crate::export::html::{Cell, Page, table};
 use crate::export::table::TextTable;
 use crate::export::{create_dir, write_file};
+use crate::interval_text;
 use crate::metric::{CATALOG, Metric, view, views};
 use crate::run::Written;
 use crate::summary::summary_csv_header;
@@ -30,10 +31,10 @@ pub struct SweepRow {
 
 impl SweepRow {
     /// A point of `policy` without runs yet ([`PolicySeeds::push`] adds them).
-    pub fn new(values: Vec<String>, policy: impl Into<String>) -> SweepRow {
+    pub fn new(values: Vec<String>, policy: PolicySeeds) -> SweepRow {
         SweepRow {
             values,
-            runs: PolicySeeds::new(policy),
+            runs: policy,
         }
     }
 
@@ -313,7 +314,7 @@ fn metric_cells(r: &SweepRow, several: bool) -> impl Iterator<Item = String> + '
     views::SWEEP_TERMINAL.iter().map(move |(n, _)| {
         let m = view(n);
         if several {
-            fmt_interval(m, r.interval(m))
+            interval_text::metric_cell(m, r.interval(m))
         } else {
             m.fmt_value(r.runs.runs.first().and_then(|run| run.summary.get(m)))
         }
@@ -433,9 +434,13 @@ fn sweep_html(
 mod tests {
     use super::*;
     use crate::compare::SeedRun;
+    use routelab_policies::PolicyRole;
 
     fn row(values: &[&str], policy: &str, e2e: &[f64]) -> SweepRow {
-        let mut r = SweepRow::new(values.iter().map(|v| v.to_string()).collect(), policy);
+        let mut r = SweepRow::new(
+            values.iter().map(|v| v.to_string()).collect(),
+            PolicySeeds::new(policy, PolicyRole::Ours),
+        );
         for (k, e) in e2e.iter().enumerate() {
             r.runs.runs.push(SeedRun {
                 seed: 1 + k as u64,

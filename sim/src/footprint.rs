@@ -13,7 +13,7 @@
 
 use std::path::Path;
 
-use crate::engine::WorkerSetup;
+use crate::event_loop::WorkerSetup;
 use crate::traffic::{TrafficError, Until};
 
 /// What one waiting request costs the simulator, bytes: its slot, its place in the gateway's

@@ -9,8 +9,10 @@
 //!
 //! `record` is O(1) (a leading-zeros count and a shift). Memory grows with the largest value
 //! recorded, at most 3 776 counters (≈ 30 KiB; ≈ 21 KiB for values up to a day).
-//! `quantile` walks the buckets (O(buckets)). `mean`, `count`, `min`, `max` are exact.
+//! `quantile` walks the buckets (O(buckets)) by the rule every histogram shares
+//! ([`routelab_policies::histogram`]). `mean`, `count`, `min`, `max` are exact.
 
+use routelab_policies::histogram::{bucket_at_rank, nearest_rank};
 use routelab_policies::streams::{NANOS_PER_SEC, nanos_to_secs, secs_to_nanos};
 use std::fmt;
 
@@ -211,17 +213,13 @@ impl Histogram {
         if q >= 1.0 {
             return Some(self.max);
         }
-        let rank = ((q * self.count as f64).ceil() as u64).clamp(1, self.count);
-        let mut seen = 0;
-        for (i, &c) in self.counts.iter().enumerate() {
-            seen += c;
-            if seen >= rank {
-                let (lo, width) = bucket_bounds(i);
-                let mid = lo + (width - 1) / 2;
-                return Some(mid.clamp(self.min, self.max));
-            }
-        }
-        Some(self.max)
+        let rank = nearest_rank(q, self.count);
+        let Some(i) = bucket_at_rank(&self.counts, rank) else {
+            return Some(self.max);
+        };
+        let (lo, width) = bucket_bounds(i);
+        let mid = lo + (width - 1) / 2;
+        Some(mid.clamp(self.min, self.max))
     }
 
     /// [`quantile`](Self::quantile) in seconds.

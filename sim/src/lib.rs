@@ -6,11 +6,11 @@
 //! - [`hardware`]: worker hardware profiles (decode throughput over concurrency, prefill, KV,
 //!   cold start), loaded from YAML, found by [`ProfileLookup`] (paths, directories, the bundled
 //!   profiles, `ROUTELAB_HARDWARE`) and fitted from measurements ([`hardware::fit`]).
-//! - [`worker`]: one inference engine as a fluid processor-sharing model ([`EngineModel`]) or
+//! - [`worker`]: one inference engine as a fluid processor-sharing model ([`FluidEngine`]) or
 //!   stepped as vLLM's scheduler steps it ([`StepEngine`]); [`Engine`] holds either
 //!   ([`EngineMode`]).
 //! - [`traffic`]: synthetic generators and streaming trace replay.
-//! - [`engine`]: the event loop that ties a fleet, a router, probes and lifecycle events
+//! - [`event_loop`]: the event loop that ties a fleet, a router, probes and lifecycle events
 //!   together ([`run`]).
 //! - [`record`]: the one results recorder (request [`Outcome`] → run totals and
 //!   [`RequestRecord`] rows, [`Status`]), shared with the emulator's real-time player.
@@ -19,7 +19,7 @@
 //! - [`footprint`]: what a scenario would hold in memory, checked before it runs.
 #![forbid(unsafe_code)]
 
-pub mod engine;
+pub mod event_loop;
 pub mod footprint;
 pub mod hardware;
 pub mod histogram;
@@ -30,7 +30,7 @@ pub mod sweep;
 pub mod traffic;
 pub mod worker;
 
-pub use engine::{
+pub use event_loop::{
     Action, Gateways, LifecycleEvent, MAX_REPLICAS, NO_TIME_LIMIT_NS, Share, SimError, SimSetup,
     Split, WorkerSetup, run,
 };
@@ -40,4 +40,4 @@ pub use record::{
 };
 pub use results::{Rejections, ReplicaTotals, RunMetrics, TimelineRow, WorkerTotals};
 pub use scenario::{Scenario, ScenarioError, SeedMeaning, TrafficSpec};
-pub use worker::{Engine, EngineMode, EngineModel, EngineOverrides, StepEngine};
+pub use worker::{Engine, EngineMode, EngineOverrides, FluidEngine, InferenceEngine, StepEngine};

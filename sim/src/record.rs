@@ -50,7 +50,11 @@ impl fmt::Display for Status {
 
 /// Service-level objective per request: a completed request meets it when its TTFT, its TPOT
 /// (when it has one) and, if bounded, its end-to-end latency are within the bounds.
-#[derive(Debug, Clone, Copy, PartialEq)]
+///
+/// **The one SLO type**: the scenario's `slo`, what `capacity`'s `--slo` reduces to per request
+/// (`SloSpec::per_request`), and what `summary.json`, the console and the report show a run was
+/// judged against (its `Display`).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct Slo {
     /// Time to first token, seconds.
     pub ttft_s: f64,
@@ -58,7 +62,27 @@ pub struct Slo {
     pub tpot_s: f64,
     /// End-to-end latency, seconds (`None`: not bounded; scenario files do not set it,
     /// `routelab capacity` does when its `--slo` names an `e2el` bound).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub e2e_s: Option<f64>,
+}
+
+impl fmt::Display for Slo {
+    /// `TTFT ≤ 2 s and TPOT ≤ 0.1 s per request` (the end-to-end bound, when there is one,
+    /// after them).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.e2e_s {
+            None => write!(
+                f,
+                "TTFT ≤ {} s and TPOT ≤ {} s per request",
+                self.ttft_s, self.tpot_s
+            ),
+            Some(e2e) => write!(
+                f,
+                "TTFT ≤ {} s, TPOT ≤ {} s and end-to-end latency ≤ {e2e} s per request",
+                self.ttft_s, self.tpot_s
+            ),
+        }
+    }
 }
 
 impl Default for Slo {
@@ -427,6 +451,30 @@ impl Recorder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_slo_says_its_bounds_the_same_way_everywhere() {
+        let scenario = Slo::default();
+        assert_eq!(
+            scenario.to_string(),
+            "TTFT ≤ 2 s and TPOT ≤ 0.1 s per request"
+        );
+        assert_eq!(
+            serde_json::to_string(&scenario).unwrap(),
+            r#"{"ttft_s":2.0,"tpot_s":0.1}"#
+        );
+        let capacity = Slo {
+            ttft_s: 0.5,
+            tpot_s: f64::INFINITY,
+            e2e_s: Some(30.0),
+        };
+        assert_eq!(
+            capacity.to_string(),
+            "TTFT ≤ 0.5 s, TPOT ≤ inf s and end-to-end latency ≤ 30 s per request"
+        );
+        assert!(capacity.met_by(0.4, Some(9.0), 29.0));
+        assert!(!capacity.met_by(0.4, None, 31.0));
+    }
 
     fn outcome(status: Status, output_tokens: u32) -> Outcome {
         Outcome {

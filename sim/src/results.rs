@@ -7,7 +7,9 @@
 
 use crate::histogram::Histogram;
 use crate::record::RunWarning;
-use routelab_policies::Provenance;
+#[cfg(doc)]
+use routelab_policies::PolicyConfig;
+use routelab_policies::{PolicyRole, Provenance};
 
 /// One timeline sample of one worker.
 #[derive(Debug, Clone, PartialEq)]
@@ -248,6 +250,9 @@ pub struct ReplicaTotals {
 pub struct RunMetrics {
     /// Policy name.
     pub policy: String,
+    /// What the policy is ([`PolicyConfig::role`]); [`PolicyRole::Ours`] until the host that
+    /// ran the policy's config says otherwise.
+    pub role: PolicyRole,
     /// Customer requests that arrived.
     pub requests: u64,
     /// Completed.
@@ -340,6 +345,7 @@ impl RunMetrics {
     pub fn new(policy: impl Into<String>, workers: Vec<WorkerTotals>) -> RunMetrics {
         RunMetrics {
             policy: policy.into(),
+            role: PolicyRole::Ours,
             requests: 0,
             completed: 0,
             failed: 0,
@@ -396,9 +402,11 @@ impl RunMetrics {
         ratio(self.believed_cached_tokens, self.prompt_tokens)
     }
 
-    /// Fraction of completed requests within the SLO.
-    pub fn slo_attainment(&self) -> f64 {
-        ratio(self.slo_met, self.requests)
+    /// SLO attainment, **the one rule**: the fraction of the run's arrived requests that
+    /// completed within every bound of the SLO the run was recorded against (`None`: no request
+    /// arrived). `run`'s metric and `capacity`'s per-request target both read it.
+    pub fn slo_attainment(&self) -> Option<f64> {
+        (self.requests > 0).then(|| self.slo_met as f64 / self.requests as f64)
     }
 
     /// The weight error of the whole fleet: every worker's integral over every worker's
@@ -406,7 +414,7 @@ impl RunMetrics {
     /// workers and replicas), against the oracle that rates each engine at its **operating
     /// concurrency** — the sequences it decoded, time-averaged over its active time, as far
     /// as the run had gone when the reference was last refreshed (see the simulator's
-    /// `engine::weight_error`). A host that has no oracle (the real-time player) leaves it
+    /// `event_loop::weight_error`). A host that has no oracle (the real-time player) leaves it
     /// empty: `mean()` is then `None`.
     pub fn weight_error(&self) -> WeightError {
         self.workers

@@ -12,6 +12,7 @@
 //! ready-made `gateway-log` and `otel-genai`), and [`TraceStats`] summarises any source in one
 //! pass.
 
+pub mod catalog;
 mod closed_loop;
 mod conversations;
 mod dist;
@@ -30,9 +31,9 @@ pub use dist::{DurationDist, LengthDist, SourceRng, Until};
 pub use error::TrafficError;
 pub use hash::{BLOCK_TOKENS, CHAIN_ROOT, blocks_for_tokens, chain_block_hash};
 pub use mapping::{
-    ArrivalUnit, EPOCH_DOUBT_BEFORE_S, FieldPath, OFFSET_MS_DOUBT_RATE, OFFSET_MS_DOUBT_SPAN_S,
-    OFFSET_S_DOUBT_RATE, OFFSET_S_DOUBT_SPAN_S, READY_MADE_MAPPINGS, SHRINKING_FOLLOW_UPS,
-    SHRINKING_MIN_FOLLOW_UPS, SessionPrefix, TraceLayout, TraceMapping,
+    ArrivalError, ArrivalUnit, EPOCH_DOUBT_BEFORE_S, FieldPath, MappingError, OFFSET_MS_DOUBT_RATE,
+    OFFSET_MS_DOUBT_SPAN_S, OFFSET_S_DOUBT_RATE, OFFSET_S_DOUBT_SPAN_S, READY_MADE_MAPPINGS,
+    SHRINKING_FOLLOW_UPS, SHRINKING_MIN_FOLLOW_UPS, SessionPrefix, TraceLayout, TraceMapping,
 };
 pub use merge::Merge;
 pub use open_loop::{

@@ -8,14 +8,15 @@ use crate::lab::{
     canonical_options, capacity_of, holdout_fraction, map_parallel, read_scenario, seed_meaning,
 };
 use anyhow::Context;
+use routelab_lab::capacity::{SearchOptions, SeedPlan, StudyPlan, run_study};
+use routelab_lab::partial::{CapacityRun, InputsHash, MergeSet};
+use routelab_lab::seed_of;
 use routelab_policies::{InputError, PolicyConfig};
 use routelab_reports::capacity::{
-    SearchOptions, SeedPlan, SloSpec, StudyPlan, capacity_out_of_sample, capacity_table, run_study,
-    update_findings, write_capacity,
+    SloSpec, capacity_out_of_sample, capacity_table, update_findings, write_capacity,
 };
 use routelab_reports::holdout::held_out_text;
-use routelab_reports::partial::{CapacityRun, InputsHash, MergeSet};
-use routelab_reports::stats::{AutoSeeds, seed_of};
+use routelab_reports::stats::AutoSeeds;
 use routelab_sim::Scenario;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -204,6 +205,7 @@ impl Plan {
 
 impl Sharded for Plan {
     type Record = CapacityRun;
+    type Error = anyhow::Error;
     const COMMAND: &'static str = "capacity";
 
     fn units(&self) -> usize {
@@ -311,7 +313,7 @@ impl Sharded for Plan {
                 batch
                     .iter()
                     .map(|&(p, seed)| found.take(&(i, p, seed)).map(|r| r.found))
-                    .collect::<anyhow::Result<Vec<_>>>()
+                    .collect::<Result<Vec<_>, _>>()
             })?;
             studies.push(study);
         }
@@ -354,7 +356,7 @@ pub fn merged(
     set: MergeSet,
     out: &mut impl Write,
 ) -> anyhow::Result<ExitCode> {
-    lab::merge_shards(&Plan::new(args)?, set, out, &mut std::io::sink())
+    routelab_lab::sharded::merge(&Plan::new(args)?, set, out, &mut std::io::sink())
 }
 
 /// The policies and study plan of one scenario.
@@ -384,7 +386,7 @@ fn study_plan(
     let plan = StudyPlan {
         scenario: scenario.name.clone(),
         description: scenario.description.clone(),
-        policies: policies.iter().map(|p| p.name.clone()).collect(),
+        policies: policies.clone(),
         baseline,
         first_seed,
         seeds,

@@ -1,4 +1,4 @@
-//! `routelab check`: the routing-quality regression gate (see `routelab_reports::gate`).
+//! `routelab check`: the routing-quality regression gate (see `routelab_lab::gate`).
 //!
 //! Parses the arguments, runs the suite's simulations in parallel and hands them to the gate
 //! library; prints the report in the chosen format. Exit 1 on a regression, a failed
@@ -15,11 +15,11 @@ use crate::lab::{
     run_all,
 };
 use clap::builder::TypedValueParser as _;
+use routelab_lab::gate::{Gate, baseline_file, gate_values, measure_values, write_baselines};
+use routelab_lab::partial::{CheckRun, InputsHash, MergeSet};
 use routelab_policies::InputError;
 use routelab_reports::Format as ExportFormat;
 use routelab_reports::export::Detail;
-use routelab_reports::gate::{Gate, baseline_file, gate_values, measure_values, write_baselines};
-use routelab_reports::partial::{CheckRun, InputsHash, MergeSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -114,6 +114,7 @@ impl Plan {
 
 impl Sharded for Plan {
     type Record = CheckRun;
+    type Error = anyhow::Error;
     const COMMAND: &'static str = "check";
 
     fn units(&self) -> usize {
@@ -197,7 +198,7 @@ pub fn merged(
     out: &mut impl Write,
     note: &mut impl Write,
 ) -> anyhow::Result<ExitCode> {
-    lab::merge_shards(&Plan::new(args)?, set, out, note)
+    routelab_lab::sharded::merge(&Plan::new(args)?, set, out, note)
 }
 
 /// Measure the suite from the records (in job order, as the gate aggregates seeds) and report.

@@ -1,22 +1,23 @@
 //! `routelab compare SCENARIO...`: policies × seeds on each scenario, mean and 95 % interval
 //! across seeds, every policy's paired difference from a baseline, one comparison report (and,
 //! with `--findings`, the Markdown findings document). `--seeds auto` adds seeds until the
-//! paired differences are precise enough (`routelab_reports::grow_seeds`).
+//! paired differences are precise enough (`routelab_lab::grow_seeds`).
 
 use crate::lab::{
     self, Found, Job, RecordKey, ResampleArgs, ShardArgs, Sharded, ShardedArgs, Timing,
     canonical_options, holdout_fraction, read_scenario, run_all, seed_meaning,
 };
 use anyhow::Context;
+use routelab_lab::partial::{CompareRun, InputsHash, MergeSet, Record};
+use routelab_lab::{grow_seeds, seed_of};
 use routelab_policies::located::rule::{self, Violation};
 use routelab_policies::{InputError, PolicyConfig};
 use routelab_reports::findings;
 use routelab_reports::holdout::held_out_text;
-use routelab_reports::partial::{CompareRun, InputsHash, MergeSet, Record};
-use routelab_reports::stats::{AutoSeeds, seed_of};
+use routelab_reports::stats::AutoSeeds;
 use routelab_reports::{
     PerfInfo, PerfRun, PolicySeeds, RunSummary, ScenarioComparison, SeedResult,
-    compare_out_of_sample, compare_table, findings_document, grow_seeds, write_compare, write_perf,
+    compare_out_of_sample, compare_table, findings_document, write_compare, write_perf,
 };
 use routelab_sim::Scenario;
 use std::io::{IsTerminal, Write};
@@ -262,9 +263,7 @@ impl Plan {
             let mut c = ScenarioComparison::new(
                 sc.name.clone(),
                 sc.description.clone(),
-                ps.iter()
-                    .map(|p| PolicySeeds::new(p.name.clone()))
-                    .collect(),
+                ps.iter().map(PolicySeeds::of).collect(),
             );
             c.baseline = baseline_index(args.baseline.as_deref(), sc, ps)?;
             c.seed_meaning = seed_meaning(sc)?;
@@ -362,7 +361,7 @@ impl Plan {
     ) -> anyhow::Result<(u64, Vec<CompareRun>)> {
         let runs = (0..self.policies[i].len())
             .map(|p| found.take(&(i, k, p)))
-            .collect::<anyhow::Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>, _>>()?;
         used.extend(runs.iter().cloned());
         Ok((seed_of(self.scenarios[i].setup.seed, k), runs))
     }
@@ -411,6 +410,7 @@ impl Plan {
 
 impl Sharded for Plan {
     type Record = CompareRun;
+    type Error = anyhow::Error;
     const COMMAND: &'static str = "compare";
 
     fn units(&self) -> usize {
@@ -497,7 +497,7 @@ pub fn run(args: &CompareArgs, out: &mut impl Write) -> anyhow::Result<ExitCode>
 
 /// `routelab merge` of compare partials: the outputs of the whole run from the shards' records.
 pub fn merged(args: &CompareArgs, set: MergeSet, out: &mut impl Write) -> anyhow::Result<ExitCode> {
-    lab::merge_shards(&Plan::new(args)?, set, out, &mut std::io::sink())
+    routelab_lab::sharded::merge(&Plan::new(args)?, set, out, &mut std::io::sink())
 }
 
 /// Build the comparisons from the records and write every output.

@@ -8,7 +8,7 @@
 use crate::commands;
 use anyhow::Context;
 use clap::Parser;
-use routelab_reports::partial::{Partial, check_set};
+use routelab_lab::partial::{Partial, check_set};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;

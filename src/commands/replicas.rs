@@ -6,11 +6,10 @@
 
 use crate::lab::{Job, capacity_of, map_parallel, run_job};
 use anyhow::Context;
+use routelab_lab::capacity::{SearchOptions, SeedPlan, StudyPlan, run_study};
 use routelab_policies::located::rule;
 use routelab_policies::{InputError, PRESETS, PolicyConfig};
-use routelab_reports::capacity::{
-    CapacityStudy, SearchOptions, SeedPlan, SloSpec, StudyPlan, run_study,
-};
+use routelab_reports::capacity::{CapacityStudy, SloSpec};
 use routelab_reports::replicas::{
     DEFAULT_SPLIT, Deployment, Quality, ReplicaStudy, best_field_router, scenario_part,
     update_findings,
@@ -225,7 +224,7 @@ fn capacity(
     let plan = StudyPlan {
         scenario: scenario.name.clone(),
         description: scenario.description.clone(),
-        policies: policies.iter().map(|p| p.name.clone()).collect(),
+        policies: policies.to_vec(),
         baseline: 0,
         first_seed,
         seeds: SeedPlan::Fixed(seeds as usize),

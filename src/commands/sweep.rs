@@ -3,7 +3,7 @@
 //! A `--set` path addresses the scenario's YAML: `traffic[0].poisson.rate_per_s`,
 //! `fleet[1].speed_factor`, `slo.ttft_s`. Several `--set` make a grid (their cartesian product).
 //! `--seeds N` runs every point and policy on N seeds, `first + k` for k = 0, 1, … from the
-//! scenario's seed (or `--seed`), by the rule `compare` uses too (`stats::seed_of`), and reports
+//! scenario's seed (or `--seed`), by the rule `compare` uses too (`routelab_lab::seed_of`), and reports
 //! the mean and 95 % interval across them.
 
 use crate::lab::{
@@ -11,9 +11,9 @@ use crate::lab::{
     run_all,
 };
 use anyhow::Context;
+use routelab_lab::partial::{InputsHash, MergeSet, SweepRun};
 use routelab_policies::PolicyConfig;
-use routelab_reports::partial::{InputsHash, MergeSet, SweepRun};
-use routelab_reports::{RunSummary, SweepRow, sweep_table, write_sweep};
+use routelab_reports::{PolicySeeds, RunSummary, SweepRow, sweep_table, write_sweep};
 use routelab_sim::Scenario;
 use routelab_sim::sweep::{Axis, GridPoint, grid};
 use std::io::Write;
@@ -120,7 +120,7 @@ impl Plan {
                     jobs.push(Job {
                         scenario: &point.scenario,
                         policy: p,
-                        seed: routelab_reports::stats::seed_of(self.first_seed, k),
+                        seed: routelab_lab::seed_of(self.first_seed, k),
                         rows: false,
                     });
                 }
@@ -132,6 +132,7 @@ impl Plan {
 
 impl Sharded for Plan {
     type Record = SweepRun;
+    type Error = anyhow::Error;
     const COMMAND: &'static str = "sweep";
 
     fn units(&self) -> usize {
@@ -149,7 +150,7 @@ impl Sharded for Plan {
             "grid point {}, policy `{}`, seed {} (run {job})",
             point.labels.join(", "),
             self.policies[job % per_point / self.seeds].name,
-            routelab_reports::stats::seed_of(self.first_seed, job % self.seeds)
+            routelab_lab::seed_of(self.first_seed, job % self.seeds)
         )
     }
 
@@ -202,7 +203,7 @@ impl Sharded for Plan {
         let mut job = 0;
         for point in &self.points {
             for p in &self.policies {
-                let mut row = SweepRow::new(point.labels.clone(), p.name.clone());
+                let mut row = SweepRow::new(point.labels.clone(), PolicySeeds::of(p));
                 for _ in 0..self.seeds {
                     let r = found.take(&job)?;
                     row.runs.push_summary(r.seed, r.summary, None);
@@ -238,5 +239,5 @@ pub fn run(args: &SweepArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
 
 /// `routelab merge` of sweep partials: the outputs of the whole grid from the shards' records.
 pub fn merged(args: &SweepArgs, set: MergeSet, out: &mut impl Write) -> anyhow::Result<ExitCode> {
-    lab::merge_shards(&Plan::new(args)?, set, out, &mut std::io::sink())
+    routelab_lab::sharded::merge(&Plan::new(args)?, set, out, &mut std::io::sink())
 }

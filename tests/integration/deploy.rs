@@ -5,7 +5,7 @@
 //! once, and the merge must be handed exactly the partials the shards wrote.
 
 use crate::common::scratch;
-use routelab_reports::shard::Shard;
+use routelab_lab::shard::Shard;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::ffi::OsString;

@@ -129,7 +129,7 @@ fn fit_prints_the_yaml_without_out() {
     assert!(y.contains("name: \"printed\"\n") && y.contains("context_window: 16384\n"));
     // the 88 tok/s cold burst against the fitted 320.2 tok/s at 16
     assert!(
-        y.contains("cold_start: { speed_factor: 0.2748, warmup_tokens: 3056 }"),
+        y.contains("cold_start: {speed_factor: 0.2748, warmup_tokens: 3056}"),
         "{y}"
     );
 }
@@ -347,7 +347,7 @@ fn step_model_flags_are_written_or_refused() {
     let y = String::from_utf8_lossy(&o.stdout);
     assert!(y.contains("decode aggregate from pure-decode rows"), "{y}");
     assert!(
-        y.contains("- { concurrency: 16, aggregate_tok_s: 248.174 }"),
+        y.contains("- {concurrency: 16, aggregate_tok_s: 248.174}"),
         "{y}"
     );
 

@@ -46,7 +46,7 @@ fn default_heartbeat_s() -> f64 {
 impl KvEventsConfig {
     /// Check the endpoints' form (`tcp://host:port`) and the heartbeat; the message names what
     /// is wrong.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), KvEventsError> {
         for (field, e) in [
             ("endpoint", Some(&self.endpoint)),
             ("replay_endpoint", self.replay_endpoint.as_ref()),
@@ -57,19 +57,37 @@ impl KvEventsConfig {
                 .and_then(|hp| hp.rsplit_once(':'))
                 .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
             if !ok {
-                return Err(format!(
-                    "kv_events.{field} `{e}` is not a ZeroMQ TCP endpoint (valid: tcp://HOST:PORT, port 1-65535)"
-                ));
+                return Err(KvEventsError::Endpoint {
+                    field,
+                    endpoint: e.clone(),
+                });
             }
         }
         if !(self.heartbeat_s.is_finite() && (0.01..=3600.0).contains(&self.heartbeat_s)) {
-            return Err(format!(
-                "kv_events.heartbeat_s = {} (valid: 0.01 to 3600 seconds)",
-                self.heartbeat_s
-            ));
+            return Err(KvEventsError::Heartbeat(self.heartbeat_s));
         }
         Ok(())
     }
+}
+
+/// What is wrong with a `kv_events` block ([`KvEventsConfig::validate`]); the message names the
+/// field and what is valid.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KvEventsError {
+    /// An endpoint that is not `tcp://HOST:PORT`.
+    #[error(
+        "kv_events.{field} `{endpoint}` is not a ZeroMQ TCP endpoint (valid: tcp://HOST:PORT, port 1-65535)"
+    )]
+    Endpoint {
+        /// `endpoint` or `replay_endpoint`.
+        field: &'static str,
+        /// As configured.
+        endpoint: String,
+    },
+    /// A heartbeat outside 0.01 to 3600 seconds.
+    #[error("kv_events.heartbeat_s = {0} (valid: 0.01 to 3600 seconds)")]
+    Heartbeat(f64),
 }
 
 /// Where a worker's stream stands.
@@ -253,7 +271,7 @@ mod tests {
             "ipc:///x",
         ] {
             c.endpoint = bad.into();
-            let e = c.validate().unwrap_err();
+            let e = c.validate().unwrap_err().to_string();
             assert!(
                 e.contains("kv_events.endpoint") && e.contains("tcp://HOST:PORT"),
                 "{e}"
@@ -261,6 +279,11 @@ mod tests {
         }
         c.endpoint = "tcp://h:1".into();
         c.heartbeat_s = 0.0;
-        assert!(c.validate().unwrap_err().contains("heartbeat_s"));
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("heartbeat_s")
+        );
     }
 }

@@ -320,6 +320,20 @@ impl Cap {
     }
 }
 
+/// What a policy is when a verdict names it, decided from its validated config (never from its
+/// name, so a YAML policy with a name of its own is classified like the preset it composes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PolicyRole {
+    /// One of the field's routers (`rules.rs`): what a user could deploy instead.
+    Field,
+    /// Oracle weights: the true capacities, which only the lab knows; an upper bound to measure
+    /// the others against, not a policy a gateway can deploy.
+    Oracle,
+    /// Everything else: the source's presets and our own compositions.
+    #[default]
+    Ours,
+}
+
 /// A validated policy.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PolicyConfig {
@@ -345,6 +359,19 @@ impl PolicyConfig {
     /// so the policy is an upper bound to compare with, not one a gateway can deploy.
     pub fn is_oracle(&self) -> bool {
         matches!(self.weights, WeightsConfig::Oracle(_))
+    }
+
+    /// What the policy is in a verdict. Oracle weights first: a field rule composed over them
+    /// (`oracle/least-load`) reads what no gateway knows, so it is no router a user could
+    /// deploy instead; then the field's rules; else ours.
+    pub fn role(&self) -> PolicyRole {
+        if self.is_oracle() {
+            PolicyRole::Oracle
+        } else if self.chooser.is_peer_rule() {
+            PolicyRole::Field
+        } else {
+            PolicyRole::Ours
+        }
     }
 
     /// True when something reads the router's prefix index: a prefix affinity or one of the
@@ -764,6 +791,25 @@ mod tests {
         );
         for p in catalog::PRESETS {
             assert!(PolicyConfig::preset(p.name).is_ok());
+        }
+    }
+
+    #[test]
+    fn a_policys_role_comes_from_its_config_not_its_name() {
+        let role = |n: &str| PolicyConfig::from_name(n).unwrap().role();
+        assert_eq!(role("least-load"), PolicyRole::Field);
+        assert_eq!(role("kv-cost"), PolicyRole::Field);
+        assert_eq!(role("seed-v3"), PolicyRole::Ours);
+        assert_eq!(role("predictive"), PolicyRole::Ours);
+        assert_eq!(role("oracle/sed/capacity/weighted:24"), PolicyRole::Oracle);
+        // A field rule over oracle weights reads what no gateway knows: the lab's, not the field's.
+        assert_eq!(role("oracle/least-load"), PolicyRole::Oracle);
+        // A YAML policy names itself: the name says nothing, the parts decide.
+        for n in ["oracle/p2c", "cache-aware", "seed-v1"] {
+            let mut c = PolicyConfig::from_name(n).unwrap();
+            let expected = c.role();
+            c.name = "my-router".into();
+            assert_eq!(c.role(), expected, "{n}");
         }
     }
 

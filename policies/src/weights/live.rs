@@ -8,6 +8,7 @@
 //! disagreement the source describes.
 
 use super::{Clamp, Shaping, TableConfig, WeightChange, WeightEvent, WeightStrategy, ensure_slot};
+use crate::histogram::{bucket_at_rank, nearest_rank};
 use crate::time::Time;
 use crate::worker::{Fleet, Provenance, Weight, WorkerId};
 use std::time::Duration;
@@ -74,16 +75,10 @@ impl SpeedHistogram {
         if self.total == 0 {
             return None;
         }
-        let target = self.total.div_ceil(2);
-        let mut seen = 0;
-        for (i, c) in self.counts.iter().enumerate() {
-            seen += c;
-            if seen >= target {
-                // Geometric middle of the bucket.
-                return Some(SPEED_MIN * ((i as f64 + 0.5) * SPEED_RATIO_LN).exp());
-            }
-        }
-        None
+        let rank = nearest_rank(0.5, u64::from(self.total));
+        let i = bucket_at_rank(&self.counts, rank)?;
+        // Geometric middle of the bucket.
+        Some(SPEED_MIN * ((i as f64 + 0.5) * SPEED_RATIO_LN).exp())
     }
 }
 

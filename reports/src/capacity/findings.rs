@@ -5,9 +5,10 @@
 use super::CapacityStudy;
 use crate::findings;
 use crate::holdout::OutOfSample;
-use crate::num::{fmt_half_width, fmt_sig};
+use crate::interval_text;
+use crate::num::fmt_sig;
 use crate::stats::{Interval, excludes};
-use routelab_policies::PolicyConfig;
+use routelab_policies::PolicyRole;
 use std::fmt::Write as _;
 
 /// What a policy is, for the verdict.
@@ -24,15 +25,15 @@ pub enum PolicyKind {
 }
 
 impl PolicyKind {
-    /// Of policy `i` of a study, from its name (a preset or a composition).
+    /// Of policy `i` of a study: the baseline, else the role its validated config gave it.
     pub fn of(st: &CapacityStudy, i: usize) -> PolicyKind {
         if i == st.baseline {
             return PolicyKind::Baseline;
         }
-        match PolicyConfig::from_name(&st.policies[i].policy) {
-            Ok(c) if c.chooser.is_peer_rule() => PolicyKind::Field,
-            Ok(c) if c.is_oracle() => PolicyKind::Oracle,
-            _ => PolicyKind::Ours,
+        match st.policies[i].role {
+            PolicyRole::Field => PolicyKind::Field,
+            PolicyRole::Oracle => PolicyKind::Oracle,
+            PolicyRole::Ours => PolicyKind::Ours,
         }
     }
 
@@ -51,14 +52,9 @@ pub(crate) fn ratio_cell(r: Option<Interval>) -> String {
     match r {
         None => "-".into(),
         Some(r) => {
-            let ci = match r.half_width {
-                Some(_) => format!(
-                    " [{}, {}]",
-                    fmt_sig(Some(r.low()), 3),
-                    fmt_sig(Some(r.high()), 3)
-                ),
-                None => String::new(),
-            };
+            let ci = interval_text::bounds(&r, 3)
+                .map(|b| format!(" {b}"))
+                .unwrap_or_default();
             let verdict = if excludes(&r, 1.0) {
                 ""
             } else {
@@ -296,17 +292,7 @@ fn scenario_part(st: &CapacityStudy) -> String {
     );
     for (i, p) in st.policies.iter().enumerate() {
         let iv = p.interval();
-        let cap = match iv {
-            Some(iv) => match iv.half_width {
-                Some(h) => format!(
-                    "{} {}",
-                    fmt_sig(Some(iv.mean), 3),
-                    fmt_half_width(iv.mean, h)
-                ),
-                None => fmt_sig(Some(iv.mean), 3),
-            },
-            None => "-".into(),
-        };
+        let cap = interval_text::cell(iv, 3);
         let note = p.censored_note();
         // The note's headline ("infeasible on 3/5 seeds (counted as 0)"); the why is in the
         // command's own outputs.
@@ -343,7 +329,7 @@ fn scenario_part(st: &CapacityStudy) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::search::tests::ps_run;
+    use super::super::fixture;
     use super::super::*;
     use super::*;
     use crate::holdout::Holds;
@@ -359,29 +345,9 @@ mod tests {
             "oracle/sed/capacity/weighted:24",
         ];
         let speeds = [1.0, 1.5, ours_speed, 2.0];
-        let plan = StudyPlan {
-            scenario: "sc".into(),
-            description: String::new(),
-            policies: policies.iter().map(|p| p.to_string()).collect(),
-            baseline: 0,
-            first_seed: 1,
-            seeds: SeedPlan::Fixed(3),
-            slo: spec.clone(),
-            options: SearchOptions::default(),
-            base_rate_per_s: Some(1.0),
-            seed_meaning: Default::default(),
-        };
-        run_study(plan, |b| {
-            b.iter()
-                .map(|&(p, seed)| {
-                    let speed = speeds[p] * (1.0 + seed as f64 / 10.0);
-                    find_capacity(&spec, &SearchOptions::default(), seed, |s| {
-                        ps_run(s / speed)
-                    })
-                })
-                .collect::<Result<Vec<_>, String>>()
+        fixture::study(&spec, &policies, 3, 1.0, |p, seed| {
+            8.0 * speeds[p] * (1.0 + seed as f64 / 10.0)
         })
-        .unwrap()
     }
 
     #[test]
@@ -391,6 +357,11 @@ mod tests {
         assert_eq!(PolicyKind::of(&st, 1), PolicyKind::Field);
         assert_eq!(PolicyKind::of(&st, 2), PolicyKind::Ours);
         assert_eq!(PolicyKind::of(&st, 3), PolicyKind::Oracle);
+        // The kind is the config's role, whatever the policy is called (issue 28: it was the
+        // name parsed back, so a self-named YAML oracle counted as ours).
+        let mut renamed = st.clone();
+        renamed.policies[3].policy = "our-upper-bound".into();
+        assert_eq!(PolicyKind::of(&renamed, 3), PolicyKind::Oracle);
         let md = findings_section(&[st]);
         // The oracle carries most but is not deployable: the field router is shipped.
         assert!(
@@ -398,7 +369,7 @@ mod tests {
             "{md}"
         );
         assert!(
-            md.contains("Our measured-weight policies lose to this field router here: the best of ours, `seed-v3`, carries 0.799x ["),
+            md.contains("Our measured-weight policies lose to this field router here: the best of ours, `seed-v3`, carries 0.800x ["),
             "{md}"
         );
         assert!(
@@ -411,7 +382,7 @@ mod tests {
     #[test]
     fn ours_winning_is_compared_with_the_best_field_router() {
         let md = findings_section(&[study(1.8)]);
-        assert!(md.contains("Ship `seed-v3`: it carries 1.81x ["), "{md}");
+        assert!(md.contains("Ship `seed-v3`: it carries 1.80x ["), "{md}");
         assert!(
             md.contains("(the best of the field's routers here)"),
             "{md}"
@@ -425,30 +396,14 @@ mod tests {
     #[test]
     fn a_baseline_that_never_meets_the_slo_is_said_so() {
         let spec = SloSpec::parse("e2el_mean<=500ms", None).unwrap();
-        let plan = StudyPlan {
-            scenario: "sc".into(),
-            description: String::new(),
-            policies: vec!["equal/round-robin/none/none".into(), "seed-v3".into()],
-            baseline: 0,
-            first_seed: 1,
-            seeds: SeedPlan::Fixed(2),
-            slo: spec.clone(),
-            options: SearchOptions::default(),
-            base_rate_per_s: Some(1.0),
-            seed_meaning: Default::default(),
-        };
-        let st = run_study(plan, |b| {
-            b.iter()
-                .map(|&(p, seed)| {
-                    // Round robin: past saturation even at 1/64 load.
-                    let speed = if p == 0 { 1.0 / 1000.0 } else { 1.0 };
-                    find_capacity(&spec, &SearchOptions::default(), seed, |s| {
-                        ps_run(s / speed)
-                    })
-                })
-                .collect::<Result<Vec<_>, String>>()
-        })
-        .unwrap();
+        // Round robin: past saturation even at 1/64 load.
+        let st = fixture::study(
+            &spec,
+            &["equal/round-robin/none/none", "seed-v3"],
+            2,
+            1.0,
+            |p, _| if p == 0 { 0.0 } else { 8.0 },
+        );
         assert_eq!(st.policies[0].scales(), [0.0, 0.0]);
         assert!(
             st.policies[0]

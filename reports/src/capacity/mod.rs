@@ -2,10 +2,11 @@
 //! ratio to a baseline policy with a paired interval.
 //!
 //! - [`slo`]: the `--slo` spec ([`SloSpec`]) and the one test of whether a run meets it.
-//! - [`search`]: the search on one seed ([`find_capacity`]): bracket from load scale 1 by
-//!   doubling or halving, then bisect to the precision.
-//! - [`study`] (this module): policies × seeds, with `--seeds auto` ([`AutoSeeds`] on the
-//!   paired ratios), into a [`CapacityStudy`].
+//! - [`search`]: what the search on one seed finds ([`SeedCapacity`], [`Evaluation`],
+//!   [`Censored`]).
+//! - this module: the study across policies and seeds ([`CapacityStudy`]) and its paired
+//!   ratios. The search and the study runner (`find_capacity`, `run_study`, `--seeds auto`)
+//!   are `routelab-lab`'s; what they find is plain data here.
 //! - `report`: `capacity.json`, `capacity.csv`, `capacity_evaluations.csv`, the charts,
 //!   `report.html` and the console table.
 //!
@@ -30,32 +31,37 @@ pub use findings::{
 };
 pub(crate) use findings::{best, ratio_cell};
 pub use report::{capacity_table, write_capacity};
-pub use search::{Censored, Evaluation, SearchOptions, SeedCapacity, find_capacity};
+pub use search::{Censored, Evaluation, SeedCapacity};
 pub use slo::{Bound, SloMetric, SloSpec, Statistic};
 
 use crate::holdout::OutOfSample;
-use crate::stats::{AutoSeeds, Interval, SeedStop, excludes, paired_ratio};
+use crate::stats::{Interval, SeedStop, excludes, paired_ratio};
+use routelab_policies::PolicyRole;
 use serde::Serialize;
-
-/// How many seeds: a fixed count or the `--seeds auto` rule.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum SeedPlan {
-    /// Exactly this many (≥ 1).
-    Fixed(usize),
-    /// Add seeds until every paired ratio is precise enough, or the maximum.
-    Auto(AutoSeeds),
-}
 
 /// One policy's capacities, one per seed (in seed order).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PolicyCapacity {
     /// Policy name.
     pub policy: String,
+    /// What the policy is, from its validated config (the findings' verdicts read it; not
+    /// written: `capacity.json` names policies only).
+    #[serde(skip)]
+    pub role: PolicyRole,
     /// Per-seed searches.
     pub seeds: Vec<SeedCapacity>,
 }
 
 impl PolicyCapacity {
+    /// A policy named `policy` whose role is `role`, no seed searched yet.
+    pub fn of(policy: String, role: PolicyRole) -> PolicyCapacity {
+        PolicyCapacity {
+            policy,
+            role,
+            seeds: Vec::new(),
+        }
+    }
+
     /// Per-seed capacity scales.
     pub fn scales(&self) -> Vec<f64> {
         self.seeds.iter().map(|s| s.scale).collect()
@@ -167,215 +173,84 @@ impl CapacityStudy {
     }
 }
 
-/// What a study needs besides the searches.
-#[derive(Debug, Clone)]
-pub struct StudyPlan {
-    /// Scenario name.
-    pub scenario: String,
-    /// Scenario description.
-    pub description: String,
-    /// Policy names, in order.
-    pub policies: Vec<String>,
-    /// Index of the baseline in `policies`.
-    pub baseline: usize,
-    /// The first seed (seeds are `first_seed`, `first_seed + 1`, …).
-    pub first_seed: u64,
-    /// How many seeds.
-    pub seeds: SeedPlan,
-    /// The SLO.
-    pub slo: SloSpec,
-    /// The search.
-    pub options: SearchOptions,
-    /// Mean arrival rate at scale 1.
-    pub base_rate_per_s: Option<f64>,
-    /// What a seed is: the sentence and its short form.
-    pub seed_meaning: (String, String),
-}
-
-/// Run a study: `search_batch` finds the capacity of each `(policy index, seed)` it is given
-/// and returns them in the same order (the host may run them in parallel). With a fixed seed
-/// count, one batch; with `--seeds auto`, batches of [`AutoSeeds::step`] more seeds until
-/// [`AutoSeeds::stop`] says the paired ratios are precise (their half-width at most
-/// `rel_half_width`, in ratio units) or the maximum is reached.
-///
-/// # Errors
-/// The first error of `search_batch`.
-pub fn run_study<E>(
-    plan: StudyPlan,
-    mut search_batch: impl FnMut(&[(usize, u64)]) -> Result<Vec<SeedCapacity>, E>,
-) -> Result<CapacityStudy, E> {
-    let mut study = CapacityStudy {
-        scenario: plan.scenario,
-        description: plan.description,
-        slo: plan.slo,
-        precision: plan.options.precision,
-        base_rate_per_s: plan.base_rate_per_s,
-        baseline: plan.baseline,
-        seed_stop: SeedStop::Fixed,
-        auto_rule: match plan.seeds {
-            SeedPlan::Fixed(_) => None,
-            SeedPlan::Auto(a) => Some((a.rel_half_width, a.max)),
-        },
-        seeds: Vec::new(),
-        policies: plan
-            .policies
-            .iter()
-            .map(|p| PolicyCapacity {
-                policy: p.clone(),
-                seeds: Vec::new(),
-            })
-            .collect(),
-        seed_meaning: plan.seed_meaning,
-        out_of_sample: None,
-    };
-    let mut want = match plan.seeds {
-        SeedPlan::Fixed(n) => n.max(1),
-        SeedPlan::Auto(a) => a.start.max(2).min(a.max),
-    };
-    loop {
-        let new: Vec<u64> = (study.seeds.len()..want)
-            .map(|k| crate::stats::seed_of(plan.first_seed, k))
-            .collect();
-        let batch: Vec<(usize, u64)> = (0..study.policies.len())
-            .flat_map(|p| new.iter().map(move |s| (p, *s)))
-            .collect();
-        let found = search_batch(&batch)?;
-        for (&(p, _), c) in batch.iter().zip(found) {
-            study.policies[p].seeds.push(c);
-        }
-        study.seeds.extend(new);
-        let SeedPlan::Auto(auto) = plan.seeds else {
-            study.seed_stop = SeedStop::Fixed;
-            return Ok(study);
-        };
-        // A policy whose ratio to the baseline cannot be formed yet (the baseline infeasible
-        // on every seed so far) is not precise: it counts as an interval without a width, so
-        // the rule adds seeds until a ratio forms or the maximum is reached (dropping it would
-        // let an empty list read as "every ratio precise").
-        let unformed = Interval {
-            n: 0,
-            mean: 1.0,
-            sd: None,
-            half_width: None,
-        };
-        let ratios: Vec<(Interval, f64)> = (0..study.policies.len())
-            .filter(|&i| i != study.baseline)
-            .map(|i| (study.ratio(i).unwrap_or(unformed), 1.0))
-            .collect();
-        if let Some(stop) = auto.stop(study.seeds.len(), &ratios) {
-            study.seed_stop = stop;
-            return Ok(study);
-        }
-        want = (study.seeds.len() + auto.step.max(1)).min(auto.max);
-    }
-}
-
+/// Studies for the outputs' tests, built as plain data (the search and the study runner that
+/// make real ones are `routelab-lab`'s).
 #[cfg(test)]
-mod tests {
-    use super::search::tests::ps_run;
+pub(crate) mod fixture {
     use super::*;
+    use routelab_policies::PolicyConfig;
 
-    fn plan(seeds: SeedPlan) -> StudyPlan {
-        StudyPlan {
+    /// The role of a policy named by a preset or a composition (a test's own name: ours).
+    pub(crate) fn role_of(name: &str) -> PolicyRole {
+        PolicyConfig::from_name(name).map_or(PolicyRole::Ours, |c| c.role())
+    }
+
+    /// A fixed-seed study of `policies` (the first is the baseline) on seeds 1..=`seeds`, in
+    /// which policy `p` holds the SLO up to load scale `knee(p, seed)` exactly (the bracket's
+    /// high end 2 % above it). A knee below 1/64 is a search that never held (capacity 0).
+    pub(crate) fn study(
+        spec: &SloSpec,
+        policies: &[&str],
+        seeds: u64,
+        base_rate_per_s: f64,
+        knee: impl Fn(usize, u64) -> f64,
+    ) -> CapacityStudy {
+        CapacityStudy {
             scenario: "s".into(),
             description: String::new(),
-            policies: vec!["base".into(), "better".into()],
+            slo: spec.clone(),
+            precision: 0.02,
+            base_rate_per_s: Some(base_rate_per_s),
             baseline: 0,
-            first_seed: 10,
-            seeds,
-            slo: SloSpec::parse("e2el_mean<=500ms", None).unwrap(),
-            options: SearchOptions::default(),
-            base_rate_per_s: Some(2.0),
+            seed_stop: SeedStop::Fixed,
+            auto_rule: None,
+            seeds: (1..=seeds).collect(),
+            policies: policies
+                .iter()
+                .enumerate()
+                .map(|(p, name)| PolicyCapacity {
+                    policy: (*name).into(),
+                    role: role_of(name),
+                    seeds: (1..=seeds).map(|s| seed(spec, s, knee(p, s))).collect(),
+                })
+                .collect(),
             seed_meaning: Default::default(),
+            out_of_sample: None,
         }
     }
 
-    /// "better" carries 1.5× the baseline's load on every seed; seed noise moves both alike.
-    fn batch(b: &[(usize, u64)]) -> Result<Vec<SeedCapacity>, String> {
-        let spec = SloSpec::parse("e2el_mean<=500ms", None).unwrap();
-        b.iter()
-            .map(|&(p, seed)| {
-                let noise = 1.0 + (seed % 3) as f64 * 0.1;
-                let speed = if p == 1 { 1.5 } else { 1.0 } * noise;
-                find_capacity(&spec, &SearchOptions::default(), seed, |s| {
-                    ps_run(s / speed)
-                })
-                .map_err(|e| e.to_string())
-            })
-            .collect()
-    }
-
-    #[test]
-    fn a_fixed_study_pairs_seeds_and_reports_the_ratio() {
-        let st = run_study(plan(SeedPlan::Fixed(3)), batch).unwrap();
-        assert_eq!(st.seeds, [10, 11, 12]);
-        assert_eq!(st.seed_stop, SeedStop::Fixed);
-        let base = st.policies[0].interval().unwrap();
-        // knee 8 × noise (1.1, 1.2, 1.0 for seeds 10, 11, 12), within 2 %.
-        assert!((base.mean / 8.8 - 1.0).abs() < 0.02, "{base:?}");
-        let r = st.ratio(1).unwrap();
-        assert!((r.mean - 1.5).abs() < 0.03, "{r:?}");
-        assert!(st.established(1));
-        assert!(st.ratio(0).is_none());
-        let rate = st.rate(0).unwrap();
-        assert!((rate.mean - 2.0 * base.mean).abs() < 1e-9);
-        assert!((rate.half_width.unwrap() - 2.0 * base.half_width.unwrap()).abs() < 1e-9);
-    }
-
-    #[test]
-    fn auto_seeds_stop_when_the_paired_ratio_is_precise() {
-        // Common random numbers: the ratio is 1.5 on every seed up to the search's precision,
-        // so 3 seeds already pin it well under 5 %.
-        let st = run_study(plan(SeedPlan::Auto(AutoSeeds::default())), batch).unwrap();
-        assert_eq!(st.seed_stop, SeedStop::Precise);
-        assert_eq!(st.seeds.len(), 3);
-        assert_eq!(st.auto_rule, Some((0.05, 20)));
-        let text = report::capacity_table(&st);
-        assert!(
-            text.contains("--seeds auto: every paired ratio's 95 % half-width fell within ±0.05"),
-            "{text}"
-        );
-        // A ratio that moves by seed never gets precise: the maximum stops it.
-        let noisy = |b: &[(usize, u64)]| {
-            let mut v = batch(b)?;
-            for (c, &(p, seed)) in v.iter_mut().zip(b) {
-                if p == 1 {
-                    c.scale *= if seed % 2 == 0 { 0.5 } else { 2.0 };
-                }
-            }
-            Ok::<_, String>(v)
+    /// One seed's search around `knee`: its last holding and first failing evaluation.
+    fn seed(spec: &SloSpec, seed: u64, knee: f64) -> SeedCapacity {
+        // Every bound's statistic at its bound where the SLO holds, twice it where it fails.
+        let at = |scale: f64, holds: bool| Evaluation {
+            scale,
+            holds,
+            attainment: None,
+            ttft_p99_s: Some(0.0),
+            values: spec
+                .bounds
+                .iter()
+                .map(|b| Some(b.bound_s * if holds { 1.0 } else { 2.0 }))
+                .collect(),
         };
-        let auto = AutoSeeds {
-            max: 7,
-            ..AutoSeeds::default()
-        };
-        let st = run_study(plan(SeedPlan::Auto(auto)), noisy).unwrap();
-        assert_eq!(st.seed_stop, SeedStop::MaxSeeds);
-        assert!(report::capacity_table(&st).contains("the maximum of 7 seeds was reached"));
-        assert_eq!(st.seeds, [10, 11, 12, 13, 14, 15, 16]);
-        assert_eq!(st.policies[1].seeds.len(), 7);
-    }
-
-    /// Regression: a baseline that is infeasible on every seed gives no paired ratio at all,
-    /// and an empty list of ratios used to read as "every ratio precise" after two seeds.
-    #[test]
-    fn auto_seeds_do_not_stop_while_no_ratio_to_the_baseline_can_be_formed() {
-        let infeasible_baseline = |b: &[(usize, u64)]| {
-            let mut v = batch(b)?;
-            for (c, &(p, _)) in v.iter_mut().zip(b) {
-                if p == 0 {
-                    c.scale = 0.0;
-                }
-            }
-            Ok::<_, String>(v)
-        };
-        let auto = AutoSeeds {
-            max: 5,
-            ..AutoSeeds::default()
-        };
-        let st = run_study(plan(SeedPlan::Auto(auto)), infeasible_baseline).unwrap();
-        assert!(st.ratio(1).is_none());
-        assert_eq!(st.seed_stop, SeedStop::MaxSeeds);
-        assert_eq!(st.seeds.len(), 5);
+        let min_scale = 1.0 / 64.0;
+        if knee < min_scale {
+            let fails = at(min_scale, false);
+            let why = fails.why_not(spec);
+            return SeedCapacity {
+                seed,
+                scale: 0.0,
+                failing_scale: min_scale,
+                censored: Some(Censored::NeverHolds { min_scale, why }),
+                evaluations: vec![fails],
+            };
+        }
+        SeedCapacity {
+            seed,
+            scale: knee,
+            failing_scale: knee * 1.02,
+            censored: None,
+            evaluations: vec![at(knee, true), at(knee * 1.02, false)],
+        }
     }
 }

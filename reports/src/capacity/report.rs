@@ -13,24 +13,12 @@ use crate::export::html::{Cell, Page, best_indices, table};
 use crate::export::json::write_json;
 use crate::export::table::TextTable;
 use crate::export::{create_dir, write_file};
-use crate::num::{fmt_fixed, fmt_half_width, fmt_sig, r6};
+use crate::interval_text;
+use crate::num::{fmt_fixed, fmt_sig, r6};
 use crate::run::Written;
 use crate::stats::{Interval, SeedStop};
 use serde_json::{Value, json};
 use std::path::Path;
-
-fn interval_json(iv: Option<Interval>) -> Value {
-    match iv {
-        Some(i) => json!({
-            "n": i.n,
-            "mean": r6(i.mean),
-            "low": r6(i.low()),
-            "high": r6(i.high()),
-            "half_width": i.half_width.and_then(r6),
-        }),
-        None => Value::Null,
-    }
-}
 
 fn stop_text(st: &CapacityStudy) -> String {
     let (hw, max) = st.auto_rule.unwrap_or_default();
@@ -60,9 +48,9 @@ fn capacity_json(st: &CapacityStudy) -> Value {
             json!({
                 "policy": p.policy,
                 "baseline": i == st.baseline,
-                "capacity_scale": interval_json(p.interval()),
-                "capacity_rate_per_s": interval_json(st.rate(i)),
-                "ratio_to_baseline": interval_json(st.ratio(i)),
+                "capacity_scale": interval_text::json(p.interval()),
+                "capacity_rate_per_s": interval_text::json(st.rate(i)),
+                "ratio_to_baseline": interval_text::json(st.ratio(i)),
                 "established": st.established(i),
                 "censored": p.censored_note(),
                 "seeds": p.seeds.iter().map(|s| json!({
@@ -405,18 +393,6 @@ fn capacity_figure(st: &CapacityStudy) -> Figure {
     fig
 }
 
-fn fmt_interval(iv: Option<Interval>, sig: i32) -> (String, String) {
-    match iv {
-        Some(i) => (
-            fmt_sig(Some(i.mean), sig),
-            i.half_width
-                .map(|h| fmt_half_width(i.mean, h))
-                .unwrap_or_else(|| "-".into()),
-        ),
-        None => ("-".into(), "-".into()),
-    }
-}
-
 fn ratio_text(st: &CapacityStudy, i: usize) -> (String, String, String) {
     if i == st.baseline {
         return ("1 (baseline)".into(), String::new(), String::new());
@@ -424,14 +400,7 @@ fn ratio_text(st: &CapacityStudy, i: usize) -> (String, String, String) {
     match st.ratio(i) {
         Some(r) => (
             format!("{}x", fmt_sig(Some(r.mean), 3)),
-            match r.half_width {
-                Some(_) => format!(
-                    "[{}, {}]",
-                    fmt_sig(Some(r.low()), 3),
-                    fmt_sig(Some(r.high()), 3)
-                ),
-                None => "-".into(),
-            },
+            interval_text::bounds(&r, 3).unwrap_or_else(|| "-".into()),
             if st.established(i) {
                 if r.mean > 1.0 { "more" } else { "less" }.to_string()
             } else {
@@ -454,7 +423,7 @@ pub fn capacity_table(st: &CapacityStudy) -> String {
         ("verdict", false),
     ]);
     for (i, p) in st.policies.iter().enumerate() {
-        let (mean, hw) = fmt_interval(p.interval(), 3);
+        let (mean, hw) = interval_text::columns(p.interval(), 3);
         let rate = fmt_sig(st.rate(i).map(|r| r.mean), 3);
         let (ratio, ci, verdict) = ratio_text(st, i);
         t.row(vec![p.policy.clone(), mean, hw, rate, ratio, ci, verdict]);
@@ -527,7 +496,7 @@ fn capacity_html(st: &CapacityStudy, svg: &str) -> String {
         .iter()
         .enumerate()
         .map(|(i, p)| {
-            let (mean, hw) = fmt_interval(p.interval(), 3);
+            let (mean, hw) = interval_text::columns(p.interval(), 3);
             let (ratio, ci, verdict) = ratio_text(st, i);
             (
                 false,
@@ -591,35 +560,17 @@ fn capacity_html(st: &CapacityStudy, svg: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::search::tests::ps_run;
+    use super::super::fixture;
     use super::super::*;
     use super::*;
 
     fn study() -> CapacityStudy {
         let spec = SloSpec::parse("e2el_mean<=500ms", None).unwrap();
-        let plan = StudyPlan {
-            scenario: "s".into(),
-            description: "d".into(),
-            policies: vec!["base".into(), "fast".into()],
-            baseline: 0,
-            first_seed: 1,
-            seeds: SeedPlan::Fixed(2),
-            slo: spec.clone(),
-            options: SearchOptions::default(),
-            base_rate_per_s: Some(0.5),
-            seed_meaning: Default::default(),
-        };
-        run_study(plan, |b| {
-            b.iter()
-                .map(|&(p, seed)| {
-                    let speed = if p == 1 { 2.0 } else { 1.0 } * (1.0 + seed as f64 / 10.0);
-                    find_capacity(&spec, &SearchOptions::default(), seed, |s| {
-                        ps_run(s / speed)
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()
-        })
-        .unwrap()
+        let mut st = fixture::study(&spec, &["base", "fast"], 2, 0.5, |p, seed| {
+            8.0 * if p == 1 { 2.0 } else { 1.0 } * (1.0 + seed as f64 / 10.0)
+        });
+        st.description = "d".into();
+        st
     }
 
     #[test]

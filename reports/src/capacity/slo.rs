@@ -215,17 +215,11 @@ impl SloSpec {
         }
     }
 
-    /// Fraction of the run's arrived requests that met every per-request bound (`None`: no
-    /// request arrived). The run must have been recorded against [`SloSpec::per_request`].
-    pub fn attainment(m: &RunMetrics) -> Option<f64> {
-        (m.requests > 0).then(|| m.slo_met as f64 / m.requests as f64)
-    }
-
     /// Whether the run meets the SLO (see the module documentation). A bound the run has no
     /// value for does not hold.
     pub fn holds(&self, m: &RunMetrics) -> bool {
         match self.target {
-            Some(t) => SloSpec::attainment(m).is_some_and(|a| a >= t),
+            Some(t) => m.slo_attainment().is_some_and(|a| a >= t),
             None => self
                 .bounds
                 .iter()

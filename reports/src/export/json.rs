@@ -12,7 +12,8 @@ use std::path::Path;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Json;
 
-pub(crate) fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), ReportError> {
+/// Write `value` to `path` as pretty JSON with a final newline.
+pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), ReportError> {
     let mut s = serde_json::to_string_pretty(value).map_err(|source| ReportError::Json {
         file: path.to_path_buf(),
         source,

@@ -105,14 +105,16 @@ impl std::str::FromStr for Format {
     }
 }
 
-pub(crate) fn create_dir(dir: &Path) -> Result<(), ReportError> {
+/// Create `dir` and its parents, as a [`ReportError`] naming it when that fails.
+pub fn create_dir(dir: &Path) -> Result<(), ReportError> {
     std::fs::create_dir_all(dir).map_err(|source| ReportError::CreateDir {
         dir: dir.to_path_buf(),
         source,
     })
 }
 
-pub(crate) fn write_file(path: &Path, bytes: impl AsRef<[u8]>) -> Result<(), ReportError> {
+/// Write `bytes` to `path`, as a [`ReportError`] naming it when that fails.
+pub fn write_file(path: &Path, bytes: impl AsRef<[u8]>) -> Result<(), ReportError> {
     std::fs::write(path, bytes).map_err(|source| ReportError::Write {
         file: path.to_path_buf(),
         source,

@@ -298,11 +298,7 @@ fn terminal_table_and_summary_snapshots() {
 
 fn comparison() -> ScenarioComparison {
     let sc = scenario();
-    let mut policies: Vec<PolicySeeds> = sc
-        .policies
-        .iter()
-        .map(|p| PolicySeeds::new(p.name.clone()))
-        .collect();
+    let mut policies: Vec<PolicySeeds> = sc.policies.iter().map(PolicySeeds::of).collect();
     for seed in [1, 2, 3] {
         for (p, (m, _)) in policies.iter_mut().zip(simulate(&sc, seed)) {
             p.push(seed, &m);
@@ -446,7 +442,10 @@ fn sweep_outputs() {
                 s.get(ttft)
                     .map(|v| v * f + rtt.parse::<f64>().unwrap() / 1000.0),
             );
-            let mut row = SweepRow::new(vec![size.to_string(), rtt.to_string()], &m.policy);
+            let mut row = SweepRow::new(
+                vec![size.to_string(), rtt.to_string()],
+                PolicySeeds::new(m.policy.clone(), m.role),
+            );
             row.runs.runs.push(SeedRun {
                 seed: 1,
                 summary: s,

@@ -6,9 +6,10 @@
 //! - [`fit`]: a profile fitted from measurements (a CSV, `vllm bench serve` results, the
 //!   gateway's `/admin/capacity`).
 //!
-//! Files are parsed into raw serde structs (`deny_unknown_fields`, every number wrapped in
-//! [`serde_saphyr::Spanned`] so that validation errors can point at a line and column), then
-//! validated into the plain domain type [`HardwareProfile`].
+//! Files are parsed into raw serde structs (`schema`: `deny_unknown_fields`, every number
+//! wrapped in [`serde_saphyr::Spanned`] so that validation errors can point at a line and
+//! column), then validated into the plain domain type [`HardwareProfile`]. `profile fit` writes
+//! its profile through the same structs, so the file has one schema.
 //!
 //! The decode curve gives the *aggregate* output throughput (tokens/s summed over all running
 //! sequences) as a function of concurrency, either from measured points (interpolated
@@ -22,16 +23,17 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use routelab_policies::located::{InputError, parse_yaml, rule};
-use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 pub mod fit;
 pub mod fit_check;
 pub mod lookup;
+mod schema;
 pub mod step;
 
 pub use lookup::{BUNDLED, LookupError, ProfileLookup};
-pub use step::{DEFAULT_PREFILL_OVERLAP, mixed_step_s, overlap_from_mixed_step};
+use schema::{RawDecode, RawPoint, RawProfile};
+pub use step::{DEFAULT_PREFILL_OVERLAP, OverlapError, mixed_step_s, overlap_from_mixed_step};
 
 /// Default prefill chunk (vLLM's chunked-prefill token budget per step is of this order).
 pub const DEFAULT_PREFILL_CHUNK_TOKENS: u32 = 512;
@@ -46,64 +48,6 @@ pub const MAX_RUNNING_LIMIT: u32 = 1 << 20;
 /// ([`InputError`]), naming the file, the field path and, when known, the line and column, and
 /// saying what would be valid.
 pub type HardwareError = InputError;
-
-// ---------------------------------------------------------------------------------------------
-// Raw (serde) structs
-// ---------------------------------------------------------------------------------------------
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawProfile {
-    name: Spanned<String>,
-    #[serde(default)]
-    description: Option<String>,
-    #[serde(default)]
-    gpu_names: Vec<String>,
-    #[serde(default)]
-    sources: Vec<String>,
-    decode: Spanned<RawDecode>,
-    prefill_tok_s: Spanned<f64>,
-    #[serde(default)]
-    prefill_chunk_tokens: Option<Spanned<f64>>,
-    #[serde(default)]
-    prefill_overlap: Option<Spanned<f64>>,
-    kv_capacity_tokens: Spanned<f64>,
-    max_running: Spanned<f64>,
-    context_window: Spanned<f64>,
-    #[serde(default)]
-    cold_start: Option<RawColdStart>,
-    #[serde(default)]
-    fitted: Vec<String>,
-    #[serde(default)]
-    extrapolated: Vec<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawDecode {
-    #[serde(default)]
-    points: Option<Vec<RawPoint>>,
-    #[serde(default)]
-    single_tok_s: Option<Spanned<f64>>,
-    #[serde(default)]
-    saturation_tok_s: Option<Spanned<f64>>,
-    #[serde(default)]
-    half_concurrency: Option<Spanned<f64>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawPoint {
-    concurrency: Spanned<f64>,
-    aggregate_tok_s: Spanned<f64>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawColdStart {
-    speed_factor: Spanned<f64>,
-    warmup_tokens: Spanned<f64>,
-}
 
 // ---------------------------------------------------------------------------------------------
 // Domain types
@@ -428,16 +372,13 @@ impl Ctx<'_> {
         problem: impl Into<String>,
         expected: impl Into<String>,
     ) -> HardwareError {
-        let loc = value.referenced;
         InputError::new(self.origin, field, problem)
             .valid(expected)
-            .at(Some(to_u32(loc.line())), Some(to_u32(loc.column())))
+            .at_location(value.referenced)
     }
 
     fn violation<T>(&self, field: &str, value: &Spanned<T>, v: rule::Violation) -> HardwareError {
-        let loc = value.referenced;
-        v.at_field(self.origin, field)
-            .at(Some(to_u32(loc.line())), Some(to_u32(loc.column())))
+        v.at_field(self.origin, field).at_location(value.referenced)
     }
 
     /// A finite number > 0.
@@ -561,141 +502,156 @@ fn validate_decode(cx: &Ctx<'_>, d: &Spanned<RawDecode>) -> Result<DecodeCurve, 
     let any_param = raw.single_tok_s.is_some()
         || raw.saturation_tok_s.is_some()
         || raw.half_concurrency.is_some();
-    let both = "either `points: [{concurrency, aggregate_tok_s}, ...]` or all of \
-                `single_tok_s`, `saturation_tok_s`, `half_concurrency`";
     match (&raw.points, any_param) {
         (Some(_), true) => Err(cx.err(
             "decode",
             d,
             "both points and a parametric curve given",
-            both,
+            EITHER_CURVE,
         )),
-        (None, false) => Err(cx.err("decode", d, "no decode curve given", both)),
-        (Some(points), false) => {
-            if points.is_empty() {
-                return Err(cx.err("decode.points", d, "empty list", "at least one point"));
-            }
-            let mut out: Vec<DecodePoint> = Vec::with_capacity(points.len());
-            for (i, p) in points.iter().enumerate() {
-                let cf = format!("decode.points[{i}].concurrency");
-                let af = format!("decode.points[{i}].aggregate_tok_s");
-                let c = cx.positive(&cf, &p.concurrency)?;
-                let a = cx.positive(&af, &p.aggregate_tok_s)?;
-                if let Some(prev) = out.last() {
-                    if c <= prev.concurrency {
-                        return Err(cx.err(
-                            cf,
-                            &p.concurrency,
-                            format!(
-                                "concurrency {c} is not greater than the previous point's {}",
-                                prev.concurrency
-                            ),
-                            "strictly increasing concurrency, no duplicates",
-                        ));
-                    }
-                    if a < prev.aggregate_tok_s {
-                        return Err(cx.err(
-                            af,
-                            &p.aggregate_tok_s,
-                            format!(
-                                "aggregate {a} tok/s is below the previous point's {} \
-                                 (at concurrency {})",
-                                prev.aggregate_tok_s, prev.concurrency
-                            ),
-                            "aggregate throughput non-decreasing in concurrency \
-                             (per-request speed may fall, the total may not)",
-                        ));
-                    }
-                    // The step time c / a must not fall as the batch grows: a step that
-                    // decodes more sequences cannot be shorter (per-request speed may not
-                    // rise).
-                    if c / a < prev.concurrency / prev.aggregate_tok_s * (1.0 - 1e-12) {
-                        return Err(cx.err(
-                            af,
-                            &p.aggregate_tok_s,
-                            format!(
-                                "the decode step time falls from {:.3} ms at concurrency {} \
-                                 to {:.3} ms at {c} ({:.1} tok/s per request, up from {:.1})",
-                                prev.concurrency / prev.aggregate_tok_s * 1e3,
-                                prev.concurrency,
-                                c / a * 1e3,
-                                a / c,
-                                prev.aggregate_tok_s / prev.concurrency
-                            ),
-                            format!(
-                                "a step time non-decreasing in concurrency: aggregate_tok_s at \
-                                 most {:.3} here (per-request speed may not rise with the batch)",
-                                prev.aggregate_tok_s / prev.concurrency * c
-                            ),
-                        ));
-                    }
-                }
-                out.push(DecodePoint {
-                    concurrency: c,
-                    aggregate_tok_s: a,
-                });
-            }
-            Ok(DecodeCurve::Points(out))
-        }
-        (None, true) => {
-            let get = |name: &str, v: &Option<Spanned<f64>>| -> Result<f64, HardwareError> {
-                match v {
-                    Some(v) => cx.positive(&format!("decode.{name}"), v),
-                    None => Err(cx.err(
-                        format!("decode.{name}"),
-                        d,
-                        "missing",
-                        format!("{both}; `{name}` is required by the parametric form"),
-                    )),
-                }
-            };
-            let single = get("single_tok_s", &raw.single_tok_s)?;
-            let sat = get("saturation_tok_s", &raw.saturation_tok_s)?;
-            let half = get("half_concurrency", &raw.half_concurrency)?;
-            if sat < single {
-                let v = raw.saturation_tok_s.as_ref().expect("checked above");
-                return Err(cx.err(
-                    "decode.saturation_tok_s",
-                    v,
-                    format!("{sat} is below single_tok_s = {single}"),
-                    "saturation_tok_s >= single_tok_s (aggregate never falls with concurrency)",
-                ));
-            }
-            if half <= 1.0 {
-                let v = raw.half_concurrency.as_ref().expect("checked above");
-                return Err(cx.err(
-                    "decode.half_concurrency",
-                    v,
-                    format!("{half} is not above 1"),
-                    "a concurrency greater than 1",
-                ));
-            }
-            // The curve is concave from n = 1, so its step time n / agg(n) is non-decreasing
-            // exactly when the tangent at n = 1 meets the axis at or above 0:
-            // single - (saturation - single) / (half - 1) >= 0.
-            if sat > single * half * (1.0 + 1e-12) {
-                let v = raw.saturation_tok_s.as_ref().expect("checked above");
-                return Err(cx.err(
-                    "decode.saturation_tok_s",
-                    v,
-                    format!(
-                        "{sat} makes the decode step time fall just above one sequence \
-                         (per-request speed would rise with the batch)"
-                    ),
-                    format!(
-                        "at most single_tok_s x half_concurrency = {} (a step time \
-                         non-decreasing in concurrency)",
-                        single * half
-                    ),
-                ));
-            }
-            Ok(DecodeCurve::Parametric {
-                single_tok_s: single,
-                saturation_tok_s: sat,
-                half_concurrency: half,
-            })
-        }
+        (None, false) => Err(cx.err("decode", d, "no decode curve given", EITHER_CURVE)),
+        (Some(points), false) => validate_points(cx, d, points),
+        (None, true) => validate_parametric(cx, d),
     }
+}
+
+/// What a decode curve may be, for errors about its form.
+const EITHER_CURVE: &str = "either `points: [{concurrency, aggregate_tok_s}, ...]` or all of \
+                            `single_tok_s`, `saturation_tok_s`, `half_concurrency`";
+
+/// Measured points: strictly increasing concurrency, an aggregate that does not fall and a
+/// step time that does not fall.
+fn validate_points(
+    cx: &Ctx<'_>,
+    d: &Spanned<RawDecode>,
+    points: &[RawPoint],
+) -> Result<DecodeCurve, HardwareError> {
+    if points.is_empty() {
+        return Err(cx.err("decode.points", d, "empty list", "at least one point"));
+    }
+    let mut out: Vec<DecodePoint> = Vec::with_capacity(points.len());
+    for (i, p) in points.iter().enumerate() {
+        let cf = format!("decode.points[{i}].concurrency");
+        let af = format!("decode.points[{i}].aggregate_tok_s");
+        let c = cx.positive(&cf, &p.concurrency)?;
+        let a = cx.positive(&af, &p.aggregate_tok_s)?;
+        if let Some(prev) = out.last() {
+            if c <= prev.concurrency {
+                return Err(cx.err(
+                    cf,
+                    &p.concurrency,
+                    format!(
+                        "concurrency {c} is not greater than the previous point's {}",
+                        prev.concurrency
+                    ),
+                    "strictly increasing concurrency, no duplicates",
+                ));
+            }
+            if a < prev.aggregate_tok_s {
+                return Err(cx.err(
+                    af,
+                    &p.aggregate_tok_s,
+                    format!(
+                        "aggregate {a} tok/s is below the previous point's {} \
+                             (at concurrency {})",
+                        prev.aggregate_tok_s, prev.concurrency
+                    ),
+                    "aggregate throughput non-decreasing in concurrency \
+                         (per-request speed may fall, the total may not)",
+                ));
+            }
+            // The step time c / a must not fall as the batch grows: a step that
+            // decodes more sequences cannot be shorter (per-request speed may not
+            // rise).
+            if c / a < prev.concurrency / prev.aggregate_tok_s * (1.0 - 1e-12) {
+                return Err(cx.err(
+                    af,
+                    &p.aggregate_tok_s,
+                    format!(
+                        "the decode step time falls from {:.3} ms at concurrency {} \
+                             to {:.3} ms at {c} ({:.1} tok/s per request, up from {:.1})",
+                        prev.concurrency / prev.aggregate_tok_s * 1e3,
+                        prev.concurrency,
+                        c / a * 1e3,
+                        a / c,
+                        prev.aggregate_tok_s / prev.concurrency
+                    ),
+                    format!(
+                        "a step time non-decreasing in concurrency: aggregate_tok_s at \
+                             most {:.3} here (per-request speed may not rise with the batch)",
+                        prev.aggregate_tok_s / prev.concurrency * c
+                    ),
+                ));
+            }
+        }
+        out.push(DecodePoint {
+            concurrency: c,
+            aggregate_tok_s: a,
+        });
+    }
+    Ok(DecodeCurve::Points(out))
+}
+
+/// The parametric curve: all three figures > 0, a saturation not below the single-sequence
+/// figure, a half-way concurrency above 1 and a step time that does not fall.
+fn validate_parametric(cx: &Ctx<'_>, d: &Spanned<RawDecode>) -> Result<DecodeCurve, HardwareError> {
+    let raw = &d.value;
+    let get = |name: &str, v: &Option<Spanned<f64>>| -> Result<f64, HardwareError> {
+        match v {
+            Some(v) => cx.positive(&format!("decode.{name}"), v),
+            None => Err(cx.err(
+                format!("decode.{name}"),
+                d,
+                "missing",
+                format!("{EITHER_CURVE}; `{name}` is required by the parametric form"),
+            )),
+        }
+    };
+    let single = get("single_tok_s", &raw.single_tok_s)?;
+    let sat = get("saturation_tok_s", &raw.saturation_tok_s)?;
+    let half = get("half_concurrency", &raw.half_concurrency)?;
+    if sat < single {
+        let v = raw.saturation_tok_s.as_ref().expect("checked above");
+        return Err(cx.err(
+            "decode.saturation_tok_s",
+            v,
+            format!("{sat} is below single_tok_s = {single}"),
+            "saturation_tok_s >= single_tok_s (aggregate never falls with concurrency)",
+        ));
+    }
+    if half <= 1.0 {
+        let v = raw.half_concurrency.as_ref().expect("checked above");
+        return Err(cx.err(
+            "decode.half_concurrency",
+            v,
+            format!("{half} is not above 1"),
+            "a concurrency greater than 1",
+        ));
+    }
+    // The curve is concave from n = 1, so its step time n / agg(n) is non-decreasing
+    // exactly when the tangent at n = 1 meets the axis at or above 0:
+    // single - (saturation - single) / (half - 1) >= 0.
+    if sat > single * half * (1.0 + 1e-12) {
+        let v = raw.saturation_tok_s.as_ref().expect("checked above");
+        return Err(cx.err(
+            "decode.saturation_tok_s",
+            v,
+            format!(
+                "{sat} makes the decode step time fall just above one sequence \
+                     (per-request speed would rise with the batch)"
+            ),
+            format!(
+                "at most single_tok_s x half_concurrency = {} (a step time \
+                     non-decreasing in concurrency)",
+                single * half
+            ),
+        ));
+    }
+    Ok(DecodeCurve::Parametric {
+        single_tok_s: single,
+        saturation_tok_s: sat,
+        half_concurrency: half,
+    })
 }
 
 /// What a field accepts, for parser errors (by the last component of the path).
@@ -726,10 +682,6 @@ fn expected_for(field: &str) -> Option<&'static str> {
              cold_start, fitted, extrapolated"
         }
     })
-}
-
-fn to_u32(x: u64) -> u32 {
-    u32::try_from(x).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]

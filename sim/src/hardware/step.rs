@@ -1,5 +1,5 @@
 //! The one step-time model: how long an engine step lasts that decodes a batch and prefills
-//! some prompt tokens beside it. Both engine modes (the fluid `EngineModel` and the step-level
+//! some prompt tokens beside it. Both engine modes (the fluid `FluidEngine` and the step-level
 //! one) and `routelab profile fit` time a step with [`mixed_step_s`], and nothing else.
 //!
 //! A profile holds two *measured* quantities: the decode curve (aggregate tokens/s with `n`
@@ -28,40 +28,74 @@
 // gateway's router, whose `predictive` chooser predicts TTFT with the same step model.
 pub use routelab_policies::capacity::{DEFAULT_PREFILL_OVERLAP, mixed_step_s};
 
+/// Why a measured mixed step implies no overlap ([`overlap_from_mixed_step`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum OverlapError {
+    /// A length is not a finite number of seconds > 0.
+    #[error("{name} = {seconds} s: must be a finite number of seconds > 0")]
+    NotPositive {
+        /// Which length.
+        name: &'static str,
+        /// Its value, seconds.
+        seconds: f64,
+    },
+    /// The step is shorter than its longer part alone or longer than the two added: an overlap
+    /// outside `[0, 1]`.
+    #[error(
+        "a step of {:.3} ms cannot carry a decode of {:.3} ms and a prefill of {:.3} ms (it \
+         would be an overlap of {overlap:.3}); a mixed step lasts between the longer part alone \
+         ({:.3} ms, overlap 1) and the two added ({:.3} ms, overlap 0)",
+        step_s * 1e3,
+        decode_s * 1e3,
+        prefill_s * 1e3,
+        decode_s.max(*prefill_s) * 1e3,
+        (decode_s + prefill_s) * 1e3
+    )]
+    OutsideTheModel {
+        /// The decode-only step, seconds.
+        decode_s: f64,
+        /// The prefill alone, seconds.
+        prefill_s: f64,
+        /// The measured step, seconds.
+        step_s: f64,
+        /// The overlap it would be.
+        overlap: f64,
+    },
+}
+
 /// The overlap a measured mixed step implies: a step that decoded a batch whose decode-only
 /// step lasts `decode_s`, beside prompt tokens that alone take `prefill_s`, measured at
 /// `step_s`. The inverse of [`mixed_step_s`].
 ///
 /// # Errors
-/// A message saying what is valid, when a number is not finite and positive, or when the
-/// measured step is shorter than its longer part alone or longer than the two added (the
+/// [`OverlapError`], saying what is valid, when a number is not finite and positive, or when
+/// the measured step is shorter than its longer part alone or longer than the two added (the
 /// model cannot express either: an overlap outside `[0, 1]`).
-pub fn overlap_from_mixed_step(decode_s: f64, prefill_s: f64, step_s: f64) -> Result<f64, String> {
-    for (name, v) in [
+pub fn overlap_from_mixed_step(
+    decode_s: f64,
+    prefill_s: f64,
+    step_s: f64,
+) -> Result<f64, OverlapError> {
+    for (name, seconds) in [
         ("the decode-only step", decode_s),
         ("the prefill alone", prefill_s),
         ("the measured step", step_s),
     ] {
-        if !(v.is_finite() && v > 0.0) {
-            return Err(format!(
-                "{name} = {v} s: must be a finite number of seconds > 0"
-            ));
+        if !(seconds.is_finite() && seconds > 0.0) {
+            return Err(OverlapError::NotPositive { name, seconds });
         }
     }
     let long = decode_s.max(prefill_s);
     let short = decode_s.min(prefill_s);
     let overlap = (long + short - step_s) / short;
     if !(0.0..=1.0).contains(&overlap) {
-        return Err(format!(
-            "a step of {:.3} ms cannot carry a decode of {:.3} ms and a prefill of {:.3} ms \
-             (it would be an overlap of {overlap:.3}); a mixed step lasts between the longer \
-             part alone ({:.3} ms, overlap 1) and the two added ({:.3} ms, overlap 0)",
-            step_s * 1e3,
-            decode_s * 1e3,
-            prefill_s * 1e3,
-            long * 1e3,
-            (long + short) * 1e3
-        ));
+        return Err(OverlapError::OutsideTheModel {
+            decode_s,
+            prefill_s,
+            step_s,
+            overlap,
+        });
     }
     Ok(overlap)
 }
@@ -100,11 +134,17 @@ mod tests {
         let o = overlap_from_mixed_step(d, p, 0.0163).unwrap();
         assert!((o - 0.40).abs() < 0.005, "{o}");
         assert!((mixed_step_s(d, p, o) - 0.0163).abs() < 1e-12);
-        let e = overlap_from_mixed_step(d, p, 0.010).unwrap_err();
+        let e = overlap_from_mixed_step(d, p, 0.010)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("between the longer part alone"), "{e}");
-        let e = overlap_from_mixed_step(d, p, 0.025).unwrap_err();
+        let e = overlap_from_mixed_step(d, p, 0.025)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("overlap 0"), "{e}");
-        let e = overlap_from_mixed_step(f64::NAN, p, 0.016).unwrap_err();
+        let e = overlap_from_mixed_step(f64::NAN, p, 0.016)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("decode-only step"), "{e}");
     }
 }

@@ -1,19 +1,21 @@
 //! The engine mode of a worker (`engine: fluid | step` in a scenario) and [`Engine`], the one
-//! type the event loop holds: a fluid [`EngineModel`] (the fast default) or a step-level
-//! [`StepEngine`] (the reference), with the same API.
+//! type the event loop holds: a fluid [`FluidEngine`] (the fast default) or a step-level
+//! [`StepEngine`] (the reference), behind the one [`InferenceEngine`] interface.
 
 use std::fmt;
 use std::sync::Arc;
 
 use routelab_policies::KvEvent;
 
-use super::{AdmitInfo, EngineModel, EngineOutput, EngineOverrides, StepEngine};
+use super::core::EngineCore;
+use super::inference::sealed::Moves;
+use super::{AdmitInfo, EngineOutput, EngineOverrides, FluidEngine, InferenceEngine, StepEngine};
 use crate::hardware::HardwareProfile;
 
 /// How a worker's engine is simulated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum EngineMode {
-    /// Fluid processor sharing between events ([`EngineModel`]): fast, the default.
+    /// Fluid processor sharing between events ([`FluidEngine`]): fast, the default.
     #[default]
     Fluid,
     /// Discrete steps with vLLM's scheduler ([`StepEngine`]): one event per step.
@@ -27,15 +29,14 @@ impl EngineMode {
     /// The mode called `name`.
     ///
     /// # Errors
-    /// A message naming the unknown mode and the valid ones.
-    pub fn parse(name: &str) -> Result<EngineMode, String> {
+    /// [`EngineModeError`], naming the unknown mode and the valid ones.
+    pub fn parse(name: &str) -> Result<EngineMode, EngineModeError> {
         match name {
             "fluid" => Ok(EngineMode::Fluid),
             "step" => Ok(EngineMode::Step),
-            other => Err(format!(
-                "unknown engine mode `{other}`; valid: {}",
-                Self::NAMES.join(", ")
-            )),
+            other => Err(EngineModeError {
+                name: other.to_owned(),
+            }),
         }
     }
 
@@ -48,46 +49,31 @@ impl EngineMode {
     }
 }
 
+/// An engine mode that does not exist.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown engine mode `{name}`; valid: {valid}", valid = EngineMode::NAMES.join(", "))]
+pub struct EngineModeError {
+    /// The name asked for.
+    pub name: String,
+}
+
 impl fmt::Display for EngineMode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
 }
 
-/// One simulated engine in either mode. Every method is the mode's own (see
-/// [`EngineModel`]); the match costs a predictable branch, so a fluid run's results are the
-/// fluid engine's, byte for byte.
+/// One simulated engine in either mode, the type the event loop holds. Its methods are
+/// [`InferenceEngine`]'s: what the modes share is read from the one [`EngineCore`] each owns
+/// (one match, then the field), the rest is the mode's own (one match per call, a predictable
+/// branch), so a fluid run's results are the fluid engine's, byte for byte.
 #[derive(Debug, Clone)]
 #[allow(clippy::large_enum_variant)] // one per worker, never moved in a hot loop
 pub enum Engine {
     /// The fluid model.
-    Fluid(EngineModel),
+    Fluid(FluidEngine),
     /// The step-level model.
     Step(StepEngine),
-}
-
-macro_rules! delegate {
-    ($( $(#[$doc:meta])* fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty; )*) => {
-        $( $(#[$doc])* #[inline]
-        pub fn $name(&self $(, $arg: $ty)*) -> $ret {
-            match self {
-                Engine::Fluid(e) => e.$name($($arg),*),
-                Engine::Step(e) => e.$name($($arg),*),
-            }
-        } )*
-    };
-}
-
-macro_rules! delegate_mut {
-    ($( $(#[$doc:meta])* fn $name:ident(&mut self $(, $arg:ident: $ty:ty)*) -> $ret:ty; )*) => {
-        $( $(#[$doc])* #[inline]
-        pub fn $name(&mut self $(, $arg: $ty)*) -> $ret {
-            match self {
-                Engine::Fluid(e) => e.$name($($arg),*),
-                Engine::Step(e) => e.$name($($arg),*),
-            }
-        } )*
-    };
 }
 
 impl Engine {
@@ -102,7 +88,7 @@ impl Engine {
         seed: u64,
     ) -> Engine {
         match mode {
-            EngineMode::Fluid => Engine::Fluid(EngineModel::new(profile, overrides, seed)),
+            EngineMode::Fluid => Engine::Fluid(FluidEngine::new(profile, overrides, seed)),
             EngineMode::Step => Engine::Step(StepEngine::new(profile, overrides, seed)),
         }
     }
@@ -115,76 +101,285 @@ impl Engine {
         }
     }
 
-    delegate! {
-        /// The hardware profile.
-        fn profile(&self) -> &Arc<HardwareProfile>;
-        /// The time (ns) of the engine's next event, if any.
-        fn next_event_time(&self) -> Option<u64>;
-        /// Bumped on every change of pending events.
-        fn generation(&self) -> u64;
-        /// Decode progress of `seq` at `now`.
-        fn decoded_tokens(&self, now: u64, seq: u64) -> Option<f64>;
-        /// Sequences in the engine (running + waiting).
-        fn in_flight(&self) -> u32;
-        /// Sequences in the running set.
-        fn running(&self) -> u32;
-        /// Sequences currently decoding.
-        fn decoding(&self) -> u32;
-        /// Sequences waiting inside the engine.
-        fn waiting(&self) -> u32;
-        /// KV tokens the running set uses.
-        fn kv_used_tokens(&self) -> u64;
-        /// KV tokens allocated at `now`, as an engine's KV-usage metric reports them.
-        fn kv_allocated_tokens(&self, now: u64) -> u64;
-        /// Effective running-set limit.
-        fn max_running(&self) -> u32;
-        /// Effective KV capacity (tokens).
-        fn kv_capacity_tokens(&self) -> u64;
-        /// Sequences whose prompts `waiting_prompt_tokens` counts.
-        fn queued(&self) -> u32;
-        /// Prompt tokens of the waiting sequences.
-        fn waiting_prompt_tokens(&self) -> u64;
-        /// Output tokens per second the engine generates now.
-        fn generation_tok_s(&self) -> f64;
-        /// Whether the cold-start penalty is over.
-        fn is_warm(&self) -> bool;
-        /// Whether the engine serves at `now`.
-        fn is_up(&self, now: u64) -> bool;
-        /// Blocks in the prefix cache.
-        fn cached_blocks(&self) -> usize;
-        /// Evictable blocks in the prefix cache.
-        fn evictable_blocks(&self) -> usize;
-        /// Whether KV events are waiting to be drained.
-        fn has_kv_events(&self) -> bool;
-        /// Prompt tokens the prefix cache would serve now.
-        fn peek_cached_tokens(&self, prompt_tokens: u32, prefix: &[u64]) -> u32;
-        /// Nanoseconds the engine was busy.
-        fn busy_ns(&self) -> u64;
-        /// Sequence-nanoseconds decoding up to `now`.
-        fn decoding_ns(&self, now: u64) -> u64;
-        /// Current overall speed multiplier.
-        fn speed_multiplier(&self) -> f64;
-        /// The node's speed factor.
-        fn speed_factor(&self) -> f64;
+    /// The state both modes share.
+    #[inline]
+    fn core(&self) -> &EngineCore {
+        match self {
+            Engine::Fluid(e) => e.core(),
+            Engine::Step(e) => e.core(),
+        }
     }
 
-    delegate_mut! {
-        /// Hands a sequence to the engine at `now`.
-        fn admit(&mut self, now: u64, seq: u64, prompt_tokens: u32, output_tokens: u32, prefix: &[u64]) -> AdmitInfo;
-        /// Moves the engine to `now`, appending what happened.
-        fn advance_to(&mut self, now: u64, out: &mut Vec<EngineOutput>) -> ();
-        /// Record KV events from now on (or stop).
-        fn publish_kv_events(&mut self, on: bool) -> ();
-        /// Appends the KV events recorded since the last drain.
-        fn drain_kv_events(&mut self, out: &mut Vec<KvEvent>) -> ();
-        /// Sets the node's speed factor from `now` on.
-        fn set_speed_factor(&mut self, now: u64, factor: f64) -> ();
-        /// Restarts the engine; returns the failed sequences.
-        fn restart(&mut self, now: u64, ready_at: u64, cold: bool) -> Vec<u64>;
-        /// Crashes the engine; returns the failed sequences.
-        fn crash(&mut self, now: u64) -> Vec<u64>;
-        /// Aborts sequence `seq`.
-        fn abort(&mut self, now: u64, seq: u64) -> bool;
+    /// The same, to change.
+    #[inline]
+    fn core_mut(&mut self) -> &mut EngineCore {
+        match self {
+            Engine::Fluid(e) => e.core_mut(),
+            Engine::Step(e) => e.core_mut(),
+        }
+    }
+}
+
+/// The interface, once per method: the mode's own by a match, the shared part from the core.
+/// See [`InferenceEngine`] for what each does.
+impl Engine {
+    /// [`InferenceEngine::admit`].
+    #[inline]
+    pub fn admit(
+        &mut self,
+        now: u64,
+        seq: u64,
+        prompt_tokens: u32,
+        output_tokens: u32,
+        prefix: &[u64],
+    ) -> AdmitInfo {
+        match self {
+            Engine::Fluid(e) => e.admit(now, seq, prompt_tokens, output_tokens, prefix),
+            Engine::Step(e) => e.admit(now, seq, prompt_tokens, output_tokens, prefix),
+        }
+    }
+
+    /// [`InferenceEngine::advance_to`].
+    #[inline]
+    pub fn advance_to(&mut self, now: u64, out: &mut Vec<EngineOutput>) {
+        match self {
+            Engine::Fluid(e) => e.advance_to(now, out),
+            Engine::Step(e) => e.advance_to(now, out),
+        }
+    }
+
+    /// [`InferenceEngine::decoded_tokens`].
+    #[inline]
+    pub fn decoded_tokens(&self, now: u64, seq: u64) -> Option<f64> {
+        match self {
+            Engine::Fluid(e) => e.decoded_tokens(now, seq),
+            Engine::Step(e) => e.decoded_tokens(now, seq),
+        }
+    }
+
+    /// [`InferenceEngine::in_flight`].
+    #[inline]
+    pub fn in_flight(&self) -> u32 {
+        match self {
+            Engine::Fluid(e) => e.in_flight(),
+            Engine::Step(e) => e.in_flight(),
+        }
+    }
+
+    /// [`InferenceEngine::running`].
+    #[inline]
+    pub fn running(&self) -> u32 {
+        match self {
+            Engine::Fluid(e) => e.running(),
+            Engine::Step(e) => e.running(),
+        }
+    }
+
+    /// [`InferenceEngine::decoding`].
+    #[inline]
+    pub fn decoding(&self) -> u32 {
+        match self {
+            Engine::Fluid(e) => e.decoding(),
+            Engine::Step(e) => e.decoding(),
+        }
+    }
+
+    /// [`InferenceEngine::waiting`].
+    #[inline]
+    pub fn waiting(&self) -> u32 {
+        match self {
+            Engine::Fluid(e) => e.waiting(),
+            Engine::Step(e) => e.waiting(),
+        }
+    }
+
+    /// [`InferenceEngine::kv_used_tokens`].
+    #[inline]
+    pub fn kv_used_tokens(&self) -> u64 {
+        match self {
+            Engine::Fluid(e) => e.kv_used_tokens(),
+            Engine::Step(e) => e.kv_used_tokens(),
+        }
+    }
+
+    /// [`InferenceEngine::kv_allocated_tokens`].
+    #[inline]
+    pub fn kv_allocated_tokens(&self, now: u64) -> u64 {
+        match self {
+            Engine::Fluid(e) => e.kv_allocated_tokens(now),
+            Engine::Step(e) => e.kv_allocated_tokens(now),
+        }
+    }
+
+    /// [`InferenceEngine::queued`].
+    #[inline]
+    pub fn queued(&self) -> u32 {
+        match self {
+            Engine::Fluid(e) => e.queued(),
+            Engine::Step(e) => e.queued(),
+        }
+    }
+
+    /// [`InferenceEngine::waiting_prompt_tokens`].
+    #[inline]
+    pub fn waiting_prompt_tokens(&self) -> u64 {
+        match self {
+            Engine::Fluid(e) => e.waiting_prompt_tokens(),
+            Engine::Step(e) => e.waiting_prompt_tokens(),
+        }
+    }
+
+    /// [`InferenceEngine::generation_tok_s`].
+    #[inline]
+    pub fn generation_tok_s(&self) -> f64 {
+        match self {
+            Engine::Fluid(e) => e.generation_tok_s(),
+            Engine::Step(e) => e.generation_tok_s(),
+        }
+    }
+
+    /// [`InferenceEngine::decoding_ns`].
+    #[inline]
+    pub fn decoding_ns(&self, now: u64) -> u64 {
+        match self {
+            Engine::Fluid(e) => e.decoding_ns(now),
+            Engine::Step(e) => e.decoding_ns(now),
+        }
+    }
+
+    /// [`InferenceEngine::speed_multiplier`].
+    #[inline]
+    pub fn speed_multiplier(&self) -> f64 {
+        match self {
+            Engine::Fluid(e) => e.speed_multiplier(),
+            Engine::Step(e) => e.speed_multiplier(),
+        }
+    }
+
+    /// [`InferenceEngine::abort`].
+    #[inline]
+    pub fn abort(&mut self, now: u64, seq: u64) -> bool {
+        match self {
+            Engine::Fluid(e) => e.abort(now, seq),
+            Engine::Step(e) => e.abort(now, seq),
+        }
+    }
+
+    /// [`InferenceEngine::set_speed_factor`].
+    #[inline]
+    pub fn set_speed_factor(&mut self, now: u64, factor: f64) {
+        match self {
+            Engine::Fluid(e) => e.set_speed_factor(now, factor),
+            Engine::Step(e) => e.set_speed_factor(now, factor),
+        }
+    }
+
+    /// [`InferenceEngine::restart`].
+    #[inline]
+    pub fn restart(&mut self, now: u64, ready_at: u64, cold: bool) -> Vec<u64> {
+        match self {
+            Engine::Fluid(e) => e.restart(now, ready_at, cold),
+            Engine::Step(e) => e.restart(now, ready_at, cold),
+        }
+    }
+
+    /// [`InferenceEngine::crash`].
+    #[inline]
+    pub fn crash(&mut self, now: u64) -> Vec<u64> {
+        match self {
+            Engine::Fluid(e) => e.crash(now),
+            Engine::Step(e) => e.crash(now),
+        }
+    }
+
+    /// [`InferenceEngine::profile`].
+    #[inline]
+    pub fn profile(&self) -> &Arc<HardwareProfile> {
+        &self.core().profile
+    }
+
+    /// [`InferenceEngine::next_event_time`].
+    #[inline]
+    pub fn next_event_time(&self) -> Option<u64> {
+        self.core().next_event
+    }
+
+    /// [`InferenceEngine::generation`].
+    #[inline]
+    pub fn generation(&self) -> u64 {
+        self.core().generation
+    }
+
+    /// [`InferenceEngine::max_running`].
+    #[inline]
+    pub fn max_running(&self) -> u32 {
+        self.core().max_running
+    }
+
+    /// [`InferenceEngine::kv_capacity_tokens`].
+    #[inline]
+    pub fn kv_capacity_tokens(&self) -> u64 {
+        self.core().kv_capacity
+    }
+
+    /// [`InferenceEngine::is_warm`].
+    #[inline]
+    pub fn is_warm(&self) -> bool {
+        self.core().pace.is_warm()
+    }
+
+    /// [`InferenceEngine::is_up`].
+    #[inline]
+    pub fn is_up(&self, now: u64) -> bool {
+        self.core().is_up(now)
+    }
+
+    /// [`InferenceEngine::cached_blocks`].
+    #[inline]
+    pub fn cached_blocks(&self) -> usize {
+        self.core().cache.len()
+    }
+
+    /// [`InferenceEngine::evictable_blocks`].
+    #[inline]
+    pub fn evictable_blocks(&self) -> usize {
+        self.core().cache.evictable()
+    }
+
+    /// [`InferenceEngine::has_kv_events`].
+    #[inline]
+    pub fn has_kv_events(&self) -> bool {
+        self.core().cache.has_events()
+    }
+
+    /// [`InferenceEngine::peek_cached_tokens`].
+    #[inline]
+    pub fn peek_cached_tokens(&self, prompt_tokens: u32, prefix: &[u64]) -> u32 {
+        self.core().cached_for(prompt_tokens, prefix)
+    }
+
+    /// [`InferenceEngine::busy_ns`].
+    #[inline]
+    pub fn busy_ns(&self) -> u64 {
+        self.core().busy_ns
+    }
+
+    /// [`InferenceEngine::speed_factor`].
+    #[inline]
+    pub fn speed_factor(&self) -> f64 {
+        self.core().pace.node
+    }
+
+    /// [`InferenceEngine::publish_kv_events`].
+    #[inline]
+    pub fn publish_kv_events(&mut self, on: bool) {
+        self.core_mut().cache.set_publish(on)
+    }
+
+    /// [`InferenceEngine::drain_kv_events`].
+    #[inline]
+    pub fn drain_kv_events(&mut self, out: &mut Vec<KvEvent>) {
+        self.core_mut().cache.drain_events(out)
     }
 }
 
@@ -198,7 +393,7 @@ mod tests {
             assert_eq!(EngineMode::parse(name).unwrap().name(), name);
         }
         assert_eq!(EngineMode::default(), EngineMode::Fluid);
-        let e = EngineMode::parse("stepped").unwrap_err();
+        let e = EngineMode::parse("stepped").unwrap_err().to_string();
         assert!(
             e.contains("`stepped`") && e.contains("valid: fluid, step"),
             "{e}"

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use routelab_sim::hardware::HardwareProfile;
-use routelab_sim::worker::{EngineModel, EngineOutput, EngineOverrides};
+use routelab_sim::worker::{EngineOutput, EngineOverrides, FluidEngine, InferenceEngine};
 
 const NS: f64 = 1e9;
 
@@ -18,12 +18,12 @@ fn load(name: &str) -> Arc<HardwareProfile> {
     Arc::new(HardwareProfile::load(&path).unwrap_or_else(|e| panic!("{e}")))
 }
 
-fn warm_engine(p: &Arc<HardwareProfile>) -> EngineModel {
-    EngineModel::new(p.clone(), EngineOverrides::default(), 7)
+fn warm_engine(p: &Arc<HardwareProfile>) -> FluidEngine {
+    FluidEngine::new(p.clone(), EngineOverrides::default(), 7)
 }
 
 /// Runs the engine until it is empty; returns every output.
-fn drain(engine: &mut EngineModel, outputs: &mut Vec<EngineOutput>) {
+fn drain(engine: &mut FluidEngine, outputs: &mut Vec<EngineOutput>) {
     let mut guard = 0;
     while let Some(t) = engine.next_event_time() {
         engine.advance_to(t, outputs);
@@ -59,7 +59,7 @@ fn per_request_decode(p: &Arc<HardwareProfile>, n: u64) -> f64 {
 
 /// The probe: 16 concurrent requests of 128 output tokens, 64-token prompts, admitted at
 /// `start`; total output tokens / wall time (first send to last completion).
-fn burst(e: &mut EngineModel, start: u64) -> (f64, u64) {
+fn burst(e: &mut FluidEngine, start: u64) -> (f64, u64) {
     let mut outs = Vec::new();
     e.advance_to(start, &mut outs);
     for s in 0..16 {

@@ -307,6 +307,54 @@ fn the_written_yaml_is_the_profile() {
     assert!(read.sources().len() == 5 && read.sources()[0].contains("c1.json"));
 }
 
+/// The fitted file round-trips: read back through the profile reader it is the fitted profile,
+/// its points the fitted figures to the bit, its GPU names as given — quotes, backslashes,
+/// non-ASCII and control characters included.
+#[test]
+fn the_written_yaml_reads_back_to_the_fitted_profile() {
+    let gpu_names: Vec<String> = [
+        "RTX \"PRO\" 6000",
+        "back\\slash",
+        "Ünïcode 显卡",
+        "tab\tbell\u{7}esc\u{1b}",
+        "del\u{7f}c1\u{9b}bom\u{feff}",
+    ]
+    .map(String::from)
+    .into();
+    for source in [FitSource::Csv, FitSource::VllmBench, FitSource::Gateway] {
+        let input = match source {
+            FitSource::Csv => vec![data("measured.csv")],
+            FitSource::VllmBench => vllm_inputs(),
+            _ => vec![data("gateway-capacity.json")],
+        };
+        let worker = matches!(source, FitSource::Gateway).then_some("pro6000");
+        let opts = FitOptions {
+            gpu_names: Some(gpu_names.clone()),
+            name: "a \"fitted\" one".into(),
+            ..opts(worker)
+        };
+        let f = fit(source, &input, &opts).unwrap_or_else(|e| panic!("{source:?}: {e}"));
+        let read = routelab_sim::HardwareProfile::from_yaml_str(&f.yaml, f.profile.origin())
+            .unwrap_or_else(|e| panic!("{source:?}: {e}"));
+        assert_eq!(read, f.profile, "{source:?}");
+        assert_eq!(read.gpu_names(), gpu_names, "{source:?}");
+        assert_eq!(read.name(), "a \"fitted\" one");
+        let DecodeCurve::Points(points) = read.decode() else {
+            panic!("{source:?}: a fit writes points")
+        };
+        let written: Vec<_> = points
+            .iter()
+            .map(|p| (p.concurrency.to_bits(), p.aggregate_tok_s.to_bits()))
+            .collect();
+        let fitted: Vec<_> = f
+            .moves
+            .iter()
+            .map(|m| (m.concurrency.to_bits(), m.fitted_tok_s.to_bits()))
+            .collect();
+        assert_eq!(written, fitted, "{source:?}");
+    }
+}
+
 #[test]
 fn the_gateway_worker_brings_its_gpus_and_window() {
     let f = fitted(FitSource::Gateway);

@@ -103,8 +103,11 @@ fn on_a_shortened_trace_the_oracle_has_no_error_and_the_probe_little() {
     let (oracle_op, oracle, m) = errors_after("oracle/sed/capacity/weighted:24");
     let (_, probe, _) = errors_after("seed-v3");
     let (at_load_op, at_load, _) = errors_after("at-load/sed/capacity/weighted:24");
-    let (_, table, _) = errors_after("seed-v1");
+    let (_, table, table_run) = errors_after("seed-v1");
     assert_eq!(oracle, 0.0);
+    // A run says what its policy is, from the config it ran (the reports' notes read it).
+    assert_eq!(m.role, routelab_policies::PolicyRole::Oracle);
+    assert_eq!(table_run.role, routelab_policies::PolicyRole::Ours);
     // The probe measures what the oracle assumes (16 concurrent requests, warm engines).
     assert!(probe < 0.05, "{probe}");
     // at-load measures each engine at the concurrency the traffic gives it, below the oracle's
