@@ -14,6 +14,8 @@
 //!   and [`partial::check_set`] checks that a set of partials belongs together;
 //!   [`sharded`] is the one path of a whole run, a shard and a merge ([`sharded::run`],
 //!   [`sharded::merge`]) over a command's [`sharded::Sharded`] plan.
+//! - [`replicas`]: the replicas study ([`replicas::run_replica_study`]): which policies to
+//!   follow behind how many gateway replicas, into `routelab-reports`' `ReplicaStudy`.
 //! - [`seeds`]: seed growth, `--seeds auto` ([`grow_seeds`]): seeds are added to every
 //!   comparison until each reported difference is precise enough; [`seed_of`], the k-th seed
 //!   of a study, for every command that runs several seeds.
@@ -27,6 +29,7 @@
 pub mod capacity;
 pub mod gate;
 pub mod partial;
+pub mod replicas;
 pub mod seeds;
 pub mod shard;
 pub mod sharded;

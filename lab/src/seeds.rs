@@ -1,9 +1,9 @@
 //! Seed growth: `--seeds auto` adds seeds to every comparison until each reported difference
 //! from the baseline is known to the precision asked (the stopping rule is
-//! [`AutoSeeds::stop`], the differences [`reported_differences`]); and which seed is the k-th
-//! of a study ([`seed_of`]).
+//! [`stop`], the differences [`reported_differences`]); and which seed is the k-th of a study
+//! ([`seed_of`]).
 
-use routelab_reports::stats::AutoSeeds;
+use routelab_reports::stats::{AutoSeeds, Interval, SeedStop};
 use routelab_reports::{ScenarioComparison, SeedResult, reported_differences};
 
 /// The `k`-th seed (from 0) of a study whose first seed is `first`: `first + k`. Every
@@ -14,8 +14,27 @@ pub fn seed_of(first: u64, k: usize) -> u64 {
     first.wrapping_add(k as u64)
 }
 
+/// The `--seeds auto` rule after `n` seeds, with each reported difference as `(paired interval,
+/// baseline mean)`: `Some(why)` to stop, `None` to add [`AutoSeeds::step`] more. Precise when
+/// every difference's half-width is at most [`AutoSeeds::rel_half_width`] of its baseline's mean
+/// (one seed has no interval, so it never is); else stop at [`AutoSeeds::max`].
+pub fn stop(auto: &AutoSeeds, n: usize, diffs: &[(Interval, f64)]) -> Option<SeedStop> {
+    let precise = n >= 2
+        && diffs.iter().all(|(d, base)| {
+            d.half_width
+                .is_some_and(|h| h <= auto.rel_half_width * base.abs())
+        });
+    if precise {
+        Some(SeedStop::Precise)
+    } else if n >= auto.max {
+        Some(SeedStop::MaxSeeds)
+    } else {
+        None
+    }
+}
+
 /// `--seeds auto`: grow every comparison (its policies listed, no runs yet) seed by seed until
-/// [`AutoSeeds::stop`] says stop on its [`reported_differences`], and record why. `run` is
+/// [`stop`] says stop on its [`reported_differences`], and record why. `run` is
 /// handed a batch of `(comparison index, seed ordinal)` (ordinals count from 0 per
 /// comparison) and returns, for each, the seed it ran and one [`routelab_sim::RunMetrics`] per policy in the
 /// comparison's order; a batch holds every seed the open comparisons need next, so a caller can
@@ -47,7 +66,7 @@ pub fn grow_seeds<E, R: SeedResult>(
             let Some(n) = *t else { continue };
             let sc = &mut comparisons[i];
             sc.auto_seeds = Some(*auto);
-            match auto.stop(n, &reported_differences(sc)) {
+            match stop(auto, n, &reported_differences(sc)) {
                 Some(why) => {
                     sc.seed_stop = why;
                     *t = None;
@@ -62,7 +81,7 @@ pub fn grow_seeds<E, R: SeedResult>(
 mod tests {
     use super::*;
     use routelab_policies::PolicyRole;
-    use routelab_reports::stats::SeedStop;
+    use routelab_reports::stats::paired_difference;
     use routelab_reports::{PolicySeeds, compare_file, compare_table};
     use routelab_sim::RunMetrics;
 
@@ -167,5 +186,18 @@ mod tests {
             }),
             Err("boom")
         );
+    }
+
+    #[test]
+    fn auto_seeds_stop_when_precise_or_at_the_maximum() {
+        let auto = AutoSeeds::default();
+        let tight = paired_difference(&[11.0, 21.0, 31.0], &[10.0, 20.0, 30.0]).unwrap();
+        let loose = paired_difference(&[15.0, 21.0, 40.0], &[10.0, 20.0, 30.0]).unwrap();
+        assert_eq!(stop(&auto, 3, &[(tight, 20.0)]), Some(SeedStop::Precise));
+        assert_eq!(stop(&auto, 3, &[(tight, 20.0), (loose, 20.0)]), None);
+        assert_eq!(stop(&auto, 20, &[(loose, 20.0)]), Some(SeedStop::MaxSeeds));
+        // One seed has no interval: never precise.
+        let one = paired_difference(&[1.0], &[1.0]).unwrap();
+        assert_eq!(stop(&auto, 1, &[(one, 1.0)]), None);
     }
 }

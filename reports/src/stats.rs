@@ -105,7 +105,9 @@ pub fn excludes(iv: &Interval, null: f64) -> bool {
 }
 
 /// `--seeds auto`: add seeds until every reported paired difference is known to a stated
-/// precision, or a maximum count is reached. Shared by `compare` and `capacity`.
+/// precision, or a maximum count is reached. Shared by `compare` and `capacity`; the rule's
+/// parameters, stored with the results that report them (the rule itself is the lab's,
+/// `routelab_lab::seeds::stop`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AutoSeeds {
     /// Seeds run before the first look (an interval needs at least two).
@@ -139,25 +141,6 @@ pub enum SeedStop {
     Precise,
     /// The maximum count was reached first.
     MaxSeeds,
-}
-
-impl AutoSeeds {
-    /// After `n` seeds, with each reported difference as `(paired interval, baseline mean)`:
-    /// `Some(why)` to stop, `None` to add [`AutoSeeds::step`] more.
-    pub fn stop(&self, n: usize, diffs: &[(Interval, f64)]) -> Option<SeedStop> {
-        let precise = n >= 2
-            && diffs.iter().all(|(d, base)| {
-                d.half_width
-                    .is_some_and(|h| h <= self.rel_half_width * base.abs())
-            });
-        if precise {
-            Some(SeedStop::Precise)
-        } else if n >= self.max {
-            Some(SeedStop::MaxSeeds)
-        } else {
-            None
-        }
-    }
 }
 
 #[cfg(test)]
@@ -205,18 +188,5 @@ mod tests {
             &paired_difference(&[1.0, 3.0], &[2.0, 2.0]).unwrap(),
             0.0
         ));
-    }
-
-    #[test]
-    fn auto_seeds_stops_when_precise_or_at_the_maximum() {
-        let auto = AutoSeeds::default();
-        let tight = paired_difference(&[11.0, 21.0, 31.0], &[10.0, 20.0, 30.0]).unwrap();
-        let loose = paired_difference(&[15.0, 21.0, 40.0], &[10.0, 20.0, 30.0]).unwrap();
-        assert_eq!(auto.stop(3, &[(tight, 20.0)]), Some(SeedStop::Precise));
-        assert_eq!(auto.stop(3, &[(tight, 20.0), (loose, 20.0)]), None);
-        assert_eq!(auto.stop(20, &[(loose, 20.0)]), Some(SeedStop::MaxSeeds));
-        // One seed has no interval: never precise.
-        let one = paired_difference(&[1.0], &[1.0]).unwrap();
-        assert_eq!(auto.stop(1, &[(one, 1.0)]), None);
     }
 }

@@ -7,12 +7,12 @@
 use crate::lab::{Job, capacity_of, map_parallel, run_job};
 use anyhow::Context;
 use routelab_lab::capacity::{SearchOptions, SeedPlan, StudyPlan, run_study};
+use routelab_lab::replicas::{Followed, run_replica_study};
 use routelab_policies::located::rule;
-use routelab_policies::{InputError, PRESETS, PolicyConfig};
+use routelab_policies::{InputError, PolicyConfig};
 use routelab_reports::capacity::{CapacityStudy, SloSpec};
 use routelab_reports::replicas::{
-    DEFAULT_SPLIT, Deployment, Quality, ReplicaStudy, best_field_router, scenario_part,
-    update_findings,
+    DEFAULT_SPLIT, Quality, ReplicaStudy, scenario_part, update_findings,
 };
 use routelab_sim::{Gateways, MAX_REPLICAS, Scenario, Share, Split};
 use std::io::Write;
@@ -150,66 +150,31 @@ pub fn run(args: &ReplicasArgs, out: &mut impl Write) -> anyhow::Result<ExitCode
     Ok(ExitCode::SUCCESS)
 }
 
-/// The scenario behind the given replicas.
-fn behind(scenario: &Scenario, gateways: Gateways) -> Scenario {
-    let mut s = scenario.clone();
-    s.setup.gateways = gateways;
-    s
-}
-
-/// The replicas study of one scenario.
+/// The replicas study of one scenario: the lab's, with this process's runs.
 fn study(
     args: &ReplicasArgs,
     scenario: &Scenario,
     slo: &SloSpec,
     deployments: &[Gateways],
 ) -> anyhow::Result<ReplicaStudy> {
-    let reference = behind(scenario, deployments[0]);
-    let (policies, first) = if args.policies.is_empty() {
-        // The scenario's own policy and every field preset behind the reference; the best
-        // field router joins the study.
-        let own = match &args.seed_policy {
+    let followed = if args.policies.is_empty() {
+        // The scenario's own policy and the best field router behind the reference.
+        Followed::OwnAndBestField(Box::new(match &args.seed_policy {
             Some(name) => {
                 PolicyConfig::from_name(name).with_context(|| format!("--seed-policy {name}"))?
             }
             None => scenario.policies[0].clone(),
-        };
-        let field: Vec<PolicyConfig> = PRESETS
-            .iter()
-            .filter_map(|p| PolicyConfig::preset(p.name).ok())
-            .filter(|p| p.chooser.is_peer_rule() && p.name != own.name)
-            .collect();
-        let candidates: Vec<PolicyConfig> = std::iter::once(own).chain(field).collect();
-        let wide = capacity(&reference, slo, &candidates, args.seeds)?;
-        let keep: Vec<usize> = std::iter::once(0).chain(best_field_router(&wide)).collect();
-        let first = CapacityStudy {
-            policies: keep.iter().map(|&i| wide.policies[i].clone()).collect(),
-            ..wide
-        };
-        let policies: Vec<PolicyConfig> = keep.iter().map(|&i| candidates[i].clone()).collect();
-        (policies, first)
+        }))
     } else {
-        let policies = super::run::policies_for(scenario, &args.policies)?;
-        let first = capacity(&reference, slo, &policies, args.seeds)?;
-        (policies, first)
+        Followed::Given(super::run::policies_for(scenario, &args.policies)?)
     };
-    let mut studied = vec![first];
-    for &g in &deployments[1..] {
-        studied.push(capacity(&behind(scenario, g), slo, &policies, args.seeds)?);
-    }
-    let mut out = Vec::new();
-    for (&g, capacity) in deployments.iter().zip(studied) {
-        let quality = quality(&behind(scenario, g), &policies, &capacity.seeds)?;
-        out.push(Deployment {
-            gateways: g,
-            capacity,
-            quality,
-        });
-    }
-    Ok(ReplicaStudy {
-        scenario: scenario.name.clone(),
-        deployments: out,
-    })
+    run_replica_study(
+        scenario,
+        deployments,
+        followed,
+        |behind, policies| capacity(behind, slo, policies, args.seeds),
+        quality,
+    )
 }
 
 /// The capacity of each policy (the first is the study's baseline) on `seeds` seeds.

@@ -53,7 +53,7 @@ pub struct StudyPlan {
 /// Run a study: `search_batch` finds the capacity of each `(policy index, seed)` it is given
 /// and returns them in the same order (the host may run them in parallel). With a fixed seed
 /// count, one batch; with `--seeds auto`, batches of [`AutoSeeds::step`] more seeds until
-/// [`AutoSeeds::stop`] says the paired ratios are precise (their half-width at most
+/// [`stop`](crate::seeds::stop) says the paired ratios are precise (their half-width at most
 /// `rel_half_width`, in ratio units) or the maximum is reached.
 ///
 /// # Errors
@@ -117,7 +117,7 @@ pub fn run_study<E>(
             .filter(|&i| i != study.baseline)
             .map(|i| (study.ratio(i).unwrap_or(unformed), 1.0))
             .collect();
-        if let Some(stop) = auto.stop(study.seeds.len(), &ratios) {
+        if let Some(stop) = crate::seeds::stop(&auto, study.seeds.len(), &ratios) {
             study.seed_stop = stop;
             return Ok(study);
         }

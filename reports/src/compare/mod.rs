@@ -431,7 +431,7 @@ fn paired_diff(a: &PolicySeeds, b: &PolicySeeds, m: &Metric) -> PairedDiff {
 }
 
 /// The differences `--seeds auto` watches, as `(paired interval, baseline mean)` for
-/// [`AutoSeeds::stop`]: every policy's paired difference from the baseline on each of the
+/// `routelab_lab::seeds::stop`: every policy's paired difference from the baseline on each of the
 /// comparison's key metrics ([`views::COMPARE_KEY`]). A metric on which the baseline's mean is
 /// 0 (no failures, no probes) has no relative precision and is left out, as is one no seed has
 /// a value for.
