@@ -14,6 +14,8 @@
 //!   and [`partial::check_set`] checks that a set of partials belongs together;
 //!   [`sharded`] is the one path of a whole run, a shard and a merge ([`sharded::run`],
 //!   [`sharded::merge`]) over a command's [`sharded::Sharded`] plan.
+//! - [`holdout`]: the out-of-sample check of `--holdout` (the in-sample verdict on the held-out
+//!   part), into `routelab-reports`' `OutOfSample`.
 //! - [`replicas`]: the replicas study ([`replicas::run_replica_study`]): which policies to
 //!   follow behind how many gateway replicas, into `routelab-reports`' `ReplicaStudy`.
 //! - [`seeds`]: seed growth, `--seeds auto` ([`grow_seeds`]): seeds are added to every
@@ -28,6 +30,7 @@
 
 pub mod capacity;
 pub mod gate;
+pub mod holdout;
 pub mod partial;
 pub mod replicas;
 pub mod seeds;

@@ -5,7 +5,13 @@
 //! the end of the trace asks whether it survives the next stretch. The check is paired, like
 //! every verdict of routelab: on the held-out part, the in-sample winner against the best
 //! policy there, on the same seeds.
+//!
+//! The check itself is the lab's (`routelab_lab::holdout`); here are what it found, as plain
+//! data, its sentence, and the figures behind it in words.
 
+use crate::capacity::{CapacityStudy, versus};
+use crate::compare::{PairedDiff, Winner, fmt_diff, with_unit};
+use crate::metric::Metric;
 use serde::Serialize;
 
 /// Whether the in-sample winner still wins on the held-out part.
@@ -38,34 +44,6 @@ pub struct OutOfSample {
 }
 
 impl OutOfSample {
-    /// The verdict of a check whose in-sample `winner` met `best_held_out` as the best policy
-    /// on the held-out part: it holds when they are one policy, else it fails when the held-out
-    /// best beats it `established` (its paired interval excludes no difference), else neither.
-    pub fn judged(
-        held_out: &str,
-        criterion: String,
-        winner: String,
-        best_held_out: String,
-        established: bool,
-        detail: String,
-    ) -> OutOfSample {
-        let holds = if winner == best_held_out {
-            Holds::Yes
-        } else if established {
-            Holds::No
-        } else {
-            Holds::Tied
-        };
-        OutOfSample {
-            held_out: held_out.to_string(),
-            criterion,
-            winner,
-            best_held_out,
-            holds,
-            detail,
-        }
-    }
-
     /// The sentence every output prints.
     pub fn sentence(&self) -> String {
         let head = format!(
@@ -105,6 +83,68 @@ pub fn held_out_text(fraction: f64) -> String {
         "the last {} % of each trace's span",
         (fraction * 1000.0).round() / 10.0
     )
+}
+
+/// The figures behind a comparison's check on metric `m` when its in-sample winner is the best
+/// on the held-out part too (`held`, that part's winner): its mean against the runner-up's
+/// there, and their paired difference.
+pub fn compare_detail_kept(m: &Metric, held: &Winner) -> String {
+    match (&held.runner_up, &held.paired) {
+        (Some(r), Some(d)) => format!(
+            "{} {} against {} for `{r}`, paired {}",
+            m.label,
+            with_unit(m, held.winner_mean),
+            with_unit(m, held.runner_up_mean),
+            fmt_diff(m, d)
+        ),
+        _ => format!("{} {}", m.label, with_unit(m, held.winner_mean)),
+    }
+}
+
+/// The figures behind a comparison's check on metric `m` when another policy (`held`, the
+/// held-out part's winner) ranks above the in-sample winner `winner` (its mean `winner_mean`
+/// there): their means and `d`, the paired difference of the one from the other.
+pub fn compare_detail_beaten(
+    m: &Metric,
+    held: &Winner,
+    winner: &str,
+    winner_mean: Option<f64>,
+    d: &PairedDiff,
+) -> String {
+    format!(
+        "{} {} against {} for `{winner}`, paired {}",
+        m.label,
+        with_unit(m, held.winner_mean),
+        with_unit(m, winner_mean),
+        fmt_diff(m, d)
+    )
+}
+
+/// The figures behind a capacity study's check when the shipped policy (`kept`, an index of
+/// `held`, the held-out part's study) still carries the most there: against the next deployable
+/// policy, or that it is the only one.
+pub fn capacity_detail_kept(held: &CapacityStudy, kept: usize, next: Option<usize>) -> String {
+    match next {
+        Some(r) => format!(
+            "it carries {} there",
+            versus(held, kept, r, &quoted(held, r))
+        ),
+        None => "the only deployable policy there".to_owned(),
+    }
+}
+
+/// The figures behind a capacity study's check when policy `best` of `held` carries more than
+/// the shipped policy `shipped` there.
+pub fn capacity_detail_beaten(held: &CapacityStudy, best: usize, shipped: usize) -> String {
+    format!(
+        "{} carries {} there",
+        quoted(held, best),
+        versus(held, best, shipped, &quoted(held, shipped))
+    )
+}
+
+fn quoted(st: &CapacityStudy, i: usize) -> String {
+    format!("`{}`", st.policies[i].policy)
 }
 
 #[cfg(test)]

@@ -56,8 +56,8 @@ pub use compare::{
 };
 pub use compare::{
     CompareFile, MetricStats, PolicySeeds, PolicyStats, ScenarioComparison, ScenarioStats, SeedRun,
-    Winner, compare_file, compare_out_of_sample, compare_table, findings_document,
-    findings_markdown, write_compare,
+    Winner, compare_file, compare_table, findings_document, findings_markdown, headline_metric,
+    interval, paired_diff, winner, write_compare,
 };
 pub use error::ReportError;
 pub use export::{Exporter, Format};

@@ -9,12 +9,11 @@ use crate::lab::{
 };
 use anyhow::Context;
 use routelab_lab::capacity::{SearchOptions, SeedPlan, StudyPlan, run_study};
+use routelab_lab::holdout::capacity_out_of_sample;
 use routelab_lab::partial::{CapacityRun, InputsHash, MergeSet};
 use routelab_lab::seed_of;
 use routelab_policies::{InputError, PolicyConfig};
-use routelab_reports::capacity::{
-    SloSpec, capacity_out_of_sample, capacity_table, update_findings, write_capacity,
-};
+use routelab_reports::capacity::{SloSpec, capacity_table, update_findings, write_capacity};
 use routelab_reports::holdout::held_out_text;
 use routelab_reports::stats::AutoSeeds;
 use routelab_sim::Scenario;

@@ -8,6 +8,7 @@ use crate::lab::{
     canonical_options, holdout_fraction, read_scenario, run_all, seed_meaning,
 };
 use anyhow::Context;
+use routelab_lab::holdout::compare_out_of_sample;
 use routelab_lab::partial::{CompareRun, InputsHash, MergeSet, Record};
 use routelab_lab::{grow_seeds, seed_of};
 use routelab_policies::located::rule::{self, Violation};
@@ -16,8 +17,8 @@ use routelab_reports::findings;
 use routelab_reports::holdout::held_out_text;
 use routelab_reports::stats::AutoSeeds;
 use routelab_reports::{
-    PerfInfo, PerfRun, PolicySeeds, RunSummary, ScenarioComparison, SeedResult,
-    compare_out_of_sample, compare_table, findings_document, write_compare, write_perf,
+    PerfInfo, PerfRun, PolicySeeds, RunSummary, ScenarioComparison, SeedResult, compare_table,
+    findings_document, write_compare, write_perf,
 };
 use routelab_sim::Scenario;
 use std::io::{IsTerminal, Write};

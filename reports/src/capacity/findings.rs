@@ -4,7 +4,6 @@
 
 use super::CapacityStudy;
 use crate::findings;
-use crate::holdout::OutOfSample;
 use crate::interval_text;
 use crate::num::fmt_sig;
 use crate::stats::{Interval, excludes};
@@ -66,7 +65,7 @@ pub(crate) fn ratio_cell(r: Option<Interval>) -> String {
 }
 
 /// The index with the largest mean capacity among those `keep` accepts.
-pub(crate) fn best(st: &CapacityStudy, keep: impl Fn(usize) -> bool) -> Option<usize> {
+pub fn best(st: &CapacityStudy, keep: impl Fn(usize) -> bool) -> Option<usize> {
     (0..st.policies.len())
         .filter(|&i| keep(i))
         .filter_map(|i| st.policies[i].interval().map(|iv| (i, iv.mean)))
@@ -80,7 +79,7 @@ pub(crate) fn best(st: &CapacityStudy, keep: impl Fn(usize) -> bool) -> Option<u
 
 /// What policy `i` carries against policy `j` (`who`, e.g. "round robin"): "2.1x [2.0, 2.2]
 /// round robin's load", or its request rate where `j` meets the SLO at no load tried.
-fn versus(st: &CapacityStudy, i: usize, j: usize, who: &str) -> String {
+pub(crate) fn versus(st: &CapacityStudy, i: usize, j: usize, who: &str) -> String {
     if st.policies[j].scales().iter().all(|&s| s == 0.0) {
         return format!(
             "{} req/s, where {who} meets the SLO at no load tried",
@@ -94,48 +93,6 @@ fn versus(st: &CapacityStudy, i: usize, j: usize, who: &str) -> String {
 /// also the first sentence of the console table and of `report.html`).
 pub fn ship_sentence(st: &CapacityStudy) -> String {
     scenario_verdict(st)
-}
-
-/// The out-of-sample check of a capacity study: the policy `in_sample` ships (the most capacity
-/// of any deployable policy), checked on `held` (the same scenario's held-out part, same
-/// policies and seed plan): still the most there, or beaten (the paired ratio excludes 1), or
-/// neither. `None` when either part ships nothing.
-pub fn capacity_out_of_sample(
-    in_sample: &CapacityStudy,
-    held: &CapacityStudy,
-    held_out: &str,
-) -> Option<OutOfSample> {
-    fn deployable(st: &CapacityStudy) -> impl Fn(usize) -> bool + '_ {
-        move |i| PolicyKind::of(st, i) != PolicyKind::Oracle
-    }
-    let ship = best(in_sample, deployable(in_sample))?;
-    let name = &in_sample.policies[ship].policy;
-    let hi = held.policies.iter().position(|p| &p.policy == name)?;
-    let held_best = best(held, deployable(held))?;
-    let quoted = |i: usize| format!("`{}`", held.policies[i].policy);
-    let (established, detail) = if held_best == hi {
-        let detail = match best(held, |i| i != hi && deployable(held)(i)) {
-            Some(r) => format!("it carries {} there", versus(held, hi, r, &quoted(r))),
-            None => "the only deployable policy there".to_owned(),
-        };
-        (false, detail)
-    } else {
-        let r = held.ratio_to(held_best, hi);
-        let detail = format!(
-            "{} carries {} there",
-            quoted(held_best),
-            versus(held, held_best, hi, &quoted(hi))
-        );
-        (r.is_some_and(|r| excludes(&r, 1.0) && r.mean > 1.0), detail)
-    };
-    Some(OutOfSample::judged(
-        held_out,
-        "the most capacity at the SLO of any deployable policy".into(),
-        name.clone(),
-        held.policies[held_best].policy.clone(),
-        established,
-        detail,
-    ))
 }
 
 fn scenario_verdict(st: &CapacityStudy) -> String {
@@ -332,7 +289,7 @@ mod tests {
     use super::super::fixture;
     use super::super::*;
     use super::*;
-    use crate::holdout::Holds;
+    use crate::holdout::{Holds, OutOfSample};
 
     /// round robin 1x, a field router 1.5x, ours 1.2x, the oracle 2x — every seed alike up to
     /// seed noise both share.
@@ -451,22 +408,18 @@ mod tests {
         );
     }
 
+    /// The check itself is the lab's (`routelab_lab::holdout`); its outcome is shown in the
+    /// scenario's part of the findings.
     #[test]
-    fn the_shipped_policy_is_checked_on_the_held_out_part() {
-        let text = "the last 30 % of each trace's span";
-        // Ours ships in sample (1.8x); held out, the field router (1.5x) beats ours (1.2x).
-        let o = capacity_out_of_sample(&study(1.8), &study(1.8), text).unwrap();
-        assert_eq!((o.winner.as_str(), o.holds), ("seed-v3", Holds::Yes));
-        assert!(
-            o.detail
-                .starts_with("it carries 1.20x [1.20, 1.20] `cache-aware`'s load"),
-            "{o:?}"
-        );
-        let o = capacity_out_of_sample(&study(1.8), &study(1.2), text).unwrap();
-        assert_eq!(
-            (o.best_held_out.as_str(), o.holds),
-            ("cache-aware", Holds::No)
-        );
+    fn an_out_of_sample_check_is_shown_in_the_findings() {
+        let o = OutOfSample {
+            held_out: crate::holdout::held_out_text(0.3),
+            criterion: "the most capacity at the SLO of any deployable policy".into(),
+            winner: "seed-v3".into(),
+            best_held_out: "cache-aware".into(),
+            holds: Holds::No,
+            detail: "`cache-aware` carries 1.25x [1.25, 1.25] `seed-v3`'s load there".into(),
+        };
         let mut st = study(1.8);
         st.out_of_sample = Some(o);
         st.seed_meaning = ("A seed: …".into(), "trace resampled (60 s blocks)".into());

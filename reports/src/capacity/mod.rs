@@ -26,10 +26,8 @@ mod report;
 pub mod search;
 pub mod slo;
 
-pub use findings::{
-    PolicyKind, capacity_out_of_sample, findings_section, ship_sentence, update_findings,
-};
-pub(crate) use findings::{best, ratio_cell};
+pub use findings::{PolicyKind, best, findings_section, ship_sentence, update_findings};
+pub(crate) use findings::{ratio_cell, versus};
 pub use report::{capacity_table, write_capacity};
 pub use search::{Censored, Evaluation, SeedCapacity};
 pub use slo::{Bound, SloMetric, SloSpec, Statistic};

@@ -95,7 +95,7 @@ pub(super) fn no_spread_note(
 /// A paired difference for a table: in % of the reference's mean with its 95 % interval
 /// (`-4.9% [-6.1, -3.7]`), in the metric's unit when the reference is 0; `(1 seed)` when
 /// there is no interval; `-` when no seed pairs.
-pub(super) fn fmt_diff(m: &Metric, d: &PairedDiff) -> String {
+pub(crate) fn fmt_diff(m: &Metric, d: &PairedDiff) -> String {
     let (Some(mean), true) = (d.mean, d.n > 0) else {
         return "-".into();
     };

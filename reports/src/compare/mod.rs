@@ -38,11 +38,14 @@ mod format;
 mod page;
 mod text;
 
+pub(crate) use format::fmt_diff;
 pub(crate) use format::seed_rule_note;
-use format::{column_label, fmt_diff, fmt_metric, intervals_and_best, key_metrics, no_spread_note};
+use format::{column_label, fmt_metric, intervals_and_best, key_metrics, no_spread_note};
 
-use page::{bars_figure, cdf_figure, compare_html, established, seeds_note, with_unit};
-pub(crate) use page::{headline, headline_metric};
+pub(crate) use page::headline;
+pub use page::headline_metric;
+pub(crate) use page::with_unit;
+use page::{bars_figure, cdf_figure, compare_html, established, seeds_note};
 pub use text::{compare_table, findings_baseline_markdown, findings_document, findings_markdown};
 
 /// One seed of one policy.
@@ -362,7 +365,8 @@ pub struct Winner {
     pub paired: Option<PairedDiff>,
 }
 
-pub(crate) fn interval(p: &PolicySeeds, m: &Metric) -> Option<Interval> {
+/// Policy `p`'s mean and 95 % interval of metric `m` across its seeds.
+pub fn interval(p: &PolicySeeds, m: &Metric) -> Option<Interval> {
     Interval::of(p.runs.iter().filter_map(|r| r.summary.get(m)))
 }
 
@@ -395,7 +399,7 @@ fn paired(a: &PolicySeeds, b: &PolicySeeds, m: &Metric) -> Option<(Interval, f64
 }
 
 /// [`paired`] as reported: rounded, with the verdict by the metric's direction.
-fn paired_diff(a: &PolicySeeds, b: &PolicySeeds, m: &Metric) -> PairedDiff {
+pub fn paired_diff(a: &PolicySeeds, b: &PolicySeeds, m: &Metric) -> PairedDiff {
     let Some((d, base)) = paired(a, b, m) else {
         return PairedDiff {
             metric: m.name.to_string(),
@@ -455,7 +459,7 @@ fn ranked() -> impl Iterator<Item = &'static Metric> {
 
 /// The best policy of `sc` on `m` by mean across seeds, the runner-up and the paired
 /// difference between them (`None` when no policy has a value).
-pub(crate) fn winner(sc: &ScenarioComparison, m: &Metric) -> Option<Winner> {
+pub fn winner(sc: &ScenarioComparison, m: &Metric) -> Option<Winner> {
     let mut ranked: Vec<(usize, Interval)> = sc
         .policies
         .iter()
@@ -533,58 +537,6 @@ pub fn compare_file(scenarios: &[ScenarioComparison]) -> CompareFile {
             })
             .collect(),
     }
-}
-
-/// The out-of-sample check of a comparison: the winner of `in_sample` on the headline metric
-/// (the report's first sentence), checked on `held` (the same scenario's held-out part, same
-/// policies and seeds): still the best there, or beaten (paired difference established), or
-/// neither. `None` when either part has no winner.
-pub fn compare_out_of_sample(
-    in_sample: &ScenarioComparison,
-    held: &ScenarioComparison,
-    held_out: &str,
-) -> Option<OutOfSample> {
-    let m = headline_metric();
-    let w = winner(in_sample, m)?;
-    let hw = winner(held, m)?;
-    let wi = held.policies.iter().position(|p| p.policy == w.winner)?;
-    let best = match m.direction {
-        Direction::Higher => "highest",
-        _ => "lowest",
-    };
-    let (established, detail) = if hw.winner == w.winner {
-        let detail = match (&hw.runner_up, &hw.paired) {
-            (Some(r), Some(d)) => format!(
-                "{} {} against {} for `{r}`, paired {}",
-                m.label,
-                with_unit(m, hw.winner_mean),
-                with_unit(m, hw.runner_up_mean),
-                fmt_diff(m, d)
-            ),
-            _ => format!("{} {}", m.label, with_unit(m, hw.winner_mean)),
-        };
-        (false, detail)
-    } else {
-        let bi = held.policies.iter().position(|p| p.policy == hw.winner)?;
-        let d = paired_diff(&held.policies[bi], &held.policies[wi], m);
-        let detail = format!(
-            "{} {} against {} for `{}`, paired {}",
-            m.label,
-            with_unit(m, hw.winner_mean),
-            with_unit(m, interval(&held.policies[wi], m).map(|i| i.mean)),
-            w.winner,
-            fmt_diff(m, &d)
-        );
-        (d.established, detail)
-    };
-    Some(OutOfSample::judged(
-        held_out,
-        format!("{best} {}", m.label),
-        w.winner,
-        hw.winner,
-        established,
-        detail,
-    ))
 }
 
 /// Write every output of `routelab compare` into `dir`: `compare.json`, `compare.csv` (one row
@@ -756,34 +708,19 @@ pub(crate) mod tests {
         }
     }
 
+    /// The check itself is the lab's (`routelab_lab::holdout`); its outcome is shown by the
+    /// console table and the findings.
     #[test]
-    fn the_winner_is_checked_on_the_held_out_part() {
+    fn an_out_of_sample_check_is_shown_in_the_table_and_the_findings() {
         let in_sample = comparison();
-        let held = |slow: [f64; 3], fast: [f64; 3]| {
-            ScenarioComparison::new(
-                "test/two",
-                "",
-                vec![policy("slow", &slow), policy("fast", &fast)],
-            )
+        let o = OutOfSample {
+            held_out: crate::holdout::held_out_text(0.3),
+            criterion: "lowest e2e mean".into(),
+            winner: "fast".into(),
+            best_held_out: "slow".into(),
+            holds: Holds::Tied,
+            detail: "e2e mean 1.67 s against 1.70 s for `fast`, paired -2.0% [-90, +86]".into(),
         };
-        let text = "the last 30 % of each trace's span";
-        // `fast` wins in sample and on the held-out part.
-        let o = compare_out_of_sample(&in_sample, &held([2.0, 2.1, 2.2], [1.0, 1.2, 1.1]), text)
-            .unwrap();
-        assert_eq!((o.winner.as_str(), o.holds), ("fast", Holds::Yes));
-        assert!(
-            o.detail
-                .starts_with("e2e mean 1.10 s against 2.10 s for `slow`"),
-            "{o:?}"
-        );
-        // `slow` beats it on every held-out seed: it fails.
-        let o = compare_out_of_sample(&in_sample, &held([1.0, 1.1, 1.2], [2.0, 2.2, 2.4]), text)
-            .unwrap();
-        assert_eq!((o.best_held_out.as_str(), o.holds), ("slow", Holds::No));
-        // `slow` ahead on the mean only, not on every seed: neither.
-        let o = compare_out_of_sample(&in_sample, &held([1.0, 3.0, 1.0], [2.0, 1.0, 2.1]), text)
-            .unwrap();
-        assert_eq!(o.holds, Holds::Tied, "{o:?}");
         let mut with = in_sample.clone();
         with.out_of_sample = Some(o);
         with.seed_meaning = ("A seed: …".into(), "trace resampled (60 s blocks)".into());

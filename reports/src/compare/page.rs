@@ -207,12 +207,12 @@ pub(super) fn winners_html(st: &ScenarioStats) -> String {
 /// The metric a report's opening sentence ([`headline`]) judges policies by: the first panel of
 /// the comparison's bar chart ([`views::COMPARE_BARS`]), mean end-to-end latency, what a user
 /// of the gateway waits for. The report leads with that sentence and that chart.
-pub(crate) fn headline_metric() -> &'static Metric {
+pub fn headline_metric() -> &'static Metric {
     view(views::COMPARE_BARS[0].0)
 }
 
 /// A value with its unit, for a sentence (`5.04 s`, `96.8%`, `1740 tok/s`).
-pub(super) fn with_unit(m: &Metric, v: Option<f64>) -> String {
+pub(crate) fn with_unit(m: &Metric, v: Option<f64>) -> String {
     match m.unit {
         Unit::Fraction => fmt_metric(m, v),
         u => format!("{} {}", fmt_metric(m, v), u.as_str()),
