@@ -101,11 +101,9 @@ pub fn capacity_out_of_sample(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use routelab_policies::{PolicyConfig, PolicyRole};
+    use routelab_policies::PolicyRole;
     use routelab_reports::PolicySeeds;
-    use routelab_reports::capacity::{PolicyCapacity, SeedCapacity, SloSpec};
     use routelab_reports::holdout::held_out_text;
-    use routelab_reports::stats::SeedStop;
     use routelab_sim::RunMetrics;
 
     /// Two policies, `slow` and `fast`, each with these end-to-end latencies on seeds 1..=3.
@@ -130,15 +128,14 @@ mod tests {
 
     #[test]
     fn a_comparisons_winner_holds_fails_or_ties_on_the_held_out_part() {
-        let text = held_out_text(0.3);
-        let in_sample = comparison([2.0, 2.2, 2.4], [1.0, 1.1, 1.2]);
-        // `fast` wins in sample and on the held-out part.
-        let o = compare_out_of_sample(
-            &in_sample,
-            &comparison([2.0, 2.1, 2.2], [1.0, 1.2, 1.1]),
-            &text,
-        )
-        .unwrap();
+        // `fast` wins in sample. The check against each held-out part (slow's and fast's
+        // latencies on its three seeds):
+        let checked = |slow: [f64; 3], fast: [f64; 3]| {
+            let in_sample = comparison([2.0, 2.2, 2.4], [1.0, 1.1, 1.2]);
+            let held = comparison(slow, fast);
+            compare_out_of_sample(&in_sample, &held, &held_out_text(0.3)).unwrap()
+        };
+        let o = checked([2.0, 2.1, 2.2], [1.0, 1.2, 1.1]);
         assert_eq!((o.winner.as_str(), o.holds), ("fast", Holds::Yes));
         assert_eq!(o.criterion, "lowest e2e mean");
         assert!(
@@ -147,12 +144,7 @@ mod tests {
             "{o:?}"
         );
         // `slow` beats it on every held-out seed: it fails, and the detail says by how much.
-        let o = compare_out_of_sample(
-            &in_sample,
-            &comparison([1.0, 1.1, 1.2], [2.0, 2.2, 2.4]),
-            &text,
-        )
-        .unwrap();
+        let o = checked([1.0, 1.1, 1.2], [2.0, 2.2, 2.4]);
         assert_eq!((o.best_held_out.as_str(), o.holds), ("slow", Holds::No));
         assert!(
             o.detail
@@ -160,12 +152,7 @@ mod tests {
             "{o:?}"
         );
         // `slow` ahead on the mean only, not on every seed: neither.
-        let o = compare_out_of_sample(
-            &in_sample,
-            &comparison([1.0, 3.0, 1.0], [2.0, 1.0, 2.1]),
-            &text,
-        )
-        .unwrap();
+        let o = checked([1.0, 3.0, 1.0], [2.0, 1.0, 2.1]);
         assert_eq!(o.holds, Holds::Tied, "{o:?}");
         assert!(
             o.sentence().contains("is not established"),
@@ -177,60 +164,26 @@ mod tests {
     /// A study of a baseline, a field router, ours and the oracle on seeds 1..=3, each carrying
     /// `speeds[i]` times 8 (a little more on later seeds, the same for all: ratios are exact).
     fn study(speeds: [f64; 4]) -> CapacityStudy {
-        let names = [
+        let policies = crate::fixture::policies(&[
             "equal/round-robin/none/none",
             "cache-aware",
             "seed-v3",
             "oracle/sed/capacity/weighted:24",
-        ];
-        CapacityStudy {
-            scenario: "s".into(),
-            description: String::new(),
-            slo: SloSpec::parse("e2el_mean<=500ms", None).unwrap(),
-            precision: 0.02,
-            base_rate_per_s: Some(1.0),
-            baseline: 0,
-            seed_stop: SeedStop::Fixed,
-            auto_rule: None,
-            seeds: vec![1, 2, 3],
-            policies: names
-                .iter()
-                .zip(speeds)
-                .map(|(name, speed)| PolicyCapacity {
-                    seeds: (1..=3)
-                        .map(|seed| {
-                            let scale = 8.0 * speed * (1.0 + seed as f64 / 10.0);
-                            SeedCapacity {
-                                seed,
-                                scale,
-                                failing_scale: scale * 1.02,
-                                censored: None,
-                                evaluations: Vec::new(),
-                            }
-                        })
-                        .collect(),
-                    ..PolicyCapacity::of(
-                        (*name).into(),
-                        PolicyConfig::from_name(name).unwrap().role(),
-                    )
-                })
-                .collect(),
-            seed_meaning: Default::default(),
-            out_of_sample: None,
-        }
+        ]);
+        crate::fixture::study(&policies, &[1, 2, 3], |p, seed| {
+            8.0 * speeds[p] * (1.0 + seed as f64 / 10.0)
+        })
     }
 
     #[test]
     fn the_shipped_policy_is_checked_against_the_deployable_ones_only() {
-        let text = held_out_text(0.3);
         // Ours ships in sample (1.8 against the field's 1.5); the oracle carries more but is
-        // never shipped.
-        let o = capacity_out_of_sample(
-            &study([1.0, 1.5, 1.8, 2.0]),
-            &study([1.0, 1.5, 1.8, 2.0]),
-            &text,
-        )
-        .unwrap();
+        // never shipped. The check against each held-out part:
+        let checked = |held: [f64; 4]| {
+            let in_sample = study([1.0, 1.5, 1.8, 2.0]);
+            capacity_out_of_sample(&in_sample, &study(held), &held_out_text(0.3)).unwrap()
+        };
+        let o = checked([1.0, 1.5, 1.8, 2.0]);
         assert_eq!((o.winner.as_str(), o.holds), ("seed-v3", Holds::Yes));
         assert!(
             o.detail
@@ -238,12 +191,7 @@ mod tests {
             "{o:?}"
         );
         // Held out, the field router carries 1.5 against ours' 1.2, on every seed: it fails.
-        let o = capacity_out_of_sample(
-            &study([1.0, 1.5, 1.8, 2.0]),
-            &study([1.0, 1.5, 1.2, 2.0]),
-            &text,
-        )
-        .unwrap();
+        let o = checked([1.0, 1.5, 1.2, 2.0]);
         assert_eq!(
             (o.best_held_out.as_str(), o.holds),
             ("cache-aware", Holds::No)
@@ -255,12 +203,6 @@ mod tests {
         );
         // Ours as fast as the field router held out: the field router ranks first on a tie
         // only by order, and their ratio of exactly 1 establishes nothing.
-        let o = capacity_out_of_sample(
-            &study([1.0, 1.5, 1.8, 2.0]),
-            &study([1.0, 1.5, 1.5, 2.0]),
-            &text,
-        )
-        .unwrap();
-        assert_eq!(o.holds, Holds::Tied, "{o:?}");
+        assert_eq!(checked([1.0, 1.5, 1.5, 2.0]).holds, Holds::Tied);
     }
 }

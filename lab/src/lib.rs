@@ -29,6 +29,8 @@
 #![warn(missing_docs)]
 
 pub mod capacity;
+#[cfg(test)]
+mod fixture;
 pub mod gate;
 pub mod holdout;
 pub mod partial;

@@ -95,41 +95,15 @@ pub fn run_replica_study<E>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use routelab_reports::capacity::{PolicyCapacity, SeedCapacity, SloSpec};
-    use routelab_reports::stats::SeedStop;
     use routelab_sim::{Share, Split};
     use std::cell::RefCell;
 
-    /// A study of `policies` on seeds 1 and 2 in which each policy carries `carries(name)`.
+    /// A study of `policies` on seeds 1 and 2 in which each policy carries `carries(name)`
+    /// (1 % more on seed 2).
     fn study_of(policies: &[PolicyConfig], carries: impl Fn(&str) -> f64) -> CapacityStudy {
-        CapacityStudy {
-            scenario: "s".into(),
-            description: String::new(),
-            slo: SloSpec::parse("e2el_mean<=2s", None).unwrap(),
-            precision: 0.02,
-            base_rate_per_s: Some(1.0),
-            baseline: 0,
-            seed_stop: SeedStop::Fixed,
-            auto_rule: None,
-            seeds: vec![1, 2],
-            policies: policies
-                .iter()
-                .map(|p| PolicyCapacity {
-                    seeds: [1, 2]
-                        .map(|seed| SeedCapacity {
-                            seed,
-                            scale: carries(&p.name) * (1.0 + seed as f64 / 100.0),
-                            failing_scale: carries(&p.name) * 1.1,
-                            censored: None,
-                            evaluations: Vec::new(),
-                        })
-                        .into(),
-                    ..PolicyCapacity::of(p.name.clone(), p.role())
-                })
-                .collect(),
-            seed_meaning: Default::default(),
-            out_of_sample: None,
-        }
+        crate::fixture::study(policies, &[1, 2], |p, seed| {
+            carries(&policies[p].name) * (1.0 + seed as f64 / 100.0)
+        })
     }
 
     fn scenario() -> Scenario {

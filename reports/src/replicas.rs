@@ -335,12 +335,8 @@ mod tests {
                     seeds: scales
                         .iter()
                         .zip(1..)
-                        .map(|(&scale, seed)| SeedCapacity {
-                            seed,
-                            scale,
-                            failing_scale: scale * 1.02,
-                            censored: None,
-                            evaluations: Vec::new(),
+                        .map(|(&scale, seed)| {
+                            SeedCapacity::knee(seed, scale, scale * 1.02, Vec::new())
                         })
                         .collect(),
                 })

@@ -108,13 +108,7 @@ pub fn find_capacity<E>(
             high = mid;
         }
     }
-    Ok(SeedCapacity {
-        seed,
-        scale: low,
-        failing_scale: high,
-        censored: None,
-        evaluations,
-    })
+    Ok(SeedCapacity::knee(seed, low, high, evaluations))
 }
 
 #[cfg(test)]

@@ -243,12 +243,11 @@ pub(crate) mod fixture {
                 evaluations: vec![fails],
             };
         }
-        SeedCapacity {
+        SeedCapacity::knee(
             seed,
-            scale: knee,
-            failing_scale: knee * 1.02,
-            censored: None,
-            evaluations: vec![at(knee, true), at(knee * 1.02, false)],
-        }
+            knee,
+            knee * 1.02,
+            vec![at(knee, true), at(knee * 1.02, false)],
+        )
     }
 }

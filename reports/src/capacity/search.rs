@@ -110,3 +110,17 @@ pub struct SeedCapacity {
     /// Every evaluated scale, in the order run.
     pub evaluations: Vec<Evaluation>,
 }
+
+impl SeedCapacity {
+    /// A search on `seed` whose knee lies inside the scales tried: the SLO held at `scale` and
+    /// failed at `failing_scale`, after these `evaluations`.
+    pub fn knee(seed: u64, scale: f64, failing_scale: f64, evaluations: Vec<Evaluation>) -> Self {
+        SeedCapacity {
+            seed,
+            scale,
+            failing_scale,
+            censored: None,
+            evaluations,
+        }
+    }
+}
