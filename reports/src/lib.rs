@@ -16,7 +16,8 @@
 //!   the study across policies and seeds found (plain data; the search and the study runner
 //!   are `routelab-lab`'s), and its outputs.
 //! - [`profile_text`], [`write_profile_chart`]: a hardware profile's curve and fields for
-//!   `routelab profile show`, and its chart.
+//!   `routelab profile show`, and its chart; [`fit_report`], `routelab profile fit`'s check of
+//!   the fitted profile against its inputs.
 //! - [`metric`]: the one metric catalog every output takes its metrics from.
 //! - [`gate`]: the gate's report (verdicts against the baselines, invariants) that the
 //!   exporters write; the gate itself (suite, baselines, measuring) is `routelab-lab`'s.
@@ -64,7 +65,7 @@ pub use export::{Exporter, Format};
 pub use gate::GateReport;
 pub use metric::{CATALOG, Direction, Metric, Unit};
 pub use perf::{PerfInfo, PerfRun, write_perf};
-pub use profile::{profile_concurrencies, profile_text, write_profile_chart};
+pub use profile::{fit_report, profile_concurrencies, profile_text, write_profile_chart};
 pub use run::{
     PolicyRun, RunEntry, RunMeta, SummaryFile, Written, run_table, summary_file, summary_table,
     write_run,

@@ -1,9 +1,11 @@
-//! `routelab profile show`: a hardware profile as a terminal table and a chart.
+//! `routelab profile show`: a hardware profile as a terminal table and a chart; and
+//! `routelab profile fit`'s check of the fitted profile against its inputs.
 
 use std::path::Path;
 
 use routelab_sim::HardwareProfile;
 use routelab_sim::hardware::DecodeCurve;
+use routelab_sim::hardware::fit::FittedProfile;
 
 use crate::chart::{self, Figure, Legend, LinePanel, Panel, Series};
 use crate::error::ReportError;
@@ -192,6 +194,49 @@ pub fn write_profile_chart(p: &HardwareProfile, dir: &Path) -> Result<Written, R
     Ok(Written {
         files: vec![r.svg_path, r.png_path],
     })
+}
+
+/// How well the fitted profile reproduces its inputs: each point's error, then the warnings.
+pub fn fit_report(fitted: &FittedProfile) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "fit check: each input point against the fitted profile (a closed loop simulated on \
+         the simulator's engine, a pure-decode point read off the curve)"
+    );
+    let _ = writeln!(
+        s,
+        "{:<36} {:>11} {:<25} {:>10} {:>10} {:>8}",
+        "source", "concurrency", "figure", "measured", "fitted", "error"
+    );
+    for e in &fitted.errors {
+        let _ = writeln!(
+            s,
+            "{:<36} {:>11} {:<25} {:>10.2} {:>10.2} {:>+7.1}%",
+            e.source,
+            e.concurrency,
+            e.what,
+            e.measured,
+            e.fitted,
+            e.relative() * 100.0
+        );
+    }
+    if let Some(o) = &fitted.overlap_fit {
+        let _ = writeln!(
+            s,
+            "prefill_overlap {:.3}{} fitted against {}",
+            o.value,
+            o.std_error
+                .map(|e| format!(" ± {e:.3}"))
+                .unwrap_or_default(),
+            o.against
+        );
+    }
+    for w in &fitted.warnings {
+        let _ = writeln!(s, "warning: {w}");
+    }
+    s
 }
 
 #[cfg(test)]

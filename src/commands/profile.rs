@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
-use routelab_reports::{profile_text, write_profile_chart};
+use routelab_reports::{fit_report, profile_text, write_profile_chart};
 use routelab_sim::ProfileLookup;
-use routelab_sim::hardware::fit::{FitInput, FitOptions, FitSource, FittedProfile, MixedStep, fit};
+use routelab_sim::hardware::fit::{FitInput, FitOptions, FitSource, MixedStep, fit};
 
 /// The `profile` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -142,49 +142,6 @@ fn fit_cmd(args: &FitArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// How well the fitted profile reproduces its inputs: each point's error, then the warnings.
-fn fit_report(fitted: &FittedProfile) -> String {
-    use std::fmt::Write as _;
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "fit check: each input point against the fitted profile (a closed loop simulated on \
-         the simulator's engine, a pure-decode point read off the curve)"
-    );
-    let _ = writeln!(
-        s,
-        "{:<36} {:>11} {:<25} {:>10} {:>10} {:>8}",
-        "source", "concurrency", "figure", "measured", "fitted", "error"
-    );
-    for e in &fitted.errors {
-        let _ = writeln!(
-            s,
-            "{:<36} {:>11} {:<25} {:>10.2} {:>10.2} {:>+7.1}%",
-            e.source,
-            e.concurrency,
-            e.what,
-            e.measured,
-            e.fitted,
-            e.relative() * 100.0
-        );
-    }
-    if let Some(o) = &fitted.overlap_fit {
-        let _ = writeln!(
-            s,
-            "prefill_overlap {:.3}{} fitted against {}",
-            o.value,
-            o.std_error
-                .map(|e| format!(" ± {e:.3}"))
-                .unwrap_or_default(),
-            o.against
-        );
-    }
-    for w in &fitted.warnings {
-        let _ = writeln!(s, "warning: {w}");
-    }
-    s
 }
 
 fn show(args: &ShowArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
