@@ -11,7 +11,7 @@
 //!
 //! Model time is `(wall time since the emulator started) × speedup`, in nanoseconds.
 
-use routelab_sim::worker::EngineOutput;
+use routelab_sim::worker::{Admission, EngineOutput};
 use routelab_sim::{FluidEngine, InferenceEngine};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -395,7 +395,7 @@ impl Driver {
                 ..
             } = &mut *st;
             if let Some(s) = streams.get_mut(&seq) {
-                engine.admit(at, seq, s.prompt, s.output, &s.blocks);
+                engine.admit(at, Admission::new(seq, s.prompt, s.output, &s.blocks));
                 s.phase = Phase::Engine;
                 counters.admitted += 1;
                 counters.prompt_tokens += u64::from(s.prompt);
@@ -559,7 +559,7 @@ mod tests {
             .unwrap(),
         );
         let mut engine = FluidEngine::new(profile, EngineOverrides::default(), 1);
-        engine.admit(0, 1, 100, 5, &[]);
+        engine.admit(0, Admission::new(1, 100, 5, &[]));
         let mut out = Vec::new();
         let first = engine.next_event_time().unwrap();
         engine.advance_to(first, &mut out);

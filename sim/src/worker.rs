@@ -8,7 +8,7 @@
 //! # Driving it
 //!
 //! ```text
-//! engine.admit(now, seq, prompt, output, &prefix_blocks);      // or any other mutation
+//! engine.admit(now, Admission::new(seq, prompt, output, &prefix_blocks)); // or any other mutation
 //! if let Some(t) = engine.next_event_time() { schedule(t, engine.generation()) }
 //! ...
 //! on wake-up(t, generation):
@@ -31,7 +31,7 @@ mod speed;
 mod step;
 pub use self::core::EngineCore;
 pub use fluid::FluidEngine;
-pub use inference::InferenceEngine;
+pub use inference::{Admission, InferenceEngine};
 pub use mode::{Engine, EngineMode, EngineModeError};
 pub use step::StepEngine;
 

@@ -9,7 +9,7 @@
 use super::{Ev, Sim, SimError, Sink};
 use crate::record::{Outcome, Status};
 use crate::traffic::{Arrival, TrafficSource};
-use crate::worker::{BLOCK_TOKENS, EngineOutput};
+use crate::worker::{Admission, BLOCK_TOKENS, EngineOutput};
 use routelab_policies::{Charge, Completion, Decision, ModelId, RouteError, RouteRequest, Time};
 
 /// What a request slot holds.
@@ -311,13 +311,11 @@ impl Sim<'_> {
         let r = self.requests.get(req);
         let worker = r.worker;
         let (prompt, output) = (r.prompt, r.output);
-        self.fleet.get_mut(worker).engine.admit(
-            self.now.as_nanos(),
-            u64::from(req),
-            prompt,
-            output,
-            &r.prefix,
-        );
+        let s = Admission::new(u64::from(req), prompt, output, &r.prefix);
+        self.fleet
+            .get_mut(worker)
+            .engine
+            .admit(self.now.as_nanos(), s);
         self.reschedule(worker);
     }
 

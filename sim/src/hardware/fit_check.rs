@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use super::HardwareProfile;
 use super::fit::{ClosedLoop, StepModel};
-use crate::worker::{Engine, EngineMode, EngineOutput, EngineOverrides};
+use crate::worker::{Admission, Engine, EngineMode, EngineOutput, EngineOverrides};
 
 /// A point the monotone fit moved by more than this share is warned about.
 pub const CORRECTION_WARN: f64 = 0.25;
@@ -77,7 +77,7 @@ pub fn simulate_closed_loop(
     );
     let mut arrival: HashMap<u64, u64> = HashMap::new();
     for seq in 0..u64::from(concurrency) {
-        e.admit(0, seq, prompt.max(1), output, &[]);
+        e.admit(0, Admission::new(seq, prompt.max(1), output, &[]));
         arrival.insert(seq, 0);
     }
     let mut sent = concurrency;
@@ -94,7 +94,7 @@ pub fn simulate_closed_loop(
                 e2e_ns += u128::from(c.at - at);
                 if sent < requests {
                     let seq = u64::from(sent);
-                    e.admit(t, seq, prompt.max(1), output, &[]);
+                    e.admit(t, Admission::new(seq, prompt.max(1), output, &[]));
                     arrival.insert(seq, t);
                     sent += 1;
                 }

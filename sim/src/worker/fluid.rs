@@ -69,7 +69,7 @@ use super::core::EngineCore;
 use super::inference::sealed::Moves;
 use super::slots::{Phase, Slot, Slots};
 use super::{
-    AdmitInfo, BLOCK_TOKENS, EPS_TOKENS, EngineOutput, EngineOverrides, InferenceEngine,
+    Admission, AdmitInfo, BLOCK_TOKENS, EPS_TOKENS, EngineOutput, EngineOverrides, InferenceEngine,
     KV_BLOCK_TOKENS, cached_tokens,
 };
 use crate::hardware::HardwareProfile;
@@ -239,19 +239,9 @@ impl InferenceEngine for FluidEngine {
     /// See [`InferenceEngine::admit`]. The sequence starts at once if the running set and the
     /// KV have room (its prefill work gated to the next step boundary if a step is under way);
     /// the returned info then has its cached prompt tokens.
-    fn admit(
-        &mut self,
-        now: u64,
-        seq: u64,
-        prompt_tokens: u32,
-        output_tokens: u32,
-        prefix: &[u64],
-    ) -> AdmitInfo {
+    fn admit(&mut self, now: u64, s: Admission<'_>) -> AdmitInfo {
         self.catch_up(now);
-        let noise = self.core.request_noise();
-        let h = self
-            .slots
-            .admit(now, seq, prompt_tokens, output_tokens, noise, prefix);
+        let h = self.slots.admit(now, &s, &mut self.core);
         // With nobody waiting, the sequence is the queue's front: start it, if it fits,
         // without a trip through the queue (whose memory a large fleet's engines keep cold).
         if self.waiting.is_empty() && self.fits(self.slots[h as usize].kv_tokens()) {

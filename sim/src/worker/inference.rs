@@ -11,6 +11,35 @@ use super::core::EngineCore;
 use super::{AdmitInfo, EngineOutput};
 use crate::hardware::HardwareProfile;
 
+/// A sequence handed to an engine: the caller's id (unique among the sequences in the engine),
+/// its prompt and output lengths in tokens, and the 512-token prefix block hashes of its prompt
+/// (hash `i` identifies the whole prefix up to block `i`; may be empty).
+#[derive(Debug, Clone, Copy)]
+pub struct Admission<'a> {
+    /// The caller's id.
+    pub seq: u64,
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Output tokens to generate.
+    pub output_tokens: u32,
+    /// The prompt's prefix block hashes.
+    pub prefix: &'a [u64],
+}
+
+impl<'a> Admission<'a> {
+    /// Sequence `seq` of `prompt_tokens` and `output_tokens` tokens with these prefix blocks.
+    #[inline]
+    #[must_use]
+    pub const fn new(seq: u64, prompt_tokens: u32, output_tokens: u32, prefix: &'a [u64]) -> Self {
+        Admission {
+            seq,
+            prompt_tokens,
+            output_tokens,
+            prefix,
+        }
+    }
+}
+
 pub(crate) mod sealed {
     use super::EngineCore;
 
@@ -37,17 +66,8 @@ pub(crate) mod sealed {
 /// collects first tokens and completions with [`Self::advance_to`]. Every mutating call takes
 /// `now`, which never goes backwards.
 pub trait InferenceEngine: sealed::Moves {
-    /// Hands a sequence to the engine at `now` (ns). `seq` is the caller's id (unique among the
-    /// sequences in this engine), `prefix` the 512-token prefix block hashes of the prompt
-    /// (hash `i` identifies the whole prefix up to block `i`; may be empty).
-    fn admit(
-        &mut self,
-        now: u64,
-        seq: u64,
-        prompt_tokens: u32,
-        output_tokens: u32,
-        prefix: &[u64],
-    ) -> AdmitInfo;
+    /// Hands sequence `s` to the engine at `now` (ns).
+    fn admit(&mut self, now: u64, s: Admission<'_>) -> AdmitInfo;
 
     /// Moves the engine to `now` and appends everything that happened at or before `now`, in
     /// time order (ties by sequence id, a sequence's first token before its completion).

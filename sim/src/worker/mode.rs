@@ -9,7 +9,9 @@ use routelab_policies::KvEvent;
 
 use super::core::EngineCore;
 use super::inference::sealed::Moves;
-use super::{AdmitInfo, EngineOutput, EngineOverrides, FluidEngine, InferenceEngine, StepEngine};
+use super::{
+    Admission, AdmitInfo, EngineOutput, EngineOverrides, FluidEngine, InferenceEngine, StepEngine,
+};
 use crate::hardware::HardwareProfile;
 
 /// How a worker's engine is simulated.
@@ -125,17 +127,10 @@ impl Engine {
 impl Engine {
     /// [`InferenceEngine::admit`].
     #[inline]
-    pub fn admit(
-        &mut self,
-        now: u64,
-        seq: u64,
-        prompt_tokens: u32,
-        output_tokens: u32,
-        prefix: &[u64],
-    ) -> AdmitInfo {
+    pub fn admit(&mut self, now: u64, s: Admission<'_>) -> AdmitInfo {
         match self {
-            Engine::Fluid(e) => e.admit(now, seq, prompt_tokens, output_tokens, prefix),
-            Engine::Step(e) => e.admit(now, seq, prompt_tokens, output_tokens, prefix),
+            Engine::Fluid(e) => e.admit(now, s),
+            Engine::Step(e) => e.admit(now, s),
         }
     }
 
@@ -415,7 +410,7 @@ mod tests {
         for mode in [EngineMode::Fluid, EngineMode::Step] {
             let mut e = Engine::new(mode, p.clone(), EngineOverrides::default(), 3);
             assert_eq!(e.mode(), mode);
-            e.admit(0, 1, 100, 3, &[]);
+            e.admit(0, Admission::new(1, 100, 3, &[]));
             let mut out = Vec::new();
             while let Some(t) = e.next_event_time() {
                 e.advance_to(t, &mut out);

@@ -4,7 +4,8 @@
 
 use std::ops::{Deref, DerefMut};
 
-use super::Completion;
+use super::core::EngineCore;
+use super::{Admission, Completion};
 
 /// Where a sequence is in an engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,18 +94,12 @@ impl<S: Default> Slots<S> {
         }
     }
 
-    /// A slot for a sequence handed in at `now`, waiting: the free slot freed last, or a new
-    /// one. Its mode state is left as it was (each mode sets what it reads).
+    /// A slot for sequence `a` handed in at `now`, waiting: the free slot freed last, or a new
+    /// one, with the request noise `core` draws for it. Its mode state is left as it was (each
+    /// mode sets what it reads).
     #[inline]
-    pub(crate) fn admit(
-        &mut self,
-        now: u64,
-        seq: u64,
-        prompt_tokens: u32,
-        output_tokens: u32,
-        noise: f64,
-        prefix: &[u64],
-    ) -> u32 {
+    pub(crate) fn admit(&mut self, now: u64, a: &Admission<'_>, core: &mut EngineCore) -> u32 {
+        let noise = core.request_noise();
         let h = match self.take_free() {
             Some(h) => h,
             None => {
@@ -127,16 +122,16 @@ impl<S: Default> Slots<S> {
             }
         };
         let s = &mut self.all[h as usize];
-        s.seq = seq;
+        s.seq = a.seq;
         s.phase = Phase::Waiting;
-        s.prompt = prompt_tokens;
-        s.output = output_tokens;
+        s.prompt = a.prompt_tokens;
+        s.output = a.output_tokens;
         s.cached = 0;
         s.held = 0;
         s.noise = noise;
         s.admitted_at = now;
         s.blocks.clear();
-        s.blocks.extend_from_slice(prefix);
+        s.blocks.extend_from_slice(a.prefix);
         h
     }
 }

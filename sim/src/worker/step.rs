@@ -54,7 +54,9 @@ use std::sync::Arc;
 use super::core::EngineCore;
 use super::inference::sealed::Moves;
 use super::slots::{Phase, Slot, Slots};
-use super::{AdmitInfo, EngineOutput, EngineOverrides, InferenceEngine, KV_BLOCK_TOKENS};
+use super::{
+    Admission, AdmitInfo, EngineOutput, EngineOverrides, InferenceEngine, KV_BLOCK_TOKENS,
+};
 use crate::hardware::HardwareProfile;
 
 mod schedule;
@@ -224,22 +226,13 @@ impl InferenceEngine for StepEngine {
     /// idle engine starts a step at `now`, planned when the host next advances it, so every
     /// sequence handed in at the same instant shares that step. The returned info always says
     /// it waits (the cached figure comes with its first token).
-    fn admit(
-        &mut self,
-        now: u64,
-        seq: u64,
-        prompt_tokens: u32,
-        output_tokens: u32,
-        prefix: &[u64],
-    ) -> AdmitInfo {
+    fn admit(&mut self, now: u64, s: Admission<'_>) -> AdmitInfo {
         self.catch_up(now);
-        let noise = self.core.request_noise();
-        let h = self
-            .slots
-            .admit(now, seq, prompt_tokens, output_tokens, noise, prefix);
-        self.slots[h as usize].state = StepSeq {
-            ctx: u64::from(prompt_tokens),
-            decode_total: (f64::from(output_tokens.saturating_sub(1)) * noise).ceil() as u64,
+        let h = self.slots.admit(now, &s, &mut self.core);
+        let slot = &mut self.slots[h as usize];
+        slot.state = StepSeq {
+            ctx: u64::from(s.prompt_tokens),
+            decode_total: (f64::from(s.output_tokens.saturating_sub(1)) * slot.noise).ceil() as u64,
             ..StepSeq::default()
         };
         self.waiting.push_back(h);

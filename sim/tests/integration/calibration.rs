@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use routelab_sim::hardware::HardwareProfile;
-use routelab_sim::worker::{EngineOutput, EngineOverrides, FluidEngine, InferenceEngine};
+use routelab_sim::worker::{
+    Admission, EngineOutput, EngineOverrides, FluidEngine, InferenceEngine,
+};
 
 const NS: f64 = 1e9;
 
@@ -40,7 +42,7 @@ fn per_request_decode(p: &Arc<HardwareProfile>, n: u64) -> f64 {
     let mut e = warm_engine(p);
     let out_tokens = 4000;
     for s in 0..n {
-        e.admit(0, s, 64, out_tokens, &[]);
+        e.admit(0, Admission::new(s, 64, out_tokens, &[]));
     }
     let mut outs = Vec::new();
     drain(&mut e, &mut outs);
@@ -63,7 +65,7 @@ fn burst(e: &mut FluidEngine, start: u64) -> (f64, u64) {
     let mut outs = Vec::new();
     e.advance_to(start, &mut outs);
     for s in 0..16 {
-        e.admit(start, 1_000 + start + s, 64, 128, &[]);
+        e.admit(start, Admission::new(1_000 + start + s, 64, 128, &[]));
     }
     drain(e, &mut outs);
     let end = outs.iter().map(|o| o.at()).max().expect("outputs");

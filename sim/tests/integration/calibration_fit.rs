@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use routelab_sim::hardware::HardwareProfile;
 use routelab_sim::hardware::fit::{FitInput, FitOptions, FitSource, MixedStep, fit};
-use routelab_sim::worker::{Engine, EngineMode, EngineOutput, EngineOverrides};
+use routelab_sim::worker::{Admission, Engine, EngineMode, EngineOutput, EngineOverrides};
 
 const NS: f64 = 1e9;
 /// The concurrencies benchmarked and checked.
@@ -106,7 +106,7 @@ fn closed_loop(
     );
     let mut arrival: HashMap<u64, u64> = HashMap::new();
     for seq in 0..u64::from(c) {
-        e.admit(0, seq, prompt, output, &[]);
+        e.admit(0, Admission::new(seq, prompt, output, &[]));
         arrival.insert(seq, 0);
     }
     let mut sent = c;
@@ -124,7 +124,7 @@ fn closed_loop(
                     (done_seq.at - done_seq.first_token_at) as f64 / NS / f64::from(output - 1);
                 if sent < requests {
                     let seq = u64::from(sent);
-                    e.admit(t, seq, prompt, output, &[]);
+                    e.admit(t, Admission::new(seq, prompt, output, &[]));
                     arrival.insert(seq, t);
                     sent += 1;
                 }
@@ -368,7 +368,7 @@ fn decode_sweep_csv(truth: &HardwareProfile, output: u32) -> String {
             7,
         );
         for seq in 0..u64::from(c) {
-            e.admit(0, seq, 1, output, &[]);
+            e.admit(0, Admission::new(seq, 1, output, &[]));
         }
         let (mut tokens, mut secs) = (0.0, 0.0);
         let mut outs = Vec::new();

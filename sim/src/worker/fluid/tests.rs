@@ -53,7 +53,7 @@ fn close_ns(got: u64, want_s: f64) -> bool {
 fn single_sequence_alone() {
     let p = profile();
     let mut e = engine(&p);
-    let info = e.admit(0, 7, 500, 200, &[]);
+    let info = e.admit(0, Admission::new(7, 500, 200, &[]));
     assert_eq!(info.cached_tokens, Some(0));
     assert_eq!((e.running(), e.waiting(), e.in_flight()), (1, 0, 1));
     let out = drain(&mut e);
@@ -81,7 +81,7 @@ fn equal_sequences_finish_together_at_the_shared_rate() {
     for n in [2u64, 8, 20] {
         let mut e = engine(&p);
         for s in 0..n {
-            e.admit(0, s, 10, 300, &[]);
+            e.admit(0, Admission::new(s, 10, 300, &[]));
         }
         let cs = completions(&drain(&mut e));
         assert_eq!(cs.len() as u64, n);
@@ -104,8 +104,8 @@ fn equal_sequences_finish_together_at_the_shared_rate() {
 fn shorter_sequence_leaves_and_the_other_speeds_up() {
     let p = profile_with("", 1e12, 64, 100_000);
     let mut e = engine(&p);
-    e.admit(0, 1, 10, 100, &[]);
-    e.admit(0, 2, 10, 300, &[]);
+    e.admit(0, Admission::new(1, 10, 100, &[]));
+    e.admit(0, Admission::new(2, 10, 300, &[]));
     let cs = completions(&drain(&mut e));
     let per2 = p.per_request_tok_s(2.0);
     let per1 = p.per_request_tok_s(1.0);
@@ -119,11 +119,11 @@ fn shorter_sequence_leaves_and_the_other_speeds_up() {
 fn prefill_competes_with_decode() {
     let p = profile();
     let mut e = engine(&p);
-    e.admit(0, 1, 10, 1000, &[]);
+    e.admit(0, Admission::new(1, 10, 1000, &[]));
     let mut out = Vec::new();
     e.advance_to(S, &mut out);
     // seq 1 decodes alone at 100 tok/s; a 2048-token prompt arrives
-    e.admit(S, 2, 2048, 10, &[]);
+    e.admit(S, Admission::new(2, 2048, 10, &[]));
     out.clear();
     let mut first2 = None;
     while let Some(t) = e.next_event_time() {
@@ -169,14 +169,14 @@ fn a_prefill_under_the_decode_bound_adds_no_time() {
     let mut without = engine(&p);
     for e in [&mut with, &mut without] {
         for seq in 0..8 {
-            e.admit(0, seq, 1, 1000, &[]);
+            e.admit(0, Admission::new(seq, 1, 1000, &[]));
         }
         let mut out = Vec::new();
         e.advance_to(S, &mut out);
     }
     // 1 s: the prefill step of the eight 1-token prompts (8 ms), then 49.6 decode steps of
     // 20 ms; the prompt joins at the next boundary, 8 ms later
-    with.admit(S, 100, 10, 5, &[]);
+    with.admit(S, Admission::new(100, 10, 5, &[]));
     let first = run_to_first_token(&mut with, 100);
     let boundary = 0.008 + 50.0 * 0.02;
     assert!(close_ns(first, boundary + 0.02), "first token at {first}");
@@ -201,11 +201,11 @@ fn an_arrival_mid_step_starts_its_prefill_at_the_step_boundary() {
             100_000,
         );
         let mut e = engine(&p);
-        e.admit(0, 1, 10, 1000, &[]);
+        e.admit(0, Admission::new(1, 10, 1000, &[]));
         let mut out = Vec::new();
         let arrival = S + 3_000_000; // 3 ms into the step that ends at 1.01 s
         e.advance_to(arrival, &mut out);
-        e.admit(arrival, 2, 10, 5, &[]);
+        e.admit(arrival, Admission::new(2, 10, 5, &[]));
         let first = run_to_first_token(&mut e, 2);
         // 7 ms to the boundary, then one mixed step that prefills all 10 tokens
         let want = 1.01 + mixed_step;
@@ -221,15 +221,15 @@ fn the_first_token_comes_at_the_end_of_the_step_that_finishes_the_prefill() {
     let p = profile();
     // alone: a 600-token prompt is a 512-token step and an 88-token step
     let mut e = engine(&p);
-    e.admit(0, 1, 600, 5, &[]);
+    e.admit(0, Admission::new(1, 600, 5, &[]));
     let first = run_to_first_token(&mut e, 1);
     assert!(close_ns(first, 0.6), "{first}");
     // beside a decoding sequence (10 ms steps): the second step carries 88 prompt tokens
     let mut e = engine(&p);
-    e.admit(0, 1, 10, 1000, &[]);
+    e.admit(0, Admission::new(1, 10, 1000, &[]));
     let mut out = Vec::new();
     e.advance_to(S, &mut out);
-    e.admit(S, 2, 600, 5, &[]);
+    e.admit(S, Admission::new(2, 600, 5, &[]));
     let first = run_to_first_token(&mut e, 2);
     let o = crate::hardware::DEFAULT_PREFILL_OVERLAP;
     let want = 1.0 + (0.512 + (1.0 - o) * 0.01) + (0.088 + (1.0 - o) * 0.01);
@@ -240,10 +240,10 @@ fn the_first_token_comes_at_the_end_of_the_step_that_finishes_the_prefill() {
 fn fifo_waiting_when_max_running_reached() {
     let p = profile_with("", 1e12, 2, 100_000);
     let mut e = engine(&p);
-    assert!(!e.admit(0, 1, 10, 100, &[]).waits());
-    assert!(!e.admit(0, 2, 10, 200, &[]).waits());
-    assert!(e.admit(0, 3, 10, 50, &[]).waits());
-    assert!(e.admit(0, 4, 10, 10, &[]).waits());
+    assert!(!e.admit(0, Admission::new(1, 10, 100, &[])).waits());
+    assert!(!e.admit(0, Admission::new(2, 10, 200, &[])).waits());
+    assert!(e.admit(0, Admission::new(3, 10, 50, &[])).waits());
+    assert!(e.admit(0, Admission::new(4, 10, 10, &[])).waits());
     assert_eq!((e.running(), e.waiting(), e.in_flight()), (2, 2, 4));
     let out = drain(&mut e);
     let cs = completions(&out);
@@ -268,12 +268,12 @@ fn kv_capacity_limits_the_running_set() {
     };
     let mut e = FluidEngine::new(p, o, 1);
     // each reserves its prompt and four fifths of its output: 300 + 200
-    assert!(!e.admit(0, 1, 300, 250, &[]).waits());
-    assert!(!e.admit(0, 2, 300, 250, &[]).waits());
-    assert!(e.admit(0, 3, 1, 1, &[]).waits()); // 1002 > 1000
+    assert!(!e.admit(0, Admission::new(1, 300, 250, &[])).waits());
+    assert!(!e.admit(0, Admission::new(2, 300, 250, &[])).waits());
+    assert!(e.admit(0, Admission::new(3, 1, 1, &[])).waits()); // 1002 > 1000
     assert_eq!(e.kv_used_tokens(), 1000);
     // larger than the whole cache: runs alone once the engine is empty
-    assert!(e.admit(0, 4, 3000, 10, &[]).waits());
+    assert!(e.admit(0, Admission::new(4, 3000, 10, &[])).waits());
     let cs = completions(&drain(&mut e));
     assert_eq!(cs.len(), 4);
     let c4 = cs.iter().find(|c| c.seq == 4).unwrap();
@@ -289,7 +289,11 @@ fn cached_prefix_skips_prefill() {
     let p = profile();
     let mut e = engine(&p);
     let blocks = [11, 12, 13];
-    assert_eq!(e.admit(0, 1, 1536, 1, &blocks).cached_tokens, Some(0));
+    assert_eq!(
+        e.admit(0, Admission::new(1, 1536, 1, &blocks))
+            .cached_tokens,
+        Some(0)
+    );
     drain(&mut e);
     assert_eq!(e.cached_blocks(), 3);
     assert_eq!(e.peek_cached_tokens(1600, &[11, 12, 99]), 1024);
@@ -297,7 +301,7 @@ fn cached_prefix_skips_prefill() {
     let t0 = 100 * S;
     let mut out = Vec::new();
     e.advance_to(t0, &mut out);
-    let info = e.admit(t0, 2, 1600, 1, &[11, 12, 13, 14]);
+    let info = e.admit(t0, Admission::new(2, 1600, 1, &[11, 12, 13, 14]));
     assert_eq!(info.cached_tokens, Some(1536));
     let out = drain(&mut e);
     match out[0] {
@@ -311,10 +315,15 @@ fn cached_prefix_skips_prefill() {
     // the identical prompt: capped at prompt - 1
     let t1 = 200 * S;
     e.advance_to(t1, &mut Vec::new());
-    assert_eq!(e.admit(t1, 3, 1536, 1, &blocks).cached_tokens, Some(1535));
+    assert_eq!(
+        e.admit(t1, Admission::new(3, 1536, 1, &blocks))
+            .cached_tokens,
+        Some(1535)
+    );
     // a different first block: nothing cached even if later blocks match
     assert_eq!(
-        e.admit(t1, 4, 1536, 1, &[99, 12, 13]).cached_tokens,
+        e.admit(t1, Admission::new(4, 1536, 1, &[99, 12, 13]))
+            .cached_tokens,
         Some(0)
     );
     drain(&mut e);
@@ -326,7 +335,7 @@ fn prefix_cache_is_lru_bounded() {
     let p = profile_with("", 1e12, 64, 1024);
     let mut e = engine(&p);
     for (i, b) in [1u64, 2, 3].iter().enumerate() {
-        e.admit(i as u64 * S, i as u64, 100, 1, &[*b]);
+        e.admit(i as u64 * S, Admission::new(i as u64, 100, 1, &[*b]));
         drain(&mut e);
     }
     assert_eq!(e.cached_blocks(), 2);
@@ -345,9 +354,9 @@ fn restart_fails_in_flight_and_comes_back_cold() {
     );
     let mut e = engine(&p);
     assert!(e.is_warm());
-    e.admit(0, 1, 10, 100, &[5]);
-    e.admit(0, 2, 10, 100, &[]);
-    e.admit(0, 3, 10, 100, &[]);
+    e.admit(0, Admission::new(1, 10, 100, &[5]));
+    e.admit(0, Admission::new(2, 10, 100, &[]));
+    e.admit(0, Admission::new(3, 10, 100, &[]));
     let mut out = Vec::new();
     e.advance_to(S / 10, &mut out);
     let failed = e.restart(S / 10, 2 * S, true);
@@ -356,7 +365,7 @@ fn restart_fails_in_flight_and_comes_back_cold() {
     assert_eq!(e.cached_blocks(), 0);
     assert!(!e.is_warm() && !e.is_up(S));
     // admitted before ready: waits for ready, then runs at half speed for 100 tokens
-    e.admit(S, 4, 10, 200, &[]);
+    e.admit(S, Admission::new(4, 10, 200, &[]));
     let cs = completions(&drain(&mut e));
     assert_eq!(cs.len(), 1);
     // from t = 2 s: 10 prefill tokens + 90 decode tokens at 50 tok/s, then the remaining 109
@@ -372,7 +381,7 @@ fn restart_fails_in_flight_and_comes_back_cold() {
 fn zero_output_completes_at_prefill_end() {
     let p = profile();
     let mut e = engine(&p);
-    e.admit(0, 1, 100, 0, &[]);
+    e.admit(0, Admission::new(1, 100, 0, &[]));
     let out = drain(&mut e);
     assert_eq!(out.len(), 1);
     assert!(close_ns(out[0].at(), 0.1));
@@ -382,11 +391,11 @@ fn zero_output_completes_at_prefill_end() {
 fn stale_generation_and_deferred_outputs() {
     let p = profile();
     let mut e = engine(&p);
-    e.admit(0, 1, 100, 10, &[]);
+    e.admit(0, Admission::new(1, 100, 10, &[]));
     let g = e.generation();
     let t = e.next_event_time().unwrap();
     // a late admission after that event, without advancing first: outputs are kept
-    e.admit(t + S, 2, 100, 10, &[]);
+    e.admit(t + S, Admission::new(2, 100, 10, &[]));
     assert_ne!(e.generation(), g);
     let mut out = Vec::new();
     e.advance_to(t + S, &mut out);
@@ -404,7 +413,7 @@ fn degraded_node_is_slower() {
         ..EngineOverrides::default()
     };
     let mut e = FluidEngine::new(p.clone(), o, 1);
-    e.admit(0, 1, 10, 100, &[]);
+    e.admit(0, Admission::new(1, 10, 100, &[]));
     let cs = completions(&drain(&mut e));
     assert!(close_ns(cs[0].at, 99.0 / 50.0));
 }
@@ -412,7 +421,7 @@ fn degraded_node_is_slower() {
 fn burst_tok_s(e: &mut FluidEngine, start: u64) -> f64 {
     e.advance_to(start, &mut Vec::new());
     for s in 0..16 {
-        e.admit(start, start + s, 64, 128, &[]);
+        e.admit(start, Admission::new(start + s, 64, 128, &[]));
     }
     let end = drain(e).iter().map(|o| o.at()).max().unwrap();
     2048.0 / ((end - start) as f64 / S as f64)
@@ -456,7 +465,7 @@ fn steady_state_does_not_grow() {
         e.advance_to(t, &mut out);
         out.clear();
         let prefix = [i % 300, 1_000 + i % 7];
-        e.admit(t, i, 200, 20, &prefix);
+        e.admit(t, Admission::new(i, 200, 20, &prefix));
     }
     assert!(e.slots.len() < 20, "slab grew to {}", e.slots.len());
     // the cache holds at most what the running sequences hold plus the free KV's blocks
@@ -476,20 +485,20 @@ fn free_slots_are_reused_last_freed_first_and_lowest_first_after_a_restart() {
     let p = profile();
     let mut e = engine(&p);
     for seq in 0..4 {
-        e.admit(0, seq, 100, 50, &[]);
+        e.admit(0, Admission::new(seq, 100, 50, &[]));
     }
     assert_eq!(e.slots.len(), 4);
     assert!(free_list(&e).is_empty());
     assert!(e.abort(0, 1));
     assert!(e.abort(0, 2));
     assert_eq!(free_list(&e), vec![2, 1]);
-    e.admit(0, 10, 100, 50, &[]);
+    e.admit(0, Admission::new(10, 100, 50, &[]));
     assert_eq!(e.slots[2].seq, 10);
     assert_eq!(free_list(&e), vec![1]);
     e.restart(S, S, false);
     assert_eq!(free_list(&e), vec![0, 1, 2, 3]);
-    e.admit(S, 20, 100, 50, &[]);
-    e.admit(S, 21, 100, 50, &[]);
+    e.admit(S, Admission::new(20, 100, 50, &[]));
+    e.admit(S, Admission::new(21, 100, 50, &[]));
     assert_eq!((e.slots[0].seq, e.slots[1].seq), (20, 21));
     assert_eq!(e.slots.len(), 4);
 }
@@ -513,7 +522,7 @@ proptest! {
             out.clear();
             if admit {
                 let expect = free_list(&e).first().copied().unwrap_or(e.slots.len() as u32);
-                e.admit(t, next_seq, 200, 30, &[]);
+                e.admit(t, Admission::new(next_seq, 200, 30, &[]));
                 prop_assert_eq!(e.slots[expect as usize].seq, next_seq);
                 next_seq += 1;
             } else if let Some(h) = e
@@ -592,7 +601,7 @@ proptest! {
                 e.advance_to(te, &mut out);
             }
             e.advance_to(t, &mut out);
-            let info = e.admit(t, i as u64, a.prompt, a.output, &a.prefix);
+            let info = e.admit(t, Admission::new(i as u64, a.prompt, a.output, &a.prefix));
             if let Some(c) = info.cached_tokens {
                 prop_assert!(c < a.prompt.max(1));
             }
@@ -654,7 +663,10 @@ fn engine_throughput() {
             .count() as u64;
         out.clear();
         let prefix = [i % 1000];
-        e.admit(t, i, 300, 60, if i % 2 == 0 { &prefix } else { &[] });
+        e.admit(
+            t,
+            Admission::new(i, 300, 60, if i % 2 == 0 { &prefix } else { &[] }),
+        );
     }
     let el = start.elapsed();
     println!(
@@ -668,7 +680,7 @@ fn engine_throughput() {
 fn decoded_tokens_tracks_decode_progress() {
     let p = profile();
     let mut e = engine(&p);
-    e.admit(0, 7, 500, 200, &[]);
+    e.admit(0, Admission::new(7, 500, 200, &[]));
     // prefilling: not decoding yet
     assert_eq!(e.decoded_tokens(S / 4, 7), None);
     assert_eq!(e.decoded_tokens(0, 99), None);
@@ -682,7 +694,7 @@ fn decoded_tokens_tracks_decode_progress() {
     assert!((d - 100.0).abs() < 1e-3, "{d}");
     // a second sequence joins at 1 s: progress so far is unchanged by the admission
     let t1 = first + S;
-    e.admit(t1, 8, 1, 50, &[]);
+    e.admit(t1, Admission::new(8, 1, 50, &[]));
     let d1 = e.decoded_tokens(t1, 7).unwrap();
     assert!((d1 - 100.0).abs() < 1e-3, "{d1}");
     // clamped at its decode steps (the output length less the prefill's token) far ahead
@@ -705,8 +717,8 @@ fn first_token_of(out: &[EngineOutput], want: u64) -> Option<u64> {
 fn aborting_a_decoding_sequence_frees_its_slot_and_the_other_speeds_up() {
     let p = profile_with("", 1e12, 64, 100_000);
     let mut e = engine(&p);
-    e.admit(0, 1, 10, 300, &[]);
-    e.admit(0, 2, 10, 300, &[]);
+    e.admit(0, Admission::new(1, 10, 300, &[]));
+    e.admit(0, Admission::new(2, 10, 300, &[]));
     let per2 = p.per_request_tok_s(2.0);
     let per1 = p.per_request_tok_s(1.0);
     let half = ((100.0 / per2) * S as f64) as u64;
@@ -729,10 +741,10 @@ fn aborting_a_decoding_sequence_frees_its_slot_and_the_other_speeds_up() {
 fn aborting_a_waiting_sequence_removes_it_and_a_running_one_lets_the_next_start() {
     let p = profile_with("", 1e12, 2, 100_000);
     let mut e = engine(&p);
-    e.admit(0, 1, 10, 100, &[]);
-    e.admit(0, 2, 10, 200, &[]);
-    e.admit(0, 3, 10, 50, &[]);
-    e.admit(0, 4, 10, 10, &[]);
+    e.admit(0, Admission::new(1, 10, 100, &[]));
+    e.admit(0, Admission::new(2, 10, 200, &[]));
+    e.admit(0, Admission::new(3, 10, 50, &[]));
+    e.admit(0, Admission::new(4, 10, 10, &[]));
     assert!(e.abort(0, 3));
     assert_eq!((e.running(), e.waiting()), (2, 1));
     let mut out = Vec::new();
@@ -754,8 +766,8 @@ fn aborting_a_prefilling_sequence_takes_its_remaining_work_out_of_the_queue() {
     // own: the second then starts its prefill as if it had arrived alone at that moment
     let p = profile();
     let mut e = engine(&p);
-    e.admit(0, 1, 1000, 10, &[]);
-    e.admit(0, 2, 1000, 10, &[]);
+    e.admit(0, Admission::new(1, 1000, 10, &[]));
+    e.admit(0, Admission::new(2, 1000, 10, &[]));
     let mid = S / 2;
     let mut out = Vec::new();
     e.advance_to(mid, &mut out);
@@ -768,7 +780,7 @@ fn aborting_a_prefilling_sequence_takes_its_remaining_work_out_of_the_queue() {
     let mut alone = engine(&p);
     let mut ignore = Vec::new();
     alone.advance_to(mid, &mut ignore);
-    alone.admit(mid, 2, 1000, 10, &[]);
+    alone.admit(mid, Admission::new(2, 1000, 10, &[]));
     let want = first_token_of(&drain(&mut alone), 2).unwrap();
     assert!(got.abs_diff(want) <= 2, "{got} vs {want}");
 }
@@ -778,7 +790,7 @@ fn aborting_an_unknown_or_finished_sequence_changes_nothing() {
     let p = profile_with("", 1e12, 64, 100_000);
     let mut e = engine(&p);
     assert!(!e.abort(0, 9));
-    e.admit(0, 1, 10, 10, &[]);
+    e.admit(0, Admission::new(1, 10, 10, &[]));
     let out = drain(&mut e);
     assert_eq!(completions(&out).len(), 1);
     let t = out.last().unwrap().at();
@@ -794,7 +806,7 @@ fn aborting_an_unknown_or_finished_sequence_changes_nothing() {
 fn one_token_output_completes_at_its_first_token() {
     let p = profile();
     let mut e = engine(&p);
-    e.admit(0, 3, 250, 1, &[]);
+    e.admit(0, Admission::new(3, 250, 1, &[]));
     let out = drain(&mut e);
     assert_eq!(out.len(), 2, "{out:?}");
     let first = first_token_of(&out, 3).expect("a first token");
@@ -815,9 +827,9 @@ fn two_token_output_completes_one_decode_step_after_its_first_token() {
     let p = profile_with("", 1e12, 64, 100_000);
     let mut e = engine(&p);
     for s in 0..7 {
-        e.admit(0, s, 10, 1_000, &[]);
+        e.admit(0, Admission::new(s, 10, 1_000, &[]));
     }
-    e.admit(0, 7, 10, 2, &[]);
+    e.admit(0, Admission::new(7, 10, 2, &[]));
     let out = drain(&mut e);
     let first = first_token_of(&out, 7).expect("a first token");
     let c = completions(&out)
@@ -844,7 +856,7 @@ fn two_token_output_completes_one_decode_step_after_its_first_token() {
 fn decoded_tokens_of_a_two_token_output_ends_at_one_step() {
     let p = profile_with("", 1e12, 64, 100_000);
     let mut e = engine(&p);
-    e.admit(0, 1, 10, 2, &[]);
+    e.admit(0, Admission::new(1, 10, 2, &[]));
     let first = e.next_event_time().unwrap();
     let mut out = Vec::new();
     e.advance_to(first, &mut out);
@@ -875,19 +887,34 @@ fn a_shared_prefix_arriving_mid_prefill_hits_the_blocks_computed_so_far() {
     let p = profile();
     let mut e = engine(&p);
     let chain: Vec<u64> = (1..=8).collect();
-    assert_eq!(e.admit(0, 1, 4096, 1, &chain).cached_tokens, Some(0));
+    assert_eq!(
+        e.admit(0, Admission::new(1, 4096, 1, &chain)).cached_tokens,
+        Some(0)
+    );
     // before its first block is complete: nothing to share yet
     let early = 300 * S / 1000;
     e.advance_to(early, &mut Vec::new());
-    assert_eq!(e.admit(early, 2, 4096, 1, &chain).cached_tokens, Some(0));
+    assert_eq!(
+        e.admit(early, Admission::new(2, 4096, 1, &chain))
+            .cached_tokens,
+        Some(0)
+    );
     // 2,600 tokens prefilled (its own and none of seq 2's yet): 5 full blocks, not the rest
     let mid = 2_600 * S / 1000;
     e.advance_to(mid, &mut Vec::new());
-    assert_eq!(e.admit(mid, 3, 4096, 1, &chain).cached_tokens, Some(2560));
+    assert_eq!(
+        e.admit(mid, Admission::new(3, 4096, 1, &chain))
+            .cached_tokens,
+        Some(2560)
+    );
     assert_eq!(e.cached_blocks(), 5);
     // a prompt that shares 3 of them and then differs hits those 3 only
     let fork = [1, 2, 3, 40, 41, 42, 43, 44];
-    assert_eq!(e.admit(mid, 4, 4096, 1, &fork).cached_tokens, Some(1536));
+    assert_eq!(
+        e.admit(mid, Admission::new(4, 4096, 1, &fork))
+            .cached_tokens,
+        Some(1536)
+    );
     let out = drain(&mut e);
     // seq 3 prefills only its last 1,536 tokens, after seqs 1 and 2 (FIFO)
     let (t2, c2) = first_token_cached(&out, 2).unwrap();
@@ -910,7 +937,7 @@ fn under_kv_pressure_cached_blocks_are_evicted_lru_and_running_ones_are_not() {
         // a second apart; the first (10 s) lets the first two finish
         t += if seq == 3 { 10 * S } else { S };
         e.advance_to(t, &mut Vec::new());
-        let info = e.admit(t, seq, prompt, output, blocks);
+        let info = e.admit(t, Admission::new(seq, prompt, output, blocks));
         // its prefill (and a one-token answer) is over half a second later
         e.advance_to(t + S / 2, &mut Vec::new());
         info
@@ -984,7 +1011,7 @@ fn kv_events_replayed_in_order_give_the_engine_cache() {
         let len = 1 + (i / 13) % 6;
         let chain: Vec<u64> = (0..len).map(|k| conv * 1000 + k).collect();
         let before = e.cached_blocks();
-        e.admit(t, i, 512 * len as u32 + 100, 30, &chain);
+        e.admit(t, Admission::new(i, 512 * len as u32 + 100, 30, &chain));
         stored_mid_prefill |= e.cached_blocks() > before;
         if i == 250 {
             e.restart(t, t + S, false);
@@ -1033,12 +1060,12 @@ fn libm_free_rounding_at_whole_and_half_values() {
 fn a_call_mid_step_does_not_change_the_running_step() {
     let p = profile();
     let mut e = engine(&p);
-    e.admit(0, 1, 400, 5, &[]);
+    e.admit(0, Admission::new(1, 400, 5, &[]));
     e.set_speed_factor(S / 5, 1.0);
     assert!(close_ns(run_to_first_token(&mut e, 1), 0.4));
     let mut e = engine(&p);
-    e.admit(0, 1, 400, 5, &[]);
-    e.admit(S / 5, 2, 10, 5, &[]);
+    e.admit(0, Admission::new(1, 400, 5, &[]));
+    e.admit(S / 5, Admission::new(2, 10, 5, &[]));
     assert!(close_ns(run_to_first_token(&mut e, 1), 0.4));
     // the arrival joined at that boundary: one 10-token step beside the first's decode
     let o = crate::hardware::DEFAULT_PREFILL_OVERLAP;
@@ -1061,8 +1088,8 @@ fn an_event_mid_step_does_not_emit_a_first_token_early() {
     let mut e = FluidEngine::new(p, o, 3);
     // one step of 1,300 prompt tokens (about 1.3 s); the first prompt is done at about 0.3 s,
     // the epoch changes at 0.5 s
-    e.admit(0, 1, 300, 5, &[]);
-    e.admit(0, 2, 1000, 5, &[]);
+    e.admit(0, Admission::new(1, 300, 5, &[]));
+    e.admit(0, Admission::new(2, 1000, 5, &[]));
     let mut out = Vec::new();
     let mut guard = 0;
     while first_token_of(&out, 2).is_none() {
@@ -1084,8 +1111,8 @@ fn the_kept_tolerance_follows_the_rates() {
     let p = profile();
     let mut e = engine(&p);
     assert_eq!(e.fl.tol, tolerance_at(e.fl.rate_v));
-    e.admit(0, 1, 900, 40, &[]);
-    e.admit(1_000_000, 2, 900, 40, &[]);
+    e.admit(0, Admission::new(1, 900, 40, &[]));
+    e.admit(1_000_000, Admission::new(2, 900, 40, &[]));
     assert!(e.fl.rate_v > 0.0);
     assert_eq!(e.fl.tol, tolerance_at(e.fl.rate_v));
     let mut out = Vec::new();

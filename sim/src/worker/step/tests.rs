@@ -69,7 +69,7 @@ fn ns(s: f64) -> u64 {
 fn a_lone_sequence_prefills_in_one_step_then_decodes_one_token_per_step() {
     let p = profile();
     let mut e = engine(&p);
-    let info = e.admit(0, 7, 400, 5, &[]);
+    let info = e.admit(0, Admission::new(7, 400, 5, &[]));
     assert!(info.waits(), "the cached figure comes with the first token");
     assert_eq!(
         e.next_event_time(),
@@ -97,7 +97,7 @@ fn a_decode_only_step_lasts_the_profiles_step_time() {
     let p = profile_with(1e9, 64, 1_000_000, 512);
     let mut e = engine(&p);
     for s in 0..8 {
-        e.admit(0, s, 1, 100, &[]);
+        e.admit(0, Admission::new(s, 1, 100, &[]));
     }
     let mut out = Vec::new();
     e.advance_to(0, &mut out);
@@ -114,14 +114,14 @@ fn a_decode_only_step_lasts_the_profiles_step_time() {
 fn an_arrival_mid_step_waits_for_the_boundary_and_shares_a_step_with_the_decodes() {
     let p = profile();
     let mut e = engine(&p);
-    e.admit(0, 1, 100, 50, &[]);
+    e.admit(0, Admission::new(1, 100, 50, &[]));
     let mut out = Vec::new();
     e.advance_to(0, &mut out);
     let t1 = e.next_event_time().unwrap();
     e.advance_to(t1, &mut out);
     let t2 = e.next_event_time().unwrap(); // the first decode step of seq 1
     let mid = (t1 + t2) / 2;
-    let info = e.admit(mid, 2, 300, 10, &[]);
+    let info = e.admit(mid, Admission::new(2, 300, 10, &[]));
     assert!(info.waits(), "admitted mid-step: it waits for the boundary");
     assert_eq!((e.running(), e.waiting()), (1, 1));
     assert_eq!(
@@ -143,8 +143,8 @@ fn an_arrival_mid_step_waits_for_the_boundary_and_shares_a_step_with_the_decodes
 fn the_token_budget_splits_a_prompt_across_steps_and_steps_are_shared() {
     let p = profile_with(1000.0, 64, 1_000_000, 256);
     let mut e = engine(&p);
-    e.admit(0, 1, 600, 3, &[]);
-    e.admit(0, 2, 100, 3, &[]);
+    e.admit(0, Admission::new(1, 600, 3, &[]));
+    e.admit(0, Admission::new(2, 100, 3, &[]));
     // step 1: 256 of seq 1; step 2: 256 of seq 1; step 3: 88 of seq 1 + 100 of seq 2
     let mut out = Vec::new();
     e.advance_to(0, &mut out);
@@ -174,7 +174,7 @@ fn the_token_budget_splits_a_prompt_across_steps_and_steps_are_shared() {
 fn a_one_token_output_completes_with_its_first_token() {
     let p = profile();
     let mut e = engine(&p);
-    e.admit(0, 3, 200, 1, &[]);
+    e.admit(0, Admission::new(3, 200, 1, &[]));
     let out = drain(&mut e);
     assert_eq!(out.len(), 2);
     assert_eq!(out[0].at(), out[1].at());
@@ -188,8 +188,8 @@ fn preemption_when_kv_runs_out_and_the_preempted_one_finishes_later() {
     // need a 65th
     let p = profile_with(1e6, 64, 1_000_000, 4096);
     let mut e = limited(&p, 4 * 512, 64);
-    e.admit(0, 1, 1000, 100, &[]);
-    e.admit(0, 2, 1000, 100, &[]);
+    e.admit(0, Admission::new(1, 1000, 100, &[]));
+    e.admit(0, Admission::new(2, 1000, 100, &[]));
     e.advance_to(0, &mut Vec::new());
     assert_eq!(e.running(), 2);
     let out = drain(&mut e);
@@ -222,8 +222,8 @@ fn preemption_when_kv_runs_out_and_the_preempted_one_finishes_later() {
 fn a_preempted_sequence_waits_out_the_step_that_preempted_it() {
     let p = profile_with(1e6, 64, 1_000_000, 4096);
     let mut e = limited(&p, 4 * 512, 64);
-    e.admit(0, 1, 1000, 100, &[]);
-    e.admit(0, 2, 1000, 100, &[]);
+    e.admit(0, Admission::new(1, 1000, 100, &[]));
+    e.admit(0, Admission::new(2, 1000, 100, &[]));
     let mut out = Vec::new();
     e.advance_to(0, &mut out);
     let mut guard = 0;
@@ -243,8 +243,8 @@ fn a_preempted_sequence_waits_out_the_step_that_preempted_it() {
 fn a_request_larger_than_the_kv_runs_alone() {
     let p = profile_with(1e6, 64, 1_000_000, 4096);
     let mut e = limited(&p, 1024, 64);
-    e.admit(0, 1, 3000, 10, &[]);
-    e.admit(0, 2, 100, 10, &[]);
+    e.admit(0, Admission::new(1, 3000, 10, &[]));
+    e.admit(0, Admission::new(2, 100, 10, &[]));
     e.advance_to(0, &mut Vec::new());
     assert_eq!((e.running(), e.waiting()), (1, 1));
     let out = drain(&mut e);
@@ -256,7 +256,7 @@ fn the_running_set_limit_holds_sequences_back() {
     let p = profile_with(1e6, 64, 1_000_000, 4096);
     let mut e = limited(&p, 1_000_000, 2);
     for s in 0..3 {
-        e.admit(0, s, 10, 20, &[]);
+        e.admit(0, Admission::new(s, 10, 20, &[]));
     }
     assert_eq!((e.running(), e.waiting()), (0, 3));
     e.advance_to(0, &mut Vec::new());
@@ -273,10 +273,10 @@ fn the_running_set_limit_holds_sequences_back() {
 fn abort_restart_and_crash() {
     let p = profile();
     let mut e = engine(&p);
-    e.admit(0, 1, 100, 100, &[]);
-    e.admit(0, 2, 100, 100, &[]);
+    e.admit(0, Admission::new(1, 100, 100, &[]));
+    e.admit(0, Admission::new(2, 100, 100, &[]));
     e.advance_to(0, &mut Vec::new());
-    e.admit(MS, 3, 100, 100, &[]);
+    e.admit(MS, Admission::new(3, 100, 100, &[]));
     assert!(e.abort(2 * MS, 3), "a waiting one leaves");
     assert!(!e.abort(2 * MS, 3));
     assert!(e.abort(2 * MS, 2), "a running one leaves");
@@ -287,14 +287,14 @@ fn abort_restart_and_crash() {
 
     // restart: everything fails, nothing runs before ready, then it serves cold
     let now = e.next_event_time().unwrap_or(10 * 1000 * MS);
-    e.admit(now, 4, 100, 10, &[1, 2]);
-    e.admit(now, 5, 100, 10, &[]);
+    e.admit(now, Admission::new(4, 100, 10, &[1, 2]));
+    e.admit(now, Admission::new(5, 100, 10, &[]));
     let failed = e.restart(now + MS, now + 100 * MS, false);
     assert_eq!(failed, vec![4, 5]);
     assert_eq!(e.in_flight(), 0);
     assert_eq!(e.cached_blocks(), 0);
     assert!(!e.is_up(now + 50 * MS));
-    e.admit(now + 50 * MS, 6, 100, 10, &[]);
+    e.admit(now + 50 * MS, Admission::new(6, 100, 10, &[]));
     assert_eq!(
         e.next_event_time(),
         Some(now + 100 * MS),
@@ -304,9 +304,9 @@ fn abort_restart_and_crash() {
     assert_eq!(completion(&out, 6).started_at, now + 100 * MS);
 
     let t = out.last().unwrap().at();
-    e.admit(t, 7, 100, 10, &[]);
+    e.admit(t, Admission::new(7, 100, 10, &[]));
     assert_eq!(e.crash(t + 1), vec![7]);
-    e.admit(t + 2, 8, 100, 10, &[]);
+    e.admit(t + 2, Admission::new(8, 100, 10, &[]));
     assert!(e.next_event_time().is_none(), "a crashed engine stays down");
     assert!(!e.is_up(t + 3));
 }
@@ -317,7 +317,7 @@ fn the_prefix_cache_serves_a_second_prompt_and_publishes_events() {
     let mut e = engine(&p);
     e.publish_kv_events(true);
     let prefix = [11, 12, 13];
-    e.admit(0, 1, 1600, 2, &prefix);
+    e.admit(0, Admission::new(1, 1600, 2, &prefix));
     let out = drain(&mut e);
     assert_eq!(completion(&out, 1).cached_tokens, 0);
     assert_eq!(e.cached_blocks(), 3);
@@ -327,7 +327,7 @@ fn the_prefix_cache_serves_a_second_prompt_and_publishes_events() {
     e.drain_kv_events(&mut ev);
     assert_eq!(ev.len(), 3);
     let t = out.last().unwrap().at();
-    e.admit(t, 2, 1600, 2, &prefix);
+    e.admit(t, Admission::new(2, 1600, 2, &prefix));
     let out = drain(&mut e);
     assert_eq!(completion(&out, 2).cached_tokens, 1536);
     // only 64 tokens prefilled
@@ -348,7 +348,7 @@ fn noise_and_cold_start_slow_steps_down_deterministically() {
         };
         let mut e = StepEngine::new(p.clone(), o, seed);
         for s in 0..20 {
-            e.admit(s * 10 * MS, s, 300, 50, &[]);
+            e.admit(s * 10 * MS, Admission::new(s, 300, 50, &[]));
         }
         drain(&mut e)
     };
@@ -361,7 +361,7 @@ fn noise_and_cold_start_slow_steps_down_deterministically() {
         ..EngineOverrides::default()
     };
     let mut e = StepEngine::new(p.clone(), slow, 1);
-    e.admit(0, 1, 400, 1, &[]);
+    e.admit(0, Admission::new(1, 400, 1, &[]));
     assert_eq!(e.speed_multiplier(), 0.5);
     let out = drain(&mut e);
     assert_eq!(out[0].at(), ns(p.mixed_step_time_s(0.0, 400.0) / 0.5));
