@@ -107,6 +107,18 @@ fn share_label(share: Share) -> String {
             share.name(),
             fmt_sig(Some(sync_interval_ns as f64 / 1e9), 3)
         ),
+        Share::EngineTruth { poll_interval_ns } => format!(
+            "{} (poll {} s)",
+            share.name(),
+            fmt_sig(Some(poll_interval_ns as f64 / 1e9), 3)
+        ),
+        Share::DispatchStream { bus_latency_ns } | Share::RouteAndReserve { bus_latency_ns } => {
+            format!(
+                "{} (bus {} ms)",
+                share.name(),
+                fmt_sig(Some(bus_latency_ns as f64 / 1e6), 3)
+            )
+        }
         other => other.name().to_string(),
     }
 }

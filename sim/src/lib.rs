@@ -31,8 +31,8 @@ pub mod traffic;
 pub mod worker;
 
 pub use event_loop::{
-    Action, Gateways, LifecycleEvent, MAX_REPLICAS, NO_TIME_LIMIT_NS, Share, SimError, SimSetup,
-    Split, WorkerSetup, run,
+    Action, DEFAULT_BUS_LATENCY_S, Gateways, LifecycleEvent, MAX_REPLICAS, NO_TIME_LIMIT_NS, Share,
+    SimError, SimSetup, Split, WorkerSetup, run,
 };
 pub use hardware::{HardwareProfile, ProfileLookup};
 pub use record::{

@@ -49,12 +49,16 @@ pub struct ReplicasArgs {
     #[arg(long, default_value = DEFAULT_SPLIT.name())]
     pub split: String,
     /// What the replicas share, comma-separated (each mode is a row per replica count):
-    /// none, probes, probes-and-load.
+    /// none, probes, probes-and-load, engine-truth, dispatch-stream, route-and-reserve.
     #[arg(long, default_value = "none", value_delimiter = ',')]
     pub share: Vec<String>,
-    /// `probes-and-load`: seconds between in-flight exchanges.
+    /// `probes-and-load`: seconds between in-flight exchanges; `engine-truth`: between the
+    /// engines' polls.
     #[arg(long, default_value_t = 1.0)]
     pub sync_interval_s: f64,
+    /// `dispatch-stream`, `route-and-reserve`: one hop of the bus between the replicas, s.
+    #[arg(long, default_value_t = routelab_sim::DEFAULT_BUS_LATENCY_S)]
+    pub bus_latency_s: f64,
     /// Seeds per policy and deployment (the same seeds everywhere, so ratios are paired).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub seeds: u32,
@@ -93,11 +97,14 @@ fn deployments(args: &ReplicasArgs) -> Result<Vec<Gateways>, InputError> {
     let sync =
         rule::period(args.sync_interval_s).map_err(|e| e.at_field("--sync-interval-s", ""))?;
     let sync_ns = u64::try_from(sync.as_nanos()).unwrap_or(u64::MAX);
+    let bus_ns = rule::non_negative(args.bus_latency_s)
+        .map(routelab_policies::streams::secs_to_nanos)
+        .map_err(|e| e.at_field("--bus-latency-s", ""))?;
     let shares = args
         .share
         .iter()
         .map(|s| {
-            Share::from_name(s.trim(), sync_ns).ok_or_else(|| {
+            Share::from_name(s.trim(), sync_ns, bus_ns).ok_or_else(|| {
                 InputError::new("--share", "", format!("unknown share `{s}`"))
                     .valid(Share::NAMES.join(", "))
             })

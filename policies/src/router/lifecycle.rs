@@ -228,6 +228,64 @@ impl Router {
         self.set_in_flight(id.index(), local.saturating_add(remote));
     }
 
+    /// Another replica dispatched a request to `id`, as its dispatch stream announced it
+    /// (`charge` as that replica charged it, `prefix` the request's prompt blocks). This router
+    /// counts it like its own for the choosers, the prefix affinity, the cap and the token
+    /// signals, and records its prefix where the knowledge mode records dispatches (what a
+    /// shared prefix index gives), but it is not this router's to release: only
+    /// [`Router::remote_release`] takes it back. An unknown id is ignored.
+    pub fn remote_dispatch(&mut self, id: WorkerId, charge: Charge, prefix: &[u64]) {
+        let i = id.index();
+        if self.fleet.get(id).is_none() {
+            return;
+        }
+        self.signals[i].charge(charge);
+        if prefix.is_empty() {
+            self.signals[i].grow_unhashed(charge.tokens);
+        } else {
+            self.prefix.record(prefix, id);
+        }
+        let in_flight = self.hot[i].in_flight.saturating_add(1);
+        self.set_in_flight(i, in_flight);
+    }
+
+    /// Another replica's request on `id` produced its first token: its uncached prompt no
+    /// longer waits there (`charge` is set as [`Router::first_token`] sets its own).
+    pub fn remote_first_token(&mut self, id: WorkerId, charge: &mut Charge) {
+        if self.fleet.get(id).is_some() {
+            self.signals[id.index()].release_uncached(charge);
+        }
+    }
+
+    /// Another replica's request on `id` ended (completed or failed): what
+    /// [`Router::remote_dispatch`] counted is released. A release this router never counted
+    /// (more releases than dispatches announced) changes nothing, so a lost or doubled message
+    /// cannot take the worker below its own count.
+    pub fn remote_release(&mut self, id: WorkerId, charge: Charge) {
+        let Some(local) = self.fleet.get(id).map(|w| w.in_flight) else {
+            return;
+        };
+        let i = id.index();
+        if self.hot[i].in_flight <= local {
+            return;
+        }
+        self.signals[i].release(charge);
+        let in_flight = self.hot[i].in_flight - 1;
+        self.set_in_flight(i, in_flight);
+    }
+
+    /// Another replica's request on `id` completed: a router that measures capacity learns
+    /// from it as from its own (each replica otherwise sees only 1/N of the completions).
+    /// `charge` is the one the dispatching replica noted, so the sample is measured against
+    /// what that replica saw at dispatch.
+    pub fn remote_completion(&mut self, id: WorkerId, charge: Charge, completion: &Completion) {
+        if !self.measures_capacity || self.fleet.get(id).is_none() {
+            return;
+        }
+        let sample = self.capacity_sample(id, charge);
+        self.capacity.learn(id.index(), completion, sample);
+    }
+
     /// What [`Router::set_remote_in_flight`] last said about `id` (0 for an unknown id).
     pub fn remote_in_flight(&self, id: WorkerId) -> u32 {
         match (self.hot.get(id.index()), self.fleet.get(id)) {

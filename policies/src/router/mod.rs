@@ -585,15 +585,21 @@ impl Router {
         {
             return;
         }
+        let sample = self.capacity_sample(id, charge);
+        self.capacity.learn(id.index(), completion, sample);
+    }
+
+    /// What a completion on `id` charged with `charge` is measured against: the worker's
+    /// weight and round trip, the prefill it waited for, and the requests it shared the worker
+    /// with (its dispatch count and the count now, itself still in, averaged).
+    pub(super) fn capacity_sample(&self, id: WorkerId, charge: Charge) -> Sample {
         let h = &self.hot[id.index()];
-        let sample = Sample {
+        Sample {
             weight: h.weight,
             round_trip_s: self.signals[id.index()].round_trip_s.unwrap_or(0.0),
             prefill_tokens: charge.prefill_at_dispatch,
-            // Its dispatch count and the count now (itself still in), averaged.
             sharing: (f64::from(charge.sharing_at_dispatch) + f64::from(h.in_flight)) / 2.0,
-        };
-        self.capacity.learn(id.index(), completion, sample);
+        }
     }
 
     /// The prefix holder's position among the first `k` members of `model`, if it is one of
@@ -1073,6 +1079,51 @@ mod tests {
         assert_eq!(r.fleet().get(b).unwrap().in_flight, 3);
         // An unknown id is ignored.
         r.set_remote_in_flight(WorkerId(99), 5);
+        assert_eq!(r.remote_in_flight(WorkerId(99)), 0);
+    }
+    #[test]
+    fn a_peers_dispatch_counts_until_its_release_and_only_then() {
+        let mut r = Router::new(
+            PolicyConfig::from_name("equal/jsq:higher-weight/no-affinity/flat:4").unwrap(),
+        );
+        let a = r.register(Time::ZERO, spec("a"));
+        let b = r.register(Time::ZERO, spec("b"));
+        let req = plain_request(&r);
+        let mut rng = rand::rngs::Xoshiro256PlusPlus::seed_from_u64(3);
+        let charge = Charge {
+            tokens: 100,
+            uncached: 60,
+            ..Charge::NONE
+        };
+        // Two of another replica's requests on `a`: counted by the chooser, the token signals
+        // and the cap, not in this router's own view.
+        r.remote_dispatch(a, charge, &[]);
+        r.remote_dispatch(a, charge, &[]);
+        assert_eq!(r.remote_in_flight(a), 2);
+        assert_eq!(r.fleet().get(a).unwrap().in_flight, 0);
+        assert_eq!(r.signals(a).unwrap().tokens_in_flight, 200);
+        assert_eq!(r.signals(a).unwrap().uncached_in_flight, 120);
+        assert_eq!(r.route(Time::ZERO, &req, &mut rng).unwrap().worker, b);
+        // Its first token releases its uncached tokens; its end, the rest and the slot.
+        let mut first = charge;
+        r.remote_first_token(a, &mut first);
+        assert_eq!(first.uncached, 0);
+        assert_eq!(r.signals(a).unwrap().uncached_in_flight, 60);
+        r.remote_release(a, first);
+        assert_eq!(r.remote_in_flight(a), 1);
+        assert_eq!(r.signals(a).unwrap().tokens_in_flight, 100);
+        // A doubled release takes back only what was announced, never this router's own.
+        r.remote_release(a, charge);
+        r.remote_release(a, charge);
+        assert_eq!(r.remote_in_flight(a), 0);
+        let own_b = r.fleet().get(b).unwrap().in_flight;
+        assert_eq!(own_b, 1);
+        r.remote_release(b, charge);
+        assert_eq!(r.fleet().get(b).unwrap().in_flight, own_b);
+        assert_eq!(r.remote_in_flight(b), 0);
+        // An unknown id is ignored.
+        r.remote_dispatch(WorkerId(99), charge, &[1]);
+        r.remote_release(WorkerId(99), charge);
         assert_eq!(r.remote_in_flight(WorkerId(99)), 0);
     }
 }

@@ -33,12 +33,13 @@ mod kv;
 mod lifecycle;
 mod probes;
 pub(crate) mod queue;
+mod peers;
 pub mod replicas;
 mod requests;
 pub mod setup;
 mod weight_error;
 
-pub use replicas::{Gateways, MAX_REPLICAS, Share, Split};
+pub use replicas::{DEFAULT_BUS_LATENCY_S, Gateways, MAX_REPLICAS, Share, Split};
 pub use setup::{Action, LifecycleEvent, NO_TIME_LIMIT_NS, SimError, SimSetup, WorkerSetup};
 // The result types live in `record` and `results` (they are shared with the real-time
 // player); their paths under the event loop stay valid.
@@ -50,6 +51,7 @@ use crate::traffic::TrafficSource;
 use fleet::Fleet;
 use kv::KvDelivery;
 use lifecycle::Lifecycle;
+use peers::PeerBus;
 use probes::Probes;
 use queue::EventQueue;
 use replicas::Replicas;
@@ -102,8 +104,12 @@ enum Ev {
     Sample,
     /// A batch of a worker's KV events reaches the router (index into the run's batches).
     KvEvents { worker: u32, batch: u32 },
-    /// The gateway replicas exchange their in-flight counts (`share: probes-and-load`).
+    /// The gateway replicas exchange their in-flight counts (`share: probes-and-load`) or read
+    /// the engines' (`share: engine-truth`).
     SyncLoad,
+    /// A message of the replicas' dispatch stream reaches the other replicas (index into the
+    /// bus's messages).
+    Peer { msg: u32 },
 }
 
 /// The wake-ups [`Sim::reschedule`] replaced in the queue. The event loop used to leave them
@@ -149,6 +155,8 @@ struct Sim<'a> {
     kv: KvDelivery,
     /// The weight error's running integral.
     werr: WeightErrorTracker,
+    /// The replicas' dispatch stream (`share: dispatch-stream`, `route-and-reserve`).
+    peers: PeerBus,
 }
 
 impl<'a> Sim<'a> {
@@ -195,6 +203,7 @@ impl<'a> Sim<'a> {
             lifecycle: Lifecycle::new(policy.weights.name()),
             kv,
             werr: WeightErrorTracker::new(n),
+            peers: PeerBus::new(setup.gateways.share, n),
         })
     }
 
@@ -284,6 +293,7 @@ impl<'a> Sim<'a> {
                 Ev::Sample => self.on_sample(),
                 Ev::KvEvents { worker, batch } => self.deliver_kv_events(worker, batch),
                 Ev::SyncLoad => self.on_sync_load(sync_ns, traffic, sink),
+                Ev::Peer { msg } => self.on_peer(msg, traffic, sink),
             }
             // The routers' weights and the fleet change only at these events (and at probe
             // measurements): the weight error is re-read after them, before time moves on.
@@ -346,7 +356,11 @@ impl<'a> Sim<'a> {
         traffic: &mut dyn TrafficSource,
         sink: Sink<'_, '_>,
     ) {
-        self.replicas.sync_load(&self.fleet);
+        if matches!(self.setup.gateways.share, Share::EngineTruth { .. }) {
+            self.replicas.sync_engine_truth(&self.fleet);
+        } else {
+            self.replicas.sync_load(&self.fleet);
+        }
         // Fewer requests elsewhere may leave room under a cap now.
         self.drain_queue(traffic, sink);
         if !self.finished()
@@ -359,9 +373,12 @@ impl<'a> Sim<'a> {
     /// The period of the replicas' load exchange, when there is one.
     fn sync_interval_ns(&self) -> Option<u64> {
         match self.setup.gateways.share {
-            Share::ProbesAndLoad { sync_interval_ns } if self.replicas.several() => {
-                Some(sync_interval_ns.max(1))
+            Share::ProbesAndLoad {
+                sync_interval_ns: ns,
             }
+            | Share::EngineTruth {
+                poll_interval_ns: ns,
+            } if self.replicas.several() => Some(ns.max(1)),
             _ => None,
         }
     }

@@ -65,6 +65,12 @@ impl Split {
     }
 }
 
+/// The bus latency `dispatch-stream` and `route-and-reserve` assume when a scenario gives
+/// none, s: one publish-to-delivery hop of a message bus inside one data centre. An assumed
+/// figure (the order of a NATS hop on one network), not one measured here; a scenario states
+/// its own with `gateways.bus_latency_s`.
+pub const DEFAULT_BUS_LATENCY_S: f64 = 0.001;
+
 /// What the replicas share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Share {
@@ -77,18 +83,56 @@ pub enum Share {
         /// Period of the exchange, ns (> 0).
         sync_interval_ns: u64,
     },
+    /// Probe results, and what every replica gets from the engines themselves: every
+    /// `poll_interval_ns` each replica reads each engine's sequences (running and waiting) and
+    /// counts those that are not its own as the other replicas' load; between polls it adds
+    /// only its own dispatches.
+    EngineTruth {
+        /// Period of the engines' poll, ns (> 0).
+        poll_interval_ns: u64,
+    },
+    /// Probe results, and every dispatch, first token and completion published on a bus and
+    /// applied by every other replica `bus_latency_ns` later: in-flight counts, token charges,
+    /// the prefixes dispatched, and completions for the capacity a router measures.
+    DispatchStream {
+        /// One hop of the bus, ns.
+        bus_latency_ns: u64,
+    },
+    /// As `DispatchStream`, but a dispatch is reserved before it is sent: every replica sees
+    /// it before its next decision, and the request reaches its worker one bus round trip
+    /// later (the reservation's cost). First tokens and completions travel as in the stream.
+    RouteAndReserve {
+        /// One hop of the bus, ns.
+        bus_latency_ns: u64,
+    },
 }
 
 impl Share {
     /// The names of the sharing modes, in a scenario.
-    pub const NAMES: [&'static str; 3] = ["none", "probes", "probes-and-load"];
+    pub const NAMES: [&'static str; 6] = [
+        "none",
+        "probes",
+        "probes-and-load",
+        "engine-truth",
+        "dispatch-stream",
+        "route-and-reserve",
+    ];
 
-    /// The mode of a name (`probes-and-load` exchanging every `sync_interval_ns`), if any.
-    pub fn from_name(name: &str, sync_interval_ns: u64) -> Option<Share> {
+    /// The mode of a name, if any: `period_ns` is the exchange's or the poll's period
+    /// (`probes-and-load`, `engine-truth`), `bus_latency_ns` one hop of the bus
+    /// (`dispatch-stream`, `route-and-reserve`); the others ignore both.
+    pub fn from_name(name: &str, period_ns: u64, bus_latency_ns: u64) -> Option<Share> {
         match name {
             "none" => Some(Share::None),
             "probes" => Some(Share::Probes),
-            "probes-and-load" => Some(Share::ProbesAndLoad { sync_interval_ns }),
+            "probes-and-load" => Some(Share::ProbesAndLoad {
+                sync_interval_ns: period_ns,
+            }),
+            "engine-truth" => Some(Share::EngineTruth {
+                poll_interval_ns: period_ns,
+            }),
+            "dispatch-stream" => Some(Share::DispatchStream { bus_latency_ns }),
+            "route-and-reserve" => Some(Share::RouteAndReserve { bus_latency_ns }),
             _ => None,
         }
     }
@@ -99,12 +143,31 @@ impl Share {
             Share::None => Self::NAMES[0],
             Share::Probes => Self::NAMES[1],
             Share::ProbesAndLoad { .. } => Self::NAMES[2],
+            Share::EngineTruth { .. } => Self::NAMES[3],
+            Share::DispatchStream { .. } => Self::NAMES[4],
+            Share::RouteAndReserve { .. } => Self::NAMES[5],
         }
     }
 
     /// Whether probe results are shared.
     pub fn probes(self) -> bool {
         !matches!(self, Share::None)
+    }
+
+    /// Whether the mode runs on a period (`sync_interval_s`): the exchange of
+    /// `probes-and-load`, the engines' poll of `engine-truth`.
+    pub fn periodic(self) -> bool {
+        matches!(self, Share::ProbesAndLoad { .. } | Share::EngineTruth { .. })
+    }
+
+    /// The bus hop of a mode that publishes dispatches, ns.
+    pub fn bus_latency_ns(self) -> Option<u64> {
+        match self {
+            Share::DispatchStream { bus_latency_ns } | Share::RouteAndReserve { bus_latency_ns } => {
+                Some(bus_latency_ns)
+            }
+            _ => None,
+        }
     }
 }
 
@@ -292,6 +355,30 @@ impl Replicas {
     }
 }
 
+impl Replicas {
+    /// `engine-truth`: every replica reads each engine's sequences (running and waiting, as
+    /// its metrics endpoint shows them) and counts those beyond its own requests in flight
+    /// there as the other replicas' load. Its own requests still on their way are among its
+    /// own and not yet in the engine's count, so the others' load is, if anything, counted
+    /// short; a stopped engine holds nothing.
+    pub(super) fn sync_engine_truth(&mut self, fleet: &Fleet) {
+        for w in &fleet.workers {
+            let Some(id) = w.id else {
+                continue;
+            };
+            let engine = if w.up {
+                w.engine.running() + w.engine.waiting()
+            } else {
+                0
+            };
+            for r in &mut self.list {
+                let own = local_in_flight(&r.router, id);
+                r.router.set_remote_in_flight(id, engine.saturating_sub(own));
+            }
+        }
+    }
+}
+
 /// A replica's own requests in flight on `id` (without what it was told of the others).
 pub(super) fn local_in_flight(router: &Router, id: WorkerId) -> u32 {
     router.fleet().get(id).map_or(0, |i| i.in_flight)
@@ -363,15 +450,19 @@ mod tests {
     #[test]
     fn share_names_round_trip() {
         for name in Share::NAMES {
-            assert_eq!(Share::from_name(name, 5).map(Share::name), Some(name));
+            assert_eq!(Share::from_name(name, 5, 7).map(Share::name), Some(name));
         }
         assert_eq!(
-            Share::from_name("probes-and-load", 5),
+            Share::from_name("probes-and-load", 5, 7),
             Some(Share::ProbesAndLoad {
                 sync_interval_ns: 5
             })
         );
-        assert_eq!(Share::from_name("all", 5), None);
+        assert_eq!(
+            Share::from_name("dispatch-stream", 5, 7),
+            Some(Share::DispatchStream { bus_latency_ns: 7 })
+        );
+        assert_eq!(Share::from_name("all", 5, 7), None);
     }
 
     #[test]

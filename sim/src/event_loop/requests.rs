@@ -6,6 +6,7 @@
 //! their bookkeeping at the end differs ([`Kind`]). A finished customer request is counted by
 //! the shared [`Recorder`](crate::record::Recorder) from an [`Outcome`].
 
+use super::peers::PeerOp;
 use super::{Ev, Sim, SimError, Sink};
 use crate::record::{Outcome, Status};
 use crate::traffic::{Arrival, TrafficSource};
@@ -287,7 +288,12 @@ impl Sim<'_> {
         r.believed = (d.believed_cached_blocks * BLOCK_TOKENS).min(r.prompt);
         r.affinity_kept = d.affinity_kept;
         r.charge = d.charge;
-        let epoch = r.epoch;
+        let (epoch, from, charge) = (r.epoch, r.replica, r.charge);
+        let half = half + self.peers.dispatch_delay_ns();
+        if self.peers.enabled() {
+            let prefix = self.peers.prefix_vec(&self.requests.get(req).prefix);
+            self.publish(from, d.worker, charge, PeerOp::Dispatch { prefix });
+        }
         if half == 0 {
             // No network in between: the engine sees it now (one event fewer per request).
             self.admit_now(req);
@@ -368,10 +374,12 @@ impl Sim<'_> {
         if r.kind.is_customer()
             && let Some(id) = self.fleet.get(r.worker).id
         {
+            let (from, before) = (r.replica, r.charge);
             self.replicas
                 .get_mut(r.replica as usize)
                 .router
                 .first_token(now, id, &mut r.charge);
+            self.publish(from, id, before, PeerOp::FirstToken);
         }
     }
 
@@ -401,6 +409,10 @@ impl Sim<'_> {
                 .get_mut(replica)
                 .router
                 .complete(self.now, id, charge, &c);
+            let op = PeerOp::Ended {
+                completion: Some(c),
+            };
+            self.publish(replica as u32, id, charge, op);
         }
         self.record(req, &o, sink);
         self.retire(req, traffic);
@@ -424,6 +436,8 @@ impl Sim<'_> {
                 .get_mut(replica)
                 .router
                 .fail(self.now, id, charge);
+            let op = PeerOp::Ended { completion: None };
+            self.publish(replica as u32, id, charge, op);
         }
         let r = self.requests.get_mut(req);
         if r.first_token.is_none() && r.retries < self.setup.max_retries {

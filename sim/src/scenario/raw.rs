@@ -59,10 +59,15 @@ pub struct RawGateways {
     pub replicas: Option<f64>,
     /// The balancer's rule: `random`, `hash-by-session` or `round-robin` (default).
     pub split: Option<String>,
-    /// What the replicas share: `none` (default), `probes` or `probes-and-load`.
+    /// What the replicas share: `none` (default), `probes`, `probes-and-load`, `engine-truth`,
+    /// `dispatch-stream` or `route-and-reserve`.
     pub share: Option<String>,
-    /// `probes-and-load`: period of the in-flight exchange, s (required there, only there).
+    /// `probes-and-load`: period of the in-flight exchange, s; `engine-truth`: period of the
+    /// engines' poll (required there, only there).
     pub sync_interval_s: Option<f64>,
+    /// `dispatch-stream`, `route-and-reserve`: one hop of the bus, s (default
+    /// `DEFAULT_BUS_LATENCY_S`; only there).
+    pub bus_latency_s: Option<f64>,
 }
 
 /// One worker entry (or `count` identical ones).

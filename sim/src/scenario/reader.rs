@@ -4,7 +4,8 @@
 
 use super::{RawEvent, RawGateways, RawScenario, RawWorker, Scenario, ScenarioError, Warmup};
 use crate::event_loop::{
-    Action, Gateways, LifecycleEvent, MAX_REPLICAS, Share, SimSetup, Slo, Split, WorkerSetup,
+    Action, DEFAULT_BUS_LATENCY_S, Gateways, LifecycleEvent, MAX_REPLICAS, Share, SimSetup, Slo,
+    Split, WorkerSetup,
 };
 use crate::hardware::{HardwareProfile, ProfileLookup};
 use crate::worker::{EngineMode, EngineOverrides};
@@ -374,31 +375,62 @@ impl ScenarioReader<'_> {
                     .map_err(|e| self.file.at(loc, "gateways.sync_interval_s", e.to_string()))?,
             ),
         };
-        let share = Share::from_name(name, sync_ns.unwrap_or(0)).ok_or_else(|| {
+        let bus_ns = match g.bus_latency_s {
+            None => None,
+            Some(s) => Some(
+                rule::non_negative(s)
+                    .map(secs_to_nanos)
+                    .map_err(|e| self.file.at(loc, "gateways.bus_latency_s", e.to_string()))?,
+            ),
+        };
+        let default_bus_ns = secs_to_nanos(DEFAULT_BUS_LATENCY_S);
+        let share = Share::from_name(
+            name,
+            sync_ns.unwrap_or(0),
+            bus_ns.unwrap_or(default_bus_ns),
+        )
+        .ok_or_else(|| {
             self.file
                 .at(loc, "gateways.share", format!("unknown share `{name}`"))
                 .valid(names(&Share::NAMES))
         })?;
-        match (share, sync_ns) {
-            (Share::ProbesAndLoad { .. }, None) => {
-                return Err(self.file.at(
-                    loc,
-                    "gateways.sync_interval_s",
-                    "is missing; `share: probes-and-load` exchanges in-flight counts every \
-                     `sync_interval_s` seconds (a number > 0)",
-                ));
-            }
-            (Share::None | Share::Probes, Some(_)) => {
+        match (share.periodic(), sync_ns) {
+            (true, None) => {
                 return Err(self.file.at(
                     loc,
                     "gateways.sync_interval_s",
                     format!(
-                        "is given with `share: {name}`; only `share: probes-and-load` \
-                         exchanges in-flight counts"
+                        "is missing; `share: {name}` {} every `sync_interval_s` seconds (a \
+                         number > 0)",
+                        if matches!(share, Share::EngineTruth { .. }) {
+                            "polls the engines"
+                        } else {
+                            "exchanges in-flight counts"
+                        }
+                    ),
+                ));
+            }
+            (false, Some(_)) => {
+                return Err(self.file.at(
+                    loc,
+                    "gateways.sync_interval_s",
+                    format!(
+                        "is given with `share: {name}`; only `share: probes-and-load` and \
+                         `engine-truth` run on a period"
                     ),
                 ));
             }
             _ => {}
+        }
+        if bus_ns.is_some() && share.bus_latency_ns().is_none() {
+            return Err(self.file.at(
+                loc,
+                "gateways.bus_latency_s",
+                format!(
+                    "is given with `share: {name}`; only `share: dispatch-stream` and \
+                     `route-and-reserve` publish on a bus"
+                ),
+            ));
         }
         Ok(Gateways {
             replicas,

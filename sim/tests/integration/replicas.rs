@@ -323,6 +323,26 @@ fn bad_gateways_blocks_are_located_errors() {
             "gateways.sync_interval_s",
             "0 is not valid",
         ),
+        (
+            "{ replicas: 2, share: engine-truth }",
+            "gateways.sync_interval_s",
+            "polls the engines",
+        ),
+        (
+            "{ replicas: 2, share: probes-and-load, sync_interval_s: 1, bus_latency_s: 0.001 }",
+            "gateways.bus_latency_s",
+            "only `share: dispatch-stream` and `route-and-reserve`",
+        ),
+        (
+            "{ replicas: 2, share: dispatch-stream, bus_latency_s: -1 }",
+            "gateways.bus_latency_s",
+            "-1",
+        ),
+        (
+            "{ replicas: 2, share: dispatch-stream, sync_interval_s: 1 }",
+            "gateways.sync_interval_s",
+            "is given with `share: dispatch-stream`",
+        ),
         ("{ replicas: 2, shared: probes }", "gateways", "shared"),
     ];
     let line = text.lines().count() + 2;
@@ -374,4 +394,61 @@ fn exchanged_counts_hold_the_cap_fleet_wide() {
         peak(&load),
         peak(&none)
     );
+}
+
+/// The most requests any worker held at a timeline sample, over every replica.
+fn peak_in_flight(m: &RunMetrics) -> u32 {
+    m.timeline.iter().map(|r| r.in_flight).max().unwrap_or(0)
+}
+
+#[test]
+fn a_reserved_dispatch_keeps_the_fleet_wide_cap_that_unshared_replicas_overrun() {
+    // Two workers under a flat cap of 4, far more load than 8 slots serve: four replicas that
+    // share nothing each fill the cap on their own; replicas that reserve before they dispatch
+    // see each other's requests and never hold more than 4 on a worker between them.
+    let sc = small(
+        "poisson: { rate_per_s: 30, duration_s: 120, prompt: { fixed: 2000 }, output: { fixed: 256 } }",
+        "[\"equal/jsq:higher-weight/no-affinity/flat:4\"]",
+    );
+    let p = sc.policies[0].clone();
+    let none = run_policy(&with(&sc, gateways(4, Split::RoundRobin, Share::None)), &p);
+    assert!(!none.timeline.is_empty());
+    assert!(peak_in_flight(&none) > 4, "{}", peak_in_flight(&none));
+    let reserve = Share::RouteAndReserve {
+        bus_latency_ns: 1_000_000,
+    };
+    let reserved = run_policy(&with(&sc, gateways(4, Split::RoundRobin, reserve)), &p);
+    assert_eq!(peak_in_flight(&reserved), 4);
+    assert_eq!(reserved.requests, none.requests);
+}
+
+#[test]
+fn the_dispatch_stream_and_engine_truth_share_load_and_stay_deterministic() {
+    // The same overload: with each replica learning the others' dispatches one bus hop later
+    // (or the engines' counts every 0.5 s), the workers are never loaded like four independent
+    // gateways load them, and a run is the same run twice.
+    let sc = small(
+        "poisson: { rate_per_s: 30, duration_s: 120, prompt: { fixed: 2000 }, output: { fixed: 256 } }",
+        "[\"equal/jsq:higher-weight/no-affinity/flat:4\"]",
+    );
+    let p = sc.policies[0].clone();
+    let none = peak_in_flight(&run_policy(
+        &with(&sc, gateways(4, Split::RoundRobin, Share::None)),
+        &p,
+    ));
+    for share in [
+        Share::DispatchStream {
+            bus_latency_ns: 1_000_000,
+        },
+        Share::EngineTruth {
+            poll_interval_ns: 500_000_000,
+        },
+    ] {
+        let sc = with(&sc, gateways(4, Split::RoundRobin, share));
+        let (m, rows) = run_rows(&sc, &p);
+        assert!(peak_in_flight(&m) < none, "{share:?}: {} vs {none}", peak_in_flight(&m));
+        let (again, rows_again) = run_rows(&sc, &p);
+        assert_eq!(format!("{m:?}"), format!("{again:?}"), "{share:?}");
+        assert_eq!(rows, rows_again, "{share:?}");
+    }
 }
