@@ -104,9 +104,10 @@ enum Ev {
     Sample,
     /// A batch of a worker's KV events reaches the router (index into the run's batches).
     KvEvents { worker: u32, batch: u32 },
-    /// The gateway replicas exchange their in-flight counts (`share: probes-and-load`) or read
-    /// the engines' (`share: engine-truth`).
+    /// The gateway replicas exchange their in-flight counts (`share: probes-and-load`).
     SyncLoad,
+    /// A replica reads the engines' own counts of sequences (`share: engine-truth`).
+    EngineTruth { replica: u32 },
     /// A message of the replicas' dispatch stream reaches the other replicas (index into the
     /// bus's messages).
     Peer { msg: u32 },
@@ -235,6 +236,22 @@ impl<'a> Sim<'a> {
         if let Some(ns) = sync_ns {
             self.push(Time::from_nanos(ns), Ev::SyncLoad);
         }
+        // Each replica polls the engines on its own timer, the timers spread over the period
+        // (independent gateways' timers are not aligned; aligned ones would all see the same
+        // room at the same instant and fill it together).
+        if let Share::EngineTruth { poll_interval_ns } = self.setup.gateways.share
+            && self.replicas.several()
+        {
+            let n = self.replicas.len() as u64;
+            let every = poll_interval_ns.max(1);
+            for r in 0..n {
+                let first = (every.saturating_mul(r + 1) / n).max(1);
+                self.push(
+                    Time::from_nanos(first),
+                    Ev::EngineTruth { replica: r as u32 },
+                );
+            }
+        }
         if self.setup.timeline_ns > 0 {
             self.push(Time::from_nanos(self.setup.timeline_ns), Ev::Sample);
         }
@@ -293,6 +310,7 @@ impl<'a> Sim<'a> {
                 Ev::Sample => self.on_sample(),
                 Ev::KvEvents { worker, batch } => self.deliver_kv_events(worker, batch),
                 Ev::SyncLoad => self.on_sync_load(sync_ns, traffic, sink),
+                Ev::EngineTruth { replica } => self.on_engine_truth(replica, traffic, sink),
                 Ev::Peer { msg } => self.on_peer(msg, traffic, sink),
             }
             // The routers' weights and the fleet change only at these events (and at probe
@@ -356,11 +374,7 @@ impl<'a> Sim<'a> {
         traffic: &mut dyn TrafficSource,
         sink: Sink<'_, '_>,
     ) {
-        if matches!(self.setup.gateways.share, Share::EngineTruth { .. }) {
-            self.replicas.sync_engine_truth(&self.fleet);
-        } else {
-            self.replicas.sync_load(&self.fleet);
-        }
+        self.replicas.sync_load(&self.fleet);
         // Fewer requests elsewhere may leave room under a cap now.
         self.drain_queue(traffic, sink);
         if !self.finished()
@@ -370,15 +384,27 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// `engine-truth`: replica `r` reads the engines' counts, and polls again a period later.
+    fn on_engine_truth(&mut self, r: u32, traffic: &mut dyn TrafficSource, sink: Sink<'_, '_>) {
+        self.replicas.sync_engine_truth(r as usize, &self.fleet);
+        // Fewer requests on the engines may leave room under its cap now.
+        self.drain_queue(traffic, sink);
+        if !self.finished()
+            && let Share::EngineTruth { poll_interval_ns } = self.setup.gateways.share
+        {
+            self.push(
+                self.after(poll_interval_ns.max(1)),
+                Ev::EngineTruth { replica: r },
+            );
+        }
+    }
+
     /// The period of the replicas' load exchange, when there is one.
     fn sync_interval_ns(&self) -> Option<u64> {
         match self.setup.gateways.share {
-            Share::ProbesAndLoad {
-                sync_interval_ns: ns,
+            Share::ProbesAndLoad { sync_interval_ns } if self.replicas.several() => {
+                Some(sync_interval_ns.max(1))
             }
-            | Share::EngineTruth {
-                poll_interval_ns: ns,
-            } if self.replicas.several() => Some(ns.max(1)),
             _ => None,
         }
     }

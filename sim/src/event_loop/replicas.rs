@@ -356,12 +356,13 @@ impl Replicas {
 }
 
 impl Replicas {
-    /// `engine-truth`: every replica reads each engine's sequences (running and waiting, as
-    /// its metrics endpoint shows them) and counts those beyond its own requests in flight
-    /// there as the other replicas' load. Its own requests still on their way are among its
-    /// own and not yet in the engine's count, so the others' load is, if anything, counted
-    /// short; a stopped engine holds nothing.
-    pub(super) fn sync_engine_truth(&mut self, fleet: &Fleet) {
+    /// `engine-truth`: replica `r` reads each engine's sequences (running and waiting, as its
+    /// metrics endpoint shows them) and counts those beyond its own requests in flight there
+    /// as the other replicas' load. Its own requests still on their way are among its own and
+    /// not yet in the engine's count, so the others' load is, if anything, counted short; a
+    /// stopped engine holds nothing.
+    pub(super) fn sync_engine_truth(&mut self, r: usize, fleet: &Fleet) {
+        let router = &mut self.list[r].router;
         for w in &fleet.workers {
             let Some(id) = w.id else {
                 continue;
@@ -371,10 +372,8 @@ impl Replicas {
             } else {
                 0
             };
-            for r in &mut self.list {
-                let own = local_in_flight(&r.router, id);
-                r.router.set_remote_in_flight(id, engine.saturating_sub(own));
-            }
+            let own = local_in_flight(router, id);
+            router.set_remote_in_flight(id, engine.saturating_sub(own));
         }
     }
 }
