@@ -31,9 +31,9 @@
 mod fleet;
 mod kv;
 mod lifecycle;
+mod peers;
 mod probes;
 pub(crate) mod queue;
-mod peers;
 pub mod replicas;
 mod requests;
 pub mod setup;

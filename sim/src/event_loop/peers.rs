@@ -209,12 +209,7 @@ mod tests {
 
     #[test]
     fn message_slots_are_reused_and_a_slot_is_taken_once() {
-        let mut bus = PeerBus::new(
-            Share::DispatchStream {
-                bus_latency_ns: 10,
-            },
-            2,
-        );
+        let mut bus = PeerBus::new(Share::DispatchStream { bus_latency_ns: 10 }, 2);
         let msg = |from| PeerMsg {
             from,
             worker: WorkerId(0),
@@ -232,6 +227,10 @@ mod tests {
             op: PeerOp::Dispatch { prefix: v },
             ..msg(0)
         });
-        assert_eq!(bus.prefix_vec(&[9]), vec![9], "a reused vector holds only the new blocks");
+        assert_eq!(
+            bus.prefix_vec(&[9]),
+            vec![9],
+            "a reused vector holds only the new blocks"
+        );
     }
 }

@@ -157,15 +157,17 @@ impl Share {
     /// Whether the mode runs on a period (`sync_interval_s`): the exchange of
     /// `probes-and-load`, the engines' poll of `engine-truth`.
     pub fn periodic(self) -> bool {
-        matches!(self, Share::ProbesAndLoad { .. } | Share::EngineTruth { .. })
+        matches!(
+            self,
+            Share::ProbesAndLoad { .. } | Share::EngineTruth { .. }
+        )
     }
 
     /// The bus hop of a mode that publishes dispatches, ns.
     pub fn bus_latency_ns(self) -> Option<u64> {
         match self {
-            Share::DispatchStream { bus_latency_ns } | Share::RouteAndReserve { bus_latency_ns } => {
-                Some(bus_latency_ns)
-            }
+            Share::DispatchStream { bus_latency_ns }
+            | Share::RouteAndReserve { bus_latency_ns } => Some(bus_latency_ns),
             _ => None,
         }
     }

@@ -384,16 +384,12 @@ impl ScenarioReader<'_> {
             ),
         };
         let default_bus_ns = secs_to_nanos(DEFAULT_BUS_LATENCY_S);
-        let share = Share::from_name(
-            name,
-            sync_ns.unwrap_or(0),
-            bus_ns.unwrap_or(default_bus_ns),
-        )
-        .ok_or_else(|| {
-            self.file
-                .at(loc, "gateways.share", format!("unknown share `{name}`"))
-                .valid(names(&Share::NAMES))
-        })?;
+        let share = Share::from_name(name, sync_ns.unwrap_or(0), bus_ns.unwrap_or(default_bus_ns))
+            .ok_or_else(|| {
+                self.file
+                    .at(loc, "gateways.share", format!("unknown share `{name}`"))
+                    .valid(names(&Share::NAMES))
+            })?;
         match (share.periodic(), sync_ns) {
             (true, None) => {
                 return Err(self.file.at(
