@@ -66,13 +66,20 @@ fn run_job_into(job: Job<'_>, stream: Option<&mut dyn RequestSink>) -> anyhow::R
             rows.as_mut().map(|r| r as &mut dyn RequestSink),
         ),
     }
-    .with_context(|| {
-        format!(
+    .map_err(|e| match e {
+        // A trace fails on the rows it reads, whatever the policy: naming the policy sent the
+        // reader looking for a policy bug (issue 41).
+        routelab_sim::SimError::Traffic(t) => anyhow::Error::new(t).context(format!(
+            "{}: traffic (seed {})",
+            job.scenario.path.display(),
+            job.seed
+        )),
+        other => anyhow::Error::new(other).context(format!(
             "{} (policy {}, seed {})",
             job.scenario.path.display(),
             job.policy.name,
             job.seed
-        )
+        )),
     })?;
     Ok(Outcome {
         metrics,
@@ -146,8 +153,8 @@ impl ShardArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct ResampleArgs {
     /// What a seed means for a trace source whose scenario sets no `resample:`: `block` (each
-    /// seed a circular block-bootstrap resample of the trace, whole sessions kept together, the
-    /// block length chosen from the trace), a block length in seconds, or `none` (every seed
+    /// seed a local block-bootstrap resample of the trace, each block drawn near its own time
+    /// and whole sessions kept together, the block length chosen from the trace), a block length in seconds, or `none` (every seed
     /// replays the trace as recorded, as `run` and `check` do).
     #[arg(long, default_value = "block", value_name = "block|none|SECONDS")]
     pub resample: String,
@@ -258,7 +265,11 @@ pub fn read_scenario(path: &Path, hash: &mut InputsHash) -> anyhow::Result<Scena
     let text = std::fs::read_to_string(path)
         .map_err(|e| InputError::unreadable(path.display().to_string(), &e))?;
     hash.text(path, text.as_bytes());
-    Ok(Scenario::from_yaml(&text, path)?)
+    let sc = Scenario::from_yaml(&text, path)?;
+    for w in crate::commands::scenario_warnings(&sc) {
+        eprintln!("warning: {}: {w}", path.display());
+    }
+    Ok(sc)
 }
 
 /// Run a command through the lab's one path ([`sharded::run`]): the whole job list, or with

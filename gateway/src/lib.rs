@@ -54,7 +54,7 @@ pub mod supervise;
 pub mod tokens;
 pub mod upstream;
 
-pub use config::{GatewayConfig, Secret, WorkerConfig};
+pub use config::{GatewayConfig, Secret, SloConfig, WorkerConfig};
 pub use error::{GatewayError, WorkerError};
 pub use routelab_policies::PolicyEntry;
 
@@ -273,7 +273,7 @@ fn load_state(
 pub fn check(config: &GatewayConfig) -> Result<(), GatewayError> {
     config.validate()?;
     Settings::from_config(config)?;
-    let router = Router::new(config.policy.build_in(config.origin(), "policy")?);
+    let router = config.router()?;
     load_state(config, &router, &clock::Clock::scaled(config.clock_scale))?;
     if let Some(log) = &config.request_log {
         let dir = match log.path.parent() {
@@ -295,9 +295,10 @@ pub fn check(config: &GatewayConfig) -> Result<(), GatewayError> {
 
 /// Build the router, restore the state file, register the configured workers.
 fn build(config: &GatewayConfig, settings: Settings) -> Result<Arc<Shared>, GatewayError> {
-    let policy = config.policy.build_in(config.origin(), "policy")?;
     let clock = clock::Clock::scaled(config.clock_scale);
-    let mut router = Router::new(policy);
+    // The policy with the configuration's SLO handed to it, as the simulator hands its
+    // scenario's.
+    let mut router = config.router()?;
     if let Some(state) = load_state(config, &router, &clock)?
         && let Some(path) = &config.state_file
     {
@@ -660,6 +661,22 @@ mod tests {
             .unwrap();
         assert_eq!(again, id, "the worker took its slot back");
         assert_eq!(core.router.signals(id).unwrap().report, None);
+    }
+
+    /// Issue 41: the running gateway's router aims at the configuration's top-level SLO.
+    #[test]
+    fn the_built_gateway_aims_at_the_configured_slo() {
+        let config =
+            GatewayConfig::from_yaml("workers: []\nslo: {ttft_s: 30, tpot_s: 0.1}\n", "t.yaml")
+                .unwrap();
+        let shared = build(&config, Settings::from_config(&config).unwrap()).unwrap();
+        let core = shared.core();
+        match &core.router.config().chooser {
+            routelab_policies::Chooser::Predictive(p) => {
+                assert_eq!((p.ttft_s, p.tpot_s), (Some(30.0), Some(0.1)));
+            }
+            other => panic!("the default policy is predictive, not {other:?}"),
+        }
     }
 
     /// A supervised task that returns (rather than panics) ends its supervisor: nothing is

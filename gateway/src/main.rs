@@ -109,6 +109,9 @@ fn main() -> std::process::ExitCode {
             eprintln!("error: {:#}", anyhow::Error::new(e));
             return std::process::ExitCode::from(code);
         }
+        for w in config.warnings() {
+            eprintln!("warning: {w}");
+        }
         if config.clock_scale != 1.0 {
             eprintln!(
                 "warning: clock_scale is {}: policy time runs faster than wall time; for tests and emulations only",

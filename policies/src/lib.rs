@@ -74,9 +74,9 @@ mod worker;
 pub use catalog::{PRESETS, Part};
 pub use chooser::{Chooser, TieRule};
 pub use config::{
-    Affinity, AffinityUnits, Allowance, Cap, KNOWLEDGE_FIELD, PolicyConfig, PolicyEntry,
-    PolicyRole, PrefixKnowledge, RawAffinity, RawCap, RawChooser, RawPolicy, RawWeights,
-    WeightsConfig,
+    Affinity, AffinityUnits, Allowance, Cap, KNOWLEDGE_FIELD, PLAUSIBLE_SLO_S, PolicyConfig,
+    PolicyEntry, PolicyRole, PrefixKnowledge, RawAffinity, RawCap, RawChooser, RawPolicy,
+    RawWeights, SloBound, WeightsConfig, implausible_slo_bound,
 };
 pub use error::{AdminError, ConfigError, PrefillProbeTooLong, RouteError};
 pub use kv::KvEvent;

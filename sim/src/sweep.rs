@@ -195,9 +195,12 @@ pub fn grid(text: &str, path: &Path, axes: &[Axis]) -> Result<Vec<GridPoint>, Sw
                 format!("cannot re-serialise: {e}"),
             )),
         })?;
+        // The point is validated as the re-serialised document, whose lines are not the
+        // file's (issue 41: an error pointed at line 9 of a 7-line file): its error keeps the
+        // file and the field path, which are the file's, and drops the line and column.
         let scenario = Scenario::from_yaml(&yaml, path).map_err(|e| SweepError::Point {
             with: with(),
-            source: Box::new(e),
+            source: Box::new(e.at(None, None)),
         })?;
         points.push(GridPoint { labels, scenario });
     }
@@ -241,5 +244,22 @@ mod tests {
                 .contains("valid: path=")
         );
         assert!(Axis::parse("a=1,,2").is_err());
+    }
+
+    /// Issue 41: a bad value of a point was located at a line of the re-serialised document
+    /// (line 9 of a 7-line file); it names the file and the field, and no line.
+    #[test]
+    fn a_bad_point_names_the_field_and_no_line_of_another_document() {
+        let text = "seed: 1\nmodel: m\nfleet:\n  - { name: a, profile: rtx4090-27b }\ntraffic:\n  - poisson: { rate_per_s: 1, count: 5, prompt: { fixed: 10 }, output: { fixed: 5 } }\npolicies: [seed-v1]\n";
+        assert_eq!(text.lines().count(), 7);
+        let axes = [Axis::parse("traffic[0].poisson.rate_per_s=1,-2").unwrap()];
+        let e = grid(text, Path::new("s.yaml"), &axes).unwrap_err();
+        let SweepError::Point { with, source } = e else {
+            panic!("a point's error: {e}");
+        };
+        assert_eq!(with, "traffic[0].poisson.rate_per_s=-2");
+        assert_eq!(source.file, "s.yaml");
+        assert!(source.field.starts_with("traffic[0]"), "{source}");
+        assert_eq!((source.line, source.column), (None, None), "{source}");
     }
 }

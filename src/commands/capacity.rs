@@ -114,6 +114,9 @@ struct Plan {
 impl Plan {
     fn new(args: &CapacityArgs) -> anyhow::Result<Plan> {
         let slo = SloSpec::parse(&args.slo, args.target)?;
+        for w in slo.warnings() {
+            eprintln!("warning: {w}");
+        }
         let seeds = seed_plan(&args.seeds)?;
         let options = SearchOptions {
             precision: fraction_flag("--precision", args.precision, "0.02 for 2 %")?,

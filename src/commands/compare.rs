@@ -268,6 +268,7 @@ impl Plan {
             );
             c.baseline = baseline_index(args.baseline.as_deref(), sc, ps)?;
             c.seed_meaning = seed_meaning(sc)?;
+            c.slo = Some(sc.setup.slo);
             comparisons.push(c);
         }
         Ok(Plan {

@@ -130,6 +130,9 @@ fn deployments(args: &ReplicasArgs) -> Result<Vec<Gateways>, InputError> {
 /// Run it.
 pub fn run(args: &ReplicasArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
     let slo = SloSpec::parse(&args.slo, args.target)?;
+    for w in slo.warnings() {
+        eprintln!("warning: {w}");
+    }
     let deployments = deployments(args)?;
     let resample = args.resample.default_resample()?;
     let scenarios = args

@@ -51,6 +51,9 @@ pub fn default_out(scenario: &Scenario) -> PathBuf {
 /// Run it.
 pub fn run(args: &RunArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
     let scenario = Scenario::load(&args.scenario)?;
+    for w in super::scenario_warnings(&scenario) {
+        eprintln!("warning: {}: {w}", args.scenario.display());
+    }
     let policies = policies_for(&scenario, &args.policies)?;
     let seed = args.seed.unwrap_or(scenario.setup.seed);
     let dir = args.out.clone().unwrap_or_else(|| default_out(&scenario));

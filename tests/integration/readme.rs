@@ -131,3 +131,45 @@ fn the_test_script_installs_what_is_missing_and_only_that() {
     assert!(run("fake-probe").status.success());
     assert_eq!(std::fs::read_to_string(&log).unwrap(), calls);
 }
+
+/// Issue 41: the README says how to get a `routelab` to call (its examples call it by name),
+/// points at nothing outside the repository, and its `profile fit` synopsis names every flag
+/// its own examples use.
+#[test]
+fn the_readme_installs_stays_inside_the_repository_and_its_synopsis_covers_its_examples() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    assert!(
+        readme.contains("cargo install --path .\n") || readme.contains("cargo install --path . ")
+    );
+    assert!(
+        !readme.contains("../shared"),
+        "a path outside the repository"
+    );
+    let synopsis = readme
+        .lines()
+        .find(|l| l.starts_with("| `routelab profile fit "))
+        .expect("the synopsis row");
+    let synopsis = synopsis.split(" | ").next().unwrap();
+    let mut examples = 0;
+    let mut lines = readme.lines().peekable();
+    while let Some(l) = lines.next() {
+        if !l.trim_start().starts_with("routelab profile fit ") {
+            continue;
+        }
+        examples += 1;
+        let mut cmd = l.to_string();
+        while cmd.ends_with('\\') {
+            cmd.pop();
+            cmd.push_str(lines.next().unwrap_or(""));
+        }
+        for flag in cmd.split_whitespace().filter(|w| w.starts_with("--")) {
+            assert!(
+                synopsis.contains(&format!("{flag} ")) || synopsis.contains(&format!("{flag}]")),
+                "{flag} (used in `{}`) is not in the synopsis {synopsis}",
+                cmd.trim()
+            );
+        }
+    }
+    assert!(examples >= 3, "{examples}");
+}

@@ -63,7 +63,7 @@ fn capacity_resamples_a_trace_per_seed_and_the_findings_hold_it_out() {
     assert!(
         meaning.starts_with(
             "A seed: traffic[0] (AzureLLMInferenceTrace_conv.csv, the first 70 % of its span) is \
-             a new circular block-bootstrap resample of the trace on each seed (blocks of"
+             a new local block-bootstrap resample of the trace on each seed (blocks of"
         ) && meaning.contains("Warm-up: traffic[0] starts at 9.0 s"),
         "{meaning}"
     );
@@ -157,7 +157,7 @@ fn compare_checks_its_winner_out_of_sample_and_says_what_a_seed_is() {
         st["seed_meaning"]
             .as_str()
             .unwrap()
-            .contains("circular block-bootstrap resample"),
+            .contains("local block-bootstrap resample"),
         "{st}"
     );
     assert!(

@@ -29,7 +29,9 @@ pub use worker::{CacheTokens, MAX_CACHE_TOKENS, MAX_NAME_BYTES, WorkerConfig};
 
 use crate::error::WorkerError;
 use routelab_policies::located::{parse_yaml, rule};
-use routelab_policies::{InputError, PREFIX_BLOCK_TOKENS, PolicyEntry};
+use routelab_policies::{
+    InputError, PREFIX_BLOCK_TOKENS, PolicyEntry, SloBound, implausible_slo_bound,
+};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -46,6 +48,11 @@ pub struct GatewayConfig {
     /// `affinity`, `cap` (as in the simulator's scenarios).
     #[serde(default = "default_policy")]
     pub policy: PolicyEntry,
+    /// The SLO the fleet is held to: a policy that aims at one (`predictive`) and has no
+    /// bounds of its own aims at this, as the simulator's `predictive` aims at its scenario's
+    /// `slo` ([`SloConfig`]). None: such a policy has no SLO (`--check` warns).
+    #[serde(default)]
+    pub slo: Option<SloConfig>,
     /// Seed of the routing RNG (`Xoshiro256PlusPlus`).
     #[serde(default = "default_seed")]
     pub seed: u64,
@@ -109,6 +116,25 @@ pub struct GatewayConfig {
     /// [`GatewayConfig::from_yaml`]), for located errors.
     #[serde(skip, default = "default_origin")]
     origin: String,
+}
+
+/// The top-level `slo`: per-request bounds, both required (the simulator's scenario SLO has
+/// both too, so the router measured there and the router shipped here aim alike).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SloConfig {
+    /// Time to first token, seconds.
+    pub ttft_s: f64,
+    /// Time per output token, seconds.
+    pub tpot_s: f64,
+}
+
+impl SloConfig {
+    /// Hand the SLO to a router: **the one rule** (`Router::aim_at`) by which a host's SLO
+    /// reaches a policy, the simulator's included; a chooser's own bounds win over it.
+    pub fn aim(&self, router: &mut routelab_policies::Router) {
+        router.aim_at(self.ttft_s, self.tpot_s);
+    }
 }
 
 /// The client-facing HTTP server (each listener applies it).
@@ -420,6 +446,7 @@ fn number_rule(field: &str) -> Option<NumberRule> {
         | "server.drain_timeout_s" => Period,
         "health.max_ejection_percent" | "health.panic_threshold_percent" => Percent,
         "clock_scale" => Scale,
+        "slo.ttft_s" | "slo.tpot_s" => Period,
         f if f.starts_with("workers[") && f.ends_with("].context_window") => {
             Whole(1, u32::MAX.into())
         }
@@ -474,10 +501,12 @@ impl GatewayConfig {
 
     /// Every numeric field and its value (none: not set, nothing to check); [`number_rule`]
     /// says what each accepts.
-    fn numbers(&self) -> [(&'static str, Option<f64>); 25] {
+    fn numbers(&self) -> [(&'static str, Option<f64>); 27] {
         let (u, h, p, srv) = (&self.upstream, &self.health, &self.probe, &self.server);
         let log = self.request_log.as_ref();
         [
+            ("slo.ttft_s", self.slo.map(|s| s.ttft_s)),
+            ("slo.tpot_s", self.slo.map(|s| s.tpot_s)),
             ("request_log.max_bytes", log.map(|l| l.max_bytes as f64)),
             ("request_log.keep", log.map(|l| f64::from(l.keep))),
             (
@@ -519,6 +548,46 @@ impl GatewayConfig {
             ),
             ("server.drain_timeout_s", Some(srv.drain_timeout_s)),
         ]
+    }
+
+    /// What `--check` warns about in the file itself (a valid configuration that likely does
+    /// not do what was meant): an SLO-aiming policy without any SLO, and implausible SLO
+    /// bounds (by the policy crate's one plausibility rule).
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Ok(policy) = self.policy.build()
+            && policy.awaits_host_slo()
+            && self.slo.is_none()
+        {
+            out.push(format!(
+                "{}: policy {} aims at an SLO, but neither its chooser (ttft_s, tpot_s) nor a \
+                 top-level `slo: {{ttft_s, tpot_s}}` gives one: it routes by predicted \
+                 completion time alone, not as the lab measured it against an SLO",
+                self.origin, policy.name
+            ));
+        }
+        if let Some(slo) = self.slo {
+            for (field, bound, x) in [
+                ("slo.ttft_s", SloBound::Ttft, slo.ttft_s),
+                ("slo.tpot_s", SloBound::Tpot, slo.tpot_s),
+            ] {
+                if let Some(why) = implausible_slo_bound(bound, x) {
+                    out.push(format!("{}: {field}: {why}", self.origin));
+                }
+            }
+        }
+        out
+    }
+
+    /// The validated policy with the top-level SLO handed to it, as a router: what the gateway
+    /// runs (and what `--check` checks).
+    pub fn router(&self) -> Result<routelab_policies::Router, InputError> {
+        let mut router =
+            routelab_policies::Router::new(self.policy.build_in(&self.origin, "policy")?);
+        if let Some(slo) = &self.slo {
+            slo.aim(&mut router);
+        }
+        Ok(router)
     }
 
     /// Check everything that does not need the network.
@@ -748,6 +817,159 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.field, "policy.weights.prefill_prompt_tokens", "{e}");
+    }
+
+    fn bounds(c: &GatewayConfig) -> (Option<f64>, Option<f64>) {
+        match &c.router().unwrap().config().chooser {
+            routelab_policies::Chooser::Predictive(p) => (p.ttft_s, p.tpot_s),
+            other => panic!("not predictive: {other:?}"),
+        }
+    }
+
+    /// Issue 41: a top-level `slo` reaches the policy the gateway builds, as the simulator
+    /// hands its scenario's `slo` to the policy; a chooser's own bounds win over it.
+    #[test]
+    fn a_top_level_slo_is_what_predictive_aims_at() {
+        let c = GatewayConfig::from_yaml(
+            "slo: {ttft_s: 30, tpot_s: 0.1}
+",
+            "g.yaml",
+        )
+        .unwrap();
+        assert_eq!(
+            c.slo,
+            Some(SloConfig {
+                ttft_s: 30.0,
+                tpot_s: 0.1
+            })
+        );
+        assert_eq!(bounds(&c), (Some(30.0), Some(0.1)));
+        // Without one, the default policy has no bounds at all.
+        let none = GatewayConfig::from_yaml(
+            "listen: 127.0.0.1:0
+",
+            "g.yaml",
+        )
+        .unwrap();
+        assert_eq!(bounds(&none), (None, None));
+        // The chooser's own bounds win, bound by bound (the simulator's rule).
+        let own = GatewayConfig::from_yaml(
+            "policy: {preset: predictive, chooser: {kind: predictive, ttft_s: 5}}
+slo: {ttft_s: 30, tpot_s: 0.1}
+",
+            "g.yaml",
+        )
+        .unwrap();
+        assert_eq!(bounds(&own), (Some(5.0), Some(0.1)));
+        // A policy that aims at no SLO is built unchanged.
+        let other = GatewayConfig::from_yaml(
+            "policy: least-load
+slo: {ttft_s: 30, tpot_s: 0.1}
+",
+            "g.yaml",
+        )
+        .unwrap();
+        assert_eq!(
+            other.router().unwrap().config(),
+            &routelab_policies::PolicyConfig::preset("least-load").unwrap()
+        );
+    }
+
+    #[test]
+    fn a_bad_slo_is_a_located_error() {
+        for (yaml, field, line) in [
+            (
+                "slo: {ttft_s: 0, tpot_s: 0.1}
+",
+                "slo.ttft_s",
+                None,
+            ),
+            (
+                "slo: {ttft_s: 2, tpot_s: -1}
+",
+                "slo.tpot_s",
+                None,
+            ),
+            (
+                "slo: {ttft_s: .nan, tpot_s: 0.1}
+",
+                "slo.ttft_s",
+                None,
+            ),
+            (
+                "listen: 127.0.0.1:0
+slo: {ttft_s: 2}
+",
+                "slo",
+                Some(2),
+            ),
+            (
+                "slo: {ttft_s: 2, tpot_s: 0.1, p99: true}
+",
+                "slo.p99",
+                Some(1),
+            ),
+            (
+                "slo: {ttft_s: fast, tpot_s: 0.1}
+",
+                "slo.ttft_s",
+                Some(1),
+            ),
+        ] {
+            let e = GatewayConfig::from_yaml(yaml, "g.yaml").unwrap_err();
+            assert_eq!(e.file, "g.yaml", "{yaml}: {e}");
+            assert!(e.field.starts_with(field), "{yaml}: {e}");
+            if line.is_some() {
+                assert_eq!(e.line, line, "{yaml}: {e}");
+            }
+        }
+        let e = GatewayConfig::from_yaml(
+            "slo: {ttft_s: 0, tpot_s: 0.1}
+",
+            "g.yaml",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("a number of seconds from"), "{e}");
+    }
+
+    /// `--check`'s warnings: an SLO-aiming policy without any SLO, and implausible bounds.
+    #[test]
+    fn an_slo_aiming_policy_without_an_slo_is_warned_about() {
+        let w = GatewayConfig::from_yaml(
+            "listen: 127.0.0.1:0
+",
+            "g.yaml",
+        )
+        .unwrap()
+        .warnings();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("policy predictive aims at an SLO") && w[0].contains("slo: {ttft_s"),
+            "{w:?}"
+        );
+        for quiet in [
+            "slo: {ttft_s: 30, tpot_s: 0.1}
+",
+            "policy: least-load
+",
+            "policy: {preset: predictive, chooser: {kind: predictive, ttft_s: 5}}
+",
+        ] {
+            let w = GatewayConfig::from_yaml(quiet, "g.yaml")
+                .unwrap()
+                .warnings();
+            assert!(w.is_empty(), "{quiet}: {w:?}");
+        }
+        let w = GatewayConfig::from_yaml(
+            "slo: {ttft_s: 2000, tpot_s: 100}
+",
+            "g.yaml",
+        )
+        .unwrap()
+        .warnings();
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].starts_with("g.yaml: slo.ttft_s: ") && w[0].contains("milliseconds"));
+        assert!(w[1].starts_with("g.yaml: slo.tpot_s: "), "{w:?}");
     }
 
     /// Issue 27: the lab's winner is the gateway's default policy.

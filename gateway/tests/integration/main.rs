@@ -11,6 +11,7 @@ mod operations;
 mod protocol;
 mod request_log;
 mod shared_state;
+mod slo;
 
 use fake::{FakeWorker, MODE_500, MODE_DIE};
 use harness::*;

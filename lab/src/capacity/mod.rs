@@ -103,26 +103,60 @@ pub fn run_study<E>(
             study.seed_stop = SeedStop::Fixed;
             return Ok(study);
         };
-        // A policy whose ratio to the baseline cannot be formed yet (the baseline infeasible
-        // on every seed so far) is not precise: it counts as an interval without a width, so
-        // the rule adds seeds until a ratio forms or the maximum is reached (dropping it would
-        // let an empty list read as "every ratio precise").
-        let unformed = Interval {
-            n: 0,
-            mean: 1.0,
-            sd: None,
-            half_width: None,
-        };
-        let ratios: Vec<(Interval, f64)> = (0..study.policies.len())
-            .filter(|&i| i != study.baseline)
-            .map(|i| (study.ratio(i).unwrap_or(unformed), 1.0))
-            .collect();
+        let ratios = precision_ratios(&study);
         if let Some(stop) = crate::seeds::stop(&auto, study.seeds.len(), &ratios) {
             study.seed_stop = stop;
             return Ok(study);
         }
         want = (study.seeds.len() + auto.step.max(1)).min(auto.max);
     }
+}
+
+/// What `--seeds auto` judges precise, as `(interval, reference)` pairs for
+/// [`stop`](crate::seeds::stop): each policy's paired ratio to the baseline. While the baseline
+/// is infeasible on every seed (round robin often is, on a heterogeneous fleet at a tight SLO),
+/// no ratio to it can form, and waiting for one ran every study to the maximum (issue 41). The
+/// verdict then reads the policies against the best feasible one, so that is what must be
+/// precise: each other policy's paired ratio to the policy of the highest mean capacity, and,
+/// when that policy is the only one, its own capacity interval relative to its mean. A pair
+/// that cannot be formed yet still counts as an interval without a width (never precise), so an
+/// empty list cannot read as "every ratio precise".
+fn precision_ratios(study: &CapacityStudy) -> Vec<(Interval, f64)> {
+    let unformed = Interval {
+        n: 0,
+        mean: 1.0,
+        sd: None,
+        half_width: None,
+    };
+    let others: Vec<usize> = (0..study.policies.len())
+        .filter(|&i| i != study.baseline)
+        .collect();
+    if others.iter().all(|&i| study.ratio(i).is_some()) {
+        return others
+            .iter()
+            .map(|&i| (study.ratio(i).unwrap_or(unformed), 1.0))
+            .collect();
+    }
+    let mean = |i: usize| study.policies[i].interval().map_or(0.0, |iv| iv.mean);
+    let Some(best) = others
+        .iter()
+        .copied()
+        .filter(|&i| mean(i) > 0.0)
+        .max_by(|&a, &b| mean(a).total_cmp(&mean(b)))
+    else {
+        return others.iter().map(|_| (unformed, 1.0)).collect();
+    };
+    if others.len() == 1 {
+        return vec![match study.policies[best].interval() {
+            Some(iv) => (iv, iv.mean),
+            None => (unformed, 1.0),
+        }];
+    }
+    others
+        .iter()
+        .filter(|&&i| i != best)
+        .map(|&i| (study.ratio_to(i, best).unwrap_or(unformed), 1.0))
+        .collect()
 }
 
 #[cfg(test)]
@@ -236,7 +270,45 @@ mod tests {
         };
         let st = run_study(plan(SeedPlan::Auto(auto)), infeasible_baseline).unwrap();
         assert!(st.ratio(1).is_none());
+        // The one feasible policy's capacity moves by 10 % per seed: never within 5 %.
         assert_eq!(st.seed_stop, SeedStop::MaxSeeds);
         assert_eq!(st.seeds.len(), 5);
+    }
+
+    /// Issue 41: with the baseline infeasible on every seed, `--seeds auto` ran to the maximum
+    /// however precise the feasible policies' ranking was. It now judges their paired ratios to
+    /// the best feasible policy, which common random numbers pin in 3 seeds.
+    #[test]
+    fn auto_seeds_stop_on_the_ratios_to_the_best_feasible_policy_when_the_baseline_is_infeasible() {
+        let three = |b: &[(usize, u64)]| {
+            // Policy 2 runs as the baseline would (speed 1 × the seed's noise); the baseline
+            // itself is infeasible.
+            let as_base: Vec<(usize, u64)> = b
+                .iter()
+                .map(|&(p, s)| (if p == 2 { 0 } else { p }, s))
+                .collect();
+            let mut v = batch(&as_base)?;
+            for (c, &(p, _)) in v.iter_mut().zip(b) {
+                if p == 0 {
+                    c.scale = 0.0;
+                }
+            }
+            Ok::<_, String>(v)
+        };
+        let mut p = plan(SeedPlan::Auto(AutoSeeds::default()));
+        let mut third = p.policies[0].clone();
+        third.name = "third".into();
+        p.policies.push(third);
+        let st = run_study(p, three).unwrap();
+        assert!(st.ratio(1).is_none() && st.ratio(2).is_none());
+        assert_eq!(st.seed_stop, SeedStop::Precise);
+        assert_eq!(st.seeds.len(), 3);
+        let r = st.ratio_to(2, 1).unwrap();
+        assert!((r.mean - 1.0 / 1.5).abs() < 0.03, "{r:?}");
+        let text = capacity_table(&st);
+        assert!(
+            text.contains("the baseline is infeasible on every seed, so every paired ratio to the best feasible policy"),
+            "{text}"
+        );
     }
 }

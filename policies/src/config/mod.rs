@@ -710,6 +710,59 @@ impl PolicyConfig {
     }
 }
 
+/// Which bound of an SLO a value is (for [`implausible_slo_bound`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SloBound {
+    /// Time to first token.
+    Ttft,
+    /// Time per output token.
+    Tpot,
+}
+
+/// The range of each SLO bound, in seconds, that no host warns about: `(TTFT low, TTFT high)`,
+/// `(TPOT low, TPOT high)`. Outside it a bound is legal but almost certainly a unit slip
+/// (`ttft_s: 2000` meant in milliseconds, `tpot<=100s` meant `100ms`): a TTFT bound above the
+/// gateway's default response timeout (300 s) would be cut by the gateway before it could be
+/// missed, and one under 10 ms is below any network round trip plus a prefill step; a TPOT
+/// bound above 1 s is slower than one token a second, and one under 1 ms is faster than any
+/// engine decodes a single sequence.
+pub const PLAUSIBLE_SLO_S: [(SloBound, f64, f64); 2] =
+    [(SloBound::Ttft, 0.01, 300.0), (SloBound::Tpot, 0.001, 1.0)];
+
+/// Why an SLO bound of `seconds` is implausible, in words a host appends to the field it names
+/// (`slo.ttft_s`, `--slo`), or `None` when it is within [`PLAUSIBLE_SLO_S`]. **The one
+/// plausibility rule** of an SLO: the scenario reader, `capacity --slo` and the gateway's
+/// configuration warn by it (a warning, not an error: an unusual bound may be meant).
+pub fn implausible_slo_bound(bound: SloBound, seconds: f64) -> Option<String> {
+    let (_, low, high) = PLAUSIBLE_SLO_S.into_iter().find(|(b, ..)| *b == bound)?;
+    let what = match bound {
+        SloBound::Ttft => "time to first token",
+        SloBound::Tpot => "time per output token",
+    };
+    if seconds > high {
+        Some(format!(
+            "a {what} bound of {seconds} s is implausibly long (above {high} s); \
+             was it meant in milliseconds?"
+        ))
+    } else if seconds < low {
+        Some(format!(
+            "a {what} bound of {seconds} s is implausibly short (below {low} s); \
+             was it meant in seconds?"
+        ))
+    } else {
+        None
+    }
+}
+
+impl PolicyConfig {
+    /// True when the chooser aims at an SLO and has no bounds of its own: it aims at the one
+    /// its host hands it (`Router::aim_at`: the simulator's scenario `slo`, the gateway's
+    /// top-level `slo`), and without one it routes by predicted completion alone.
+    pub fn awaits_host_slo(&self) -> bool {
+        matches!(&self.chooser, Chooser::Predictive(p) if p.ttft_s.is_none() && p.tpot_s.is_none())
+    }
+}
+
 /// A policy as a scenario or the gateway's configuration writes it: a preset or composition
 /// name (`seed-v3`, `at-load/sed/capacity/weighted:24`), or a full definition. The one
 /// "name or full policy" entry of routelab, shared by the simulator and the gateway.
@@ -949,5 +1002,38 @@ mod tests {
         let e =
             chooser_of("weights: { kind: equal }\nchooser: { kind: p2c, scan: 4 }").unwrap_err();
         assert_eq!(e.field(), "chooser.scan");
+    }
+
+    /// Issue 41: the one plausibility rule of an SLO bound, and which policies await a host's SLO.
+    #[test]
+    fn implausible_slo_bounds_and_the_policies_that_aim_at_a_hosts_slo() {
+        assert_eq!(implausible_slo_bound(SloBound::Ttft, 30.0), None);
+        assert_eq!(implausible_slo_bound(SloBound::Tpot, 0.1), None);
+        let long = implausible_slo_bound(SloBound::Ttft, 2000.0).unwrap();
+        assert!(
+            long.contains("implausibly long") && long.contains("milliseconds"),
+            "{long}"
+        );
+        assert!(implausible_slo_bound(SloBound::Tpot, 100.0).is_some());
+        assert!(implausible_slo_bound(SloBound::Tpot, 0.0001).is_some());
+        assert!(implausible_slo_bound(SloBound::Ttft, 0.002).is_some());
+        assert!(
+            PolicyConfig::preset("predictive")
+                .unwrap()
+                .awaits_host_slo()
+        );
+        assert!(
+            !PolicyConfig::preset("least-load")
+                .unwrap()
+                .awaits_host_slo()
+        );
+        let own = PolicyEntry::Full(Box::new(
+            crate::located::parse_yaml(
+                "preset: predictive\nchooser: { kind: predictive, tpot_s: 0.1 }",
+                "p.yaml",
+            )
+            .unwrap(),
+        ));
+        assert!(!own.build().unwrap().awaits_host_slo());
     }
 }

@@ -124,10 +124,18 @@ fn scenario_verdict(st: &CapacityStudy) -> String {
             tied.join(", ")
         )
     };
+    // The baseline by its name unless it is the default, round robin (issue 41: `--baseline
+    // least-load` was still called "round robin" here).
+    let base = &st.policies[st.baseline].policy;
+    let who = if base.as_str() == "equal/round-robin/none/none" {
+        "round robin".to_string()
+    } else {
+        format!("`{base}`")
+    };
     let mut s = format!(
         "Ship {}: it carries {}",
         name(ship),
-        versus(st, ship, st.baseline, "round robin")
+        versus(st, ship, st.baseline, &who)
     );
     let field_best = best(st, |i| kinds[i] == PolicyKind::Field);
     match (kinds[ship], field_best) {

@@ -20,10 +20,21 @@ use crate::stats::{Interval, SeedStop};
 use serde_json::{Value, json};
 use std::path::Path;
 
+/// Whether no policy's ratio to the baseline could form (the baseline infeasible on every
+/// seed), so `--seeds auto` judged the ratios to the best feasible policy instead.
+fn no_ratio_to_the_baseline(st: &CapacityStudy) -> bool {
+    st.policies.len() > 1 && (0..st.policies.len()).all(|i| st.ratio(i).is_none())
+}
+
 fn stop_text(st: &CapacityStudy) -> String {
     let (hw, max) = st.auto_rule.unwrap_or_default();
     match st.seed_stop {
         SeedStop::Fixed => "fixed count (--seeds N)".into(),
+        SeedStop::Precise if no_ratio_to_the_baseline(st) => format!(
+            "--seeds auto: the baseline is infeasible on every seed, so every paired ratio to the \
+             best feasible policy (or its own capacity, when it is the only one) had its 95 % \
+             half-width fall within ±{hw} (at most {max} seeds)"
+        ),
         SeedStop::Precise => format!(
             "--seeds auto: every paired ratio's 95 % half-width fell within ±{hw} (at most {max} seeds)"
         ),

@@ -196,6 +196,24 @@ impl SloSpec {
         Ok(SloSpec { bounds, target })
     }
 
+    /// Warnings about bounds that are legal but implausible (`tpot<=100s` meant `100ms`), by
+    /// the policy crate's one plausibility rule; `e2el` bounds are not judged (a long output
+    /// may take minutes). Each names the bound as written.
+    pub fn warnings(&self) -> Vec<String> {
+        self.bounds
+            .iter()
+            .filter_map(|b| {
+                let kind = match b.metric {
+                    SloMetric::Ttft => routelab_policies::SloBound::Ttft,
+                    SloMetric::Tpot | SloMetric::Itl => routelab_policies::SloBound::Tpot,
+                    SloMetric::E2el => return None,
+                };
+                routelab_policies::implausible_slo_bound(kind, b.bound_s)
+                    .map(|why| format!("{SLO_FLAG} {}: {why}", b.name()))
+            })
+            .collect()
+    }
+
     /// The per-request bounds the simulator's recorder counts against (`slo_met`): each
     /// metric's tightest bound, unbounded ones infinite. `itl` bounds the TPOT (see the module
     /// documentation).
@@ -533,5 +551,27 @@ mod tests {
         let empty = metrics(&[], 0);
         assert!(!SloSpec::parse("ttft_p99<=2s", None).unwrap().holds(&empty));
         assert!(!SloSpec::parse("ttft<=2s", Some(0.5)).unwrap().holds(&empty));
+    }
+
+    /// Issue 41: `tpot<=100s` (meant 100 ms) parsed silently; implausible bounds now warn.
+    #[test]
+    fn implausible_bounds_warn() {
+        let s = SloSpec::parse("ttft<=2s,tpot<=100s", Some(0.9)).unwrap();
+        let w = s.warnings();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].starts_with("--slo tpot: ") && w[0].contains("implausibly long"),
+            "{w:?}"
+        );
+        let s = SloSpec::parse("ttft_p99<=2000s,itl_p99<=50ms,e2el<=3000s", None).unwrap();
+        let w = s.warnings();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].starts_with("--slo ttft_p99: "), "{w:?}");
+        assert!(
+            SloSpec::parse("ttft_p99<=2s,tpot_p99<=100ms", None)
+                .unwrap()
+                .warnings()
+                .is_empty()
+        );
     }
 }

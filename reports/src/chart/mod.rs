@@ -174,6 +174,22 @@ impl Figure {
     /// names do not fit under the bars).
     fn legend_items(&self) -> Vec<(String, RGBColor)> {
         if !self.legend.is_empty() {
+            // A figure's own legend that names, in order, the categories of a bars panel whose
+            // ticks are numbered carries the same numbers (issue 41: the capacity chart's bars
+            // read 1, 2, 3 and its legend said which policy none of them was).
+            let numbered_bars = self.panels.iter().any(|p| {
+                matches!(p, Panel::Bars(b) if b.color_by_category
+                    && !names_fit(&b.categories, self.panel_width())
+                    && b.categories.iter().eq(self.legend.iter().map(|(n, _)| n)))
+            });
+            if numbered_bars {
+                return self
+                    .legend
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (n, c))| (format!("{} {n}", i + 1), *c))
+                    .collect();
+            }
             return self.legend.clone();
         }
         let Some(Panel::Bars(p)) = self.panels.first() else {
@@ -412,6 +428,37 @@ mod tests {
         }
         // The legend takes room under the title, wrapped to the figure's width.
         assert!(fig.size().1 > short.size().1);
+    }
+
+    /// Issue 41: a figure's own legend (the capacity chart's: a curve panel and a bars panel)
+    /// is numbered like the bars' ticks when their names do not fit; unnumbered when they do.
+    #[test]
+    fn a_figures_own_legend_is_numbered_like_the_bars_it_names() {
+        let long = [
+            "seed-v1",
+            "at-load/sed/capacity/weighted:24",
+            "oracle/sed/capacity/weighted:24",
+            "seed-next",
+            "sticky-until-saturated",
+        ];
+        for (names, numbered) in [(&long[..], true), (&["p2c", "jsq"][..], false)] {
+            let mut fig = bars_of(names);
+            fig.legend = names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (n.to_string(), color(i)))
+                .collect();
+            let items = fig.legend_items();
+            for (k, (name, c)) in items.iter().enumerate() {
+                let want = if numbered {
+                    format!("{} {}", k + 1, names[k])
+                } else {
+                    names[k].to_string()
+                };
+                assert_eq!(name, &want);
+                assert_eq!(*c, color(k));
+            }
+        }
     }
 
     fn fig_categories(fig: &Figure) -> Vec<String> {

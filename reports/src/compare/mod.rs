@@ -140,6 +140,9 @@ pub struct ScenarioComparison {
     pub seed_meaning: (String, String),
     /// The out-of-sample check (`--holdout`), when one ran.
     pub out_of_sample: Option<OutOfSample>,
+    /// The SLO the runs' attainment column counts against (the scenario's `slo`), when the
+    /// host says (issue 41: the console never said which).
+    pub slo: Option<routelab_sim::Slo>,
 }
 
 impl ScenarioComparison {
@@ -158,6 +161,7 @@ impl ScenarioComparison {
             auto_seeds: None,
             seed_meaning: (String::new(), String::new()),
             out_of_sample: None,
+            slo: None,
         }
     }
 
@@ -1099,5 +1103,25 @@ pub(crate) mod tests {
         let table = compare_table(&[comparison()]);
         assert!(table.contains("fast"));
         assert!(table.contains("1.10 ± 0.25*"), "{table}");
+    }
+
+    /// Issue 41: the console says which SLO the attainment column counts against.
+    #[test]
+    fn the_console_names_the_slo_of_its_attainment_column() {
+        let mut c = comparison();
+        assert!(!compare_table(std::slice::from_ref(&c)).contains("SLO column"));
+        c.slo = Some(routelab_sim::Slo {
+            ttft_s: 30.0,
+            tpot_s: 0.1,
+            e2e_s: None,
+        });
+        let t = compare_table(&[c]);
+        assert!(
+            t.contains(
+                "SLO column: the share of requests that meet TTFT ≤ 30 s and TPOT ≤ 0.1 s per \
+                 request (the scenario's `slo`)."
+            ),
+            "{t}"
+        );
     }
 }

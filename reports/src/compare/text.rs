@@ -38,6 +38,12 @@ pub fn compare_table(scenarios: &[ScenarioComparison]) -> String {
         if !sc.seed_meaning.0.is_empty() {
             let _ = writeln!(out, "{}", sc.seed_meaning.0);
         }
+        if let Some(slo) = &sc.slo {
+            let _ = writeln!(
+                out,
+                "SLO column: the share of requests that meet {slo} (the scenario's `slo`)."
+            );
+        }
         if let Some(o) = &sc.out_of_sample {
             let _ = writeln!(out, "{}", o.sentence());
         }
@@ -189,7 +195,7 @@ pub fn findings_document(
          per-policy intervals of the report are not the test: they include the seed-to-seed noise both\n\
          policies share, so they often overlap when one policy is better on every seed.\n\n\
          ## Seeds\n\n\
-         What a seed is differs by scenario: a trace is resampled per seed (a circular block\n\
+         What a seed is differs by scenario: a trace is resampled per seed (a local block\n\
          bootstrap of whole sessions, so its intervals carry the traffic's variability) or replayed\n\
          as recorded (`resample: none`: its intervals carry only the engines' and routers' own\n\
          randomness); synthetic traffic is drawn anew from each seed.\n\n\

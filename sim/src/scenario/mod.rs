@@ -433,9 +433,11 @@ impl Scenario {
                     };
                     short.push(tag);
                     parts.push(format!(
-                        "traffic[{i}] ({name}{part}) is a new circular block-bootstrap resample \
-                         of the trace on each seed ({how}; a session's requests stay together), \
-                         so the intervals carry the traffic's variability"
+                        "traffic[{i}] ({name}{part}) is a new local block-bootstrap resample \
+                         of the trace on each seed ({how}, each drawn within {:.0} s of its own \
+                         time, so the rate's shape over the trace is kept; a session's requests \
+                         stay together), so the intervals carry the traffic's variability",
+                        loaded.window_ns(block_ns).unwrap_or(0) as f64 / 1e9
                     ));
                 }
             }

@@ -115,4 +115,47 @@ impl Scenario {
             w as f64 / 1e9
         )))
     }
+
+    /// Warnings about trace starts the scenario wrote itself: a trace whose explicit
+    /// `start_offset_s` falls inside the fleet's warm-up meets the registration probes with its
+    /// first requests, so a probing policy measures its weights under customer load, and every
+    /// policy is judged on seconds before any router could know the fleet (issue 41: such an
+    /// offset was used silently). Empty when no explicit start is inside the warm-up (the
+    /// warm-up run is made only when some trace writes a start).
+    ///
+    /// # Errors
+    /// [`Scenario::warmup_ns`]'s.
+    pub fn start_warnings(&self) -> Result<Vec<String>, WarmupError> {
+        let explicit: Vec<(usize, u64)> = self
+            .traffic
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| match t {
+                TrafficSpec::Trace { options, .. } if !options.start_after_warmup => {
+                    Some((i, options.start_offset))
+                }
+                _ => None,
+            })
+            .collect();
+        if explicit.is_empty() {
+            return Ok(Vec::new());
+        }
+        let w = self.warmup_ns()?;
+        Ok(explicit
+            .into_iter()
+            .filter(|&(_, offset)| offset < w)
+            .map(|(i, offset)| {
+                format!(
+                    "traffic[{i}]: start_offset_s {} is inside the fleet's warm-up ({:.1} s, \
+                     when {WARMUP_REFERENCE}'s registration probes have measured every \
+                     worker): its first requests meet the probes, so probing policies measure \
+                     their weights under this load; leave start_offset_s out to start after \
+                     the warm-up, or set it to at least {:.1}",
+                    offset as f64 / 1e9,
+                    w as f64 / 1e9,
+                    w as f64 / 1e9
+                )
+            })
+            .collect())
+    }
 }

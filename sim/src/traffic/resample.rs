@@ -4,20 +4,37 @@
 //! arrivals and lengths, so an interval across seeds measures only the policies' and engines'
 //! own randomness and says nothing about how a verdict would fare on the next hour of traffic.
 //! [`Resample::Block`] gives each seed a different sample of traffic drawn from the trace
-//! itself: a **circular block bootstrap** in continuous time.
+//! itself: a **local block bootstrap** in continuous time.
 //!
-//! **The scheme.** The trace's span is taken as a circle of circumference `C` (the span plus
-//! one mean gap between arrivals, so the last arrival is followed by the first as by any
-//! other). Each seed lays out a new timeline of the same length `C` from blocks of fixed length
-//! `L`: every block starts at a uniformly drawn point of the circle and copies the trace from
-//! there, so what happens within `L` (bursts, lulls, the mix of lengths at that time) is kept
-//! as recorded, while the order and multiplicity of blocks change from seed to seed. This is
-//! the moving block bootstrap of Künsch (1989, *Ann. Statist.* 17(3)) on a circle, as Politis
-//! and Romano proposed (1992, the circular block bootstrap, in *Exploring the Limits of
-//! Bootstrap*), so every instant of the trace is equally likely to be drawn (no edge effect).
-//! Blocks have a fixed length rather than the stationary bootstrap's geometric one (Politis and
-//! Romano 1994, *JASA* 89(428)): Lahiri (1999, *Ann. Statist.* 27(1)) shows fixed lengths give
-//! the smaller mean squared error for the same expected length.
+//! **The scheme.** The trace's span is taken as a timeline of length `C` (the span plus one
+//! mean gap between arrivals). Each seed lays out a new timeline of the same length from blocks
+//! of fixed length `L`: the block that fills `[t, t + L)` of the new timeline copies the trace
+//! from a start drawn uniformly within `±W` of `t` (clipped to the trace), so what happens
+//! within `L` (bursts, lulls, the mix of lengths at that time) is kept as recorded, and so is
+//! *when* it happens to within `W`, while the blocks themselves change from seed to seed. This
+//! is the local block bootstrap of Paparoditis and Politis (2002, *Comptes Rendus Math.*
+//! 335(11), "The local bootstrap for periodogram statistics" and "Local block bootstrap"),
+//! the block bootstrap for **locally stationary** series: a series whose level drifts slowly
+//! (a day's rate rising to its peak and falling) is near-stationary within a short window, so
+//! blocks may be exchanged within it but not across it.
+//!
+//! **Why not the circular bootstrap it replaced.** Until issue 41 each block started anywhere
+//! on the circle (Künsch 1989; Politis and Romano 1992). That is valid for a stationary trace
+//! only: on a two-hour diurnal log it laid the peak's blocks beside the night's, flattening
+//! the day into its mean rate, so the capacity at an SLO (which the peak decides) came out
+//! 49 % above the trace's as recorded, with an interval that excluded it. Making blocks long
+//! enough to span the rate's correlation time would keep the day's shape inside each block but
+//! leave a handful of blocks per seed, still shuffled (a seed could draw the peak twice and the
+//! night never): the shape would be kept in pieces and its position lost. Exchanging blocks only
+//! near their own time keeps the shape where it was, whatever the block length, and still
+//! resamples the traffic within it; on a stationary trace it is as valid as the circular
+//! bootstrap, with a little less variety between seeds.
+//!
+//! **The window** `W` is [`LOCAL_HALF_WIDTH`] of the timeline on each side (at least one block):
+//! on a trace spanning one daily cycle, moving a block by 5 % of the cycle changes the
+//! sinusoidal rate at its place by at most `1 − cos(2π·0.05)`, 5 % of the day's swing; on
+//! a two-hour log, blocks move by up to 6 minutes. The theory asks for a window that is small
+//! against the span and long against a block (`L/W → 0`), which the block length's cap keeps.
 //!
 //! **What a block holds: whole episodes.** Requests of one conversation are not independent:
 //! a later turn resends the earlier ones, which is what prefix caching lives on. So the unit a
@@ -29,7 +46,7 @@
 //! episode), or else a single request. An episode belongs to the block its first request falls
 //! in and is copied whole, its later requests at their recorded distances from the first; one
 //! that runs past the end of the new timeline wraps round to its start (time is a circle, as
-//! in the bootstrap), so every seed carries the trace's request count in expectation.
+//! in the bootstrap), so every seed carries about the trace's request count.
 //!
 //! **Repeated episodes are new ones.** A block drawn twice would replay the same conversation
 //! twice, and its second copy would find its prompts already cached: a reuse the trace never
@@ -41,8 +58,8 @@
 //! circular block bootstrap (Politis and White 2004, *Econometric Reviews* 23(1), with the
 //! correction of Patton, Politis and White 2009, 28(4)) applied to the trace's work per second
 //! (prompt plus output tokens in each second), then kept within [`MIN_BLOCK_NS`] (a block
-//! spans the service of many requests) and a third of the circle (every seed mixes at least
-//! three blocks).
+//! spans the service of many requests) and the window `W` (a block is exchanged with others
+//! near it, so it must be shorter than the window it moves in).
 //!
 //! A **part of a trace by time** ([`TimeWindow`]) keeps the rows whose arrival falls in a
 //! fraction of the trace's span: how `capacity` and `compare` hold out the end of a trace to
@@ -65,7 +82,7 @@ use super::{Arrival, Skipped, TrafficError, TrafficSource};
 pub enum Resample {
     /// Every seed replays the trace exactly as recorded (`resample: none`).
     Exact,
-    /// Each seed replays its own circular block-bootstrap resample of the trace (see the
+    /// Each seed replays its own local block-bootstrap resample of the trace (see the
     /// module documentation); `block_ns` is the block length, `None` to choose it from the
     /// trace.
     Block {
@@ -82,6 +99,10 @@ impl Resample {
 
 /// The shortest block the automatic choice gives, ns (10 s: many LLM requests' service).
 pub const MIN_BLOCK_NS: u64 = 10_000_000_000;
+
+/// How far a block may move, as a fraction of the timeline on each side: the local block
+/// bootstrap's window (the module documentation says why 5 %).
+pub const LOCAL_HALF_WIDTH: f64 = 0.05;
 
 /// A part of a trace by time: the rows whose arrival, as a fraction of the trace's span from
 /// its first row, is in `[from, to)` (`to = 1` includes the last row).
@@ -230,7 +251,7 @@ impl LoadedTrace {
     #[must_use]
     pub fn block_length(&self, block_ns: Option<u64>) -> Option<u64> {
         let c = self.circumference()?;
-        let most = (c / 3).max(1);
+        let most = local_window(c, 1).max(1);
         Some(match block_ns {
             Some(b) => b.clamp(1, c),
             None => {
@@ -239,6 +260,15 @@ impl LoadedTrace {
                 chosen.max(MIN_BLOCK_NS).min(most)
             }
         })
+    }
+
+    /// How far (ns, each side) a block of a resample with `block_ns` may move from its own
+    /// time: [`LOCAL_HALF_WIDTH`] of the timeline, and at least one block; `None` when the
+    /// trace cannot be resampled.
+    #[must_use]
+    pub fn window_ns(&self, block_ns: Option<u64>) -> Option<u64> {
+        let c = self.circumference()?;
+        Some(local_window(c, self.block_length(block_ns)?))
     }
 
     /// The trace as recorded, at `options`' pace and offset.
@@ -260,7 +290,7 @@ impl LoadedTrace {
         }
     }
 
-    /// A circular block-bootstrap resample (the module documentation) drawn from `seed`, with
+    /// A local block-bootstrap resample (the module documentation) drawn from `seed`, with
     /// blocks of `block_ns` (`None`: chosen from the trace), at `options`' pace and offset. A
     /// trace that cannot be resampled (fewer than two rows, or all at one instant) is replayed
     /// as recorded, and its warnings say so.
@@ -271,8 +301,11 @@ impl LoadedTrace {
         seed: u64,
         options: &ReplayOptions,
     ) -> Replayed {
-        let (Some(circle), Some(block)) = (self.circumference(), self.block_length(block_ns))
-        else {
+        let (Some(circle), Some(block), Some(window)) = (
+            self.circumference(),
+            self.block_length(block_ns),
+            self.window_ns(block_ns),
+        ) else {
             self.warnings.push(format!(
                 "{}: {} row(s) at one instant cannot be resampled; every seed replays them as \
                  recorded",
@@ -293,16 +326,20 @@ impl LoadedTrace {
         let mut out: Vec<(u64, Arrival)> = Vec::with_capacity(self.rows.len());
         let (mut placed, mut draw) = (0u64, 0u64);
         while placed < circle {
-            let start = rng.random_range(0..circle);
             let len = block.min(circle - placed);
+            // A start within the window of the block's own place, the block inside the trace
+            // (`placed + len <= circle`, so the range always holds `placed`).
+            let lo = placed.saturating_sub(window);
+            let hi = (placed + window).min(circle - len);
+            let start = rng.random_range(lo..=hi);
             draw += 1;
-            // Episodes whose first request falls in [start, start + len) on the circle.
+            // Episodes whose first request falls in [start, start + len).
             let end = start + len;
-            let mut take = |lo: u64, hi: u64, shift: u64| {
-                let from = anchors.partition_point(|&a| a < lo);
-                let to = anchors.partition_point(|&a| a < hi);
+            {
+                let from = anchors.partition_point(|&a| a < start);
+                let to = anchors.partition_point(|&a| a < end);
                 for e in from..to {
-                    let offset = anchors[e] + shift - start;
+                    let offset = anchors[e] - start;
                     let salt = if std::mem::replace(&mut used[e], true) {
                         Some(splitmix64(draw ^ 0x5245_5341_4D50_4C45))
                     } else {
@@ -326,10 +363,6 @@ impl LoadedTrace {
                         out.push((t, a));
                     }
                 }
-            };
-            take(start, end.min(circle), 0);
-            if end > circle {
-                take(0, end - circle, circle);
             }
             placed += len;
         }
@@ -493,6 +526,12 @@ fn block_owners(rows: &[Row], episodes: &[Vec<usize>]) -> HashMap<u64, u32> {
     owners
 }
 
+/// The local bootstrap's window on a timeline of `circle` ns: [`LOCAL_HALF_WIDTH`] of it, at
+/// least `block`.
+fn local_window(circle: u64, block: u64) -> u64 {
+    ((circle as f64 * LOCAL_HALF_WIDTH) as u64).max(block)
+}
+
 /// Prompt plus output tokens arriving in each second of `[0, circle)`.
 fn work_per_second(rows: &[Row], circle: u64) -> Vec<f64> {
     let bins = usize::try_from(circle.div_ceil(1_000_000_000)).unwrap_or(usize::MAX);
@@ -653,5 +692,84 @@ mod tests {
         assert!(b_ar > 5.0 * b_noise && b_ar < 200.0, "{b_ar} vs {b_noise}");
         assert_eq!(politis_white_block(&[1.0; 100]), None);
         assert_eq!(politis_white_block(&[1.0, 2.0]), None);
+    }
+
+    /// A trace whose rate rises over its first half and falls over its second (a day in two
+    /// hours), one request a row; `n` rows in all.
+    fn diurnal_rows(n: usize) -> LoadedTrace {
+        // Arrival times by inverting the cumulative rate 1 - cos(2πt/T) (rate 0 at the ends,
+        // highest at T/2), found by bisection per row.
+        let span = 7200.0;
+        let cum =
+            |t: f64| t - span / std::f64::consts::TAU * (std::f64::consts::TAU * t / span).sin();
+        let rows = (0..n)
+            .map(|i| {
+                let target = cum(span) * (i as f64 + 0.5) / n as f64;
+                let (mut lo, mut hi) = (0.0, span);
+                for _ in 0..60 {
+                    let mid = 0.5 * (lo + hi);
+                    if cum(mid) < target {
+                        lo = mid
+                    } else {
+                        hi = mid
+                    }
+                }
+                row(lo, &[], None)
+            })
+            .collect();
+        LoadedTrace {
+            rows,
+            skipped: Skipped::default(),
+            warnings: Vec::new(),
+            name: "d".into(),
+        }
+    }
+
+    fn per_tenth(arrivals: &[Arrival], span_ns: u64) -> [usize; 10] {
+        let mut out = [0; 10];
+        for a in arrivals {
+            out[((a.at * 10 / span_ns.max(1)) as usize).min(9)] += 1;
+        }
+        out
+    }
+
+    /// Issue 41: the resample keeps the trace's rate profile (each tenth of the span carries
+    /// about its recorded share of the requests), where the circular bootstrap it replaced
+    /// spread the peak evenly; and it still differs from seed to seed.
+    #[test]
+    fn the_local_resample_keeps_the_rate_profile_and_varies_by_seed() {
+        let trace = diurnal_rows(6000);
+        let span = trace.span_ns();
+        let recorded: Vec<Arrival> = trace.rows.iter().map(|r| r.arrival.clone()).collect();
+        let want = per_tenth(&recorded, span);
+        let options = ReplayOptions::default();
+        let draw = |seed| {
+            let mut r = trace.clone().resample(Some(30_000_000_000), seed, &options);
+            let mut v = Vec::new();
+            while let Some(a) = r.next_arrival().unwrap() {
+                v.push(a);
+            }
+            v
+        };
+        let (a, b) = (draw(1), draw(2));
+        assert_ne!(
+            a.iter().map(|x| x.at).collect::<Vec<_>>(),
+            b.iter().map(|x| x.at).collect::<Vec<_>>()
+        );
+        for got in [per_tenth(&a, span), per_tenth(&b, span)] {
+            for (k, (g, w)) in got.iter().zip(want).enumerate() {
+                // The peak tenths hold ~16 % of the rows, the edge tenths ~1 %: a flattened
+                // day (every tenth 10 %) fails at both ends.
+                let tolerance = (w as f64 * 0.12).max(40.0);
+                assert!(
+                    (*g as f64 - w as f64).abs() <= tolerance,
+                    "tenth {k}: {g} resampled vs {w} recorded ({got:?} vs {want:?})"
+                );
+            }
+        }
+        // The window: 5 % of the timeline, at least a block.
+        let c = trace.circumference().unwrap();
+        assert_eq!(trace.window_ns(Some(1)), Some((c as f64 * 0.05) as u64));
+        assert_eq!(trace.window_ns(Some(c / 2)), Some(c / 2));
     }
 }

@@ -99,3 +99,23 @@ fn sources_other_than_traces_keep_their_start() {
     }
     assert_eq!(n, 5);
 }
+
+/// Issue 41: an explicit `start_offset_s` inside the warm-up is used as written but warned
+/// about; one after it, or none written, is not.
+#[test]
+fn an_explicit_start_inside_the_warm_up_is_warned_about() {
+    let inside = scenario(", start_offset_s: 2");
+    let w = inside.start_warnings().unwrap();
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(
+        w[0].starts_with("traffic[0]: start_offset_s 2 is inside the fleet's warm-up (9.")
+            && w[0].contains("at least 9."),
+        "{w:?}"
+    );
+    assert_eq!(first(&inside).at, 2_000_000_000, "used as written");
+    assert_eq!(
+        scenario(", start_offset_s: 30").start_warnings(),
+        Ok(vec![])
+    );
+    assert_eq!(scenario("").start_warnings(), Ok(vec![]));
+}
