@@ -313,7 +313,7 @@ impl SourceAt<'_, '_> {
                 return Err(file
                     .at(
                         self.loc,
-                        at(*name),
+                        at(name),
                         format!("does not apply to the `{}` family", family.name()),
                     )
                     .valid(format!(

@@ -84,6 +84,9 @@ fn family(source: &str, seed: u64) -> Vec<Arrival> {
     drive(&mut Family::new(config(source), seed).unwrap())
 }
 
+/// What a turn asks: prompt and output tokens and prefix blocks.
+type Turn = (u32, u32, Vec<u64>);
+
 /// The requests of each session (tag), in order.
 fn sessions(v: &[Arrival]) -> HashMap<u64, Vec<&Arrival>> {
     let mut m: HashMap<u64, Vec<&Arrival>> = HashMap::new();
@@ -268,7 +271,7 @@ fn what_a_session_asks_does_not_depend_on_when_its_turns_are_answered() {
         slow.push(a);
     }
     let content = |v: &[Arrival]| {
-        let mut s: Vec<(u64, Vec<(u32, u32, Vec<u64>)>)> = sessions(v)
+        let mut s: Vec<(u64, Vec<Turn>)> = sessions(v)
             .into_iter()
             .map(|(tag, turns)| {
                 (
