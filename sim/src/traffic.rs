@@ -5,7 +5,7 @@
 //! and multi-turn sources hand back follow-up requests. Time is `u64` nanoseconds.
 //!
 //! Synthetic generators ([`Burst`], [`Poisson`], [`Diurnal`], [`OnOff`], [`ClosedLoop`],
-//! [`Conversations`], [`LongPromptMix`]) are built from a plain config struct and a `u64` seed
+//! [`Conversations`], [`LongPromptMix`], [`Family`]) are built from a plain config struct and a `u64` seed
 //! and own a [`SourceRng`]: the same config and seed always give the same stream. [`Merge`]
 //! layers sources. [`TraceReplay`] streams Azure 2023 CSV and Mooncake JSONL traces line by
 //! line and replays any JSONL / CSV request log through a [`TraceMapping`] (custom, or the
@@ -17,6 +17,7 @@ mod closed_loop;
 mod conversations;
 mod dist;
 mod error;
+pub mod family;
 mod hash;
 mod mapping;
 mod merge;
@@ -29,6 +30,10 @@ pub use closed_loop::{ClosedLoop, ClosedLoopConfig};
 pub use conversations::{Conversations, ConversationsConfig};
 pub use dist::{DurationDist, LengthDist, SourceRng, Until};
 pub use error::TrafficError;
+pub use family::{
+    AGENT_BURST_WINDOW_NS, BATCH_RELEASE_NS, DAY_SWING, FAMILY_PARAMS, Family, FamilyConfig,
+    FamilyKind, FamilyParam, MAX_SHARED_PROMPTS, family_param,
+};
 pub use hash::{BLOCK_TOKENS, CHAIN_ROOT, blocks_for_tokens, chain_block_hash};
 pub use mapping::{
     ArrivalError, ArrivalUnit, EPOCH_DOUBT_BEFORE_S, FieldPath, MappingError, OFFSET_MS_DOUBT_RATE,

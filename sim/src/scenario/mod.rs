@@ -35,9 +35,9 @@ use crate::traffic::catalog::{self, LoadScale, TrafficKind};
 use crate::event_loop::SimSetup;
 use crate::traffic::{
     Burst, BurstConfig, ClosedLoop, ClosedLoopConfig, Conversations, ConversationsConfig, Diurnal,
-    DiurnalConfig, LongPromptMix, LongPromptMixConfig, Merge, OnOff, OnOffConfig, Poisson,
-    PoissonConfig, ReplayOptions, Resample, TimeWindow, TraceFormat, TraceStats, TrafficError,
-    TrafficSource, open_trace,
+    DiurnalConfig, Family, FamilyConfig, LongPromptMix, LongPromptMixConfig, Merge, OnOff,
+    OnOffConfig, Poisson, PoissonConfig, ReplayOptions, Resample, TimeWindow, TraceFormat,
+    TraceStats, TrafficError, TrafficSource, open_trace,
 };
 use reader::ScenarioReader;
 use routelab_policies::PolicyConfig;
@@ -66,6 +66,8 @@ pub enum TrafficSpec {
     Conversations(ConversationsConfig),
     /// Long-prompt mix.
     LongPromptMix(LongPromptMixConfig),
+    /// A traffic family.
+    Family(FamilyConfig),
     /// Trace replay.
     Trace {
         /// Resolved path.
@@ -88,6 +90,7 @@ impl TrafficSpec {
             TrafficSpec::ClosedLoop(_) => "closed_loop",
             TrafficSpec::Conversations(_) => "conversations",
             TrafficSpec::LongPromptMix(_) => "long_prompt_mix",
+            TrafficSpec::Family(_) => "family",
             TrafficSpec::Trace { .. } => "trace",
         };
         catalog::find(name).expect("every traffic kind is in the catalog")
@@ -109,6 +112,7 @@ impl TrafficSpec {
             TrafficSpec::ClosedLoop(c) => boxed(ClosedLoop::new(c, seed)),
             TrafficSpec::Conversations(c) => boxed(Conversations::new(c, seed)),
             TrafficSpec::LongPromptMix(c) => boxed(LongPromptMix::new(c, seed)),
+            TrafficSpec::Family(c) => boxed(Family::new(c, seed)),
             TrafficSpec::Trace { .. } => return None,
         })
     }
@@ -194,6 +198,8 @@ impl Scenario {
     /// - `poisson`, `long_prompt_mix`: `rate_per_s` × scale;
     /// - `diurnal`: `min_rate_per_s` and `max_rate_per_s` × scale (period and phase unchanged);
     /// - `conversations`: the conversation start rate × scale (turns, think times unchanged);
+    /// - `family`: `rate_per_s` × scale (sessions, requests and batch jobs start more often;
+    ///   what each is, and the day's length, unchanged);
     /// - `on_off`: the burst window and the idle gaps ÷ scale (burst sizes unchanged);
     /// - `burst` with `repeats` > 1: the period ÷ scale (sizes unchanged); a single burst is an
     ///   event, not a rate, and stays as it is;
@@ -228,6 +234,7 @@ impl Scenario {
                 TrafficSpec::LongPromptMix(c) => {
                     (TrafficSpec::LongPromptMix(c.with_load_scale(scale)), true)
                 }
+                TrafficSpec::Family(c) => (TrafficSpec::Family(c.with_load_scale(scale)), true),
                 TrafficSpec::Trace {
                     path,
                     format,

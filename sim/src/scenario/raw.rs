@@ -272,6 +272,41 @@ pub enum RawTraffic {
         /// Output tokens.
         output: LengthDist,
     },
+    /// A family of realistic traffic (`docs/scenarios.md`, Traffic families).
+    Family {
+        /// `chat`, `code`, `rag`, `agentic` or `batch-day`.
+        kind: String,
+        /// Start, s.
+        start_s: Option<f64>,
+        /// New sessions or requests per second.
+        rate_per_s: f64,
+        /// How long new sessions and requests start, s.
+        duration_s: f64,
+        /// Each request's new tokens (default: the family's).
+        prompt: Option<LengthDist>,
+        /// Output tokens (default: the family's).
+        output: Option<LengthDist>,
+        /// Turns per session (chat, agentic).
+        turns: Option<LengthDist>,
+        /// Between a turn's completion and the next turn, s (chat, agentic).
+        think_s: Option<RawSeconds>,
+        /// A session ends before a turn whose prompt would exceed this (chat, agentic).
+        max_prompt_tokens: Option<u32>,
+        /// How many shared prefixes requests draw from (chat, rag, agentic).
+        shared_prompts: Option<u32>,
+        /// A shared prefix's length (chat, rag, agentic; batch-day: a job's instructions).
+        shared_prompt_tokens: Option<LengthDist>,
+        /// Zipf exponent of the shared prefixes' popularity (chat, rag, agentic).
+        zipf_s: Option<f64>,
+        /// Coefficient of variation of the gaps between requests (code).
+        cv: Option<f64>,
+        /// Agent sessions launched together (agentic).
+        burst_size: Option<LengthDist>,
+        /// Share of requests from batch jobs (batch-day).
+        batch_fraction: Option<f64>,
+        /// Requests per batch job (batch-day).
+        batch_size: Option<LengthDist>,
+    },
     /// Replay of a trace file.
     Trace {
         /// Path, relative to the scenario file.
@@ -312,6 +347,7 @@ impl RawTraffic {
             RawTraffic::ClosedLoop { .. } => "closed_loop",
             RawTraffic::Conversations { .. } => "conversations",
             RawTraffic::LongPromptMix { .. } => "long_prompt_mix",
+            RawTraffic::Family { .. } => "family",
             RawTraffic::Trace { .. } => "trace",
         };
         catalog::find(name).expect("every traffic kind is in the catalog")

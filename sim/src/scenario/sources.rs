@@ -6,10 +6,13 @@ use super::{RawSeconds, RawTraffic, ScenarioError, TrafficSpec};
 use crate::event_loop::WorkerSetup;
 use crate::footprint::SourceLoad;
 use crate::traffic::{
-    BurstConfig, ClosedLoopConfig, ConversationsConfig, DiurnalConfig, DurationDist,
-    LongPromptMixConfig, OnOffConfig, PoissonConfig, Until, catalog,
+    BurstConfig, ClosedLoopConfig, ConversationsConfig, DiurnalConfig, DurationDist, FamilyKind,
+    LongPromptMixConfig, OnOffConfig, PoissonConfig, TrafficError, Until, catalog, family_param,
 };
-use routelab_policies::streams::{NANOS_PER_SEC, TRAFFIC_STREAM, derive_seed, nanos_to_secs};
+use routelab_policies::located::rule;
+use routelab_policies::streams::{
+    NANOS_PER_SEC, TRAFFIC_STREAM, derive_seed, nanos_to_secs, secs_to_nanos,
+};
 use serde_saphyr::{Location, Spanned};
 
 impl<'p> ScenarioReader<'p> {
@@ -78,6 +81,7 @@ impl<'p> ScenarioReader<'p> {
             raw @ (RawTraffic::ClosedLoop { .. } | RawTraffic::Conversations { .. }) => {
                 self.source_at(loc, &field).user_driven(raw)?
             }
+            raw @ RawTraffic::Family { .. } => self.source_at(loc, &field).family(raw)?,
             raw => self.source_at(loc, &field).open_loop(raw)?,
         };
         if let Some(Err(e)) = spec.generator(derive_seed(0, TRAFFIC_STREAM)) {
@@ -200,6 +204,7 @@ impl SourceAt<'_, '_> {
             }),
             RawTraffic::ClosedLoop { .. }
             | RawTraffic::Conversations { .. }
+            | RawTraffic::Family { .. }
             | RawTraffic::Trace { .. } => {
                 unreachable!("ScenarioReader::traffic sends open-loop kinds only")
             }
@@ -252,6 +257,93 @@ impl SourceAt<'_, '_> {
             }),
             _ => unreachable!("ScenarioReader::traffic sends closed loops and conversations only"),
         })
+    }
+
+    /// A family of traffic: the family's figures ([`FamilyKind::defaults`]), each parameter
+    /// written replacing its figure; a parameter written for a family it does not apply to is
+    /// refused, naming the families it applies to.
+    fn family(&self, raw: &RawTraffic) -> Result<TrafficSpec, ScenarioError> {
+        let RawTraffic::Family {
+            kind,
+            start_s,
+            rate_per_s,
+            duration_s,
+            prompt,
+            output,
+            turns,
+            think_s,
+            max_prompt_tokens,
+            shared_prompts,
+            shared_prompt_tokens,
+            zipf_s,
+            cv,
+            burst_size,
+            batch_fraction,
+            batch_size,
+        } = raw
+        else {
+            unreachable!("ScenarioReader::traffic sends families only")
+        };
+        let file = &self.reader.file;
+        let at = |name: &str| format!("{}.{name}", self.field);
+        let family = FamilyKind::from_name(kind).ok_or_else(|| {
+            file.at(self.loc, at("kind"), format!("unknown family `{kind}`"))
+                .valid(FamilyKind::names())
+        })?;
+        let rate_per_s = file.check(self.loc, &at("rate_per_s"), rule::positive(*rate_per_s))?;
+        let duration = file
+            .check(self.loc, &at("duration_s"), rule::period(*duration_s))
+            .map(|_| secs_to_nanos(*duration_s))?;
+        let mut cfg = family.defaults(self.secs("start_s", *start_s)?, rate_per_s, duration);
+        let written = [
+            ("turns", turns.is_some()),
+            ("think_s", think_s.is_some()),
+            ("max_prompt_tokens", max_prompt_tokens.is_some()),
+            ("shared_prompts", shared_prompts.is_some()),
+            ("shared_prompt_tokens", shared_prompt_tokens.is_some()),
+            ("zipf_s", zipf_s.is_some()),
+            ("cv", cv.is_some()),
+            ("burst_size", burst_size.is_some()),
+            ("batch_fraction", batch_fraction.is_some()),
+            ("batch_size", batch_size.is_some()),
+        ];
+        for (name, _) in written.iter().filter(|(_, w)| *w) {
+            let param = family_param(name).expect("every per-family parameter is listed");
+            if !param.applies(family) {
+                return Err(file
+                    .at(
+                        self.loc,
+                        at(name),
+                        format!("does not apply to the `{}` family", family.name()),
+                    )
+                    .valid(format!(
+                        "`{name}` for {} only; leave it out for `{}`",
+                        param.families(),
+                        family.name()
+                    )));
+            }
+        }
+        cfg.prompt = prompt.unwrap_or(cfg.prompt);
+        cfg.output = output.unwrap_or(cfg.output);
+        cfg.turns = turns.unwrap_or(cfg.turns);
+        if let Some(t) = think_s {
+            cfg.think = self.seconds_dist("think_s", *t)?;
+        }
+        cfg.max_prompt_tokens = max_prompt_tokens.or(cfg.max_prompt_tokens);
+        cfg.shared_prompts = shared_prompts.unwrap_or(cfg.shared_prompts);
+        cfg.shared_prompt_tokens = shared_prompt_tokens.unwrap_or(cfg.shared_prompt_tokens);
+        cfg.zipf_s = zipf_s.unwrap_or(cfg.zipf_s);
+        cfg.cv = cv.unwrap_or(cfg.cv);
+        cfg.burst_size = burst_size.unwrap_or(cfg.burst_size);
+        cfg.batch_fraction = batch_fraction.unwrap_or(cfg.batch_fraction);
+        cfg.batch_size = batch_size.unwrap_or(cfg.batch_size);
+        cfg.validate().map_err(|e| match e {
+            TrafficError::InvalidConfig { field, problem, .. } => {
+                file.at(self.loc, at(field), problem)
+            }
+            other => file.at(self.loc, self.field, other.to_string()),
+        })?;
+        Ok(TrafficSpec::Family(cfg))
     }
 
     /// When a source ends: after `duration_s`, after `count` requests, whichever is first.
@@ -325,6 +417,14 @@ fn source_load(t: &TrafficSpec) -> Option<SourceLoad> {
             span_s: c.conversations as f64 / c.rate_per_s.max(f64::MIN_POSITIVE),
             output_mean: c.output.mean(),
         },
+        TrafficSpec::Family(c) => {
+            let span_s = nanos_to_secs(c.duration);
+            SourceLoad {
+                requests: c.rate_per_s * span_s * c.requests_per_start(),
+                span_s,
+                output_mean: c.output.mean(),
+            }
+        }
         TrafficSpec::ClosedLoop(_) | TrafficSpec::Trace { .. } => return None,
     })
 }

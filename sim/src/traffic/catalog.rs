@@ -101,7 +101,7 @@ const COUNT: Param = means(
 const ENDS: &str = "`duration_s` or `count` (at least one); sizes, lengths and gaps valid";
 
 /// Every traffic kind, in the order `traffic:` errors list them.
-pub const KINDS: [TrafficKind; 8] = [
+pub const KINDS: [TrafficKind; 9] = [
     TrafficKind {
         name: "burst",
         summary: "`size` requests at one instant, optionally repeated every `period_s`",
@@ -238,6 +238,47 @@ pub const KINDS: [TrafficKind; 8] = [
         load_scale: LoadScale::Scales("rate_per_s × scale"),
         example: "{ rate_per_s: 2, count: 10, long_fraction: 0.1, long_prompt: { fixed: 8000 }, \
                   short_prompt: { fixed: 100 }, output: { fixed: 10 } }",
+    },
+    TrafficKind {
+        name: "family",
+        summary: "one of five families of realistic traffic (`kind`: chat, code, rag, agentic, \
+                  batch-day), with its own sessions, shared prefixes and arrivals; [Traffic \
+                  families](#traffic-families) gives each family's figures and sources",
+        params: &[
+            required("kind"),
+            START,
+            required("rate_per_s"),
+            required("duration_s"),
+            means("prompt", "the family's"),
+            means("output", "the family's"),
+            means("turns", "the family's (chat, agentic only)"),
+            means("think_s", "the family's (chat, agentic only)"),
+            means(
+                "max_prompt_tokens",
+                "no limit (chat, agentic only: a session ends before a turn that would exceed \
+                 it)",
+            ),
+            means("shared_prompts", "the family's (chat, rag, agentic only)"),
+            means(
+                "shared_prompt_tokens",
+                "the family's (chat, rag, agentic, batch-day only)",
+            ),
+            means("zipf_s", "the family's (chat, rag, agentic only)"),
+            means("cv", "the family's (code only)"),
+            means("burst_size", "the family's (agentic only)"),
+            means("batch_fraction", "the family's (batch-day only)"),
+            means("batch_size", "the family's (batch-day only)"),
+        ],
+        rules: "`kind` one of chat, code, rag, agentic, batch-day; rate_per_s > 0; duration_s > \
+                0; a per-family parameter only for the families it names; lengths valid; turns, \
+                burst_size and batch_size >= 1; shared_prompts 1 to 1,000,000; zipf_s >= 0; 0 < \
+                cv <= 100; batch_fraction in [0, 1]; max_prompt_tokens >= 1",
+        load_scale: LoadScale::Scales(
+            "rate_per_s × scale: sessions (chat, agentic), requests (code, rag) and the online \
+             day and its batch jobs (batch-day) start that much more often; what each session \
+             and request is, burst and job sizes and the day's length unchanged",
+        ),
+        example: "{ kind: chat, rate_per_s: 1, duration_s: 10 }",
     },
     TrafficKind {
         name: "trace",
