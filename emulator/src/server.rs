@@ -488,7 +488,8 @@ async fn tokenize(State(app): State<Arc<App>>, body: Bytes) -> Response {
 /// The render answer for one prompt: its token ids and the model, under the names vLLM's
 /// render endpoints use (`token_ids`, `model`, `request_id`).
 fn rendered(app: &App, body: &[u8]) -> Result<serde_json::Value, Response> {
-    let ids = openai::prompt_ids(body, &app.model, app.tokenizer.as_deref()).map_err(bad_request)?;
+    let ids =
+        openai::prompt_ids(body, &app.model, app.tokenizer.as_deref()).map_err(bad_request)?;
     let n = app.ids.fetch_add(1, Relaxed);
     Ok(json!({"request_id": format!("render-emu{n}"), "model": app.model, "token_ids": ids}))
 }

@@ -8,6 +8,7 @@ mod common;
 mod compare_paired;
 mod console_tables;
 mod deploy;
+mod h2h_cmd;
 mod profile_cmd;
 mod readme;
 mod replicas_cmd;
