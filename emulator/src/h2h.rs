@@ -411,7 +411,7 @@ async fn free_port(label: &str) -> Result<u16, H2hError> {
 
 /// The field router's command line: loopback for the router and its metrics, the fleet's
 /// workers, the policy; everything else at the project's default. `kv_aware` is given each
-/// worker's KV event stream (and its replay endpoint).
+/// worker's KV event stream (and its replay endpoint) and the model's name.
 fn field_args(
     router: &RouterSpec,
     fleet: &EmulatedFleet,
@@ -436,6 +436,11 @@ fn field_args(
     if let Some(p) = &router.policy {
         a.push("--policy".into());
         a.push(p.clone());
+    }
+    // vllm-router 0.1.17 refuses static KV event sources without a model identity.
+    if let Some(w) = fleet.workers().iter().find(|w| w.kv_events.is_some()) {
+        a.push("--kv-event-model".into());
+        a.push(w.model.clone());
     }
     for w in fleet.workers() {
         if let Some(kv) = &w.kv_events {
