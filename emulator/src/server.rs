@@ -487,9 +487,8 @@ async fn tokenize(State(app): State<Arc<App>>, body: Bytes) -> Response {
 
 /// The render answer for one prompt: its token ids and the model, under the names vLLM's
 /// render endpoints use (`token_ids`, `model`, `request_id`).
-fn rendered(app: &App, body: &[u8]) -> Result<serde_json::Value, Response> {
-    let ids =
-        openai::prompt_ids(body, &app.model, app.tokenizer.as_deref()).map_err(bad_request)?;
+fn rendered(app: &App, body: &[u8]) -> Result<serde_json::Value, openai::Invalid> {
+    let ids = openai::prompt_ids(body, &app.model, app.tokenizer.as_deref())?;
     let n = app.ids.fetch_add(1, Relaxed);
     Ok(json!({"request_id": format!("render-emu{n}"), "model": app.model, "token_ids": ids}))
 }
@@ -500,7 +499,7 @@ fn rendered(app: &App, body: &[u8]) -> Result<serde_json::Value, Response> {
 async fn render_chat(State(app): State<Arc<App>>, body: Bytes) -> Response {
     match rendered(&app, &body) {
         Ok(v) => axum::Json(v).into_response(),
-        Err(r) => r,
+        Err(e) => bad_request(e),
     }
 }
 
@@ -508,7 +507,7 @@ async fn render_chat(State(app): State<Arc<App>>, body: Bytes) -> Response {
 async fn render_completion(State(app): State<Arc<App>>, body: Bytes) -> Response {
     match rendered(&app, &body) {
         Ok(v) => axum::Json(json!([v])).into_response(),
-        Err(r) => r,
+        Err(e) => bad_request(e),
     }
 }
 

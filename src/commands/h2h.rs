@@ -100,7 +100,7 @@ pub fn run(args: &H2hArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
     let routers: Vec<RouterSpec> = args
         .routers
         .iter()
-        .map(|r| RouterSpec::parse(r))
+        .map(|r| RouterSpec::parse(r).map_err(anyhow::Error::from))
         .collect::<Result<_, _>>()
         .context("--routers")?;
     let mut seen = std::collections::HashSet::new();
