@@ -40,6 +40,9 @@ enum Command {
     Emulate(commands::emulate::EmulateArgs),
     /// Play a scenario's traffic in real time against a running gateway; write summary.json.
     Realtime(commands::realtime::RealtimeArgs),
+    /// Head to head: ours and the field's real routers (SGLang's, vLLM's) one at a time in
+    /// front of the same emulated workers, the scenario's traffic at each load and seed.
+    H2h(commands::h2h::H2hArgs),
     /// A closed-loop benchmark sweep of an OpenAI-compatible endpoint (an engine, an emulator
     /// or the gateway): one `vllm bench serve`-style result file per concurrency, what
     /// `profile fit --from vllm-bench` reads.
@@ -104,6 +107,7 @@ fn main() -> ExitCode {
         ),
         Command::Emulate(args) => commands::emulate::run(&args, &mut std::io::stdout().lock()),
         Command::Realtime(args) => commands::realtime::run(&args, &mut std::io::stdout().lock()),
+        Command::H2h(args) => commands::h2h::run(&args, &mut std::io::stdout().lock()),
         Command::Bench(args) => commands::bench::run(&args, &mut std::io::stdout().lock()),
         Command::Check(args) => commands::check::run(
             &args,

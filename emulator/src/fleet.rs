@@ -66,6 +66,7 @@ pub async fn start_fleet_with(
         opts.tokenizer = tokenizer.clone();
         opts.kv_events = options.kv_events;
         opts.metrics = options.metrics;
+        opts.worker_name = Some(w.spec.name.clone());
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let emu = serve(listener, opts).await?;
         let kv_events = emu.kv_endpoints().map(|(endpoint, replay)| KvEventsConfig {

@@ -5,7 +5,10 @@
 //! scenario's traffic against it and measures it as the simulator does.
 //!
 //! - [`serve`]: an OpenAI-compatible server (`POST /v1/chat/completions`, `POST
-//!   /v1/completions`, `GET /v1/models`, `GET /health`, and `GET /emulator/stats`) driven by one
+//!   /v1/completions`, `GET /v1/models`, `GET /health`, `GET /metrics`, `GET /emulator/stats`,
+//!   and what the field's routers read from a worker: SGLang's `GET /get_load`, vLLM's `POST
+//!   /tokenize` and `POST /v1/{chat/,}completions/render` with the engine's own token ids;
+//!   every answer names its worker in `x-routelab-worker`) driven by one
 //!   [`routelab_sim::FluidEngine`] in real time — `speedup` times faster than the wall clock
 //!   when asked, so a 300 s scenario plays in 30 s. First token at the model's first-token
 //!   time (the end of the prefill), then one token per decode step of the sequence's
@@ -40,6 +43,7 @@
 mod bench;
 mod driver;
 mod fleet;
+pub mod h2h;
 mod kv;
 mod openai;
 mod player;

@@ -122,6 +122,45 @@ pub(crate) fn parse(
     })
 }
 
+/// The prompt's token ids as this emulator's engine counts them, for vLLM's `POST /tokenize`
+/// and `POST /v1/{chat/,}completions/render`: a body with `messages` is read as a chat request,
+/// one with `prompt` as a completion; `model` may be left out (vLLM's tokenize request makes it
+/// optional) and is then `model`. The ids are the tokenizer's when the emulator has one, else
+/// the estimate's byte tokens ([`routelab_gateway::tokens::byte_tokens`]): the very ids its KV
+/// events announce, so a router that keys prefixes by them sees the engine's sharing.
+pub(crate) fn prompt_ids(
+    body: &[u8],
+    model: &str,
+    tokenizer: Option<&routelab_gateway::tokens::ModelTokenizer>,
+) -> Result<Vec<u32>, Invalid> {
+    use routelab_gateway::tokens::byte_tokens;
+    let mut v: Value = serde_json::from_slice(body)
+        .map_err(|e| invalid(format!("the body is not JSON: {e}"), None))?;
+    let Some(obj) = v.as_object_mut() else {
+        return Err(invalid("the request body must be a JSON object", None));
+    };
+    let endpoint = if obj.contains_key("messages") {
+        Endpoint::Chat
+    } else if obj.contains_key("prompt") {
+        Endpoint::Completions
+    } else {
+        return Err(invalid(
+            "give `prompt` (a string) or `messages` (a chat)",
+            Some("prompt"),
+        ));
+    };
+    obj.entry("model")
+        .or_insert_with(|| Value::String(model.to_string()));
+    let body = serde_json::to_vec(&v).map_err(|e| invalid(e.to_string(), None))?;
+    let p = prompt::parse(&body, endpoint).map_err(|b| invalid(b.message, b.param))?;
+    match tokenizer {
+        Some(t) => t
+            .ids(&body, endpoint, &p)
+            .map_err(|b| invalid(b.message, b.param)),
+        None => Ok(byte_tokens(p.prompt.as_bytes())),
+    }
+}
+
 /// Token texts, [`prompt::BYTES_PER_TOKEN`] bytes each (so a client's bytes-per-token estimate
 /// counts them right).
 const WORDS: [&str; 8] = [

@@ -33,7 +33,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
+pub(crate) type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 /// How to play.
 #[derive(Debug, Clone)]
@@ -268,7 +268,7 @@ pub async fn play_with(
 }
 
 /// The player's HTTP client: a connection kept per request in flight, no Nagle delay.
-fn http_client(max_in_flight: usize) -> HttpClient {
+pub(crate) fn http_client(max_in_flight: usize) -> HttpClient {
     Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(max_in_flight)
         .build({

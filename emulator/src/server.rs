@@ -5,12 +5,13 @@ use crate::openai::{self, Renderer, Usage};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use routelab_gateway::prompt::Endpoint;
+use routelab_gateway::proxy::WORKER_HEADER;
 use routelab_sim::hardware::HardwareError;
 use routelab_sim::{EngineOverrides, FluidEngine, HardwareProfile};
 use serde_json::json;
@@ -78,6 +79,10 @@ pub struct EmulatorOptions {
     pub kv_events: bool,
     /// Whose names `GET /metrics` uses.
     pub metrics: MetricsNames,
+    /// The name every answer carries in its `x-routelab-worker` header (`--name`), so the
+    /// worker that served a request is visible through any router in front; `None`: the
+    /// profile's name.
+    pub worker_name: Option<String>,
 }
 
 /// Whose metric names the emulator's `/metrics` serves.
@@ -110,6 +115,7 @@ impl EmulatorOptions {
             tokenizer: None,
             kv_events: false,
             metrics: MetricsNames::Vllm,
+            worker_name: None,
         }
     }
 
@@ -140,6 +146,13 @@ impl EmulatorOptions {
         }
         if self.tick.is_zero() {
             return Err(EmulatorError::Invalid("tick must be > 0".into()));
+        }
+        if let Some(name) = &self.worker_name
+            && (name.trim().is_empty() || HeaderValue::from_str(name).is_err())
+        {
+            return Err(EmulatorError::Invalid(format!(
+                "worker name {name:?}: must be non-empty visible ASCII (it is sent as the `{WORKER_HEADER}` header)"
+            )));
         }
         if self.default_max_tokens == 0 {
             return Err(EmulatorError::Invalid(
@@ -197,6 +210,17 @@ pub async fn serve(
         None
     };
     let kv_endpoints = kv.as_ref().map(crate::kv::KvStream::endpoints);
+    let worker = HeaderValue::from_str(
+        opts.worker_name
+            .as_deref()
+            .unwrap_or_else(|| opts.profile.name()),
+    )
+    .map_err(|_| {
+        EmulatorError::Invalid(format!(
+            "profile name {:?} cannot be sent as the `{WORKER_HEADER}` header; give a worker name",
+            opts.profile.name()
+        ))
+    })?;
     let thread = driver.spawn(opts.profile.name())?;
     let app = Arc::new(App {
         driver: driver.clone(),
@@ -220,7 +244,19 @@ pub async fn serve(
         .route("/health", get(|| async { "" }))
         .route("/emulator/stats", get(stats))
         .route("/metrics", get(metrics))
-        .with_state(app);
+        .route("/get_load", get(get_load))
+        .route("/tokenize", post(tokenize))
+        .route("/v1/chat/completions/render", post(render_chat))
+        .route("/v1/completions/render", post(render_completion))
+        .with_state(app)
+        // Every answer, errors and streams included, names the worker that gave it.
+        .layer(axum::middleware::map_response(move |mut r: Response| {
+            let worker = worker.clone();
+            async move {
+                r.headers_mut().insert(WORKER_HEADER, worker);
+                r
+            }
+        }));
     let (tx, mut rx) = oneshot::channel::<()>();
     let server = tokio::spawn(async move {
         // Connections live in this set: aborting the server task aborts every connection
@@ -398,6 +434,81 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
         page,
     )
         .into_response()
+}
+
+/// `GET /get_load`: the engine's load in the shape SGLang's `/get_load` answers and its model
+/// gateway reads — a JSON array of one object per data-parallel rank, `{dp_rank, num_reqs,
+/// num_waiting_reqs, num_tokens}`, of which the gateway's power-of-two load monitor sums
+/// `num_tokens` (sgl-project/sglang, `sgl-router/src/core/worker_manager.rs`,
+/// `WorkerManager::get_worker_load`). One rank here: `num_reqs` the requests in the engine
+/// (running and waiting), `num_waiting_reqs` those waiting, `num_tokens` the KV tokens the
+/// running sequences hold as the engine model allocates them (a prompt as far as prefilled, then
+/// the tokens generated, in whole KV blocks) plus the prompt tokens waiting. SGLang allocates a
+/// prefill chunk at once, so during a long prefill its figure runs ahead of this one.
+async fn get_load(State(app): State<Arc<App>>) -> Response {
+    axum::Json(load_body(&app.driver.snapshot())).into_response()
+}
+
+fn load_body(s: &EngineSnapshot) -> serde_json::Value {
+    json!([{
+        "dp_rank": 0,
+        "num_reqs": s.in_flight,
+        "num_waiting_reqs": s.queued,
+        "num_tokens": s.kv_allocated_tokens + s.waiting_prompt_tokens,
+    }])
+}
+
+fn bad_request(e: openai::Invalid) -> Response {
+    error(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        "invalid_request",
+        &e.message,
+        e.param,
+    )
+}
+
+/// `POST /tokenize`: vLLM's tokenize endpoint — a body with `prompt` (completion) or
+/// `messages` (chat), `model` optional — answered as vLLM answers it, `{count, max_model_len,
+/// tokens, token_strs}` (`token_strs` null: this emulator keeps no token texts), with the
+/// emulator's own token ids ([`openai::prompt_ids`]).
+async fn tokenize(State(app): State<Arc<App>>, body: Bytes) -> Response {
+    match openai::prompt_ids(&body, &app.model, app.tokenizer.as_deref()) {
+        Ok(ids) => axum::Json(json!({
+            "count": ids.len(),
+            "max_model_len": app.context_window,
+            "tokens": ids,
+            "token_strs": null,
+        }))
+        .into_response(),
+        Err(e) => bad_request(e),
+    }
+}
+
+/// The render answer for one prompt: its token ids and the model, under the names vLLM's
+/// render endpoints use (`token_ids`, `model`, `request_id`).
+fn rendered(app: &App, body: &[u8]) -> Result<serde_json::Value, openai::Invalid> {
+    let ids = openai::prompt_ids(body, &app.model, app.tokenizer.as_deref())?;
+    let n = app.ids.fetch_add(1, Relaxed);
+    Ok(json!({"request_id": format!("render-emu{n}"), "model": app.model, "token_ids": ids}))
+}
+
+/// `POST /v1/chat/completions/render`: vLLM's chat render — the chat request's prompt as
+/// token ids, one object (what vLLM's router calls on every worker per request under
+/// `cache_aware`, observed against vllm-router 0.1.17).
+async fn render_chat(State(app): State<Arc<App>>, body: Bytes) -> Response {
+    match rendered(&app, &body) {
+        Ok(v) => axum::Json(v).into_response(),
+        Err(e) => bad_request(e),
+    }
+}
+
+/// `POST /v1/completions/render`: vLLM's completion render — a list of one rendered prompt.
+async fn render_completion(State(app): State<Arc<App>>, body: Bytes) -> Response {
+    match rendered(&app, &body) {
+        Ok(v) => axum::Json(json!([v])).into_response(),
+        Err(e) => bad_request(e),
+    }
 }
 
 /// A Prometheus label value with `\` and `"` escaped.

@@ -35,6 +35,15 @@ pub struct EmulateArgs {
     /// Degraded node: every rate x this.
     #[arg(long, default_value_t = 1.0)]
     pub speed_factor: f64,
+    /// The worker's name, sent on every answer as the `x-routelab-worker` header (default: the
+    /// profile's name).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Publish the simulated prefix cache as vLLM's KV events (ZeroMQ on loopback, 16-token
+    /// blocks), for a router that subscribes to them (vLLM router's `kv_aware`:
+    /// `--kv-event-source URL=ENDPOINT --kv-event-replay-source URL=REPLAY`).
+    #[arg(long)]
+    pub kv_events: bool,
 }
 
 /// Serve until Ctrl-C.
@@ -50,6 +59,8 @@ pub fn run(args: &EmulateArgs, out: &mut impl Write) -> anyhow::Result<ExitCode>
     opts.speedup = args.speedup;
     opts.overrides.start_cold = args.cold;
     opts.overrides.speed_factor = args.speed_factor;
+    opts.worker_name = args.name.clone();
+    opts.kv_events = args.kv_events;
     opts.validate()?;
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async {
@@ -65,6 +76,12 @@ pub fn run(args: &EmulateArgs, out: &mut impl Write) -> anyhow::Result<ExitCode>
             emulator.base_url(),
             args.speedup
         )?;
+        if let Some((endpoint, replay)) = emulator.kv_endpoints() {
+            writeln!(
+                out,
+                "KV events (vLLM's wire format, 16-token blocks): {endpoint}, replay {replay}"
+            )?;
+        }
         out.flush()?;
         tokio::signal::ctrl_c()
             .await

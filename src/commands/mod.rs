@@ -4,6 +4,7 @@ pub mod capacity;
 pub mod check;
 pub mod compare;
 pub mod emulate;
+pub mod h2h;
 pub mod merge;
 pub mod policies;
 pub mod profile;

@@ -9,6 +9,7 @@ mod compare_paired;
 mod console_tables;
 mod deploy;
 mod diurnal;
+mod h2h_cmd;
 mod profile_cmd;
 mod readme;
 mod replicas_cmd;

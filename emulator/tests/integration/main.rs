@@ -4,6 +4,7 @@
 //! lock) so that they do not steal each other's CPU on a small machine.
 
 mod disconnect;
+mod field_wire;
 mod real_engine;
 mod request_log;
 mod signals;
