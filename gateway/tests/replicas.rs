@@ -175,18 +175,45 @@ async fn peer_in_flight(g: &Gateway, worker: &str) -> u64 {
         .unwrap_or_else(|| panic!("no worker {worker}: {v}"))
 }
 
-/// Wait until every gateway is on the bus and hears every other one.
+fn received(v: &Value) -> u64 {
+    v["counters"]["received"].as_u64().unwrap_or(0)
+}
+
+/// Wait until every gateway (two or more) is on the bus and has heard every other one since
+/// this call: its subscription works now, whatever it heard before a loss of the bus.
 async fn wait_sharing(gs: &[&Gateway]) {
+    let mut before = Vec::new();
     for g in gs {
+        before.push(received(&replicas(g).await));
+    }
+    for (g, before) in gs.iter().zip(before) {
         wait_for("the replica to be on the bus and hear its peers", READY, async || {
             let v = replicas(g).await;
             let live = v["peers"]
                 .as_array()
                 .map_or(0, |p| p.iter().filter(|p| p["live"] == true).count());
-            v["bus"]["up"] == true && live + 1 >= gs.len()
+            v["bus"]["up"] == true && live + 1 >= gs.len() && received(&v) >= before + gs.len() as u64
         })
         .await;
     }
+}
+
+/// Publish empty snapshots as `sender` until `g` has received one (its subscription is
+/// registered at the server); returns the next sequence number of `sender`.
+async fn until_heard(url: &str, subject: &str, g: &Gateway, sender: &str, instance: u64) -> u64 {
+    let c = async_nats::connect(url).await.expect("a raw client connects");
+    let before = received(&replicas(g).await);
+    let mut seq = 1;
+    wait_for("the gateway to hear a raw publisher", READY, async || {
+        let e = event(sender, instance, seq, Body::Snapshot { watermark: 0, ids: vec![] });
+        seq += 1;
+        c.publish(format!("{subject}.{sender}"), e.into()).await.unwrap();
+        c.flush().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        received(&replicas(g).await) > before
+    })
+    .await;
+    seq
 }
 
 fn hold(workers: &[&FakeWorker], on: bool) {
@@ -377,7 +404,8 @@ async fn garbage_versions_collisions_and_stale_events_are_ignored_and_counted() 
     let [w1] = fakes::<1>(0.0).await;
     let workers = [worker("w1", &w1.url, "m", &[], 8192)];
     let a = serve(POLICY, &replica_block(&nats.url(), &subj, "gw-a"), &workers).await;
-    wait_sharing(&[&a]).await;
+    until_heard(&nats.url(), &subj, &a, "gw-probe", 1).await;
+    let before = received(&replicas(&a).await);
     let dispatch = |id| Body::Dispatch {
         id,
         worker: "w1",
@@ -385,7 +413,7 @@ async fn garbage_versions_collisions_and_stale_events_are_ignored_and_counted() 
         prefix: vec![],
     };
     let mut v2 = event("gw-x", 5, 1, Body::FirstToken { id: 1 });
-    v2[0] = 2;
+    v2[1] = 2;
     publish_raw(
         &nats.url(),
         &format!("{subj}.gw-x"),
@@ -409,7 +437,7 @@ async fn garbage_versions_collisions_and_stale_events_are_ignored_and_counted() 
     )
     .await;
     wait_for("the events to be counted", READY, async || {
-        replicas(&a).await["counters"]["received"].as_u64().unwrap_or(0) >= 7
+        received(&replicas(&a).await) >= before + 7
     })
     .await;
     let v = replicas(&a).await;
@@ -428,6 +456,9 @@ async fn garbage_versions_collisions_and_stale_events_are_ignored_and_counted() 
         replicas(&a).await["counters"]["expired"] == 1
     })
     .await;
+    let v = replicas(&a).await;
+    let gw_x = v["peers"].as_array().unwrap().iter().find(|p| p["name"] == "gw-x").cloned();
+    assert_eq!(gw_x.map(|p| p["events"].clone()), Some(2.into()), "{v}");
     assert_eq!(peer_in_flight(&a, "w1").await, 0);
     let m = metrics(&a).await;
     assert_eq!(
@@ -474,7 +505,7 @@ async fn a_lost_end_is_released_by_the_peers_next_snapshot() {
         &[worker("w1", &w1.url, "m", &[], 8192)],
     )
     .await;
-    wait_sharing(&[&a]).await;
+    let seq = until_heard(&nats.url(), &subj, &a, "gw-p", 9).await;
     let peer = format!("{subj}.gw-p");
     let dispatch = |id| Body::Dispatch {
         id,
@@ -490,7 +521,7 @@ async fn a_lost_end_is_released_by_the_peers_next_snapshot() {
     publish_raw(
         &nats.url(),
         &peer,
-        vec![event("gw-p", 9, 1, dispatch(1)), event("gw-p", 9, 2, dispatch(2))],
+        vec![event("gw-p", 9, seq, dispatch(1)), event("gw-p", 9, seq + 1, dispatch(2))],
     )
     .await;
     wait_for("A to count both", READY, async || {
@@ -500,7 +531,7 @@ async fn a_lost_end_is_released_by_the_peers_next_snapshot() {
     publish_raw(
         &nats.url(),
         &peer,
-        vec![event("gw-p", 9, 4, Body::Snapshot { watermark: 2, ids: vec![2] })],
+        vec![event("gw-p", 9, seq + 3, Body::Snapshot { watermark: 2, ids: vec![2] })],
     )
     .await;
     wait_for("the snapshot to release the first", READY, async || {
@@ -509,7 +540,7 @@ async fn a_lost_end_is_released_by_the_peers_next_snapshot() {
     .await;
     let v = replicas(&a).await;
     assert_eq!(v["counters"]["expired"], 1, "{v}");
-    assert_eq!(v["counters"]["missed"], 1, "sequence 3 never came: {v}");
+    assert_eq!(v["counters"]["missed"], 1, "one sequence number never came: {v}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

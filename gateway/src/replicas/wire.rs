@@ -7,6 +7,7 @@
 //!
 //! | field | encoding |
 //! |---|---|
+//! | magic | 1 byte, [`MAGIC`] (0xA7: a UTF-8 continuation byte, so no text or JSON starts with it): anything else is not an event |
 //! | version | 1 byte, [`VERSION`]; a receiver ignores (and counts) any other |
 //! | kind | 1 byte: 1 dispatch, 2 first token, 3 end, 4 snapshot |
 //! | sender | string, the replica's name (1 to 64 bytes) |
@@ -30,6 +31,8 @@
 
 use routelab_policies::Charge;
 
+/// The first byte of every event.
+pub const MAGIC: u8 = 0xA7;
 /// The one version this gateway writes and reads.
 pub const VERSION: u8 = 1;
 /// Most prefix blocks a dispatch carries (a 2-million-token prompt of 512-token blocks; the
@@ -111,6 +114,7 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
 
 /// Append one event to `out`.
 pub fn encode(out: &mut Vec<u8>, h: &Header<'_>, body: &Body<'_>) {
+    out.push(MAGIC);
     out.push(VERSION);
     out.push(match body {
         Body::Dispatch { .. } => KIND_DISPATCH,
@@ -245,6 +249,9 @@ impl<'a> Reader<'a> {
 /// Read one event.
 pub fn decode(buf: &[u8]) -> Result<(Header<'_>, Body<'_>), DecodeError> {
     let mut r = Reader { buf };
+    if r.byte()? != MAGIC {
+        return Err(DecodeError::Malformed("not a replica event"));
+    }
     let version = r.byte()?;
     if version != VERSION {
         return Err(DecodeError::Version(version));
@@ -344,17 +351,17 @@ mod tests {
             charge,
             prefix: vec![u64::MAX, 7],
         });
-        // 2 + 5 + 8 + 2 (header) + 2 + 8 + 7 (charge) + 1 + 16 (two blocks)
-        assert_eq!(dispatch, 51);
-        assert_eq!(round_trip(Body::FirstToken { id: 1000 }), 19);
+        // 3 + 5 + 8 + 2 (header) + 2 + 8 + 7 (charge) + 1 + 16 (two blocks)
+        assert_eq!(dispatch, 52);
+        assert_eq!(round_trip(Body::FirstToken { id: 1000 }), 20);
         let done = Done {
             prompt_tokens: 812,
             output_tokens: 203,
             ttft_ns: 412_000_000,
             decode_ns: 9_000_000_000,
         };
-        assert_eq!(round_trip(Body::End { id: 1000, done: Some(done) }), 33);
-        assert_eq!(round_trip(Body::End { id: 1000, done: None }), 20);
+        assert_eq!(round_trip(Body::End { id: 1000, done: Some(done) }), 35);
+        assert_eq!(round_trip(Body::End { id: 1000, done: None }), 21);
         round_trip(Body::Snapshot {
             watermark: 5000,
             ids: vec![3, 4, 4000, u64::MAX],
@@ -400,11 +407,11 @@ mod tests {
             Err(DecodeError::Malformed("trailing bytes"))
         );
         let mut v2 = good.clone();
-        v2[0] = 2;
+        v2[1] = 2;
         assert_eq!(decode(&v2), Err(DecodeError::Version(2)));
         assert!(decode(b"{\"json\": true}").is_err());
         // A count that promises more than the message holds allocates nothing.
-        let mut huge = vec![VERSION, KIND_SNAPSHOT, 1, b'a'];
+        let mut huge = vec![MAGIC, VERSION, KIND_SNAPSHOT, 1, b'a'];
         huge.extend_from_slice(&1u64.to_le_bytes());
         huge.extend_from_slice(&[1, 0, 0xff, 0xff, 0x03]);
         assert_eq!(decode(&huge), Err(DecodeError::Malformed("count")));
