@@ -384,11 +384,10 @@ fn app(shared: Arc<Shared>) -> HttpRouter {
     } else {
         admin_routes
     };
-    let admin_routes = admin_routes
-        .route_layer(axum::middleware::from_fn_with_state(
-            shared.clone(),
-            admin::require_token,
-        ));
+    let admin_routes = admin_routes.route_layer(axum::middleware::from_fn_with_state(
+        shared.clone(),
+        admin::require_token,
+    ));
     HttpRouter::new()
         .route("/v1/chat/completions", post(proxy::chat))
         .route("/v1/completions", post(proxy::completions))
@@ -592,7 +591,10 @@ pub async fn start_on(
         {
             register_secret(secret.expose());
         }
-        shared.global.bus_task.store(true, std::sync::atomic::Ordering::Relaxed);
+        shared
+            .global
+            .bus_task
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         tasks.push(supervise(
             shared.clone(),
             BackgroundTask::Bus,

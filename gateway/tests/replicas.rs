@@ -141,7 +141,14 @@ fn replica_block_with(nats: &str, subject: &str, name: &str, peer_timeout_s: f64
 }
 
 async fn get_json(g: &Gateway, path: &str) -> Value {
-    let a = send(&g.c, Method::GET, &format!("{}{path}", g.base), Some(TOKEN), "").await;
+    let a = send(
+        &g.c,
+        Method::GET,
+        &format!("{}{path}", g.base),
+        Some(TOKEN),
+        "",
+    )
+    .await;
     assert_eq!(a.status, StatusCode::OK, "{path}: {}", a.text());
     a.json()
 }
@@ -187,13 +194,19 @@ async fn wait_sharing(gs: &[&Gateway]) {
         before.push(received(&replicas(g).await));
     }
     for (g, before) in gs.iter().zip(before) {
-        wait_for("the replica to be on the bus and hear its peers", READY, async || {
-            let v = replicas(g).await;
-            let live = v["peers"]
-                .as_array()
-                .map_or(0, |p| p.iter().filter(|p| p["live"] == true).count());
-            v["bus"]["up"] == true && live + 1 >= gs.len() && received(&v) >= before + gs.len() as u64
-        })
+        wait_for(
+            "the replica to be on the bus and hear its peers",
+            READY,
+            async || {
+                let v = replicas(g).await;
+                let live = v["peers"]
+                    .as_array()
+                    .map_or(0, |p| p.iter().filter(|p| p["live"] == true).count());
+                v["bus"]["up"] == true
+                    && live + 1 >= gs.len()
+                    && received(&v) >= before + gs.len() as u64
+            },
+        )
         .await;
     }
 }
@@ -201,13 +214,25 @@ async fn wait_sharing(gs: &[&Gateway]) {
 /// Publish empty snapshots as `sender` until `g` has received one (its subscription is
 /// registered at the server); returns the next sequence number of `sender`.
 async fn until_heard(url: &str, subject: &str, g: &Gateway, sender: &str, instance: u64) -> u64 {
-    let c = async_nats::connect(url).await.expect("a raw client connects");
+    let c = async_nats::connect(url)
+        .await
+        .expect("a raw client connects");
     let before = received(&replicas(g).await);
     let mut seq = 1;
     wait_for("the gateway to hear a raw publisher", READY, async || {
-        let e = event(sender, instance, seq, Body::Snapshot { watermark: 0, ids: vec![] });
+        let e = event(
+            sender,
+            instance,
+            seq,
+            Body::Snapshot {
+                watermark: 0,
+                ids: vec![],
+            },
+        );
         seq += 1;
-        c.publish(format!("{subject}.{sender}"), e.into()).await.unwrap();
+        c.publish(format!("{subject}.{sender}"), e.into())
+            .await
+            .unwrap();
         c.flush().await.unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
         received(&replicas(g).await) > before
@@ -263,7 +288,9 @@ async fn a_peers_requests_count_in_this_replicas_routing_until_they_end() {
     .await;
     wait_sharing(&[&a, &b]).await;
     hold(&[&w1, &w2], true);
-    let through_a: Vec<_> = (0..3).map(|i| spawn_chat(&a.chat, &format!("a {i}"))).collect();
+    let through_a: Vec<_> = (0..3)
+        .map(|i| spawn_chat(&a.chat, &format!("a {i}")))
+        .collect();
     wait_received(&[&w1], 3).await;
     // B counts A's three requests on w1, though it dispatched none itself.
     wait_for("B to count A's requests", READY, async || {
@@ -274,7 +301,9 @@ async fn a_peers_requests_count_in_this_replicas_routing_until_they_end() {
     assert_eq!(admin_worker(&b.c, &b.base, "w1").await["in_flight"], 0);
     // So B's own requests go to w2 (3 + 0 against 0, then 1), where without the bus they
     // would tie with w1 and split.
-    let through_b: Vec<_> = (0..2).map(|i| spawn_chat(&b.chat, &format!("b {i}"))).collect();
+    let through_b: Vec<_> = (0..2)
+        .map(|i| spawn_chat(&b.chat, &format!("b {i}")))
+        .collect();
     wait_received(&[&w1, &w2], 5).await;
     assert_eq!(w2.state.requests.load(SeqCst), 2, "B sent both to w2");
     assert_eq!(admin_worker(&b.c, &b.base, "w2").await["in_flight"], 2);
@@ -299,13 +328,23 @@ async fn a_peers_requests_count_in_this_replicas_routing_until_they_end() {
     assert_eq!(v["peer_requests_counted"], 0, "{v}");
     let m = metrics(&a).await;
     // 3 dispatches, 3 first tokens, 3 ends, plus heartbeats.
-    assert!(metric(&m, "routelab_gateway_bus_events_published_total") >= 9.0, "{m}");
+    assert!(
+        metric(&m, "routelab_gateway_bus_events_published_total") >= 9.0,
+        "{m}"
+    );
     assert_eq!(metric(&m, "routelab_gateway_bus_up"), 1.0);
-    assert!(m.contains("routelab_gateway_task_restarts_total{task=\"bus\"} 0"), "{m}");
+    assert!(
+        m.contains("routelab_gateway_task_restarts_total{task=\"bus\"} 0"),
+        "{m}"
+    );
     // Every event of A's that B received was applied, none missed.
     let v = replicas(&b).await;
     let peer = &v["peers"][0];
-    assert_eq!((peer["name"].as_str(), peer["missed"].as_u64()), (Some("gw-a"), Some(0)), "{v}");
+    assert_eq!(
+        (peer["name"].as_str(), peer["missed"].as_u64()),
+        (Some("gw-a"), Some(0)),
+        "{v}"
+    );
     assert!(v["freshest_peer_event_age_s"].as_f64().is_some(), "{v}");
 }
 
@@ -325,7 +364,9 @@ async fn losing_the_bus_degrades_to_the_local_view_and_sharing_resumes_after_it(
     let b = serve(POLICY, &replica_block(&nats.url(), &subj, "gw-b"), &workers).await;
     wait_sharing(&[&a, &b]).await;
     hold(&[&w1, &w2], true);
-    let held: Vec<_> = (0..2).map(|i| spawn_chat(&a.chat, &format!("held {i}"))).collect();
+    let held: Vec<_> = (0..2)
+        .map(|i| spawn_chat(&a.chat, &format!("held {i}")))
+        .collect();
     wait_received(&[&w1, &w2], 2).await;
     wait_for("B to count A's requests", READY, async || {
         replicas(&b).await["peer_requests_counted"] == 2
@@ -342,8 +383,14 @@ async fn losing_the_bus_degrades_to_the_local_view_and_sharing_resumes_after_it(
     }
     let m = metrics(&b).await;
     assert_eq!(metric(&m, "routelab_gateway_bus_peer_requests"), 0.0, "{m}");
-    assert!(metric(&m, "routelab_gateway_bus_disconnects_total") >= 1.0, "{m}");
-    assert!(metric(&m, "routelab_gateway_bus_peer_requests_expired_total") >= 2.0, "{m}");
+    assert!(
+        metric(&m, "routelab_gateway_bus_disconnects_total") >= 1.0,
+        "{m}"
+    );
+    assert!(
+        metric(&m, "routelab_gateway_bus_peer_requests_expired_total") >= 2.0,
+        "{m}"
+    );
     // Requests keep succeeding, the held ones and new ones, through both replicas.
     hold(&[&w1, &w2], false);
     for t in held {
@@ -355,7 +402,10 @@ async fn losing_the_bus_degrades_to_the_local_view_and_sharing_resumes_after_it(
     }
     let m = metrics(&a).await;
     assert!(
-        metric(&m, "routelab_gateway_bus_events_dropped_total{reason=\"bus_down\"}") >= 3.0,
+        metric(
+            &m,
+            "routelab_gateway_bus_events_dropped_total{reason=\"bus_down\"}"
+        ) >= 3.0,
         "what happened while the bus was down was dropped and counted: {m}"
     );
 
@@ -363,7 +413,9 @@ async fn losing_the_bus_degrades_to_the_local_view_and_sharing_resumes_after_it(
     nats.restart().await;
     wait_sharing(&[&a, &b]).await;
     hold(&[&w1, &w2], true);
-    let held: Vec<_> = (0..2).map(|i| spawn_chat(&a.chat, &format!("again {i}"))).collect();
+    let held: Vec<_> = (0..2)
+        .map(|i| spawn_chat(&a.chat, &format!("again {i}")))
+        .collect();
     wait_for("B to count A's new requests", READY, async || {
         replicas(&b).await["peer_requests_counted"] == 2
     })
@@ -381,7 +433,9 @@ async fn losing_the_bus_degrades_to_the_local_view_and_sharing_resumes_after_it(
 
 /// Publish raw payloads on a subject, as a misbehaving peer would.
 async fn publish_raw(url: &str, subject: &str, payloads: Vec<Vec<u8>>) {
-    let c = async_nats::connect(url).await.expect("a raw client connects");
+    let c = async_nats::connect(url)
+        .await
+        .expect("a raw client connects");
     for p in payloads {
         c.publish(subject.to_string(), p.into()).await.unwrap();
     }
@@ -390,7 +444,15 @@ async fn publish_raw(url: &str, subject: &str, payloads: Vec<Vec<u8>>) {
 
 fn event(sender: &str, instance: u64, seq: u64, body: Body<'_>) -> Vec<u8> {
     let mut out = Vec::new();
-    wire::encode(&mut out, &Header { sender, instance, seq }, &body);
+    wire::encode(
+        &mut out,
+        &Header {
+            sender,
+            instance,
+            seq,
+        },
+        &body,
+    );
     out
 }
 
@@ -424,12 +486,17 @@ async fn garbage_versions_collisions_and_stale_events_are_ignored_and_counted() 
             // Our own name from another instance: a replica configured with our name.
             event("gw-a", 42, 1, Body::FirstToken { id: 1 }),
             // A peer's dispatch to a worker we do not have.
-            event("gw-x", 5, 1, Body::Dispatch {
-                id: 1,
-                worker: "nowhere",
-                charge: routelab_policies::Charge::NONE,
-                prefix: vec![],
-            }),
+            event(
+                "gw-x",
+                5,
+                1,
+                Body::Dispatch {
+                    id: 1,
+                    worker: "nowhere",
+                    charge: routelab_policies::Charge::NONE,
+                    prefix: vec![],
+                },
+            ),
             event("gw-x", 5, 2, dispatch(2)),
             // The same sequence number again.
             event("gw-x", 5, 2, dispatch(3)),
@@ -452,32 +519,49 @@ async fn garbage_versions_collisions_and_stale_events_are_ignored_and_counted() 
         assert_eq!(ignored[reason], n, "{reason}: {v}");
     }
     // The one good dispatch counted; the peer's silence released it.
-    wait_for("the silent peer's request to be released", READY, async || {
-        replicas(&a).await["counters"]["expired"] == 1
-    })
+    wait_for(
+        "the silent peer's request to be released",
+        READY,
+        async || replicas(&a).await["counters"]["expired"] == 1,
+    )
     .await;
     let v = replicas(&a).await;
-    let gw_x = v["peers"].as_array().unwrap().iter().find(|p| p["name"] == "gw-x").cloned();
+    let gw_x = v["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "gw-x")
+        .cloned();
     assert_eq!(gw_x.map(|p| p["events"].clone()), Some(2.into()), "{v}");
     assert_eq!(peer_in_flight(&a, "w1").await, 0);
     let m = metrics(&a).await;
     assert_eq!(
-        metric(&m, "routelab_gateway_bus_events_ignored_total{reason=\"collision\"}"),
+        metric(
+            &m,
+            "routelab_gateway_bus_events_ignored_total{reason=\"collision\"}"
+        ),
         1.0
     );
-    assert_eq!(metric(&m, "routelab_gateway_bus_peer_requests_expired_total"), 1.0);
+    assert_eq!(
+        metric(&m, "routelab_gateway_bus_peer_requests_expired_total"),
+        1.0
+    );
     // A second gateway with A's name: its heartbeats are collisions at A (and A's at it).
     let twin = serve(POLICY, &replica_block(&nats.url(), &subj, "gw-a"), &workers).await;
-    wait_for("the twin's events to count as collisions", READY, async || {
-        replicas(&a).await["counters"]["ignored"]["collision"]
-            .as_u64()
-            .unwrap_or(0)
-            >= 3
-            && replicas(&twin).await["counters"]["ignored"]["collision"]
+    wait_for(
+        "the twin's events to count as collisions",
+        READY,
+        async || {
+            replicas(&a).await["counters"]["ignored"]["collision"]
                 .as_u64()
                 .unwrap_or(0)
-                >= 2
-    })
+                >= 3
+                && replicas(&twin).await["counters"]["ignored"]["collision"]
+                    .as_u64()
+                    .unwrap_or(0)
+                    >= 2
+        },
+    )
     .await;
     // Nothing of this hurt the gateway or its task.
     let r = post_chat(&a.c, &a.chat, "still fine", 4, false).await;
@@ -521,7 +605,10 @@ async fn a_lost_end_is_released_by_the_peers_next_snapshot() {
     publish_raw(
         &nats.url(),
         &peer,
-        vec![event("gw-p", 9, seq, dispatch(1)), event("gw-p", 9, seq + 1, dispatch(2))],
+        vec![
+            event("gw-p", 9, seq, dispatch(1)),
+            event("gw-p", 9, seq + 1, dispatch(2)),
+        ],
     )
     .await;
     wait_for("A to count both", READY, async || {
@@ -531,7 +618,15 @@ async fn a_lost_end_is_released_by_the_peers_next_snapshot() {
     publish_raw(
         &nats.url(),
         &peer,
-        vec![event("gw-p", 9, seq + 3, Body::Snapshot { watermark: 2, ids: vec![2] })],
+        vec![event(
+            "gw-p",
+            9,
+            seq + 3,
+            Body::Snapshot {
+                watermark: 2,
+                ids: vec![2],
+            },
+        )],
     )
     .await;
     wait_for("the snapshot to release the first", READY, async || {
@@ -540,7 +635,10 @@ async fn a_lost_end_is_released_by_the_peers_next_snapshot() {
     .await;
     let v = replicas(&a).await;
     assert_eq!(v["counters"]["expired"], 1, "{v}");
-    assert_eq!(v["counters"]["missed"], 1, "one sequence number never came: {v}");
+    assert_eq!(
+        v["counters"]["missed"], 1,
+        "one sequence number never came: {v}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -548,20 +646,36 @@ async fn replicas_config_errors_are_located_and_an_unreachable_bus_is_a_run_time
     let base = "listen: 127.0.0.1:0\nhealth: {interval_s: 0}\n";
     for (block, field) in [
         ("{address: \"http://127.0.0.1:4222\"}", "replicas.address"),
-        ("{address: \"nats://u:pw@127.0.0.1:4222\"}", "replicas.address"),
+        (
+            "{address: \"nats://u:pw@127.0.0.1:4222\"}",
+            "replicas.address",
+        ),
         ("{subject: \"a.>\"}", "replicas.subject"),
         ("{name: \"gw a\"}", "replicas.name"),
-        ("{heartbeat_s: 2, peer_timeout_s: 3}", "replicas.peer_timeout_s"),
+        (
+            "{heartbeat_s: 2, peer_timeout_s: 3}",
+            "replicas.peer_timeout_s",
+        ),
         ("{publish_queue: 0}", "replicas.publish_queue"),
     ] {
-        let e = routelab_gateway::GatewayConfig::from_yaml(&format!("{base}replicas: {block}\n"), "g.yaml")
-            .unwrap_err();
+        let e = routelab_gateway::GatewayConfig::from_yaml(
+            &format!("{base}replicas: {block}\n"),
+            "g.yaml",
+        )
+        .unwrap_err();
         assert_eq!(e.field, field, "{block}: {e}");
         assert!(!e.to_string().contains("pw@"), "{e}");
     }
-    let e = routelab_gateway::GatewayConfig::from_yaml(&format!("{base}replicas: {{bogus: 1}}\n"), "g.yaml")
-        .unwrap_err();
-    assert_eq!((e.line, e.field.as_str()), (Some(3), "replicas.bogus"), "{e}");
+    let e = routelab_gateway::GatewayConfig::from_yaml(
+        &format!("{base}replicas: {{bogus: 1}}\n"),
+        "g.yaml",
+    )
+    .unwrap_err();
+    assert_eq!(
+        (e.line, e.field.as_str()),
+        (Some(3), "replicas.bogus"),
+        "{e}"
+    );
     // A bad credentials file fails `--check` at its field, naming the file, never its content.
     let dir = temp_dir("replicas-check");
     std::fs::write(dir.join("bad.creds"), "tokn: hunter2-secret\n").unwrap();
@@ -571,7 +685,10 @@ async fn replicas_config_errors_are_located_and_an_unreachable_bus_is_a_run_time
     );
     let (code, out, err) = check_config(&yaml);
     assert_eq!(code, Some(2), "{out}{err}");
-    assert!(err.contains("replicas.credentials_file") && err.contains("bad.creds"), "{err}");
+    assert!(
+        err.contains("replicas.credentials_file") && err.contains("bad.creds"),
+        "{err}"
+    );
     assert!(!err.contains("hunter2"), "{err}");
     let missing = format!("{base}replicas: {{credentials_file: /nonexistent/x.creds}}\n");
     let (code, _, err) = check_config(&missing);
@@ -594,18 +711,41 @@ async fn replicas_config_errors_are_located_and_an_unreachable_bus_is_a_run_time
     let r = post_chat(&g.c, &g.chat, "alone", 4, false).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     let v = replicas(&g).await;
-    assert_eq!((v["bus"]["up"].as_bool(), v["name"].as_str()), (Some(false), Some("lonely")));
-    assert!(v["counters"]["dropped_bus_down"].as_u64().unwrap_or(0) >= 1, "{v}");
+    assert_eq!(
+        (v["bus"]["up"].as_bool(), v["name"].as_str()),
+        (Some(false), Some("lonely"))
+    );
+    assert!(
+        v["counters"]["dropped_bus_down"].as_u64().unwrap_or(0) >= 1,
+        "{v}"
+    );
     // Without the block nothing of the bus shows: no metric, no admin path, no task series.
-    let plain = serve(POLICY, "health: {interval_s: 0}\n", &[worker("w1", &w1.url, "m", &[], 8192)]).await;
+    let plain = serve(
+        POLICY,
+        "health: {interval_s: 0}\n",
+        &[worker("w1", &w1.url, "m", &[], 8192)],
+    )
+    .await;
     let m = metrics(&plain).await;
     assert!(
         !m.contains("routelab_gateway_bus_") && !m.contains("task=\"bus\""),
         "{m}"
     );
-    let a = send(&plain.c, Method::GET, &format!("{}/admin/replicas", plain.base), Some(TOKEN), "").await;
+    let a = send(
+        &plain.c,
+        Method::GET,
+        &format!("{}/admin/replicas", plain.base),
+        Some(TOKEN),
+        "",
+    )
+    .await;
     assert_eq!(a.status, StatusCode::NOT_FOUND);
-    assert!(get_json(&plain, "/admin/workers").await.get("replicas").is_none());
+    assert!(
+        get_json(&plain, "/admin/workers")
+            .await
+            .get("replicas")
+            .is_none()
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -632,9 +772,11 @@ async fn credentials_from_a_file_let_the_replica_on_an_authenticating_bus() {
     let workers = [worker("w1", &w1.url, "m", &[], 8192)];
     let ok = serve(POLICY, &block("gw-ok", &good), &workers).await;
     let refused = serve(POLICY, &block("gw-refused", &bad), &workers).await;
-    wait_for("the replica with good credentials on the bus", READY, async || {
-        replicas(&ok).await["bus"]["up"] == true
-    })
+    wait_for(
+        "the replica with good credentials on the bus",
+        READY,
+        async || replicas(&ok).await["bus"]["up"] == true,
+    )
     .await;
     // The refused one keeps serving on its own view (and keeps trying).
     let r = post_chat(&refused.c, &refused.chat, "refused", 4, false).await;
@@ -678,8 +820,18 @@ async fn measure_the_cost_of_sharing() {
         (t[n / 2], t[n * 99 / 100])
     }
     let off = serve(POLICY, "health: {interval_s: 0}\n", &workers).await;
-    let on = serve(POLICY, &replica_block(&nats.url(), &subj, "gw-on"), &workers).await;
-    let peer = serve(POLICY, &replica_block(&nats.url(), &subj, "gw-peer"), &workers).await;
+    let on = serve(
+        POLICY,
+        &replica_block(&nats.url(), &subj, "gw-on"),
+        &workers,
+    )
+    .await;
+    let peer = serve(
+        POLICY,
+        &replica_block(&nats.url(), &subj, "gw-peer"),
+        &workers,
+    )
+    .await;
     wait_sharing(&[&on, &peer]).await;
     let mut rows = Vec::new();
     for round in 0..3 {
@@ -706,7 +858,10 @@ async fn measure_the_cost_of_sharing() {
     eprintln!(
         "published {} dropped(full) {}",
         metric(&m, "routelab_gateway_bus_events_published_total"),
-        metric(&m, "routelab_gateway_bus_events_dropped_total{reason=\"full\"}")
+        metric(
+            &m,
+            "routelab_gateway_bus_events_dropped_total{reason=\"full\"}"
+        )
     );
     assert!(rows.iter().all(|r| r.3 > 0.0), "the bus carried the events");
 }

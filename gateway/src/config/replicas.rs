@@ -106,8 +106,9 @@ impl ReplicasConfig {
     /// Check the block without the network or the file system (`replicas.*` fields of `file`).
     pub fn validate(&self, file: &str) -> Result<(), InputError> {
         bus_address(&self.address).map_err(|why| {
-            InputError::new(file, "replicas.address", why)
-                .valid("nats://host:port, e.g. nats://127.0.0.1:4222 (credentials go in credentials_file)")
+            InputError::new(file, "replicas.address", why).valid(
+                "nats://host:port, e.g. nats://127.0.0.1:4222 (credentials go in credentials_file)",
+            )
         })?;
         check_subject(&self.subject).map_err(|why| {
             InputError::new(file, "replicas.subject", why)
@@ -120,8 +121,8 @@ impl ReplicasConfig {
                 ))
             })?;
         }
-        let heartbeat = rule::period(self.heartbeat_s)
-            .map_err(|e| e.at_field(file, "replicas.heartbeat_s"))?;
+        let heartbeat =
+            rule::period(self.heartbeat_s).map_err(|e| e.at_field(file, "replicas.heartbeat_s"))?;
         let timeout = rule::period(self.peer_timeout_s)
             .map_err(|e| e.at_field(file, "replicas.peer_timeout_s"))?;
         // A peer must miss at least one heartbeat before it is forgotten.
@@ -149,11 +150,14 @@ impl ReplicasConfig {
         let credentials = match &self.credentials_file {
             None => Credentials::None,
             Some(p) => {
-                let path = if p.is_absolute() { p.clone() } else { base.join(p) };
+                let path = if p.is_absolute() {
+                    p.clone()
+                } else {
+                    base.join(p)
+                };
                 read_credentials(&path).map_err(|why| {
-                    InputError::new(file, "replicas.credentials_file", why).valid(
-                        "a readable file holding `token: …`, or `user: …` and `password: …`",
-                    )
+                    InputError::new(file, "replicas.credentials_file", why)
+                        .valid("a readable file holding `token: …`, or `user: …` and `password: …`")
                 })?
             }
         };
@@ -228,7 +232,10 @@ fn check_name(name: &str) -> Result<(), String> {
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
     {
-        return Err(format!("`{}` holds a character other than A-Z, a-z, 0-9, `_`, `-`", name.escape_debug()));
+        return Err(format!(
+            "`{}` holds a character other than A-Z, a-z, 0-9, `_`, `-`",
+            name.escape_debug()
+        ));
     }
     Ok(())
 }
@@ -243,9 +250,19 @@ fn host_name() -> String {
         .trim()
         .chars()
         .take(MAX_REPLICA_NAME)
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
-    if name.is_empty() { "gateway".into() } else { name }
+    if name.is_empty() {
+        "gateway".into()
+    } else {
+        name
+    }
 }
 
 /// The credentials file as written.
@@ -268,8 +285,8 @@ fn read_credentials(path: &Path) -> Result<Credentials, String> {
         ));
     }
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read `{shown}`: {e}"))?;
-    let raw: RawCredentials =
-        routelab_policies::located::parse_yaml(&text, &shown.to_string()).map_err(|e| {
+    let raw: RawCredentials = routelab_policies::located::parse_yaml(&text, &shown.to_string())
+        .map_err(|e| {
             // The parser's message and snippet may quote a secret: keep only where.
             let at = e.line.map(|l| format!(" at line {l}")).unwrap_or_default();
             let field = if e.field.is_empty() {
@@ -310,7 +327,10 @@ mod tests {
 
     #[test]
     fn addresses_are_nats_host_port_without_user_information() {
-        assert_eq!(bus_address("nats://127.0.0.1:4222").unwrap(), "127.0.0.1:4222");
+        assert_eq!(
+            bus_address("nats://127.0.0.1:4222").unwrap(),
+            "127.0.0.1:4222"
+        );
         assert_eq!(bus_address("nats://bus").unwrap(), "bus:4222");
         assert_eq!(bus_address("nats://[::1]:5000/").unwrap(), "[::1]:5000");
         assert_eq!(bus_address("nats://[::1]").unwrap(), "[::1]:4222");
@@ -361,7 +381,10 @@ mod tests {
             ("name: \"a.b\"", "replicas.name"),
             ("heartbeat_s: 0", "replicas.heartbeat_s"),
             ("peer_timeout_s: .nan", "replicas.peer_timeout_s"),
-            ("{heartbeat_s: 2, peer_timeout_s: 3}", "replicas.peer_timeout_s"),
+            (
+                "{heartbeat_s: 2, peer_timeout_s: 3}",
+                "replicas.peer_timeout_s",
+            ),
             ("publish_queue: 0", "replicas.publish_queue"),
         ] {
             let e = block(yaml).validate("g.yaml").unwrap_err();
@@ -383,7 +406,10 @@ mod tests {
         };
         let c = write("token", "token: hunter2-token\n");
         let s = c.settings("g.yaml", &dir).unwrap();
-        assert_eq!(s.credentials, Credentials::Token(Secret::new("hunter2-token")));
+        assert_eq!(
+            s.credentials,
+            Credentials::Token(Secret::new("hunter2-token"))
+        );
         assert!(!format!("{s:?}").contains("hunter2"));
         let c = write("user", "user: gw\npassword: \"hunter2 pw\"\n");
         assert_eq!(
@@ -394,11 +420,19 @@ mod tests {
             }
         );
         for (name, text, says) in [
-            ("both", "token: hunter2-a\nuser: u\npassword: hunter2-b\n", "either"),
+            (
+                "both",
+                "token: hunter2-a\nuser: u\npassword: hunter2-b\n",
+                "either",
+            ),
             ("nopass", "user: u\n", "either"),
             ("empty", "token: \"\"\n", "either"),
             ("typo", "tokn: hunter2-typo\n", "line 1"),
-            ("garbage", "token: [hunter2-list\n", "not a credentials file"),
+            (
+                "garbage",
+                "token: [hunter2-list\n",
+                "not a credentials file",
+            ),
         ] {
             let e = write(name, text).settings("g.yaml", &dir).unwrap_err();
             let shown = format!("{e} {e:?}");

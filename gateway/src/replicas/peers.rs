@@ -98,7 +98,10 @@ impl Peers {
             }
             crate::log(
                 "bus_peer_joined",
-                &[("peer", h.sender), ("instance", &format!("{:016x}", h.instance))],
+                &[
+                    ("peer", h.sender),
+                    ("instance", &format!("{:016x}", h.instance)),
+                ],
             );
             self.map.insert(
                 h.sender.to_string(),
@@ -124,7 +127,10 @@ impl Peers {
             // A restart: what its previous instance had in flight ended with it.
             crate::log(
                 "bus_peer_restarted",
-                &[("peer", h.sender), ("instance", &format!("{:016x}", h.instance))],
+                &[
+                    ("peer", h.sender),
+                    ("instance", &format!("{:016x}", h.instance)),
+                ],
             );
             release_all(peer, bus, s);
             peer.retired.push(peer.instance);

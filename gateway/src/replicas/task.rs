@@ -231,7 +231,10 @@ async fn went(bus: &Bus, s: &Shared, up: bool, publisher: &mut Publisher<'_>) {
             &[
                 ("address", &bus.settings.server),
                 ("released", &released.to_string()),
-                ("note", "routing on this replica's own view until the bus is back"),
+                (
+                    "note",
+                    "routing on this replica's own view until the bus is back",
+                ),
             ],
         );
     }

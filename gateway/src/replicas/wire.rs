@@ -360,8 +360,20 @@ mod tests {
             ttft_ns: 412_000_000,
             decode_ns: 9_000_000_000,
         };
-        assert_eq!(round_trip(Body::End { id: 1000, done: Some(done) }), 35);
-        assert_eq!(round_trip(Body::End { id: 1000, done: None }), 21);
+        assert_eq!(
+            round_trip(Body::End {
+                id: 1000,
+                done: Some(done)
+            }),
+            35
+        );
+        assert_eq!(
+            round_trip(Body::End {
+                id: 1000,
+                done: None
+            }),
+            21
+        );
         round_trip(Body::Snapshot {
             watermark: 5000,
             ids: vec![3, 4, 4000, u64::MAX],
