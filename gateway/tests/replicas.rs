@@ -817,7 +817,12 @@ async fn measure_the_cost_of_sharing() {
         t[((t.len() - 1) as f64 * q) as usize]
     }
     let off = serve(POLICY, "health: {interval_s: 0}\n", &workers).await;
-    let on = serve(POLICY, &replica_block(&nats.url(), &subj, "gw-on"), &workers).await;
+    let on = serve(
+        POLICY,
+        &replica_block(&nats.url(), &subj, "gw-on"),
+        &workers,
+    )
+    .await;
     wait_for("the replica on the bus", READY, async || {
         replicas(&on).await["bus"]["up"] == true
     })
@@ -825,7 +830,12 @@ async fn measure_the_cost_of_sharing() {
     let mut peer = None;
     for setup in ["no peer", "one peer in this process"] {
         if setup != "no peer" {
-            let p = serve(POLICY, &replica_block(&nats.url(), &subj, "gw-peer"), &workers).await;
+            let p = serve(
+                POLICY,
+                &replica_block(&nats.url(), &subj, "gw-peer"),
+                &workers,
+            )
+            .await;
             wait_sharing(&[&on, &p]).await;
             peer = Some(p);
         }
@@ -860,7 +870,10 @@ async fn measure_the_cost_of_sharing() {
     let published = metric(&m, "routelab_gateway_bus_events_published_total");
     eprintln!(
         "published {published} dropped(full) {}",
-        metric(&m, "routelab_gateway_bus_events_dropped_total{reason=\"full\"}")
+        metric(
+            &m,
+            "routelab_gateway_bus_events_dropped_total{reason=\"full\"}"
+        )
     );
     assert!(published >= 3.0 * n as f64, "the bus carried the events");
 }
