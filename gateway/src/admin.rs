@@ -10,6 +10,7 @@
 //! | `POST /admin/workers/{name}/pin` | pin the weight, body `{"weight": 1.5}`, within the policy's weight clamp (persisted; 500 and not applied if the state file cannot be written) |
 //! | `POST /admin/workers/{name}/unpin` | clear the pin (persisted, as pins are) |
 //! | `POST /admin/workers/{name}/reprobe` | measure again now → 202 |
+//! | `GET /admin/replicas` | with a `replicas:` block ([`crate::replicas`]): this replica's name and instance, the bus (address, subject, up, for how long), the age of the freshest peer event, each peer (live, age of its last event, its requests this router counts, events, missed), the bus counters, and per worker the peers' requests in flight this router counts (`peer_in_flight`); 404 without the block. `GET /admin/workers` carries the same object as `replicas` |
 //! | `GET /admin/capacity[?model=NAME]` | the passive capacity curve of each worker of the model ([`crate::capacity`]); the model may be left out when every worker serves the same one |
 
 use crate::config::WorkerConfig;
@@ -199,12 +200,86 @@ pub(crate) async fn list(State(s): State<Arc<Shared>>) -> Response {
     for (w, (id, model, kv)) in workers.iter_mut().zip(signal_keys) {
         w["signals"] = crate::signals::admin_view(&s, id, &model, kv);
     }
-    axum::Json(json!({
+    let mut body = json!({
         "policy": policy,
         "workers": workers,
         "signals": crate::signals::gateway_view(&s),
+    });
+    if let Some(replicas) = replicas_view(&s) {
+        body["replicas"] = replicas;
+    }
+    axum::Json(body).into_response()
+}
+
+/// `GET /admin/replicas`
+pub(crate) async fn replicas(State(s): State<Arc<Shared>>) -> Result<Response, ApiError> {
+    match replicas_view(&s) {
+        Some(v) => Ok(axum::Json(v).into_response()),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "no_replicas",
+            "this gateway has no `replicas:` block: it shares nothing with other replicas",
+        )),
+    }
+}
+
+/// The replica's status, with a `replicas:` block.
+fn replicas_view(s: &Shared) -> Option<Value> {
+    let bus = s.bus.as_ref()?;
+    // The peers' lock, then the router's, never both at once.
+    let (peers, freshest, counted) = {
+        let p = bus.peers.lock().unwrap_or_else(|p| p.into_inner());
+        (p.view(), p.freshest_age_s(), p.counted())
+    };
+    let workers: Vec<Value> = {
+        let core = s.core();
+        core.workers
+            .live()
+            .map(|(id, w)| {
+                json!({
+                    "name": w.cfg.name,
+                    "peer_in_flight": core.router.remote_in_flight(id),
+                })
+            })
+            .collect()
+    };
+    let since_s = bus
+        .since
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .elapsed()
+        .as_secs_f64();
+    let c = &bus.counters;
+    let ignored: serde_json::Map<String, Value> = crate::replicas::Ignored::ALL
+        .iter()
+        .map(|&why| (why.as_str().to_string(), json!(c.ignored_of(why))))
+        .collect();
+    Some(json!({
+        "name": bus.name(),
+        "instance": format!("{:016x}", bus.instance),
+        "bus": {
+            "address": format!("nats://{}", bus.settings.server),
+            "subject": bus.settings.subject,
+            "up": bus.is_up(),
+            "since_s": since_s,
+        },
+        "freshest_peer_event_age_s": freshest,
+        "peers": peers,
+        "peer_requests_counted": counted,
+        "counters": {
+            "published": c.published.load(Relaxed),
+            "received": c.received.load(Relaxed),
+            "dropped_full": c.dropped_full.load(Relaxed),
+            "dropped_bus_down": c.dropped_down.load(Relaxed),
+            "ignored": ignored,
+            "missed": c.missed.load(Relaxed),
+            "expired": c.expired.load(Relaxed),
+            "disconnects": c.disconnects.load(Relaxed),
+            "task_restarts": s.global.task_restarts.of(crate::supervise::BackgroundTask::Bus),
+        },
+        "workers": workers,
     }))
-    .into_response()
 }
 
 /// `POST /admin/workers`

@@ -46,6 +46,7 @@ pub mod persist;
 pub mod probe;
 pub mod prompt;
 pub mod proxy;
+pub mod replicas;
 pub mod reqlog;
 pub mod server;
 pub mod signals;
@@ -341,6 +342,7 @@ fn build(config: &GatewayConfig, settings: Settings) -> Result<Arc<Shared>, Gate
         &tokens::config_base(config.origin()),
         config.origin(),
     )?;
+    let bus = settings.replicas.clone().map(replicas::Bus::new);
     let mut shared = Shared::new(
         settings,
         clock,
@@ -351,6 +353,7 @@ fn build(config: &GatewayConfig, settings: Settings) -> Result<Arc<Shared>, Gate
         loaded,
     );
     shared.tokenizers = tokenizers;
+    shared.bus = bus;
     let shared = Arc::new(shared);
     {
         let mut core = shared.core();
@@ -375,11 +378,17 @@ fn app(shared: Arc<Shared>) -> HttpRouter {
         .route("/admin/workers/{name}/pin", post(admin::pin))
         .route("/admin/workers/{name}/unpin", post(admin::unpin))
         .route("/admin/workers/{name}/reprobe", post(admin::reprobe))
-        .route("/admin/capacity", get(admin::capacity))
-        .route_layer(axum::middleware::from_fn_with_state(
-            shared.clone(),
-            admin::require_token,
-        ));
+        .route("/admin/capacity", get(admin::capacity));
+    // Only with a `replicas:` block: without one the paths are what they were.
+    let admin_routes = if shared.bus.is_some() {
+        admin_routes.route("/admin/replicas", get(admin::replicas))
+    } else {
+        admin_routes
+    };
+    let admin_routes = admin_routes.route_layer(axum::middleware::from_fn_with_state(
+        shared.clone(),
+        admin::require_token,
+    ));
     HttpRouter::new()
         .route("/v1/chat/completions", post(proxy::chat))
         .route("/v1/completions", post(proxy::completions))
@@ -470,6 +479,9 @@ async fn metrics_handler(State(s): State<Arc<Shared>>) -> axum::response::Respon
     text.push_str(&metrics::render_request_log(
         s.request_log.as_deref().map(reqlog::RequestLog::counters),
     ));
+    if let Some(bus) = &s.bus {
+        text.push_str(&metrics::render_bus(bus));
+    }
     (
         [(
             axum::http::header::CONTENT_TYPE,
@@ -572,6 +584,25 @@ pub async fn start_on(
         ));
     }
     tasks.extend(signals::start(&shared));
+    if let Some(bus) = &shared.bus {
+        if let config::Credentials::Token(secret)
+        | config::Credentials::UserPassword {
+            password: secret, ..
+        } = &bus.settings.credentials
+        {
+            register_secret(secret.expose());
+        }
+        shared
+            .global
+            .bus_task
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        tasks.push(supervise(
+            shared.clone(),
+            BackgroundTask::Bus,
+            RESTART_PAUSE,
+            replicas::task::run,
+        ));
+    }
     log(
         "started",
         &[

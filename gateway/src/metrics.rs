@@ -140,6 +140,8 @@ pub struct GlobalMetrics {
     pub retries: AtomicU64,
     /// Panics of the background tasks ([`crate::supervise`]).
     pub task_restarts: crate::supervise::TaskRestarts,
+    /// Whether the bus task runs (a `replicas:` block): its restarts are listed then only.
+    pub bus_task: std::sync::atomic::AtomicBool,
     /// Answers the gateway gave itself (an `ApiError`), by status and code. A map behind a
     /// lock because the codes are open-ended; it is touched only on a rejection, briefly.
     pub rejections: Mutex<BTreeMap<(u16, &'static str), u64>>,
@@ -247,6 +249,91 @@ pub fn render_request_log(counters: Option<&crate::reqlog::LogCounters>) -> Stri
          # TYPE routelab_gateway_request_log_write_errors_total counter\n\
          routelab_gateway_request_log_write_errors_total {errors}\n"
     )
+}
+
+/// The replicas' bus ([`crate::replicas`]), with a `replicas:` block only.
+pub fn render_bus(bus: &crate::replicas::Bus) -> String {
+    let c = &bus.counters;
+    let (live, counted) = {
+        let peers = bus.peers.lock().unwrap_or_else(|p| p.into_inner());
+        (peers.live(), peers.counted())
+    };
+    let mut out = String::with_capacity(2048);
+    let mut family = |name: &str, kind: &str, help: &str, value: u64| {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+        );
+    };
+    family(
+        "routelab_gateway_bus_up",
+        "gauge",
+        "1 while this replica is connected to the replicas' bus.",
+        u64::from(bus.is_up()),
+    );
+    family(
+        "routelab_gateway_bus_peers",
+        "gauge",
+        "Peer replicas heard from within replicas.peer_timeout_s.",
+        live as u64,
+    );
+    family(
+        "routelab_gateway_bus_peer_requests",
+        "gauge",
+        "Peer replicas' requests in flight this replica's router counts.",
+        counted as u64,
+    );
+    family(
+        "routelab_gateway_bus_events_published_total",
+        "counter",
+        "Events this replica published on the bus (snapshots included).",
+        c.published.load(Relaxed),
+    );
+    family(
+        "routelab_gateway_bus_events_received_total",
+        "counter",
+        "Messages received from the bus (ignored ones included).",
+        c.received.load(Relaxed),
+    );
+    family(
+        "routelab_gateway_bus_events_missed_total",
+        "counter",
+        "Peer events that never arrived (gaps in a peer's sequence numbers).",
+        c.missed.load(Relaxed),
+    );
+    family(
+        "routelab_gateway_bus_peer_requests_expired_total",
+        "counter",
+        "Peer requests released without their end event: missing from the peer's snapshot, the peer silent, or the bus lost.",
+        c.expired.load(Relaxed),
+    );
+    family(
+        "routelab_gateway_bus_disconnects_total",
+        "counter",
+        "Times the connection to the bus was lost.",
+        c.disconnects.load(Relaxed),
+    );
+    let _ = writeln!(
+        out,
+        "# HELP routelab_gateway_bus_events_dropped_total Events not published: the queue to the bus was full, or the bus was down.\n# TYPE routelab_gateway_bus_events_dropped_total counter\n\
+         routelab_gateway_bus_events_dropped_total{{reason=\"full\"}} {}\n\
+         routelab_gateway_bus_events_dropped_total{{reason=\"bus_down\"}} {}",
+        c.dropped_full.load(Relaxed),
+        c.dropped_down.load(Relaxed),
+    );
+    let _ = writeln!(
+        out,
+        "# HELP routelab_gateway_bus_events_ignored_total Received events ignored, by reason.\n# TYPE routelab_gateway_bus_events_ignored_total counter"
+    );
+    for why in crate::replicas::Ignored::ALL {
+        let _ = writeln!(
+            out,
+            "routelab_gateway_bus_events_ignored_total{{reason=\"{}\"}} {}",
+            why.as_str(),
+            c.ignored_of(why)
+        );
+    }
+    out
 }
 
 /// Render everything.
@@ -435,7 +522,11 @@ fn render_gateway_errors(out: &mut String, global: &GlobalMetrics) {
         out,
         "# HELP routelab_gateway_task_restarts_total Panics of a background task (or of a task it spawned), each logged as task_panicked; the task is started again.\n# TYPE routelab_gateway_task_restarts_total counter"
     );
-    for task in crate::supervise::BackgroundTask::ALL {
+    let bus = global
+        .bus_task
+        .load(Relaxed)
+        .then_some(crate::supervise::BackgroundTask::Bus);
+    for task in crate::supervise::BackgroundTask::ALL.into_iter().chain(bus) {
         let _ = writeln!(
             out,
             "routelab_gateway_task_restarts_total{{task=\"{}\"}} {}",

@@ -30,10 +30,16 @@ pub enum BackgroundTask {
     EngineMetrics,
     /// The admin page's history sampler ([`crate::signals`]).
     History,
+    /// The replicas' bus ([`crate::replicas`]); listed only with a `replicas:` block.
+    Bus,
 }
 
 impl BackgroundTask {
-    /// Every task, in the order of [`TaskRestarts`]'s counters.
+    /// How many tasks there are ([`TaskRestarts`] has a counter each).
+    pub const COUNT: usize = 7;
+
+    /// Every task every gateway runs, in the order of [`TaskRestarts`]'s counters (the bus
+    /// task, only with a `replicas:` block, comes after them).
     pub const ALL: [BackgroundTask; 6] = [
         BackgroundTask::Probe,
         BackgroundTask::Health,
@@ -52,13 +58,14 @@ impl BackgroundTask {
             BackgroundTask::KvSubscriber => "kv_subscriber",
             BackgroundTask::EngineMetrics => "engine_metrics",
             BackgroundTask::History => "history",
+            BackgroundTask::Bus => "bus",
         }
     }
 }
 
 /// Panics of each background task (or of a task it spawned) since start.
 #[derive(Debug, Default)]
-pub struct TaskRestarts([AtomicU64; BackgroundTask::ALL.len()]);
+pub struct TaskRestarts([AtomicU64; BackgroundTask::COUNT]);
 
 impl TaskRestarts {
     /// One more panic of `task`.

@@ -20,9 +20,11 @@
 //! See `gateway/examples/gateway.yaml` for every field with its default (the request log and the
 //! capacity curve included: `request_log: {path, max_bytes, keep}`, `capacity: {min_observed_s}`).
 
+mod replicas;
 mod secret;
 mod worker;
 
+pub use replicas::{Credentials, ReplicaSettings, ReplicasConfig};
 pub(crate) use secret::redact_error;
 pub use secret::{REDACTED, Secret};
 pub use worker::{CacheTokens, MAX_CACHE_TOKENS, MAX_NAME_BYTES, WorkerConfig};
@@ -112,6 +114,10 @@ pub struct GatewayConfig {
     /// Workers known at start (more can be added with the admin API).
     #[serde(default)]
     pub workers: Vec<WorkerConfig>,
+    /// Several gateway replicas sharing what each dispatches over a NATS bus
+    /// ([`crate::replicas`]); none: this gateway counts only its own requests.
+    #[serde(default)]
+    pub replicas: Option<ReplicasConfig>,
     /// Where the configuration came from (the file, or the origin given to
     /// [`GatewayConfig::from_yaml`]), for located errors.
     #[serde(skip, default = "default_origin")]
@@ -596,6 +602,9 @@ impl GatewayConfig {
         // The probe's shape is bounded by the policy crate (a burst is real requests here).
         let policy = self.policy.build_in(file, "policy")?;
         self.engine_metrics.validate(file)?;
+        if let Some(replicas) = &self.replicas {
+            replicas.validate(file)?;
+        }
         for (field, value) in self.numbers() {
             if let (Some(x), Some(rule)) = (value, number_rule(field)) {
                 rule.check(x).map_err(|e| e.at_field(file, field))?;

@@ -323,6 +323,7 @@ impl Forward {
             t.worker(&name);
         }
         let mut flight = Flight::new(s, &decision, metrics, name, self);
+        flight.tell_peers(prefix);
         let fault = |message: String, log| {
             Attempt::Failed(Fault {
                 worker: decision.worker,

@@ -58,6 +58,8 @@ pub(crate) struct Flight {
     pub decoding: Option<Decoding>,
     /// Its line in the request log, once the response is the request's answer.
     pub trace: Option<Trace>,
+    /// Its id on the replicas' bus, once published there ([`Flight::tell_peers`]).
+    pub bus_id: Option<u64>,
 }
 
 impl Flight {
@@ -83,6 +85,22 @@ impl Flight {
             curve: None,
             decoding: None,
             trace: None,
+            bus_id: None,
+        }
+    }
+
+    /// With a `replicas:` block: tell the other replicas this request was dispatched, with the
+    /// prompt's `prefix` blocks (its first token and end follow from the flight).
+    pub fn tell_peers(&mut self, prefix: &[u64]) {
+        if let Some(bus) = &self.shared.bus {
+            self.bus_id = Some(bus.dispatched(&self.name, self.charge, prefix));
+        }
+    }
+
+    /// Tell the other replicas the request ended (`done`: what a completed one measured).
+    fn tell_peers_ended(&mut self, done: Option<crate::replicas::Done>) {
+        if let (Some(bus), Some(id)) = (&self.shared.bus, self.bus_id.take()) {
+            bus.ended(id, done);
         }
     }
 
@@ -101,6 +119,9 @@ impl Flight {
             .core()
             .router
             .first_token(now, self.worker, &mut self.charge);
+        if let (Some(bus), Some(id)) = (&self.shared.bus, self.bus_id) {
+            bus.first_token(id);
+        }
     }
 
     /// `tokens` output tokens of a stream passed through.
@@ -146,6 +167,13 @@ impl Flight {
         let mut core = self.shared.core();
         core.release(now, self.worker, self.charge, Some(&c));
         core.note_success(now, self.worker, false, &self.shared);
+        drop(core);
+        self.tell_peers_ended(Some(crate::replicas::Done {
+            prompt_tokens: c.prompt_tokens,
+            output_tokens: c.output_tokens,
+            ttft_ns: c.first_token_at.nanos_since(c.dispatched_at),
+            decode_ns: c.completed_at.nanos_since(c.first_token_at),
+        }));
     }
 
     /// The worker failed the request (`hard`: the connection could not be made). Logged as
@@ -184,6 +212,7 @@ impl Flight {
         self.shared
             .core()
             .release(now, self.worker, self.charge, None);
+        self.tell_peers_ended(None);
         true
     }
 
@@ -200,6 +229,7 @@ impl Flight {
         self.shared
             .core()
             .release(now, self.worker, self.charge, None);
+        self.tell_peers_ended(None);
     }
 }
 

@@ -56,6 +56,8 @@ pub(crate) struct Settings {
     pub engine_poll: crate::signals::PollSettings,
     /// `upstream.max_response_bytes`.
     pub max_response_bytes: usize,
+    /// The `replicas:` block, resolved (its credentials file read).
+    pub replicas: Option<crate::config::ReplicaSettings>,
 }
 
 impl Settings {
@@ -103,6 +105,11 @@ impl Settings {
                     .engine_poll_interval(),
             ),
             max_response_bytes: c.upstream.max_response_bytes,
+            replicas: c
+                .replicas
+                .as_ref()
+                .map(|r| r.settings(c.origin(), &crate::tokens::config_base(c.origin())))
+                .transpose()?,
         })
     }
 }
@@ -126,6 +133,8 @@ pub(crate) struct Shared {
     pub signals: crate::signals::SignalHub,
     /// The configured models' tokenizers ([`crate::tokens`]).
     pub tokenizers: crate::tokens::Tokenizers,
+    /// The replicas' bus, with a `replicas:` block ([`crate::replicas`]).
+    pub bus: Option<crate::replicas::Bus>,
 }
 
 impl Shared {
@@ -158,6 +167,7 @@ impl Shared {
             request_log,
             signals: Default::default(),
             tokenizers: Default::default(),
+            bus: None,
         }
     }
 
