@@ -908,8 +908,9 @@ mod tests {
         }];
         let mut t = Tokenizers::load(&models, Path::new("."), "gw.yaml").unwrap();
         t.counting = Arc::new(Counting::new(2));
-        // Long enough (a few ms each) that 32 counts started together overlap.
-        let words = "the quick brown fox jumps over the lazy dog ".repeat(2_000);
+        // Long enough (a few ms each) that 32 counts started together overlap, and small enough
+        // (under SMALL_BODY) for the small lane, whose queue takes them all.
+        let words = "the quick brown fox jumps over the lazy dog ".repeat(1_400);
         let body = bytes::Bytes::from(
             serde_json::json!({"model": "m", "messages": [{"role": "user", "content": words}]})
                 .to_string(),
@@ -1038,16 +1039,22 @@ mod tests {
         // until released fill it.
         let (release, held) = std::sync::mpsc::channel::<()>();
         let held = Arc::new(std::sync::Mutex::new(held));
-        for _ in 0..3 {
-            let held = held.clone();
+        let (started_tx, started) = std::sync::mpsc::channel::<()>();
+        for i in 0..3 {
+            let (held, started_tx) = (held.clone(), started_tx.clone());
             t.counting
                 .run(
                     SMALL_BODY + 1,
                     Box::new(move || {
+                        let _ = started_tx.send(());
                         let _ = held.lock().unwrap().recv();
                     }),
                 )
                 .unwrap();
+            if i == 0 {
+                // The lane's thread holds the first; the next two wait in its queue.
+                started.recv().unwrap();
+            }
         }
         let refused = t.counting.run(SMALL_BODY + 1, Box::new(|| {}));
         let Err(CountError::Busy(why)) = refused else {
