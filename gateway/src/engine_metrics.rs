@@ -212,12 +212,27 @@ pub fn check(sc: &Scrape) -> Result<(), Implausible> {
         }),
         _ => Ok(()),
     };
-    within("running requests", Some(sc.running), MAX_REQUESTS, "0 to 1e6")?;
-    within("waiting requests", Some(sc.waiting), MAX_REQUESTS, "0 to 1e6")?;
+    within(
+        "running requests",
+        Some(sc.running),
+        MAX_REQUESTS,
+        "0 to 1e6",
+    )?;
+    within(
+        "waiting requests",
+        Some(sc.waiting),
+        MAX_REQUESTS,
+        "0 to 1e6",
+    )?;
     // A fraction averaged over series; a little above 1 is rounding, far above is not.
     within("KV cache usage", sc.kv_used, 1.01, "a fraction, 0 to 1")?;
     within("KV cache tokens", sc.used_tokens, MAX_TOKENS, "0 to 1e10")?;
-    within("generation throughput", sc.gen_tok_s, MAX_TOK_S, "0 to 1e6 tokens/s")?;
+    within(
+        "generation throughput",
+        sc.gen_tok_s,
+        MAX_TOK_S,
+        "0 to 1e6 tokens/s",
+    )?;
     for (field, v) in [
         ("generated tokens counter", sc.generation_total),
         ("prompt tokens counter", sc.prompt_total),
@@ -353,7 +368,8 @@ vllm:request_prompt_tokens_bucket{engine="0",le="+Inf",model_name="m"} 10.0
         let e = check(&parse(&huge).unwrap()).unwrap_err();
         assert_eq!(e.field, "waiting requests");
         assert!(e.to_string().contains("1e6"), "{e}");
-        let sg = "sglang:num_running_reqs 1\nsglang:num_queue_reqs 0\nsglang:gen_throughput 1e300\n";
+        let sg =
+            "sglang:num_running_reqs 1\nsglang:num_queue_reqs 0\nsglang:gen_throughput 1e300\n";
         let e = check(&parse(sg).unwrap()).unwrap_err();
         assert_eq!(e.field, "generation throughput");
         let neg = "sglang:num_running_reqs -5\n";

@@ -220,7 +220,6 @@ impl CountError {
     }
 }
 
-
 impl std::fmt::Debug for ModelTokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ModelTokenizer")
@@ -620,7 +619,11 @@ impl Counting {
         lane.0.try_send(job).map_err(|e| match e {
             std::sync::mpsc::TrySendError::Full(_) => CountError::Busy(format!(
                 "every thread counting {} prompts is busy and its queue is full; retry shortly",
-                if body_len <= SMALL_BODY { "small" } else { "large" }
+                if body_len <= SMALL_BODY {
+                    "small"
+                } else {
+                    "large"
+                }
             )),
             std::sync::mpsc::TrySendError::Disconnected(_) => {
                 CountError::Busy("the counting threads are gone".to_string())
@@ -929,7 +932,9 @@ mod tests {
                 let mut set = tokio::task::JoinSet::new();
                 for _ in 0..32 {
                     let (t, body, parsed) = (t.clone(), body.clone(), parsed.clone());
-                    set.spawn(async move { t.count_async(body, Endpoint::Chat, &parsed, None).await });
+                    set.spawn(
+                        async move { t.count_async(body, Endpoint::Chat, &parsed, None).await },
+                    );
                 }
                 set.join_all().await
             });
@@ -986,7 +991,10 @@ mod tests {
             assert!(b.message.contains("at least 400"), "{}", b.message);
             assert!(b.message.contains("(32768 tokens)"), "{}", b.message);
             let api = e.into_api();
-            assert_eq!((api.status.as_u16(), api.code), (400, "context_length_exceeded"));
+            assert_eq!(
+                (api.status.as_u16(), api.code),
+                (400, "context_length_exceeded")
+            );
         }
         // Beyond the byte cap, whatever the window.
         let text = "a ".repeat(MAX_COUNT_BYTES / 2 + 1);
@@ -1013,10 +1021,19 @@ mod tests {
         let with = |patch: &str| TokenBound::of_json(patch);
         let base = r#"{"normalizer":null,"pre_tokenizer":null,"added_tokens":[],"model":{"type":"BPE","vocab":{"abc":0},"merges":[]}}"#;
         assert_eq!(with(base).max_token_bytes, Some(4));
-        assert_eq!(with(&base.replace(r#""normalizer":null"#, r#""normalizer":{"type":"NFC"}"#)), TokenBound::default());
-        assert_eq!(with(&base.replace(r#""BPE""#, r#""WordPiece""#)), TokenBound::default());
         assert_eq!(
-            with(&base.replace(r#""merges":[]"#, r#""merges":[],"unk_token":"<unk>","fuse_unk":true"#)),
+            with(&base.replace(r#""normalizer":null"#, r#""normalizer":{"type":"NFC"}"#)),
+            TokenBound::default()
+        );
+        assert_eq!(
+            with(&base.replace(r#""BPE""#, r#""WordPiece""#)),
+            TokenBound::default()
+        );
+        assert_eq!(
+            with(&base.replace(
+                r#""merges":[]"#,
+                r#""merges":[],"unk_token":"<unk>","fuse_unk":true"#
+            )),
             TokenBound::default()
         );
         assert_eq!(TokenBound::default().tokens_at_least("anything"), 0);
@@ -1061,10 +1078,7 @@ mod tests {
             panic!("a fourth large count was queued")
         };
         assert!(why.contains("large"), "{why}");
-        assert_eq!(
-            CountError::Busy(why).into_api().status.as_u16(),
-            503
-        );
+        assert_eq!(CountError::Busy(why).into_api().status.as_u16(), 503);
         let body = bytes::Bytes::from_static(br#"{"model":"m","prompt":"hello"}"#);
         let parsed = prompt::parse(&body, Endpoint::Completions).unwrap();
         let rt = tokio::runtime::Builder::new_current_thread()

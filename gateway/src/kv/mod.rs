@@ -300,7 +300,10 @@ mod tests {
         let t0 = std::time::Instant::now();
         assert_eq!(t.admit(t0), Some(0));
         for i in 1..=100 {
-            assert_eq!(t.admit(t0 + std::time::Duration::from_millis(i * 100)), None);
+            assert_eq!(
+                t.admit(t0 + std::time::Duration::from_millis(i * 100)),
+                None
+            );
         }
         assert_eq!(t.admit(t0 + Throttle::EVERY), Some(100));
         assert_eq!(t.admit(t0 + Throttle::EVERY), None);

@@ -251,7 +251,8 @@ impl Session {
             .map_err(|_| "the replay socket did not take a request in time".to_string())?
             .map_err(|e| ended("the replay socket refused a request", e))?;
         loop {
-            let wait = ANSWER_TIMEOUT.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+            let wait =
+                ANSWER_TIMEOUT.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
             let reply = match tokio::time::timeout(wait, d.recv()).await {
                 Ok(r) => r.map_err(|e| ended("the replay socket broke", e))?,
                 Err(_) if tokio::time::Instant::now() >= deadline => {
@@ -261,7 +262,11 @@ impl Session {
                     )
                     .into());
                 }
-                Err(_) => return Err("the replay socket did not answer in time".to_string().into()),
+                Err(_) => {
+                    return Err("the replay socket did not answer in time"
+                        .to_string()
+                        .into());
+                }
             };
             let mut frames = reply;
             // [empty delimiter, seq, payload]; tolerate a peer that sends no delimiter.

@@ -362,7 +362,10 @@ mod tests {
             assert!(t.placed_tokens() <= 2048, "{}", t.placed_tokens());
             assert!(t.len() <= 128);
         }
-        assert!(out.contains(&KvEvent::AllCleared), "the bound started the mirror again");
+        assert!(
+            out.contains(&KvEvent::AllCleared),
+            "the bound started the mirror again"
+        );
         assert!(t.unplaced > 0);
         // Removals give the room back.
         let mut t = Translator::for_cache(Some(1024));

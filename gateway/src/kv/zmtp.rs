@@ -213,7 +213,8 @@ impl Decoder {
             let body = len as usize;
             if self.buf.len() < header + body {
                 // Room for the rest of this frame only (bounded by the checks above).
-                self.buf.reserve((header + body - self.buf.len()).min(CHUNK));
+                self.buf
+                    .reserve((header + body - self.buf.len()).min(CHUNK));
                 return Ok(None);
             }
             self.buf.advance(header);
@@ -384,9 +385,8 @@ impl Connection {
         self.stream.write_all(&ready(kind)).await?;
         match self.recv_unit().await? {
             Unit::Command(name, body) if &name[..] == b"READY" => {
-                let peer = property(&body, b"Socket-Type")?.ok_or_else(|| {
-                    ZmtpError::Handshake("READY without a Socket-Type".into())
-                })?;
+                let peer = property(&body, b"Socket-Type")?
+                    .ok_or_else(|| ZmtpError::Handshake("READY without a Socket-Type".into()))?;
                 if !kind.accepts(peer) {
                     return Err(ZmtpError::Handshake(format!(
                         "a {} socket cannot talk to a {} socket",
@@ -548,7 +548,10 @@ mod tests {
             panic!()
         };
         assert_eq!(&name[..], b"READY");
-        assert_eq!(property(&body, b"socket-type").unwrap(), Some(&b"DEALER"[..]));
+        assert_eq!(
+            property(&body, b"socket-type").unwrap(),
+            Some(&b"DEALER"[..])
+        );
         assert!(property(&[11, b'S'], b"x").is_err());
         assert!(SocketType::Sub.accepts(b"PUB") && !SocketType::Sub.accepts(b"ROUTER"));
     }

@@ -108,7 +108,14 @@ async fn metrics(c: &HttpClient, base: &str) -> String {
 /// The gateway still answers a request (the process did not abort).
 async fn still_serving(c: &HttpClient, base: &str) {
     let body = serde_json::json!({"model": "m", "prompt": "hi", "max_tokens": 1}).to_string();
-    let r = send(c, Method::POST, &format!("{base}/v1/completions"), None, body).await;
+    let r = send(
+        c,
+        Method::POST,
+        &format!("{base}/v1/completions"),
+        None,
+        body,
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.text());
 }
 
@@ -136,7 +143,9 @@ async fn a_frame_announcing_two_to_the_61_bytes_is_refused_and_counted() {
     wait_for("a refusal", Duration::from_secs(15), async || {
         let st = kv(c, base).await;
         st["refused"].as_u64().unwrap_or(0) >= 1
-            && st["last_error"].as_str().is_some_and(|e| e.contains("refused"))
+            && st["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("refused"))
     })
     .await;
     let st = kv(c, base).await;
@@ -181,7 +190,9 @@ async fn an_endless_multipart_message_is_refused_at_the_message_limit() {
     wait_for("a refusal", Duration::from_secs(15), async || {
         let st = kv(c, base).await;
         st["refused"].as_u64().unwrap_or(0) >= 1
-            && st["last_error"].as_str().is_some_and(|e| e.contains("refused"))
+            && st["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("refused"))
     })
     .await;
     let st = kv(c, base).await;
@@ -279,8 +290,16 @@ async fn a_sequence_that_goes_backwards_starts_a_new_stream() {
     })
     .await;
     let st = kv(c, base).await;
-    assert_eq!((st["last_seq"].as_i64(), st["state"].as_str()), (Some(0), Some("live")), "{st}");
-    assert_eq!(believed().await, "0", "the dead engine's block is forgotten");
+    assert_eq!(
+        (st["last_seq"].as_i64(), st["state"].as_str()),
+        (Some(0), Some("live")),
+        "{st}"
+    );
+    assert_eq!(
+        believed().await,
+        "0",
+        "the dead engine's block is forgotten"
+    );
     // A batch at i64::MAX, then the engine counts from 0 again: nothing overflows, and the
     // new engine's block is believed (it was dropped as "already applied" before).
     tx.send(batch_message(i64::MAX, &empty_batch())).unwrap();
@@ -341,11 +360,15 @@ async fn a_replay_without_an_end_marker_ends_at_its_deadline() {
     )
     .await;
     let Gateway { base, c, .. } = &gateway;
-    wait_for("the replay's deadline", Duration::from_secs(20), async || {
-        kv(c, base).await["last_error"]
-            .as_str()
-            .is_some_and(|e| e.contains("the replay did not end within"))
-    })
+    wait_for(
+        "the replay's deadline",
+        Duration::from_secs(20),
+        async || {
+            kv(c, base).await["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("the replay did not end within"))
+        },
+    )
     .await;
     still_serving(c, base).await;
 }
