@@ -342,7 +342,7 @@ async fn a_replay_without_an_end_marker_ends_at_its_deadline() {
             tokio::spawn(async move {
                 // Whatever is asked, answer batch 0 again and again, never the end marker.
                 let mut m = frame(true, b"");
-                m.extend(batch_message(0, &empty_batch())[9..].to_vec());
+                m.extend_from_slice(&batch_message(0, &empty_batch())[9..]);
                 loop {
                     if s.write_all(&m).await.is_err() {
                         return;
