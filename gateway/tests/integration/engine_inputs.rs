@@ -240,7 +240,7 @@ fn empty_batch() -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sequence_that_goes_backwards_starts_a_new_stream() {
     let prompt = "x".repeat(2100);
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
     let rx = std::sync::Arc::new(tokio::sync::Mutex::new(rx));
     let endpoint = hostile_pub(move |mut s| {
         let rx = rx.clone();
