@@ -194,14 +194,19 @@ pub(crate) async fn list(State(s): State<Arc<Shared>>) -> Response {
             .live()
             .map(|(id, w)| (id, w.cfg.model.clone(), w.cfg.kv_events.is_some()))
             .collect();
-        (core.router.config().name.clone(), workers, keys)
+        let policy = (
+            core.router.config().name.clone(),
+            crate::signals::policy_parts(core.router.config()),
+        );
+        (policy, workers, keys)
     };
     // Outside the router's lock: the signal views take their own locks.
     for (w, (id, model, kv)) in workers.iter_mut().zip(signal_keys) {
         w["signals"] = crate::signals::admin_view(&s, id, &model, kv);
     }
     let mut body = json!({
-        "policy": policy,
+        "policy": policy.0,
+        "policy_parts": policy.1,
         "workers": workers,
         "signals": crate::signals::gateway_view(&s),
     });

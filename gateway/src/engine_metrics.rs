@@ -175,6 +175,76 @@ pub fn parse(text: &str) -> Option<Scrape> {
     None
 }
 
+/// Most requests an engine may report running or waiting: far beyond any one engine's batch
+/// and queue (vLLM's default `max_num_seqs` is 256 to 1024).
+pub const MAX_REQUESTS: f64 = 1e6;
+/// Most tokens an engine may report holding: beyond any accelerator's KV cache.
+pub const MAX_TOKENS: f64 = 1e10;
+/// Most output tokens per second an engine may report: a whole 8-GPU node is tens of
+/// thousands; one sample of 1e300 used to draw all traffic and keep it.
+pub const MAX_TOK_S: f64 = 1e6;
+/// Largest counter value read: a counter beyond it has lost integer precision as an `f64`
+/// (2^53 is about 9e15) and its differences mean nothing.
+pub const MAX_COUNTER: f64 = 1e15;
+
+/// A figure on an engine's page that no engine can report: the page is not used (a failed
+/// poll, counted and shown with this message), so the router keeps the last plausible report
+/// until it ages out.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("implausible {field} = {value} (valid: {valid})")]
+pub struct Implausible {
+    /// What the figure is (its role in the report; the engine's name for it is in the table
+    /// above).
+    pub field: &'static str,
+    /// As read (a sum over the family's series).
+    pub value: f64,
+    /// The range accepted.
+    pub valid: &'static str,
+}
+
+/// Check every figure of a scrape against what an engine can report ([`Implausible`]).
+pub fn check(sc: &Scrape) -> Result<(), Implausible> {
+    let within = |field: &'static str, v: Option<f64>, max: f64, valid: &'static str| match v {
+        Some(value) if !(0.0..=max).contains(&value) => Err(Implausible {
+            field,
+            value,
+            valid,
+        }),
+        _ => Ok(()),
+    };
+    within(
+        "running requests",
+        Some(sc.running),
+        MAX_REQUESTS,
+        "0 to 1e6",
+    )?;
+    within(
+        "waiting requests",
+        Some(sc.waiting),
+        MAX_REQUESTS,
+        "0 to 1e6",
+    )?;
+    // A fraction averaged over series; a little above 1 is rounding, far above is not.
+    within("KV cache usage", sc.kv_used, 1.01, "a fraction, 0 to 1")?;
+    within("KV cache tokens", sc.used_tokens, MAX_TOKENS, "0 to 1e10")?;
+    within(
+        "generation throughput",
+        sc.gen_tok_s,
+        MAX_TOK_S,
+        "0 to 1e6 tokens/s",
+    )?;
+    for (field, v) in [
+        ("generated tokens counter", sc.generation_total),
+        ("prompt tokens counter", sc.prompt_total),
+        ("requests counter", sc.requests_total),
+        ("decode tokens counter", sc.decode_tokens),
+        ("decode seconds counter", sc.decode_seconds),
+    ] {
+        within(field, v, MAX_COUNTER, "0 to 1e15")?;
+    }
+    Ok(())
+}
+
 /// What the gateway has sent a worker so far, as it stood when the poll was sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Sent {
@@ -248,11 +318,21 @@ pub fn report(
             })
             .unwrap_or(0.0),
     });
+    // Products and ratios of plausible figures may still not be (a rate over a window of a
+    // microsecond): tokens are held to what an engine can hold, and a rate beyond any engine's
+    // is no rate (0: the router keeps its last plausible one).
+    let tokens = |x: f64| {
+        if x.is_finite() {
+            x.clamp(0.0, MAX_TOKENS).round() as u64
+        } else {
+            0
+        }
+    };
     EngineReport {
         kv_used_fraction: kv,
-        queued_prompt_tokens: (now.waiting * mean_prompt).max(0.0).round() as u64,
-        running_tokens: running_tokens.max(0.0).round() as u64,
-        generation_tok_s: if generation_tok_s.is_finite() {
+        queued_prompt_tokens: tokens(now.waiting * mean_prompt),
+        running_tokens: tokens(running_tokens),
+        generation_tok_s: if generation_tok_s.is_finite() && generation_tok_s <= MAX_TOK_S {
             generation_tok_s.max(0.0)
         } else {
             0.0
@@ -275,6 +355,47 @@ vllm:request_prompt_tokens_sum{engine="0",model_name="m"} 5000.0
 vllm:request_prompt_tokens_count{engine="0",model_name="m"} 10.0
 vllm:request_prompt_tokens_bucket{engine="0",le="+Inf",model_name="m"} 10.0
 "#;
+
+    /// The probe's gauges: a waiting count of 1e30 and a throughput of 1e300 are refused as
+    /// implausible (the poll fails, counted, and the last report ages out), and a report made
+    /// from figures that pass is held to what an engine can hold.
+    #[test]
+    fn implausible_gauges_are_refused_and_reports_are_bounded() {
+        let huge = VLLM.replace(
+            "vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 2.0",
+            "vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 1e30",
+        );
+        let e = check(&parse(&huge).unwrap()).unwrap_err();
+        assert_eq!(e.field, "waiting requests");
+        assert!(e.to_string().contains("1e6"), "{e}");
+        let sg =
+            "sglang:num_running_reqs 1\nsglang:num_queue_reqs 0\nsglang:gen_throughput 1e300\n";
+        let e = check(&parse(sg).unwrap()).unwrap_err();
+        assert_eq!(e.field, "generation throughput");
+        let neg = "sglang:num_running_reqs -5\n";
+        assert!(check(&parse(neg).unwrap()).is_err());
+        assert!(check(&parse(VLLM).unwrap()).is_ok());
+        // A mean prompt times a plausible queue, beyond any cache: held to MAX_TOKENS.
+        let mut a = parse(VLLM).unwrap();
+        a.waiting = MAX_REQUESTS;
+        a.prompt_total = Some(MAX_COUNTER);
+        let r = report(&a, None, None, Sent::default());
+        assert_eq!(r.queued_prompt_tokens, MAX_TOKENS as u64);
+        // A rate over a vanishing window is no rate.
+        let b = Scrape {
+            generation_total: a.generation_total.map(|g| g + 1e9),
+            ..a
+        };
+        let mut a2 = a;
+        a2.decode_tokens = None;
+        let b2 = Scrape {
+            decode_tokens: None,
+            running: 0.0,
+            ..b
+        };
+        let r = report(&b2, Some((&a2, 1e-6)), None, Sent::default());
+        assert_eq!(r.generation_tok_s, 0.0);
+    }
 
     #[test]
     fn vllm_names_become_a_report() {

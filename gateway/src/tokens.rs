@@ -89,6 +89,135 @@ pub struct ModelTokenizer {
     bos: String,
     eos: String,
     source: String,
+    bound: TokenBound,
+}
+
+/// Largest `tokenizer.json` read: the largest public ones (multilingual vocabularies of 256k
+/// tokens) are about 35 MB; a file beyond this is not a tokenizer the gateway should hold.
+pub const MAX_TOKENIZER_BYTES: u64 = 128 << 20;
+
+/// Largest prompt text the gateway tokenizes (after rendering): 8 MiB. A count costs about
+/// 3 s of CPU and 350 bytes of the tokenizer's working memory per byte of text (a
+/// 4,000,000-digit prompt: 11.9 s and 1.37 GB), so beyond this the prompt is refused rather
+/// than counted; below it, [`TokenBound`] refuses what cannot fit a window without counting.
+pub const MAX_COUNT_BYTES: usize = 8 << 20;
+
+/// A sound lower bound on the tokens a text encodes to, from its bytes alone, where the
+/// tokenizer's shape allows one (else none: the prompt is counted).
+///
+/// For a BPE model with no normalizer (so the text reaches the pre-tokenizer unchanged) and no
+/// fused unknown token, every token stands for at most `max_token_bytes` bytes of the text (the
+/// longest vocabulary entry or added token, in UTF-8 bytes, which is at least the bytes it
+/// stands for: a byte-level alphabet spends one or two UTF-8 bytes per byte), so a text of `b`
+/// bytes is at least `ceil(b / max_token_bytes)` tokens. With a `Digits` pre-tokenizer that
+/// splits digits individually (SmolLM2, …), every ASCII digit is a piece of its own and so at
+/// least one token, unless an added token contains a digit (it would be matched first).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenBound {
+    /// The most bytes one token covers, when known.
+    pub max_token_bytes: Option<usize>,
+    /// Whether each ASCII digit is at least one token.
+    pub digit_tokens: bool,
+}
+
+impl TokenBound {
+    /// Read the bound's facts from a `tokenizer.json`'s text (none when it is not a shape the
+    /// bound is sound for).
+    pub fn of_json(json: &str) -> TokenBound {
+        let Ok(v) = serde_json::from_str::<Value>(json) else {
+            return TokenBound::default();
+        };
+        let model = &v["model"];
+        let bpe = model["type"].as_str() == Some("BPE");
+        let fused_unk = model["unk_token"].is_string() && model["fuse_unk"].as_bool() == Some(true);
+        if !bpe || fused_unk || !v["normalizer"].is_null() {
+            return TokenBound::default();
+        }
+        let added: Vec<&str> = v["added_tokens"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|t| t["content"].as_str()).collect())
+            .unwrap_or_default();
+        let vocab_max = model["vocab"]
+            .as_object()
+            .map(|m| m.keys().map(String::len).max().unwrap_or(0))
+            .unwrap_or(0);
+        let longest = added.iter().map(|t| t.len()).fold(vocab_max, usize::max);
+        if longest == 0 {
+            return TokenBound::default();
+        }
+        fn splits_digits(p: &Value) -> bool {
+            match p["type"].as_str() {
+                Some("Digits") => p["individual_digits"].as_bool() == Some(true),
+                Some("Sequence") => p["pretokenizers"]
+                    .as_array()
+                    .is_some_and(|ps| ps.iter().any(splits_digits)),
+                _ => false,
+            }
+        }
+        TokenBound {
+            // An unknown character (not fused) is one token of up to 4 bytes.
+            max_token_bytes: Some(longest.max(4)),
+            digit_tokens: splits_digits(&v["pre_tokenizer"])
+                && !added.iter().any(|t| t.bytes().any(|b| b.is_ascii_digit())),
+        }
+    }
+
+    /// The least number of tokens `text` can encode to (0 when no bound is known).
+    pub fn tokens_at_least(&self, text: &str) -> u64 {
+        let Some(per) = self.max_token_bytes else {
+            return 0;
+        };
+        let bytes = text.len() as u64;
+        if self.digit_tokens {
+            let digits = text.bytes().filter(u8::is_ascii_digit).count() as u64;
+            digits + (bytes - digits).div_ceil(per as u64)
+        } else {
+            bytes.div_ceil(per as u64)
+        }
+    }
+}
+
+/// Why a prompt was not counted.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CountError {
+    /// The request cannot be tokenized (a 400).
+    Bad(BadRequest),
+    /// The prompt cannot fit the model's largest window, shown from its bytes (a 400,
+    /// `context_length_exceeded`), or is beyond [`MAX_COUNT_BYTES`].
+    TooLong(BadRequest),
+    /// The counting threads for large prompts are all taken and their queue is full, or the
+    /// count waited past its deadline (a 503 with `Retry-After`).
+    Busy(String),
+}
+
+impl From<BadRequest> for CountError {
+    fn from(b: BadRequest) -> CountError {
+        CountError::Bad(b)
+    }
+}
+
+impl CountError {
+    /// The answer to the client.
+    pub fn into_api(self) -> crate::error::ApiError {
+        use crate::error::ApiError;
+        match self {
+            CountError::Bad(b) => ApiError::bad_request(b.message, b.param),
+            CountError::TooLong(b) => ApiError {
+                param: b.param,
+                code: "context_length_exceeded",
+                ..ApiError::bad_request(b.message, b.param)
+            },
+            CountError::Busy(why) => ApiError {
+                retry_after_s: Some(1),
+                ..ApiError::new(
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                    "service_unavailable_error",
+                    "counting_busy",
+                    why,
+                )
+            },
+        }
+    }
 }
 
 impl std::fmt::Debug for ModelTokenizer {
@@ -114,6 +243,14 @@ pub enum TokenizerError {
         /// Why.
         error: tokenizers::Error,
     },
+    /// The tokenizer file is larger than [`MAX_TOKENIZER_BYTES`] (or unreadable).
+    #[error("cannot read `{}`: {why}", .path.display())]
+    ReadTokenizer {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        why: String,
+    },
     /// The chat template cannot be read.
     #[error("cannot read `{}`: {error}", .path.display())]
     ReadTemplate {
@@ -132,18 +269,43 @@ pub enum TokenizerError {
     },
 }
 
+/// A tokenizer file's text, refused beyond [`MAX_TOKENIZER_BYTES`] before it is read.
+fn read_capped(path: &Path) -> Result<String, TokenizerError> {
+    use std::io::Read as _;
+    let err = |why: String| TokenizerError::ReadTokenizer {
+        path: path.to_path_buf(),
+        why,
+    };
+    let f = std::fs::File::open(path).map_err(|e| err(e.to_string()))?;
+    let mut text = String::new();
+    // `take` holds the read to the cap even if the file grows (or is not a regular file).
+    f.take(MAX_TOKENIZER_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| err(e.to_string()))?;
+    if text.len() as u64 > MAX_TOKENIZER_BYTES {
+        return Err(err(format!(
+            "larger than {} MiB (a tokenizer.json is at most a few tens of MiB)",
+            MAX_TOKENIZER_BYTES >> 20
+        )));
+    }
+    Ok(text)
+}
+
 impl ModelTokenizer {
     /// Load a tokenizer (and template). Errors say which file and why.
     pub fn load(
         tokenizer: &Path,
         chat_template: Option<&Path>,
     ) -> Result<ModelTokenizer, TokenizerError> {
-        let tk = tokenizers::Tokenizer::from_file(tokenizer).map_err(|error| {
+        let json = read_capped(tokenizer)?;
+        let tk = tokenizers::Tokenizer::from_bytes(json.as_bytes()).map_err(|error| {
             TokenizerError::Tokenizer {
                 path: tokenizer.to_path_buf(),
                 error,
             }
         })?;
+        let bound = TokenBound::of_json(&json);
+        drop(json);
         let template = match chat_template {
             Some(p) => {
                 let text =
@@ -179,6 +341,7 @@ impl ModelTokenizer {
             ]),
             tokenizer: tk,
             template,
+            bound,
             source: format!(
                 "{}{}",
                 tokenizer.display(),
@@ -214,6 +377,8 @@ impl ModelTokenizer {
 
     /// Encode text (`special`: let the tokenizer add its special tokens).
     pub fn encode(&self, text: &str, special: bool) -> Result<Vec<u32>, BadRequest> {
+        #[cfg(test)]
+        ENCODED.with(|n| n.set(n.get() + 1));
         self.tokenizer
             .encode_fast(text, special)
             .map(|e| e.get_ids().to_vec())
@@ -225,28 +390,96 @@ impl ModelTokenizer {
 
     /// The token ids of a request as the engine would compute them.
     pub fn ids(&self, body: &[u8], ep: Endpoint, parsed: &Parsed) -> Result<Vec<u32>, BadRequest> {
+        match self.input(body, ep, parsed)? {
+            Input::Ids(ids) => Ok(ids),
+            Input::Text(text, special) => self.encode(&text, special),
+        }
+    }
+
+    /// What the engine would tokenize: the rendered text (and whether special tokens are
+    /// added), or the ids a completion gave.
+    fn input(&self, body: &[u8], ep: Endpoint, parsed: &Parsed) -> Result<Input, BadRequest> {
         let v: Value = serde_json::from_slice(body).map_err(|e| BadRequest {
             message: e.to_string(),
             param: None,
         })?;
-        match ep {
+        Ok(match ep {
             Endpoint::Chat => match &self.template {
-                Some(env) => {
-                    let text = render_chat(env, &v, &self.bos, &self.eos)?;
-                    self.encode(&text, false)
-                }
-                None => self.encode(&parsed.prompt, false),
+                Some(env) => Input::Text(render_chat(env, &v, &self.bos, &self.eos)?, false),
+                None => Input::Text(parsed.prompt.clone(), false),
             },
             Endpoint::Completions => match v.get("prompt") {
-                Some(Value::Array(items)) if items.iter().all(Value::is_u64) => Ok(items
-                    .iter()
-                    .filter_map(Value::as_u64)
-                    .map(|x| u32::try_from(x).unwrap_or(u32::MAX))
-                    .collect()),
-                _ => self.encode(&parsed.prompt, true),
+                Some(Value::Array(items)) if items.iter().all(Value::is_u64) => Input::Ids(
+                    items
+                        .iter()
+                        .filter_map(Value::as_u64)
+                        .map(|x| u32::try_from(x).unwrap_or(u32::MAX))
+                        .collect(),
+                ),
+                _ => Input::Text(parsed.prompt.clone(), true),
             },
-        }
+        })
     }
+
+    /// [`ModelTokenizer::ids`], refusing without encoding a text beyond [`MAX_COUNT_BYTES`] or
+    /// one whose [`TokenBound`] exceeds `window` (the largest context window among the model's
+    /// workers, when known).
+    pub fn ids_within(
+        &self,
+        body: &[u8],
+        ep: Endpoint,
+        parsed: &Parsed,
+        window: Option<u32>,
+    ) -> Result<Vec<u32>, CountError> {
+        let param = match ep {
+            Endpoint::Chat => "messages",
+            Endpoint::Completions => "prompt",
+        };
+        let (text, special) = match self.input(body, ep, parsed)? {
+            Input::Ids(ids) => return Ok(ids),
+            Input::Text(t, special) => (t, special),
+        };
+        if text.len() > MAX_COUNT_BYTES {
+            return Err(CountError::TooLong(BadRequest {
+                message: format!(
+                    "the prompt is {} bytes; the gateway counts prompts of at most {} MiB",
+                    text.len(),
+                    MAX_COUNT_BYTES >> 20
+                ),
+                param: Some(param),
+            }));
+        }
+        if let Some(w) = window {
+            let least = self.bound.tokens_at_least(&text);
+            if least > u64::from(w) {
+                return Err(CountError::TooLong(BadRequest {
+                    message: format!(
+                        "the prompt is at least {least} tokens ({} bytes), more than the largest context window of model `{}` ({w} tokens)",
+                        text.len(),
+                        parsed.model
+                    ),
+                    param: Some(param),
+                }));
+            }
+        }
+        Ok(self.encode(&text, special)?)
+    }
+
+    /// The bound this tokenizer allows ([`TokenBound`]).
+    pub fn bound(&self) -> TokenBound {
+        self.bound
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Texts this thread encoded (the tests check that a refusal encoded nothing).
+    static ENCODED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+enum Input {
+    Ids(Vec<u32>),
+    Text(String, bool),
 }
 
 /// Render chat messages with the model's template, text parts of array contents joined by
@@ -295,65 +528,107 @@ pub struct Tokenizers {
     counting: Arc<Counting>,
 }
 
-/// The threads that count prompts for the request path: one per core, started at the first
-/// count, ending when the last clone of the [`Tokenizers`] goes. Counts used to run on tokio's
-/// blocking pool, where every count that found no idle thread started one more (up to 512): a
-/// stall of a few milliseconds at 400 req/s left the pool a dozen threads larger, kept alive by
-/// the next counts, each with its own glibc malloc arena holding the tokenizer's garbage, and
-/// the gateway's RSS rose a step at every stall (+0.11 MiB/min over a 29-minute soak, with the
-/// live heap flat). Counting is pure CPU work, so more threads than cores would not finish a
-/// count any sooner; a bound on counts at once was not enough (the pool still grew, by the
-/// threads that had finished a count but were not yet idle again).
+/// The threads that count prompts for the request path, in two lanes, started at the first
+/// count and ending when the last clone of the [`Tokenizers`] goes.
+///
+/// One thread per core counts small prompts (bodies up to [`SMALL_BODY`]); a separate half of
+/// the cores (at least one thread) counts large ones, behind a queue of [`LARGE_QUEUE`] per
+/// thread: a few clients sending megabyte prompts then take the large lane only, and a short
+/// request is counted as soon as a small-lane thread is free (the probe's "hello" waited 6-10 s
+/// behind four 1 MB prompts when both shared one queue). A large prompt that finds the queue
+/// full, or whose count waited more than [`COUNT_WAIT`], is answered 503 with `Retry-After`.
+///
+/// Why fixed threads at all: counts used to run on tokio's blocking pool, where every count
+/// that found no idle thread started one more (up to 512): a stall of a few milliseconds at 400
+/// req/s left the pool a dozen threads larger, each with its own glibc malloc arena holding the
+/// tokenizer's garbage, and the gateway's RSS rose a step at every stall (+0.11 MiB/min over a
+/// 29-minute soak, with the live heap flat).
 #[derive(Debug)]
 struct Counting {
     threads: usize,
-    queue: std::sync::OnceLock<Result<std::sync::mpsc::Sender<CountJob>, String>>,
+    small: std::sync::OnceLock<Result<Lane, String>>,
+    large: std::sync::OnceLock<Result<Lane, String>>,
     /// The threads that ran a count (for the tests).
     #[cfg(test)]
     seen: std::sync::Mutex<std::collections::HashSet<std::thread::ThreadId>>,
 }
 
+/// Bodies up to this many bytes count in the small lane (a 64 KiB prompt is about 16k tokens,
+/// a few milliseconds of counting).
+pub const SMALL_BODY: usize = 64 << 10;
+/// Large counts waiting per large-lane thread before a large prompt is refused.
+pub const LARGE_QUEUE: usize = 2;
+/// Small counts waiting before a small prompt is refused (the bodies are held by their
+/// requests anyway; this bounds the queue, not the memory).
+pub const SMALL_QUEUE: usize = 4096;
+/// Longest a count may wait for a thread before it is refused instead of started.
+pub const COUNT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 type CountJob = Box<dyn FnOnce() + Send>;
+
+/// One lane's queue (its threads end when it is dropped).
+#[derive(Debug)]
+struct Lane(std::sync::mpsc::SyncSender<CountJob>);
+
+impl Lane {
+    fn start(name: &str, threads: usize, queue: usize) -> Result<Lane, String> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<CountJob>(queue);
+        let rx = Arc::new(std::sync::Mutex::new(rx));
+        for i in 0..threads {
+            let rx = rx.clone();
+            std::thread::Builder::new()
+                .name(format!("routelab-count-{name}-{i}"))
+                .spawn(move || {
+                    loop {
+                        let next = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                        let Ok(job) = next else { return };
+                        // A count that panics fails its request (its answer is dropped
+                        // unsent), not the thread.
+                        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                    }
+                })
+                .map_err(|e| format!("cannot start a counting thread: {e}"))?;
+        }
+        Ok(Lane(tx))
+    }
+}
 
 impl Counting {
     fn new(threads: usize) -> Counting {
         Counting {
             threads: threads.max(1),
-            queue: std::sync::OnceLock::new(),
+            small: std::sync::OnceLock::new(),
+            large: std::sync::OnceLock::new(),
             #[cfg(test)]
             seen: Default::default(),
         }
     }
 
-    /// Run `job` on one of the threads (started now if this is the first job); why not, if
-    /// they could not be started.
-    fn run(&self, job: CountJob) -> Result<(), String> {
-        let queue = self.queue.get_or_init(|| {
-            let (tx, rx) = std::sync::mpsc::channel::<CountJob>();
-            let rx = Arc::new(std::sync::Mutex::new(rx));
-            for i in 0..self.threads {
-                let rx = rx.clone();
-                std::thread::Builder::new()
-                    .name(format!("routelab-count-{i}"))
-                    .spawn(move || {
-                        loop {
-                            let next = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
-                            let Ok(job) = next else { return };
-                            // A count that panics fails its request (its answer is dropped
-                            // unsent), not the thread.
-                            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
-                        }
-                    })
-                    .map_err(|e| format!("cannot start a counting thread: {e}"))?;
+    /// Run `job` on a thread of the lane for a body of `body_len` bytes (started now if this is
+    /// the lane's first job); why not, when the lane is full or could not be started.
+    fn run(&self, body_len: usize, job: CountJob) -> Result<(), CountError> {
+        let lane = if body_len <= SMALL_BODY {
+            self.small
+                .get_or_init(|| Lane::start("small", self.threads, SMALL_QUEUE))
+        } else {
+            let n = (self.threads / 2).max(1);
+            self.large
+                .get_or_init(|| Lane::start("large", n, n * LARGE_QUEUE))
+        };
+        let lane = lane.as_ref().map_err(|e| CountError::Busy(e.clone()))?;
+        lane.0.try_send(job).map_err(|e| match e {
+            std::sync::mpsc::TrySendError::Full(_) => CountError::Busy(format!(
+                "every thread counting {} prompts is busy and its queue is full; retry shortly",
+                if body_len <= SMALL_BODY {
+                    "small"
+                } else {
+                    "large"
+                }
+            )),
+            std::sync::mpsc::TrySendError::Disconnected(_) => {
+                CountError::Busy("the counting threads are gone".to_string())
             }
-            Ok(tx)
-        });
-        match queue {
-            Ok(tx) => tx
-                .send(job)
-                .map_err(|_| "the counting threads are gone".to_string()),
-            Err(e) => Err(e.clone()),
-        }
+        })
     }
 }
 
@@ -424,14 +699,17 @@ impl Tokenizers {
 
     /// [`Tokenizers::count`] for the request path: a tokenizer's work (a short chat takes
     /// 0.1-0.25 ms here: BPE behind the pure-Rust regex pre-tokenizer) runs on the counting
-    /// threads, one per core ([`Counting`]), so it never holds one of the executor's threads;
-    /// the estimate runs in place.
+    /// threads ([`Counting`]: a lane for small prompts, another for large ones, bounded queues,
+    /// a wait deadline), so it never holds one of the executor's threads; the estimate runs in
+    /// place. `window`, the largest context window among the model's workers, lets a prompt
+    /// that cannot fit be refused from its bytes without counting ([`TokenBound`]).
     pub async fn count_async(
         &self,
         body: bytes::Bytes,
         ep: Endpoint,
         parsed: &Parsed,
-    ) -> Result<Counted, BadRequest> {
+        window: Option<u32>,
+    ) -> Result<Counted, CountError> {
         let Some(t) = self.models.get(&parsed.model) else {
             return Ok(estimate(parsed));
         };
@@ -439,9 +717,18 @@ impl Tokenizers {
         let (tx, rx) = tokio::sync::oneshot::channel();
         #[cfg(test)]
         let counting = self.counting.clone();
+        let body_len = body.len();
+        let queued = std::time::Instant::now();
         let job = Box::new(move || {
             // The request went away while its count waited: nothing to count for.
             if tx.is_closed() {
+                return;
+            }
+            if queued.elapsed() > COUNT_WAIT {
+                let _ = tx.send(Err(CountError::Busy(format!(
+                    "the prompt waited more than {} s to be counted; retry shortly",
+                    COUNT_WAIT.as_secs()
+                ))));
                 return;
             }
             #[cfg(test)]
@@ -450,16 +737,31 @@ impl Tokenizers {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(std::thread::current().id());
-            let _ = tx.send(exact(&t, &body, ep, &p));
+            let _ = tx.send(exact_within(&t, &body, ep, &p, window));
         });
-        let failed = |why: String| BadRequest {
-            message: format!("the prompt could not be tokenized: {why}"),
-            param: None,
-        };
-        self.counting.run(job).map_err(failed)?;
-        rx.await
-            .unwrap_or_else(|_| Err(failed("the count panicked".to_string())))
+        self.counting.run(body_len, job)?;
+        rx.await.unwrap_or_else(|_| {
+            Err(CountError::Bad(BadRequest {
+                message: "the prompt could not be tokenized: the count panicked".to_string(),
+                param: None,
+            }))
+        })
     }
+}
+
+fn exact_within(
+    t: &ModelTokenizer,
+    body: &[u8],
+    ep: Endpoint,
+    parsed: &Parsed,
+    window: Option<u32>,
+) -> Result<Counted, CountError> {
+    let ids = t.ids_within(body, ep, parsed, window)?;
+    Ok(Counted {
+        prompt_tokens: u32::try_from(ids.len()).unwrap_or(u32::MAX),
+        prefix: block_keys(&ids),
+        exact: true,
+    })
 }
 
 fn exact(
@@ -491,6 +793,54 @@ pub fn config_base(origin: &str) -> PathBuf {
     match p.parent() {
         Some(d) if p.is_file() => d.to_path_buf(),
         _ => PathBuf::from("."),
+    }
+}
+
+#[cfg(test)]
+mod props {
+    use super::tests::smollm2;
+    use super::*;
+    use proptest::prelude::*;
+
+    fn tokenizer() -> &'static ModelTokenizer {
+        static T: std::sync::OnceLock<ModelTokenizer> = std::sync::OnceLock::new();
+        T.get_or_init(|| ModelTokenizer::load(&smollm2().join("tokenizer.json"), None).unwrap())
+    }
+
+    /// Pieces a prompt is made of: digits, words, spaces and newlines, punctuation, multi-byte
+    /// characters, special tokens, long runs of one character.
+    fn piece() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[0-9]{1,12}",
+            "[a-zA-Z]{1,12}",
+            "[ \n\t]{1,4}",
+            "[!-/:-@]{1,6}",
+            Just("é中🙂".to_string()),
+            Just("<|im_start|>".to_string()),
+            Just("<|endoftext|>".to_string()),
+            (1usize..300).prop_map(|n| "-".repeat(n)),
+            (1usize..300).prop_map(|n| " ".repeat(n)),
+            (1usize..200).prop_map(|n| "ab".repeat(n)),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// The bound a prompt is refused on is never above its exact count, over lengths from
+        /// empty to a few thousand bytes and every kind of piece (with and without the
+        /// tokenizer's special tokens).
+        #[test]
+        fn the_byte_bound_never_exceeds_the_exact_count(
+            pieces in prop::collection::vec(piece(), 0..120),
+        ) {
+            let text: String = pieces.concat();
+            let t = tokenizer();
+            let least = t.bound().tokens_at_least(&text);
+            for special in [false, true] {
+                let n = t.encode(&text, special).unwrap().len() as u64;
+                prop_assert!(least <= n, "bound {} > exact {} for {:?}", least, n, text);
+            }
+        }
     }
 }
 
@@ -561,8 +911,9 @@ mod tests {
         }];
         let mut t = Tokenizers::load(&models, Path::new("."), "gw.yaml").unwrap();
         t.counting = Arc::new(Counting::new(2));
-        // Long enough (a few ms each) that 32 counts started together overlap.
-        let words = "the quick brown fox jumps over the lazy dog ".repeat(2_000);
+        // Long enough (a few ms each) that 32 counts started together overlap, and small enough
+        // (under SMALL_BODY) for the small lane, whose queue takes them all.
+        let words = "the quick brown fox jumps over the lazy dog ".repeat(1_400);
         let body = bytes::Bytes::from(
             serde_json::json!({"model": "m", "messages": [{"role": "user", "content": words}]})
                 .to_string(),
@@ -581,7 +932,9 @@ mod tests {
                 let mut set = tokio::task::JoinSet::new();
                 for _ in 0..32 {
                     let (t, body, parsed) = (t.clone(), body.clone(), parsed.clone());
-                    set.spawn(async move { t.count_async(body, Endpoint::Chat, &parsed).await });
+                    set.spawn(
+                        async move { t.count_async(body, Endpoint::Chat, &parsed, None).await },
+                    );
                 }
                 set.join_all().await
             });
@@ -595,6 +948,149 @@ mod tests {
             (1..=2).contains(&threads),
             "64 counts ran on {threads} threads, not at most 2"
         );
+    }
+
+    fn smol() -> ModelTokenizer {
+        let dir = smollm2();
+        ModelTokenizer::load(
+            &dir.join("tokenizer.json"),
+            Some(&dir.join("chat_template.jinja")),
+        )
+        .unwrap()
+    }
+
+    /// Defect 2's probe: a 4,000,000-digit prompt to a model with a 32k window cost 11.9 s of
+    /// CPU and 1.37 GB before its refusal. SmolLM2 splits digits one by one, so the bytes alone
+    /// show at least 4,000,000 tokens: refused without encoding anything.
+    #[test]
+    fn a_four_million_digit_prompt_is_refused_from_its_bytes_without_counting() {
+        let t = smol();
+        assert_eq!(
+            t.bound(),
+            TokenBound {
+                max_token_bytes: Some(162),
+                digit_tokens: true
+            }
+        );
+        for ep in [Endpoint::Completions, Endpoint::Chat] {
+            let digits = "7".repeat(4_000_000);
+            let body = match ep {
+                Endpoint::Completions => serde_json::json!({"model": "m", "prompt": digits}),
+                Endpoint::Chat => serde_json::json!({"model": "m", "messages": [{"role": "user", "content": digits}]}),
+            }
+            .to_string();
+            let parsed = prompt::parse(body.as_bytes(), ep).unwrap();
+            let before = ENCODED.with(|n| n.get());
+            let e = t
+                .ids_within(body.as_bytes(), ep, &parsed, Some(32_768))
+                .unwrap_err();
+            assert_eq!(ENCODED.with(|n| n.get()), before, "nothing was encoded");
+            let CountError::TooLong(b) = &e else {
+                panic!("{e:?}")
+            };
+            assert!(b.message.contains("at least 400"), "{}", b.message);
+            assert!(b.message.contains("(32768 tokens)"), "{}", b.message);
+            let api = e.into_api();
+            assert_eq!(
+                (api.status.as_u16(), api.code),
+                (400, "context_length_exceeded")
+            );
+        }
+        // Beyond the byte cap, whatever the window.
+        let text = "a ".repeat(MAX_COUNT_BYTES / 2 + 1);
+        let body = serde_json::json!({"model": "m", "prompt": text}).to_string();
+        let parsed = prompt::parse(body.as_bytes(), Endpoint::Completions).unwrap();
+        let e = t
+            .ids_within(body.as_bytes(), Endpoint::Completions, &parsed, None)
+            .unwrap_err();
+        assert!(matches!(e, CountError::TooLong(_)), "{e:?}");
+        // A prompt that fits is counted as before.
+        let body = br#"{"model":"m","prompt":"hello 12345"}"#;
+        let parsed = prompt::parse(body, Endpoint::Completions).unwrap();
+        assert_eq!(
+            t.ids_within(body, Endpoint::Completions, &parsed, Some(32_768))
+                .unwrap(),
+            t.ids(body, Endpoint::Completions, &parsed).unwrap()
+        );
+    }
+
+    /// A tokenizer whose shape gives no sound bound (a normalizer may shrink the text; a fused
+    /// unknown token covers any run) gets none.
+    #[test]
+    fn no_bound_where_it_would_not_be_sound() {
+        let with = |patch: &str| TokenBound::of_json(patch);
+        let base = r#"{"normalizer":null,"pre_tokenizer":null,"added_tokens":[],"model":{"type":"BPE","vocab":{"abc":0},"merges":[]}}"#;
+        assert_eq!(with(base).max_token_bytes, Some(4));
+        assert_eq!(
+            with(&base.replace(r#""normalizer":null"#, r#""normalizer":{"type":"NFC"}"#)),
+            TokenBound::default()
+        );
+        assert_eq!(
+            with(&base.replace(r#""BPE""#, r#""WordPiece""#)),
+            TokenBound::default()
+        );
+        assert_eq!(
+            with(&base.replace(
+                r#""merges":[]"#,
+                r#""merges":[],"unk_token":"<unk>","fuse_unk":true"#
+            )),
+            TokenBound::default()
+        );
+        assert_eq!(TokenBound::default().tokens_at_least("anything"), 0);
+    }
+
+    /// Defect 2's queue: four 1 MB prompts kept a "hello" waiting 6-10 s. Large prompts now
+    /// have their own lane behind a bounded queue: with every large-lane thread held and its
+    /// queue full, a further large prompt is refused (503) and a small one is still counted.
+    #[test]
+    fn large_prompts_cannot_hold_up_small_ones_and_their_queue_is_bounded() {
+        let dir = smollm2();
+        let models = vec![ModelConfig {
+            name: "m".into(),
+            tokenizer: dir.join("tokenizer.json"),
+            chat_template: None,
+        }];
+        let mut t = Tokenizers::load(&models, Path::new("."), "gw.yaml").unwrap();
+        t.counting = Arc::new(Counting::new(2));
+        // One large-lane thread (half of 2), two waiting places: three large jobs that block
+        // until released fill it.
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let held = Arc::new(std::sync::Mutex::new(held));
+        let (started_tx, started) = std::sync::mpsc::channel::<()>();
+        for i in 0..3 {
+            let (held, started_tx) = (held.clone(), started_tx.clone());
+            t.counting
+                .run(
+                    SMALL_BODY + 1,
+                    Box::new(move || {
+                        let _ = started_tx.send(());
+                        let _ = held.lock().unwrap().recv();
+                    }),
+                )
+                .unwrap();
+            if i == 0 {
+                // The lane's thread holds the first; the next two wait in its queue.
+                started.recv().unwrap();
+            }
+        }
+        let refused = t.counting.run(SMALL_BODY + 1, Box::new(|| {}));
+        let Err(CountError::Busy(why)) = refused else {
+            panic!("a fourth large count was queued")
+        };
+        assert!(why.contains("large"), "{why}");
+        assert_eq!(CountError::Busy(why).into_api().status.as_u16(), 503);
+        let body = bytes::Bytes::from_static(br#"{"model":"m","prompt":"hello"}"#);
+        let parsed = prompt::parse(&body, Endpoint::Completions).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let c = rt
+            .block_on(t.count_async(body, Endpoint::Completions, &parsed, Some(32_768)))
+            .unwrap();
+        assert_eq!(c.prompt_tokens, 1);
+        for _ in 0..3 {
+            release.send(()).unwrap();
+        }
     }
 
     #[test]

@@ -138,9 +138,12 @@ impl Signals {
     /// since, or the local count when no report ever came.
     pub(crate) fn engine_tokens(&self) -> f64 {
         match self.report {
-            Some(r) => {
-                (r.queued_prompt_tokens + r.running_tokens + self.tokens_since_report) as f64
-            }
+            // Saturating: an engine's figures are input from outside (a gauge of 1e30 read as
+            // u64::MAX wrapped a plain sum to a small number and drew all traffic there).
+            Some(r) => r
+                .queued_prompt_tokens
+                .saturating_add(r.running_tokens)
+                .saturating_add(self.tokens_since_report) as f64,
             None => self.tokens_in_flight as f64,
         }
     }
@@ -174,6 +177,31 @@ mod tests {
         s.release(a);
         s.release(b);
         assert_eq!((s.tokens_in_flight, s.uncached_in_flight), (0, 0));
+    }
+
+    /// The probe's `vllm:num_requests_waiting 1e30`: the gauge reads as `u64::MAX` tokens, and a
+    /// plain sum wrapped to a few tokens, the least load of the fleet. Saturated, it is the
+    /// most.
+    #[test]
+    fn a_huge_report_saturates_rather_than_wrapping_to_a_light_load() {
+        let mut s = Signals::default();
+        s.charge(Charge {
+            tokens: 100,
+            uncached: 100,
+            ..Charge::NONE
+        });
+        s.report(EngineReport {
+            kv_used_fraction: 0.5,
+            queued_prompt_tokens: 1e30 as u64,
+            running_tokens: 500,
+            generation_tok_s: 0.0,
+        });
+        s.charge(Charge {
+            tokens: 10,
+            uncached: 0,
+            ..Charge::NONE
+        });
+        assert_eq!(s.engine_tokens(), u64::MAX as f64);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! policy: predictive           # a preset / composition name, or a full policy mapping
 //! seed: 1                      # routing RNG seed
 //! state_file: gateway-state.json
-//! admin_token: change-me
+//! admin_token: change-me-to-a-secret
 //! workers:
 //!   - name: pair
 //!     base_url: http://127.0.0.1:8001
@@ -633,8 +633,28 @@ impl GatewayConfig {
                     .valid("a file path, e.g. /var/log/routelab/requests.jsonl"),
             );
         }
-        if let Err(reason) = crate::upstream::check_path(&self.health.path) {
-            return Err(InputError::new(file, "health.path", reason.to_string())
+        if let Some(t) = &self.admin_token {
+            let n = t.expose().chars().count();
+            // Empty is "no token" (state::Settings drops it); a short one is guessable, and
+            // redaction rewrites every log line containing it (a token of `tok` turned `tok_s`
+            // into `<redacted>_s`).
+            if n > 0 && n < MIN_ADMIN_TOKEN_CHARS {
+                return Err(InputError::new(
+                    file,
+                    "admin_token",
+                    format!("is {n} characters long, too short to be a secret"),
+                )
+                .valid(format!(
+                    "at least {MIN_ADMIN_TOKEN_CHARS} characters, e.g. the output of `openssl rand -hex 16`"
+                )));
+            }
+        }
+        let path_problem = crate::upstream::check_path(&self.health.path)
+            .err()
+            .map(|e| e.to_string())
+            .or_else(|| worker::text_problem(&self.health.path));
+        if let Some(reason) = path_problem {
+            return Err(InputError::new(file, "health.path", reason)
                 .valid("a path such as /health or /v1/models"));
         }
         let mut names = std::collections::HashSet::new();
@@ -654,6 +674,9 @@ impl GatewayConfig {
         Ok(())
     }
 }
+
+/// Shortest `admin_token` accepted.
+pub const MIN_ADMIN_TOKEN_CHARS: usize = 12;
 
 /// `host:port` with a port number (the host is resolved when binding).
 fn check_listen_address(file: &str, field: &str, addr: &str) -> Result<(), InputError> {

@@ -86,7 +86,7 @@ pub const MAX_NAME_BYTES: usize = 256;
 /// page): a control character (a line break forges a log line) or a bidirectional formatting
 /// character (it reorders what a reader sees: `U+202E` turns `a-evil` around), or too long.
 /// The reason says what would be valid.
-fn text_problem(text: &str) -> Option<String> {
+pub(crate) fn text_problem(text: &str) -> Option<String> {
     const VALID: &str =
         "valid: printable text without control or bidirectional-formatting characters";
     let bidi = |c: char| matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}');
@@ -97,6 +97,13 @@ fn text_problem(text: &str) -> Option<String> {
             "a bidirectional-formatting character"
         };
         return Some(format!("contains {kind} (U+{:04X}); {VALID}", u32::from(c)));
+    }
+    // A name is a path segment of the admin API (`/admin/workers/{name}`), and clients and
+    // proxies resolve `.` and `..` segments away: such a worker could not be reached there.
+    if text == "." || text == ".." {
+        return Some(format!(
+            "`{text}` cannot be a path segment of /admin/workers/{{name}}; valid: any other printable text"
+        ));
     }
     (text.len() > MAX_NAME_BYTES)
         .then(|| format!("is {} bytes long; at most {MAX_NAME_BYTES}", text.len()))

@@ -2,7 +2,7 @@
 //!
 //! A worker with `kv_events: { endpoint, replay_endpoint }` is subscribed to as vLLM's own
 //! subscriber example does it ([`subscriber`]): a SUB socket on the engine's PUB socket and a
-//! DEALER on its ROUTER replay socket. Each batch ([`wire`]) is re-keyed from the token ids it
+//! DEALER on its ROUTER replay socket, both through our own bounded ZMTP client ([`zmtp`]). Each batch ([`wire`]) is re-keyed from the token ids it
 //! carries ([`translate`]) and handed to [`routelab_policies::Router::apply_kv_events`], which
 //! feeds the mirror the simulator's `kv-events` runs on. A sequence gap asks the replay socket
 //! for the missing batches; the same request, sent every `heartbeat_s` for what came after the
@@ -14,6 +14,7 @@ pub mod publisher;
 pub(crate) mod subscriber;
 pub mod translate;
 pub mod wire;
+pub mod zmtp;
 
 use routelab_policies::KvEvent;
 use serde::{Deserialize, Serialize};
@@ -135,6 +136,12 @@ pub struct StreamStatus {
     pub unrecovered: u64,
     /// Payloads that were not a `KVEventBatch`, and messages that were not three frames.
     pub malformed: u64,
+    /// Sessions ended because the peer broke a size limit (a frame or message too large, too
+    /// many frames: [`zmtp::Limits`]).
+    pub refused: u64,
+    /// Times the PUB stream's sequence went backwards (an engine restart, wrapped numbers): the
+    /// worker's mirror was cleared and started again.
+    pub resets: u64,
     /// Engine blocks whose parent was unknown.
     pub unplaced: u64,
     /// Events not about the GPU cache of the first KV cache group, or of an unknown kind.
@@ -158,6 +165,8 @@ impl StreamStatus {
             replayed: 0,
             unrecovered: 0,
             malformed: 0,
+            refused: 0,
+            resets: 0,
             unplaced: 0,
             skipped: 0,
             sessions: 0,
@@ -223,6 +232,35 @@ impl Fallback {
 pub(crate) struct WorkerStream {
     pub status: StreamStatus,
     pub fallback: Fallback,
+    /// The `kv_events_down` log line's throttle.
+    pub down_log: Throttle,
+}
+
+/// Lets a repeated log line through at most once per [`Throttle::EVERY`], counting the ones it
+/// held back.
+#[derive(Debug, Default)]
+pub(crate) struct Throttle {
+    last: Option<std::time::Instant>,
+    held: u64,
+}
+
+impl Throttle {
+    /// At most one line a minute.
+    pub const EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+    /// `Some(lines held back since the last)` when a line may be written at `now`.
+    pub fn admit(&mut self, now: std::time::Instant) -> Option<u64> {
+        match self.last {
+            Some(t) if now.saturating_duration_since(t) < Self::EVERY => {
+                self.held += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.held))
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -252,6 +290,23 @@ mod tests {
             ]
         );
         assert_eq!(f.len(), 4);
+    }
+
+    /// `kv_events_down` was logged at every reconnection attempt: one line a minute now, with
+    /// the count of the ones held back.
+    #[test]
+    fn the_down_line_is_throttled_and_counts_what_it_held_back() {
+        let mut t = Throttle::default();
+        let t0 = std::time::Instant::now();
+        assert_eq!(t.admit(t0), Some(0));
+        for i in 1..=100 {
+            assert_eq!(
+                t.admit(t0 + std::time::Duration::from_millis(i * 100)),
+                None
+            );
+        }
+        assert_eq!(t.admit(t0 + Throttle::EVERY), Some(100));
+        assert_eq!(t.admit(t0 + Throttle::EVERY), None);
     }
 
     #[test]

@@ -27,16 +27,25 @@ pub(crate) fn hash_token(h: u64, id: u32) -> u64 {
     fnv1a_extend(h, &id.to_le_bytes())
 }
 
-/// Most engine blocks placed per worker; past it the worker's mirror starts again (an engine
-/// that never announces removals must not grow the gateway without bound). 4 Mi blocks of 16
-/// tokens is 64 Mi tokens, far beyond any one engine's KV cache.
+/// Most engine blocks placed per worker whatever its cache size; past it the worker's mirror
+/// starts again (an engine that never announces removals must not grow the gateway without
+/// bound). 4 Mi blocks of 16 tokens is 64 Mi tokens, far beyond any one engine's KV cache; a
+/// worker with a configured `cache_tokens` is held much tighter ([`Translator::for_cache`]).
 pub const MAX_PLACED: usize = 4 << 20;
+
+/// A worker's placed blocks may cover this many times its configured `cache_tokens`: an engine
+/// announces a block stored before it announces the evictions that made room, and the same
+/// tokens may be cached twice (another LoRA, another salt), so the mirror gets slack, not an
+/// exact fit.
+pub const CACHE_SLACK: u64 = 2;
 
 /// Where an engine block sits in its prompt.
 #[derive(Debug, Clone)]
 struct Placed {
     /// Tokens from the prompt's start to this block's end.
     end: u64,
+    /// Tokens in this block.
+    size: u32,
     /// The chain hash over those tokens.
     state: u64,
     /// The last router block completed at or before this block's end.
@@ -51,6 +60,10 @@ pub struct Translator {
     placed: HashMap<BlockHash, Placed>,
     /// Router block → engine blocks completing it that are held.
     holders: HashMap<u64, u32>,
+    /// Tokens the placed blocks cover.
+    placed_tokens: u64,
+    /// Most tokens the placed blocks may cover (none: bounded by [`MAX_PLACED`] blocks only).
+    max_tokens: Option<u64>,
     /// Engine blocks skipped because their parent was unknown.
     pub unplaced: u64,
     /// Events skipped as not about the GPU cache (another medium, another KV cache group, an
@@ -59,6 +72,21 @@ pub struct Translator {
 }
 
 impl Translator {
+    /// A translator for a worker whose KV cache holds `cache_tokens` (when configured): its
+    /// placed blocks cover at most [`CACHE_SLACK`] times that, so one worker's mirror costs in
+    /// proportion to its cache (the probe saw ~0.8 GB per worker under the fixed bound).
+    pub fn for_cache(cache_tokens: Option<u64>) -> Translator {
+        Translator {
+            max_tokens: cache_tokens.map(|t| t.saturating_mul(CACHE_SLACK)),
+            ..Translator::default()
+        }
+    }
+
+    /// Tokens the placed blocks cover.
+    pub fn placed_tokens(&self) -> u64 {
+        self.placed_tokens
+    }
+
     /// Engine blocks placed now.
     pub fn len(&self) -> usize {
         self.placed.len()
@@ -71,8 +99,11 @@ impl Translator {
 
     /// Forget everything (the engine cleared its cache, or its stream can no longer be trusted).
     pub fn clear(&mut self) {
-        self.placed.clear();
-        self.holders.clear();
+        // New maps rather than `clear()`: a cleared map keeps its capacity, and a worker's
+        // mirror after a reset held on to its peak (543 MB in the probe).
+        self.placed = HashMap::new();
+        self.holders = HashMap::new();
+        self.placed_tokens = 0;
     }
 
     /// Translate one engine event into router events, appended to `out`.
@@ -125,7 +156,12 @@ impl Translator {
                 }
             },
         };
-        if self.placed.len() + hashes.len() > MAX_PLACED {
+        let adding = (hashes.len() as u64).saturating_mul(bs as u64);
+        if self.placed.len() + hashes.len() > MAX_PLACED
+            || self
+                .max_tokens
+                .is_some_and(|m| self.placed_tokens.saturating_add(adding) > m)
+        {
             self.clear();
             out.push(KvEvent::AllCleared);
             self.unplaced += hashes.len() as u64;
@@ -152,12 +188,15 @@ impl Translator {
             }
             let placed = Placed {
                 end,
+                size: block_size,
                 state,
                 last_key,
                 keys,
             };
+            self.placed_tokens += u64::from(block_size);
             if let Some(old) = self.placed.insert(*h, placed) {
                 // Announced twice without a removal: the first placement's holds go.
+                self.placed_tokens -= u64::from(old.size);
                 self.release(&old.keys, out);
             }
         }
@@ -165,6 +204,7 @@ impl Translator {
 
     fn remove(&mut self, h: BlockHash, out: &mut Vec<KvEvent>) {
         if let Some(p) = self.placed.remove(&h) {
+            self.placed_tokens -= u64::from(p.size);
             self.release(&p.keys, out);
         }
     }
@@ -306,6 +346,58 @@ mod tests {
         t.apply(&Event::Unknown("Future".into()), &mut out);
         assert!(out.is_empty());
         assert_eq!(t.skipped, 3);
+    }
+
+    /// The probe's mirror: an engine announcing far more than its cache without removals is
+    /// held to [`CACHE_SLACK`] times its `cache_tokens`, then its mirror starts again.
+    #[test]
+    fn a_worker_with_a_cache_size_places_at_most_twice_its_cache() {
+        let mut t = Translator::for_cache(Some(1024));
+        let mut out = Vec::new();
+        let mut parent = None;
+        for i in 0..200u64 {
+            let ids: Vec<u32> = (0..16).map(|k| (i * 16 + k) as u32).collect();
+            t.apply(&stored(&[i + 1], parent, &ids, 16), &mut out);
+            parent = Some(i + 1);
+            assert!(t.placed_tokens() <= 2048, "{}", t.placed_tokens());
+            assert!(t.len() <= 128);
+        }
+        assert!(
+            out.contains(&KvEvent::AllCleared),
+            "the bound started the mirror again"
+        );
+        assert!(t.unplaced > 0);
+        // Removals give the room back.
+        let mut t = Translator::for_cache(Some(1024));
+        for i in 0..500u64 {
+            let ids: Vec<u32> = (0..16).map(|k| (i * 16 + k) as u32).collect();
+            t.apply(&stored(&[i + 1], None, &ids, 16), &mut out);
+            t.apply(
+                &Event::BlockRemoved {
+                    block_hashes: vec![BlockHash(i + 1)],
+                    medium: None,
+                    group_idx: None,
+                },
+                &mut out,
+            );
+        }
+        assert_eq!((t.len(), t.placed_tokens(), t.unplaced), (0, 0, 0));
+    }
+
+    /// After a reset the translator gives its memory back (a cleared map kept its capacity).
+    #[test]
+    fn clearing_releases_the_maps_capacity() {
+        let mut t = Translator::default();
+        let mut out = Vec::new();
+        for i in 0..10_000u64 {
+            let ids: Vec<u32> = (0..16).map(|k| (i * 16 + k) as u32).collect();
+            t.apply(&stored(&[i + 1], None, &ids, 16), &mut out);
+        }
+        assert!(t.placed.capacity() >= 10_000);
+        t.apply(&Event::AllBlocksCleared, &mut out);
+        assert_eq!(t.placed.capacity(), 0);
+        assert_eq!(t.holders.capacity(), 0);
+        assert_eq!(t.placed_tokens(), 0);
     }
 
     #[test]

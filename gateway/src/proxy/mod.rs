@@ -150,11 +150,21 @@ async fn parse_and_count(
 ) -> Result<(Parsed, Vec<u64>), ApiError> {
     let mut parsed =
         prompt::parse(bytes, ep).map_err(|b| ApiError::bad_request(b.message, b.param))?;
+    // The largest window a worker of the model has: a prompt that cannot fit it is refused
+    // from its bytes before it is counted (only a model with a tokenizer counts).
+    let window = s.tokenizers.get(&parsed.model).and_then(|_| {
+        s.core()
+            .workers
+            .live()
+            .filter(|(_, w)| w.cfg.model == parsed.model)
+            .map(|(_, w)| w.cfg.context_window)
+            .max()
+    });
     let counted = s
         .tokenizers
-        .count_async(bytes.clone(), ep, &parsed)
+        .count_async(bytes.clone(), ep, &parsed, window)
         .await
-        .map_err(|b| ApiError::bad_request(b.message, b.param))?;
+        .map_err(crate::tokens::CountError::into_api)?;
     parsed.prompt_tokens = counted.prompt_tokens;
     Ok((parsed, counted.prefix))
 }

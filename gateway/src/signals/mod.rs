@@ -17,7 +17,7 @@ mod poll;
 mod view;
 
 pub use view::{SignalUse, check_report};
-pub(crate) use view::{admin_view, gateway_view, render_metrics};
+pub(crate) use view::{admin_view, gateway_view, policy_parts, render_metrics};
 
 use crate::engine_metrics::{Engine, Scrape};
 use crate::kv::{Fallback, KvEventsConfig, StreamState, StreamStatus, WorkerStream};
@@ -237,10 +237,12 @@ impl SignalHub {
     /// the fallback records dispatches until the stream is back.
     pub fn kv_down(&self, s: &Shared, id: WorkerId, reason: &str) {
         let mut was_live = false;
+        let mut log = None;
         self.kv_update(id, |w| {
             was_live = w.status.state == StreamState::Live;
             w.status.state = StreamState::Down;
             w.status.last_error = Some(reason.to_string());
+            log = w.down_log.admit(std::time::Instant::now());
         });
         if was_live {
             let now = s.clock.now();
@@ -248,10 +250,18 @@ impl SignalHub {
                 .router
                 .apply_kv_events(now, id, &[KvEvent::AllCleared]);
         }
-        crate::log(
-            "kv_events_down",
-            &[("worker", &worker_name(s, id)), ("error", reason)],
-        );
+        // A peer that fails every reconnection (a hostile one, or an engine that is gone) would
+        // write a line per attempt: at most one a minute per worker, saying how many were not.
+        if let Some(suppressed) = log {
+            crate::log(
+                "kv_events_down",
+                &[
+                    ("worker", &worker_name(s, id)),
+                    ("error", reason),
+                    ("suppressed", &suppressed.to_string()),
+                ],
+            );
+        }
     }
 
     /// The gateway dispatched a prompt to a worker: while the worker's stream is not live,
@@ -407,6 +417,7 @@ async fn keep_streams(s: Arc<Shared>) {
                     .or_insert_with(|| WorkerStream {
                         status: StreamStatus::new(StreamState::Connecting),
                         fallback: Fallback::default(),
+                        down_log: Default::default(),
                     });
                 running.insert(
                     id.0,

@@ -119,9 +119,12 @@ fn record(
         } = t;
         let st = polls.entry(id.0).or_insert_with(PollStatus::waiting);
         match page.and_then(|text| {
-            engine_metrics::parse(&text).ok_or_else(|| {
+            let scrape = engine_metrics::parse(&text).ok_or_else(|| {
                 "the page carries none of vLLM's, SGLang's or llama.cpp's metric names".to_string()
-            })
+            })?;
+            // A figure no engine can report: the page is not used.
+            engine_metrics::check(&scrape).map_err(|e| e.to_string())?;
+            Ok(scrape)
         }) {
             Ok(scrape) => {
                 let report = st.scraped(scrape, now, cache, sent, mark);

@@ -42,7 +42,7 @@ pub(crate) fn render_metrics(s: &Shared) -> String {
         .filter_map(|(id, st)| labels.get(&id).map(|l| (l, st)))
         .collect();
     type Pick = fn(&StreamStatus) -> f64;
-    let families: [(&str, &str, &str, Pick); 7] = [
+    let families: [(&str, &str, &str, Pick); 9] = [
         (
             "routelab_worker_kv_events_live",
             "1 while the worker's KV event stream is live; 0 while the gateway falls back to recording what it dispatches (approximate).",
@@ -78,6 +78,18 @@ pub(crate) fn render_metrics(s: &Shared) -> String {
             "KV event messages or payloads that could not be read.",
             "counter",
             |st| st.malformed as f64,
+        ),
+        (
+            "routelab_worker_kv_events_refused_total",
+            "KV event sessions ended because the peer broke a size limit (frame, message or frame count); the gateway reconnects.",
+            "counter",
+            |st| st.refused as f64,
+        ),
+        (
+            "routelab_worker_kv_events_resets_total",
+            "Times the worker's KV event sequence went backwards (an engine restart): its mirror was cleared and started again.",
+            "counter",
+            |st| st.resets as f64,
         ),
         (
             "routelab_worker_kv_events_fallback_blocks",
@@ -180,6 +192,52 @@ pub(crate) fn uses(
     out
 }
 
+/// The policy's parts as they take effect: what a composition string leaves out is filled in
+/// ([`PolicyConfig::composition_default`]), and the per-worker cap in particular is easy to
+/// miss (`equal/p2c` carries `flat:24`: at most 24 requests in flight per worker, the rest
+/// queued in the gateway). `/admin` shows it as `policy_parts`, `--check` as a line.
+pub(crate) fn policy_parts(p: &routelab_policies::PolicyConfig) -> Value {
+    use routelab_policies::Cap;
+    let (chooser, affinity, cap) = routelab_policies::PolicyConfig::composition_default();
+    json!({
+        "weights": p.weights.name(),
+        "chooser": p.chooser.composition(),
+        "affinity": p.affinity.composition(),
+        "cap": p.cap.composition(),
+        "cap_per_worker": match p.cap {
+            Cap::None => "none: no limit on a worker's requests in flight".to_string(),
+            Cap::Flat(n) => format!("at most {n} requests in flight per worker; more wait in the gateway's queue"),
+            Cap::Weighted(n) => format!("{n} scaled by each worker's weight (at least 1) in flight per worker; more wait in the gateway's queue"),
+        },
+        "prefix_knowledge": p.knowledge.composition(),
+        "composition_defaults": {
+            "chooser": chooser.composition(),
+            "affinity": affinity.composition(),
+            "cap": cap.composition(),
+        },
+    })
+}
+
+/// [`policy_parts`] as `--check`'s line.
+fn policy_parts_line(p: &routelab_policies::PolicyConfig) -> String {
+    let v = policy_parts(p);
+    let s = |k: &str| v[k].as_str().unwrap_or_default().to_string();
+    let d = &v["composition_defaults"];
+    format!(
+        "policy {} in effect: weights {}, chooser {}, affinity {}, cap {} ({}), prefix knowledge {}; a composition that omits a part gets chooser {}, affinity {}, cap {}",
+        p.name,
+        s("weights"),
+        s("chooser"),
+        s("affinity"),
+        s("cap"),
+        s("cap_per_worker"),
+        s("prefix_knowledge"),
+        d["chooser"].as_str().unwrap_or_default(),
+        d["affinity"].as_str().unwrap_or_default(),
+        d["cap"].as_str().unwrap_or_default(),
+    )
+}
+
 /// What `--check` says of the signals: per worker, what the configured policy reads and
 /// whether the worker provides it (as configured: a stream or a poll may still fail at run
 /// time, which `/admin` shows), and a warning per missing signal naming the fallback. Loads the
@@ -215,6 +273,7 @@ pub fn check_report(
             String::new()
         }
     ));
+    lines.push(policy_parts_line(&policy));
     if poll.enabled {
         lines.push(format!(
             "engine metrics: polled from each worker's {} every {} s, a report ages out after {} s",

@@ -2,6 +2,7 @@
 //! ports; every wait is bounded.
 
 mod browser;
+mod engine_inputs;
 mod fake;
 mod hardening;
 mod hardening_three;
