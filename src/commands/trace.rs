@@ -7,7 +7,6 @@
 
 use anyhow::Context;
 use routelab_sim::Scenario;
-use routelab_sim::scenario::TrafficSpec;
 use routelab_sim::traffic::{BadRowPolicy, ReplayOptions, TraceFormat, TraceStats};
 use std::io::Write;
 use std::path::Path;
@@ -80,15 +79,7 @@ fn scenario_stats(
 ) -> anyhow::Result<ExitCode> {
     let scenario = Scenario::load(file)?;
     let mut traces = 0;
-    for (i, t) in scenario.traffic.iter().enumerate() {
-        let TrafficSpec::Trace {
-            path,
-            format,
-            options,
-        } = t
-        else {
-            continue;
-        };
+    for (i, path, format, options) in scenario.trace_sources() {
         if traces > 0 {
             writeln!(out)?;
         }

@@ -5,8 +5,8 @@
 //! So every trace source is read through here too, as a run reads it, and its errors are the
 //! file's (issue 41: `validate` said ok, and the run then failed under a policy's name).
 
+use routelab_sim::Scenario;
 use routelab_sim::traffic::{TrafficError, TrafficSource, open_trace};
-use routelab_sim::{Scenario, TrafficSpec};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -59,15 +59,7 @@ pub fn run(
 /// Read every trace source of `sc` whole, as recorded (a resample draws from the same rows),
 /// so an empty trace, a missing mapping column or a bad row is reported now, not by the run.
 fn read_traces(sc: &Scenario) -> Result<(), (usize, TrafficError)> {
-    for (i, t) in sc.traffic.iter().enumerate() {
-        let TrafficSpec::Trace {
-            path,
-            format,
-            options,
-        } = t
-        else {
-            continue;
-        };
+    for (i, path, format, options) in sc.trace_sources() {
         let options = routelab_sim::traffic::ReplayOptions {
             resample: None,
             ..options.clone()

@@ -379,6 +379,24 @@ impl Scenario {
         ))
     }
 
+    /// The scenario's trace sources with their places in `traffic` (`traffic[i]`): what
+    /// `validate` reads whole and `trace stats` describes.
+    pub fn trace_sources(
+        &self,
+    ) -> impl Iterator<Item = (usize, &Path, &TraceFormat, &ReplayOptions)> + '_ {
+        self.traffic
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| match t {
+                TrafficSpec::Trace {
+                    path,
+                    format,
+                    options,
+                } => Some((i, path.as_path(), format, options)),
+                _ => None,
+            })
+    }
+
     /// What a seed of this scenario is, for every output: for each trace source, whether
     /// seeds replay it as recorded or resample it (and with which blocks), and that the
     /// engines' noise and the routers' random choices follow the seed too; and the warm-up a
