@@ -563,7 +563,7 @@ mod tests {
             w[0].starts_with("--slo tpot: ") && w[0].contains("implausibly long"),
             "{w:?}"
         );
-        let s = SloSpec::parse("ttft_p99<=2000s,itl_p99<=50ms,e2el<=3000s", None).unwrap();
+        let s = SloSpec::parse("ttft_p99<=2000s,itl_p99<=50ms,e2el_p99<=3000s", None).unwrap();
         let w = s.warnings();
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(w[0].starts_with("--slo ttft_p99: "), "{w:?}");
