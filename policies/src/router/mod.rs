@@ -1,13 +1,13 @@
 //! The router: filters, prefix affinity, chooser and caps over the live fleet.
 
-use crate::capacity::{Capacities, Sample};
-use crate::chooser::{Chooser, Hot};
+use crate::capacity::Capacities;
+use crate::chooser::Hot;
 use crate::config::{Affinity, AffinityUnits, Cap, PolicyConfig, PrefixKnowledge};
 use crate::error::{AdminError, RouteError};
 use crate::load_index::{LoadIndex, affinity_load};
 use crate::prefix::PrefixIndex;
 use crate::rules::RuleCtx;
-use crate::signals::{Charge, EngineReport, PREFIX_BLOCK_TOKENS, Signals};
+use crate::signals::{Charge, PREFIX_BLOCK_TOKENS, Signals};
 use crate::time::Time;
 use crate::weights::{
     Completion, PersistedProbeState, ProbeOrder, ProbeResult, WeightChange, WeightEvent,
@@ -17,6 +17,8 @@ use crate::worker::{Fleet, ModelId, Weight, WorkerId, WorkerInfo, WorkerSpec, Wo
 use rand::Rng;
 use std::collections::{HashMap, VecDeque};
 
+mod capacity;
+mod engines;
 mod lifecycle;
 mod weights;
 
@@ -181,29 +183,6 @@ impl Router {
         self.strategy.import_state(state);
     }
 
-    /// The router's prefix index.
-    pub fn prefix_index(&self) -> &PrefixIndex {
-        &self.prefix
-    }
-
-    /// When the policy mirrors the engines' KV events (`prefix_knowledge: kv-events`), the
-    /// delay after which the host should hand each worker's events to
-    /// [`Router::apply_kv_events`]; `None` when the policy does not read them (the host then
-    /// need not produce any).
-    pub fn kv_event_delay(&self) -> Option<std::time::Duration> {
-        self.config.kv_event_delay()
-    }
-
-    /// Mirror a worker's prefix-cache events (in the order the engine published them) into
-    /// the router's knowledge of that worker's cache. Ignored unless the policy's knowledge is
-    /// `kv-events`, and for unknown or removed workers.
-    pub fn apply_kv_events(&mut self, _now: Time, worker: WorkerId, events: &[crate::KvEvent]) {
-        if self.kv_event_delay().is_none() || self.check(worker).is_err() {
-            return;
-        }
-        self.prefix.apply(worker, events);
-    }
-
     /// Interned id of a model name, if any worker ever served it.
     pub fn model_id(&self, model: &str) -> Option<ModelId> {
         self.model_ids.get(model).copied()
@@ -243,74 +222,6 @@ impl Router {
     /// Current concurrency cap of a worker (`u32::MAX` when uncapped).
     pub fn cap(&self, id: WorkerId) -> Option<u32> {
         self.hot.get(id.index()).map(|h| h.cap)
-    }
-
-    /// A worker's router-local signals (tokens in flight, engine report, observed input speed).
-    pub fn signals(&self, id: WorkerId) -> Option<&Signals> {
-        self.signals.get(id.index())
-    }
-
-    /// How often the host should poll its engines and call [`Router::engine_report`]; `None`
-    /// when the policy reads no engine report (the host then schedules no polls at all).
-    pub fn engine_poll_interval(&self) -> Option<std::time::Duration> {
-        self.config.chooser.engine_poll_interval()
-    }
-
-    /// An engine's polled figures. Between polls the rules add what was dispatched since.
-    pub fn engine_report(&mut self, _now: Time, id: WorkerId, report: EngineReport) {
-        if let Some(s) = self.signals.get_mut(id.index()) {
-            s.report(report);
-        }
-    }
-
-    /// An engine's figures polled by a request sent when the worker's
-    /// [`Signals::tokens_dispatched`] read `mark`. The prompt tokens dispatched since stay
-    /// counted on top of the report (the engine may have written its figures before they
-    /// reached it), where [`Router::engine_report`], the report of an instant poll, counts from
-    /// zero again: a host whose polls take time (a network round trip, a slow engine, the other
-    /// workers' answers awaited) uses this one, so that the requests dispatched while its poll
-    /// was out are not forgotten until the next one.
-    pub fn engine_report_as_of(
-        &mut self,
-        _now: Time,
-        id: WorkerId,
-        report: EngineReport,
-        mark: u64,
-    ) {
-        if let Some(s) = self.signals.get_mut(id.index()) {
-            s.report_as_of(report, mark);
-        }
-    }
-
-    /// Drop a worker's engine report (the host's poll of it went stale): the rules use the
-    /// router's local counters for it again, as before its first report.
-    pub fn forget_engine_report(&mut self, _now: Time, id: WorkerId) {
-        if let Some(s) = self.signals.get_mut(id.index()) {
-            s.forget_report();
-        }
-    }
-
-    /// The network round trip to a worker, as the host measured or configured it (rules that
-    /// estimate TTFT add it; others ignore it).
-    pub fn set_round_trip(&mut self, id: WorkerId, rtt: std::time::Duration) {
-        if let Some(s) = self.signals.get_mut(id.index()) {
-            s.round_trip_s = Some(rtt.as_secs_f64());
-        }
-    }
-
-    /// The SLO the host holds the fleet to (seconds): a `predictive` chooser whose own bounds
-    /// are not set aims at these. Other choosers ignore it.
-    pub fn aim_at(&mut self, ttft_s: f64, tpot_s: f64) {
-        if let Chooser::Predictive(p) = &mut self.config.chooser {
-            let valid = |x: f64| (x.is_finite() && x > 0.0).then_some(x);
-            p.ttft_s = p.ttft_s.or(valid(ttft_s));
-            p.tpot_s = p.tpot_s.or(valid(tpot_s));
-        }
-    }
-
-    /// The measured capacities (`predictive`'s knowledge; empty for other choosers).
-    pub fn capacity(&self) -> &Capacities {
-        &self.capacity
     }
 
     /// Requests waiting at the gateway.
@@ -572,36 +483,6 @@ impl Router {
         })
     }
 
-    /// `predictive`'s measurement of a completion (kept out of line: the other policies'
-    /// completion path stays as short as it was).
-    #[inline(never)]
-    fn learn_capacity(&mut self, id: WorkerId, charge: Charge, completion: &Completion) {
-        // Not a request this router has in flight (a charge handed back twice, an unknown id).
-        if self
-            .fleet
-            .workers
-            .get(id.index())
-            .is_none_or(|w| w.in_flight == 0)
-        {
-            return;
-        }
-        let sample = self.capacity_sample(id, charge);
-        self.capacity.learn(id.index(), completion, sample);
-    }
-
-    /// What a completion on `id` charged with `charge` is measured against: the worker's
-    /// weight and round trip, the prefill it waited for, and the requests it shared the worker
-    /// with (its dispatch count and the count now, itself still in, averaged).
-    pub(super) fn capacity_sample(&self, id: WorkerId, charge: Charge) -> Sample {
-        let h = &self.hot[id.index()];
-        Sample {
-            weight: h.weight,
-            round_trip_s: self.signals[id.index()].round_trip_s.unwrap_or(0.0),
-            prefill_tokens: charge.prefill_at_dispatch,
-            sharing: (f64::from(charge.sharing_at_dispatch) + f64::from(h.in_flight)) / 2.0,
-        }
-    }
-
     /// The prefix holder's position among the first `k` members of `model`, if it is one of
     /// them (positions refreshed after a membership change). Out of line, for `predictive`.
     #[inline(never)]
@@ -616,18 +497,6 @@ impl Router {
         let h = &self.hot[holder.index()];
         let pos = self.position[holder.index()] as usize;
         (h.routable && h.model == model && pos < k).then_some(pos)
-    }
-
-    /// What a completion will be measured against (`predictive`): the uncached tokens it
-    /// waits for (those already waiting, and its own) and the requests it shares the worker
-    /// with. Out of line.
-    #[inline(never)]
-    fn note_dispatch(&self, d: &mut Decision) {
-        let id = d.worker;
-        let s = &self.signals[id.index()];
-        d.charge.prefill_at_dispatch =
-            u32::try_from(s.uncached_in_flight + u64::from(d.charge.uncached)).unwrap_or(u32::MAX);
-        d.charge.sharing_at_dispatch = self.hot[id.index()].in_flight.saturating_add(1);
     }
 
     fn dispatch(&mut self, now: Time, d: &mut Decision, prefix: &[u64]) {

@@ -1,0 +1,69 @@
+//! `predictive`'s measurement of each worker's capacity, and the SLO it aims at: what a
+//! dispatch notes for the completion to be measured against, and the measurement itself (both
+//! kept out of line so the other policies' request path stays as short as it was).
+
+use super::{Decision, Router};
+use crate::capacity::{Capacities, Sample};
+use crate::chooser::Chooser;
+use crate::signals::Charge;
+use crate::weights::Completion;
+use crate::worker::WorkerId;
+
+impl Router {
+    /// The SLO the host holds the fleet to (seconds): a `predictive` chooser whose own bounds
+    /// are not set aims at these. Other choosers ignore it.
+    pub fn aim_at(&mut self, ttft_s: f64, tpot_s: f64) {
+        if let Chooser::Predictive(p) = &mut self.config.chooser {
+            let valid = |x: f64| (x.is_finite() && x > 0.0).then_some(x);
+            p.ttft_s = p.ttft_s.or(valid(ttft_s));
+            p.tpot_s = p.tpot_s.or(valid(tpot_s));
+        }
+    }
+
+    /// The measured capacities (`predictive`'s knowledge; empty for other choosers).
+    pub fn capacity(&self) -> &Capacities {
+        &self.capacity
+    }
+
+    /// `predictive`'s measurement of a completion (kept out of line: the other policies'
+    /// completion path stays as short as it was).
+    #[inline(never)]
+    pub(super) fn learn_capacity(&mut self, id: WorkerId, charge: Charge, completion: &Completion) {
+        // Not a request this router has in flight (a charge handed back twice, an unknown id).
+        if self
+            .fleet
+            .workers
+            .get(id.index())
+            .is_none_or(|w| w.in_flight == 0)
+        {
+            return;
+        }
+        let sample = self.capacity_sample(id, charge);
+        self.capacity.learn(id.index(), completion, sample);
+    }
+
+    /// What a completion on `id` charged with `charge` is measured against: the worker's
+    /// weight and round trip, the prefill it waited for, and the requests it shared the worker
+    /// with (its dispatch count and the count now, itself still in, averaged).
+    pub(super) fn capacity_sample(&self, id: WorkerId, charge: Charge) -> Sample {
+        let h = &self.hot[id.index()];
+        Sample {
+            weight: h.weight,
+            round_trip_s: self.signals[id.index()].round_trip_s.unwrap_or(0.0),
+            prefill_tokens: charge.prefill_at_dispatch,
+            sharing: (f64::from(charge.sharing_at_dispatch) + f64::from(h.in_flight)) / 2.0,
+        }
+    }
+
+    /// What a completion will be measured against (`predictive`): the uncached tokens it
+    /// waits for (those already waiting, and its own) and the requests it shares the worker
+    /// with. Out of line.
+    #[inline(never)]
+    pub(super) fn note_dispatch(&self, d: &mut Decision) {
+        let id = d.worker;
+        let s = &self.signals[id.index()];
+        d.charge.prefill_at_dispatch =
+            u32::try_from(s.uncached_in_flight + u64::from(d.charge.uncached)).unwrap_or(u32::MAX);
+        d.charge.sharing_at_dispatch = self.hot[id.index()].in_flight.saturating_add(1);
+    }
+}
