@@ -581,28 +581,6 @@ mod tests {
     }
 
     #[test]
-    fn popularity_follows_zipf() {
-        let mut cfg = FamilyKind::Rag.defaults(0, 1.0, 1_000_000_000);
-        cfg.shared_prompts = 10;
-        let f = Family::new(cfg, 3).unwrap();
-        let mut rng = rng_from_seed(9);
-        let mut hits = [0u32; 10];
-        for _ in 0..20_000 {
-            let s = f.pick_shared(&mut rng);
-            let i = f.shared.iter().position(|x| x.key == s.key).unwrap();
-            hits[i] += 1;
-        }
-        // weight 1/i over H_10 = 2.929: the first 34.1 %, the tenth 3.4 %.
-        let share = |i: usize| f64::from(hits[i]) / 20_000.0;
-        assert!((share(0) - 0.341).abs() < 0.02, "{hits:?}");
-        assert!((share(9) - 0.034).abs() < 0.01, "{hits:?}");
-        assert!(
-            hits.windows(2).filter(|w| w[0] < w[1]).count() <= 2,
-            "{hits:?}"
-        );
-    }
-
-    #[test]
     fn a_shared_prefix_gives_the_same_blocks_and_the_rest_its_own() {
         let mut full_a = Vec::new();
         let mut full_b = Vec::new();
