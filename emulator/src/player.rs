@@ -57,6 +57,12 @@ pub struct PlayOptions {
     pub origin: Option<Instant>,
     /// Name put in [`RunMetrics::policy`] (empty: the gateway's, when an admin token is given).
     pub policy: String,
+    /// Further gateway replicas (base URLs) behind a round-robin balancer with the gateway
+    /// given to [`play_with`]: request k, in the order requests are sent (follow-ups
+    /// included), goes to the (k mod (1 + n))-th of the gateway and these, as the simulator's
+    /// `gateways: {split: round-robin}` sends the k-th arrival. Empty (default): every request
+    /// to the gateway. The admin API read at the end is the gateway's.
+    pub replicas: Vec<String>,
 }
 
 impl PlayOptions {
@@ -70,6 +76,7 @@ impl PlayOptions {
             deadline: None,
             origin: None,
             policy: String::new(),
+            replicas: Vec::new(),
         }
     }
 
@@ -177,9 +184,14 @@ pub async fn play_with(
 ) -> Result<PlayReport, PlayError> {
     opts.check()?;
     let base = gateway.trim_end_matches('/').to_string();
-    let url: hyper::Uri = format!("{base}/v1/chat/completions")
-        .parse()
-        .map_err(|e| PlayError::Invalid(format!("gateway URL `{gateway}`: {e}")))?;
+    let urls = std::iter::once(gateway)
+        .chain(opts.replicas.iter().map(String::as_str))
+        .map(|g| {
+            format!("{}/v1/chat/completions", g.trim_end_matches('/'))
+                .parse::<hyper::Uri>()
+                .map_err(|e| PlayError::Invalid(format!("gateway URL `{g}`: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let mut source = scenario.traffic_source(seed)?;
     let setup = scenario.setup_for_seed(seed);
     let k = opts.speedup;
@@ -229,7 +241,7 @@ pub async fn play_with(
                 id,
                 arrival: a,
                 client: client.clone(),
-                url: url.clone(),
+                url: urls[(id % urls.len() as u64) as usize].clone(),
                 body,
                 timeout_at: (Instant::now() + opts.request_timeout).min(deadline),
             };

@@ -1,7 +1,7 @@
 //! Gateway replicas sharing their dispatches over a real NATS server (issue 40): each test
-//! starts `nats-server` on a free loopback port (skipped, saying so, when the binary is
-//! missing; `scripts/test` installs it) and gateways in front of fake workers. Every wait is
-//! a poll with a generous deadline; nothing asserts on time.
+//! starts `nats-server` on a free loopback port (`routelab_testkit::NatsServer`; skipped,
+//! saying so, when the binary is missing; `scripts/test` installs it) and gateways in front of
+//! fake workers. Every wait is a poll with a generous deadline; nothing asserts on time.
 
 #[allow(dead_code)]
 #[path = "integration/fake.rs"]
@@ -14,9 +14,9 @@ use fake::FakeWorker;
 use harness::*;
 use hyper::{Method, StatusCode};
 use routelab_gateway::replicas::wire::{self, Body, Header};
+use routelab_testkit::NatsServer;
 use serde_json::Value;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
@@ -25,103 +25,9 @@ const READY: Duration = Duration::from_secs(30);
 /// A policy without probes that compares in-flight counts (its cap is out of the way).
 const POLICY: &str = "equal/jsq:higher-weight/no-affinity/flat:64";
 
-fn nats_binary() -> Option<PathBuf> {
-    let on_path = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join("nats-server"))
-            .find(|p| p.is_file())
-    });
-    on_path.or_else(|| {
-        let sbin = PathBuf::from("/usr/sbin/nats-server");
-        sbin.is_file().then_some(sbin)
-    })
-}
-
-/// The binary, or `None` after saying why the test is skipped.
-fn need_nats(test: &str) -> Option<PathBuf> {
-    let found = nats_binary();
-    if found.is_none() {
-        eprintln!(
-            "SKIPPED {test}: no nats-server binary (Debian package nats-server; scripts/test installs it)"
-        );
-    }
-    found
-}
-
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().port()
-}
-
-/// A `nats-server` on loopback, killed when dropped.
-struct Nats {
-    binary: PathBuf,
-    port: u16,
-    monitor: u16,
-    args: Vec<String>,
-    child: Option<Child>,
-}
-
-impl Nats {
-    async fn start(binary: PathBuf, args: &[&str]) -> Nats {
-        let mut n = Nats {
-            binary,
-            port: free_port(),
-            monitor: free_port(),
-            args: args.iter().map(|a| a.to_string()).collect(),
-            child: None,
-        };
-        n.restart().await;
-        n
-    }
-
-    fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
-    }
-
-    /// Start it (again, on the same port) and wait until it accepts connections.
-    async fn restart(&mut self) {
-        let child = Command::new(&self.binary)
-            .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(["-m", &self.monitor.to_string()])
-            .args(&self.args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nats-server starts");
-        self.child = Some(child);
-        let addr = format!("127.0.0.1:{}", self.port);
-        wait_for("nats-server to accept", READY, async || {
-            tokio::net::TcpStream::connect(&addr).await.is_ok()
-        })
-        .await;
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// The server's `/varz` (bytes and messages in and out).
-    async fn varz(&self) -> Value {
-        let a = send(
-            &client(),
-            Method::GET,
-            &format!("http://127.0.0.1:{}/varz", self.monitor),
-            None,
-            "",
-        )
-        .await;
-        a.json()
-    }
-}
-
-impl Drop for Nats {
-    fn drop(&mut self) {
-        self.kill();
-    }
 }
 
 /// A unique subject per test, so tests sharing a machine never hear each other.
@@ -264,10 +170,10 @@ async fn wait_received(workers: &[&FakeWorker], n: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peers_requests_count_in_this_replicas_routing_until_they_end() {
-    let Some(bin) = need_nats("a_peers_requests_count") else {
+    let Some(bin) = NatsServer::binary_or_skip("a_peers_requests_count") else {
         return;
     };
-    let nats = Nats::start(bin, &[]).await;
+    let nats = NatsServer::start(bin, &[]).await;
     let subj = subject("count");
     let [w1, w2] = fakes::<2>(0.0).await;
     // Replica A knows only w1, so its requests all go there; B knows both.
@@ -350,10 +256,10 @@ async fn a_peers_requests_count_in_this_replicas_routing_until_they_end() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_the_bus_degrades_to_the_local_view_and_sharing_resumes_after_it() {
-    let Some(bin) = need_nats("losing_the_bus") else {
+    let Some(bin) = NatsServer::binary_or_skip("losing_the_bus") else {
         return;
     };
-    let mut nats = Nats::start(bin, &[]).await;
+    let mut nats = NatsServer::start(bin, &[]).await;
     let subj = subject("loss");
     let [w1, w2] = fakes::<2>(0.0).await;
     let workers = [
@@ -458,10 +364,10 @@ fn event(sender: &str, instance: u64, seq: u64, body: Body<'_>) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_versions_collisions_and_stale_events_are_ignored_and_counted() {
-    let Some(bin) = need_nats("garbage") else {
+    let Some(bin) = NatsServer::binary_or_skip("garbage") else {
         return;
     };
-    let nats = Nats::start(bin, &[]).await;
+    let nats = NatsServer::start(bin, &[]).await;
     let subj = subject("garbage");
     let [w1] = fakes::<1>(0.0).await;
     let workers = [worker("w1", &w1.url, "m", &[], 8192)];
@@ -576,10 +482,10 @@ async fn garbage_versions_collisions_and_stale_events_are_ignored_and_counted() 
 /// A peer's end that never arrives is released by its next snapshot, not kept for ever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_end_is_released_by_the_peers_next_snapshot() {
-    let Some(bin) = need_nats("lost_end") else {
+    let Some(bin) = NatsServer::binary_or_skip("lost_end") else {
         return;
     };
-    let nats = Nats::start(bin, &[]).await;
+    let nats = NatsServer::start(bin, &[]).await;
     let subj = subject("lost");
     let [w1] = fakes::<1>(0.0).await;
     // The fake peer sends no heartbeats: a long timeout keeps it from going silent here.
@@ -751,10 +657,10 @@ async fn replicas_config_errors_are_located_and_an_unreachable_bus_is_a_run_time
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credentials_from_a_file_let_the_replica_on_an_authenticating_bus() {
-    let Some(bin) = need_nats("credentials") else {
+    let Some(bin) = NatsServer::binary_or_skip("credentials") else {
         return;
     };
-    let nats = Nats::start(bin, &["--user", "gw", "--pass", "s3cret-bus-pw"]).await;
+    let nats = NatsServer::start(bin, &["--user", "gw", "--pass", "s3cret-bus-pw"]).await;
     let dir = temp_dir("replicas-creds");
     let good = dir.join("good.creds");
     let bad = dir.join("bad.creds");
@@ -794,10 +700,10 @@ async fn credentials_from_a_file_let_the_replica_on_an_authenticating_bus() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement: cargo test --release -p routelab-gateway --test replicas -- --ignored --nocapture"]
 async fn measure_the_cost_of_sharing() {
-    let Some(bin) = need_nats("measure") else {
+    let Some(bin) = NatsServer::binary_or_skip("measure") else {
         return;
     };
-    let nats = Nats::start(bin, &[]).await;
+    let nats = NatsServer::start(bin, &[]).await;
     let subj = subject("measure");
     let [w1] = fakes::<1>(0.0).await;
     let workers = [worker("w1", &w1.url, "m", &[], 8192)];
@@ -876,4 +782,65 @@ async fn measure_the_cost_of_sharing() {
         )
     );
     assert!(published >= 3.0 * n as f64, "the bus carried the events");
+}
+
+/// One hop of the bus, measured (not a pass/fail bound: run with `--ignored --nocapture`):
+/// a publisher and a subscriber, each on its own connection to a loopback `nats-server`,
+/// timestamps on one monotonic clock. The publisher sends a 96-byte message (about one
+/// dispatch event with a few prefix blocks) every millisecond, as the gateway publishes:
+/// without an explicit flush, the client's writer sends it; the subscriber takes the time it
+/// arrives. Paced, so the figure is a hop's latency, not a queue's. The simulator's
+/// `gateways.bus_latency_s` is this hop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: cargo test --release -p routelab-gateway --test replicas -- --ignored --nocapture"]
+async fn measure_the_nats_hop() {
+    let Some(bin) = NatsServer::binary_or_skip("measure_the_nats_hop") else {
+        return;
+    };
+    let nats = NatsServer::start(bin, &[]).await;
+    let n: usize = std::env::var("BUS_MEASURE_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5000);
+    let subj = subject("hop");
+    let origin = std::time::Instant::now();
+    let subscriber = async_nats::connect(nats.url()).await.unwrap();
+    let publisher = async_nats::connect(nats.url()).await.unwrap();
+    let mut sub = subscriber.subscribe(subj.clone()).await.unwrap();
+    subscriber.flush().await.unwrap();
+    let receiving = tokio::spawn(async move {
+        use futures_util::StreamExt;
+        let mut hops = Vec::with_capacity(n);
+        while hops.len() < n {
+            let Some(msg) = sub.next().await else { break };
+            let at = origin.elapsed().as_nanos() as u64;
+            let sent = u64::from_le_bytes(msg.payload[..8].try_into().unwrap());
+            hops.push((at - sent) as f64 / 1e3);
+        }
+        hops
+    });
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    for _ in 0..n {
+        tick.tick().await;
+        let mut payload = vec![0u8; 96];
+        payload[..8].copy_from_slice(&(origin.elapsed().as_nanos() as u64).to_le_bytes());
+        publisher
+            .publish(subj.clone(), payload.into())
+            .await
+            .unwrap();
+    }
+    let mut hops = tokio::time::timeout(Duration::from_secs(30), receiving)
+        .await
+        .expect("every message arrives")
+        .unwrap();
+    assert_eq!(hops.len(), n, "every message arrived");
+    hops.sort_by(f64::total_cmp);
+    let q = |x: f64| hops[((hops.len() - 1) as f64 * x) as usize];
+    eprintln!(
+        "nats hop over loopback, {n} messages of 96 B at 1 ms: p50 {:.1} us, p90 {:.1} us, p99 {:.1} us, max {:.1} us",
+        q(0.5),
+        q(0.9),
+        q(0.99),
+        hops[hops.len() - 1]
+    );
 }

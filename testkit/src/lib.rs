@@ -6,8 +6,14 @@
 //! Debian packages `chromium` and `chromium-driver` (`.ci/run` installs them). Every wait is
 //! bounded; chromedriver listens on 127.0.0.1 only and is killed, with the browsers it started,
 //! when its [`ChromeDriver`] is dropped (also when a test panics).
+//!
+//! [`NatsServer`] runs a `nats-server` on loopback for the tests of gateway replicas sharing
+//! their dispatches over NATS ([`nats`]).
 
 #![forbid(unsafe_code)]
+
+pub mod nats;
+pub use nats::NatsServer;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};

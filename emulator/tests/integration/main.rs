@@ -6,6 +6,7 @@
 mod disconnect;
 mod field_wire;
 mod real_engine;
+mod replicas;
 mod request_log;
 mod signals;
 
@@ -95,6 +96,17 @@ fn policy_of(sc: &Scenario, policy: &str) -> routelab_policies::PolicyConfig {
         .find(|p| p.name == policy)
         .cloned()
         .unwrap_or_else(|| routelab_policies::PolicyConfig::from_name(policy).unwrap())
+}
+
+/// `predictive` aiming at the SLO written into it (TTFT 2 s, TPOT 0.1 s), so the simulator
+/// and the gateway aim at the same bounds.
+fn predictive_policy() -> routelab_policies::PolicyEntry {
+    routelab_gateway::GatewayConfig::from_yaml(
+        "policy: { name: predictive, preset: predictive, chooser: { kind: predictive, ttft_s: 2, tpot_s: 0.1 } }\n",
+        "predictive.yaml",
+    )
+    .unwrap()
+    .policy
 }
 
 fn simulate(sc: &Scenario, policy: &str) -> RunMetrics {
@@ -385,12 +397,7 @@ async fn predictive_through_the_gateway_reproduces_the_simulator() {
     let _serial = SERIAL.lock().await;
     const K: f64 = 5.0;
     let sc = scenario("emulator/tests/data/sim-to-real.yaml");
-    let policy = routelab_gateway::GatewayConfig::from_yaml(
-        "policy: { name: predictive, preset: predictive, chooser: { kind: predictive, ttft_s: 2, tpot_s: 0.1 } }\n",
-        "predictive.yaml",
-    )
-    .unwrap()
-    .policy;
+    let policy = predictive_policy();
     let mut traffic = sc.traffic_source(sc.setup.seed).unwrap();
     let sim = routelab_sim::run(&sc.setup, &policy.build().unwrap(), &mut *traffic, None).unwrap();
     let fleet = start_fleet(&sc.setup, K).await.unwrap();
