@@ -202,4 +202,121 @@ mod tests {
         // a: 1/1.5 then 1; b: 1 then 0.5. a's worst (0.67) beats b's (0.5).
         assert_eq!(st.robust(), Some(0));
     }
+
+    /// A fleet of two workers, `b`'s profile declaring `uncertainty` on `prefill_tok_s`, and
+    /// its conditions (the bundled diurnal trace as the traffic; nothing is simulated here).
+    fn fleet_conditions(uncertainty: f64) -> Vec<ConditionScenario> {
+        let dir = std::env::temp_dir().join(format!(
+            "routelab-lab-plan-{}-{}",
+            std::process::id(),
+            uncertainty
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let profile = |name: &str, extra: &str| {
+            format!(
+                "name: {name}\ndecode:\n  points:\n    - {{ concurrency: 1, aggregate_tok_s: 50 }}\n    \
+                 - {{ concurrency: 8, aggregate_tok_s: 200 }}\nprefill_tok_s: 2000\n\
+                 kv_capacity_tokens: 100000\nmax_running: 16\ncontext_window: 8192\n{extra}"
+            )
+        };
+        std::fs::write(dir.join("a.yaml"), profile("a", "")).unwrap();
+        let declared = format!("uncertainty: {{ prefill_tok_s: {uncertainty} }}\n");
+        std::fs::write(dir.join("b.yaml"), profile("b", &declared)).unwrap();
+        let trace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../data/traces/diurnal_synthetic/diurnal_2h.csv");
+        let yaml = format!(
+            "name: two\nseed: 1\nmodel: m\nfleet:\n  - {{ name: a, profile: a.yaml }}\n  \
+             - {{ name: b, profile: b.yaml }}\ntraffic:\n  - trace: {{ path: {}, format: csv, \
+             mapping: {{ arrival: arrival_s, arrival_unit: offset_s, prompt_tokens: \
+             prompt_tokens, output_tokens: output_tokens }} }}\n",
+            trace.display()
+        );
+        let path = dir.join("two.yaml");
+        std::fs::write(&path, &yaml).unwrap();
+        let sc = Scenario::from_yaml(&yaml, &path).unwrap();
+        conditions(&sc, Resample::BLOCK_AUTO, 0.3).unwrap()
+    }
+
+    /// Issue 41, profile uncertainty: widening one field's uncertainty widens the plan's
+    /// capacity range and flips its robust choice. The capacities are a model, not a
+    /// simulation, so the test is exact: each worker's speed is its profile's prefill_tok_s
+    /// over the declared 2,000; `equal` (round robin's kind) carries twice the slowest
+    /// worker's speed, `weighted` 0.9 × the sum of the speeds (it pays 10 % for measuring).
+    /// With both workers alike `equal` wins; the slower `b` gets, the more `weighted` gains.
+    #[test]
+    fn a_wider_uncertainty_widens_the_range_and_can_flip_the_robust_choice() {
+        let run = |uncertainty: f64| {
+            let conds = fleet_conditions(uncertainty);
+            let names: Vec<&str> = conds.iter().map(|c| c.name.as_str()).collect();
+            assert_eq!(
+                names[3..],
+                ["prefill_tok_s low", "prefill_tok_s high"],
+                "only b's prefill is uncertain (no profile marks anything extrapolated)"
+            );
+            let speeds: Vec<Vec<f64>> = conds
+                .iter()
+                .map(|c| {
+                    c.scenario
+                        .setup
+                        .workers
+                        .iter()
+                        .map(|w| w.profile.prefill_tok_s() / 2000.0)
+                        .collect()
+                })
+                .collect();
+            let planned = conds
+                .iter()
+                .map(|c| {
+                    let mut p = plan(&c.name);
+                    p.plan.policies[0].name = "equal".into();
+                    p.plan.policies[1].name = "weighted".into();
+                    p
+                })
+                .collect();
+            run_plan("two", planned, |batch| {
+                batch
+                    .iter()
+                    .map(|&(c, p, seed)| {
+                        let w = &speeds[c];
+                        let speed = if p == 0 {
+                            2.0 * w.iter().copied().fold(f64::INFINITY, f64::min)
+                        } else {
+                            0.9 * w.iter().sum::<f64>()
+                        };
+                        let spec = SloSpec::parse("e2el_mean<=500ms", None).unwrap();
+                        let opts = SearchOptions {
+                            precision: 0.005,
+                            ..SearchOptions::default()
+                        };
+                        find_capacity(&spec, &opts, seed, |s| ps_run(s / speed))
+                    })
+                    .collect::<Result<Vec<_>, String>>()
+            })
+            .unwrap()
+        };
+        let narrow = run(0.05);
+        let wide = run(0.4);
+        let width = |st: &PlanStudy, i: usize| {
+            let r = st.range(i).unwrap();
+            r.high_mean.0 - r.low_mean.0
+        };
+        for i in 0..2 {
+            assert!(
+                width(&wide, i) > 2.0 * width(&narrow, i),
+                "policy {i}: {} then {}",
+                width(&narrow, i),
+                width(&wide, i)
+            );
+        }
+        // ±5 %: equal is best everywhere (worst 1); weighted's worst is 0.9, with both alike.
+        assert_eq!(narrow.robust(), Some(0));
+        // ±40 %: under `b` slow, equal carries 2 × 0.6 = 1.2 against weighted's 1.44.
+        assert_eq!(wide.robust(), Some(1));
+        let slow = &wide.conditions[3];
+        assert!(
+            slow.what.contains("prefill_tok_s × 0.6 on b (±40 %)"),
+            "{}",
+            slow.what
+        );
+    }
 }
