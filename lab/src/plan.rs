@@ -312,11 +312,7 @@ mod tests {
         assert_eq!(narrow.robust(), Some(0));
         // ±40 %: under `b` slow, equal carries 2 × 0.6 = 1.2 against weighted's 1.44.
         assert_eq!(wide.robust(), Some(1));
-        let slow = &wide.conditions[3];
-        assert!(
-            slow.what.contains("prefill_tok_s × 0.6 on b (±40 %)"),
-            "{}",
-            slow.what
-        );
+        let slow = &fleet_conditions(0.4)[3].what;
+        assert!(slow.contains("prefill_tok_s × 0.6 on b (±40 %)"), "{slow}");
     }
 }

@@ -100,6 +100,6 @@ mod tests {
         // A name the gateway does not know is its own located refusal, not a file it would
         // refuse later.
         let e = fleet_config("", "no-such-policy", slo, &workers, "t.yaml").unwrap_err();
-        assert_eq!(e.field, "policy", "{e}");
+        assert_eq!(e.field, "policy.preset", "{e}");
     }
 }
