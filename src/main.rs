@@ -28,6 +28,10 @@ enum Command {
     /// Each policy's capacity at an SLO: the largest load scale at which it holds, per seed,
     /// with a paired ratio to a baseline (default: round robin).
     Capacity(commands::capacity::CapacityArgs),
+    /// From a scenario to a gateway configuration: each candidate policy's capacity at the SLO
+    /// under several conditions (the trace resampled, as recorded, its held-out tail, the
+    /// fleet's uncertain profile fields), the robust choice, the capacity range to plan for.
+    Plan(commands::plan::PlanArgs),
     /// How many gateway replicas a fleet takes: capacity, weight error and overlap regret
     /// against the number of replicas behind an L4 balancer.
     Replicas(commands::replicas::ReplicasArgs),
@@ -98,6 +102,7 @@ fn main() -> ExitCode {
         Command::Run(args) => commands::run::run(&args, &mut std::io::stdout().lock()),
         Command::Compare(args) => commands::compare::run(&args, &mut std::io::stdout().lock()),
         Command::Capacity(args) => commands::capacity::run(&args, &mut std::io::stdout().lock()),
+        Command::Plan(args) => commands::plan::run(&args, &mut std::io::stdout().lock()),
         Command::Replicas(args) => commands::replicas::run(&args, &mut std::io::stdout().lock()),
         Command::Sweep(args) => commands::sweep::run(&args, &mut std::io::stdout().lock()),
         Command::Merge(args) => commands::merge::run(

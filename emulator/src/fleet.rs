@@ -1,11 +1,9 @@
 //! One emulator per worker of a scenario, and a gateway configuration in front of them.
 
 use crate::server::{Emulator, EmulatorError, EmulatorOptions, serve};
-use routelab_gateway::config::CacheTokens;
 use routelab_gateway::kv::KvEventsConfig;
 use routelab_gateway::tokens::ModelConfig;
 use routelab_gateway::{GatewayConfig, PolicyEntry, WorkerConfig};
-use routelab_policies::PREFIX_BLOCK_TOKENS;
 use routelab_policies::streams::{ENGINE_STREAM, derive_seed};
 use routelab_sim::SimSetup;
 use std::time::Duration;
@@ -75,20 +73,10 @@ pub async fn start_fleet_with(
             topic: String::new(),
             heartbeat_s: 1.0,
         });
+        // The emulated engine's cache, as the simulator announces it.
         workers.push(WorkerConfig {
-            name: w.spec.name.clone(),
-            base_url: emu.base_url(),
-            node: Some(w.spec.node.clone()),
-            model: w.spec.model.clone(),
-            gpu_names: w.spec.gpu_names.clone(),
-            context_window: w.spec.context_window,
-            launch_args: w.spec.launch_args.clone(),
-            // The emulated engine's cache, as the simulator announces it.
-            cache_tokens: w
-                .spec
-                .cache_blocks
-                .and_then(|b| CacheTokens::new(f64::from(b) * f64::from(PREFIX_BLOCK_TOKENS)).ok()),
             kv_events,
+            ..WorkerConfig::from_spec(&w.spec, emu.base_url())
         });
         emulators.push(Some(emu));
     }

@@ -34,6 +34,7 @@ mod fixture;
 pub mod gate;
 pub mod holdout;
 pub mod partial;
+pub mod plan;
 pub mod replicas;
 pub mod seeds;
 pub mod shard;

@@ -42,6 +42,7 @@ mod interval_text;
 pub mod metric;
 mod num;
 mod perf;
+pub mod plan;
 mod profile;
 mod requests_csv;
 pub use requests_csv::{RequestsCsvStream, RowSink};

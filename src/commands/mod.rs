@@ -6,6 +6,7 @@ pub mod compare;
 pub mod emulate;
 pub mod h2h;
 pub mod merge;
+pub mod plan;
 pub mod policies;
 pub mod profile;
 pub mod realtime;

@@ -10,6 +10,7 @@ mod console_tables;
 mod deploy;
 mod diurnal;
 mod h2h_cmd;
+mod plan_cmd;
 mod profile_cmd;
 mod readme;
 mod replicas_cmd;

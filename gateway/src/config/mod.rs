@@ -20,10 +20,12 @@
 //! See `gateway/examples/gateway.yaml` for every field with its default (the request log and the
 //! capacity curve included: `request_log: {path, max_bytes, keep}`, `capacity: {min_observed_s}`).
 
+mod fleet;
 mod replicas;
 mod secret;
 mod worker;
 
+pub use fleet::fleet_config;
 pub use replicas::{Credentials, ReplicaSettings, ReplicasConfig};
 pub(crate) use secret::redact_error;
 pub use secret::{REDACTED, Secret};
@@ -126,7 +128,7 @@ pub struct GatewayConfig {
 
 /// The top-level `slo`: per-request bounds, both required (the simulator's scenario SLO has
 /// both too, so the router measured there and the router shipped here aim alike).
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Copy, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct SloConfig {
     /// Time to first token, seconds.

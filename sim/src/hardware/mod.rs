@@ -30,10 +30,12 @@ pub mod fit_check;
 pub mod lookup;
 mod schema;
 pub mod step;
+pub mod uncertainty;
 
 pub use lookup::{BUNDLED, LookupError, ProfileLookup};
 use schema::{RawDecode, RawPoint, RawProfile};
 pub use step::{DEFAULT_PREFILL_OVERLAP, OverlapError, mixed_step_s, overlap_from_mixed_step};
+pub use uncertainty::{DEFAULT_EXTRAPOLATED_UNCERTAINTY, UncertainField};
 
 /// Default prefill chunk (vLLM's chunked-prefill token budget per step is of this order).
 pub const DEFAULT_PREFILL_CHUNK_TOKENS: u32 = 512;
@@ -157,6 +159,8 @@ pub struct HardwareProfile {
     cold_start: ColdStart,
     fitted: Vec<String>,
     extrapolated: Vec<String>,
+    /// The declared `uncertainty:` ([`uncertainty`]).
+    uncertainty: Vec<(UncertainField, f64)>,
     /// [`HardwareProfile::step_times`]' shared table.
     step_times: StepTimes,
 }
@@ -493,6 +497,7 @@ fn validate(raw: RawProfile, origin: &str) -> Result<HardwareProfile, HardwareEr
         cold_start,
         fitted: raw.fitted,
         extrapolated: raw.extrapolated,
+        uncertainty: uncertainty::validate(origin, raw.uncertainty.as_ref())?,
         step_times: StepTimes::default(),
     })
 }
@@ -675,11 +680,12 @@ fn expected_for(field: &str) -> Option<&'static str> {
         "context_window" => "a whole number of tokens >= 1024",
         "cold_start" => "`{ speed_factor: (0, 1], warmup_tokens: >= 0 }`",
         "speed_factor" => "a number in (0, 1]",
+        "uncertainty" => "a mapping of prefill_tok_s and/or decode to a fraction in [0, 1)",
         "warmup_tokens" => "a number of tokens >= 0",
         _ => {
             "the fields name, description, gpu_names, sources, decode, prefill_tok_s, \
              prefill_chunk_tokens, prefill_overlap, kv_capacity_tokens, max_running, context_window, \
-             cold_start, fitted, extrapolated"
+             cold_start, fitted, extrapolated, uncertainty"
         }
     })
 }

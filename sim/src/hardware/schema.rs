@@ -43,6 +43,9 @@ pub(super) struct RawProfile {
     pub(super) cold_start: Option<RawColdStart>,
     #[serde(default, serialize_with = "quoted_list")]
     pub(super) extrapolated: Vec<String>,
+    /// Read only: `profile fit` declares no uncertainty (its fields are measured).
+    #[serde(default, skip_serializing)]
+    pub(super) uncertainty: Option<std::collections::BTreeMap<String, Spanned<f64>>>,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -227,6 +230,7 @@ mod tests {
                 warmup_tokens: unlocated(c),
             }),
             extrapolated: list(),
+            uncertainty: None,
         }
     }
 

@@ -22,12 +22,14 @@ mod raw;
 mod reader;
 mod sources;
 mod trace;
+mod uncertain;
 mod warmup;
 
 pub use raw::{
     RawEvent, RawGateways, RawNoise, RawResample, RawScenario, RawSeconds, RawSlo, RawTraceMapping,
     RawTraffic, RawWorker,
 };
+pub use uncertain::UncertainFleet;
 pub use warmup::{WARMUP_REFERENCE, Warmup, WarmupError};
 
 use crate::traffic::catalog::{self, LoadScale, TrafficKind};

@@ -151,6 +151,7 @@ pub(super) fn build(
         context_window: unlocated(f64::from(context_window)),
         cold_start: cold_start.map(write::cold_start),
         extrapolated: notes.extrapolated,
+        uncertainty: None,
     };
     let yaml = write::profile_yaml(source, &file);
 
