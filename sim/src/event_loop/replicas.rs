@@ -66,10 +66,11 @@ impl Split {
 }
 
 /// The bus latency `dispatch-stream` and `route-and-reserve` assume when a scenario gives
-/// none, s: one publish-to-delivery hop of a message bus inside one data centre. An assumed
-/// figure (the order of a NATS hop on one network), not one measured here; a scenario states
-/// its own with `gateways.bus_latency_s`.
-pub const DEFAULT_BUS_LATENCY_S: f64 = 0.001;
+/// none, s: one publish-to-delivery hop of a NATS bus, the median measured here (0.19-0.22 ms
+/// over three runs through a loopback `nats-server`, docs/performance.md "One hop of the bus").
+/// Between hosts the network's one-way latency adds to it; a scenario states its own with
+/// `gateways.bus_latency_s`.
+pub const DEFAULT_BUS_LATENCY_S: f64 = 0.0002;
 
 /// What the replicas share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
