@@ -757,6 +757,23 @@ mod tests {
     use super::*;
     use routelab_gateway::prompt;
 
+    /// A replica's unusable URL is refused, naming it, before anything is sent.
+    #[tokio::test]
+    async fn a_bad_replica_url_is_refused_naming_it() {
+        let file =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/replicas.yaml");
+        let sc = Scenario::load(file).unwrap();
+        let mut opts = PlayOptions::new(5.0);
+        opts.replicas = vec!["http://127.0.0.1:1".into(), "http://bad host".into()];
+        let e = play_with(&sc, 1, "http://127.0.0.1:2", &opts)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, PlayError::Invalid(m) if m.contains("gateway URL `http://bad host`")),
+            "{e}"
+        );
+    }
+
     fn rendered(a: &Arrival, id: u64) -> String {
         format!("<|user|>\n{}\n", prompt_text(a, id))
     }
