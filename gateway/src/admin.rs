@@ -13,9 +13,10 @@
 //! | `GET /admin/replicas` | with a `replicas:` block ([`crate::replicas`]): this replica's name and instance, the bus (address, subject, up, for how long), the age of the freshest peer event, each peer (live, age of its last event, its requests this router counts, events, missed), the bus counters, and per worker the peers' requests in flight this router counts (`peer_in_flight`); 404 without the block. `GET /admin/workers` carries the same object as `replicas` |
 //! | `GET /admin/capacity[?model=NAME]` | the passive capacity curve of each worker of the model ([`crate::capacity`]); the model may be left out when every worker serves the same one |
 
+use crate::app::shared::Shared;
 use crate::config::WorkerConfig;
 use crate::error::{ApiError, WorkerError};
-use crate::state::{Core, Shared, cached_measurement, state_name};
+use crate::routing::{Core, cached_measurement, state_name};
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -52,7 +53,7 @@ pub(crate) async fn require_token(
                 .get::<ConnectInfo<SocketAddr>>()
                 .map(|ConnectInfo(addr)| addr.to_string())
                 .unwrap_or_default();
-            crate::log(
+            crate::logging::log(
                 "admin_auth_failed",
                 &[
                     ("path", req.uri().path()),
@@ -181,9 +182,9 @@ pub(crate) fn worker_json(
 /// `GET /admin/workers`
 pub(crate) async fn list(State(s): State<Arc<Shared>>) -> Response {
     let (policy, mut workers, signal_keys) = {
-        let core = s.core();
+        let core = s.routing.core();
         let probe_state = core.router.strategy().export_state();
-        let now = s.clock.now();
+        let now = s.routing.clock.now();
         let workers: Vec<Value> = core
             .workers
             .live()
@@ -238,7 +239,7 @@ fn replicas_view(s: &Shared) -> Option<Value> {
         (p.view(), p.freshest_age_s(), p.counted())
     };
     let workers: Vec<Value> = {
-        let core = s.core();
+        let core = s.routing.core();
         core.workers
             .live()
             .map(|(id, w)| {
@@ -297,9 +298,9 @@ pub(crate) async fn add(State(s): State<Arc<Shared>>, body: Bytes) -> Result<Res
             })?;
     let name = cfg.name.clone();
     let row = {
-        let mut core = s.core();
-        let now = s.clock.now();
-        let id = core.add_worker(now, cfg, &s).map_err(|e| {
+        let mut core = s.routing.core();
+        let now = s.routing.clock.now();
+        let id = core.add_worker(now, cfg).map_err(|e| {
             let status = match e {
                 WorkerError::Duplicate(_) => StatusCode::CONFLICT,
                 _ => StatusCode::BAD_REQUEST,
@@ -313,14 +314,14 @@ pub(crate) async fn add(State(s): State<Arc<Shared>>, body: Bytes) -> Result<Res
         })?;
         one_row(&s, &core, id)
     };
-    crate::log("admin_add", &[("worker", &name)]);
+    crate::logging::log("admin_add", &[("worker", &name)]);
     Ok((StatusCode::CREATED, axum::Json(row)).into_response())
 }
 
 /// One worker as JSON, for the answer to a change.
 fn one_row(s: &Shared, core: &Core, id: WorkerId) -> Value {
     let probe_state = core.router.strategy().export_state();
-    worker_json(core, id, probe_state.as_ref(), s.clock.now())
+    worker_json(core, id, probe_state.as_ref(), s.routing.clock.now())
 }
 
 fn find(core: &Core, name: &str) -> Result<WorkerId, ApiError> {
@@ -334,15 +335,15 @@ pub(crate) async fn remove(
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = {
-        let mut core = s.core();
+        let mut core = s.routing.core();
         let id = find(&core, &name)?;
-        let now = s.clock.now();
-        core.remove_worker(now, id, &s);
+        let now = s.routing.clock.now();
+        core.remove_worker(now, id);
         id
     };
     // Outside the router's lock, as every signal lock is taken.
     s.signals.forget_worker(id);
-    crate::log("admin_remove", &[("worker", &name)]);
+    crate::logging::log("admin_remove", &[("worker", &name)]);
     Ok(axum::Json(json!({ "removed": name })).into_response())
 }
 
@@ -352,9 +353,9 @@ pub(crate) async fn drain(
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     let row = {
-        let mut core = s.core();
+        let mut core = s.routing.core();
         let id = find(&core, &name)?;
-        let now = s.clock.now();
+        let now = s.routing.clock.now();
         core.router
             .drain(now, id)
             .map_err(|e| ApiError::bad_request(e.to_string(), None))?;
@@ -362,10 +363,10 @@ pub(crate) async fn drain(
             w.drained = true;
         }
         // A drained worker leaves the model's pool: the panic mode may change.
-        core.apply_health(now, id, &s);
+        core.apply_health(now, id);
         one_row(&s, &core, id)
     };
-    crate::log("admin_drain", &[("worker", &name)]);
+    crate::logging::log("admin_drain", &[("worker", &name)]);
     Ok(axum::Json(row).into_response())
 }
 
@@ -375,10 +376,10 @@ pub(crate) async fn undrain(
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     let row = {
-        let mut core = s.core();
+        let mut core = s.routing.core();
         let id = find(&core, &name)?;
-        let now = s.clock.now();
-        if !core.undrain(now, id, &s) {
+        let now = s.routing.clock.now();
+        if !core.undrain(now, id) {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
                 "invalid_request_error",
@@ -390,7 +391,7 @@ pub(crate) async fn undrain(
         }
         one_row(&s, &core, id)
     };
-    crate::log("admin_undrain", &[("worker", &name)]);
+    crate::logging::log("admin_undrain", &[("worker", &name)]);
     Ok(axum::Json(row).into_response())
 }
 
@@ -413,7 +414,7 @@ pub(crate) async fn pin(
         )
     })?;
     let row = change_pin(&s, &name, Some(weight)).await?;
-    crate::log(
+    crate::logging::log(
         "admin_pin",
         &[("worker", &name), ("weight", &weight.to_string())],
     );
@@ -426,7 +427,7 @@ pub(crate) async fn unpin(
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     let row = change_pin(&s, &name, None).await?;
-    crate::log("admin_unpin", &[("worker", &name)]);
+    crate::logging::log("admin_unpin", &[("worker", &name)]);
     Ok(axum::Json(row).into_response())
 }
 
@@ -437,9 +438,9 @@ pub(crate) async fn unpin(
 /// from the change to the write (and the roll-back), so no other writer can save a pin the
 /// administrator is then told failed. The core lock is not held across the write.
 async fn change_pin(s: &Arc<Shared>, name: &str, to: Option<f64>) -> Result<Value, ApiError> {
-    let mut held = s.persist_lock.lock().await;
+    let mut held = s.state_file.lock().await;
     let (id, before, explicit) = {
-        let mut core = s.core();
+        let mut core = s.routing.core();
         let id = find(&core, name)?;
         // Pins are kept per (node, model), as in the state file.
         let spec = &core
@@ -458,7 +459,7 @@ async fn change_pin(s: &Arc<Shared>, name: &str, to: Option<f64>) -> Result<Valu
                 .map_err(|m| ApiError::bad_request(m.to_string(), Some("weight")))?;
         }
         let before = core.pin_of(id);
-        let now = s.clock.now();
+        let now = s.routing.clock.now();
         core.set_pin(now, id, to)
             .map_err(|e| ApiError::bad_request(e.to_string(), to.map(|_| "weight")))?;
         if to.is_some() && core.router.weight(id).map(|w| w.provenance) != Some(Provenance::Pinned)
@@ -476,22 +477,26 @@ async fn change_pin(s: &Arc<Shared>, name: &str, to: Option<f64>) -> Result<Valu
         }
         (id, before, explicit)
     };
-    if let Err(e) = crate::write_state(s, &mut held, Some(explicit)).await {
+    if let Err(e) = s
+        .state_file
+        .write(&s.routing, &mut held, Some(explicit))
+        .await
+    {
         {
-            let mut core = s.core();
-            let now = s.clock.now();
+            let mut core = s.routing.core();
+            let now = s.routing.clock.now();
             // Restoring what the router held a moment ago cannot be refused: the worker and
             // the pin value were valid then.
             let _ = core.set_pin(now, id, before);
         }
-        crate::log(
+        crate::logging::log(
             "admin_pin_rolled_back",
             &[("worker", name), ("error", &e.to_string())],
         );
         return Err(ApiError::state_write_failed(&e));
     }
     drop(held);
-    let core = s.core();
+    let core = s.routing.core();
     Ok(one_row(s, &core, id))
 }
 
@@ -501,15 +506,15 @@ pub(crate) async fn reprobe(
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     let row = {
-        let mut core = s.core();
+        let mut core = s.routing.core();
         let id = find(&core, &name)?;
-        let now = s.clock.now();
+        let now = s.routing.clock.now();
         core.router
             .reprobe(now, id)
             .map_err(|e| ApiError::bad_request(e.to_string(), None))?;
         one_row(&s, &core, id)
     };
-    crate::log("admin_reprobe", &[("worker", &name)]);
+    crate::logging::log("admin_reprobe", &[("worker", &name)]);
     Ok((StatusCode::ACCEPTED, axum::Json(row)).into_response())
 }
 
@@ -532,8 +537,8 @@ pub(crate) async fn capacity(
         .0
         .model;
     let (model, workers) = {
-        let core = s.core();
-        let live: Vec<&crate::state::WorkerRt> = core.workers.live().map(|(_, w)| w).collect();
+        let core = s.routing.core();
+        let live: Vec<&crate::routing::WorkerRt> = core.workers.live().map(|(_, w)| w).collect();
         let mut models: Vec<&str> = live.iter().map(|w| w.cfg.model.as_str()).collect();
         models.sort_unstable();
         models.dedup();
@@ -561,7 +566,12 @@ pub(crate) async fn capacity(
                 ));
             }
         };
-        let workers: Vec<(String, Vec<String>, u32, Arc<crate::metrics::WorkerMetrics>)> = live
+        let workers: Vec<(
+            String,
+            Vec<String>,
+            u32,
+            Arc<crate::metrics::registry::WorkerMetrics>,
+        )> = live
             .iter()
             .filter(|w| w.cfg.model == model)
             .map(|w| {
@@ -575,7 +585,7 @@ pub(crate) async fn capacity(
             .collect();
         (model, workers)
     };
-    let now = s.clock.now();
+    let now = s.routing.clock.now();
     let workers: Vec<Value> = workers
         .into_iter()
         .map(|(name, gpu_names, context_window, metrics)| {

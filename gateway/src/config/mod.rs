@@ -110,7 +110,7 @@ pub struct GatewayConfig {
     /// Polling the engines' `/metrics` for the rules that read engine reports
     /// ([`crate::signals`]).
     #[serde(default)]
-    pub engine_metrics: crate::signals::EngineMetricsConfig,
+    pub engine_metrics: crate::signals::settings::EngineMetricsConfig,
     /// Workers known at start (more can be added with the admin API).
     #[serde(default)]
     pub workers: Vec<WorkerConfig>,
