@@ -203,7 +203,7 @@ fn build(config: &GatewayConfig, settings: Settings) -> Result<Arc<Shared>, Gate
     let shared = Arc::new(Shared {
         state_file: persist::writer::StateWriter::new(settings.state_file.clone(), loaded),
         settings,
-        routing: Routing::new(clock, router, config.seed, health),
+        routing: Arc::new(Routing::new(clock, router, config.seed, health)),
         client,
         global: Default::default(),
         connections: Arc::default(),
@@ -243,7 +243,7 @@ fn app(shared: Arc<Shared>) -> HttpRouter {
         admin_routes
     };
     let admin_routes = admin_routes.route_layer(axum::middleware::from_fn_with_state(
-        shared.clone(),
+        admin::AdminToken(shared.settings.admin_token.clone()),
         admin::require_token,
     ));
     HttpRouter::new()
@@ -278,7 +278,12 @@ impl Handler {
         let limits = settings.server;
         let shared = build(&config, settings)?;
         Ok(Handler {
-            routes: server::scoped(app(shared.clone()), server::Scope::All, limits, shared),
+            routes: server::scoped(
+                app(shared.clone()),
+                server::Scope::All,
+                limits,
+                shared.global.clone(),
+            ),
         })
     }
 
@@ -350,7 +355,7 @@ pub async fn start_on(
     };
     let public = server::serve(
         listener,
-        server::scoped(routes.clone(), public_scope, limits, shared.clone()),
+        server::scoped(routes.clone(), public_scope, limits, shared.global.clone()),
         limits,
         connections.clone(),
         rx.clone(),
@@ -358,7 +363,7 @@ pub async fn start_on(
     let admin = admin_listener.map(|l| {
         server::serve(
             l,
-            server::scoped(routes, server::Scope::Admin, limits, shared.clone()),
+            server::scoped(routes, server::Scope::Admin, limits, shared.global.clone()),
             limits,
             connections.clone(),
             rx,

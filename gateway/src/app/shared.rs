@@ -6,18 +6,20 @@ use super::settings::Settings;
 use crate::metrics::registry::GlobalMetrics;
 use crate::persist::writer::StateWriter;
 use crate::reqlog::RequestLog;
-use crate::routing::Routing;
+use crate::routing::{RouterCore, Routing};
 use crate::supervise::{Supervised, TaskRestarts};
 use crate::upstream::HttpClient;
+use axum::extract::FromRef;
 use std::sync::Arc;
 
 /// Everything the handlers and background tasks share.
 pub(crate) struct Shared {
     pub settings: Settings,
     /// The router core ([`crate::routing`]).
-    pub routing: Routing,
+    pub routing: Arc<Routing>,
     pub client: HttpClient,
-    pub global: GlobalMetrics,
+    /// The metrics registry ([`crate::metrics`]); the accept loop counts rejections into it.
+    pub global: Arc<GlobalMetrics>,
     /// Client connection counters, kept by the accept loop ([`crate::server`]).
     pub connections: Arc<crate::server::limits::ConnectionStats>,
     /// The state file's writer ([`crate::persist`]).
@@ -37,6 +39,13 @@ impl Shared {
     /// must re-admit an ejected worker).
     pub fn ejection_enabled(&self) -> bool {
         !self.settings.health_interval.is_zero()
+    }
+}
+
+/// A handler that reads only the router core takes it alone (`State<RouterCore>`).
+impl FromRef<Arc<Shared>> for RouterCore {
+    fn from_ref(s: &Arc<Shared>) -> RouterCore {
+        RouterCore(s.routing.clone())
     }
 }
 

@@ -19,7 +19,7 @@ use crate::app::shared::Shared;
 use crate::error::ApiError;
 use crate::prompt::{self, Endpoint, Parsed};
 use crate::reqlog::{LogStatus, Trace};
-use crate::routing::Failure;
+use crate::routing::{Failure, RouterCore};
 use admit::{Refusal, admit, queue_timeout};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
@@ -48,9 +48,9 @@ pub(crate) async fn completions(State(s): State<Arc<Shared>>, req: Request) -> R
 }
 
 /// `GET /v1/models`: the union of the (not removed) workers' models.
-pub(crate) async fn models(State(s): State<Arc<Shared>>) -> Response {
+pub(crate) async fn models(State(RouterCore(routing)): State<RouterCore>) -> Response {
     let mut names: Vec<String> = {
-        let core = s.routing.core();
+        let core = routing.core();
         core.workers
             .live()
             .map(|(_, w)| w.cfg.model.clone())

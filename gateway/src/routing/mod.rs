@@ -35,6 +35,11 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::oneshot;
 
+/// The router core as a handler's whole state (axum's `State<RouterCore>`): a handler that
+/// reads nothing else is handed nothing else.
+#[derive(Clone)]
+pub(crate) struct RouterCore(pub Arc<Routing>);
+
 /// The router core: the [`Core`] behind its lock, and the clock the router reads.
 pub(crate) struct Routing {
     pub clock: Clock,

@@ -17,6 +17,7 @@
 //!   in-flight request and closes, and [`serve`] returns once all have.
 
 use crate::error::ApiError;
+use crate::metrics::registry::GlobalMetrics;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -59,14 +60,14 @@ pub(crate) fn is_admin_path(path: &str) -> bool {
 }
 
 /// The HTTP routes as this listener serves them: around `routes`, the scope's filter, the `Host`
-/// rule and the body deadline, and outermost the count of every rejection (`shared`'s
-/// metrics), so that the answers those layers give are counted as what they are (a 408 used to
+/// rule and the body deadline, and outermost the count of every rejection (into the metrics
+/// registry's `global`), so that the answers those layers give are counted as what they are (a 408 used to
 /// be counted as the 400 the handler saw when its body was cut).
 pub(crate) fn scoped(
     routes: axum::Router,
     scope: Scope,
     limits: Limits,
-    shared: Arc<crate::app::shared::Shared>,
+    global: Arc<GlobalMetrics>,
 ) -> axum::Router {
     let routes = match scope {
         Scope::All => routes,
@@ -80,7 +81,7 @@ pub(crate) fn scoped(
             body_deadline,
         ))
         .layer(axum::middleware::map_response_with_state(
-            shared,
+            global,
             count_rejections,
         ))
 }
@@ -88,13 +89,13 @@ pub(crate) fn scoped(
 /// Middleware (outermost, `server::scoped`): count every answer built from an `ApiError`, whichever
 /// handler, extractor or layer made it, from the [`RejectionCode`](crate::error::RejectionCode) it carries.
 pub(crate) async fn count_rejections(
-    State(s): State<Arc<crate::app::shared::Shared>>,
+    State(global): State<Arc<GlobalMetrics>>,
     r: Response,
 ) -> Response {
     if let Some(crate::error::RejectionCode(code)) =
         r.extensions().get::<crate::error::RejectionCode>().copied()
     {
-        s.global.count_rejection(r.status().as_u16(), code);
+        global.count_rejection(r.status().as_u16(), code);
     }
     r
 }
