@@ -7,7 +7,8 @@
 //! or the connect timed out) ejects the worker at once: nothing listens there, so waiting for
 //! `unhealthy_after` more failures would only keep routing to a dead worker.
 
-use crate::state::{Failure, Shared};
+use crate::app::shared::Shared;
+use crate::routing::Failure;
 use crate::supervise::{BackgroundTask, report_panic};
 use crate::upstream::BaseUrlError;
 use bytes::Bytes;
@@ -29,7 +30,7 @@ pub(crate) async fn run(s: Arc<Shared>) {
     loop {
         ticker.tick().await;
         let targets: Vec<(WorkerId, Result<hyper::Uri, BaseUrlError>)> = {
-            let core = s.core();
+            let core = s.routing.core();
             core.workers
                 .live()
                 .filter(|(_, w)| !w.drained)
@@ -45,26 +46,26 @@ pub(crate) async fn run(s: Arc<Shared>) {
                     Err(e) => {
                         // Not expected (the path and the URL are checked when they are read);
                         // a check that cannot be sent fails rather than ending the loop.
-                        crate::log("health_check_failed", &[("error", &e.to_string())]);
+                        crate::logging::log("health_check_failed", &[("error", &e.to_string())]);
                         Check::Unhealthy
                     }
                 };
-                let mut core = s.core();
-                let now = s.clock.now();
+                let mut core = s.routing.core();
+                let now = s.routing.clock.now();
                 match outcome {
-                    Check::Healthy => core.note_success(now, id, true, &s),
+                    Check::Healthy => core.note_success(now, id, true),
                     Check::Unhealthy => {
-                        core.note_failure(now, id, Failure::Check { hard: false }, &s);
+                        core.note_failure(now, id, Failure::Check { hard: false });
                     }
                     Check::Unreachable => {
-                        core.note_failure(now, id, Failure::Check { hard: true }, &s);
+                        core.note_failure(now, id, Failure::Check { hard: true });
                     }
                 }
             });
         }
         while let Some(done) = set.join_next().await {
             if let Err(e) = done {
-                report_panic(&s, BackgroundTask::Health, e);
+                report_panic(&s.global.task_restarts, BackgroundTask::Health, e);
             }
         }
     }

@@ -17,7 +17,7 @@
 //! answer before the cut makes the burst `ok: false`. Warm-up orders are ordinary orders: the
 //! policy crate sequences them.
 
-use crate::state::Shared;
+use crate::app::shared::Shared;
 use crate::supervise::{BackgroundTask, report_panic};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -43,7 +43,11 @@ const MIN_WALL_POLL: Duration = Duration::from_millis(1);
 /// The probe loop; runs until aborted (its bursts are aborted with it; supervised:
 /// [`crate::supervise`]).
 pub(crate) async fn run(s: Arc<Shared>) {
-    let poll = s.clock.to_wall(s.settings.probe_poll).max(MIN_WALL_POLL);
+    let poll = s
+        .routing
+        .clock
+        .to_wall(s.settings.probe_poll)
+        .max(MIN_WALL_POLL);
     let mut ticker = tokio::time::interval(poll);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut orders = Vec::new();
@@ -52,12 +56,12 @@ pub(crate) async fn run(s: Arc<Shared>) {
         ticker.tick().await;
         while let Some(done) = bursts.try_join_next() {
             if let Err(e) = done {
-                report_panic(&s, BackgroundTask::Probe, e);
+                report_panic(&s.global.task_restarts, BackgroundTask::Probe, e);
             }
         }
         let jobs: Vec<Job> = {
-            let mut core = s.core();
-            let now = s.clock.now();
+            let mut core = s.routing.core();
+            let now = s.routing.clock.now();
             core.router.tick(now);
             orders.clear();
             core.router.poll_probes(now, &mut orders);
@@ -159,7 +163,7 @@ async fn one(
             .client
             .request(req)
             .await
-            .map_err(|e| ProbeError::Request(crate::proxy::error_chain(&e)))?;
+            .map_err(|e| ProbeError::Request(crate::upstream::error_chain(&e)))?;
         let status = resp.status();
         // At most `upstream.max_response_bytes` of a reply is read, streamed or not.
         let limit = s.settings.max_response_bytes;
@@ -243,7 +247,7 @@ async fn burst(s: Arc<Shared>, job: Job) {
         // router hears so, rather than waiting for a result that never comes.
         Err(e) => error = Some(ProbeError::Request(e.to_string())),
     }
-    let budget_at = start + s.clock.to_wall(s.settings.probe_budget);
+    let budget_at = start + s.routing.clock.to_wall(s.settings.probe_budget);
     let mut cut = false;
     loop {
         tokio::select! {
@@ -255,7 +259,7 @@ async fn burst(s: Arc<Shared>, job: Job) {
                 }
                 Some(Ok(Err(e))) => error = Some(e),
                 Some(Err(e)) if e.is_panic() => {
-                    report_panic(&s, BackgroundTask::Probe, e);
+                    report_panic(&s.global.task_restarts, BackgroundTask::Probe, e);
                     error = Some(ProbeError::Panicked);
                 }
                 Some(Err(e)) => error = Some(ProbeError::Task(e)),
@@ -287,7 +291,7 @@ async fn burst(s: Arc<Shared>, job: Job) {
         prompt_tokens,
         // In policy time, so that the throughput is too: an emulator at `--speedup K` behind
         // a gateway at `clock_scale: K` is measured at its emulated tok/s.
-        wall: s.clock.to_policy(wall),
+        wall: s.routing.clock.to_policy(wall),
         ok: error.is_none(),
     };
     let tp = if prefill {
@@ -296,8 +300,8 @@ async fn burst(s: Arc<Shared>, job: Job) {
         result.throughput_tok_s()
     };
     {
-        let mut core = s.core();
-        let now = s.clock.now();
+        let mut core = s.routing.core();
+        let now = s.routing.clock.now();
         core.router.probe_result(now, &result);
         if let Some(w) = core.workers.get_mut(o.worker) {
             if result.ok {
@@ -312,7 +316,7 @@ async fn burst(s: Arc<Shared>, job: Job) {
         }
         core.pump(now);
     }
-    crate::log(
+    crate::logging::log(
         "probe",
         &[
             ("worker", &job.name),
@@ -334,5 +338,5 @@ async fn burst(s: Arc<Shared>, job: Job) {
             ),
         ],
     );
-    crate::persist_state(&s).await;
+    s.state_file.persist(&s.routing).await;
 }

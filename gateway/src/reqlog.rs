@@ -393,7 +393,7 @@ impl FailureReport {
             self.quiet += 1;
             return false;
         }
-        crate::log(
+        crate::logging::log(
             "request_log_write_failed",
             &[
                 ("path", &path.display().to_string()),
@@ -511,7 +511,7 @@ impl Writer {
         }
         self.flush_counted(counters);
         match self.reopen() {
-            Ok(()) => crate::log(
+            Ok(()) => crate::logging::log(
                 "request_log_reopened",
                 &[
                     ("path", &self.settings.path.display().to_string()),

@@ -8,9 +8,7 @@
 //! The short-lived tasks they spawn (a probe burst, one health check, a worker's KV event
 //! subscriber) report their own panics through [`report_panic`] when they are joined.
 
-use crate::state::Shared;
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 use tokio::task::{JoinError, JoinHandle};
@@ -97,12 +95,12 @@ fn panic_message(e: JoinError) -> String {
 
 /// Log and count a task of `task`'s that ended in a panic; a cancelled one (shutdown) is not
 /// reported. True if it panicked.
-pub(crate) fn report_panic(s: &Shared, task: BackgroundTask, e: JoinError) -> bool {
+pub(crate) fn report_panic(restarts: &TaskRestarts, task: BackgroundTask, e: JoinError) -> bool {
     if !e.is_panic() {
         return false;
     }
-    s.global.task_restarts.count(task);
-    crate::log(
+    restarts.count(task);
+    crate::logging::log(
         "task_panicked",
         &[("task", task.as_str()), ("panic", &panic_message(e))],
     );
@@ -118,16 +116,25 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// What a supervised task is started with: the state it runs on, which knows where its
+/// panics are counted. The supervisor knows nothing else of it, so it stands below every
+/// task it runs.
+pub(crate) trait Supervised: Clone + Send + Sync + 'static {
+    /// The counters a panic of this task is counted in.
+    fn restarts(&self) -> &TaskRestarts;
+}
+
 /// Run the task `start` makes until it ends or is aborted; when it panics, report it and
 /// start a new one after `pause`.
-pub(crate) fn supervise<F, Fut>(
-    s: Arc<Shared>,
+pub(crate) fn supervise<S, F, Fut>(
+    s: S,
     task: BackgroundTask,
     pause: Duration,
     start: F,
 ) -> JoinHandle<()>
 where
-    F: Fn(Arc<Shared>) -> Fut + Send + 'static,
+    S: Supervised,
+    F: Fn(S) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
     tokio::spawn(async move {
@@ -135,10 +142,10 @@ where
             let mut running = AbortOnDrop(tokio::spawn(start(s.clone())));
             let ended = (&mut running.0).await;
             // Ended (the loops never do) or cancelled: nothing to restart.
-            if !ended.is_err_and(|e| report_panic(&s, task, e)) {
+            if !ended.is_err_and(|e| report_panic(s.restarts(), task, e)) {
                 return;
             }
-            crate::log(
+            crate::logging::log(
                 "task_restarting",
                 &[
                     ("task", task.as_str()),

@@ -21,24 +21,34 @@
 //! capacity curve included: `request_log: {path, max_bytes, keep}`, `capacity: {min_observed_s}`).
 
 mod fleet;
+mod numbers;
 mod replicas;
 mod secret;
+mod sections;
 mod worker;
 
 pub use fleet::fleet_config;
+pub(crate) use numbers::secs;
+pub use numbers::{
+    CLOCK_SCALE_RANGE, MAX_BODY_BYTES, MAX_CONNECTIONS, MAX_IDLE_PER_WORKER, MAX_LOG_BYTES,
+    MAX_LOG_KEEP, MAX_RETRIES,
+};
+use numbers::{number_rule, with_valid_number};
+pub use sections::{
+    CapacityConfig, HealthConfig, ProbeRunnerConfig, RequestLogConfig, ServerConfig, SloConfig,
+    UpstreamConfig,
+};
+
 pub use replicas::{Credentials, ReplicaSettings, ReplicasConfig};
 pub(crate) use secret::redact_error;
 pub use secret::{REDACTED, Secret};
 pub use worker::{CacheTokens, MAX_CACHE_TOKENS, MAX_NAME_BYTES, WorkerConfig};
 
 use crate::error::WorkerError;
-use routelab_policies::located::{parse_yaml, rule};
-use routelab_policies::{
-    InputError, PREFIX_BLOCK_TOKENS, PolicyEntry, SloBound, implausible_slo_bound,
-};
+use routelab_policies::located::parse_yaml;
+use routelab_policies::{InputError, PolicyEntry, SloBound, implausible_slo_bound};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 /// The whole configuration file.
 #[derive(Debug, Clone, Deserialize)]
@@ -112,7 +122,7 @@ pub struct GatewayConfig {
     /// Polling the engines' `/metrics` for the rules that read engine reports
     /// ([`crate::signals`]).
     #[serde(default)]
-    pub engine_metrics: crate::signals::EngineMetricsConfig,
+    pub engine_metrics: crate::signals::settings::EngineMetricsConfig,
     /// Workers known at start (more can be added with the admin API).
     #[serde(default)]
     pub workers: Vec<WorkerConfig>,
@@ -124,201 +134,6 @@ pub struct GatewayConfig {
     /// [`GatewayConfig::from_yaml`]), for located errors.
     #[serde(skip, default = "default_origin")]
     origin: String,
-}
-
-/// The top-level `slo`: per-request bounds, both required (the simulator's scenario SLO has
-/// both too, so the router measured there and the router shipped here aim alike).
-#[derive(Debug, Clone, Copy, Deserialize, serde::Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct SloConfig {
-    /// Time to first token, seconds.
-    pub ttft_s: f64,
-    /// Time per output token, seconds.
-    pub tpot_s: f64,
-}
-
-impl SloConfig {
-    /// Hand the SLO to a router: **the one rule** (`Router::aim_at`) by which a host's SLO
-    /// reaches a policy, the simulator's included; a chooser's own bounds win over it.
-    pub fn aim(&self, router: &mut routelab_policies::Router) {
-        router.aim_at(self.ttft_s, self.tpot_s);
-    }
-}
-
-/// The client-facing HTTP server (each listener applies it).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ServerConfig {
-    /// A connection that has not sent a complete request head this long after it opened (or
-    /// after its previous response) is closed: it stops slowloris clients and frees idle
-    /// keep-alive connections.
-    pub header_read_timeout_s: f64,
-    /// A request body not fully received this long after its head is answered 408 and its
-    /// connection closed.
-    pub body_read_timeout_s: f64,
-    /// Open client connections per listener; one more is answered 503 and closed. Default:
-    /// 4,096, or less where the process's open-file limit would run out first
-    /// (`server::default_max_connections`).
-    pub max_connections: Option<u32>,
-    /// After a shutdown signal, how long requests in flight may still run; then their
-    /// connections are closed (a stream trickling for minutes must not hold the shutdown).
-    pub drain_timeout_s: f64,
-}
-
-impl Default for ServerConfig {
-    fn default() -> Self {
-        ServerConfig {
-            // A real client writes its whole head at once, in milliseconds; 10 s tolerates a
-            // congested link and still frees a silent socket (or an idle keep-alive one) soon.
-            header_read_timeout_s: 10.0,
-            // A 4 MiB body (the default `max_body_bytes`) takes 30 s only below ~1 Mbit/s.
-            body_read_timeout_s: 30.0,
-            // Derived from the open-file limit at start (see `server::default_max_connections`).
-            max_connections: None,
-            // Kubernetes' default grace period before SIGKILL is 30 s: finish within it.
-            drain_timeout_s: 25.0,
-        }
-    }
-}
-
-/// Upstream connection settings.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct UpstreamConfig {
-    /// TCP connect timeout.
-    pub connect_timeout_s: f64,
-    /// Longest wait for a worker's response headers and first body chunk (a slow prefill
-    /// counts here).
-    pub response_timeout_s: f64,
-    /// Idle keep-alive connections kept per worker.
-    pub max_idle_per_worker: usize,
-    /// Longest gap between two body chunks from a worker once its body has started; none:
-    /// `response_timeout_s`. A stream that stalls longer ends with an SSE error event.
-    pub stream_idle_timeout_s: Option<f64>,
-    /// Largest worker body the gateway holds in memory: a non-streamed answer (502
-    /// `response_too_large` past it), a probe reply or a health check's (a failure past it).
-    /// Streams are passed through and not bounded.
-    pub max_response_bytes: usize,
-}
-
-impl Default for UpstreamConfig {
-    fn default() -> Self {
-        UpstreamConfig {
-            connect_timeout_s: 2.0,
-            response_timeout_s: 300.0,
-            max_idle_per_worker: 256,
-            stream_idle_timeout_s: None,
-            // A non-streamed completion is kilobytes; 32 MiB still holds a long one with
-            // per-token log-probabilities.
-            max_response_bytes: 32 * 1024 * 1024,
-        }
-    }
-}
-
-/// Active health checks.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct HealthConfig {
-    /// Seconds between checks; 0 disables active checks.
-    pub interval_s: f64,
-    /// Path appended to the worker's base URL (`/health`, or `/v1/models`).
-    pub path: String,
-    /// Timeout of one check.
-    pub timeout_s: f64,
-    /// Consecutive failures (checks or requests failing before the first byte) before the
-    /// worker is ejected (`Router::disconnect`). A refused connection ejects at once.
-    pub unhealthy_after: u32,
-    /// Consecutive successful checks before an ejected worker is re-admitted.
-    pub healthy_after: u32,
-    /// Most of a model's workers that failing requests may eject, in percent (Envoy's
-    /// `max_ejection_percent`); one is always allowed. Health checks are not capped: a worker
-    /// that fails its own checks is out, and too many out starts the panic mode.
-    pub max_ejection_percent: f64,
-    /// When fewer than this percentage of a model's workers (not drained) are healthy, the
-    /// model is in panic mode: requests go to all of them, ejected or not (Envoy's
-    /// `healthy_panic_threshold`); 0 turns the panic mode off.
-    pub panic_threshold_percent: f64,
-}
-
-impl Default for HealthConfig {
-    fn default() -> Self {
-        HealthConfig {
-            interval_s: 5.0,
-            path: "/health".into(),
-            timeout_s: 2.0,
-            unhealthy_after: 3,
-            healthy_after: 1,
-            // Envoy's defaults.
-            max_ejection_percent: 10.0,
-            panic_threshold_percent: 50.0,
-        }
-    }
-}
-
-/// The burst-probe runner (the probe's shape itself is the policy's).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ProbeRunnerConfig {
-    /// How often the router is asked for probe orders (and ticked).
-    pub poll_interval_s: f64,
-    /// Timeout of one probe request; a burst with a timed-out request is a failed burst.
-    pub request_timeout_s: f64,
-    /// Policy time a burst may take: a burst still running then is cut, and its throughput is
-    /// the output tokens streamed within the budget over the budget (a slow engine is
-    /// measured rather than timed out; the admin view and the log say which).
-    pub budget_s: f64,
-}
-
-impl Default for ProbeRunnerConfig {
-    fn default() -> Self {
-        ProbeRunnerConfig {
-            poll_interval_s: 1.0,
-            request_timeout_s: 120.0,
-            budget_s: 30.0,
-        }
-    }
-}
-
-/// The request log ([`crate::reqlog`] has its line schema).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct RequestLogConfig {
-    /// The live file (appended to; its directory must exist).
-    pub path: PathBuf,
-    /// Largest size of one file in bytes: a line that would take it past this first rotates it
-    /// to `<path>.1`.
-    #[serde(default = "default_log_max_bytes")]
-    pub max_bytes: u64,
-    /// Rotated files kept (`<path>.1` … `<path>.<keep>`); 0 keeps none.
-    #[serde(default = "default_log_keep")]
-    pub keep: u32,
-}
-
-/// The passive capacity curve.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct CapacityConfig {
-    /// A concurrency is exported once it was observed this many seconds of policy time.
-    pub min_observed_s: f64,
-}
-
-impl Default for CapacityConfig {
-    fn default() -> Self {
-        CapacityConfig {
-            min_observed_s: crate::capacity::DEFAULT_MIN_OBSERVED_S,
-        }
-    }
-}
-
-impl RequestLogConfig {
-    /// The log's settings (the numbers were validated with the configuration).
-    pub fn settings(&self) -> crate::reqlog::LogSettings {
-        crate::reqlog::LogSettings {
-            path: self.path.clone(),
-            max_bytes: self.max_bytes,
-            keep: self.keep,
-        }
-    }
 }
 
 fn default_listen() -> String {
@@ -349,139 +164,6 @@ fn default_retries() -> u32 {
 fn default_clock_scale() -> f64 {
     1.0
 }
-fn default_log_max_bytes() -> u64 {
-    100 * 1024 * 1024
-}
-fn default_log_keep() -> u32 {
-    5
-}
-
-/// Largest `max_body_bytes` and `upstream.max_response_bytes`: a body is held in memory while
-/// it is routed or relayed.
-pub const MAX_BODY_BYTES: u64 = 1 << 30;
-/// Largest `retries` (more than any fleet has workers to try).
-pub const MAX_RETRIES: u64 = 100;
-/// Largest `upstream.max_idle_per_worker` (more than a host has ports).
-pub const MAX_IDLE_PER_WORKER: u64 = 65_536;
-/// Largest `server.max_connections`.
-pub const MAX_CONNECTIONS: u64 = 1_000_000;
-/// Largest `request_log.max_bytes` (1 TiB).
-pub const MAX_LOG_BYTES: u64 = 1 << 40;
-/// Largest `request_log.keep`.
-pub const MAX_LOG_KEEP: u64 = 1000;
-/// Bounds of `clock_scale`: beyond them a wall-time period standing for policy time (the probe
-/// poll) would be absurdly long or shorter than a timer tick.
-pub const CLOCK_SCALE_RANGE: (f64, f64) = (1e-3, 1e3);
-
-/// What a numeric field of the configuration accepts. One table ([`number_rule`]) serves both
-/// the check at load ([`GatewayConfig::validate`]) and the words added to a parser's type error
-/// ("invalid u32" at `retries: -1` does not say what is valid).
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum NumberRule {
-    /// A whole number in `min..=max`.
-    Whole(u64, u64),
-    /// Seconds from 0: 0 has a meaning (do not wait in the queue).
-    Seconds,
-    /// A timeout or timer period: 0 would fail every request or close every connection, and a
-    /// timer loop needs a period it can keep (a probe poll of 1e-12 s panicked the probe task).
-    Period,
-    /// 0 (off) or a period.
-    OffOrPeriod,
-    /// The clock scale, within [`CLOCK_SCALE_RANGE`].
-    Scale,
-    /// A percentage, 0 to 100.
-    Percent,
-}
-
-impl NumberRule {
-    fn check(self, x: f64) -> Result<(), rule::Violation> {
-        match self {
-            NumberRule::Whole(min, max) => rule::whole(x, min, max).map(drop),
-            NumberRule::Seconds => rule::seconds(x).map(drop),
-            NumberRule::Period => rule::period(x).map(drop),
-            NumberRule::OffOrPeriod if x == 0.0 => Ok(()),
-            NumberRule::OffOrPeriod => rule::period(x)
-                .map(drop)
-                .map_err(|v| rule::Violation::new(x, format!("0 (off) or {}", v.expected))),
-            NumberRule::Percent if x.is_finite() && (0.0..=100.0).contains(&x) => Ok(()),
-            NumberRule::Percent => Err(rule::Violation::new(x, "a percentage from 0 to 100")),
-            NumberRule::Scale => {
-                let (min, max) = CLOCK_SCALE_RANGE;
-                if x.is_finite() && (min..=max).contains(&x) {
-                    Ok(())
-                } else {
-                    Err(rule::Violation::new(
-                        x,
-                        format!("a finite number from {min} to {max} (1 in production)"),
-                    ))
-                }
-            }
-        }
-    }
-
-    /// What the rule accepts, in the rules' own words (every rule refuses NaN).
-    fn describe(self) -> String {
-        self.check(f64::NAN)
-            .err()
-            .map(|v| v.expected)
-            .unwrap_or_default()
-    }
-}
-
-/// The rule of each numeric field.
-fn number_rule(field: &str) -> Option<NumberRule> {
-    use NumberRule::*;
-    Some(match field {
-        "seed" => Whole(0, u64::MAX),
-        "max_body_bytes" | "upstream.max_response_bytes" => Whole(1, MAX_BODY_BYTES),
-        "retries" => Whole(0, MAX_RETRIES),
-        "upstream.max_idle_per_worker" => Whole(0, MAX_IDLE_PER_WORKER),
-        "server.max_connections" => Whole(1, MAX_CONNECTIONS),
-        "health.unhealthy_after" | "health.healthy_after" => Whole(1, u32::MAX.into()),
-        "request_log.max_bytes" => Whole(1, MAX_LOG_BYTES),
-        "request_log.keep" => Whole(0, MAX_LOG_KEEP),
-        "queue_timeout_s" | "capacity.min_observed_s" => Seconds,
-        "health.interval_s" => OffOrPeriod,
-        "upstream.connect_timeout_s"
-        | "upstream.response_timeout_s"
-        | "upstream.stream_idle_timeout_s"
-        | "health.timeout_s"
-        | "probe.poll_interval_s"
-        | "probe.request_timeout_s"
-        | "probe.budget_s"
-        | "server.header_read_timeout_s"
-        | "server.body_read_timeout_s"
-        | "server.drain_timeout_s" => Period,
-        "health.max_ejection_percent" | "health.panic_threshold_percent" => Percent,
-        "clock_scale" => Scale,
-        "slo.ttft_s" | "slo.tpot_s" => Period,
-        f if f.starts_with("workers[") && f.ends_with("].context_window") => {
-            Whole(1, u32::MAX.into())
-        }
-        f if f.starts_with("workers[") && f.ends_with("].cache_tokens") => {
-            Whole(PREFIX_BLOCK_TOKENS.into(), MAX_CACHE_TOKENS)
-        }
-        _ => return None,
-    })
-}
-
-/// A parser error about a numeric field, with what the field accepts.
-fn with_valid_number(e: InputError) -> InputError {
-    if e.valid.is_some() || e.message.contains("expected") {
-        return e;
-    }
-    match number_rule(&e.field) {
-        Some(rule) => e.valid(rule.describe()),
-        None => e,
-    }
-}
-
-/// Seconds (validated finite and ≥ 0) as a duration; `file` and `field` locate an error.
-pub(crate) fn secs(file: &str, field: &str, v: f64) -> Result<Duration, InputError> {
-    // Bounded as well as non-negative: `Duration::from_secs_f64(1e20)` panics.
-    rule::seconds(v).map_err(|e| e.at_field(file, field))
-}
-
 impl GatewayConfig {
     /// Parse YAML text; `origin` names the file in errors.
     /// Errors never show the secrets the text holds (`admin_token`).
@@ -694,6 +376,7 @@ fn check_listen_address(file: &str, field: &str, addr: &str) -> Result<(), Input
 
 #[cfg(test)]
 mod tests {
+    use super::numbers::NumberRule;
     use super::*;
 
     #[test]

@@ -15,7 +15,7 @@
 //! Everything is checked without the network: `--check` reads the credentials file (a bad one
 //! is an error naming its line, never its content), but never connects.
 
-use super::Secret;
+use super::secret::Secret;
 use routelab_policies::InputError;
 use routelab_policies::located::rule;
 use serde::Deserialize;

@@ -34,8 +34,7 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-/// What replaces a secret in every message the gateway prints.
-pub const REDACTED: &str = "<redacted>";
+pub use crate::logging::REDACTED;
 /// The configuration keys whose values are secrets.
 const SECRET_KEYS: [&str; 1] = ["admin_token"];
 

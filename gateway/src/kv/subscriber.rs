@@ -6,7 +6,7 @@ use super::translate::Translator;
 use super::wire;
 use super::zmtp::{self, Connection, SocketType, ZmtpError};
 use super::{KvEventsConfig, StreamState};
-use crate::state::Shared;
+use crate::app::shared::Shared;
 use bytes::Bytes;
 use routelab_policies::{KvEvent, WorkerId};
 use std::sync::Arc;
@@ -31,6 +31,7 @@ pub(crate) async fn run(s: Arc<Shared>, id: WorkerId, cfg: KvEventsConfig) {
     loop {
         // Read at each session: the admin API may have changed the worker's cache size.
         let cache_tokens = s
+            .routing
             .core()
             .workers
             .get(id)
@@ -63,7 +64,7 @@ pub(crate) async fn run(s: Arc<Shared>, id: WorkerId, cfg: KvEventsConfig) {
         if session.last.is_some() && !refused {
             backoff = Duration::from_millis(100);
         }
-        s.signals.kv_down(&s, id, &reason.message);
+        s.signals.kv_down(&s.routing, id, &reason.message);
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }
@@ -130,7 +131,7 @@ impl Session {
         };
         // A fresh start: what the router believed of this worker (the fallback's guesses, or a
         // mirror that missed events) goes; the replay buffer tells what the engine holds.
-        self.s.signals.kv_live(&self.s, self.id);
+        self.s.signals.kv_live(&self.s.routing, self.id);
         if let Some(d) = dealer.as_mut() {
             self.catch_up(d, 0, None).await?;
         }
@@ -211,12 +212,13 @@ impl Session {
         self.s
             .signals
             .kv_update(self.id, |st| st.status.resets += 1);
-        let now = self.s.clock.now();
+        let now = self.s.routing.clock.now();
         self.s
+            .routing
             .core()
             .router
             .apply_kv_events(now, self.id, &[KvEvent::AllCleared]);
-        crate::log(
+        crate::logging::log(
             "kv_events_sequence_reset",
             &[
                 ("worker", &self.worker_name()),
@@ -228,6 +230,7 @@ impl Session {
 
     fn worker_name(&self) -> String {
         self.s
+            .routing
             .core()
             .workers
             .get(self.id)
@@ -303,8 +306,9 @@ impl Session {
         self.s
             .signals
             .kv_update(self.id, |st| st.status.unrecovered += 1);
-        let now = self.s.clock.now();
+        let now = self.s.routing.clock.now();
         self.s
+            .routing
             .core()
             .router
             .apply_kv_events(now, self.id, &[KvEvent::AllCleared]);
@@ -337,8 +341,12 @@ impl Session {
             st.status.skipped = skipped;
         });
         if !out.is_empty() {
-            let now = self.s.clock.now();
-            self.s.core().router.apply_kv_events(now, self.id, &out);
+            let now = self.s.routing.clock.now();
+            self.s
+                .routing
+                .core()
+                .router
+                .apply_kv_events(now, self.id, &out);
         }
     }
 }

@@ -1,8 +1,10 @@
 //! Route a request to a worker, or have it wait in the gateway's queue while every eligible
 //! worker is at its cap.
 
+use super::flight::QueueTicket;
+use crate::app::shared::Shared;
 use crate::error::ApiError;
-use crate::state::{Core, QueueTicket, Shared};
+use crate::routing::Core;
 use axum::http::StatusCode;
 use routelab_policies::{Decision, RouteError, RouteRequest, WorkerId, WorkerState};
 use std::sync::Arc;
@@ -48,8 +50,8 @@ pub(super) async fn admit(
     tried: &[WorkerId],
 ) -> Result<Decision, Refusal> {
     let mut ticket = {
-        let now = s.clock.now();
-        let mut guard = s.core();
+        let now = s.routing.clock.now();
+        let mut guard = s.routing.core();
         let core = &mut *guard;
         match core.router.route_excluding(now, req, tried, &mut core.rng) {
             Ok(d) => return Ok(d),
@@ -72,7 +74,7 @@ pub(super) async fn admit(
         Ok(Ok(outcome)) => Some(outcome),
         Ok(Err(_)) => None,
         Err(_) => {
-            let mut core = s.core();
+            let mut core = s.routing.core();
             if core.cancel(ticket.ticket) {
                 None
             } else {
@@ -91,8 +93,8 @@ pub(super) async fn admit(
             // giving it back and queueing again would have the queue hand it straight
             // back (a spin); the retry budget bounds this, and a worker that keeps
             // failing is ejected, after which the queue no longer hands it out.
-            let now = s.clock.now();
-            let mut guard = s.core();
+            let now = s.routing.clock.now();
+            let mut guard = s.routing.core();
             let core = &mut *guard;
             match core.router.route_excluding(now, req, tried, &mut core.rng) {
                 Ok(d) => {
@@ -106,8 +108,8 @@ pub(super) async fn admit(
         None => {
             // The wait is over. One last look tells a fleet that stayed full (429) from
             // one whose workers were all ejected meanwhile (503, `no_healthy_worker`).
-            let now = s.clock.now();
-            let mut guard = s.core();
+            let now = s.routing.clock.now();
+            let mut guard = s.routing.core();
             let core = &mut *guard;
             match core.router.route_excluding(now, req, tried, &mut core.rng) {
                 Ok(d) => Ok(d),

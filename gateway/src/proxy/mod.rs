@@ -7,6 +7,7 @@
 //! through).
 
 mod admit;
+pub(crate) mod flight;
 mod relay;
 mod sse;
 
@@ -14,15 +15,17 @@ pub use relay::{BELIEVED_CACHED_HEADER, WORKER_HEADER};
 pub(crate) use sse::SseScan;
 pub use sse::is_content_event;
 
+use crate::app::shared::Shared;
 use crate::error::ApiError;
 use crate::prompt::{self, Endpoint, Parsed};
 use crate::reqlog::{LogStatus, Trace};
-use crate::state::{Failure, Flight, Shared};
+use crate::routing::{Failure, RouterCore};
 use admit::{Refusal, admit, queue_timeout};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use flight::Flight;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use relay::{respond, server_error};
 use routelab_policies::{Decision, RouteRequest, Time, WorkerId};
@@ -45,9 +48,9 @@ pub(crate) async fn completions(State(s): State<Arc<Shared>>, req: Request) -> R
 }
 
 /// `GET /v1/models`: the union of the (not removed) workers' models.
-pub(crate) async fn models(State(s): State<Arc<Shared>>) -> Response {
+pub(crate) async fn models(State(RouterCore(routing)): State<RouterCore>) -> Response {
     let mut names: Vec<String> = {
-        let core = s.core();
+        let core = routing.core();
         core.workers
             .live()
             .map(|(_, w)| w.cfg.model.clone())
@@ -118,7 +121,7 @@ impl Arrival {
     fn now(s: &Shared) -> Arrival {
         Arrival {
             at: Instant::now(),
-            policy: s.clock.now(),
+            policy: s.routing.clock.now(),
             unix_ms: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
@@ -130,7 +133,7 @@ impl Arrival {
         s.request_log.as_ref().map(|log| {
             Trace::new(
                 log.clone(),
-                s.clock,
+                s.routing.clock,
                 self.policy,
                 self.unix_ms,
                 &parsed.model,
@@ -153,7 +156,8 @@ async fn parse_and_count(
     // The largest window a worker of the model has: a prompt that cannot fit it is refused
     // from its bytes before it is counted (only a model with a tokenizer counts).
     let window = s.tokenizers.get(&parsed.model).and_then(|_| {
-        s.core()
+        s.routing
+            .core()
             .workers
             .live()
             .filter(|(_, w)| w.cfg.model == parsed.model)
@@ -176,7 +180,7 @@ fn route_request<'p>(
     parsed: &Parsed,
     prefix: &'p [u64],
 ) -> Result<RouteRequest<'p>, ApiError> {
-    let Some(model) = s.core().router.model_id(&parsed.model) else {
+    let Some(model) = s.routing.core().router.model_id(&parsed.model) else {
         return Err(ApiError::model_not_found(format!(
             "The model `{}` does not exist or no worker serves it",
             parsed.model
@@ -199,7 +203,7 @@ async fn read_request_body(
     body: axum::body::Body,
 ) -> Result<Bytes, ApiError> {
     let max = s.settings.max_body;
-    if declared_length(headers).is_some_and(|n| n > max as u64) {
+    if crate::upstream::declared_length(headers).is_some_and(|n| n > max as u64) {
         return Err(too_large(max));
     }
     match Limited::new(body, max).collect().await {
@@ -210,14 +214,6 @@ async fn read_request_body(
             None,
         )),
     }
-}
-
-/// The body length a `Content-Length` header declares, if it is a number.
-fn declared_length(headers: &HeaderMap) -> Option<u64> {
-    headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
 }
 
 /// What the request sends to a worker, on each attempt.
@@ -305,7 +301,7 @@ impl Forward {
         trace: &mut Option<Trace>,
     ) -> Attempt {
         let found = {
-            let core = s.core();
+            let core = s.routing.core();
             core.workers.get(decision.worker).map(|w| {
                 (
                     w.base.join(self.ep.path()),
@@ -316,8 +312,9 @@ impl Forward {
         };
         let Some((uri, metrics, name)) = found else {
             // Removed between the decision and here: give the slot back.
-            let now = s.clock.now();
-            s.core()
+            let now = s.routing.clock.now();
+            s.routing
+                .core()
                 .release(now, decision.worker, decision.charge, None);
             return Attempt::Failed(Fault {
                 worker: decision.worker,
@@ -328,11 +325,17 @@ impl Forward {
         };
         metrics.requests.fetch_add(1, Relaxed);
         // A worker whose KV event stream is down: record the prompt as `approximate` would.
-        s.signals.dispatched(s, decision.worker, prefix);
+        s.signals.dispatched(&s.routing, decision.worker, prefix);
         if let Some(t) = trace.as_mut() {
             t.worker(&name);
         }
-        let mut flight = Flight::new(s, &decision, metrics, name, self);
+        let mut flight = Flight::new(
+            s,
+            &decision,
+            metrics,
+            name,
+            (self.arrived, self.prompt_tokens),
+        );
         flight.tell_peers(prefix);
         let fault = |message: String, log| {
             Attempt::Failed(Fault {
@@ -366,7 +369,7 @@ impl Forward {
                 flight.fail(crate::health::ejects_at_once(&e));
                 let name = &flight.name;
                 fault(
-                    format!("worker `{name}`: {}", error_chain(&e)),
+                    format!("worker `{name}`: {}", crate::upstream::error_chain(&e)),
                     LogStatus::UpstreamError,
                 )
             }
@@ -435,7 +438,7 @@ impl Tries {
     }
 
     fn failed(&mut self, fault: Fault, attempt: u32) {
-        crate::log(
+        crate::logging::log(
             "upstream_error",
             &[("attempt", &attempt.to_string()), ("error", &fault.message)],
         );
@@ -452,7 +455,7 @@ impl Tries {
             (true, all) | (false, all @ [_]) => all,
             (false, several) => {
                 if !several.is_empty() {
-                    crate::log(
+                    crate::logging::log(
                         "request_specific_error",
                         &[(
                             "note",
@@ -466,10 +469,10 @@ impl Tries {
         if guilty.is_empty() {
             return;
         }
-        let now = s.clock.now();
-        let mut core = s.core();
+        let now = s.routing.clock.now();
+        let mut core = s.routing.core();
         for &w in guilty {
-            core.note_failure(now, w, Failure::Request { hard: false }, s);
+            core.note_failure(now, w, Failure::Request { hard: false });
         }
     }
 
@@ -491,16 +494,4 @@ impl Tries {
             None => Err(ApiError::upstream("no worker answered")),
         }
     }
-}
-
-/// An error with its sources (hyper's own message is terse: "client error (Connect)").
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }

@@ -2,11 +2,12 @@
 //! buffered (bounded, timed) or streamed ([`super::sse`]), and the stall timer that tells a
 //! silent worker from a slow client.
 
+use super::flight::Flight;
 use super::sse::{SseBody, output_tokens_of_json};
-use super::{declared_length, error_chain};
+use crate::app::shared::Shared;
 use crate::error::ApiError;
 use crate::reqlog::LogStatus;
-use crate::state::{Flight, Shared};
+use crate::upstream::{declared_length, error_chain};
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -239,7 +240,7 @@ impl BodyFailure {
             ),
             BodyFailure::TooLarge => {
                 let limit = s.settings.max_response_bytes;
-                crate::log(
+                crate::logging::log(
                     "response_too_large",
                     &[("worker", worker), ("limit_bytes", &limit.to_string())],
                 );
@@ -264,7 +265,7 @@ impl BodyFailure {
 /// not come within the response timeout. Logged, since the worker is at fault.
 pub(super) fn stalled(worker: &str, idle: std::time::Duration, started: bool) -> ApiError {
     if !started {
-        crate::log(
+        crate::logging::log(
             "stream_stalled",
             &[("worker", worker), ("before", "first_chunk")],
         );
@@ -273,7 +274,7 @@ pub(super) fn stalled(worker: &str, idle: std::time::Duration, started: bool) ->
         ));
     }
     let secs = format!("{:.3}", idle.as_secs_f64());
-    crate::log("stream_stalled", &[("worker", worker), ("idle_s", &secs)]);
+    crate::logging::log("stream_stalled", &[("worker", worker), ("idle_s", &secs)]);
     ApiError::new(
         StatusCode::BAD_GATEWAY,
         "upstream_error",

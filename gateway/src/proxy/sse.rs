@@ -2,12 +2,12 @@
 //! usage, the body that passes a worker's stream through frame by frame, and the output tokens
 //! of a buffered answer.
 
-use super::error_chain;
+use super::flight::Flight;
 use super::relay::{StallTimer, stalled};
 use crate::error::ApiError;
 use crate::prompt;
 use crate::reqlog::LogStatus;
-use crate::state::Flight;
+use crate::upstream::error_chain;
 use bytes::Bytes;
 use http_body::Frame;
 use hyper::body::Incoming;
@@ -258,7 +258,7 @@ impl http_body::Body for SseBody {
                     .log_end(LogStatus::UpstreamError, this.scan.logged_output());
                 this.flight.fail(false);
                 let chain = error_chain(&e);
-                crate::log(
+                crate::logging::log(
                     "stream_broken",
                     &[("worker", &this.flight.name), ("error", &chain)],
                 );

@@ -122,7 +122,7 @@ impl Ignored {
     }
 }
 
-/// The bus's counters, rendered in `/metrics` ([`crate::metrics::render_bus`]).
+/// The bus's counters, rendered in `/metrics` ([`crate::metrics::render::render_bus`]).
 #[derive(Debug, Default)]
 pub struct BusCounters {
     /// Events this replica published (snapshots included).
@@ -309,7 +309,7 @@ impl Bus {
                 }
             }
         }
-        crate::log(event, fields);
+        crate::logging::log(event, fields);
     }
 }
 

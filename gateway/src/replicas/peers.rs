@@ -4,7 +4,7 @@
 
 use super::wire::{self, Body, Header};
 use super::{Bus, Ignored};
-use crate::state::Shared;
+use crate::app::shared::Shared;
 use routelab_policies::{Charge, Completion, Time, WorkerId};
 use serde_json::{Value, json};
 use std::collections::{HashMap, HashSet};
@@ -79,7 +79,7 @@ impl Peers {
         peer.events += 1;
         if peer.silent {
             peer.silent = false;
-            crate::log("bus_peer_back", &[("peer", h.sender)]);
+            crate::logging::log("bus_peer_back", &[("peer", h.sender)]);
         }
         apply(peer, bus, s, body)
     }
@@ -96,7 +96,7 @@ impl Peers {
             if self.map.len() >= MAX_PEERS {
                 return Err(Ignored::PeerLimit);
             }
-            crate::log(
+            crate::logging::log(
                 "bus_peer_joined",
                 &[
                     ("peer", h.sender),
@@ -125,7 +125,7 @@ impl Peers {
                 return Err(Ignored::Collision);
             }
             // A restart: what its previous instance had in flight ended with it.
-            crate::log(
+            crate::logging::log(
                 "bus_peer_restarted",
                 &[
                     ("peer", h.sender),
@@ -152,7 +152,7 @@ impl Peers {
             let quiet = now.duration_since(peer.last_heard);
             if quiet >= timeout && !peer.silent {
                 peer.silent = true;
-                crate::log(
+                crate::logging::log(
                     "bus_peer_silent",
                     &[
                         ("peer", name),
@@ -230,7 +230,7 @@ fn apply(peer: &mut Peer, bus: &Bus, s: &Shared, body: Body<'_>) -> Result<(), I
             if peer.requests.contains_key(&id) {
                 return Ok(());
             }
-            let mut core = s.core();
+            let mut core = s.routing.core();
             let Some(w) = core.lookup(worker) else {
                 return Err(Ignored::UnknownWorker);
             };
@@ -239,13 +239,16 @@ fn apply(peer: &mut Peer, bus: &Bus, s: &Shared, body: Body<'_>) -> Result<(), I
         }
         Body::FirstToken { id } => {
             if let Some(r) = peer.requests.get_mut(&id) {
-                s.core().router.remote_first_token(r.worker, &mut r.charge);
+                s.routing
+                    .core()
+                    .router
+                    .remote_first_token(r.worker, &mut r.charge);
             }
         }
         Body::End { id, done } => {
             if let Some(r) = peer.requests.remove(&id) {
-                let now = s.clock.now();
-                let mut core = s.core();
+                let now = s.routing.clock.now();
+                let mut core = s.routing.core();
                 if let Some(d) = done {
                     let first = now.as_nanos().saturating_sub(d.decode_ns);
                     let c = Completion {
@@ -280,8 +283,8 @@ fn apply(peer: &mut Peer, bus: &Bus, s: &Shared, body: Body<'_>) -> Result<(), I
 
 /// Release the peer's requests `ids` without their end (counted as expired).
 fn release(peer: &mut Peer, bus: &Bus, s: &Shared, ids: &[u64]) {
-    let now = s.clock.now();
-    let mut core = s.core();
+    let now = s.routing.clock.now();
+    let mut core = s.routing.core();
     for id in ids {
         if let Some(r) = peer.requests.remove(id) {
             core.router.remote_release(r.worker, r.charge);

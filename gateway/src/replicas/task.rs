@@ -11,8 +11,8 @@
 
 use super::wire::{self, Body, Header};
 use super::{Bus, Outgoing};
+use crate::app::shared::Shared;
 use crate::config::Credentials;
-use crate::state::Shared;
 use async_nats::connection::State;
 use async_nats::{Client, ConnectOptions, Event, Subscriber};
 use bytes::Bytes;
@@ -213,7 +213,7 @@ async fn went(bus: &Bus, s: &Shared, up: bool, publisher: &mut Publisher<'_>) {
         return;
     }
     if up {
-        crate::log(
+        crate::logging::log(
             "bus_up",
             &[("address", &bus.settings.server), ("replica", bus.name())],
         );
@@ -226,7 +226,7 @@ async fn went(bus: &Bus, s: &Shared, up: bool, publisher: &mut Publisher<'_>) {
             peers.forget_all(bus, s);
             n
         };
-        crate::log(
+        crate::logging::log(
             "bus_down",
             &[
                 ("address", &bus.settings.server),

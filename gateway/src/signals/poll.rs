@@ -1,9 +1,9 @@
 //! The engines' `/metrics` poll: every live worker's page read on a fixed grid of policy time,
 //! each turned into an engine report for the router ([`crate::engine_metrics`]).
 
-use super::{PollState, PollStatus, lock};
+use super::hub::{PollState, PollStatus, lock};
+use crate::app::shared::Shared;
 use crate::engine_metrics::{self, Scrape};
-use crate::state::Shared;
 use routelab_policies::{EngineReport, Time, WorkerId, WorkerState};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -39,14 +39,17 @@ type ReportChange = (WorkerId, Option<(EngineReport, u64)>);
 /// as of the moment its poll was sent, not the (later) moment every worker had answered.
 pub(super) async fn poll_engines(s: Arc<Shared>) {
     let p = s.settings.engine_poll.clone();
-    let wall = s.clock.to_wall(Duration::from_secs_f64(p.interval_s));
+    let wall = s
+        .routing
+        .clock
+        .to_wall(Duration::from_secs_f64(p.interval_s));
     let mut tick = tokio::time::interval(wall);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         tick.tick().await;
         let targets = poll_targets(&s, &p.path);
         let results = fetch_all(&s, targets, p.timeout).await;
-        let now = s.clock.now();
+        let now = s.routing.clock.now();
         let changes = record(&s, results, now, p.stale_after_s);
         if !changes.is_empty() {
             tell_router(&s, now, changes);
@@ -56,7 +59,7 @@ pub(super) async fn poll_engines(s: Arc<Shared>) {
 
 /// Every live worker the router has not removed, as it stands now.
 fn poll_targets(s: &Shared, path: &str) -> Vec<PollTarget> {
-    let core = s.core();
+    let core = s.routing.core();
     core.workers
         .live()
         .filter(|(id, _)| {
@@ -142,7 +145,7 @@ fn record(
 
 /// Hand the router the new reports, and drop the ones that aged out.
 fn tell_router(s: &Shared, now: Time, changes: Vec<ReportChange>) {
-    let mut core = s.core();
+    let mut core = s.routing.core();
     for (id, r) in changes {
         // Removed while its page was being read: nothing to tell the router.
         if core.workers.get(id).is_none() {
@@ -228,7 +231,7 @@ async fn fetch(s: &Shared, uri: hyper::Uri, timeout: Duration) -> Result<String,
     let resp = tokio::time::timeout(timeout, s.client.request(req))
         .await
         .map_err(|_| "no answer within the timeout".to_string())?
-        .map_err(|e| crate::proxy::error_chain(&e))?;
+        .map_err(|e| crate::upstream::error_chain(&e))?;
     if !resp.status().is_success() {
         return Err(format!("answered {}", resp.status()));
     }

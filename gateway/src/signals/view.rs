@@ -1,9 +1,10 @@
 //! The signals as others see them: their `/metrics` families, what `--check` says the policy
 //! will read of each worker, and `/admin`'s views.
 
-use super::{PollSettings, PollState, PollStatus, SAMPLE_EVERY, lock};
+use super::hub::{PollState, PollStatus, SAMPLE_EVERY, lock};
+use super::settings::PollSettings;
+use crate::app::shared::Shared;
 use crate::kv::{StreamState, StreamStatus};
-use crate::state::Shared;
 use crate::supervise::BackgroundTask;
 use routelab_policies::{PrefixKnowledge, WorkerId};
 use serde::Serialize;
@@ -16,7 +17,7 @@ use std::collections::HashMap;
 pub(crate) fn render_metrics(s: &Shared) -> String {
     use std::fmt::Write as _;
     let labels: HashMap<u32, String> = {
-        let core = s.core();
+        let core = s.routing.core();
         core.workers
             .live()
             .map(|(id, w)| {
@@ -24,8 +25,8 @@ pub(crate) fn render_metrics(s: &Shared) -> String {
                     id.0,
                     format!(
                         "worker=\"{}\",model=\"{}\"",
-                        crate::metrics::esc(&w.cfg.name),
-                        crate::metrics::esc(&w.cfg.model)
+                        crate::metrics::render::esc(&w.cfg.name),
+                        crate::metrics::render::esc(&w.cfg.model)
                     ),
                 )
             })
@@ -243,7 +244,7 @@ fn policy_parts_line(p: &routelab_policies::PolicyConfig) -> String {
 /// time, which `/admin` shows), and a warning per missing signal naming the fallback. Loads the
 /// tokenizers, so a bad `models[]` entry is a located error here too.
 pub fn check_report(
-    c: &crate::GatewayConfig,
+    c: &crate::config::GatewayConfig,
 ) -> Result<(Vec<String>, Vec<String>), routelab_policies::InputError> {
     let policy = c.policy.build_in(c.origin(), "policy")?;
     let tokenizers = crate::tokens::Tokenizers::load(
@@ -365,7 +366,7 @@ pub(crate) fn gateway_view(s: &Shared) -> Value {
 /// `/admin`'s view of a worker's signals: what the policy reads, what is live now, the history.
 pub(crate) fn admin_view(s: &Shared, id: WorkerId, model: &str, kv_configured: bool) -> Value {
     let (knowledge, reads_reports) = {
-        let core = s.core();
+        let core = s.routing.core();
         (
             core.router.config().knowledge,
             core.router.engine_poll_interval().is_some(),
@@ -411,7 +412,7 @@ pub(crate) fn admin_view(s: &Shared, id: WorkerId, model: &str, kv_configured: b
                         "queued_prompt_tokens": r.queued_prompt_tokens,
                         "running_tokens": r.running_tokens,
                         "generation_tok_s": r.generation_tok_s,
-                        "age_s": s.clock.now().saturating_since(at).as_secs_f64(),
+                        "age_s": s.routing.clock.now().saturating_since(at).as_secs_f64(),
                     });
                 }
                 v

@@ -2,10 +2,11 @@
 //! ([`QueueTicket`]), then its flight from dispatch to the end of the answer ([`Flight`]), each
 //! handing back what it holds however it ends.
 
-use super::{Failure, Shared};
+use crate::app::shared::Shared;
 use crate::capacity::Decoding;
-use crate::metrics::WorkerMetrics;
+use crate::metrics::registry::WorkerMetrics;
 use crate::reqlog::{LogStatus, Trace};
+use crate::routing::Failure;
 use routelab_policies::{Completion, Decision, RouteError, Time, WorkerId};
 use std::sync::Arc;
 use std::time::Instant;
@@ -24,11 +25,11 @@ impl Drop for QueueTicket {
         if !self.armed {
             return;
         }
-        let mut core = self.shared.core();
+        let mut core = self.shared.routing.core();
         if !core.cancel(self.ticket) {
             // Dispatched between the timeout and now: give the slot back.
             if let Ok(Ok(d)) = self.rx.try_recv() {
-                let now = self.shared.clock.now();
+                let now = self.shared.routing.clock.now();
                 core.release(now, d.worker, d.charge, None);
             }
         }
@@ -63,23 +64,24 @@ pub(crate) struct Flight {
 }
 
 impl Flight {
-    /// A request `forward` dispatched to `decision`'s worker now.
+    /// A request that arrived at `arrived` with `prompt_tokens` (as the router counts them),
+    /// dispatched to `decision`'s worker now.
     pub fn new(
         shared: &Arc<Shared>,
         decision: &Decision,
         metrics: Arc<WorkerMetrics>,
         name: String,
-        forward: &crate::proxy::Forward,
+        (arrived, prompt_tokens): (Instant, u32),
     ) -> Flight {
         Flight {
             shared: shared.clone(),
             worker: decision.worker,
             name,
             metrics,
-            arrived: forward.arrived,
-            dispatched_at: shared.clock.now(),
+            arrived,
+            dispatched_at: shared.routing.clock.now(),
             first_token_at: None,
-            prompt_tokens: forward.prompt_tokens,
+            prompt_tokens,
             finished: false,
             charge: decision.charge,
             curve: None,
@@ -110,12 +112,13 @@ impl Flight {
             return;
         }
         self.metrics.ttft.observe(self.arrived.elapsed());
-        let now = self.shared.clock.now();
+        let now = self.shared.routing.clock.now();
         self.first_token_at = Some(now);
         if let Some(buffered) = self.curve {
             self.decoding = Some(self.metrics.curve().start(now, buffered));
         }
         self.shared
+            .routing
             .core()
             .router
             .first_token(now, self.worker, &mut self.charge);
@@ -154,7 +157,7 @@ impl Flight {
         }
         self.finished = true;
         self.metrics.e2e.observe(self.arrived.elapsed());
-        let now = self.shared.clock.now();
+        let now = self.shared.routing.clock.now();
         self.end_decoding(now, Some(output_tokens));
         self.log_end(LogStatus::Ok, logged);
         let c = Completion {
@@ -164,9 +167,9 @@ impl Flight {
             first_token_at: self.first_token_at.unwrap_or(now),
             completed_at: now,
         };
-        let mut core = self.shared.core();
+        let mut core = self.shared.routing.core();
         core.release(now, self.worker, self.charge, Some(&c));
-        core.note_success(now, self.worker, false, &self.shared);
+        core.note_success(now, self.worker, false);
         drop(core);
         self.tell_peers_ended(Some(crate::replicas::Done {
             prompt_tokens: c.prompt_tokens,
@@ -180,13 +183,11 @@ impl Flight {
     /// `upstream_error` unless [`Flight::log_end`] said otherwise first.
     pub fn fail(&mut self, hard: bool) {
         if self.release_failed() {
-            let now = self.shared.clock.now();
-            self.shared.core().note_failure(
-                now,
-                self.worker,
-                Failure::Request { hard },
-                &self.shared,
-            );
+            let now = self.shared.routing.clock.now();
+            self.shared
+                .routing
+                .core()
+                .note_failure(now, self.worker, Failure::Request { hard });
         }
     }
 
@@ -206,10 +207,11 @@ impl Flight {
         self.metrics
             .errors
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let now = self.shared.clock.now();
+        let now = self.shared.routing.clock.now();
         self.end_decoding(now, None);
         self.log_end(LogStatus::UpstreamError, None);
         self.shared
+            .routing
             .core()
             .release(now, self.worker, self.charge, None);
         self.tell_peers_ended(None);
@@ -223,10 +225,11 @@ impl Flight {
             return;
         }
         self.finished = true;
-        let now = self.shared.clock.now();
+        let now = self.shared.routing.clock.now();
         self.end_decoding(now, None);
         self.log_end(LogStatus::ClientGone, None);
         self.shared
+            .routing
             .core()
             .release(now, self.worker, self.charge, None);
         self.tell_peers_ended(None);

@@ -15,11 +15,20 @@
 
 use crate::clock::Clock;
 use routelab_policies::weights::{Clamp, PersistedProbeState, ProbeCacheEntry, ProbePin};
-use routelab_policies::{PolicyConfig, Time, WeightsConfig};
+use routelab_policies::{PolicyConfig, WeightsConfig};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
+
+mod fs;
+mod merge;
+pub mod writer;
+
+use fs::lock;
+pub use fs::{
+    LOCK_TIMEOUT, StateDirectoryError, check_directory, lock_path, resolve_links, write_atomic,
+};
+use merge::merge;
+pub use merge::{Changes, Forget, PinChange, Update};
 
 #[derive(Debug, Serialize, Deserialize)]
 struct StateFile {
@@ -154,7 +163,7 @@ pub fn load(
     let (state, ignored) = validate(file, clock, now_unix_ms, pin_range);
     let shown = path.display().to_string();
     for i in &ignored {
-        crate::log(
+        crate::logging::log(
             "state_entry_ignored",
             &[
                 ("path", &shown),
@@ -323,225 +332,6 @@ pub enum PinError {
     },
 }
 
-/// A pin set (`Some`) or removed (`None`) by this gateway.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PinChange {
-    /// Node name.
-    pub node: String,
-    /// Model name.
-    pub model: String,
-    /// The new pin, or `None` for an unpin.
-    pub weight: Option<f64>,
-}
-
-/// A measurement this gateway dropped (a node manager restart with `keep_cache: false`): the
-/// file's measurement of the same (node, model, launch arguments) is removed if it was made at
-/// or before `invalidated_at`, whoever made it. A measurement another replica made after the
-/// invalidation is kept.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Forget {
-    /// Node name.
-    pub node: String,
-    /// Model name.
-    pub model: String,
-    /// Launch arguments.
-    pub launch_args: String,
-    /// When the measurement stopped being valid, as far as this gateway can tell: the moment
-    /// its state was taken for the write ([`Update::taken_at`]). The forget itself happened
-    /// between its last write and then; taking the later bound may also remove a measurement
-    /// another replica made in between, which costs a re-probe, whereas the earlier bound could
-    /// keep a measurement of the restarted node, which is what the forget is there to drop.
-    pub invalidated_at: Time,
-}
-
-/// What this gateway changed in its durable state since it last wrote the state file: the part
-/// of its view it merges into the file. Recording changes rather than the whole view is what
-/// lets replicas share a file: a replica that never heard of another's pin does not erase it,
-/// and an unpin is written as a removal rather than lost as an absence.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Changes {
-    /// Measurements new or different since the last write.
-    pub measured: Vec<ProbeCacheEntry>,
-    /// Measurements dropped from this gateway's cache since the last write.
-    pub forgotten: Vec<Forget>,
-    /// Pins set, changed or removed since the last write, and the caller's explicit one.
-    pub pins: Vec<PinChange>,
-}
-
-/// One write of this gateway's state ([`save`]).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Update<'a> {
-    /// What this gateway last wrote, or loaded at start.
-    pub written: &'a PersistedProbeState,
-    /// Its durable state now.
-    pub now: &'a PersistedProbeState,
-    /// When `now` was taken (this gateway's clock).
-    pub taken_at: Time,
-    /// The pin or unpin an administrator asked this gateway for, which the write must carry:
-    /// merged and written even when it does not change this gateway's view (re-pinning a
-    /// value another replica has since replaced in the file, or unpinning a pin this gateway
-    /// never had).
-    pub explicit_pin: Option<PinChange>,
-}
-
-type CacheKey<'a> = (&'a str, &'a str, &'a str);
-
-fn cache_key(e: &ProbeCacheEntry) -> CacheKey<'_> {
-    (&e.node, &e.model, &e.launch_args)
-}
-
-impl Changes {
-    /// The changes that turn `written` (what this gateway last wrote, or loaded at start) into
-    /// `now` (its current state, taken at `taken_at`).
-    pub fn between(
-        written: &PersistedProbeState,
-        now: &PersistedProbeState,
-        taken_at: Time,
-    ) -> Changes {
-        let before: BTreeMap<CacheKey<'_>, &ProbeCacheEntry> =
-            written.cache.iter().map(|e| (cache_key(e), e)).collect();
-        let after: BTreeMap<CacheKey<'_>, &ProbeCacheEntry> =
-            now.cache.iter().map(|e| (cache_key(e), e)).collect();
-        let measured = after
-            .iter()
-            .filter(|(k, e)| before.get(*k) != Some(*e))
-            .map(|(_, e)| (*e).clone())
-            .collect();
-        let forgotten = before
-            .iter()
-            .filter(|(k, _)| !after.contains_key(*k))
-            .map(|(_, e)| Forget {
-                node: e.node.clone(),
-                model: e.model.clone(),
-                launch_args: e.launch_args.clone(),
-                invalidated_at: taken_at,
-            })
-            .collect();
-        let pin_map = |s: &PersistedProbeState| -> BTreeMap<(String, String), f64> {
-            s.pins
-                .iter()
-                .map(|p| ((p.node.clone(), p.model.clone()), p.weight))
-                .collect()
-        };
-        let (before, after) = (pin_map(written), pin_map(now));
-        let mut pins: Vec<PinChange> = after
-            .iter()
-            .filter(|(k, w)| before.get(*k) != Some(*w))
-            .map(|((node, model), w)| PinChange {
-                node: node.clone(),
-                model: model.clone(),
-                weight: Some(*w),
-            })
-            .collect();
-        pins.extend(
-            before
-                .keys()
-                .filter(|k| !after.contains_key(*k))
-                .map(|(node, model)| PinChange {
-                    node: node.clone(),
-                    model: model.clone(),
-                    weight: None,
-                }),
-        );
-        Changes {
-            measured,
-            forgotten,
-            pins,
-        }
-    }
-
-    /// What `update` carries into the file: its changes since the last write, and its explicit
-    /// pin change whether or not that changed anything here (it replaces the diff's change of
-    /// the same pin, which can only agree with it). When the file does not exist yet
-    /// (`file_exists` false), the whole of `now` is a change.
-    fn of(update: &Update<'_>, file_exists: bool) -> Changes {
-        let none = PersistedProbeState::default();
-        let since = if file_exists { update.written } else { &none };
-        let mut changes = Changes::between(since, update.now, update.taken_at);
-        if let Some(p) = &update.explicit_pin {
-            changes
-                .pins
-                .retain(|c| (&c.node, &c.model) != (&p.node, &p.model));
-            changes.pins.push(p.clone());
-        }
-        changes
-    }
-
-    /// Nothing changed.
-    pub fn is_empty(&self) -> bool {
-        self.measured.is_empty() && self.forgotten.is_empty() && self.pins.is_empty()
-    }
-}
-
-/// Merge one writer's `changes` into the file's entries. Per measurement (node, model, launch
-/// arguments) the newer one by its timestamp wins, whoever wrote it; a forgotten measurement is
-/// removed if the file's was made at or before the invalidation. A pin set or removed by this
-/// writer wins for its (node, model). Entries the writer did not change are kept as they are,
-/// including ones this gateway ignores on load (another replica's policy may accept them).
-/// Entries come out sorted by key.
-fn merge(file: &mut StateFile, changes: &Changes, clock: &Clock) {
-    let mut cache: BTreeMap<(String, String, String), CacheEntry> = std::mem::take(&mut file.cache)
-        .into_iter()
-        .map(|e| ((e.node.clone(), e.model.clone(), e.launch_args.clone()), e))
-        .collect();
-    let key = |e: &ProbeCacheEntry| (e.node.clone(), e.model.clone(), e.launch_args.clone());
-    for e in &changes.measured {
-        let entry = CacheEntry::of(e, clock);
-        let newer_on_file = cache
-            .get(&key(e))
-            .is_some_and(|f| f.measured_at_unix_ms > entry.measured_at_unix_ms);
-        if !newer_on_file {
-            cache.insert(key(e), entry);
-        }
-    }
-    for f in &changes.forgotten {
-        let k = (f.node.clone(), f.model.clone(), f.launch_args.clone());
-        let invalidated_ms = clock.to_unix_ms(f.invalidated_at);
-        if cache
-            .get(&k)
-            .is_some_and(|e| e.measured_at_unix_ms <= invalidated_ms)
-        {
-            cache.remove(&k);
-        }
-    }
-    let mut pins: BTreeMap<(String, String), Pin> = std::mem::take(&mut file.pins)
-        .into_iter()
-        .map(|p| ((p.node.clone(), p.model.clone()), p))
-        .collect();
-    for p in &changes.pins {
-        let k = (p.node.clone(), p.model.clone());
-        match p.weight {
-            Some(weight) => {
-                pins.insert(
-                    k,
-                    Pin {
-                        node: p.node.clone(),
-                        model: p.model.clone(),
-                        weight,
-                    },
-                );
-            }
-            None => {
-                pins.remove(&k);
-            }
-        }
-    }
-    file.cache = cache.into_values().collect();
-    file.pins = pins.into_values().collect();
-}
-
-/// The lock file beside `path`: `<state>.lock`. A separate file, because the state file itself
-/// is replaced by a rename at every write, and a lock on a replaced file would lock nothing.
-pub fn lock_path(path: &Path) -> PathBuf {
-    let mut name = path.as_os_str().to_os_string();
-    name.push(".lock");
-    PathBuf::from(name)
-}
-
-/// How long [`save`] waits for another writer's lock before it gives up: a write takes
-/// milliseconds, so a lock held this long belongs to a writer that hangs.
-pub const LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
 /// Write this gateway's state to `path`, shared safely with other writers: take an exclusive
 /// advisory lock on [`lock_path`] (waiting up to [`LOCK_TIMEOUT`] for other writers), read the
 /// current file, merge into it what `update` carries ([`Changes::between`] its last write and
@@ -582,170 +372,11 @@ pub fn save(path: &Path, update: &Update<'_>, clock: &Clock) -> Result<(), State
     })
 }
 
-/// Most symbolic links followed from the state file to a regular file (Linux's own bound).
-const MAX_LINKS: usize = 40;
-
-/// The file `path` names once every symbolic link on the way is followed (a link's relative
-/// target is relative to the link's directory); `path` itself when it is not a link or does
-/// not exist yet. A loop of links is an error.
-pub fn resolve_links(path: &Path) -> std::io::Result<PathBuf> {
-    let mut at = path.to_path_buf();
-    for _ in 0..MAX_LINKS {
-        match std::fs::symlink_metadata(&at) {
-            Ok(m) if m.file_type().is_symlink() => {
-                let target = std::fs::read_link(&at)?;
-                at = match at.parent() {
-                    Some(dir) if target.is_relative() => dir.join(target),
-                    _ => target,
-                };
-            }
-            Ok(_) => return Ok(at),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(at),
-            Err(e) => return Err(e),
-        }
-    }
-    Err(std::io::Error::other(format!(
-        "more than {MAX_LINKS} symbolic links from `{}` (a loop?)",
-        path.display()
-    )))
-}
-
-/// Whether the state file can be written where it is: the directory of the file it names
-/// (links followed) exists. The error names the directory.
-pub fn check_directory(path: &Path) -> Result<(), StateDirectoryError> {
-    let file = resolve_links(path).map_err(|error| StateDirectoryError::Links {
-        path: path.to_path_buf(),
-        error,
-    })?;
-    let dir = match file.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    if dir.is_dir() {
-        Ok(())
-    } else {
-        Err(StateDirectoryError::Missing { dir })
-    }
-}
-
-/// Why the state file could not be written where it is ([`check_directory`]).
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StateDirectoryError {
-    /// Its symbolic links cannot be followed (a loop, or one cannot be read).
-    #[error("cannot follow `{}`: {error}", .path.display())]
-    Links {
-        /// The state file as configured.
-        path: PathBuf,
-        /// Why.
-        error: std::io::Error,
-    },
-    /// The directory it would be written in does not exist.
-    #[error(
-        "the directory `{}` does not exist: the state file could never be written, and every pin would fail",
-        .dir.display()
-    )]
-    Missing {
-        /// That directory.
-        dir: PathBuf,
-    },
-}
-
-/// Take the exclusive lock on [`lock_path`]`(path)`, trying until `timeout` has passed. Held
-/// until the returned file is closed (flock(2) on Unix, LockFileEx on Windows), which also
-/// happens when the process dies while holding it.
-fn lock(path: &Path, timeout: std::time::Duration) -> Result<std::fs::File, StateFileError> {
-    let lock_at = lock_path(path);
-    let locked = |error| StateFileError::Lock {
-        path: lock_at.clone(),
-        error,
-    };
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_at)
-        .map_err(locked)?;
-    let deadline = std::time::Instant::now() + timeout;
-    loop {
-        match file.try_lock() {
-            Ok(()) => return Ok(file),
-            Err(std::fs::TryLockError::Error(error)) => return Err(locked(error)),
-            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(locked(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!(
-                        "another process has held the lock for more than {} s; a write takes \
-                         milliseconds, so check for a hung gateway sharing this state file \
-                         (`fuser` or `lsof` on the lock file name it) and, on a network file \
-                         system, that its lock service works",
-                        timeout.as_secs_f64()
-                    ),
-                )));
-            }
-        }
-    }
-}
-
-/// Replace `path` with `bytes` atomically (temp file in the same directory, fsync, rename,
-/// fsync of the directory).
-///
-/// Once the rename has succeeded, every reader sees the new file, so a failed fsync of the
-/// directory after it is logged (`state_dir_sync_failed`) and counted as success: the data is
-/// in place and only the rename's durability across a power loss is in doubt. Reporting it as
-/// a failure would make an admin change roll back in memory while the file keeps it, and nothing
-/// would correct that later: the gateway's next writes carry only what changes in its view.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    write_atomic_with(path, bytes, |dir| std::fs::File::open(dir)?.sync_all())
-}
-
-/// [`write_atomic`] with the directory fsync given (so a test can make it fail).
-fn write_atomic_with(
-    path: &Path,
-    bytes: &[u8],
-    sync_dir: impl FnOnce(&Path) -> std::io::Result<()>,
-) -> std::io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => std::path::PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .ok_or_else(|| std::io::Error::other("state file path has no file name"))?;
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(".tmp.{}", std::process::id()));
-    let tmp = dir.join(tmp_name);
-    let replaced = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, path)
-    })();
-    if let Err(e) = replaced {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    // Make the rename itself durable.
-    if let Err(e) = sync_dir(&dir) {
-        crate::log(
-            "state_dir_sync_failed",
-            &[
-                ("path", &path.display().to_string()),
-                ("error", &e.to_string()),
-            ],
-        );
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
+    use super::fs::write_atomic_with;
     use super::*;
+    use routelab_policies::Time;
 
     #[test]
     fn round_trip_through_a_file() {

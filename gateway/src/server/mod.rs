@@ -17,6 +17,7 @@
 //!   in-flight request and closes, and [`serve`] returns once all have.
 
 use crate::error::ApiError;
+use crate::metrics::registry::GlobalMetrics;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -37,50 +38,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
 
-/// The limits every listener applies (from `server.*`).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Limits {
-    pub header_read_timeout: Duration,
-    pub body_read_timeout: Duration,
-    pub max_connections: u32,
-    /// How long connections may finish their requests after a shutdown began.
-    pub drain_timeout: Duration,
-}
+pub(crate) mod limits;
 
-/// The default `server.max_connections`: 4,096 (well above what one gateway in front of a few
-/// dozen engines serves at once), or less where the process's soft open-file limit would run
-/// out first. Each client request also holds a descriptor to its worker, and the process needs
-/// a few of its own, so the cap is half of what the limit leaves after a reserve: with
-/// `ulimit -n 512`, 224. Where the limit cannot be read (not Linux), 4,096.
-pub(crate) fn default_max_connections() -> u32 {
-    let limits = std::fs::read_to_string("/proc/self/limits").ok();
-    max_connections_for(limits.as_deref().and_then(soft_open_files_limit))
-}
-
-/// Descriptors kept for the process itself (listeners, state file, logs, the runtime).
-const RESERVED_DESCRIPTORS: u64 = 64;
-/// The cap when the open-file limit allows it (or is unknown).
-const DEFAULT_MAX_CONNECTIONS: u32 = 4096;
-
-fn max_connections_for(open_files: Option<u64>) -> u32 {
-    match open_files {
-        None => DEFAULT_MAX_CONNECTIONS,
-        Some(n) => {
-            let fit = n.saturating_sub(RESERVED_DESCRIPTORS) / 2;
-            fit.clamp(1, u64::from(DEFAULT_MAX_CONNECTIONS)) as u32
-        }
-    }
-}
-
-/// The soft "Max open files" of `/proc/self/limits` (`None`: absent or unlimited).
-fn soft_open_files_limit(limits: &str) -> Option<u64> {
-    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
-    line["Max open files".len()..]
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
-}
+pub use limits::ConnectionStats;
+pub(crate) use limits::Limits;
 
 /// Which paths a listener serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,26 +59,15 @@ pub(crate) fn is_admin_path(path: &str) -> bool {
     path == "/admin" || path.starts_with("/admin/")
 }
 
-/// Connection counters of all listeners.
-#[derive(Debug, Default)]
-pub struct ConnectionStats {
-    /// Client connections open now.
-    pub open: AtomicU64,
-    /// Connections answered 503 because a listener was at `server.max_connections`.
-    pub rejected: AtomicU64,
-    /// Unix second of the last rejection log line (they are logged at most once a second).
-    last_rejection_log_s: AtomicU64,
-}
-
 /// The HTTP routes as this listener serves them: around `routes`, the scope's filter, the `Host`
-/// rule and the body deadline, and outermost the count of every rejection (`shared`'s
-/// metrics), so that the answers those layers give are counted as what they are (a 408 used to
+/// rule and the body deadline, and outermost the count of every rejection (into the metrics
+/// registry's `global`), so that the answers those layers give are counted as what they are (a 408 used to
 /// be counted as the 400 the handler saw when its body was cut).
 pub(crate) fn scoped(
     routes: axum::Router,
     scope: Scope,
     limits: Limits,
-    shared: Arc<crate::state::Shared>,
+    global: Arc<GlobalMetrics>,
 ) -> axum::Router {
     let routes = match scope {
         Scope::All => routes,
@@ -131,9 +81,23 @@ pub(crate) fn scoped(
             body_deadline,
         ))
         .layer(axum::middleware::map_response_with_state(
-            shared,
-            crate::metrics::count_rejections,
+            global,
+            count_rejections,
         ))
+}
+
+/// Middleware (outermost, `server::scoped`): count every answer built from an `ApiError`, whichever
+/// handler, extractor or layer made it, from the [`RejectionCode`](crate::error::RejectionCode) it carries.
+pub(crate) async fn count_rejections(
+    State(global): State<Arc<GlobalMetrics>>,
+    r: Response,
+) -> Response {
+    if let Some(crate::error::RejectionCode(code)) =
+        r.extensions().get::<crate::error::RejectionCode>().copied()
+    {
+        global.count_rejection(r.status().as_u16(), code);
+    }
+    r
 }
 
 /// RFC 9112 §3.2: "A server MUST respond with a 400 (Bad Request) status code to any HTTP/1.1
@@ -296,7 +260,7 @@ pub(crate) async fn serve(
             Err(e) => {
                 // Out of file descriptors, mostly: retrying at once would spin. Connections
                 // that close meanwhile free descriptors.
-                crate::log(
+                crate::logging::log(
                     "accept_failed",
                     &[("listen", &local), ("error", &e.to_string())],
                 );
@@ -327,7 +291,7 @@ pub(crate) async fn serve(
     let _all_closed = slots.acquire_many(limits.max_connections).await;
     let cut = cut.load(Relaxed);
     if cut > 0 {
-        crate::log(
+        crate::logging::log(
             "drain_timeout",
             &[
                 ("listen", &local),
@@ -391,7 +355,7 @@ fn reject(tcp: TcpStream, peer: SocketAddr, local: &str, cap: u32, stats: &Conne
         .map(|d| d.as_secs())
         .unwrap_or(0);
     if stats.last_rejection_log_s.swap(now_s, Relaxed) != now_s {
-        crate::log(
+        crate::logging::log(
             "connection_rejected",
             &[
                 ("listen", local),
@@ -479,25 +443,5 @@ mod tests {
         assert!(head.contains("connection: close"));
         let v: serde_json::Value = serde_json::from_str(body).unwrap();
         assert_eq!(v["error"]["code"], "too_many_connections");
-    }
-
-    #[test]
-    fn the_default_cap_leaves_room_in_the_open_file_limit() {
-        let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
-                      Max processes             95000                95000                processes \n\
-                      Max open files            512                  524288               files     \n";
-        assert_eq!(soft_open_files_limit(limits), Some(512));
-        // Regression: with `ulimit -n 512`, 600 silent connections exhausted the descriptors
-        // while the cap (4,096) was never reached.
-        assert_eq!(max_connections_for(Some(512)), 224);
-        assert_eq!(max_connections_for(Some(1_048_576)), 4096);
-        assert_eq!(max_connections_for(Some(10)), 1);
-        assert_eq!(max_connections_for(None), 4096);
-        let unlimited =
-            "Max open files            unlimited            unlimited            files\n";
-        assert_eq!(soft_open_files_limit(unlimited), None);
-        assert_eq!(soft_open_files_limit("nothing here"), None);
-        // On this machine the default is derived from the real limit and stays in range.
-        assert!((1..=4096).contains(&default_max_connections()));
     }
 }

@@ -1,0 +1,116 @@
+//! The counting threads: a lane for small prompts and one for large ones, each with a bounded
+//! queue and a wait deadline, so a big prompt cannot delay a small one.
+
+use super::CountError;
+use std::sync::Arc;
+
+/// The threads that count prompts for the request path, in two lanes, started at the first
+/// count and ending when the last clone of the [`Tokenizers`] goes.
+///
+/// One thread per core counts small prompts (bodies up to [`SMALL_BODY`]); a separate half of
+/// the cores (at least one thread) counts large ones, behind a queue of [`LARGE_QUEUE`] per
+/// thread: a few clients sending megabyte prompts then take the large lane only, and a short
+/// request is counted as soon as a small-lane thread is free (the probe's "hello" waited 6-10 s
+/// behind four 1 MB prompts when both shared one queue). A large prompt that finds the queue
+/// full, or whose count waited more than [`COUNT_WAIT`], is answered 503 with `Retry-After`.
+///
+/// Why fixed threads at all: counts used to run on tokio's blocking pool, where every count
+/// that found no idle thread started one more (up to 512): a stall of a few milliseconds at 400
+/// req/s left the pool a dozen threads larger, each with its own glibc malloc arena holding the
+/// tokenizer's garbage, and the gateway's RSS rose a step at every stall (+0.11 MiB/min over a
+/// 29-minute soak, with the live heap flat).
+#[derive(Debug)]
+pub(super) struct Counting {
+    threads: usize,
+    small: std::sync::OnceLock<Result<Lane, String>>,
+    large: std::sync::OnceLock<Result<Lane, String>>,
+    /// The threads that ran a count (for the tests).
+    #[cfg(test)]
+    pub(super) seen: std::sync::Mutex<std::collections::HashSet<std::thread::ThreadId>>,
+}
+
+/// Bodies up to this many bytes count in the small lane (a 64 KiB prompt is about 16k tokens,
+/// a few milliseconds of counting).
+pub const SMALL_BODY: usize = 64 << 10;
+/// Large counts waiting per large-lane thread before a large prompt is refused.
+pub const LARGE_QUEUE: usize = 2;
+/// Small counts waiting before a small prompt is refused (the bodies are held by their
+/// requests anyway; this bounds the queue, not the memory).
+pub const SMALL_QUEUE: usize = 4096;
+/// Longest a count may wait for a thread before it is refused instead of started.
+pub const COUNT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+pub(super) type CountJob = Box<dyn FnOnce() + Send>;
+
+/// One lane's queue (its threads end when it is dropped).
+#[derive(Debug)]
+struct Lane(std::sync::mpsc::SyncSender<CountJob>);
+
+impl Lane {
+    fn start(name: &str, threads: usize, queue: usize) -> Result<Lane, String> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<CountJob>(queue);
+        let rx = Arc::new(std::sync::Mutex::new(rx));
+        for i in 0..threads {
+            let rx = rx.clone();
+            std::thread::Builder::new()
+                .name(format!("routelab-count-{name}-{i}"))
+                .spawn(move || {
+                    loop {
+                        let next = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                        let Ok(job) = next else { return };
+                        // A count that panics fails its request (its answer is dropped
+                        // unsent), not the thread.
+                        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                    }
+                })
+                .map_err(|e| format!("cannot start a counting thread: {e}"))?;
+        }
+        Ok(Lane(tx))
+    }
+}
+
+impl Counting {
+    pub(super) fn new(threads: usize) -> Counting {
+        Counting {
+            threads: threads.max(1),
+            small: std::sync::OnceLock::new(),
+            large: std::sync::OnceLock::new(),
+            #[cfg(test)]
+            seen: Default::default(),
+        }
+    }
+
+    /// Run `job` on a thread of the lane for a body of `body_len` bytes (started now if this is
+    /// the lane's first job); why not, when the lane is full or could not be started.
+    pub(super) fn run(&self, body_len: usize, job: CountJob) -> Result<(), CountError> {
+        let lane = if body_len <= SMALL_BODY {
+            self.small
+                .get_or_init(|| Lane::start("small", self.threads, SMALL_QUEUE))
+        } else {
+            let n = (self.threads / 2).max(1);
+            self.large
+                .get_or_init(|| Lane::start("large", n, n * LARGE_QUEUE))
+        };
+        let lane = lane.as_ref().map_err(|e| CountError::Busy(e.clone()))?;
+        lane.0.try_send(job).map_err(|e| match e {
+            std::sync::mpsc::TrySendError::Full(_) => CountError::Busy(format!(
+                "every thread counting {} prompts is busy and its queue is full; retry shortly",
+                if body_len <= SMALL_BODY {
+                    "small"
+                } else {
+                    "large"
+                }
+            )),
+            std::sync::mpsc::TrySendError::Disconnected(_) => {
+                CountError::Busy("the counting threads are gone".to_string())
+            }
+        })
+    }
+}
+
+impl Default for Counting {
+    /// One thread per core.
+    fn default() -> Counting {
+        Counting::new(std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+}
