@@ -554,7 +554,6 @@ pub fn markdown_table() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::traffic::dist::rng_from_seed;
 
     #[test]
     fn the_docs_family_table_is_the_generators() {

@@ -137,9 +137,9 @@ struct Session {
 
 /// One shared prefix: its length and content key.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Shared {
+struct Shared {
     tokens: u32,
-    pub(super) key: u64,
+    key: u64,
 }
 
 /// The generator of a [`FamilyConfig`] (see the module's doc). Tags: item k of producer p is
@@ -154,7 +154,7 @@ pub struct Family {
     pending: BinaryHeap<Reverse<Pending>>,
     issued: u64,
     sessions: HashMap<u64, Session>,
-    pub(super) shared: Vec<Shared>,
+    shared: Vec<Shared>,
     /// Cumulative Zipf weights of `shared` (the last is the total).
     popularity: Vec<f64>,
 }
@@ -267,7 +267,7 @@ impl Family {
     }
 
     /// A shared prefix drawn by popularity.
-    pub(super) fn pick_shared(&self, rng: &mut SourceRng) -> Shared {
+    fn pick_shared(&self, rng: &mut SourceRng) -> Shared {
         let total = self.popularity.last().copied().unwrap_or(0.0);
         let u = rng.random::<f64>() * total;
         let i = self.popularity.partition_point(|c| *c <= u);
@@ -460,7 +460,6 @@ impl TrafficSource for Family {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::traffic::dist::rng_from_seed;
     use crate::traffic::family::FamilyKind;
 
     #[test]
