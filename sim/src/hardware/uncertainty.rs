@@ -166,7 +166,7 @@ context_window: 8192
 ";
 
     fn profile(extra: &str) -> Result<HardwareProfile, InputError> {
-        HardwareProfile::from_yaml_str(&format!("{BASE}{extra}"), "p.yaml").map_err(Into::into)
+        HardwareProfile::from_yaml_str(&format!("{BASE}{extra}"), "p.yaml")
     }
 
     #[test]
