@@ -200,6 +200,7 @@ fn build(config: &GatewayConfig, settings: Settings) -> Result<Arc<Shared>, Gate
         config: settings.health.clone(),
         ejection_enabled: !settings.health_interval.is_zero(),
     };
+    let bodies = proxy::budget::BodyBudget::new(settings.max_buffered_bodies);
     let shared = Arc::new(Shared {
         state_file: persist::writer::StateWriter::new(settings.state_file.clone(), loaded),
         settings,
@@ -207,6 +208,7 @@ fn build(config: &GatewayConfig, settings: Settings) -> Result<Arc<Shared>, Gate
         client,
         global: Default::default(),
         connections: Arc::default(),
+        bodies,
         request_log,
         signals: Default::default(),
         tokenizers,

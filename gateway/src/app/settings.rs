@@ -10,6 +10,8 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
     pub max_body: usize,
+    /// `max_buffered_body_bytes`, defaulted.
+    pub max_buffered_bodies: usize,
     pub queue_timeout: Duration,
     pub retries: u32,
     pub response_timeout: Duration,
@@ -41,6 +43,10 @@ impl Settings {
         let secs = |field, v| secs(c.origin(), field, v);
         Ok(Settings {
             max_body: c.max_body_bytes,
+            max_buffered_bodies: usize::try_from(c.max_buffered_body_bytes.unwrap_or(
+                crate::config::DEFAULT_BUFFERED_BODY_BYTES.max(c.max_body_bytes as u64),
+            ))
+            .unwrap_or(usize::MAX),
             queue_timeout: secs("queue_timeout_s", c.queue_timeout_s)?,
             retries: c.retries,
             response_timeout: secs("upstream.response_timeout_s", c.upstream.response_timeout_s)?,

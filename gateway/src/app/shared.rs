@@ -24,6 +24,8 @@ pub(crate) struct Shared {
     pub connections: Arc<crate::server::limits::ConnectionStats>,
     /// The state file's writer ([`crate::persist`]).
     pub state_file: StateWriter,
+    /// The request bodies held now, within `max_buffered_body_bytes` ([`crate::proxy`]).
+    pub bodies: Arc<crate::proxy::budget::BodyBudget>,
     /// The request log, when configured.
     pub request_log: Option<Arc<RequestLog>>,
     /// The engines' KV streams, metrics polls and recent history ([`crate::signals`]).

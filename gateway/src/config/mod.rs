@@ -30,8 +30,8 @@ mod worker;
 pub use fleet::fleet_config;
 pub(crate) use numbers::secs;
 pub use numbers::{
-    CLOCK_SCALE_RANGE, MAX_BODY_BYTES, MAX_CONNECTIONS, MAX_IDLE_PER_WORKER, MAX_LOG_BYTES,
-    MAX_LOG_KEEP, MAX_RETRIES,
+    CLOCK_SCALE_RANGE, DEFAULT_BUFFERED_BODY_BYTES, MAX_BODY_BYTES, MAX_BUFFERED_BODY_BYTES,
+    MAX_CONNECTIONS, MAX_IDLE_PER_WORKER, MAX_LOG_BYTES, MAX_LOG_KEEP, MAX_RETRIES,
 };
 use numbers::{number_rule, with_valid_number};
 pub use sections::{
@@ -93,6 +93,11 @@ pub struct GatewayConfig {
     /// Largest accepted request body, in bytes (413 above).
     #[serde(default = "default_max_body")]
     pub max_body_bytes: usize,
+    /// Largest total of request bodies held at once while they are read, counted and sent
+    /// (503 with `Retry-After` above; [`crate::proxy`]); none: the larger of
+    /// [`DEFAULT_BUFFERED_BODY_BYTES`] and `max_body_bytes`.
+    #[serde(default)]
+    pub max_buffered_body_bytes: Option<u64>,
     /// How long a request may wait in the gateway's queue when every worker is at its cap
     /// before it is answered 429.
     #[serde(default = "default_queue_timeout")]
@@ -191,7 +196,7 @@ impl GatewayConfig {
 
     /// Every numeric field and its value (none: not set, nothing to check); [`number_rule`]
     /// says what each accepts.
-    fn numbers(&self) -> [(&'static str, Option<f64>); 27] {
+    fn numbers(&self) -> [(&'static str, Option<f64>); 28] {
         let (u, h, p, srv) = (&self.upstream, &self.health, &self.probe, &self.server);
         let log = self.request_log.as_ref();
         [
@@ -219,6 +224,10 @@ impl GatewayConfig {
             ("server.body_read_timeout_s", Some(srv.body_read_timeout_s)),
             ("clock_scale", Some(self.clock_scale)),
             ("max_body_bytes", Some(self.max_body_bytes as f64)),
+            (
+                "max_buffered_body_bytes",
+                self.max_buffered_body_bytes.map(|v| v as f64),
+            ),
             ("retries", Some(f64::from(self.retries))),
             (
                 "upstream.max_idle_per_worker",
@@ -308,6 +317,19 @@ impl GatewayConfig {
                 InputError::new(file, "admin_listen", "must differ from `listen`")
                     .valid("another host:port, or no admin_listen to serve /admin on `listen`"),
             );
+        }
+        if let Some(cap) = self.max_buffered_body_bytes
+            && cap < self.max_body_bytes as u64
+        {
+            return Err(InputError::new(
+                file,
+                "max_buffered_body_bytes",
+                format!(
+                    "{cap} is less than max_body_bytes ({}): one body alone would not fit",
+                    self.max_body_bytes
+                ),
+            )
+            .valid("at least max_body_bytes"));
         }
         if let Some(log) = &self.request_log
             && log.path.as_os_str().is_empty()

@@ -9,6 +9,11 @@ use std::time::Duration;
 /// Largest `max_body_bytes` and `upstream.max_response_bytes`: a body is held in memory while
 /// it is routed or relayed.
 pub const MAX_BODY_BYTES: u64 = 1 << 30;
+/// The default `max_buffered_body_bytes` (when `max_body_bytes` is not larger): 32 bodies of
+/// the default 4 MiB at once, a bound well under the gateway's RSS target of 200 MB.
+pub const DEFAULT_BUFFERED_BODY_BYTES: u64 = 128 << 20;
+/// Largest `max_buffered_body_bytes` (1 TiB).
+pub const MAX_BUFFERED_BODY_BYTES: u64 = 1 << 40;
 /// Largest `retries` (more than any fleet has workers to try).
 pub const MAX_RETRIES: u64 = 100;
 /// Largest `upstream.max_idle_per_worker` (more than a host has ports).
@@ -85,6 +90,7 @@ pub(super) fn number_rule(field: &str) -> Option<NumberRule> {
         "seed" => Whole(0, u64::MAX),
         "max_body_bytes" | "upstream.max_response_bytes" => Whole(1, MAX_BODY_BYTES),
         "retries" => Whole(0, MAX_RETRIES),
+        "max_buffered_body_bytes" => Whole(1, MAX_BUFFERED_BODY_BYTES),
         "upstream.max_idle_per_worker" => Whole(0, MAX_IDLE_PER_WORKER),
         "server.max_connections" => Whole(1, MAX_CONNECTIONS),
         "health.unhealthy_after" | "health.healthy_after" => Whole(1, u32::MAX.into()),

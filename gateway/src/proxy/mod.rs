@@ -7,6 +7,7 @@
 //! through).
 
 mod admit;
+pub(crate) mod budget;
 pub(crate) mod flight;
 mod relay;
 mod sse;
@@ -76,6 +77,35 @@ pub(crate) async fn method_not_allowed(method: Method, uri: Uri) -> Response {
     ApiError::method_not_allowed(method.as_str(), uri.path()).into_response()
 }
 
+/// The request body must be JSON if it says what it is: `text/plain`, form and multipart
+/// bodies, which a browser page of any origin may send without a CORS preflight, are refused
+/// (415) before anything is read. A body that names no type is taken as JSON (as the
+/// OpenAI clients send it).
+fn json_content(headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(ct) = headers.get(header::CONTENT_TYPE) else {
+        return Ok(());
+    };
+    let media = ct
+        .to_str()
+        .unwrap_or_default()
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    if media == "application/json"
+        || (media.starts_with("application/") && media.ends_with("+json"))
+    {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "invalid_request_error",
+        "unsupported_media_type",
+        format!("the request body must be JSON (`Content-Type: application/json`), not `{media}`"),
+    ))
+}
+
 fn too_large(max: usize) -> ApiError {
     ApiError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
@@ -90,7 +120,8 @@ fn too_large(max: usize) -> ApiError {
 async fn handle(s: Arc<Shared>, req: Request, ep: Endpoint) -> Result<Response, ApiError> {
     let arrival = Arrival::now(&s);
     let (parts, body) = req.into_parts();
-    let bytes = read_request_body(&s, &parts.headers, body).await?;
+    json_content(&parts.headers)?;
+    let (bytes, hold) = read_request_body(&s, &parts.headers, body).await?;
     let (parsed, prefix) = parse_and_count(&s, &bytes, ep).await?;
     let route_req = route_request(&s, &parsed, &prefix)?;
     // From here on the request is logged, however it ends (dropped: the client went away).
@@ -98,6 +129,7 @@ async fn handle(s: Arc<Shared>, req: Request, ep: Endpoint) -> Result<Response, 
     let forward = Forward {
         ep,
         body: bytes,
+        _hold: hold,
         accept: parts.headers.get(header::ACCEPT).cloned(),
         arrived: arrival.at,
         prompt_tokens: parsed.prompt_tokens,
@@ -196,30 +228,48 @@ fn route_request<'p>(
     })
 }
 
-/// The request body, whole, at most `max_body_bytes` (413 above).
+/// The request body, whole, at most `max_body_bytes` (413 above), its bytes counted in the
+/// aggregate budget as they arrive (503 when it is spent; [`budget`]).
 async fn read_request_body(
     s: &Shared,
     headers: &HeaderMap,
     body: axum::body::Body,
-) -> Result<Bytes, ApiError> {
+) -> Result<(Bytes, budget::BodyHold), ApiError> {
     let max = s.settings.max_body;
     if crate::upstream::declared_length(headers).is_some_and(|n| n > max as u64) {
         return Err(too_large(max));
     }
-    match Limited::new(body, max).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large(max)),
-        Err(e) => Err(ApiError::bad_request(
-            format!("could not read the request body: {e}"),
-            None,
-        )),
+    let mut hold = s.bodies.hold();
+    let mut body = Limited::new(body, max);
+    let mut chunks: Vec<Bytes> = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            if e.downcast_ref::<LengthLimitError>().is_some() {
+                too_large(max)
+            } else {
+                ApiError::bad_request(format!("could not read the request body: {e}"), None)
+            }
+        })?;
+        if let Ok(data) = frame.into_data() {
+            hold.grow(data.len())?;
+            chunks.push(data);
+        }
     }
+    // One chunk (the usual case) is handed on as it is; several are joined once.
+    let bytes = match chunks.len() {
+        0 => Bytes::new(),
+        1 => chunks.pop().unwrap_or_default(),
+        _ => Bytes::from(chunks.concat()),
+    };
+    Ok((bytes, hold))
 }
 
 /// What the request sends to a worker, on each attempt.
 pub(crate) struct Forward {
     ep: Endpoint,
     body: Bytes,
+    /// The body's bytes in the aggregate budget, given back when the request is done.
+    _hold: budget::BodyHold,
     accept: Option<HeaderValue>,
     /// When the request arrived.
     pub arrived: Instant,

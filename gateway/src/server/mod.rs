@@ -111,19 +111,38 @@ fn host_rule(req: &Request) -> Option<Response> {
             Some("an HTTP/1.1 request must have a `Host` header")
         }
         (Some(_), Some(_)) => Some("a request must have one `Host` header, not several"),
-        (Some(h), None) if h.is_empty() || h.to_str().is_err() => {
-            Some("the `Host` header is not a valid host")
-        }
+        (Some(h), None) if !valid_host(h) => Some("the `Host` header is not a valid host"),
         _ => None,
     };
-    problem.map(|message| {
+    if let Some(message) = problem {
+        return Some(
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "invalid_host",
+                message,
+            )
+            .into_response(),
+        );
+    }
+    // Two credentials: which one the admin door or a worker would read is anyone's guess.
+    let mut auth = req.headers().get_all(header::AUTHORIZATION).iter();
+    (auth.next().is_some() && auth.next().is_some()).then(|| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_request_error",
-            "invalid_host",
-            message,
+            "invalid_authorization",
+            "a request must have one `Authorization` header, not several",
         )
         .into_response()
+    })
+}
+
+/// RFC 9110 §7.2: `Host = uri-host [ ":" port ]`, an authority without user information (`a b`
+/// and `user@host` were accepted).
+fn valid_host(h: &HeaderValue) -> bool {
+    h.to_str().is_ok_and(|s| {
+        !s.is_empty() && !s.contains('@') && s.parse::<axum::http::uri::Authority>().is_ok()
     })
 }
 

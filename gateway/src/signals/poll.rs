@@ -37,6 +37,11 @@ type ReportChange = (WorkerId, Option<(EngineReport, u64)>);
 /// As the simulator polls its engines: on a fixed grid of policy time from the gateway's start
 /// (a tick delayed by a busy runtime does not shift the ones after it), and each report taken
 /// as of the moment its poll was sent, not the (later) moment every worker had answered.
+///
+/// Each worker's page is recorded as it arrives: a worker whose `/metrics` hangs delays only
+/// its own report (every report waited for the slowest page, up to twice the timeout). Reports
+/// older than `stale_after_s` are dropped at every tick and every arrival, not only when their
+/// own worker's next poll fails ([`sweep_stale`]).
 pub(super) async fn poll_engines(s: Arc<Shared>) {
     let p = s.settings.engine_poll.clone();
     let wall = s
@@ -48,12 +53,40 @@ pub(super) async fn poll_engines(s: Arc<Shared>) {
     loop {
         tick.tick().await;
         let targets = poll_targets(&s, &p.path);
-        let results = fetch_all(&s, targets, p.timeout).await;
-        let now = s.routing.clock.now();
-        let changes = record(&s, results, now, p.stale_after_s);
-        if !changes.is_empty() {
-            tell_router(&s, now, changes);
+        // The statuses of workers no longer polled go.
+        lock(&s.signals.polls).retain(|id, _| targets.iter().any(|t| t.id.0 == *id));
+        sweep_stale(&s, p.stale_after_s);
+        let mut pages = fetch_each(&s, targets, p.timeout);
+        loop {
+            // While pages hang, reports still age out, checked once an interval.
+            match tokio::time::timeout(wall, futures_util::StreamExt::next(&mut pages)).await {
+                Ok(Some(result)) => {
+                    let now = s.routing.clock.now();
+                    let changes = record(&s, vec![result], now, p.stale_after_s);
+                    if !changes.is_empty() {
+                        tell_router(&s, now, changes);
+                    }
+                }
+                Ok(None) => break,
+                Err(_) => {}
+            }
+            sweep_stale(&s, p.stale_after_s);
         }
+    }
+}
+
+/// Drop every report older than `stale_after_s` (its worker's poll may still be out, hanging).
+fn sweep_stale(s: &Shared, stale_after_s: f64) {
+    let now = s.routing.clock.now();
+    let gone: Vec<WorkerId> = {
+        let mut polls = lock(&s.signals.polls);
+        polls
+            .iter_mut()
+            .filter_map(|(id, st)| st.aged_out(now, stale_after_s).then_some(WorkerId(*id)))
+            .collect()
+    };
+    if !gone.is_empty() {
+        tell_router(s, now, gone.into_iter().map(|id| (id, None)).collect());
     }
 }
 
@@ -81,12 +114,12 @@ fn poll_targets(s: &Shared, path: &str) -> Vec<PollTarget> {
         .collect()
 }
 
-/// Every target's page, read at once.
-async fn fetch_all(
+/// Every target's page, read at once, each yielded as it arrives.
+fn fetch_each(
     s: &Arc<Shared>,
     targets: Vec<PollTarget>,
     timeout: Duration,
-) -> Vec<(PollTarget, Page)> {
+) -> futures_util::stream::FuturesUnordered<impl std::future::Future<Output = (PollTarget, Page)>> {
     let polls = targets.into_iter().map(|t| {
         let s = s.clone();
         async move {
@@ -98,11 +131,10 @@ async fn fetch_all(
             (t, page)
         }
     });
-    futures_util::future::join_all(polls).await
+    polls.collect()
 }
 
-/// Each poll's outcome in its worker's status (the statuses of workers no longer polled are
-/// dropped); what the router must be told.
+/// Each poll's outcome in its worker's status; what the router must be told.
 fn record(
     s: &Shared,
     results: Vec<(PollTarget, Page)>,
@@ -111,7 +143,6 @@ fn record(
 ) -> Vec<ReportChange> {
     let mut changes = Vec::new();
     let mut polls = lock(&s.signals.polls);
-    polls.retain(|id, _| results.iter().any(|(t, _)| t.id.0 == *id));
     for (t, page) in results {
         let PollTarget {
             id,
@@ -203,6 +234,20 @@ impl PollStatus {
         self.state = PollState::Live;
         self.last_scrape = Some((scrape, now));
         report
+    }
+
+    /// Whether the last report is older than `stale_after_s` at `now`; if so it is dropped
+    /// (the state says `stale`) and true is returned once.
+    fn aged_out(&mut self, now: Time, stale_after_s: f64) -> bool {
+        let old = self
+            .at
+            .is_some_and(|at| now.saturating_since(at).as_secs_f64() > stale_after_s);
+        if old && self.state == PollState::Live {
+            self.state = PollState::Stale;
+            self.report = None;
+            return true;
+        }
+        false
     }
 
     /// The poll failed (`error`); true when the last report just aged out (older than

@@ -10,6 +10,7 @@ mod harness;
 mod kv_events;
 mod operations;
 mod protocol;
+mod refusals;
 mod request_log;
 mod shared_state;
 mod slo;
