@@ -65,6 +65,10 @@ pub const RESAMPLE_STREAM: u64 = 1 << 36;
 /// The L4 balancer's `random` split across gateway replicas.
 pub const SPLIT_STREAM: u64 = (1 << 40) - 1;
 
+/// The holds of a spread dispatch stream across gateway replicas (each arriving request's
+/// random wait before its replica routes it).
+pub const SPREAD_STREAM: u64 = (1 << 40) - 2;
+
 /// The router of gateway replica `r ≥ 1` (`derive_seed(seed, REPLICA_STREAM + r)`; replica 0
 /// draws from [`ROUTER_STREAM`]). Far from the traffic, engine and resample streams whatever the
 /// fleet's size.

@@ -112,7 +112,16 @@ fn share_label(share: Share) -> String {
             share.name(),
             fmt_sig(Some(poll_interval_ns as f64 / 1e9), 3)
         ),
-        Share::DispatchStream { bus_latency_ns } | Share::RouteAndReserve { bus_latency_ns } => {
+        Share::DispatchStream {
+            bus_latency_ns,
+            spread_ns,
+        } if spread_ns > 0 => format!(
+            "{} (bus {} ms, spread {} ms)",
+            share.name(),
+            fmt_sig(Some(bus_latency_ns as f64 / 1e6), 3),
+            fmt_sig(Some(spread_ns as f64 / 1e6), 3)
+        ),
+        Share::DispatchStream { bus_latency_ns, .. } | Share::RouteAndReserve { bus_latency_ns } => {
             format!(
                 "{} (bus {} ms)",
                 share.name(),
@@ -251,9 +260,13 @@ pub fn scenario_part(st: &ReplicaStudy) -> String {
                 ),
                 None => format!("no established loss up to {most} replicas"),
             };
+            let spread = match share.spread_ns() {
+                0 => String::new(),
+                ns => format!(" (spread {} ms)", fmt_sig(Some(ns as f64 / 1e6), 3)),
+            };
             let _ = writeln!(
                 out,
-                "- `{}`, share `{}`: {verdict}.",
+                "- `{}`, share `{}`{spread}: {verdict}.",
                 c.policies[p].policy,
                 share.name()
             );

@@ -59,6 +59,10 @@ pub struct ReplicasArgs {
     /// `dispatch-stream`, `route-and-reserve`: one hop of the bus between the replicas, s.
     #[arg(long, default_value_t = routelab_sim::DEFAULT_BUS_LATENCY_S)]
     pub bus_latency_s: f64,
+    /// `dispatch-stream`: each replica holds an arriving request a uniform random time up to
+    /// this many seconds before routing it, comma-separated (each value a row; 0: no hold).
+    #[arg(long, default_value = "0", value_delimiter = ',')]
+    pub spread_s: Vec<f64>,
     /// Seeds per policy and deployment (the same seeds everywhere, so ratios are paired).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub seeds: u32,
@@ -110,6 +114,23 @@ fn deployments(args: &ReplicasArgs) -> Result<Vec<Gateways>, InputError> {
             })
         })
         .collect::<Result<Vec<Share>, InputError>>()?;
+    let spreads = args
+        .spread_s
+        .iter()
+        .map(|&s| {
+            rule::non_negative(s)
+                .map(routelab_policies::streams::secs_to_nanos)
+                .map_err(|e| e.at_field("--spread-s", ""))
+        })
+        .collect::<Result<Vec<u64>, InputError>>()?;
+    // Each dispatch stream once per spread; the other modes have none.
+    let shares: Vec<Share> = shares
+        .iter()
+        .flat_map(|&share| {
+            let spread: Vec<Share> = spreads.iter().filter_map(|&ns| share.with_spread(ns)).collect();
+            if spread.is_empty() { vec![share] } else { spread }
+        })
+        .collect();
     let mut out: Vec<Gateways> = Vec::new();
     for &replicas in &counts {
         for &share in &shares {

@@ -111,6 +111,8 @@ enum Ev {
     /// A message of the replicas' dispatch stream reaches the other replicas (index into the
     /// bus's messages).
     Peer { msg: u32 },
+    /// A replica routes a request it held (a spread dispatch stream).
+    Route { req: u32, epoch: u32 },
 }
 
 /// The wake-ups [`Sim::reschedule`] replaced in the queue. The event loop used to leave them
@@ -204,7 +206,7 @@ impl<'a> Sim<'a> {
             lifecycle: Lifecycle::new(policy.weights.name()),
             kv,
             werr: WeightErrorTracker::new(n),
-            peers: PeerBus::new(setup.gateways.share, n),
+            peers: PeerBus::new(setup.gateways.share, setup.gateways.replicas as usize, setup.seed),
         })
     }
 
@@ -312,6 +314,11 @@ impl<'a> Sim<'a> {
                 Ev::SyncLoad => self.on_sync_load(sync_ns, traffic, sink),
                 Ev::EngineTruth { replica } => self.on_engine_truth(replica, traffic, sink),
                 Ev::Peer { msg } => self.on_peer(msg, traffic, sink),
+                Ev::Route { req, epoch } => {
+                    if self.requests.valid(req, epoch) {
+                        self.route(req, traffic, sink);
+                    }
+                }
             }
             // The routers' weights and the fleet change only at these events (and at probe
             // measurements): the weight error is re-read after them, before time moves on.

@@ -14,6 +14,9 @@
 //! worker one bus round trip later, the reservation's cost.
 
 use super::{Ev, Sim, Sink};
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::{RngExt, SeedableRng};
+use routelab_policies::streams::{SPREAD_STREAM, derive_seed};
 use crate::traffic::TrafficSource;
 use routelab_policies::{Charge, Completion, WorkerId};
 
@@ -54,17 +57,34 @@ pub(super) struct PeerBus {
     free: Vec<u32>,
     /// Prefix vectors of delivered messages, reused.
     spare: Vec<Vec<u64>>,
+    /// A spread dispatch stream's hold window, ns (0: requests are routed on arrival).
+    spread_ns: u64,
+    /// The holds' draws ([`SPREAD_STREAM`]; drawn only when `spread_ns` > 0, so a run without
+    /// a spread draws exactly what it drew before spreads existed).
+    spread_rng: Option<Xoshiro256PlusPlus>,
 }
 
 impl PeerBus {
-    /// The bus of `share`, for a run of `replicas` replicas (one replica publishes nothing).
-    pub(super) fn new(share: Share, replicas: usize) -> PeerBus {
+    /// The bus of `share`, for a run of `replicas` replicas (one replica publishes nothing,
+    /// and holds nothing) from the run's root `seed`.
+    pub(super) fn new(share: Share, replicas: usize, seed: u64) -> PeerBus {
         let latency_ns = share.bus_latency_ns().filter(|_| replicas > 1);
+        let spread_ns = if replicas > 1 { share.spread_ns() } else { 0 };
         PeerBus {
             latency_ns,
             reserve: matches!(share, Share::RouteAndReserve { .. }),
+            spread_ns,
+            spread_rng: (spread_ns > 0)
+                .then(|| Xoshiro256PlusPlus::seed_from_u64(derive_seed(seed, SPREAD_STREAM))),
             ..PeerBus::default()
         }
+    }
+
+    /// How long the replica receiving a request now holds it before routing it, ns: a uniform
+    /// draw in `[0, spread]`, `None` without a spread.
+    pub(super) fn hold_ns(&mut self) -> Option<u64> {
+        let rng = self.spread_rng.as_mut()?;
+        Some(rng.random_range(0..=self.spread_ns))
     }
 
     /// Whether the replicas publish their dispatches.
@@ -185,14 +205,15 @@ mod tests {
     fn only_the_dispatch_modes_publish_and_only_with_several_replicas() {
         let stream = Share::DispatchStream {
             bus_latency_ns: 1_000_000,
+            spread_ns: 0,
         };
-        assert!(PeerBus::new(stream, 4).enabled());
-        assert!(!PeerBus::new(stream, 1).enabled());
-        assert_eq!(PeerBus::new(stream, 4).dispatch_delay_ns(), 0);
+        assert!(PeerBus::new(stream, 4, 0).enabled());
+        assert!(!PeerBus::new(stream, 1, 0).enabled());
+        assert_eq!(PeerBus::new(stream, 4, 0).dispatch_delay_ns(), 0);
         let reserve = Share::RouteAndReserve {
             bus_latency_ns: 1_000_000,
         };
-        assert_eq!(PeerBus::new(reserve, 4).dispatch_delay_ns(), 2_000_000);
+        assert_eq!(PeerBus::new(reserve, 4, 0).dispatch_delay_ns(), 2_000_000);
         for share in [
             Share::None,
             Share::Probes,
@@ -203,13 +224,20 @@ mod tests {
                 poll_interval_ns: 5,
             },
         ] {
-            assert!(!PeerBus::new(share, 4).enabled(), "{share:?}");
+            assert!(!PeerBus::new(share, 4, 0).enabled(), "{share:?}");
         }
     }
 
     #[test]
     fn message_slots_are_reused_and_a_slot_is_taken_once() {
-        let mut bus = PeerBus::new(Share::DispatchStream { bus_latency_ns: 10 }, 2);
+        let mut bus = PeerBus::new(
+            Share::DispatchStream {
+                bus_latency_ns: 10,
+                spread_ns: 0,
+            },
+            2,
+            0,
+        );
         let msg = |from| PeerMsg {
             from,
             worker: WorkerId(0),

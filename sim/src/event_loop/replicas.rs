@@ -98,6 +98,12 @@ pub enum Share {
     DispatchStream {
         /// One hop of the bus, ns.
         bus_latency_ns: u64,
+        /// Each replica holds an arriving request a uniform random time in `[0, spread_ns]`
+        /// before routing it (0: it routes at once). Replicas that receive requests at the same
+        /// instant see the same fleet and, a bus hop apart, would all pick the same worker; a
+        /// random hold orders their decisions, so most of them see the others' dispatches. The
+        /// request pays the hold (half the spread on average) in its TTFT.
+        spread_ns: u64,
     },
     /// As `DispatchStream`, but a dispatch is reserved before it is sent: every replica sees
     /// it before its next decision, and the request reaches its worker one bus round trip
@@ -132,7 +138,10 @@ impl Share {
             "engine-truth" => Some(Share::EngineTruth {
                 poll_interval_ns: period_ns,
             }),
-            "dispatch-stream" => Some(Share::DispatchStream { bus_latency_ns }),
+            "dispatch-stream" => Some(Share::DispatchStream {
+                bus_latency_ns,
+                spread_ns: 0,
+            }),
             "route-and-reserve" => Some(Share::RouteAndReserve { bus_latency_ns }),
             _ => None,
         }
@@ -167,9 +176,30 @@ impl Share {
     /// The bus hop of a mode that publishes dispatches, ns.
     pub fn bus_latency_ns(self) -> Option<u64> {
         match self {
-            Share::DispatchStream { bus_latency_ns }
+            Share::DispatchStream { bus_latency_ns, .. }
             | Share::RouteAndReserve { bus_latency_ns } => Some(bus_latency_ns),
             _ => None,
+        }
+    }
+
+    /// The dispatch stream with its decisions spread over `spread_ns` (see
+    /// [`Share::DispatchStream`]); `None` for every other mode, which has no spread.
+    pub fn with_spread(self, spread_ns: u64) -> Option<Share> {
+        match self {
+            Share::DispatchStream { bus_latency_ns, .. } => Some(Share::DispatchStream {
+                bus_latency_ns,
+                spread_ns,
+            }),
+            _ => None,
+        }
+    }
+
+    /// How long a replica may hold an arriving request before routing it, ns (0 but for a
+    /// spread dispatch stream).
+    pub fn spread_ns(self) -> u64 {
+        match self {
+            Share::DispatchStream { spread_ns, .. } => spread_ns,
+            _ => 0,
         }
     }
 }
@@ -462,7 +492,10 @@ mod tests {
         );
         assert_eq!(
             Share::from_name("dispatch-stream", 5, 7),
-            Some(Share::DispatchStream { bus_latency_ns: 7 })
+            Some(Share::DispatchStream {
+                bus_latency_ns: 7,
+                spread_ns: 0
+            })
         );
         assert_eq!(Share::from_name("all", 5, 7), None);
     }

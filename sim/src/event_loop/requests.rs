@@ -240,11 +240,17 @@ impl Sim<'_> {
         r.id = id;
         r.arrival = self.now;
         r.replica = replica;
-        self.route(req, traffic, sink);
+        match self.peers.hold_ns() {
+            Some(hold) if hold > 0 => {
+                let epoch = self.requests.get(req).epoch;
+                self.push(self.after(hold), Ev::Route { req, epoch });
+            }
+            _ => self.route(req, traffic, sink),
+        }
     }
 
     /// Route `req` at its replica: dispatched, waiting in the gateway's queue, or rejected.
-    fn route(&mut self, req: u32, traffic: &mut dyn TrafficSource, sink: Sink<'_, '_>) {
+    pub(super) fn route(&mut self, req: u32, traffic: &mut dyn TrafficSource, sink: Sink<'_, '_>) {
         let Some(model) = self.fleet.model else {
             self.rec.rejected_because(&RouteError::NoWorkerForModel);
             self.reject(req, traffic, sink);

@@ -68,6 +68,9 @@ pub struct RawGateways {
     /// `dispatch-stream`, `route-and-reserve`: one hop of the bus, s (default
     /// `DEFAULT_BUS_LATENCY_S`; only there).
     pub bus_latency_s: Option<f64>,
+    /// `dispatch-stream`: each replica holds an arriving request a uniform random time up to
+    /// this many seconds before routing it (default 0; only there).
+    pub spread_s: Option<f64>,
 }
 
 /// One worker entry (or `count` identical ones).

@@ -428,6 +428,24 @@ impl ScenarioReader<'_> {
                 ),
             ));
         }
+        let share = match g.spread_s {
+            None => share,
+            Some(s) => {
+                let spread_ns = rule::non_negative(s)
+                    .map(secs_to_nanos)
+                    .map_err(|e| self.file.at(loc, "gateways.spread_s", e.to_string()))?;
+                share.with_spread(spread_ns).ok_or_else(|| {
+                    self.file.at(
+                        loc,
+                        "gateways.spread_s",
+                        format!(
+                            "is given with `share: {name}`; only `share: dispatch-stream` \
+                             spreads its replicas' decisions"
+                        ),
+                    )
+                })?
+            }
+        };
         Ok(Gateways {
             replicas,
             split,

@@ -343,6 +343,16 @@ fn bad_gateways_blocks_are_located_errors() {
             "gateways.sync_interval_s",
             "is given with `share: dispatch-stream`",
         ),
+        (
+            "{ replicas: 2, share: route-and-reserve, spread_s: 0.01 }",
+            "gateways.spread_s",
+            "only `share: dispatch-stream` spreads",
+        ),
+        (
+            "{ replicas: 2, share: dispatch-stream, spread_s: -0.01 }",
+            "gateways.spread_s",
+            "-0.01",
+        ),
         ("{ replicas: 2, shared: probes }", "gateways", "shared"),
     ];
     let line = text.lines().count() + 2;
@@ -451,6 +461,7 @@ fn the_dispatch_stream_and_engine_truth_share_load_and_stay_deterministic() {
     for share in [
         Share::DispatchStream {
             bus_latency_ns: 1_000_000,
+            spread_ns: 0,
         },
         Share::EngineTruth {
             poll_interval_ns: 500_000_000,
@@ -464,4 +475,47 @@ fn the_dispatch_stream_and_engine_truth_share_load_and_stay_deterministic() {
         assert_eq!(format!("{m:?}"), format!("{again:?}"), "{share:?}");
         assert_eq!(rows, rows_again, "{share:?}");
     }
+}
+
+#[test]
+fn a_spread_dispatch_stream_orders_simultaneous_decisions_that_the_stream_alone_herds() {
+    // Bursts of 8 requests at one instant, one to each of 8 replicas (round robin), on two
+    // workers under join-the-shortest-queue. Deciding at the same instant on the same view,
+    // the replicas of a plain stream all send their request to the same worker; holding each
+    // request a random time up to 10 ms (50 bus hops) orders the decisions, so most replicas
+    // see the earlier ones and the burst is shared.
+    let sc = small(
+        "burst: { size: 8, repeats: 6, period_s: 30, prompt: { fixed: 500 }, output: { fixed: 32 } }",
+        "[\"equal/jsq:higher-weight/no-affinity/none\"]",
+    );
+    let p = sc.policies[0].clone();
+    let stream = Share::DispatchStream {
+        bus_latency_ns: 200_000,
+        spread_ns: 0,
+    };
+    let worst_share = |share: Share| {
+        let (_, mut rows) = run_rows(&with(&sc, gateways(8, Split::RoundRobin, share)), &p);
+        assert_eq!(rows.len(), 48);
+        rows.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
+        let mut worst = 0;
+        for burst in rows.chunks(8) {
+            assert_eq!(burst[0].arrival_s, burst[7].arrival_s, "one burst, one instant");
+            let pair = burst.iter().filter(|r| r.worker == "pair").count();
+            worst = worst.max(pair.max(8 - pair));
+        }
+        worst
+    };
+    let herded = worst_share(stream);
+    assert_eq!(herded, 8, "a plain stream sends a whole burst to one worker");
+    let spread = stream.with_spread(10_000_000).unwrap();
+    let spread_worst = worst_share(spread);
+    assert!(
+        spread_worst <= 6,
+        "a spread stream shares every burst ({spread_worst} of 8 on one worker at worst)"
+    );
+    // Deterministic, and a spread is not drawn by one replica.
+    let sc8 = with(&sc, gateways(8, Split::RoundRobin, spread));
+    assert_eq!(run_rows(&sc8, &p).1, run_rows(&sc8, &p).1);
+    let one = run_rows(&with(&sc, gateways(1, Split::RoundRobin, spread)), &p).1;
+    assert_eq!(one, run_rows(&sc, &p).1, "one replica holds nothing");
 }
