@@ -83,7 +83,7 @@ pub use kv::KvEvent;
 pub use located::InputError;
 pub use predictive::PredictiveParams;
 pub use prefix::PrefixIndex;
-pub use router::{Decision, RouteRequest, Router};
+pub use router::{DEFAULT_REPLICA_SPREAD_S, Decision, RouteRequest, Router};
 pub use rules::{DEFAULT_GENERATION_TOK_S, DEFAULT_INPUT_TOK_S};
 pub use signals::{Charge, EngineReport, PREFIX_BLOCK_TOKENS, Signals};
 pub use time::Time;

@@ -60,8 +60,9 @@ pub struct ReplicasArgs {
     #[arg(long, default_value_t = routelab_sim::DEFAULT_BUS_LATENCY_S)]
     pub bus_latency_s: f64,
     /// `dispatch-stream`: each replica holds an arriving request a uniform random time up to
-    /// this many seconds before routing it, comma-separated (each value a row; 0: no hold).
-    #[arg(long, default_value = "0", value_delimiter = ',')]
+    /// this many seconds before routing it, comma-separated (each value a row; 0: no hold;
+    /// default `routelab_policies::DEFAULT_REPLICA_SPREAD_S`, 0.01).
+    #[arg(long, default_value = "0.01", value_delimiter = ',')]
     pub spread_s: Vec<f64>,
     /// Seeds per policy and deployment (the same seeds everywhere, so ratios are paired).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]

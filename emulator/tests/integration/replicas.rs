@@ -69,9 +69,11 @@ fn replica_config(
     cfg.admin_token = Some(TOKEN.into());
     cfg.state_file = Some(state.to_path_buf());
     // A heartbeat of 0.2 s (1 s by default) brings a replica back into its peers' view soon
-    // after the bus returns; the timeout is the smallest the block allows around it.
+    // after the bus returns; the timeout is the smallest the block allows around it. The
+    // spread is the scenario's, in real seconds at this speed-up (as the bus hop is).
+    let spread_s = sc.setup.gateways.share.spread_ns() as f64 / 1e9 / k;
     let block = format!(
-        "replicas: {{address: \"{bus}\", subject: \"{subject}\", name: gw-{r}, heartbeat_s: 0.2, peer_timeout_s: 1}}\n"
+        "replicas: {{address: \"{bus}\", subject: \"{subject}\", name: gw-{r}, heartbeat_s: 0.2, peer_timeout_s: 1, spread_s: {spread_s}}}\n"
     );
     cfg.replicas = GatewayConfig::from_yaml(&block, "replica.yaml")
         .unwrap()

@@ -10,7 +10,14 @@
 //!   heartbeat_s: 1                   # how often this replica publishes its requests in flight
 //!   peer_timeout_s: 5                # a peer silent this long is forgotten (its requests released)
 //!   publish_queue: 8192              # events waiting for the bus; one more is dropped and counted
+//!   spread_s: 0.01                   # hold each arriving request a random time up to this before routing it (0: never)
 //! ```
+//!
+//! `spread_s`: replicas that receive requests at the same instant decide on the same view and,
+//! a bus hop apart, would all pick the same worker. Each replica holds an arriving request a
+//! uniform random time up to `spread_s` (only while the bus is up) so that their decisions are
+//! ordered and most see the others' dispatches; the default is the simulator's
+//! ([`routelab_policies::DEFAULT_REPLICA_SPREAD_S`], docs/replicas.md).
 //!
 //! Everything is checked without the network: `--check` reads the credentials file (a bad one
 //! is an error naming its line, never its content), but never connects.
@@ -51,6 +58,9 @@ pub struct ReplicasConfig {
     /// waits on the bus).
     #[serde(default = "default_publish_queue")]
     pub publish_queue: u64,
+    /// The longest random hold of an arriving request before it is routed, s (0: none).
+    #[serde(default = "default_spread")]
+    pub spread_s: f64,
 }
 
 fn default_address() -> String {
@@ -68,6 +78,12 @@ fn default_peer_timeout() -> f64 {
 fn default_publish_queue() -> u64 {
     8192
 }
+fn default_spread() -> f64 {
+    routelab_policies::DEFAULT_REPLICA_SPREAD_S
+}
+
+/// Longest `spread_s`: a hold is paid by every request's time to first token.
+pub const MAX_SPREAD_S: f64 = 1.0;
 
 /// Longest replica name: it travels in every event.
 pub const MAX_REPLICA_NAME: usize = 64;
@@ -100,6 +116,8 @@ pub struct ReplicaSettings {
     pub heartbeat: Duration,
     pub peer_timeout: Duration,
     pub publish_queue: usize,
+    /// The longest hold of an arriving request (zero: none).
+    pub spread: Duration,
 }
 
 impl ReplicasConfig {
@@ -139,6 +157,17 @@ impl ReplicasConfig {
         }
         rule::whole(self.publish_queue as f64, 1, MAX_PUBLISH_QUEUE)
             .map_err(|e| e.at_field(file, "replicas.publish_queue"))?;
+        if !(0.0..=MAX_SPREAD_S).contains(&self.spread_s) {
+            return Err(InputError::new(
+                file,
+                "replicas.spread_s",
+                format!("{} s is out of range", self.spread_s),
+            )
+            .valid(format!(
+                "0 to {MAX_SPREAD_S} s (0: no hold; default {})",
+                routelab_policies::DEFAULT_REPLICA_SPREAD_S
+            )));
+        }
         Ok(())
     }
 
@@ -169,6 +198,7 @@ impl ReplicasConfig {
             heartbeat: Duration::from_secs_f64(self.heartbeat_s),
             peer_timeout: Duration::from_secs_f64(self.peer_timeout_s),
             publish_queue: self.publish_queue as usize,
+            spread: Duration::from_secs_f64(self.spread_s),
         })
     }
 }
@@ -375,7 +405,11 @@ mod tests {
         assert_eq!(s.credentials, Credentials::None);
         assert_eq!(s.heartbeat, Duration::from_secs(1));
         assert_eq!(s.publish_queue, 8192);
+        assert_eq!(s.spread, Duration::from_millis(10), "the simulator's default");
         for (yaml, field) in [
+            ("spread_s: -0.001", "replicas.spread_s"),
+            ("spread_s: 2", "replicas.spread_s"),
+            ("spread_s: .nan", "replicas.spread_s"),
             ("address: http://h:1", "replicas.address"),
             ("subject: \"a.*\"", "replicas.subject"),
             ("name: \"a.b\"", "replicas.name"),

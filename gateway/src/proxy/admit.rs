@@ -49,6 +49,13 @@ pub(super) async fn admit(
     req: &RouteRequest<'_>,
     tried: &[WorkerId],
 ) -> Result<Decision, Refusal> {
+    // A first attempt behind a dispatch stream waits its random hold (`replicas.spread_s`):
+    // the replicas' decisions at one instant are then made in turn, each seeing the others'.
+    if tried.is_empty()
+        && let Some(hold) = s.bus.as_ref().and_then(crate::replicas::Bus::hold)
+    {
+        tokio::time::sleep(hold).await;
+    }
     let mut ticket = {
         let now = s.routing.clock.now();
         let mut guard = s.routing.core();

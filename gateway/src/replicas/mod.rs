@@ -42,6 +42,8 @@ pub(crate) mod task;
 pub mod wire;
 
 use crate::config::ReplicaSettings;
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::{RngExt, SeedableRng};
 use routelab_policies::Charge;
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -179,6 +181,10 @@ pub struct Bus {
     pub(crate) peers: Mutex<peers::Peers>,
     /// Log lines throttled by key: when each was last written.
     throttle: Mutex<HashMap<&'static str, Instant>>,
+    /// The random holds of arriving requests (`spread_s`). Seeded from this start's random
+    /// instance number, not the gateway's seed: replicas started from one configuration must
+    /// draw different holds, or they would stay in step and herd as before.
+    spread_rng: Mutex<Xoshiro256PlusPlus>,
 }
 
 /// How often at most a throttled log line (an ignored event's reason, a bus error) is written.
@@ -188,8 +194,10 @@ impl Bus {
     /// The bus of a `replicas:` block (nothing connects until the task starts).
     pub fn new(settings: ReplicaSettings) -> Bus {
         let (tx, rx) = mpsc::channel(settings.publish_queue.max(1));
+        let instance = random_instance();
         Bus {
-            instance: random_instance(),
+            instance,
+            spread_rng: Mutex::new(Xoshiro256PlusPlus::seed_from_u64(instance)),
             settings,
             next_id: AtomicU64::new(1),
             tx,
@@ -201,6 +209,24 @@ impl Bus {
             peers: Mutex::default(),
             throttle: Mutex::default(),
         }
+    }
+
+    /// How long to hold a request arriving now before routing it: a uniform random time up to
+    /// `spread_s`, so that replicas receiving requests at one instant decide in turn and see
+    /// each other's dispatches. `None` without a spread, or while the bus is down (no peer
+    /// would see the dispatch: the hold would buy nothing).
+    pub fn hold(&self) -> Option<Duration> {
+        let spread = self.settings.spread;
+        if spread.is_zero() || !self.is_up() {
+            return None;
+        }
+        let ns = u64::try_from(spread.as_nanos()).unwrap_or(u64::MAX);
+        let draw = self
+            .spread_rng
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .random_range(0..=ns);
+        Some(Duration::from_nanos(draw))
     }
 
     /// This replica's name.

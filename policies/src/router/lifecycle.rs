@@ -4,6 +4,17 @@
 
 use super::*;
 
+/// How long at most each gateway replica of a dispatch stream holds an arriving request, at
+/// random, before routing it, s (the simulator's `gateways.spread_s` and the gateway's
+/// `replicas.spread_s` default). Replicas that receive requests at the same instant decide on
+/// the same view and, a bus hop apart, pick the same worker; a uniform random hold orders their
+/// decisions so that most see the others' dispatches. 10 ms was chosen in the simulator on the
+/// bundled azure-code trace at 4, 8 and 16 replicas (among 0, 2, 5, 10 and 20 ms, the largest
+/// worst lower bound of the capacity ratio to one gateway), and held on mooncake-conv and
+/// azure-conv, which it was not chosen on (docs/replicas.md). A request pays half of it on
+/// average in its time to first token.
+pub const DEFAULT_REPLICA_SPREAD_S: f64 = 0.01;
+
 impl Router {
     // ----- lifecycle ---------------------------------------------------------------------
 

@@ -22,6 +22,8 @@ mod engines;
 mod lifecycle;
 mod weights;
 
+pub use lifecycle::DEFAULT_REPLICA_SPREAD_S;
+
 /// What the host knows about a request when routing it.
 #[derive(Debug, Clone, Copy)]
 pub struct RouteRequest<'a> {

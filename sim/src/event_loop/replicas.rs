@@ -26,7 +26,8 @@ use rand::{RngExt, SeedableRng};
 use routelab_policies::streams::{
     REPLICA_STREAM, ROUTER_STREAM, SPLIT_STREAM, derive_seed, splitmix64,
 };
-use routelab_policies::{AdminError, Router, WorkerId};
+use routelab_policies::streams::secs_to_nanos;
+use routelab_policies::{AdminError, DEFAULT_REPLICA_SPREAD_S, Router, WorkerId};
 
 /// The most replicas a scenario may declare.
 pub const MAX_REPLICAS: u32 = 64;
@@ -127,7 +128,9 @@ impl Share {
 
     /// The mode of a name, if any: `period_ns` is the exchange's or the poll's period
     /// (`probes-and-load`, `engine-truth`), `bus_latency_ns` one hop of the bus
-    /// (`dispatch-stream`, `route-and-reserve`); the others ignore both.
+    /// (`dispatch-stream`, `route-and-reserve`); the others ignore both. The dispatch stream
+    /// spreads its decisions over [`DEFAULT_REPLICA_SPREAD_S`] ([`Share::with_spread`] sets
+    /// another spread).
     pub fn from_name(name: &str, period_ns: u64, bus_latency_ns: u64) -> Option<Share> {
         match name {
             "none" => Some(Share::None),
@@ -140,7 +143,7 @@ impl Share {
             }),
             "dispatch-stream" => Some(Share::DispatchStream {
                 bus_latency_ns,
-                spread_ns: 0,
+                spread_ns: secs_to_nanos(DEFAULT_REPLICA_SPREAD_S),
             }),
             "route-and-reserve" => Some(Share::RouteAndReserve { bus_latency_ns }),
             _ => None,
@@ -494,7 +497,7 @@ mod tests {
             Share::from_name("dispatch-stream", 5, 7),
             Some(Share::DispatchStream {
                 bus_latency_ns: 7,
-                spread_ns: 0
+                spread_ns: 10_000_000
             })
         );
         assert_eq!(Share::from_name("all", 5, 7), None);
