@@ -16,8 +16,9 @@
 /// rare long request, short enough to follow a day's changing mix).
 const DECAY: f64 = 1.0 / 1024.0;
 
-/// Arrivals between two refreshes of the levels' capacity shares (they read every member's
-/// measured speed: amortised, so a decision stays within its budget on 10,240 workers).
+/// Fewest arrivals between two refreshes of the levels' capacity shares. A refresh reads every
+/// member's measured speed, so it waits at least as many arrivals as there are members: its
+/// cost per decision stays a few operations on 10,240 workers.
 pub const REFRESH_EVERY: u32 = 64;
 
 /// One model's view of its arrivals.
@@ -50,9 +51,10 @@ impl Foresight {
         self.since_refresh = self.since_refresh.saturating_add(1);
     }
 
-    /// Whether the shares are due for a refresh.
-    pub fn due(&self) -> bool {
-        self.levels.is_empty() || self.since_refresh >= REFRESH_EVERY
+    /// Whether the shares of a model of `members` workers are due for a refresh.
+    pub fn due(&self, members: usize) -> bool {
+        self.levels.is_empty()
+            || self.since_refresh as usize >= members.max(REFRESH_EVERY as usize)
     }
 
     /// Refresh the levels and their capacity shares from the members' `(window, prefill tok/s)`.
@@ -148,9 +150,9 @@ mod tests {
     fn reuse_is_the_cached_share_and_shares_follow_measured_speeds() {
         let mut f = Foresight::default();
         assert_eq!(f.reuse(), 0.0);
-        assert!(f.due());
+        assert!(f.due(2));
         f.refresh([(65_536, 30_000.0), (16_384, 10_000.0)].into_iter());
-        assert!(!f.due());
+        assert!(!f.due(2));
         for _ in 0..10 {
             f.observe(20_000, 20_000, 15_000);
         }
@@ -160,7 +162,9 @@ mod tests {
         for _ in 0..REFRESH_EVERY {
             f.observe(1, 1, 0);
         }
-        assert!(f.due());
+        assert!(f.due(2));
+        // A model of more members than that waits as many arrivals as it has members.
+        assert!(!f.due(1_000));
         // A speed that is not a positive figure counts as none.
         f.refresh([(65_536, f64::NAN), (16_384, 10_000.0)].into_iter());
         assert_eq!(f.pressure(16_384), 0.0);
