@@ -53,8 +53,7 @@ impl Foresight {
 
     /// Whether the shares of a model of `members` workers are due for a refresh.
     pub fn due(&self, members: usize) -> bool {
-        self.levels.is_empty()
-            || self.since_refresh as usize >= members.max(REFRESH_EVERY as usize)
+        self.levels.is_empty() || self.since_refresh as usize >= members.max(REFRESH_EVERY as usize)
     }
 
     /// Refresh the levels and their capacity shares from the members' `(window, prefill tok/s)`.
