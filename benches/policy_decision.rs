@@ -11,7 +11,9 @@
 //! `least-load`, …, as presets) the same way over 64 workers with the 64-block prefix.
 //!
 //! `predictive route+complete` times our `predictive` over 64, 1,024 and 10,240 workers with
-//! the 64-block prefix (a full scan up to 16 candidates, then 16 drawn plus the prefix holder).
+//! the 64-block prefix (a full scan up to 16 candidates, then 16 drawn plus the prefix holder),
+//! and `predictive + future terms` the same with both terms that price the requests to come on
+//! (`reserve: 1, evict: 1`: the foresight noted at each dispatch, its shares refreshed).
 //!
 //! A third, `prefix knowledge route+complete`, times `seed-v3` and `cache-aware` with the 64-block
 //! prefix under each prefix knowledge over 8, 64 and 1,024 workers that announce a 1,024-block
@@ -30,7 +32,7 @@ mod decision;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use decision::{CACHE_BLOCKS, Decisions};
-use routelab_policies::{PolicyConfig, PrefixKnowledge};
+use routelab_policies::{Chooser, PolicyConfig, PredictiveParams, PrefixKnowledge};
 use std::time::Duration;
 
 fn decision(c: &mut Criterion) {
@@ -50,6 +52,17 @@ fn decision(c: &mut Criterion) {
     let mut group = c.benchmark_group("predictive route+complete");
     for n in [64usize, 1_024, 10_240] {
         bench_one(&mut group, preset("predictive"), n, None, true, None);
+    }
+    group.finish();
+    let mut group = c.benchmark_group("predictive + future terms route+complete");
+    for n in [64usize, 1_024, 10_240] {
+        let mut config = preset("predictive");
+        config.chooser = Chooser::Predictive(PredictiveParams {
+            reserve: 1.0,
+            evict: 1.0,
+            ..PredictiveParams::DEFAULT
+        });
+        bench_one(&mut group, config, n, None, true, None);
     }
     group.finish();
     let mut group = c.benchmark_group("prefix knowledge route+complete");

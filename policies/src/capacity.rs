@@ -15,6 +15,7 @@
 //! measured weights say how it compares with its peers); before the fleet has any, the priors
 //! below scaled by its weight.
 
+use crate::foresight::Foresight;
 use crate::signals::PREFIX_BLOCK_TOKENS;
 use crate::weights::Completion;
 
@@ -192,6 +193,8 @@ pub struct Capacities {
     fleet_prefill_per_weight: Option<f64>,
     fleet_step_per_weight: Option<(f64, f64)>,
     outputs: Ratio,
+    /// Per model (its id's index): what the arrivals tell about the requests to come.
+    foresight: Vec<Foresight>,
 }
 
 /// What the chooser uses for one worker.
@@ -243,6 +246,20 @@ impl Capacities {
         self.ensure(index);
         self.workers[index].kv_tokens =
             blocks.map(|b| f64::from(b) * f64::from(PREFIX_BLOCK_TOKENS));
+    }
+
+    /// Model `model`'s foresight (`None` before its first arrival).
+    #[inline]
+    pub fn foresight(&self, model: usize) -> Option<&Foresight> {
+        self.foresight.get(model)
+    }
+
+    /// Model `model`'s foresight, made on first use.
+    pub fn foresight_mut(&mut self, model: usize) -> &mut Foresight {
+        if self.foresight.len() <= model {
+            self.foresight.resize_with(model + 1, Foresight::default);
+        }
+        &mut self.foresight[model]
     }
 
     /// The mean output length of the completed requests (decayed), tokens.

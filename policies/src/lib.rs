@@ -56,6 +56,7 @@ pub mod catalog;
 mod chooser;
 mod config;
 mod error;
+pub mod foresight;
 pub mod histogram;
 mod kv;
 mod load_index;

@@ -55,6 +55,13 @@ pub struct PredictiveParams {
     /// Credit the prefix the router believes a worker holds (false: every prompt is uncached
     /// everywhere; an ablation).
     pub prefix_aware: bool,
+    /// Scarce capacity: weight of the cost to the long arrivals to come of a request placed
+    /// above the smallest window that holds it (its prefill seconds there x the pressure on
+    /// that window level, see [`Foresight`](crate::foresight::Foresight)); 0 is off.
+    pub reserve: f64,
+    /// Cache value: weight of the other prefixes a prompt evicts from a full cache (the
+    /// evicted tokens' re-prefill seconds there x the measured reuse share); 0 is off.
+    pub evict: f64,
 }
 
 impl PredictiveParams {
@@ -66,6 +73,8 @@ impl PredictiveParams {
         scan: 16,
         pool_prefill_tok_s: None,
         prefix_aware: true,
+        reserve: 0.0,
+        evict: 0.0,
     };
 }
 
@@ -82,9 +91,67 @@ pub(crate) struct Prediction {
     pub own_miss: bool,
 }
 
-/// Predict request `ctx` on worker `i`.
-#[inline]
+/// Predict request `ctx` on worker `i`, knowing nothing of the requests to come.
+#[cfg(test)]
 pub(crate) fn predict(ctx: &RuleCtx<'_>, i: u32, hot: &Hot, p: &PredictiveParams) -> Prediction {
+    predict_with(ctx, i, hot, p, &Ahead::NONE)
+}
+
+/// What a decision knows about the requests to come, read once per decision.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Ahead {
+    /// The smallest window among the candidates (the request fits every one).
+    pub smallest_window: u32,
+    /// The pressure on the workers above it ([`Foresight::pressure`](crate::foresight::Foresight::pressure)).
+    pub pressure: f64,
+    /// The measured reuse share of routed prompt tokens.
+    pub reuse: f64,
+}
+
+impl Ahead {
+    /// Nothing known: the future terms cost nothing.
+    pub const NONE: Ahead = Ahead {
+        smallest_window: u32::MAX,
+        pressure: 0.0,
+        reuse: 0.0,
+    };
+
+    /// What the router's foresight says for a request whose candidates are `cands`
+    /// (`Ahead::NONE` when both terms are off or nothing is known).
+    #[inline]
+    pub(crate) fn of(ctx: &RuleCtx<'_>, cands: &[u32], hot: &[Hot], p: &PredictiveParams) -> Ahead {
+        if p.reserve <= 0.0 && p.evict <= 0.0 {
+            return Ahead::NONE;
+        }
+        // Candidates are the model's members largest window first: the last has the smallest.
+        let (Some(&first), Some(&last)) = (cands.first(), cands.last()) else {
+            return Ahead::NONE;
+        };
+        let Some(f) = ctx.capacity.foresight(hot[first as usize].model as usize) else {
+            return Ahead::NONE;
+        };
+        let smallest_window = hot[last as usize].context_window;
+        Ahead {
+            smallest_window,
+            pressure: if p.reserve > 0.0 {
+                f.pressure(smallest_window)
+            } else {
+                0.0
+            },
+            reuse: if p.evict > 0.0 { f.reuse() } else { 0.0 },
+        }
+    }
+}
+
+/// [`predict`] with what is known of the requests to come.
+#[inline]
+pub(crate) fn predict_with(
+    ctx: &RuleCtx<'_>,
+    i: u32,
+    hot: &Hot,
+    p: &PredictiveParams,
+    ahead: &Ahead,
+) -> Prediction {
     let est = match p.pool_prefill_tok_s {
         Some(pool) => Estimate {
             prefill_tok_s: pool,
@@ -133,7 +200,22 @@ pub(crate) fn predict(ctx: &RuleCtx<'_>, i: u32, hot: &Hot, p: &PredictiveParams
     // And what it costs the requests that will come after it: a worker with a long queue
     // keeps its later arrivals waiting behind this prompt for about as long again.
     let later = s.uncached_in_flight as f64 / est.prefill_tok_s;
-    let mut harm = COMPLETION_WEIGHT * p.victims * (damage + later);
+    // The requests to come: a prompt that fits below this worker's window takes prefill
+    // capacity only the larger windows have (priced at the pressure on them), and one that
+    // overflows a full cache evicts prefixes that would have been reused.
+    let own_s = f64::from(own) / est.prefill_tok_s;
+    let reserved = if hot.context_window > ahead.smallest_window {
+        p.reserve * ahead.pressure * own_s
+    } else {
+        0.0
+    };
+    let evicted = if ahead.reuse > 0.0 {
+        p.evict * ahead.reuse * evicted_tokens(ctx, i, est.kv_tokens, own) / est.prefill_tok_s
+    } else {
+        0.0
+    };
+    let future = reserved + evicted;
+    let mut harm = COMPLETION_WEIGHT * (p.victims * (damage + later) + future);
     if let Some(t) = p.tpot_s
         && step_now <= t
         && tpot_s > t
@@ -144,10 +226,24 @@ pub(crate) fn predict(ctx: &RuleCtx<'_>, i: u32, hot: &Hot, p: &PredictiveParams
     Prediction {
         ttft_s,
         tpot_s,
-        score: misses + COMPLETION_WEIGHT * (completion + p.victims * damage),
+        score: misses + COMPLETION_WEIGHT * (completion + p.victims * damage + future),
         harm,
         own_miss,
     }
+}
+
+/// Tokens of other prefixes a prompt of `own` uncached tokens evicts from worker `i`'s cache:
+/// what overflows the cache of `kv_tokens` (else the index's bound) given the blocks the
+/// router's prefix index credits it with. 0 when the cache size is unknown.
+#[inline]
+fn evicted_tokens(ctx: &RuleCtx<'_>, i: u32, kv_tokens: Option<f64>, own: u32) -> f64 {
+    let id = crate::worker::WorkerId(i);
+    let block = f64::from(crate::signals::PREFIX_BLOCK_TOKENS);
+    let Some(size) = kv_tokens.or_else(|| ctx.index.bound_of(id).map(|b| b as f64 * block)) else {
+        return 0.0;
+    };
+    let held = ctx.index.blocks_of(id) as f64 * block;
+    (held + f64::from(own) - size).clamp(0.0, f64::from(own))
 }
 
 /// How long a request whose uncached prompt needs `own` tokens of KV waits for memory on a
@@ -180,6 +276,7 @@ pub(crate) fn predictive<R: Rng + ?Sized>(
     rng: &mut R,
 ) -> Option<usize> {
     let k = cands.len();
+    let ahead = Ahead::of(ctx, cands, hot, p);
     let mut best: Option<(usize, f64)> = None;
     // The least harm to others among the candidates, and whether any could meet the bounds:
     // a request that misses wherever it goes is written off where it hurts the rest least.
@@ -191,7 +288,7 @@ pub(crate) fn predictive<R: Rng + ?Sized>(
         if !h.open() {
             return;
         }
-        let pr = predict(ctx, i, h, p);
+        let pr = predict_with(ctx, i, h, p, &ahead);
         let s = pr.score;
         feasible |= !pr.own_miss;
         if least_harm.is_none_or(|b| pr.harm < b.1) {
@@ -378,6 +475,80 @@ mod tests {
         let pr = predict(&c.ctx(1_000, &[]), 0, &c.hot[0], &bounded);
         assert!(pr.tpot_s > 0.1 && pr.score > 20.0, "{pr:?}");
         assert_eq!(c.choose(1_000, &[], &bounded), Some(1));
+    }
+
+    #[test]
+    fn a_short_request_keeps_off_the_only_long_window_when_long_prompts_press_on_it() {
+        // Worker 0: the one 131k window, twice as fast; worker 1: a 16k window. Both idle.
+        let mut c = Case::new(&[0, 0]);
+        c.hot[0].context_window = 131_072;
+        c.hot[1].context_window = 16_384;
+        c.teach(0, 20_000.0, 0.02, 0.001);
+        c.teach(1, 10_000.0, 0.02, 0.001);
+        let f = c.capacity.foresight_mut(0);
+        f.refresh([(131_072, 20_000.0), (16_384, 10_000.0)].into_iter());
+        // 80 % of the routed tokens come in 60k prompts only worker 0 holds: pressure
+        // 0.8 / (2/3) = 1.2.
+        for _ in 0..50 {
+            f.observe(60_000, 60_000, 0);
+            f.observe(15_000, 15_000, 0);
+        }
+        assert!((f.pressure(16_384) - 1.2).abs() < 0.01);
+        let off = PredictiveParams::DEFAULT;
+        // Myopic: the faster worker finishes the 8,000-token prompt first.
+        assert_eq!(c.choose(8_000, &[], &off), Some(0));
+        let on = PredictiveParams {
+            reserve: 2.0,
+            ..off
+        };
+        assert_eq!(c.choose(8_000, &[], &on), Some(1));
+        // A request that only worker 0 can hold is not charged: it has no other place.
+        let ctx = c.ctx(60_000, &[]);
+        let only = [0u32];
+        let ahead = Ahead::of(&ctx, &only, &c.hot, &on);
+        assert_eq!(ahead.smallest_window, 131_072);
+        let (with, without) = (
+            predict_with(&ctx, 0, &c.hot[0], &on, &ahead),
+            predict_with(&ctx, 0, &c.hot[0], &off, &Ahead::NONE),
+        );
+        assert_eq!(with.score, without.score);
+        // With no pressure (no long prompts seen), the term costs nothing.
+        let mut calm = Case::new(&[0, 0]);
+        calm.hot[0].context_window = 131_072;
+        calm.hot[1].context_window = 16_384;
+        calm.teach(0, 20_000.0, 0.02, 0.001);
+        calm.teach(1, 10_000.0, 0.02, 0.001);
+        assert_eq!(calm.choose(8_000, &[], &on), Some(0));
+    }
+
+    #[test]
+    fn a_prompt_that_overflows_a_full_cache_pays_for_the_reused_prefixes_it_evicts() {
+        // Two idle workers with 64-block caches; worker 0's is full, worker 1's nearly empty;
+        // worker 0 prefills 10 % faster, so the myopic choice is worker 0.
+        let mut c = Case::new(&[0, 0]);
+        c.teach(0, 11_000.0, 0.02, 0.001);
+        c.teach(1, 10_000.0, 0.02, 0.001);
+        c.capacity.set_cache_blocks(0, Some(64));
+        c.capacity.set_cache_blocks(1, Some(64));
+        let full: Vec<u64> = (1000..1064).collect();
+        c.index.record(&full, WorkerId(0));
+        c.index.record(&[7, 8], WorkerId(1));
+        let f = c.capacity.foresight_mut(0);
+        f.refresh([(1 << 20, 10_000.0), (1 << 20, 10_000.0)].into_iter());
+        for _ in 0..10 {
+            f.observe(10_000, 10_000, 9_000);
+        }
+        assert!((f.reuse() - 0.9).abs() < 1e-9);
+        let off = PredictiveParams::DEFAULT;
+        assert_eq!(c.choose(16_384, &[], &off), Some(0));
+        let on = PredictiveParams { evict: 1.0, ..off };
+        let ctx = c.ctx(16_384, &[]);
+        let ahead = Ahead::of(&ctx, &c.cands, &c.hot, &on);
+        assert!((ahead.reuse - 0.9).abs() < 1e-9);
+        // Worker 0 evicts all 16,384 tokens' worth (its cache is full); worker 1 none.
+        assert_eq!(evicted_tokens(&ctx, 0, Some(32_768.0), 16_384), 16_384.0);
+        assert_eq!(evicted_tokens(&ctx, 1, Some(32_768.0), 16_384), 0.0);
+        assert_eq!(c.choose(16_384, &[], &on), Some(1));
     }
 
     #[test]

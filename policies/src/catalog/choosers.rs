@@ -223,11 +223,13 @@ pub const CHOOSERS: [Part; 15] = [
         describe: || {
             let p = PredictiveParams::DEFAULT;
             format!(
-                "ours: per worker, predicted TTFT = round trip + (uncached tokens waiting + own uncached) in {}-token chunks, each a mixed step beside its decode at its measured prefill tok/s + a wait for KV memory when its cache is full, and TPOT = its measured decode step a + b x (running + 1); lowest (predicted SLO misses, this request's + victims ({}) x running requests pushed over the TPOT bound) + {} x (completion + victims x damage to the running); predicted to miss everywhere: least harm to the others (their misses and damage + the prefill queue it holds up); bounds: ttft_s / tpot_s, else the host's SLO; every candidate up to scan ({}), else scan drawn + the prefix holder; pool_prefill_tok_s: one pool figure instead (ablation); prefix_aware: false ignores cached prefixes (ablation)",
+                "ours: per worker, predicted TTFT = round trip + (uncached tokens waiting + own uncached) in {}-token chunks, each a mixed step beside its decode at its measured prefill tok/s + a wait for KV memory when its cache is full, and TPOT = its measured decode step a + b x (running + 1); lowest (predicted SLO misses, this request's + victims ({}) x running requests pushed over the TPOT bound) + {} x (completion + victims x damage to the running); predicted to miss everywhere: least harm to the others (their misses and damage + the prefill queue it holds up); bounds: ttft_s / tpot_s, else the host's SLO; every candidate up to scan ({}), else scan drawn + the prefix holder; pool_prefill_tok_s: one pool figure instead (ablation); prefix_aware: false ignores cached prefixes (ablation); the requests to come: + reserve ({}) x the pressure on the larger windows (routed prompt tokens only they hold / their share of the measured prefill speed) x own prefill s on a worker above the smallest window that holds the request (scarce capacity), + evict ({}) x the routed tokens' reuse share x the re-prefill s of the prefixes its prompt overflows from a full cache (cache value); 0 turns a term off",
                 crate::capacity::CHUNK_TOKENS,
                 p.victims,
                 crate::predictive::COMPLETION_WEIGHT,
-                p.scan
+                p.scan,
+                p.reserve,
+                p.evict
             )
         },
         params: &[
@@ -254,6 +256,14 @@ pub const CHOOSERS: [Part; 15] = [
             Param {
                 name: "prefix_aware",
                 default: Some(|| PredictiveParams::DEFAULT.prefix_aware.to_string()),
+            },
+            Param {
+                name: "reserve",
+                default: Some(|| PredictiveParams::DEFAULT.reserve.to_string()),
+            },
+            Param {
+                name: "evict",
+                default: Some(|| PredictiveParams::DEFAULT.evict.to_string()),
             },
         ],
     },

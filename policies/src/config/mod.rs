@@ -968,7 +968,7 @@ mod tests {
     #[test]
     fn predictive_takes_its_bounds_and_ablations_and_refuses_bad_values_by_field() {
         let c = chooser_of(
-            "preset: predictive\nchooser: { kind: predictive, ttft_s: 30, tpot_s: 0.1, scan: 2, pool_prefill_tok_s: 15928, prefix_aware: false, victims: 0.5 }",
+            "preset: predictive\nchooser: { kind: predictive, ttft_s: 30, tpot_s: 0.1, scan: 2, pool_prefill_tok_s: 15928, prefix_aware: false, victims: 0.5, reserve: 2, evict: 0.5 }",
         )
         .unwrap();
         assert_eq!(
@@ -980,6 +980,8 @@ mod tests {
                 scan: 2,
                 pool_prefill_tok_s: Some(15_928.0),
                 prefix_aware: false,
+                reserve: 2.0,
+                evict: 0.5,
             })
         );
         for (yaml, field) in [
@@ -990,6 +992,10 @@ mod tests {
             ("scan: 2.5", "chooser.scan"),
             ("victims: -1", "chooser.victims"),
             ("pool_prefill_tok_s: .inf", "chooser.pool_prefill_tok_s"),
+            ("reserve: -0.5", "chooser.reserve"),
+            ("reserve: 101", "chooser.reserve"),
+            ("evict: .nan", "chooser.evict"),
+            ("evict: 1e9", "chooser.evict"),
             ("beta: 1", "chooser.beta"),
         ] {
             let e = chooser_of(&format!(

@@ -189,6 +189,10 @@ pub struct RawChooser {
     pub pool_prefill_tok_s: Option<f64>,
     /// predictive: credit believed-cached prefixes.
     pub prefix_aware: Option<bool>,
+    /// predictive: weight of the scarce-capacity term (0 off).
+    pub reserve: Option<f64>,
+    /// predictive: weight of the cache-eviction term (0 off).
+    pub evict: Option<f64>,
 }
 
 /// Raw affinity.

@@ -11,6 +11,22 @@ pub const MAX_WIDEN_CANDIDATES: u32 = 1024;
 /// from passing as "the whole prompt" silently.
 pub const MAX_KEY_BLOCKS: u32 = 1 << 20;
 
+/// Largest weight of a `predictive` future term (`reserve`, `evict`): 100 x a request's own
+/// completion time is past any use, so a larger figure is a typo.
+pub const MAX_FUTURE_WEIGHT: f64 = 100.0;
+
+/// A future term's weight: in `[0, MAX_FUTURE_WEIGHT]`.
+fn future_weight(field: &str, v: Option<f64>, default: f64) -> Result<f64, ConfigError> {
+    let x = non_negative(field, v, default)?;
+    if x > MAX_FUTURE_WEIGHT {
+        return Err(invalid(
+            field,
+            format!("{x} is above {MAX_FUTURE_WEIGHT}; valid: 0 (off) to {MAX_FUTURE_WEIGHT}"),
+        ));
+    }
+    Ok(x)
+}
+
 impl RawChooser {
     /// The peer rules' parameters that are set.
     fn peer_fields(&self) -> Vec<&'static str> {
@@ -40,7 +56,9 @@ impl RawChooser {
             victims,
             scan,
             pool_prefill_tok_s,
-            prefix_aware
+            prefix_aware,
+            reserve,
+            evict
         );
         v
     }
@@ -60,6 +78,8 @@ impl RawChooser {
             })?,
             pool_prefill_tok_s: optional_positive("pool_prefill_tok_s", self.pool_prefill_tok_s)?,
             prefix_aware: self.prefix_aware.unwrap_or(d.prefix_aware),
+            reserve: future_weight("reserve", self.reserve, d.reserve)?,
+            evict: future_weight("evict", self.evict, d.evict)?,
         })
     }
 

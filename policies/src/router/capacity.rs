@@ -57,13 +57,46 @@ impl Router {
 
     /// What a completion will be measured against (`predictive`): the uncached tokens it
     /// waits for (those already waiting, and its own) and the requests it shares the worker
-    /// with. Out of line.
+    /// with. Out of line. With a future term on, the arrival is noted in its model's
+    /// [`Foresight`](crate::foresight::Foresight) too.
     #[inline(never)]
-    pub(super) fn note_dispatch(&self, d: &mut Decision) {
+    pub(super) fn note_dispatch(&mut self, d: &mut Decision) {
         let id = d.worker;
+        // Only a `predictive` that prices the requests to come reads what they will be.
+        if let Chooser::Predictive(p) = &self.config.chooser
+            && (p.reserve > 0.0 || p.evict > 0.0)
+        {
+            let cached = d.charge.tokens - d.charge.uncached.min(d.charge.tokens);
+            self.foresee(id, d.charge.tokens, cached);
+        }
         let s = &self.signals[id.index()];
         d.charge.prefill_at_dispatch =
             u32::try_from(s.uncached_in_flight + u64::from(d.charge.uncached)).unwrap_or(u32::MAX);
         d.charge.sharing_at_dispatch = self.hot[id.index()].in_flight.saturating_add(1);
+    }
+
+    /// Note an arrival of `prompt_tokens` (`cached` believed cached) routed to `id` in its
+    /// model's foresight, refreshing the window levels' capacity shares when due.
+    fn foresee(&mut self, id: WorkerId, prompt_tokens: u32, cached: u32) {
+        let model = self.hot[id.index()].model as usize;
+        let members = self.models.get(model).map_or(0, |e| e.members.len());
+        if self.capacity.foresight_mut(model).due(members)
+            && let Some(entry) = self.models.get(model)
+        {
+            // Taken out and put back (no allocation) while the members' speeds are read.
+            let mut f = std::mem::take(self.capacity.foresight_mut(model));
+            let (hot, capacity) = (&self.hot, &self.capacity);
+            f.refresh(entry.members.iter().map(|&i| {
+                let h = &hot[i as usize];
+                (
+                    h.context_window,
+                    capacity.estimate(i as usize, h.weight).prefill_tok_s,
+                )
+            }));
+            *self.capacity.foresight_mut(model) = f;
+        }
+        self.capacity
+            .foresight_mut(model)
+            .observe(prompt_tokens, prompt_tokens, cached);
     }
 }
