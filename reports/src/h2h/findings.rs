@@ -402,3 +402,106 @@ fn copies_part(st: &H2hStudy, loads: &[f64], out: &mut String) {
         MEAN_FRACTION * 100.0
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(load: f64, router: &str, seed: u64, att: f64, ttft: f64, shares: [f64; 2]) -> RunRow {
+        RunRow {
+            load,
+            router: router.into(),
+            seed,
+            requests: 100,
+            completed: 99,
+            failed: 0,
+            rejected: 1,
+            slo_attainment: Some(att),
+            ttft_s: [Some(ttft), Some(ttft / 2.0), Some(ttft * 4.0)],
+            tpot_s: [Some(0.02), Some(0.05)],
+            e2e_s: [Some(ttft + 3.0), Some(3.0), Some(ttft * 4.0 + 9.0)],
+            shares: shares.iter().map(|s| Some(*s)).collect(),
+        }
+    }
+
+    /// Ours meets the target at both loads; vLLM's round robin only at the lower one.
+    fn study() -> H2hStudy {
+        let mut rows = Vec::new();
+        let mut copies = Vec::new();
+        for (load, rr) in [(0.5, 0.95), (1.0, 0.7)] {
+            for seed in 1..=3 {
+                let d = seed as f64 / 100.0;
+                rows.push(row(load, OURS, seed, 0.97 - d, 0.4, [0.7, 0.3]));
+                rows.push(row(load, "vllm:round_robin", seed, rr - d, 2.0 + d, [0.5, 0.5]));
+                rows.push(row(load, "sglang:cache_aware", seed, rr - 2.0 * d, 3.0, [0.6, 0.4]));
+                copies.push(row(load, OURS, seed, 0.96, 0.42, [0.68, 0.32]));
+                copies.push(row(load, "vllm:round_robin", seed, rr, 2.9, [0.5, 0.5]));
+            }
+        }
+        H2hStudy {
+            scenario: "h2h/test".into(),
+            description: "a test slice on two workers".into(),
+            slo: "TTFT ≤ 2 s and TPOT ≤ 0.1 s per request".into(),
+            target: 0.9,
+            speedup: 20.0,
+            seed_meaning: String::new(),
+            runs: Runs {
+                workers: vec!["fast".into(), "slow".into()],
+                rows,
+            },
+            field_routers: vec![
+                "sglang:cache_aware".into(),
+                "vllm:round_robin".into(),
+                "vllm:kv_aware".into(),
+            ],
+            copies: Runs {
+                workers: vec!["fast".into(), "slow".into()],
+                rows: copies,
+            },
+            copy_names: vec![
+                (OURS.into(), "predictive".into()),
+                ("vllm:round_robin".into(), "equal/round-robin/none/none".into()),
+                ("sglang:cache_aware".into(), "cache-aware".into()),
+            ],
+        }
+    }
+
+    #[test]
+    fn the_part_renders_tables_verdict_and_copies() {
+        insta::assert_snapshot!(findings_section(&[study()]));
+    }
+
+    #[test]
+    fn the_verdict_says_plainly_when_ours_wins_nowhere() {
+        let mut st = study();
+        for r in &mut st.runs.rows {
+            if r.router == "vllm:round_robin" {
+                r.slo_attainment = Some(0.99);
+            }
+        }
+        let v = verdict(&st, &st.runs.loads(), &st.runs.routers());
+        assert!(
+            v.starts_with("Ours does not meet the SLO at any load tried where none of theirs does: at load 0.5 ours meets it (95.0%), the best of theirs, `vllm:round_robin`, meets it (99.0%)"),
+            "{v}"
+        );
+        let won = verdict(&study(), &[0.5, 1.0], &study().runs.routers());
+        assert!(
+            won.starts_with("Ours meets the SLO at a load where none of theirs does: at load 1 ours meets it (95.0%) and none of the 2 field routers does (the best, `vllm:round_robin`, 68.0%"),
+            "{won}"
+        );
+    }
+
+    #[test]
+    fn a_part_is_replaced_in_place_and_the_others_kept() {
+        let doc = "# Findings\n";
+        let mut a = study();
+        let once = update_findings(doc, std::slice::from_ref(&a));
+        a.scenario = "h2h/other".into();
+        let twice = update_findings(&once, &[a]);
+        let again = update_findings(&twice, &[study()]);
+        assert_eq!(again, twice, "rewriting a part changes nothing else");
+        assert_eq!(again.matches("### h2h/test").count(), 1);
+        assert_eq!(again.matches("### h2h/other").count(), 1);
+        assert!(findings::section(&again, SECTION).is_some());
+    }
+}
