@@ -1,6 +1,7 @@
 //! `docs/findings.md` is written by four commands and a script: `compare --findings` writes
 //! the document, `capacity --findings` its capacity section, `replicas --findings` its replicas
-//! section, `h2h --findings` its "Against the originals" section and `scripts/weight-error-findings` its weight-error section.
+//! section, `h2h --findings` its "Against the originals" section and
+//! `scripts/weight-error-findings` its weight-error section.
 //! Each generated section sits between two marker comments, so each command can regenerate its
 //! part and keep the others'.
 

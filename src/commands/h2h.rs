@@ -11,8 +11,8 @@
 
 use anyhow::Context;
 use routelab_emulator::h2h::{H2hOptions, RouterSpec, run_one};
-use routelab_policies::PolicyRole;
 use routelab_policies::PolicyConfig;
+use routelab_policies::PolicyRole;
 use routelab_reports::h2h::findings::{H2hStudy, update_findings};
 use routelab_reports::h2h::{RunRow, Runs, write_h2h_charts};
 use routelab_reports::{PolicySeeds, ScenarioComparison, compare_table, write_compare};
@@ -125,7 +125,12 @@ pub fn run(args: &H2hArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
             "{}: no runs to reuse; run `routelab h2h` without --reuse first",
             path.display()
         );
-        writeln!(out, "reusing {} runs of {}", runs.rows.len(), path.display())?;
+        writeln!(
+            out,
+            "reusing {} runs of {}",
+            runs.rows.len(),
+            path.display()
+        )?;
         runs
     } else {
         run_all(args, &scenario, &dir, out)?
@@ -271,8 +276,8 @@ fn study(args: &H2hArgs, scenario: &Scenario, runs: Runs) -> anyhow::Result<H2hS
     let mut copy_names = Vec::new();
     let mut configs: Vec<(String, PolicyConfig)> = Vec::new();
     for name in runs.routers() {
-        let r = RouterSpec::parse(&name)
-            .with_context(|| format!("runs.csv names router `{name}`"))?;
+        let r =
+            RouterSpec::parse(&name).with_context(|| format!("runs.csv names router `{name}`"))?;
         let config = match (r.is_field(), &r.policy) {
             (false, Some(p)) => Some(PolicyConfig::from_name(p)?),
             (false, None) => Some(

@@ -61,7 +61,8 @@ fn figure(scenario: &str, target: Option<f64>, runs: &Runs) -> Figure {
         });
     }
     if let Some(t) = target {
-        att.reference_lines.push((t, format!("target {:.0} %", t * 100.0)));
+        att.reference_lines
+            .push((t, format!("target {:.0} %", t * 100.0)));
     }
     let ttft = line_panel("TTFT mean", "s (scenario time)", &|r| r.ttft_s[0]);
     let e2e = line_panel("e2e mean", "s (scenario time)", &|r| r.e2e_s[0]);
@@ -154,7 +155,12 @@ mod tests {
         let files = write_h2h_charts(&dir, "h2h/test", Some(0.9), &runs).unwrap();
         assert_eq!(files.len(), 2);
         let svg = std::fs::read_to_string(&files[0]).unwrap();
-        for text in ["SLO attainment", "vllm:round_robin", "worker slow", "at load 1"] {
+        for text in [
+            "SLO attainment",
+            "vllm:round_robin",
+            "worker slow",
+            "at load 1",
+        ] {
             assert!(svg.contains(text), "{text} missing from the chart");
         }
         assert!(std::fs::metadata(&files[1]).unwrap().len() > 1000);

@@ -233,7 +233,9 @@ fn scenario_part(st: &H2hStudy) -> String {
             let vs = if r == OURS {
                 String::new()
             } else {
-                paired(&rows, &ours).map(|iv| points(&iv)).unwrap_or_default()
+                paired(&rows, &ours)
+                    .map(|iv| points(&iv))
+                    .unwrap_or_default()
             };
             let lost: f64 = rows
                 .iter()
@@ -288,7 +290,11 @@ pub fn verdict(st: &H2hStudy, loads: &[f64], routers: &[String]) -> String {
     let mut wins = Vec::new();
     for &l in loads {
         let Some(o) = mean_att(l, OURS) else { continue };
-        if o >= target && field.iter().all(|r| mean_att(l, r).is_none_or(|a| a < target)) {
+        if o >= target
+            && field
+                .iter()
+                .all(|r| mean_att(l, r).is_none_or(|a| a < target))
+        {
             let (b, a) = best_field(l).expect("a field router ran");
             let iv = paired(&st.runs.of(l, OURS), &st.runs.of(l, b));
             wins.push(format!(
@@ -365,7 +371,10 @@ fn copies_part(st: &H2hStudy, loads: &[f64], out: &mut String) {
                 mean_of(&real, |x| x.ttft_s[0]),
                 mean_of(&sim, |x| x.ttft_s[0]),
             );
-            let (re, se) = (mean_of(&real, |x| x.e2e_s[0]), mean_of(&sim, |x| x.e2e_s[0]));
+            let (re, se) = (
+                mean_of(&real, |x| x.e2e_s[0]),
+                mean_of(&sim, |x| x.e2e_s[0]),
+            );
             let (dt, de) = (rel(rt, stt), rel(re, se));
             let pct = |d: Option<f64>| {
                 d.map(|d| format!("{:+.0} %", d * 100.0))
@@ -443,8 +452,22 @@ mod tests {
             for seed in 1..=3 {
                 let d = seed as f64 / 100.0;
                 rows.push(row(load, OURS, seed, 0.97 - d, 0.4, [0.7, 0.3]));
-                rows.push(row(load, "vllm:round_robin", seed, rr - d, 2.0 + d, [0.5, 0.5]));
-                rows.push(row(load, "sglang:cache_aware", seed, rr - 2.0 * d, 3.0, [0.6, 0.4]));
+                rows.push(row(
+                    load,
+                    "vllm:round_robin",
+                    seed,
+                    rr - d,
+                    2.0 + d,
+                    [0.5, 0.5],
+                ));
+                rows.push(row(
+                    load,
+                    "sglang:cache_aware",
+                    seed,
+                    rr - 2.0 * d,
+                    3.0,
+                    [0.6, 0.4],
+                ));
                 copies.push(row(load, OURS, seed, 0.96, 0.42, [0.68, 0.32]));
                 copies.push(row(load, "vllm:round_robin", seed, rr, 2.9, [0.5, 0.5]));
             }
@@ -471,7 +494,10 @@ mod tests {
             },
             copy_names: vec![
                 (OURS.into(), "predictive".into()),
-                ("vllm:round_robin".into(), "equal/round-robin/none/none".into()),
+                (
+                    "vllm:round_robin".into(),
+                    "equal/round-robin/none/none".into(),
+                ),
                 ("sglang:cache_aware".into(), "cache-aware".into()),
             ],
         }

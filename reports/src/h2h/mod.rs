@@ -309,12 +309,19 @@ mod tests {
     fn runs_csv_reads_back_what_it_wrote() {
         let runs = Runs {
             workers: vec!["a".into(), "b-1".into()],
-            rows: vec![row(0.5, "ours", 1, 0.9), row(1.0, "vllm:round_robin", 2, 0.75)],
+            rows: vec![
+                row(0.5, "ours", 1, 0.9),
+                row(1.0, "vllm:round_robin", 2, 0.75),
+            ],
         };
         let csv = runs.to_csv();
-        assert!(csv.starts_with("load,router,seed,requests,completed,failed,rejected,slo_attainment,ttft_mean_s,"));
+        assert!(csv.starts_with(
+            "load,router,seed,requests,completed,failed,rejected,slo_attainment,ttft_mean_s,"
+        ));
         assert!(csv.lines().next().unwrap().ends_with(",share:a,share:b-1"));
-        assert!(csv.contains("\n0.5,ours,1,10,9,0,1,0.9,0.5,0.25,,0.02,0.05,3,2.5,9.125,0.6,0.4\n"));
+        assert!(
+            csv.contains("\n0.5,ours,1,10,9,0,1,0.9,0.5,0.25,,0.02,0.05,3,2.5,9.125,0.6,0.4\n")
+        );
         assert_eq!(Runs::parse(&csv, Path::new("runs.csv")).unwrap(), runs);
         assert_eq!(runs.loads(), vec![0.5, 1.0]);
         assert_eq!(runs.routers(), vec!["ours", "vllm:round_robin"]);
@@ -325,7 +332,10 @@ mod tests {
     fn a_bad_runs_csv_names_its_line_and_column() {
         let p = Path::new("out/runs.csv");
         let e = Runs::parse("load,router\n", p).unwrap_err().to_string();
-        assert!(e.contains("out/runs.csv: line 1: header is not runs.csv's"), "{e}");
+        assert!(
+            e.contains("out/runs.csv: line 1: header is not runs.csv's"),
+            "{e}"
+        );
         let good = Runs {
             workers: vec!["a".into()],
             rows: vec![],
@@ -334,12 +344,20 @@ mod tests {
         let e = Runs::parse(&format!("{good}1,ours,x,1,1,0,0,1,,,,,,,,,1\n"), p)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("line 2: column `seed`: `x` is not a whole number"), "{e}");
-        let e = Runs::parse(&format!("{good}1,ours\n"), p).unwrap_err().to_string();
+        assert!(
+            e.contains("line 2: column `seed`: `x` is not a whole number"),
+            "{e}"
+        );
+        let e = Runs::parse(&format!("{good}1,ours\n"), p)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("line 2: 2 cells; expected 17"), "{e}");
         let e = Runs::parse(&format!("{good}1,ours,1,1,1,0,0,zz,,,,,,,,,1\n"), p)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("column `slo_attainment`: `zz` is not a number"), "{e}");
+        assert!(
+            e.contains("column `slo_attainment`: `zz` is not a number"),
+            "{e}"
+        );
     }
 }
