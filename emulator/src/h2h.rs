@@ -114,6 +114,36 @@ impl RouterSpec {
         self.kind != RouterKind::Ours
     }
 
+    /// The lab's copy of this field router's rule, as the simulator runs it (a preset or a
+    /// composition): `cache-aware` for both `cache_aware`s, power of two choices on in-flight
+    /// requests, round robin, random, and for vLLM's `kv_aware` the KV-event router (`kv-cost`
+    /// over the engines' KV events). `None` for ours and for the rules the lab carries no copy
+    /// of (`consistent_hash`, `sticky_least_loaded`).
+    pub fn copy_policy(&self) -> Option<&'static str> {
+        if self.kind == RouterKind::Ours {
+            return None;
+        }
+        match self.policy.as_deref() {
+            None | Some("cache_aware") => Some("cache-aware"),
+            Some("power_of_two") => Some("equal/p2c:random/none/none"),
+            Some("round_robin") => Some("equal/round-robin/none/none"),
+            Some("random") => Some("equal/random/none/none"),
+            Some("kv_aware") if self.kind == RouterKind::Vllm => {
+                Some("equal/kv-cost/none/none/kv-events")
+            }
+            _ => None,
+        }
+    }
+
+    /// Every field router's policy, as `--routers` names them (`sglang:cache_aware`, …).
+    pub fn every_field_router() -> Vec<String> {
+        SGLANG_POLICIES
+            .iter()
+            .map(|p| format!("sglang:{p}"))
+            .chain(VLLM_POLICIES.iter().map(|p| format!("vllm:{p}")))
+            .collect()
+    }
+
     /// The executable under the venv's `bin/`.
     fn program(&self) -> Option<&'static str> {
         match self.kind {
@@ -647,5 +677,28 @@ mod tests {
         let p = opts.program(&RouterSpec::parse("vllm:round_robin").unwrap());
         assert_eq!(p, Some(PathBuf::from("/nonexistent/venv/bin/vllm-router")));
         assert_eq!(opts.program(&RouterSpec::parse("ours").unwrap()), None);
+    }
+
+    #[test]
+    fn every_copy_of_a_field_router_is_a_policy_the_simulator_runs() {
+        let mut copied = 0;
+        for r in RouterSpec::every_field_router() {
+            let spec = RouterSpec::parse(&r).unwrap();
+            if let Some(c) = spec.copy_policy() {
+                routelab_policies::PolicyConfig::from_name(c)
+                    .unwrap_or_else(|e| panic!("{r}'s copy {c}: {e}"));
+                copied += 1;
+            }
+        }
+        assert_eq!(copied, 9, "all but consistent_hash and sticky_least_loaded");
+        let kv = RouterSpec::parse("vllm:kv_aware").unwrap().copy_policy();
+        assert_eq!(kv, Some("equal/kv-cost/none/none/kv-events"));
+        assert_eq!(RouterSpec::parse("ours").unwrap().copy_policy(), None);
+        assert_eq!(
+            RouterSpec::parse("vllm:consistent_hash")
+                .unwrap()
+                .copy_policy(),
+            None
+        );
     }
 }

@@ -166,11 +166,14 @@ impl Chooser {
     pub const NAMES: &'static [&'static str] = &catalog::names(&catalog::CHOOSERS);
     /// least-request's active-request bias when none is given (Envoy's default).
     pub const DEFAULT_BIAS: f64 = 1.0;
-    /// cache-aware's defaults as SGLang's gateway publishes them: abs 32, rel 1.1, threshold 0.5.
+    /// cache-aware's defaults as both originals print them in `--help` (sglang-router 0.3.2's
+    /// `smg launch`, vllm-router 0.1.17): `--balance-abs-threshold 64`,
+    /// `--balance-rel-threshold 1.5`, `--cache-threshold 0.3` (issue 39; the copy carried an
+    /// older SGLang release's 32 / 1.1 / 0.5 before).
     pub const CACHE_AWARE: Chooser = Chooser::CacheAware {
-        abs: 32,
-        rel: 1.1,
-        cache_threshold: 0.5,
+        abs: 64,
+        rel: 1.5,
+        cache_threshold: 0.3,
     };
     /// least-load's defaults: SGLang's 0.15 s penalty weight and 10 s poll.
     pub const LEAST_LOAD: Chooser = Chooser::LeastLoad {

@@ -18,6 +18,7 @@
 //! - [`profile_text`], [`write_profile_chart`]: a hardware profile's curve and fields for
 //!   `routelab profile show`, and its chart; [`fit_report`], `routelab profile fit`'s check of
 //!   the fitted profile against its inputs.
+//! - [`h2h`]: `routelab h2h`'s `runs.csv`, its "Against the originals" findings and charts.
 //! - [`metric`]: the one metric catalog every output takes its metrics from.
 //! - [`gate`]: the gate's report (verdicts against the baselines, invariants) that the
 //!   exporters write; the gate itself (suite, baselines, measuring) is `routelab-lab`'s.
@@ -37,6 +38,7 @@ mod error;
 pub mod export;
 pub mod findings;
 pub mod gate;
+pub mod h2h;
 pub mod holdout;
 mod interval_text;
 pub mod metric;

@@ -2,16 +2,23 @@
 //! real routers and ours, one at a time in front of the same emulated workers, the scenario's
 //! traffic played through each in real time at each load and seed (`routelab_emulator::h2h`).
 //! Writes the comparison `routelab compare` writes, one scenario per load (paired over seeds
-//! against the first router listed), and `runs.csv`, one row per run with its per-worker
-//! shares. The fairness rules are in docs/head-to-head.md.
+//! against the first router listed), `runs.csv`, one row per run with its per-worker shares,
+//! and the head-to-head's charts; with `--findings`, this scenario's part of the "Against the
+//! originals" section of the findings, the lab's copies of the field routers run in the
+//! simulator on the same scenario, loads and seeds beside what the originals measured.
+//! `--reuse` re-writes those from an earlier run's `runs.csv` without running anything.
+//! The fairness rules are in docs/head-to-head.md.
 
 use anyhow::Context;
 use routelab_emulator::h2h::{H2hOptions, RouterSpec, run_one};
+use routelab_policies::PolicyConfig;
 use routelab_policies::PolicyRole;
+use routelab_reports::h2h::findings::{H2hStudy, update_findings};
+use routelab_reports::h2h::{RunRow, Runs, write_h2h_charts};
 use routelab_reports::{PolicySeeds, ScenarioComparison, compare_table, write_compare};
-use routelab_sim::{RunMetrics, Scenario};
+use routelab_sim::Scenario;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -24,7 +31,7 @@ pub struct H2hArgs {
     /// (the gateway's default policy), `ours:POLICY`, `sglang:POLICY` (cache_aware,
     /// power_of_two, round_robin, random), `vllm:POLICY` (cache_aware, power_of_two, kv_aware,
     /// consistent_hash, sticky_least_loaded, round_robin, random).
-    #[arg(long, value_delimiter = ',', required = true)]
+    #[arg(long, value_delimiter = ',', required_unless_present = "reuse")]
     pub routers: Vec<String>,
     /// Load scales of the scenario's traffic, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1.0")]
@@ -51,6 +58,19 @@ pub struct H2hArgs {
     /// Seconds (wall) one request may take.
     #[arg(long, default_value_t = 300.0)]
     pub request_timeout_s: f64,
+    /// Also write this scenario's part of the "Against the originals" section of this findings
+    /// document (e.g. docs/findings.md): the table per load, the verdict, and the lab's copies
+    /// of the field routers run in the simulator on the same scenario, loads and seeds.
+    #[arg(long)]
+    pub findings: Option<PathBuf>,
+    /// Run nothing: read the runs of an earlier `h2h` from `--out`'s runs.csv and write the
+    /// charts (and with `--findings` the findings) from them. Give the same `--speedup`.
+    #[arg(long)]
+    pub reuse: bool,
+    /// A router meets the SLO at a load when its mean attainment over the seeds is at least
+    /// this (the findings' verdict).
+    #[arg(long, default_value_t = 0.9)]
+    pub target: f64,
     /// Fault injection for tests: `WORKER:SECONDS` crashes that worker's emulator that long
     /// into the first run's traffic.
     #[arg(long, hide = true)]
@@ -88,6 +108,59 @@ pub fn run(args: &H2hArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
         args.speedup
     );
     anyhow::ensure!(
+        args.target.is_finite() && args.target > 0.0 && args.target <= 1.0,
+        "--target: {} is not valid; expected a share in (0, 1], e.g. 0.9",
+        args.target
+    );
+    let scenario = Scenario::load(&args.scenario)?;
+    let dir = args
+        .out
+        .clone()
+        .unwrap_or_else(|| super::run::default_out(&scenario).join("h2h"));
+    let runs = if args.reuse {
+        let path = dir.join("runs.csv");
+        let runs = Runs::read(&path)?;
+        anyhow::ensure!(
+            !runs.rows.is_empty(),
+            "{}: no runs to reuse; run `routelab h2h` without --reuse first",
+            path.display()
+        );
+        writeln!(
+            out,
+            "reusing {} runs of {}",
+            runs.rows.len(),
+            path.display()
+        )?;
+        runs
+    } else {
+        run_all(args, &scenario, &dir, out)?
+    };
+    for f in write_h2h_charts(&dir, &scenario.name, Some(args.target), &runs)? {
+        writeln!(out, "chart: {}", f.display())?;
+    }
+    if let Some(f) = &args.findings {
+        let study = study(args, &scenario, runs)?;
+        study.copies.write(&dir.join("copies.csv"))?;
+        crate::lab::rewrite_findings(f, |old| update_findings(old, &[study]))?;
+        writeln!(out, "findings: {}", f.display())?;
+        writeln!(
+            out,
+            "the copies in the simulator: {}",
+            dir.join("copies.csv").display()
+        )?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Every run of `--routers` at every load and seed, in real time; writes what `compare` writes
+/// and `runs.csv`.
+fn run_all(
+    args: &H2hArgs,
+    scenario: &Scenario,
+    dir: &std::path::Path,
+    out: &mut impl Write,
+) -> anyhow::Result<Runs> {
+    anyhow::ensure!(
         args.seeds >= 1,
         "--seeds: 0 is not valid; expected 1 or more"
     );
@@ -97,21 +170,7 @@ pub fn run(args: &H2hArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
             "--loads: {l} is not valid; expected load scales > 0, e.g. 0.5,0.8,1.0"
         );
     }
-    let routers: Vec<RouterSpec> = args
-        .routers
-        .iter()
-        .map(|r| RouterSpec::parse(r).map_err(anyhow::Error::from))
-        .collect::<Result<_, _>>()
-        .context("--routers")?;
-    let mut seen = std::collections::HashSet::new();
-    for r in &routers {
-        anyhow::ensure!(seen.insert(r.to_string()), "--routers: {r} is listed twice");
-    }
-    let scenario = Scenario::load(&args.scenario)?;
-    let dir = args
-        .out
-        .clone()
-        .unwrap_or_else(|| super::run::default_out(&scenario).join("h2h"));
+    let routers = parse_routers(&args.routers)?;
     let mut opts = H2hOptions::new(
         args.speedup,
         args.field_routers
@@ -143,7 +202,15 @@ pub fn run(args: &H2hArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
 
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     let mut comparisons = Vec::new();
-    let mut rows = Vec::new();
+    let mut runs = Runs {
+        workers: scenario
+            .setup
+            .workers
+            .iter()
+            .map(|w| w.spec.name.clone())
+            .collect(),
+        rows: Vec::new(),
+    };
     for &load in &args.loads {
         let scaled = scenario
             .with_load_scale(load)
@@ -169,12 +236,8 @@ pub fn run(args: &H2hArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
                 let mut m = report.metrics;
                 m.role = role_of(r);
                 seeds.push(seed, &m);
-                rows.push(Row {
-                    load,
-                    router: r.to_string(),
-                    seed,
-                    metrics: m,
-                });
+                runs.rows
+                    .push(RunRow::of(load, &r.to_string(), seed, &m, &runs.workers));
             }
         }
         let mut sc = ScenarioComparison::new(
@@ -182,16 +245,95 @@ pub fn run(args: &H2hArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
             scenario.description.clone(),
             policies,
         );
-        sc.seed_meaning = crate::lab::seed_meaning(&scenario)?;
+        sc.seed_meaning = crate::lab::seed_meaning(scenario)?;
         comparisons.push(sc);
     }
-    write_compare(&dir, &comparisons)?;
-    let runs = dir.join("runs.csv");
-    write_runs(&runs, &rows)?;
+    write_compare(dir, &comparisons)?;
+    let path = dir.join("runs.csv");
+    runs.write(&path)?;
     write!(out, "{}", compare_table(&comparisons))?;
     writeln!(out, "report: {}", dir.join("report.html").display())?;
-    writeln!(out, "per run (shares per worker): {}", runs.display())?;
-    Ok(ExitCode::SUCCESS)
+    writeln!(out, "per run (shares per worker): {}", path.display())?;
+    Ok(runs)
+}
+
+fn parse_routers(names: &[String]) -> anyhow::Result<Vec<RouterSpec>> {
+    let routers: Vec<RouterSpec> = names
+        .iter()
+        .map(|r| RouterSpec::parse(r).map_err(anyhow::Error::from))
+        .collect::<Result<_, _>>()
+        .context("--routers")?;
+    let mut seen = std::collections::HashSet::new();
+    for r in &routers {
+        anyhow::ensure!(seen.insert(r.to_string()), "--routers: {r} is listed twice");
+    }
+    Ok(routers)
+}
+
+/// The findings' study: the runs, and each router's copy run in the simulator on the same
+/// scenario, loads and seeds (ours: the gateway's policy itself).
+fn study(args: &H2hArgs, scenario: &Scenario, runs: Runs) -> anyhow::Result<H2hStudy> {
+    let mut copy_names = Vec::new();
+    let mut configs: Vec<(String, PolicyConfig)> = Vec::new();
+    for name in runs.routers() {
+        let r =
+            RouterSpec::parse(&name).with_context(|| format!("runs.csv names router `{name}`"))?;
+        let config = match (r.is_field(), &r.policy) {
+            (false, Some(p)) => Some(PolicyConfig::from_name(p)?),
+            (false, None) => Some(
+                routelab_gateway::GatewayConfig::from_yaml("workers: []\n", "defaults")
+                    .map_err(|e| anyhow::anyhow!("the gateway's defaults: {e}"))?
+                    .policy
+                    .build()?,
+            ),
+            (true, _) => r.copy_policy().map(PolicyConfig::from_name).transpose()?,
+        };
+        if let Some(c) = config {
+            copy_names.push((name.clone(), c.name.clone()));
+            configs.push((name, c));
+        }
+    }
+    let mut seeds: Vec<u64> = runs.rows.iter().map(|r| r.seed).collect();
+    seeds.sort_unstable();
+    seeds.dedup();
+    let mut copies = Runs {
+        workers: runs.workers.clone(),
+        rows: Vec::new(),
+    };
+    for load in runs.loads() {
+        let scaled = scenario.with_load_scale(load)?;
+        let mut jobs = Vec::new();
+        let mut labels = Vec::new();
+        for (name, config) in &configs {
+            for &seed in &seeds {
+                jobs.push(crate::lab::Job {
+                    scenario: &scaled,
+                    policy: config,
+                    seed,
+                    rows: false,
+                });
+                labels.push((name.clone(), seed));
+            }
+        }
+        let outcomes = crate::lab::run_all(&jobs, &|| {})?;
+        for ((name, seed), o) in labels.iter().zip(outcomes) {
+            copies
+                .rows
+                .push(RunRow::of(load, name, *seed, &o.metrics, &copies.workers));
+        }
+    }
+    Ok(H2hStudy {
+        scenario: scenario.name.clone(),
+        description: scenario.description.clone(),
+        slo: scenario.setup.slo.to_string(),
+        target: args.target,
+        speedup: args.speedup,
+        seed_meaning: String::new(),
+        runs,
+        field_routers: RouterSpec::every_field_router(),
+        copies,
+        copy_names,
+    })
 }
 
 fn role_of(r: &RouterSpec) -> PolicyRole {
@@ -212,63 +354,4 @@ fn file_safe(s: &str) -> String {
             }
         })
         .collect()
-}
-
-struct Row {
-    load: f64,
-    router: String,
-    seed: u64,
-    metrics: RunMetrics,
-}
-
-/// `runs.csv`: one row per run — load, router, seed, requests and their outcomes, attainment
-/// of the scenario's SLO, TTFT / TPOT / e2e p50 and p99 (scenario seconds), and each worker's
-/// share of the requests (as `x-routelab-worker` named it).
-fn write_runs(path: &Path, rows: &[Row]) -> anyhow::Result<()> {
-    use std::fmt::Write as _;
-    let workers: Vec<String> = rows
-        .first()
-        .map(|r| r.metrics.workers.iter().map(|w| w.name.clone()).collect())
-        .unwrap_or_default();
-    let mut s = String::from(
-        "load,router,seed,requests,completed,failed,rejected,slo_attainment,ttft_p50_s,ttft_p99_s,tpot_p50_s,tpot_p99_s,e2e_p50_s,e2e_p99_s",
-    );
-    for w in &workers {
-        let _ = write!(s, ",share:{}", file_safe(w));
-    }
-    s.push('\n');
-    let o = |x: Option<f64>| x.map(|v| format!("{v}")).unwrap_or_default();
-    for r in rows {
-        let m = &r.metrics;
-        let _ = write!(
-            s,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
-            r.load,
-            r.router,
-            r.seed,
-            m.requests,
-            m.completed,
-            m.failed,
-            m.rejected,
-            o(m.slo_attainment()),
-            o(m.ttft.quantile_secs(0.5)),
-            o(m.ttft.quantile_secs(0.99)),
-            o(m.tpot.quantile_secs(0.5)),
-            o(m.tpot.quantile_secs(0.99)),
-            o(m.e2e.quantile_secs(0.5)),
-            o(m.e2e.quantile_secs(0.99)),
-        );
-        let total: u64 = m.workers.iter().map(|w| w.requests).sum();
-        for w in &workers {
-            let n = m
-                .workers
-                .iter()
-                .find(|x| &x.name == w)
-                .map_or(0, |x| x.requests);
-            let share = (total > 0).then(|| n as f64 / total as f64);
-            let _ = write!(s, ",{}", o(share));
-        }
-        s.push('\n');
-    }
-    std::fs::write(path, s).with_context(|| format!("writing {}", path.display()))
 }

@@ -296,3 +296,78 @@ fn a_small_head_to_head_with_a_real_field_router() {
     let left = processes_mentioning(link.to_str().unwrap());
     assert!(left.is_empty(), "nothing left running: {left:?}");
 }
+
+#[test]
+fn reuse_writes_the_findings_part_and_the_copies_from_an_earlier_runs_csv() {
+    let dir = scratch("h2h-reuse");
+    let sc = scenario(&dir, 12);
+    let out = dir.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    // What two real-time runs at one load and two seeds wrote (ours and vLLM's round robin).
+    let mut csv = String::from(
+        "load,router,seed,requests,completed,failed,rejected,slo_attainment,ttft_mean_s,ttft_p50_s,ttft_p99_s,tpot_p50_s,tpot_p99_s,e2e_mean_s,e2e_p50_s,e2e_p99_s,share:pair,share:pro6000\n",
+    );
+    for seed in [7, 8] {
+        csv.push_str(&format!(
+            "1,ours,{seed},12,12,0,0,1,0.2,0.2,0.4,0.02,0.03,1.5,1.4,2,0.25,0.75\n"
+        ));
+        csv.push_str(&format!(
+            "1,vllm:round_robin,{seed},12,12,0,0,0.5,0.9,0.5,3,0.02,0.04,2.5,2,5,0.5,0.5\n"
+        ));
+    }
+    std::fs::write(out.join("runs.csv"), csv).unwrap();
+    let findings = dir.join("findings.md");
+    std::fs::write(&findings, "# Findings\n\nkept\n").unwrap();
+    let o = routelab(&[
+        "h2h",
+        sc.to_str().unwrap(),
+        "--reuse",
+        "--out",
+        out.to_str().unwrap(),
+        "--findings",
+        findings.to_str().unwrap(),
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    let doc = std::fs::read_to_string(&findings).unwrap();
+    assert!(doc.starts_with("# Findings\n\nkept\n"), "{doc}");
+    assert!(doc.contains("## Against the originals"), "{doc}");
+    assert!(doc.contains("### h2h/two-workers"), "{doc}");
+    assert!(
+        doc.contains("| 1 | `vllm:round_robin` | 50.0% ± 0.0 | -50.0 [-50.0, -50.0] ! |"),
+        "{doc}"
+    );
+    assert!(
+        doc.contains("Ours meets the SLO at a load where none of theirs does"),
+        "{doc}"
+    );
+    // The copies ran in the simulator on the same load and seeds: round robin splits evenly.
+    assert!(
+        doc.contains("| 1 | `vllm:round_robin` | `equal/round-robin/none/none` |"),
+        "{doc}"
+    );
+    let copies = std::fs::read_to_string(out.join("copies.csv")).unwrap();
+    assert_eq!(
+        copies.lines().count(),
+        1 + 4,
+        "two routers x two seeds: {copies}"
+    );
+    assert!(
+        copies
+            .lines()
+            .any(|l| l.starts_with("1,vllm:round_robin,8,12,")),
+        "{copies}"
+    );
+    assert!(out.join("h2h.svg").is_file() && out.join("h2h.png").is_file());
+    // Nothing to reuse: said plainly.
+    let empty = dir.join("empty");
+    let o = routelab(&[
+        "h2h",
+        sc.to_str().unwrap(),
+        "--reuse",
+        "--out",
+        empty.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("runs.csv: cannot read"), "{}", text(&o));
+}

@@ -73,7 +73,7 @@ pub const CHOOSERS: [Part; 15] = [
                 unreachable!()
             };
             format!(
-                "SGLang gateway cache_aware: if max - min requests in flight > {abs} and max > {rel} x min, the least loaded; else the best prefix match if above {cache_threshold} of the prompt, else the smallest prefix tree (defaults as published; vLLM's fork uses 64 / 1.5 / 0.3)"
+                "SGLang gateway cache_aware: if max - min requests in flight > {abs} and max > {rel} x min, the least loaded; else the best prefix match if above {cache_threshold} of the prompt, else the smallest prefix tree (defaults as sglang-router 0.3.2 and vllm-router 0.1.17 print them; the originals' tree is bounded by characters, 67,108,864 / 33,554,432; the preset keeps the unbounded prefix record)"
             )
         },
         params: &[

@@ -528,8 +528,8 @@ mod tests {
         assert!(d(&PRESETS, "seed-v2").contains("3-minute live correction"));
         // The field's routers carry their published figures.
         assert!(
-            d(&CHOOSERS, "cache-aware").contains("> 32 and max > 1.1 x min")
-                && d(&CHOOSERS, "cache-aware").contains("above 0.5 of the prompt"),
+            d(&CHOOSERS, "cache-aware").contains("> 64 and max > 1.5 x min")
+                && d(&CHOOSERS, "cache-aware").contains("above 0.3 of the prompt"),
             "{}",
             d(&CHOOSERS, "cache-aware")
         );

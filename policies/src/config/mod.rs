@@ -529,7 +529,15 @@ impl PolicyConfig {
             chooser,
             affinity,
             cap,
-            knowledge: PrefixKnowledge::DEFAULT,
+            // The originals' tree grows with every prompt sent, bounded only by a character
+            // budget far above any worker's cache (issue 39): a record bounded by each worker's
+            // KV capacity made the smallest cache look like the smallest tree and drew most
+            // requests to it.
+            knowledge: if name == "cache-aware" {
+                PrefixKnowledge::Unbounded
+            } else {
+                PrefixKnowledge::DEFAULT
+            },
         })
     }
 
