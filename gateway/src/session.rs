@@ -134,7 +134,7 @@ impl SessionsConfig {
             if sources[..i].contains(s) {
                 return Err(InputError::new(
                     file,
-                    &format!("sessions.sources[{i}]"),
+                    format!("sessions.sources[{i}]"),
                     format!("`{s:?}` is listed twice").to_lowercase(),
                 )
                 .valid(format!("each of {} at most once", SessionSource::NAMES)));
@@ -142,7 +142,7 @@ impl SessionsConfig {
             if *s == SessionSource::Header && header.is_none() {
                 return Err(InputError::new(
                     file,
-                    &format!("sessions.sources[{i}]"),
+                    format!("sessions.sources[{i}]"),
                     "`header` is listed but no `sessions.header` names the header",
                 )
                 .valid("a `sessions.header: x-session-id` beside it, or no `header` source"));

@@ -356,8 +356,9 @@ impl PolicyConfig {
     /// The tie rule of a composition's chooser when it names none.
     pub const DEFAULT_TIES: TieRule = TieRule::HigherWeight;
 
-    /// True when the weights are the oracle's: the true capacities, which only the lab knows,
-    /// so the policy is an upper bound to compare with, not one a gateway can deploy.
+    /// True when the policy reads what only the lab knows: the oracle's weights (the true
+    /// capacities) or `sita` cut-offs searched on the scenario reported (`sita-oracle`), so it
+    /// is an upper bound to compare with, not one a gateway can deploy.
     pub fn is_oracle(&self) -> bool {
         matches!(self.weights, WeightsConfig::Oracle(_))
             || matches!(self.chooser, Chooser::Sita(p) if p.oracle_tuned)
