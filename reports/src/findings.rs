@@ -1,6 +1,7 @@
 //! `docs/findings.md` is written by three commands and a script: `compare --findings` writes
 //! the document, `capacity --findings` its capacity section, `replicas --findings` its replicas
-//! section and `scripts/weight-error-findings` its weight-error section.
+//! section, `scripts/weight-error-findings` its weight-error section and `scripts/sita-oracle`'s
+//! lines its `sita-oracle` section.
 //! Each generated section sits between two marker comments, so each command can regenerate its
 //! part and keep the others'.
 
@@ -14,9 +15,13 @@ pub const REPLICAS: &str = "replicas";
 /// `compare`'s output by `scripts/weight-error-findings`.
 pub const WEIGHT_ERROR: &str = "weight-error";
 
+/// `predictive` against the oracle-tuned `sita` (issue 38), the table made from
+/// `scripts/sita-oracle`'s lines.
+pub const SITA_ORACLE: &str = "sita-oracle";
+
 /// The sections generated apart from `compare --findings`'s document, in the order it keeps
 /// them after its own text.
-pub const GENERATED_APART: &[&str] = &[CAPACITY, REPLICAS, WEIGHT_ERROR];
+pub const GENERATED_APART: &[&str] = &[CAPACITY, REPLICAS, WEIGHT_ERROR, SITA_ORACLE];
 
 /// Each section of [`GENERATED_APART`] that `doc` has, whole (markers included), in that
 /// order: what `compare --findings` keeps when it rewrites the document.
