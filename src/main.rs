@@ -56,6 +56,10 @@ enum Command {
         /// Scenario YAML files.
         #[arg(required = true)]
         files: Vec<PathBuf>,
+        /// Also check these policies (presets or compositions) against each file's fleet,
+        /// as `run`, `compare` and `capacity` would (e.g. sita's cut-offs against its windows).
+        #[arg(long = "policy")]
+        policies: Vec<String>,
     },
     /// The routing-quality regression gate: run the CI suite, compare with the baselines.
     Check(commands::check::CheckArgs),
@@ -119,8 +123,9 @@ fn main() -> ExitCode {
             &mut std::io::stdout().lock(),
             &mut std::io::stderr().lock(),
         ),
-        Command::Validate { files } => commands::validate::run(
+        Command::Validate { files, policies } => commands::validate::run(
             &files,
+            &policies,
             &mut std::io::stdout().lock(),
             &mut std::io::stderr().lock(),
         ),

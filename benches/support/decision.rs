@@ -83,6 +83,7 @@ fn fleet(
             context_tokens: 1_000,
             prefix: &[],
             prompt_tokens: 1_000,
+            session: None,
         };
         router.route(now, &req, rng).expect("room");
     }
@@ -175,6 +176,7 @@ impl Decisions {
                 &[]
             },
             prompt_tokens: 8_000,
+            session: None,
         };
         let d = self
             .router

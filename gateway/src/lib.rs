@@ -52,6 +52,7 @@ pub mod replicas;
 pub mod reqlog;
 mod routing;
 pub mod server;
+pub mod session;
 pub mod signals;
 pub mod supervise;
 pub mod tokens;

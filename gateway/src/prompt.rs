@@ -59,6 +59,7 @@ struct Body {
     max_completion_tokens: Option<Value>,
     stream: Option<Value>,
     n: Option<Value>,
+    user: Option<Value>,
 }
 
 /// What routing needs from a request.
@@ -75,6 +76,8 @@ pub struct Parsed {
     pub max_tokens: Option<u32>,
     /// `stream: true`.
     pub stream: bool,
+    /// The OpenAI `user` field (an end-user id), a session key ([`crate::session`]).
+    pub user: Option<String>,
 }
 
 /// A request the gateway refuses with 400 (message for the client, offending parameter).
@@ -157,8 +160,14 @@ pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<Parsed, BadRequest> {
         Some(Value::Bool(s)) => s,
         Some(_) => return Err(bad("`stream` must be a boolean", Some("stream"))),
     };
+    let user = match b.user {
+        None | Some(Value::Null) => None,
+        Some(Value::String(u)) => Some(u),
+        Some(_) => return Err(bad("`user` must be a string", Some("user"))),
+    };
     let prompt_tokens = exact_tokens.unwrap_or_else(|| estimate_tokens(prompt.len()));
     Ok(Parsed {
+        user,
         model,
         prompt,
         prompt_tokens,

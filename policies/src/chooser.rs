@@ -8,6 +8,7 @@
 use crate::catalog;
 use crate::predictive::{self, PredictiveParams};
 use crate::rules::{self, RuleCtx};
+use crate::sita::{self, SitaParams};
 use rand::{Rng, RngExt};
 use std::time::Duration;
 
@@ -159,6 +160,9 @@ pub enum Chooser {
     /// Ours: predicted TTFT and TPOT per worker from its measured prefill speed and decode
     /// curve, chosen by an objective tied to the SLO (`predictive.rs`).
     Predictive(PredictiveParams),
+    /// Size-interval task assignment: bands of uncached prompt tokens, each served by a class
+    /// of context windows (`sita.rs`), the baseline from queueing theory.
+    Sita(SitaParams),
 }
 
 impl Chooser {
@@ -245,6 +249,7 @@ impl Chooser {
             Chooser::KvCost { .. } => "kv-cost",
             Chooser::HitMinusLoad { .. } => "hit-minus-load",
             Chooser::Predictive(_) => "predictive",
+            Chooser::Sita(_) => "sita",
         }
     }
 
@@ -261,6 +266,7 @@ impl Chooser {
                 | Chooser::Random
                 | Chooser::RoundRobin
                 | Chooser::Predictive(_)
+                | Chooser::Sita(_)
         )
     }
 
@@ -268,7 +274,7 @@ impl Chooser {
     /// routers and `predictive` (which reads the index sparsely: the holder of the longest
     /// remembered prefix).
     pub fn reads_prefixes(&self) -> bool {
-        self.is_peer_rule() || matches!(self, Chooser::Predictive(_))
+        self.is_peer_rule() || matches!(self, Chooser::Predictive(_) | Chooser::Sita(_))
     }
 
     /// True when the router should measure each worker's capacity from completions for it.
@@ -305,6 +311,7 @@ impl Chooser {
             "kv-cost" => Self::KV_COST,
             "hit-minus-load" => Self::HIT_MINUS_LOAD,
             "predictive" => Chooser::Predictive(PredictiveParams::DEFAULT),
+            "sita" => Chooser::Sita(SitaParams::default()),
             _ => return None,
         })
     }
@@ -427,6 +434,7 @@ impl Chooser {
             } => rules::kv_cost(&ctx(), cands, hot, prefill_weight, temperature, rng),
             Chooser::HitMinusLoad { beta } => rules::hit_minus_load(&ctx(), cands, hot, beta),
             Chooser::Predictive(ref p) => predictive::predictive(&ctx(), cands, hot, p, rng),
+            Chooser::Sita(ref p) => sita::sita(&ctx(), cands, hot, p),
         }
     }
 }

@@ -41,7 +41,7 @@
 //! let mut rng = Xoshiro256PlusPlus::seed_from_u64(1);
 //! let mut to_pair = 0;
 //! for _ in 0..16 {
-//!     let req = RouteRequest { model, context_tokens: 500, prefix: &[], prompt_tokens: 400 };
+//!     let req = RouteRequest { model, context_tokens: 500, prefix: &[], prompt_tokens: 400, session: None };
 //!     let d = router.route(Time::ZERO, &req, &mut rng).unwrap();
 //!     if d.worker == pair { to_pair += 1 } else { assert_eq!(d.worker, pro) }
 //! }
@@ -67,6 +67,7 @@ mod prefix;
 mod router;
 mod rules;
 mod signals;
+mod sita;
 pub mod streams;
 mod time;
 pub mod weights;
@@ -87,6 +88,7 @@ pub use prefix::PrefixIndex;
 pub use router::{DEFAULT_REPLICA_SPREAD_S, Decision, RouteRequest, Router};
 pub use rules::{DEFAULT_GENERATION_TOK_S, DEFAULT_INPUT_TOK_S};
 pub use signals::{Charge, EngineReport, PREFIX_BLOCK_TOKENS, Signals};
+pub use sita::{BandError, CutoffError, MAX_CUTOFFS, SitaParams};
 pub use time::Time;
 pub use weights::{
     Clamp, Completion, ProbeOrder, ProbePhase, ProbeResult, WeightChange, WeightEvent,

@@ -142,6 +142,7 @@ fn warm_router(
             context_tokens: 1_000,
             prefix: &[],
             prompt_tokens: 1_000,
+            session: None,
         };
         router.route(Time::from_secs_f64(2.0), &req, rng).unwrap();
     }
@@ -185,6 +186,7 @@ fn steady_state(
             context_tokens: 8_000,
             prefix: if with_prefix { p } else { &[] },
             prompt_tokens: 8_000,
+            session: None,
         };
         let d = router.route(now, &req, rng).unwrap();
         let c = Completion {
@@ -311,6 +313,7 @@ fn refusals(
             // Half with a prefix, so the affinity lookup runs on the refused path too.
             prefix: if i % 2 == 0 { &prefix } else { &[] },
             prompt_tokens: context_tokens,
+            session: None,
         };
         let e = router
             .route(Time::from_secs_f64(3.0), &req, rng)
@@ -331,6 +334,7 @@ fn refused_decisions_do_not_allocate() {
         context_tokens: 1_000,
         prefix: &[],
         prompt_tokens: 1_000,
+        session: None,
     };
     while router
         .route(Time::from_secs_f64(2.5), &req, &mut rng)

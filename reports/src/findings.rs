@@ -1,7 +1,8 @@
 //! `docs/findings.md` is written by four commands and a script: `compare --findings` writes
 //! the document, `capacity --findings` its capacity section, `replicas --findings` its replicas
-//! section, `h2h --findings` its "Against the originals" section and
-//! `scripts/weight-error-findings` its weight-error section.
+//! section, `h2h --findings` its "Against the originals" section,
+//! `scripts/weight-error-findings` its weight-error section and `scripts/sita-oracle`'s lines
+//! its `sita-oracle` section.
 //! Each generated section sits between two marker comments, so each command can regenerate its
 //! part and keep the others'.
 
@@ -19,9 +20,14 @@ pub const WEIGHT_ERROR: &str = "weight-error";
 /// copies of them checked against the originals.
 pub const AGAINST_ORIGINALS: &str = "against-originals";
 
+/// `predictive` against the oracle-tuned `sita` (issue 38), the table made from
+/// `scripts/sita-oracle`'s lines.
+pub const SITA_ORACLE: &str = "sita-oracle";
+
 /// The sections generated apart from `compare --findings`'s document, in the order it keeps
 /// them after its own text.
-pub const GENERATED_APART: &[&str] = &[CAPACITY, REPLICAS, WEIGHT_ERROR, AGAINST_ORIGINALS];
+pub const GENERATED_APART: &[&str] =
+    &[CAPACITY, REPLICAS, WEIGHT_ERROR, AGAINST_ORIGINALS, SITA_ORACLE];
 
 /// Each section of [`GENERATED_APART`] that `doc` has, whole (markers included), in that
 /// order: what `compare --findings` keeps when it rewrites the document.

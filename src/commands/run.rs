@@ -37,9 +37,18 @@ pub fn policies_for(scenario: &Scenario, names: &[String]) -> anyhow::Result<Vec
     if names.is_empty() {
         return Ok(scenario.policies.clone());
     }
+    // sita's cut-offs are checked against the fleet, as the scenario's own policies are.
+    let windows: Vec<u32> = (scenario.setup.workers.iter())
+        .map(|w| w.spec.context_window)
+        .collect();
     names
         .iter()
-        .map(|n| PolicyConfig::from_name(n).with_context(|| format!("--policy {n}")))
+        .map(|n| {
+            let p = PolicyConfig::from_name(n).with_context(|| format!("--policy {n}"))?;
+            p.sita_fits(&windows)
+                .with_context(|| format!("--policy {n} on {}", scenario.name))?;
+            Ok(p)
+        })
         .collect()
 }
 

@@ -14,6 +14,7 @@ use std::process::ExitCode;
 /// Validate every file; print one line per file (and every error); exit 2 if any is invalid.
 pub fn run(
     files: &[PathBuf],
+    policies: &[String],
     out: &mut impl Write,
     err: &mut impl Write,
 ) -> anyhow::Result<ExitCode> {
@@ -25,7 +26,8 @@ pub fn run(
                 read_traces(&sc)
                     .map(|()| sc)
                     .map_err(|(i, e)| anyhow::anyhow!("{}: traffic[{i}]: {e}", f.display()))
-            });
+            })
+            .and_then(|sc| super::run::policies_for(&sc, policies).map(|_| sc));
         match loaded {
             Ok(sc) => {
                 writeln!(
@@ -44,7 +46,7 @@ pub fn run(
             }
             Err(e) => {
                 bad += 1;
-                writeln!(err, "error: {e}")?;
+                writeln!(err, "error: {e:#}")?;
             }
         }
     }

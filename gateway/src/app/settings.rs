@@ -36,6 +36,8 @@ pub(crate) struct Settings {
     pub max_response_bytes: usize,
     /// The `replicas:` block, resolved (its credentials file read).
     pub replicas: Option<crate::config::ReplicaSettings>,
+    /// The `sessions:` block, validated.
+    pub sessions: crate::session::Sessions,
 }
 
 impl Settings {
@@ -92,6 +94,7 @@ impl Settings {
                 .as_ref()
                 .map(|r| r.settings(c.origin(), &crate::tokens::config_base(c.origin())))
                 .transpose()?,
+            sessions: c.sessions.validate(c.origin())?,
         })
     }
 }

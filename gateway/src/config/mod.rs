@@ -135,6 +135,10 @@ pub struct GatewayConfig {
     /// ([`crate::replicas`]); none: this gateway counts only its own requests.
     #[serde(default)]
     pub replicas: Option<ReplicasConfig>,
+    /// Where a request's session comes from (`user`, a header, the prefix chain) and the cap
+    /// on its key ([`crate::session`]).
+    #[serde(default)]
+    pub sessions: crate::session::SessionsConfig,
     /// Where the configuration came from (the file, or the origin given to
     /// [`GatewayConfig::from_yaml`]), for located errors.
     #[serde(skip, default = "default_origin")]
@@ -170,6 +174,32 @@ fn default_clock_scale() -> f64 {
     1.0
 }
 impl GatewayConfig {
+    /// A `sita` policy's bands against each model's configured workers: each band must go to
+    /// a class of context windows that can hold its requests.
+    fn check_sita(
+        &self,
+        file: &str,
+        policy: &routelab_policies::PolicyConfig,
+    ) -> Result<(), InputError> {
+        let mut models: Vec<&str> = self.workers.iter().map(|w| w.model.as_str()).collect();
+        models.sort_unstable();
+        models.dedup();
+        for model in models {
+            let windows: Vec<u32> = (self.workers.iter())
+                .filter(|w| w.model == model)
+                .map(|w| w.context_window)
+                .collect();
+            policy.sita_fits(&windows).map_err(|e| {
+                InputError::new(
+                    file,
+                    "policy.chooser.cutoffs",
+                    format!("model {model}: {e}"),
+                )
+            })?;
+        }
+        Ok(())
+    }
+
     /// Parse YAML text; `origin` names the file in errors.
     /// Errors never show the secrets the text holds (`admin_token`).
     pub fn from_yaml(text: &str, origin: &str) -> Result<GatewayConfig, InputError> {
@@ -295,6 +325,8 @@ impl GatewayConfig {
         // The probe's shape is bounded by the policy crate (a burst is real requests here).
         let policy = self.policy.build_in(file, "policy")?;
         self.engine_metrics.validate(file)?;
+        self.sessions.validate(file)?;
+        self.check_sita(file, &policy)?;
         if let Some(replicas) = &self.replicas {
             replicas.validate(file)?;
         }

@@ -123,7 +123,7 @@ async fn handle(s: Arc<Shared>, req: Request, ep: Endpoint) -> Result<Response, 
     json_content(&parts.headers)?;
     let (bytes, hold) = read_request_body(&s, &parts.headers, body).await?;
     let (parsed, prefix) = parse_and_count(&s, &bytes, ep).await?;
-    let route_req = route_request(&s, &parsed, &prefix)?;
+    let route_req = route_request(&s, &parts.headers, &parsed, &prefix)?;
     // From here on the request is logged, however it ends (dropped: the client went away).
     let mut trace = arrival.trace(&s, &parsed, &prefix);
     let forward = Forward {
@@ -209,6 +209,7 @@ async fn parse_and_count(
 /// request needs, its prompt and prefix.
 fn route_request<'p>(
     s: &Shared,
+    headers: &HeaderMap,
     parsed: &Parsed,
     prefix: &'p [u64],
 ) -> Result<RouteRequest<'p>, ApiError> {
@@ -225,6 +226,9 @@ fn route_request<'p>(
             .saturating_add(parsed.max_tokens.unwrap_or(0)),
         prefix,
         prompt_tokens: parsed.prompt_tokens,
+        session: (s.settings.sessions)
+            .of(headers, parsed.user.as_deref(), prefix)
+            .map_err(|e| ApiError::bad_request(e.to_string(), e.param))?,
     })
 }
 

@@ -12,6 +12,7 @@ mod operations;
 mod protocol;
 mod refusals;
 mod request_log;
+mod sessions;
 mod shared_state;
 mod slo;
 

@@ -12,7 +12,7 @@ const TIES_PARAM: Param = Param {
 };
 
 /// Choosers.
-pub const CHOOSERS: [Part; 15] = [
+pub const CHOOSERS: [Part; 16] = [
     Part {
         name: "p2c",
         describe: || {
@@ -264,6 +264,25 @@ pub const CHOOSERS: [Part; 15] = [
             Param {
                 name: "evict",
                 default: Some(|| PredictiveParams::DEFAULT.evict.to_string()),
+            },
+        ],
+    },
+    Part {
+        name: "sita",
+        describe: || {
+            format!(
+                "size-interval task assignment (Harchol-Balter et al.): ascending cut-offs (at most {}) in uncached prompt tokens make bands, the last band to the largest context window, the one below to the next window down, the first to every smaller window; within its class the least (in flight + uncached share of the prompt) / weight; a full class overflows to a larger window, then anywhere. oracle_tuned: true marks cut-offs searched on the scenario reported (role oracle, not deployable)",
+                crate::sita::MAX_CUTOFFS
+            )
+        },
+        params: &[
+            Param {
+                name: "cutoffs",
+                default: Some(|| "[]".into()),
+            },
+            Param {
+                name: "oracle_tuned",
+                default: Some(|| "false".into()),
             },
         ],
     },

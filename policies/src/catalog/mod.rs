@@ -263,7 +263,7 @@ macro_rules! peer_preset_part {
 /// The presets, in historical order (built by [`PolicyConfig::preset`]), then the field's
 /// routers as published: equal weights (the measured sticky variant: at-load), no affinity part
 /// (each rule carries its own), no cap (none of them has one).
-pub const PRESETS: [Part; 14] = [
+pub const PRESETS: [Part; 15] = [
     Part {
         name: "seed-v1",
         describe: || {
@@ -328,6 +328,13 @@ pub const PRESETS: [Part; 14] = [
     peer_preset_part!("wait-and-widen"),
     peer_preset_part!("kv-cost"),
     peer_preset_part!("hit-minus-load"),
+    Part {
+        name: "sita",
+        describe: || {
+            "the sita chooser over seed-v3's burst-probe weights with warm-up, no affinity part, no cap; `sita:C1,C2` sets the cut-offs, `sita-oracle:C1,C2` marks cut-offs searched on the scenario reported (oracle-tuned, not deployable)".into()
+        },
+        params: &[],
+    },
     Part {
         name: "predictive",
         describe: || {
@@ -613,7 +620,7 @@ mod tests {
         let mut peers = 0;
         for p in PRESETS
             .iter()
-            .filter(|p| !p.name.starts_with("seed-") && p.name != "predictive")
+            .filter(|p| !p.name.starts_with("seed-") && !["predictive", "sita"].contains(&p.name))
         {
             let cfg = PolicyConfig::preset(p.name).unwrap();
             assert!(cfg.chooser.is_peer_rule(), "{}", p.name);

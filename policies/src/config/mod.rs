@@ -25,6 +25,7 @@ use crate::chooser::{Chooser, TieRule};
 use crate::error::{ConfigError, PrefillProbeTooLong};
 use crate::located::{InputError, rule};
 use crate::predictive::PredictiveParams;
+use crate::sita::SitaParams;
 use crate::weights::{
     AtLoadConfig, AtLoadWeights, Clamp, EqualWeights, LiveConfig, LiveWeights, OracleWeights,
     PrefillProbe, ProbeConfig, ProbeWeights, SlowStart, TableConfig, TableWeights, WeightStrategy,
@@ -355,10 +356,12 @@ impl PolicyConfig {
     /// The tie rule of a composition's chooser when it names none.
     pub const DEFAULT_TIES: TieRule = TieRule::HigherWeight;
 
-    /// True when the weights are the oracle's: the true capacities, which only the lab knows,
-    /// so the policy is an upper bound to compare with, not one a gateway can deploy.
+    /// True when the policy reads what only the lab knows: the oracle's weights (the true
+    /// capacities) or `sita` cut-offs searched on the scenario reported (`sita-oracle`), so it
+    /// is an upper bound to compare with, not one a gateway can deploy.
     pub fn is_oracle(&self) -> bool {
         matches!(self.weights, WeightsConfig::Oracle(_))
+            || matches!(self.chooser, Chooser::Sita(p) if p.oracle_tuned)
     }
 
     /// What the policy is in a verdict. Oracle weights first: a field rule composed over them
@@ -508,6 +511,15 @@ impl PolicyConfig {
                 Affinity::None,
                 Cap::None,
             ),
+            "sita" => (
+                probe(true),
+                Chooser::Sita(SitaParams::default()),
+                Affinity::None,
+                Cap::None,
+            ),
+            sita if let Some(p) = sita_name(sita)? => {
+                (probe(true), Chooser::Sita(p), Affinity::None, Cap::None)
+            }
             peer if catalog::find(&catalog::PRESETS, peer).is_some()
                 && let Some(chooser) = Chooser::from_name(peer, TieRule::First)
                 && chooser.is_peer_rule() =>
@@ -564,7 +576,9 @@ impl PolicyConfig {
                 Some((h, a)) => (h, Some(a)),
                 None => (part, None),
             };
-            if Chooser::NAMES.contains(&head) {
+            if head == "sita" || head == SITA_ORACLE {
+                chooser = Chooser::Sita(sita_name(part)?.unwrap_or_default());
+            } else if Chooser::NAMES.contains(&head) {
                 let ties = match arg {
                     None => PolicyConfig::DEFAULT_TIES,
                     Some(t) => TieRule::parse(t).ok_or_else(|| ConfigError::UnknownName {
@@ -762,7 +776,46 @@ pub fn implausible_slo_bound(bound: SloBound, seconds: f64) -> Option<String> {
     }
 }
 
+/// The name that marks `sita`'s cut-offs as searched on the scenario reported.
+pub const SITA_ORACLE: &str = "sita-oracle";
+
+/// `sita:C1,C2` or `sita-oracle:C1,C2` (`sita-oracle` alone: one band), `None` for any other
+/// name.
+fn sita_name(name: &str) -> Result<Option<SitaParams>, ConfigError> {
+    let (head, arg) = name.split_once(':').unwrap_or((name, ""));
+    let oracle_tuned = match head {
+        "sita" if !arg.is_empty() => false,
+        SITA_ORACLE => true,
+        _ => return Ok(None),
+    };
+    let field = "chooser.cutoffs";
+    let cutoffs = arg
+        .split(',')
+        .filter(|c| !c.is_empty())
+        .map(|c| {
+            c.trim().parse::<u64>().map_err(|_| {
+                invalid(
+                    field,
+                    format!("`{c}` is not a whole number of tokens (as in `sita:4096,16384`)"),
+                )
+            })
+        })
+        .collect::<Result<Vec<u64>, _>>()?;
+    SitaParams::new(&cutoffs, oracle_tuned)
+        .map(Some)
+        .map_err(|e| invalid(field, e.to_string()))
+}
+
 impl PolicyConfig {
+    /// Whether workers with these context windows (one model's) can serve every band of a
+    /// `sita` chooser; `Ok` for every other chooser. Hosts check their configured workers.
+    pub fn sita_fits(&self, windows: &[u32]) -> Result<(), crate::sita::BandError> {
+        match &self.chooser {
+            Chooser::Sita(p) => p.fits(windows),
+            _ => Ok(()),
+        }
+    }
+
     /// True when the chooser aims at an SLO and has no bounds of its own: it aims at the one
     /// its host hands it (`Router::aim_at`: the simulator's scenario `slo`, the gateway's
     /// top-level `slo`), and without one it routes by predicted completion alone.

@@ -143,6 +143,11 @@ pub struct RawChooser {
     pub ties: Option<String>,
     /// least-request: active-request bias.
     pub bias: Option<f64>,
+    /// sita: ascending cut-offs in uncached prompt tokens (read as numbers so a fraction or a
+    /// negative gets the rule's message).
+    pub cutoffs: Option<Vec<f64>>,
+    /// sita: the cut-offs were searched on the scenario reported.
+    pub oracle_tuned: Option<bool>,
     /// cache-aware: imbalance threshold in requests.
     pub abs: Option<u32>,
     /// cache-aware: imbalance ratio.

@@ -35,6 +35,8 @@ impl RawChooser {
             ($($f:ident),*) => { $( if self.$f.is_some() { v.push(stringify!($f)); } )* };
         }
         seen!(
+            cutoffs,
+            oracle_tuned,
             abs,
             rel,
             cache_threshold,
@@ -81,6 +83,25 @@ impl RawChooser {
             reserve: future_weight("reserve", self.reserve, d.reserve)?,
             evict: future_weight("evict", self.evict, d.evict)?,
         })
+    }
+
+    /// `sita`'s cut-offs over the defaults `d`.
+    fn sita(&self, d: SitaParams) -> Result<SitaParams, ConfigError> {
+        let oracle_tuned = self.oracle_tuned.unwrap_or(d.oracle_tuned);
+        let Some(list) = &self.cutoffs else {
+            let mut p = d;
+            p.oracle_tuned = oracle_tuned;
+            return Ok(p);
+        };
+        let whole = list
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| {
+                rule::whole(x, 1, u64::from(u32::MAX))
+                    .map_err(|e| invalid(&format!("cutoffs[{i}]"), e.to_string()))
+            })
+            .collect::<Result<Vec<u64>, _>>()?;
+        SitaParams::new(&whole, oracle_tuned).map_err(|e| invalid("cutoffs", e.to_string()))
     }
 
     /// Validate into a [`Chooser`]; `default_ties` applies when `ties` is not given (the base
@@ -193,6 +214,7 @@ impl RawChooser {
                 beta: non_negative("beta", self.beta, beta)?,
             },
             Chooser::Predictive(d) => Chooser::Predictive(self.predictive(d)?),
+            Chooser::Sita(d) => Chooser::Sita(self.sita(d)?),
             other => other,
         };
         match (chooser, self.bias) {

@@ -36,6 +36,8 @@ pub struct RouteRequest<'a> {
     /// Prompt tokens (0 when the host does not know them: the field's rules then see no
     /// prefix match and charge nothing to the worker's token counters).
     pub prompt_tokens: u32,
+    /// The request's session (a hash of its key), when the host knows it.
+    pub session: Option<u64>,
 }
 
 /// The router's answer.
@@ -80,6 +82,7 @@ struct Queued {
     context_tokens: u32,
     prefix: Vec<u64>,
     prompt_tokens: u32,
+    session: Option<u64>,
 }
 
 /// The routing policy in action: one per gateway (or per simulated gateway).
@@ -322,6 +325,7 @@ impl Router {
             context_tokens: req.context_tokens,
             prefix: req.prefix.to_vec(),
             prompt_tokens: req.prompt_tokens,
+            session: req.session,
         });
     }
 
@@ -345,10 +349,11 @@ impl Router {
         rng: &mut R,
     ) -> Option<(u64, Result<Decision, RouteError>)> {
         for i in 0..self.queue.len() {
-            let (model, context_tokens, prompt_tokens) = (
+            let (model, context_tokens, prompt_tokens, session) = (
                 self.queue[i].model,
                 self.queue[i].context_tokens,
                 self.queue[i].prompt_tokens,
+                self.queue[i].session,
             );
             if self
                 .models
@@ -364,6 +369,7 @@ impl Router {
                 context_tokens,
                 prefix: &prefix,
                 prompt_tokens,
+                session,
             };
             let outcome = self.choose(&req, rng);
             self.queue[i].prefix = prefix;
@@ -700,6 +706,7 @@ mod tests {
             context_tokens: 10,
             prefix: &[],
             prompt_tokens: 10,
+            session: None,
         }
     }
 

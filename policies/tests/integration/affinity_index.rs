@@ -126,7 +126,7 @@ proptest! {
                 Op::Route { model, tokens, conv } => {
                     if let Some(model) = router.model_id(MODELS[model as usize]) {
                         let prefix = blocks(u64::from(conv), 4);
-                        let req = RouteRequest { model, context_tokens: tokens, prefix: &prefix, prompt_tokens: tokens };
+                        let req = RouteRequest { model, context_tokens: tokens, prefix: &prefix, prompt_tokens: tokens, session: None };
                         if let Ok(d) = router.route(t, &req, &mut rng) {
                             in_flight.push((d.worker, d.charge));
                         }
@@ -134,7 +134,7 @@ proptest! {
                 }
                 Op::RouteExcluding { model, tokens, skip } => {
                     if let (Some(model), Some(skip)) = (router.model_id(MODELS[model as usize]), worker(&router, skip)) {
-                        let req = RouteRequest { model, context_tokens: tokens, prefix: &[], prompt_tokens: tokens };
+                        let req = RouteRequest { model, context_tokens: tokens, prefix: &[], prompt_tokens: tokens, session: None };
                         if let Ok(d) = router.route_excluding(t, &req, &[skip, skip], &mut rng) {
                             prop_assert_ne!(d.worker, skip);
                             in_flight.push((d.worker, d.charge));
@@ -226,6 +226,7 @@ fn affinity_at_10240_workers_compares_with_the_freest_eligible_candidate() {
         context_tokens: tokens,
         prefix,
         prompt_tokens: tokens,
+        session: None,
     };
     let mut charges: Vec<Vec<Charge>> = vec![Vec::new(); N];
     for _ in 0..2 * N {

@@ -85,6 +85,7 @@ pub fn req(model: ModelId, tokens: u32, prefix: &[u64]) -> RouteRequest<'_> {
         context_tokens: tokens,
         prefix,
         prompt_tokens: tokens,
+        session: None,
     }
 }
 

@@ -398,6 +398,7 @@ impl Sim {
             prefix,
             // Some prompts unknown to the host (0), others up to the context.
             prompt_tokens: tokens / 2,
+            session: None,
         };
         let out = self.router.route(self.now, &req, &mut self.rng);
         match &out {
@@ -601,6 +602,7 @@ impl Sim {
                         context_tokens: tokens,
                         prefix: &[],
                         prompt_tokens: tokens,
+                        session: None,
                     },
                 );
                 let eligible: Vec<(u64, ModelId, u32)> = Vec::new();

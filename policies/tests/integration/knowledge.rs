@@ -54,6 +54,7 @@ fn decisions_fingerprint(mut router: Router, seed: u64) -> u64 {
             context_tokens: 512 * len as u32,
             prefix: &prefix,
             prompt_tokens: 512 * len as u32,
+            session: None,
         };
         match router.route(t(i), &req, &mut rng) {
             Ok(d) => {
@@ -163,6 +164,7 @@ fn route_once(router: &mut Router, prefix: &[u64], rng: &mut Xoshiro256PlusPlus)
         context_tokens: tokens,
         prefix,
         prompt_tokens: tokens,
+        session: None,
     };
     let d = router.route(Time::ZERO, &req, rng).unwrap();
     let done = Completion {

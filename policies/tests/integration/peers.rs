@@ -21,6 +21,7 @@ fn req(m: ModelId, prompt: u32, prefix: &[u64]) -> RouteRequest<'_> {
         context_tokens: prompt + 256,
         prefix,
         prompt_tokens: prompt,
+        session: None,
     }
 }
 

@@ -179,6 +179,7 @@ impl Requests {
             context_tokens: r.prompt.saturating_add(r.output),
             prefix: &r.prefix,
             prompt_tokens: r.prompt,
+            session: None,
         }
     }
 }

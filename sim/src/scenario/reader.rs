@@ -285,6 +285,15 @@ impl ScenarioReader<'_> {
                     ),
                 ));
             }
+            // sita's bands must each go to a class of windows that can hold its requests.
+            let windows: Vec<u32> = workers.iter().map(|w| w.spec.context_window).collect();
+            if let Err(reason) = cfg.sita_fits(&windows) {
+                return Err(self.file.at(
+                    &p.referenced,
+                    format!("policies[{i}].chooser.cutoffs"),
+                    format!("policy `{}`: {reason}", cfg.name),
+                ));
+            }
             if policies.iter().any(|q: &PolicyConfig| q.name == cfg.name) {
                 return Err(self.file.at(
                     &p.referenced,

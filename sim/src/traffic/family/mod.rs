@@ -357,6 +357,15 @@ fn check_count(dist: &LengthDist, field: &'static str, what: &str) -> Result<(),
     }
 }
 
+/// The least value `dist` draws (the samplers clamp below at 1).
+fn least(dist: &LengthDist) -> u32 {
+    match *dist {
+        LengthDist::Fixed(n) => n,
+        LengthDist::Uniform { min, .. } => min,
+        LengthDist::LogNormal { .. } | LengthDist::Exponential { .. } => 1,
+    }
+}
+
 impl FamilyConfig {
     /// Check every parameter (the scenario reader names the field; a program building a
     /// config gets the same refusals from [`Family::new`]).
@@ -430,6 +439,27 @@ impl FamilyConfig {
                 "max_prompt_tokens",
                 "is 0; expected a token count >= 1",
             ));
+        }
+        // A limit below the shortest first turn (its shared prefix and its own tokens) ends
+        // every session before it sends anything: a run of no traffic, not a limit.
+        if let Some(limit) = self.max_prompt_tokens
+            && self.family.has_sessions()
+        {
+            let shared = if self.family.has_shared_set() {
+                least(&self.shared_prompt_tokens)
+            } else {
+                0
+            };
+            let first = u64::from(shared) + u64::from(least(&self.prompt));
+            if first > u64::from(limit) {
+                return Err(TrafficError::config(
+                    G,
+                    "max_prompt_tokens",
+                    format!(
+                        "is {limit}, below the shortest first turn ({first} tokens: the least shared prefix and prompt the distributions draw), so no session would send a request; expected at least {first}"
+                    ),
+                ));
+            }
         }
         Ok(())
     }
@@ -578,6 +608,28 @@ mod tests {
         }
         assert_eq!(FamilyKind::from_name("Chat"), None);
         assert_eq!(FamilyKind::names(), "chat, code, rag, agentic, batch-day");
+    }
+
+    #[test]
+    fn a_limit_below_every_first_turn_is_refused_by_name() {
+        let mut c = FamilyKind::Agentic.defaults(0, 1.0, 1_000_000_000);
+        c.shared_prompt_tokens = LengthDist::Uniform {
+            min: 2000,
+            max: 12_000,
+        };
+        c.prompt = LengthDist::Fixed(300);
+        c.max_prompt_tokens = Some(2299);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("max_prompt_tokens") && e.contains("expected at least 2300"),
+            "{e}"
+        );
+        c.max_prompt_tokens = Some(2300);
+        c.validate().unwrap();
+        // Code has no sessions: the limit does not apply.
+        let mut code = FamilyKind::Code.defaults(0, 1.0, 1_000_000_000);
+        code.max_prompt_tokens = Some(1);
+        code.validate().unwrap();
     }
 
     #[test]
