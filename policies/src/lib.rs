@@ -53,6 +53,7 @@
 
 pub mod capacity;
 pub mod catalog;
+pub mod explain;
 mod chooser;
 mod config;
 mod error;
@@ -78,6 +79,7 @@ pub use config::{
     PolicyEntry, PolicyRole, PrefixKnowledge, RawAffinity, RawCap, RawChooser, RawPolicy,
     RawWeights, SloBound, WeightsConfig, implausible_slo_bound,
 };
+pub use explain::{Explanation, Predicted, Reason, Scored};
 pub use error::{AdminError, ConfigError, PrefillProbeTooLong, RouteError};
 pub use kv::KvEvent;
 pub use located::InputError;

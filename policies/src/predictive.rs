@@ -27,6 +27,7 @@
 
 use crate::capacity::{CHUNK_TOKENS, Estimate, prefill_time_s};
 use crate::chooser::{Hot, below};
+use crate::explain::Observe;
 use crate::rules::RuleCtx;
 use rand::Rng;
 
@@ -172,12 +173,13 @@ fn kv_wait_s(kv_tokens: Option<f64>, prompts: f64, n: f64, own: u32, out: f64, t
 /// are full. Never inlined into `Chooser::pick`, whose other arms are the hot path of every
 /// other policy.
 #[inline(never)]
-pub(crate) fn predictive<R: Rng + ?Sized>(
+pub(crate) fn predictive<R: Rng + ?Sized, O: Observe>(
     ctx: &RuleCtx<'_>,
     cands: &[u32],
     hot: &[Hot],
     p: &PredictiveParams,
     rng: &mut R,
+    why: &mut O,
 ) -> Option<usize> {
     let k = cands.len();
     let mut best: Option<(usize, f64)> = None;
@@ -192,6 +194,7 @@ pub(crate) fn predictive<R: Rng + ?Sized>(
             return;
         }
         let pr = predict(ctx, i, h, p);
+        why.scored(i, pr.score, Some(&pr));
         let s = pr.score;
         feasible |= !pr.own_miss;
         if least_harm.is_none_or(|b| pr.harm < b.1) {
@@ -274,6 +277,7 @@ mod tests {
                 &self.hot,
                 p,
                 &mut rng,
+                &mut (),
             )
         }
     }
