@@ -105,7 +105,12 @@ struct Best2([Option<(Scored, f64)>; 2]);
 impl Best2 {
     /// Offer a candidate; false if it was already offered (a chooser may draw one twice).
     fn offer(&mut self, entry: Scored, value: f64) -> bool {
-        if self.0.iter().flatten().any(|(s, _)| s.worker == entry.worker) {
+        if self
+            .0
+            .iter()
+            .flatten()
+            .any(|(s, _)| s.worker == entry.worker)
+        {
             return false;
         }
         match self.0 {
@@ -252,6 +257,9 @@ mod tests {
         assert_eq!(e.runner_up.map(|s| s.worker), Some(WorkerId(7)));
         let mut e = Explanation::new();
         e.finish(WorkerId(3), false);
-        assert_eq!((e.reason, e.worker, e.chosen), (Reason::Unscored, Some(WorkerId(3)), None));
+        assert_eq!(
+            (e.reason, e.worker, e.chosen),
+            (Reason::Unscored, Some(WorkerId(3)), None)
+        );
     }
 }

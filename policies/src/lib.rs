@@ -53,10 +53,10 @@
 
 pub mod capacity;
 pub mod catalog;
-pub mod explain;
 mod chooser;
 mod config;
 mod error;
+pub mod explain;
 pub mod histogram;
 mod kv;
 mod load_index;
@@ -79,8 +79,8 @@ pub use config::{
     PolicyEntry, PolicyRole, PrefixKnowledge, RawAffinity, RawCap, RawChooser, RawPolicy,
     RawWeights, SloBound, WeightsConfig, implausible_slo_bound,
 };
-pub use explain::{Explanation, Predicted, Reason, Scored};
 pub use error::{AdminError, ConfigError, PrefillProbeTooLong, RouteError};
+pub use explain::{Explanation, Predicted, Reason, Scored};
 pub use kv::KvEvent;
 pub use located::InputError;
 pub use predictive::PredictiveParams;

@@ -7,8 +7,8 @@
 //! through).
 
 mod admit;
-mod explain;
 pub(crate) mod budget;
+mod explain;
 pub(crate) mod flight;
 mod relay;
 mod sse;
@@ -363,7 +363,9 @@ impl Forward {
                     w.cfg.name.clone(),
                 )
             });
-            (found, explain::record(&core, why))
+            // Shown only to a log or a client that asked: otherwise not even named.
+            let wanted = trace.is_some() || self.explain;
+            (found, wanted.then(|| explain::record(&core, why)).flatten())
         };
         let Some((uri, metrics, name)) = found else {
             // Removed between the decision and here: give the slot back.
@@ -448,7 +450,11 @@ impl Forward {
                 // This response is the request's answer: its flight writes the log line.
                 flight.trace = trace.take();
                 let mut answer = respond(s, flight, r, first_chunk_by).await;
-                if let Some(v) = shown.as_ref().filter(|_| self.explain).and_then(explain::header) {
+                if let Some(v) = shown
+                    .as_ref()
+                    .filter(|_| self.explain)
+                    .and_then(explain::header)
+                {
                     answer.headers_mut().insert(explain::ANSWER, v);
                 }
                 Attempt::Answered(answer)

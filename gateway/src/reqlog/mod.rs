@@ -132,7 +132,7 @@ pub struct LogRecord {
     /// Why the router chose the worker (the last attempt's decision); absent when the request
     /// was never routed.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub decision: Option<LogDecision>,
+    pub decision: Option<Box<LogDecision>>,
 }
 
 mod decision;
@@ -271,7 +271,7 @@ impl Trace {
 
     /// The decision that sent it to its (last) worker.
     pub fn decision(&mut self, d: LogDecision) {
-        self.record.decision = Some(d);
+        self.record.decision = Some(Box::new(d));
     }
 
     /// The request ended now: write its line (once; later calls do nothing).
@@ -629,7 +629,7 @@ mod tests {
             "{line}"
         );
         let explained = LogRecord {
-            decision: Some(LogDecision {
+            decision: Some(Box::new(LogDecision {
                 reason: "score",
                 chosen: LogCandidate {
                     worker: "a".into(),
@@ -638,7 +638,7 @@ mod tests {
                     predicted_tpot_ms: Some(25.0),
                 },
                 runner_up: Some(LogCandidate::new("b".into(), None)),
-            }),
+            })),
             ..record(4)
         };
         let line = serde_json::to_string(&explained).unwrap();

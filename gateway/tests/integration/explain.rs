@@ -105,7 +105,12 @@ async fn the_logged_and_shown_scores_are_the_ones_the_router_decided_on() {
         path.display()
     );
     let gateway = serve(POLICY, &extra, &workers).await;
-    let Gateway { gw, chat: url, c, base } = gateway;
+    let Gateway {
+        gw,
+        chat: url,
+        c,
+        base,
+    } = gateway;
 
     let body = chat_body("m", "explain yourself, please", 4, false);
     let expected = recomputed(&body);
@@ -118,7 +123,11 @@ async fn the_logged_and_shown_scores_are_the_ones_the_router_decided_on() {
     order.sort_by(|a, b| a.1.total_cmp(&b.1));
     for (key, want) in [("chosen", &order[0]), ("runner_up", &order[1])] {
         let got = &shown[key];
-        assert_eq!(got["worker"], want.0.as_str(), "{key}: {shown} vs {expected:?}");
+        assert_eq!(
+            got["worker"],
+            want.0.as_str(),
+            "{key}: {shown} vs {expected:?}"
+        );
         for (field, want) in [
             ("score", want.1),
             ("predicted_ttft_ms", want.2),
@@ -127,10 +136,16 @@ async fn the_logged_and_shown_scores_are_the_ones_the_router_decided_on() {
             // Equal to the last bit but for the JSON reader's rounding (serde_json parses
             // decimals without its `float_roundtrip` feature: up to an ulp or two off).
             let v = got[field].as_f64().unwrap_or(f64::NAN);
-            assert!((v - want).abs() <= want.abs() * 1e-14, "{key}.{field}: {v} vs {want}");
+            assert!(
+                (v - want).abs() <= want.abs() * 1e-14,
+                "{key}.{field}: {v} vs {want}"
+            );
         }
     }
-    assert!(order[0].1 < order[1].1, "the weights part the scores: {order:?}");
+    assert!(
+        order[0].1 < order[1].1,
+        "the weights part the scores: {order:?}"
+    );
 
     // Not asked: no header; the log has the decision of every routed request either way.
     let (status, none) = chat(&c, &url, chat_body("m", "and again", 4, false), false).await;
@@ -149,14 +164,27 @@ async fn the_logged_and_shown_scores_are_the_ones_the_router_decided_on() {
     .await;
     let lines = read();
     assert_eq!(lines.len(), 2, "{lines:?}");
-    assert_eq!(lines[0]["decision"], shown, "the log shows what the header showed");
+    assert_eq!(
+        lines[0]["decision"], shown,
+        "the log shows what the header showed"
+    );
     assert_eq!(lines[0]["worker"], shown["chosen"]["worker"]);
-    assert!(lines[1]["decision"]["chosen"]["score"].is_f64(), "{}", lines[1]);
+    assert!(
+        lines[1]["decision"]["chosen"]["score"].is_f64(),
+        "{}",
+        lines[1]
+    );
 
     let text = send(&c, Method::GET, &format!("{base}/metrics"), None, "")
         .await
         .text();
-    assert_eq!(metric(&text, "routelab_decisions_total{reason=\"score\"}"), 2);
-    assert_eq!(metric(&text, "routelab_decisions_total{reason=\"queued\"}"), 0);
+    assert_eq!(
+        metric(&text, "routelab_decisions_total{reason=\"score\"}"),
+        2
+    );
+    assert_eq!(
+        metric(&text, "routelab_decisions_total{reason=\"queued\"}"),
+        0
+    );
     let _ = std::fs::remove_dir_all(dir);
 }

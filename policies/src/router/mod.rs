@@ -1,10 +1,10 @@
 //! The router: filters, prefix affinity, chooser and caps over the live fleet.
 
 use crate::capacity::Capacities;
+use crate::chooser::Chooser;
 use crate::chooser::Hot;
 use crate::config::{Affinity, AffinityUnits, Cap, PolicyConfig, PrefixKnowledge};
 use crate::error::{AdminError, RouteError};
-use crate::chooser::Chooser;
 use crate::explain::{Explanation, Observe, Predicted, Scored};
 use crate::load_index::{LoadIndex, affinity_load};
 use crate::prefix::PrefixIndex;

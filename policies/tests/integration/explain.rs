@@ -5,8 +5,8 @@
 use crate::common::{policy, rng, secs, spec_full, with_chooser};
 use rand::{Rng, RngExt};
 use routelab_policies::{
-    Chooser, Completion, Explanation, PredictiveParams, Reason, RouteRequest, Router, Scored,
-    Time, WorkerId,
+    Chooser, Completion, Explanation, PredictiveParams, Reason, RouteRequest, Router, Scored, Time,
+    WorkerId,
 };
 use std::collections::HashMap;
 use std::time::Duration;
@@ -80,14 +80,25 @@ fn compare(mut plain: Router, mut explained: Router, n: usize, seed: u64) -> Has
         let a = plain.route_excluding(now, &req, &[], &mut rng_a);
         let b = explained.route_explained(now, &req, &[], &mut rng_b, &mut why);
         assert_eq!(a, b, "step {step}: the explained decision differs");
-        assert_eq!(rng_a.next_u64(), rng_b.next_u64(), "step {step}: other draws");
+        assert_eq!(
+            rng_a.next_u64(),
+            rng_b.next_u64(),
+            "step {step}: other draws"
+        );
         let Ok(d) = b else { continue };
         in_flight.push((d.worker, d.charge, now, prompt));
         *reasons.entry(why.reason).or_default() += 1;
         assert_eq!(why.worker, Some(d.worker), "step {step}");
-        assert_eq!(why.reason == Reason::Affinity, d.affinity_kept, "step {step}");
+        assert_eq!(
+            why.reason == Reason::Affinity,
+            d.affinity_kept,
+            "step {step}"
+        );
         let Some(chosen) = why.chosen else {
-            assert!(why.runner_up.is_none(), "step {step}: a runner-up without a score");
+            assert!(
+                why.runner_up.is_none(),
+                "step {step}: a runner-up without a score"
+            );
             continue;
         };
         assert_eq!(chosen.worker, d.worker, "step {step}");
@@ -95,7 +106,11 @@ fn compare(mut plain: Router, mut explained: Router, n: usize, seed: u64) -> Has
         for s in std::iter::once(chosen).chain(why.runner_up) {
             let again = before[s.worker.index()].expect("a scored candidate");
             assert_eq!(s.predicted, again.predicted, "step {step}: {s:?}");
-            assert_eq!(s.score, as_compared(again, why.reason), "step {step}: {s:?}");
+            assert_eq!(
+                s.score,
+                as_compared(again, why.reason),
+                "step {step}: {s:?}"
+            );
         }
         if let Some(r) = why.runner_up {
             assert_ne!(r.worker, chosen.worker, "step {step}");
@@ -114,8 +129,16 @@ fn explained_decisions_are_the_plain_ones_and_report_the_scores_they_compared() 
         "equal/p2c:higher-weight/capacity/flat:3",
         "equal/least-request:first/no-affinity/flat:3",
     ] {
-        let reasons = compare(fleet(policy(name), None), fleet(policy(name), None), 600, 11);
-        assert!(reasons.get(&Reason::Score).copied().unwrap_or(0) > 50, "{name}: {reasons:?}");
+        let reasons = compare(
+            fleet(policy(name), None),
+            fleet(policy(name), None),
+            600,
+            11,
+        );
+        assert!(
+            reasons.get(&Reason::Score).copied().unwrap_or(0) > 50,
+            "{name}: {reasons:?}"
+        );
     }
 }
 
@@ -128,19 +151,32 @@ fn predictive_reports_its_predicted_ttft_and_tpot_and_its_write_offs() {
     });
     // Bounds it can meet, then bounds nothing meets (every request written off).
     for (ttft, tpot, expect) in [(2.0, 0.5, Reason::Score), (1e-6, 1e-6, Reason::WriteOff)] {
-        let (mut a, mut b) = (fleet(base.clone(), Some(chooser)), fleet(base.clone(), Some(chooser)));
+        let (mut a, mut b) = (
+            fleet(base.clone(), Some(chooser)),
+            fleet(base.clone(), Some(chooser)),
+        );
         a.aim_at(ttft, tpot);
         b.aim_at(ttft, tpot);
         let reasons = compare(a, b, 800, 5);
-        assert!(reasons.get(&expect).copied().unwrap_or(0) > 100, "{expect:?}: {reasons:?}");
+        assert!(
+            reasons.get(&expect).copied().unwrap_or(0) > 100,
+            "{expect:?}: {reasons:?}"
+        );
     }
 }
 
 #[test]
 fn choosers_that_compare_no_scores_say_so() {
-    for name in ["equal/random/no-affinity/flat:3", "equal/wrr/no-affinity/flat:3", "cache-aware"] {
+    for name in [
+        "equal/random/no-affinity/flat:3",
+        "equal/wrr/no-affinity/flat:3",
+        "cache-aware",
+    ] {
         let reasons = compare(fleet(policy(name), None), fleet(policy(name), None), 300, 3);
-        assert!(reasons.contains_key(&Reason::Unscored), "{name}: {reasons:?}");
+        assert!(
+            reasons.contains_key(&Reason::Unscored),
+            "{name}: {reasons:?}"
+        );
         assert!(!reasons.contains_key(&Reason::Score), "{name}: {reasons:?}");
     }
 }
