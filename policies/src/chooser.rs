@@ -6,6 +6,7 @@
 //! selection code and tie handling lives here; nothing allocates.
 
 use crate::catalog;
+use crate::explain::Observe;
 use crate::predictive::{self, PredictiveParams};
 use crate::rules::{self, RuleCtx};
 use crate::sita::{self, SitaParams};
@@ -361,7 +362,7 @@ impl Chooser {
     /// for building it on every decision).
     #[allow(clippy::too_many_arguments)]
     #[inline]
-    pub(crate) fn pick<'c, R: Rng + ?Sized>(
+    pub(crate) fn pick<'c, R: Rng + ?Sized, O: Observe>(
         &self,
         cands: &[u32],
         hot: &[Hot],
@@ -369,14 +370,15 @@ impl Chooser {
         wrr_current: &mut [f64],
         ctx: impl FnOnce() -> RuleCtx<'c>,
         rng: &mut R,
+        why: &mut O,
     ) -> Option<usize> {
         // By reference: `Chooser` is as large as its largest variant (`predictive`'s
         // parameters), and a copy per decision cost the other choosers ~40 instructions.
         match *self {
             Chooser::P2c { ties } | Chooser::Sed { ties } | Chooser::LeastRequest { ties, .. } => {
-                two_choices(cands, hot, self, ties, rng)
+                two_choices(cands, hot, self, ties, rng, why)
             }
-            Chooser::Jsq { ties } => shortest_queue(cands, hot, self, ties, rng),
+            Chooser::Jsq { ties } => shortest_queue(cands, hot, self, ties, rng, why),
             Chooser::Random => one_random(cands, hot, rng),
             Chooser::RoundRobin => {
                 let k = cands.len();
@@ -433,19 +435,20 @@ impl Chooser {
                 temperature,
             } => rules::kv_cost(&ctx(), cands, hot, prefill_weight, temperature, rng),
             Chooser::HitMinusLoad { beta } => rules::hit_minus_load(&ctx(), cands, hot, beta),
-            Chooser::Predictive(ref p) => predictive::predictive(&ctx(), cands, hot, p, rng),
+            Chooser::Predictive(ref p) => predictive::predictive(&ctx(), cands, hot, p, rng, why),
             Chooser::Sita(ref p) => sita::sita(&ctx(), cands, hot, p),
         }
     }
 }
 
 /// Full scan for the lowest score; ties by `ties` (random: reservoir sampling).
-fn shortest_queue<R: Rng + ?Sized>(
+fn shortest_queue<R: Rng + ?Sized, O: Observe>(
     cands: &[u32],
     hot: &[Hot],
     chooser: &Chooser,
     ties: TieRule,
     rng: &mut R,
+    why: &mut O,
 ) -> Option<usize> {
     let mut best: Option<(usize, f64, f64)> = None;
     let mut equal = 0u32;
@@ -455,6 +458,7 @@ fn shortest_queue<R: Rng + ?Sized>(
             continue;
         }
         let s = chooser.score(x.in_flight, x.weight);
+        why.scored(i, s, None);
         best = match best {
             None => {
                 equal = 1;
@@ -545,12 +549,13 @@ fn one_random<R: Rng + ?Sized>(cands: &[u32], hot: &[Hot], rng: &mut R) -> Optio
 
 /// Power of two choices among candidates below their cap.
 #[inline]
-fn two_choices<R: Rng + ?Sized>(
+fn two_choices<R: Rng + ?Sized, O: Observe>(
     cands: &[u32],
     hot: &[Hot],
     chooser: &Chooser,
     ties: TieRule,
     rng: &mut R,
+    why: &mut O,
 ) -> Option<usize> {
     let open = |pos: usize| hot[cands[pos] as usize].open();
     let k = cands.len();
@@ -608,6 +613,8 @@ fn two_choices<R: Rng + ?Sized>(
         chooser.score(ha.in_flight, ha.weight),
         chooser.score(hb.in_flight, hb.weight),
     );
+    why.scored(cands[a], sa, None);
+    why.scored(cands[b], sb, None);
     Some(if sa < sb {
         a
     } else if sb < sa {

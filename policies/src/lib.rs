@@ -56,6 +56,7 @@ pub mod catalog;
 mod chooser;
 mod config;
 mod error;
+pub mod explain;
 pub mod foresight;
 pub mod histogram;
 mod kv;
@@ -81,6 +82,7 @@ pub use config::{
     RawWeights, SloBound, WeightsConfig, implausible_slo_bound,
 };
 pub use error::{AdminError, ConfigError, PrefillProbeTooLong, RouteError};
+pub use explain::{Explanation, Predicted, Reason, Scored};
 pub use kv::KvEvent;
 pub use located::InputError;
 pub use predictive::PredictiveParams;

@@ -27,6 +27,7 @@
 
 use crate::capacity::{CHUNK_TOKENS, Estimate, prefill_time_s};
 use crate::chooser::{Hot, below};
+use crate::explain::Observe;
 use crate::rules::RuleCtx;
 use rand::Rng;
 
@@ -268,12 +269,13 @@ fn kv_wait_s(kv_tokens: Option<f64>, prompts: f64, n: f64, own: u32, out: f64, t
 /// are full. Never inlined into `Chooser::pick`, whose other arms are the hot path of every
 /// other policy.
 #[inline(never)]
-pub(crate) fn predictive<R: Rng + ?Sized>(
+pub(crate) fn predictive<R: Rng + ?Sized, O: Observe>(
     ctx: &RuleCtx<'_>,
     cands: &[u32],
     hot: &[Hot],
     p: &PredictiveParams,
     rng: &mut R,
+    why: &mut O,
 ) -> Option<usize> {
     let k = cands.len();
     let ahead = Ahead::of(ctx, cands, hot, p);
@@ -289,6 +291,7 @@ pub(crate) fn predictive<R: Rng + ?Sized>(
             return;
         }
         let pr = predict_with(ctx, i, h, p, &ahead);
+        why.scored(i, pr.score, Some(&pr));
         let s = pr.score;
         feasible |= !pr.own_miss;
         if least_harm.is_none_or(|b| pr.harm < b.1) {
@@ -371,6 +374,7 @@ mod tests {
                 &self.hot,
                 p,
                 &mut rng,
+                &mut (),
             )
         }
     }

@@ -121,6 +121,8 @@ pub struct GlobalMetrics {
     pub queued_total: AtomicU64,
     /// Retries on another worker.
     pub retries: AtomicU64,
+    /// Routing decisions by their reason, indexed as [`Reason::ALL`](routelab_policies::Reason).
+    pub decisions: [AtomicU64; routelab_policies::Reason::ALL.len()],
     /// Panics of the background tasks ([`crate::supervise`]).
     pub task_restarts: crate::supervise::TaskRestarts,
     /// Whether the bus task runs (a `replicas:` block): its restarts are listed then only.
@@ -131,6 +133,15 @@ pub struct GlobalMetrics {
 }
 
 impl GlobalMetrics {
+    /// Count one routing decision of `reason`.
+    pub fn count_decision(&self, reason: routelab_policies::Reason) {
+        let i = routelab_policies::Reason::ALL
+            .iter()
+            .position(|&r| r == reason)
+            .unwrap_or(0);
+        self.decisions[i].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Count one rejection.
     pub fn count_rejection(&self, status: u16, code: &'static str) {
         let mut m = self.rejections.lock().unwrap_or_else(|p| p.into_inner());

@@ -368,6 +368,18 @@ fn render_queue(out: &mut String, queue_len: usize, global: &GlobalMetrics) {
     );
     let _ = writeln!(
         out,
+        "# HELP routelab_decisions_total Routing decisions by why the worker was chosen (affinity: the prefix holder kept; score: the lowest score; write-off: predictive's least harm when every candidate misses; unscored: no scores compared; queued: dispatched from the queue).\n# TYPE routelab_decisions_total counter"
+    );
+    for (reason, n) in routelab_policies::Reason::ALL.iter().zip(&global.decisions) {
+        let _ = writeln!(
+            out,
+            "routelab_decisions_total{{reason=\"{}\"}} {}",
+            reason.as_str(),
+            n.load(Relaxed)
+        );
+    }
+    let _ = writeln!(
+        out,
         "# HELP routelab_retries_total Requests retried on another worker.\n# TYPE routelab_retries_total counter\nroutelab_retries_total {}",
         global.retries.load(Relaxed)
     );

@@ -6,7 +6,7 @@ use crate::app::shared::Shared;
 use crate::error::ApiError;
 use crate::routing::Core;
 use axum::http::StatusCode;
-use routelab_policies::{Decision, RouteError, RouteRequest, WorkerId, WorkerState};
+use routelab_policies::{Decision, Explanation, RouteError, RouteRequest, WorkerId, WorkerState};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -40,7 +40,8 @@ pub(super) fn queue_timeout(waited: std::time::Duration, earlier: Option<&str>) 
     }
 }
 
-/// Route to a worker not in `tried` (empty for a first attempt; a retry's failed workers
+/// Route to a worker not in `tried`, with the router's explanation of the decision (counted
+/// by its reason in `/metrics`) (empty for a first attempt; a retry's failed workers
 /// otherwise), or wait in the gateway's FIFO queue, for at most `queue_timeout_s`, when every
 /// such worker is at its cap. A retry waits only if an untried worker that could take it
 /// exists (up, same model, large enough window); otherwise it is refused at once.
@@ -48,7 +49,7 @@ pub(super) async fn admit(
     s: &Arc<Shared>,
     req: &RouteRequest<'_>,
     tried: &[WorkerId],
-) -> Result<Decision, Refusal> {
+) -> Result<(Decision, Explanation), Refusal> {
     // A first attempt behind a dispatch stream waits its random hold (`replicas.spread_s`):
     // the replicas' decisions at one instant are then made in turn, each seeing the others'.
     if tried.is_empty()
@@ -56,12 +57,28 @@ pub(super) async fn admit(
     {
         tokio::time::sleep(hold).await;
     }
+    let admitted = admit_explained(s, req, tried).await;
+    if let Ok((_, why)) = &admitted {
+        s.global.count_decision(why.reason);
+    }
+    admitted
+}
+
+async fn admit_explained(
+    s: &Arc<Shared>,
+    req: &RouteRequest<'_>,
+    tried: &[WorkerId],
+) -> Result<(Decision, Explanation), Refusal> {
+    let mut why = Explanation::new();
     let mut ticket = {
         let now = s.routing.clock.now();
         let mut guard = s.routing.core();
         let core = &mut *guard;
-        match core.router.route_excluding(now, req, tried, &mut core.rng) {
-            Ok(d) => return Ok(d),
+        match core
+            .router
+            .route_explained(now, req, tried, &mut core.rng, &mut why)
+        {
+            Ok(d) => return Ok((d, why)),
             Err(RouteError::AllAtCap { .. })
                 if tried.is_empty() || untried_worker_exists(core, req, tried) =>
             {
@@ -92,7 +109,7 @@ pub(super) async fn admit(
     };
     ticket.armed = false;
     match outcome {
-        Some(Ok(d)) if !tried.contains(&d.worker) => Ok(d),
+        Some(Ok(d)) if !tried.contains(&d.worker) => Ok((d, Explanation::queued(d.worker))),
         Some(Ok(handed)) => {
             // The router's queue knows nothing of `tried`: it handed this retry a worker
             // that already failed it. Prefer an untried one with room, giving the handed
@@ -103,12 +120,15 @@ pub(super) async fn admit(
             let now = s.routing.clock.now();
             let mut guard = s.routing.core();
             let core = &mut *guard;
-            match core.router.route_excluding(now, req, tried, &mut core.rng) {
+            match core
+                .router
+                .route_explained(now, req, tried, &mut core.rng, &mut why)
+            {
                 Ok(d) => {
                     core.release(now, handed.worker, handed.charge, None);
-                    Ok(d)
+                    Ok((d, why))
                 }
-                Err(_) => Ok(handed),
+                Err(_) => Ok((handed, Explanation::queued(handed.worker))),
             }
         }
         Some(Err(e)) => Err(Refusal::Route(e)),
@@ -118,8 +138,11 @@ pub(super) async fn admit(
             let now = s.routing.clock.now();
             let mut guard = s.routing.core();
             let core = &mut *guard;
-            match core.router.route_excluding(now, req, tried, &mut core.rng) {
-                Ok(d) => Ok(d),
+            match core
+                .router
+                .route_explained(now, req, tried, &mut core.rng, &mut why)
+            {
+                Ok(d) => Ok((d, why)),
                 Err(RouteError::AllAtCap { .. }) => {
                     s.global.queue_timeouts.fetch_add(1, Relaxed);
                     Err(Refusal::QueueTimeout)

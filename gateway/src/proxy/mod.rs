@@ -8,6 +8,7 @@
 
 mod admit;
 pub(crate) mod budget;
+mod explain;
 pub(crate) mod flight;
 mod relay;
 mod sse;
@@ -29,7 +30,7 @@ use bytes::Bytes;
 use flight::Flight;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use relay::{respond, server_error};
-use routelab_policies::{Decision, RouteRequest, Time, WorkerId};
+use routelab_policies::{Decision, Explanation, RouteRequest, Time, WorkerId};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
@@ -133,6 +134,7 @@ async fn handle(s: Arc<Shared>, req: Request, ep: Endpoint) -> Result<Response, 
         accept: parts.headers.get(header::ACCEPT).cloned(),
         arrived: arrival.at,
         prompt_tokens: parsed.prompt_tokens,
+        explain: explain::asked(&parts.headers),
     };
     forward
         .with_retries(&s, &route_req, &parsed.model, &prefix, &mut trace)
@@ -279,6 +281,8 @@ pub(crate) struct Forward {
     pub arrived: Instant,
     /// Its prompt tokens, as the router counts them.
     pub prompt_tokens: u32,
+    /// The client asked to see the routing decision (`x-routelab-explain`).
+    explain: bool,
 }
 
 /// How one attempt ended.
@@ -314,7 +318,7 @@ impl Forward {
     ) -> Result<Response, ApiError> {
         let mut tries = Tries::default();
         for attempt in 0..=s.settings.retries {
-            let decision = match admit(s, route_req, &tries.tried).await {
+            let (decision, why) = match admit(s, route_req, &tries.tried).await {
                 Ok(d) => d,
                 Err(refusal) => match tries.refused(refusal, attempt, s, model) {
                     // No worker left to retry on: the last worker's failure is the answer.
@@ -329,7 +333,7 @@ impl Forward {
                 s.global.retries.fetch_add(1, Relaxed);
             }
             tries.tried.push(decision.worker);
-            match self.attempt(s, decision, prefix, trace).await {
+            match self.attempt(s, (decision, &why), prefix, trace).await {
                 Attempt::Answered(response) => {
                     tries.judge(s, true);
                     return Ok(response);
@@ -350,19 +354,22 @@ impl Forward {
     async fn attempt(
         &self,
         s: &Arc<Shared>,
-        decision: Decision,
+        (decision, why): (Decision, &Explanation),
         prefix: &[u64],
         trace: &mut Option<Trace>,
     ) -> Attempt {
-        let found = {
+        let (found, shown) = {
             let core = s.routing.core();
-            core.workers.get(decision.worker).map(|w| {
+            let found = core.workers.get(decision.worker).map(|w| {
                 (
                     w.base.join(self.ep.path()),
                     w.metrics.clone(),
                     w.cfg.name.clone(),
                 )
-            })
+            });
+            // Shown only to a log or a client that asked: otherwise not even named.
+            let wanted = trace.is_some() || self.explain;
+            (found, wanted.then(|| explain::record(&core, why)).flatten())
         };
         let Some((uri, metrics, name)) = found else {
             // Removed between the decision and here: give the slot back.
@@ -382,6 +389,9 @@ impl Forward {
         s.signals.dispatched(&s.routing, decision.worker, prefix);
         if let Some(t) = trace.as_mut() {
             t.worker(&name);
+            if let Some(d) = &shown {
+                t.decision(d.clone());
+            }
         }
         let mut flight = Flight::new(
             s,
@@ -443,7 +453,15 @@ impl Forward {
             Ok(Ok(r)) => {
                 // This response is the request's answer: its flight writes the log line.
                 flight.trace = trace.take();
-                Attempt::Answered(respond(s, flight, r, first_chunk_by).await)
+                let mut answer = respond(s, flight, r, first_chunk_by).await;
+                if let Some(v) = shown
+                    .as_ref()
+                    .filter(|_| self.explain)
+                    .and_then(explain::header)
+                {
+                    answer.headers_mut().insert(explain::ANSWER, v);
+                }
+                Attempt::Answered(answer)
             }
         }
     }

@@ -3,6 +3,7 @@
 
 mod browser;
 mod engine_inputs;
+mod explain;
 mod fake;
 mod hardening;
 mod hardening_three;

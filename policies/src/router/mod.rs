@@ -1,9 +1,11 @@
 //! The router: filters, prefix affinity, chooser and caps over the live fleet.
 
 use crate::capacity::Capacities;
+use crate::chooser::Chooser;
 use crate::chooser::Hot;
 use crate::config::{Affinity, AffinityUnits, Cap, PolicyConfig, PrefixKnowledge};
 use crate::error::{AdminError, RouteError};
+use crate::explain::{Explanation, Observe, Predicted, Scored};
 use crate::load_index::{LoadIndex, affinity_load};
 use crate::prefix::PrefixIndex;
 use crate::rules::RuleCtx;
@@ -243,8 +245,26 @@ impl Router {
         req: &RouteRequest<'_>,
         rng: &mut R,
     ) -> Result<Decision, RouteError> {
-        let mut decision = self.choose(req, rng)?;
+        let mut decision = self.choose(req, rng, &mut ())?;
         self.dispatch(now, &mut decision, req.prefix);
+        Ok(decision)
+    }
+
+    /// [`Router::route_excluding`], explained: `why` is filled with the chosen worker, the
+    /// runner-up and the scores the chooser compared them by, as the decision computed them
+    /// ([`Explanation`]). The decision is the one [`Router::route_excluding`] makes from the
+    /// same state and draws.
+    pub fn route_explained<R: Rng + ?Sized>(
+        &mut self,
+        now: Time,
+        req: &RouteRequest<'_>,
+        exclude: &[WorkerId],
+        rng: &mut R,
+        why: &mut Explanation,
+    ) -> Result<Decision, RouteError> {
+        *why = Explanation::new();
+        let decision = self.route_with(now, req, exclude, rng, why)?;
+        why.finish(decision.worker, decision.affinity_kept);
         Ok(decision)
     }
 
@@ -260,8 +280,22 @@ impl Router {
         exclude: &[WorkerId],
         rng: &mut R,
     ) -> Result<Decision, RouteError> {
+        self.route_with(now, req, exclude, rng, &mut ())
+    }
+
+    /// [`Router::route_excluding`] reporting the chooser's scores to `why`.
+    fn route_with<R: Rng + ?Sized, O: Observe>(
+        &mut self,
+        now: Time,
+        req: &RouteRequest<'_>,
+        exclude: &[WorkerId],
+        rng: &mut R,
+        why: &mut O,
+    ) -> Result<Decision, RouteError> {
         if exclude.is_empty() || self.models.get(req.model.0 as usize).is_none() {
-            return self.route(now, req, rng);
+            let mut decision = self.choose(req, rng, why)?;
+            self.dispatch(now, &mut decision, req.prefix);
+            return Ok(decision);
         }
         let saved: Vec<(usize, u32)> = exclude
             .iter()
@@ -272,7 +306,7 @@ impl Router {
             let cap = self.hot[i].cap;
             self.set_in_flight(i, cap);
         }
-        let outcome = self.choose(req, rng);
+        let outcome = self.choose(req, rng, why);
         // Reverse order restores the true count even when an id is listed twice.
         for &(i, in_flight) in saved.iter().rev() {
             self.set_in_flight(i, in_flight);
@@ -280,6 +314,46 @@ impl Router {
         let mut decision = outcome?;
         self.dispatch(now, &mut decision, req.prefix);
         Ok(decision)
+    }
+
+    /// What the chooser would score `worker` for `req` in the router's current state: its
+    /// load score, or `predictive`'s prediction; `None` for a chooser that reports no scores
+    /// or a worker that is not routable for the request's model. A recomputation, for tests
+    /// and diagnostics: no decision calls it ([`Router::route_explained`] reports the scores
+    /// the decision itself compared).
+    pub fn score_of(&self, req: &RouteRequest<'_>, worker: WorkerId) -> Option<Scored> {
+        let h = self.hot.get(worker.index())?;
+        if !h.routable || h.model != req.model.0 {
+            return None;
+        }
+        let (score, predicted) = match self.config.chooser {
+            Chooser::Predictive(ref p) => {
+                let ctx = RuleCtx {
+                    prompt_tokens: req.prompt_tokens,
+                    prefix: req.prefix,
+                    holder: self.prefix.longest(req.prefix),
+                    signals: &self.signals,
+                    index: &self.prefix,
+                    capacity: &self.capacity,
+                    holder_pos: None,
+                };
+                let pr = crate::predictive::predict(&ctx, worker.0, h, p);
+                let predicted = Predicted {
+                    ttft_s: pr.ttft_s,
+                    tpot_s: pr.tpot_s,
+                    objective: pr.score,
+                    harm: pr.harm,
+                };
+                (pr.score, Some(predicted))
+            }
+            c if c.ties().is_some() => (c.score(h.in_flight, h.weight), None),
+            _ => return None,
+        };
+        Some(Scored {
+            worker,
+            score,
+            predicted,
+        })
     }
 
     /// A request's first token reached the host: its uncached prompt tokens are released
@@ -371,7 +445,7 @@ impl Router {
                 prompt_tokens,
                 session,
             };
-            let outcome = self.choose(&req, rng);
+            let outcome = self.choose(&req, rng, &mut ());
             self.queue[i].prefix = prefix;
             match outcome {
                 Err(RouteError::AllAtCap { .. }) | Err(RouteError::NoHealthyWorker { .. }) => {
@@ -392,10 +466,11 @@ impl Router {
 
     // ----- internals -------------------------------------------------------------------------
 
-    fn choose<R: Rng + ?Sized>(
+    fn choose<R: Rng + ?Sized, O: Observe>(
         &mut self,
         req: &RouteRequest<'_>,
         rng: &mut R,
+        why: &mut O,
     ) -> Result<Decision, RouteError> {
         let Some(entry) = self.models.get(req.model.0 as usize) else {
             return Err(RouteError::NoWorkerForModel);
@@ -472,6 +547,7 @@ impl Router {
             &mut self.wrr_current,
             ctx,
             rng,
+            why,
         );
         let Some(pos) = pick else {
             return Err(RouteError::AllAtCap { model: req.model });

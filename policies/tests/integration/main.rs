@@ -9,6 +9,7 @@ mod choosers;
 mod common;
 mod config_errors;
 mod errors;
+mod explain;
 mod invariants;
 mod knowledge;
 mod peers;

@@ -26,7 +26,12 @@
 //!   `client_gone` (the client went away first);
 //! - `ttft_ms` (arrival to the first response byte) and `e2e_ms` (arrival to the end), null
 //!   when that point was not reached; in **policy time**, the router's clock ([`crate::clock`]):
-//!   wall time in production, the emulated engine's time under `clock_scale`.
+//!   wall time in production, the emulated engine's time under `clock_scale`;
+//! - `decision`, for a routed request only: why the router chose the worker, from the router's
+//!   own explanation of the decision ([`LogDecision`]): `reason` (`score`, `write-off`,
+//!   `affinity`, `unscored`, `queued`), `chosen` and `runner_up`, each a `worker` with the
+//!   `score` the chooser compared (lower wins) and, for `predictive`, `predicted_ttft_ms` and
+//!   `predicted_tpot_ms`.
 //!
 //! Requests refused before routing (a malformed body, an unknown model) are not logged: they
 //! carry no model or prompt worth replaying. The prompt's text is never written.
@@ -124,7 +129,14 @@ pub struct LogRecord {
     pub ttft_ms: Option<f64>,
     /// Arrival to end, policy-time milliseconds.
     pub e2e_ms: Option<f64>,
+    /// Why the router chose the worker (the last attempt's decision); absent when the request
+    /// was never routed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decision: Option<Box<LogDecision>>,
 }
+
+mod decision;
+pub use decision::{LogCandidate, LogDecision};
 
 /// Counters of the log, rendered in `/metrics`.
 #[derive(Debug, Default)]
@@ -246,6 +258,7 @@ impl Trace {
                 status: LogStatus::ClientGone,
                 ttft_ms: None,
                 e2e_ms: None,
+                decision: None,
             },
             done: false,
         }
@@ -254,6 +267,11 @@ impl Trace {
     /// The worker the request is (last) sent to.
     pub fn worker(&mut self, name: &str) {
         self.record.worker = Some(name.to_string());
+    }
+
+    /// The decision that sent it to its (last) worker.
+    pub fn decision(&mut self, d: LogDecision) {
+        self.record.decision = Some(Box::new(d));
     }
 
     /// The request ended now: write its line (once; later calls do nothing).
@@ -275,6 +293,7 @@ impl Trace {
             model: std::mem::take(&mut r.model),
             prefix_hashes: std::mem::take(&mut r.prefix_hashes),
             worker: r.worker.take(),
+            decision: r.decision.take(),
             ..r.clone()
         };
         self.log.send(record);
@@ -577,6 +596,7 @@ mod tests {
             status: LogStatus::Ok,
             ttft_ms: Some(412.5),
             e2e_ms: None,
+            decision: None,
         }
     }
 
@@ -606,6 +626,26 @@ mod tests {
             line.contains(r#""output_tokens":null,"#)
                 && line.contains(r#""worker":null,"status":"client_gone","#)
                 && line.ends_with(r#""e2e_ms":9012.0}"#),
+            "{line}"
+        );
+        let explained = LogRecord {
+            decision: Some(Box::new(LogDecision {
+                reason: "score",
+                chosen: LogCandidate {
+                    worker: "a".into(),
+                    score: Some(0.5),
+                    predicted_ttft_ms: Some(120.0),
+                    predicted_tpot_ms: Some(25.0),
+                },
+                runner_up: Some(LogCandidate::new("b".into(), None)),
+            })),
+            ..record(4)
+        };
+        let line = serde_json::to_string(&explained).unwrap();
+        assert!(
+            line.ends_with(
+                r#""e2e_ms":null,"decision":{"reason":"score","chosen":{"worker":"a","score":0.5,"predicted_ttft_ms":120.0,"predicted_tpot_ms":25.0},"runner_up":{"worker":"b"}}}"#
+            ),
             "{line}"
         );
         for s in LogStatus::ALL {
