@@ -92,8 +92,9 @@ pub(crate) struct Prediction {
     pub own_miss: bool,
 }
 
-/// Predict request `ctx` on worker `i`, knowing nothing of the requests to come.
-#[cfg(test)]
+/// Predict request `ctx` on worker `i`, knowing nothing of the requests to come (what
+/// [`crate::Router::score_of`] recomputes: the decision's own figures when the future terms
+/// are off, as they are by default).
 pub(crate) fn predict(ctx: &RuleCtx<'_>, i: u32, hot: &Hot, p: &PredictiveParams) -> Prediction {
     predict_with(ctx, i, hot, p, &Ahead::NONE)
 }

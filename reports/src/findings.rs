@@ -26,8 +26,13 @@ pub const SITA_ORACLE: &str = "sita-oracle";
 
 /// The sections generated apart from `compare --findings`'s document, in the order it keeps
 /// them after its own text.
-pub const GENERATED_APART: &[&str] =
-    &[CAPACITY, REPLICAS, WEIGHT_ERROR, AGAINST_ORIGINALS, SITA_ORACLE];
+pub const GENERATED_APART: &[&str] = &[
+    CAPACITY,
+    REPLICAS,
+    WEIGHT_ERROR,
+    AGAINST_ORIGINALS,
+    SITA_ORACLE,
+];
 
 /// Each section of [`GENERATED_APART`] that `doc` has, whole (markers included), in that
 /// order: what `compare --findings` keeps when it rewrites the document.

@@ -99,6 +99,14 @@ pub fn best_field_router(st: &CapacityStudy) -> Option<usize> {
     best(st, |i| PolicyKind::of(st, i) == PolicyKind::Field)
 }
 
+/// A dispatch stream's spread of its replicas' decisions, in words.
+fn spread_words(spread_ns: u64) -> String {
+    match spread_ns {
+        0 => "no spread".to_string(),
+        ns => format!("spread {} ms", fmt_sig(Some(ns as f64 / 1e6), 3)),
+    }
+}
+
 /// How a deployment is written: `4 × probes-and-load (sync 1 s)`.
 fn share_label(share: Share) -> String {
     match share {
@@ -115,13 +123,13 @@ fn share_label(share: Share) -> String {
         Share::DispatchStream {
             bus_latency_ns,
             spread_ns,
-        } if spread_ns > 0 => format!(
-            "{} (bus {} ms, spread {} ms)",
+        } => format!(
+            "{} (bus {} ms, {})",
             share.name(),
             fmt_sig(Some(bus_latency_ns as f64 / 1e6), 3),
-            fmt_sig(Some(spread_ns as f64 / 1e6), 3)
+            spread_words(spread_ns)
         ),
-        Share::DispatchStream { bus_latency_ns, .. } | Share::RouteAndReserve { bus_latency_ns } => {
+        Share::RouteAndReserve { bus_latency_ns } => {
             format!(
                 "{} (bus {} ms)",
                 share.name(),
@@ -260,9 +268,11 @@ pub fn scenario_part(st: &ReplicaStudy) -> String {
                 ),
                 None => format!("no established loss up to {most} replicas"),
             };
-            let spread = match share.spread_ns() {
-                0 => String::new(),
-                ns => format!(" (spread {} ms)", fmt_sig(Some(ns as f64 / 1e6), 3)),
+            let spread = match share {
+                Share::DispatchStream { spread_ns, .. } => {
+                    format!(" ({})", spread_words(spread_ns))
+                }
+                _ => String::new(),
             };
             let _ = writeln!(
                 out,

@@ -128,8 +128,15 @@ fn deployments(args: &ReplicasArgs) -> Result<Vec<Gateways>, InputError> {
     let shares: Vec<Share> = shares
         .iter()
         .flat_map(|&share| {
-            let spread: Vec<Share> = spreads.iter().filter_map(|&ns| share.with_spread(ns)).collect();
-            if spread.is_empty() { vec![share] } else { spread }
+            let spread: Vec<Share> = spreads
+                .iter()
+                .filter_map(|&ns| share.with_spread(ns))
+                .collect();
+            if spread.is_empty() {
+                vec![share]
+            } else {
+                spread
+            }
         })
         .collect();
     let mut out: Vec<Gateways> = Vec::new();

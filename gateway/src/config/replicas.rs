@@ -405,7 +405,11 @@ mod tests {
         assert_eq!(s.credentials, Credentials::None);
         assert_eq!(s.heartbeat, Duration::from_secs(1));
         assert_eq!(s.publish_queue, 8192);
-        assert_eq!(s.spread, Duration::from_millis(10), "the simulator's default");
+        assert_eq!(
+            s.spread,
+            Duration::from_millis(10),
+            "the simulator's default"
+        );
         for (yaml, field) in [
             ("spread_s: -0.001", "replicas.spread_s"),
             ("spread_s: 2", "replicas.spread_s"),

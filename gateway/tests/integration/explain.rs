@@ -68,6 +68,7 @@ fn recomputed(body: &str) -> Vec<(String, f64, f64, f64)> {
         context_tokens: parsed.prompt_tokens + parsed.max_tokens.unwrap_or(0),
         prefix: &prefix,
         prompt_tokens: parsed.prompt_tokens,
+        session: None,
     };
     (0..3)
         .map(|i| {

@@ -73,6 +73,7 @@ fn compare(mut plain: Router, mut explained: Router, n: usize, seed: u64) -> Has
             context_tokens: prompt + if load.random_bool(0.2) { 9_000 } else { 100 },
             prefix: &chain,
             prompt_tokens: prompt,
+            session: None,
         };
         let before: Vec<Option<Scored>> = (0..8)
             .map(|i| explained.score_of(&req, WorkerId(i)))

@@ -206,7 +206,11 @@ impl<'a> Sim<'a> {
             lifecycle: Lifecycle::new(policy.weights.name()),
             kv,
             werr: WeightErrorTracker::new(n),
-            peers: PeerBus::new(setup.gateways.share, setup.gateways.replicas as usize, setup.seed),
+            peers: PeerBus::new(
+                setup.gateways.share,
+                setup.gateways.replicas as usize,
+                setup.seed,
+            ),
         })
     }
 

@@ -14,10 +14,10 @@
 //! worker one bus round trip later, the reservation's cost.
 
 use super::{Ev, Sim, Sink};
+use crate::traffic::TrafficSource;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 use routelab_policies::streams::{SPREAD_STREAM, derive_seed};
-use crate::traffic::TrafficSource;
 use routelab_policies::{Charge, Completion, WorkerId};
 
 use super::replicas::{Replicas, Share};

@@ -23,10 +23,10 @@
 use super::fleet::Fleet;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
+use routelab_policies::streams::secs_to_nanos;
 use routelab_policies::streams::{
     REPLICA_STREAM, ROUTER_STREAM, SPLIT_STREAM, derive_seed, splitmix64,
 };
-use routelab_policies::streams::secs_to_nanos;
 use routelab_policies::{AdminError, DEFAULT_REPLICA_SPREAD_S, Router, WorkerId};
 
 /// The most replicas a scenario may declare.

@@ -499,14 +499,20 @@ fn a_spread_dispatch_stream_orders_simultaneous_decisions_that_the_stream_alone_
         rows.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
         let mut worst = 0;
         for burst in rows.chunks(8) {
-            assert_eq!(burst[0].arrival_s, burst[7].arrival_s, "one burst, one instant");
+            assert_eq!(
+                burst[0].arrival_s, burst[7].arrival_s,
+                "one burst, one instant"
+            );
             let pair = burst.iter().filter(|r| r.worker == "pair").count();
             worst = worst.max(pair.max(8 - pair));
         }
         worst
     };
     let herded = worst_share(stream);
-    assert_eq!(herded, 8, "a plain stream sends a whole burst to one worker");
+    assert_eq!(
+        herded, 8,
+        "a plain stream sends a whole burst to one worker"
+    );
     let spread = stream.with_spread(10_000_000).unwrap();
     let spread_worst = worst_share(spread);
     assert!(
