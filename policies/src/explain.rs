@@ -10,6 +10,7 @@
 
 use crate::predictive::Prediction;
 use crate::worker::WorkerId;
+use serde::Serialize;
 
 /// Why a decision went where it did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -213,6 +214,66 @@ impl Explanation {
             (Some(f), _) => (Some(Scored { worker, ..f }), Some(f)),
             (None, s) => (None, s),
         };
+    }
+}
+
+/// A decision as its hosts show it: the gateway's request log and `x-routelab-decision` header,
+/// the simulator's decisions to a [`RequestSink`](../../routelab_sim/trait.RequestSink.html)
+/// that asks for them. Workers by name; one shape for both, so that a decision logged by the
+/// gateway and one written by the simulator read alike.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ShownDecision {
+    /// `affinity`, `score`, `write-off`, `unscored` or `queued` ([`Reason`]).
+    pub reason: &'static str,
+    /// The chosen worker and its score (no score unless the reason is `score` or `write-off`).
+    pub chosen: ShownCandidate,
+    /// The best other candidate the chooser compared, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runner_up: Option<ShownCandidate>,
+}
+
+/// One candidate of a [`ShownDecision`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ShownCandidate {
+    /// The worker's name.
+    pub worker: String,
+    /// The value compared (lower wins): the load score, `predictive`'s objective, or its harm
+    /// to the others for a write-off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub score: Option<f64>,
+    /// `predictive`'s predicted time to first token there, milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub predicted_ttft_ms: Option<f64>,
+    /// `predictive`'s predicted time per output token there, milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub predicted_tpot_ms: Option<f64>,
+}
+
+impl ShownCandidate {
+    /// `s` (or, with no score, just `worker`) under `name`.
+    pub fn new(name: String, s: Option<&Scored>) -> ShownCandidate {
+        let p = s.and_then(|s| s.predicted);
+        ShownCandidate {
+            worker: name,
+            score: s.map(|s| s.score),
+            predicted_ttft_ms: p.map(|p| p.ttft_s * 1e3),
+            predicted_tpot_ms: p.map(|p| p.tpot_s * 1e3),
+        }
+    }
+}
+
+impl ShownDecision {
+    /// `why` with the workers named by `name`; `None` before a worker was chosen.
+    pub fn of(why: &Explanation, name: impl Fn(WorkerId) -> String) -> Option<ShownDecision> {
+        let worker = why.worker?;
+        Some(ShownDecision {
+            reason: why.reason.as_str(),
+            chosen: ShownCandidate::new(name(worker), why.chosen.as_ref()),
+            runner_up: why
+                .runner_up
+                .as_ref()
+                .map(|r| ShownCandidate::new(name(r.worker), Some(r))),
+        })
     }
 }
 

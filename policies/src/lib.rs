@@ -82,7 +82,7 @@ pub use config::{
     RawWeights, SloBound, WeightsConfig, implausible_slo_bound,
 };
 pub use error::{AdminError, ConfigError, PrefillProbeTooLong, RouteError};
-pub use explain::{Explanation, Predicted, Reason, Scored};
+pub use explain::{Explanation, Predicted, Reason, Scored, ShownCandidate, ShownDecision};
 pub use kv::KvEvent;
 pub use located::InputError;
 pub use predictive::PredictiveParams;

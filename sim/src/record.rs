@@ -14,6 +14,7 @@
 //! TPOT *distribution* counts a completed one-token output as 0 s (see [`Recorder::finished`]).
 
 use crate::results::{RunMetrics, WorkerTotals};
+use routelab_policies::ShownDecision;
 use routelab_policies::streams::{nanos_to_secs, secs_to_nanos};
 use routelab_policies::{AdminError, RouteError, Time};
 use std::fmt;
@@ -140,6 +141,21 @@ pub struct RequestRecord {
 pub trait RequestSink {
     /// One finished request.
     fn record(&mut self, row: RequestRecord);
+
+    /// Whether the sink wants every routing decision explained ([`RequestSink::decision`]).
+    /// The simulator then routes through `Router::route_explained`, which decides exactly as
+    /// the plain path does (the policy crate's tests hold the two to the same choices and
+    /// draws), so a run's results do not depend on the answer.
+    fn wants_decisions(&self) -> bool {
+        false
+    }
+
+    /// Request `id`'s routing decision (one per attempt; a request retried after a failure has
+    /// two), in the shape the gateway's request log shows it: the router's own explanation,
+    /// with the scores it compared.
+    fn decision(&mut self, id: u64, decision: ShownDecision) {
+        let _ = (id, decision);
+    }
 }
 
 impl RequestSink for Vec<RequestRecord> {
@@ -286,6 +302,11 @@ impl Recorder {
     /// The metrics so far.
     pub fn metrics(&self) -> &RunMetrics {
         &self.m
+    }
+
+    /// The name of worker `w` (its index in [`RunMetrics::workers`]).
+    pub fn worker_name(&self, w: usize) -> &str {
+        &self.m.workers[w].name
     }
 
     /// The metrics, for host-specific figures.

@@ -3,7 +3,7 @@
 //! `x-routelab-decision` header. Both are the router's own explanation of the decision
 //! ([`routelab_policies::Explanation`]): the scores it compared, not a recomputation.
 
-use crate::reqlog::{LogCandidate, LogDecision};
+use crate::reqlog::LogDecision;
 use crate::routing::Core;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use routelab_policies::Explanation;
@@ -26,15 +26,7 @@ pub(super) fn record(core: &Core, why: &Explanation) -> Option<LogDecision> {
             .get(id)
             .map_or_else(|| format!("#{}", id.0), |w| w.cfg.name.clone())
     };
-    let worker = why.worker?;
-    Some(LogDecision {
-        reason: why.reason.as_str(),
-        chosen: LogCandidate::new(name(worker), why.chosen.as_ref()),
-        runner_up: why
-            .runner_up
-            .as_ref()
-            .map(|r| LogCandidate::new(name(r.worker), Some(r))),
-    })
+    LogDecision::of(why, name)
 }
 
 /// The response header's value: the decision as one line of JSON (`None` if it is not a

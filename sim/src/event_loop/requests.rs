@@ -6,12 +6,16 @@
 //! their bookkeeping at the end differs ([`Kind`]). A finished customer request is counted by
 //! the shared [`Recorder`](crate::record::Recorder) from an [`Outcome`].
 
+use super::fleet::Fleet;
 use super::peers::PeerOp;
 use super::{Ev, Sim, SimError, Sink};
-use crate::record::{Outcome, Status};
+use crate::record::{Outcome, Recorder, RequestSink, Status};
 use crate::traffic::{Arrival, TrafficSource};
 use crate::worker::{Admission, BLOCK_TOKENS, EngineOutput};
-use routelab_policies::{Charge, Completion, Decision, ModelId, RouteError, RouteRequest, Time};
+use routelab_policies::{
+    Charge, Completion, Decision, Explanation, ModelId, RouteError, RouteRequest, ShownDecision,
+    Time, WorkerId,
+};
 
 /// What a request slot holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -262,7 +266,30 @@ impl Sim<'_> {
         let replica = self
             .replicas
             .get_mut(self.requests.get(req).replica as usize);
-        match replica.router.route(self.now, &request, &mut replica.rng) {
+        let routed = match sink.as_deref_mut().filter(|s| s.wants_decisions()) {
+            Some(sink) => {
+                let mut why = Explanation::new();
+                let routed = replica.router.route_explained(
+                    self.now,
+                    &request,
+                    &[],
+                    &mut replica.rng,
+                    &mut why,
+                );
+                if routed.is_ok() {
+                    show(
+                        &self.rec,
+                        &self.fleet,
+                        self.requests.get(req).id,
+                        &why,
+                        sink,
+                    );
+                }
+                routed
+            }
+            None => replica.router.route(self.now, &request, &mut replica.rng),
+        };
+        match routed {
             Ok(d) => self.dispatched(req, d),
             Err(RouteError::AllAtCap { .. }) | Err(RouteError::NoHealthyWorker { .. }) => {
                 // Wait at the gateway (FIFO) until a slot frees or a worker comes back. The
@@ -474,7 +501,19 @@ impl Sim<'_> {
                 // The ticket is the request's slot (see `route`).
                 let req = ticket as u32;
                 match outcome {
-                    Ok(d) => self.dispatched(req, d),
+                    Ok(d) => {
+                        if let Some(sink) = sink.as_deref_mut().filter(|s| s.wants_decisions()) {
+                            let why = Explanation::queued(d.worker);
+                            show(
+                                &self.rec,
+                                &self.fleet,
+                                self.requests.get(req).id,
+                                &why,
+                                sink,
+                            );
+                        }
+                        self.dispatched(req, d);
+                    }
                     Err(e) => {
                         self.rec.rejected_because(&e);
                         self.reject(req, traffic, sink);
@@ -520,5 +559,14 @@ impl Sim<'_> {
         if let Some(sink) = sink.as_deref_mut() {
             sink.record(self.rec.row(o));
         }
+    }
+}
+
+/// Hand `why`, the decision that placed request `id`, to a sink that asked for decisions, with
+/// the workers by name.
+fn show(rec: &Recorder, fleet: &Fleet, id: u64, why: &Explanation, sink: &mut dyn RequestSink) {
+    let name = |w: WorkerId| rec.worker_name(fleet.index_of(w) as usize).to_string();
+    if let Some(shown) = ShownDecision::of(why, name) {
+        sink.decision(id, shown);
     }
 }

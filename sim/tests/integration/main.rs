@@ -4,6 +4,7 @@ mod calibration_fit;
 mod common_random_numbers;
 mod engine;
 mod engine_modes;
+mod explain;
 mod families;
 mod input_traps;
 mod knowledge;
