@@ -27,7 +27,11 @@
 //!
 //! Other arguments: `--gateway PATH` (the `routelab-gateway` beside this example's directory),
 //! `--dir PATH` (configuration and log; a new temporary directory), `--policy P` (the soak's
-//! `probe/p2c:higher-weight/capacity/none/kv-events`).
+//! `probe/p2c:higher-weight/capacity/none/kv-events`), `--engines benign` (the same clients
+//! and prober against well-behaved fake workers without KV streams, to tell the clients' part
+//! from the engines'; give it a `--policy` without `kv-events`), `--big-model NAME` (the model
+//! the big prompts ask for, `m`: another name is parsed and refused with a 404 without being
+//! counted, to tell the parsing's part from the counting's).
 
 mod fake;
 
@@ -47,7 +51,9 @@ use tokio::net::{TcpListener, TcpStream};
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
-const FLAGS: [&str; 11] = [
+const FLAGS: [&str; 13] = [
+    "--engines",
+    "--big-model",
     "--seconds",
     "--sample",
     "--window",
@@ -77,7 +83,7 @@ fn check_args() {
             "hostile [--seconds S (180)] [--sample N (15)] [--window TOKENS (32768)] \
              [--prompt-bytes B (1048576)] [--clients C (4)] [--probe-ms MS (20)] \
              [--rss-bound-mib MIB (200)] [--p99-bound-ms MS (5)] [--gateway PATH] [--dir PATH] \
-             [--policy POLICY]"
+             [--policy POLICY] [--engines hostile|benign] [--big-model NAME (m)]"
         );
         std::process::exit(0);
     }
@@ -321,6 +327,8 @@ async fn kv_peer(mode: KvMode, worker: u64) -> KvPeer {
 
 #[derive(Clone, Copy, Debug)]
 enum MetricsMode {
+    /// The fake workers' ordinary page (`--engines benign`).
+    Benign,
     HugeGauges,
     HugeRate,
     Hangs,
@@ -330,6 +338,7 @@ enum MetricsMode {
 async fn metrics_page(mode: MetricsMode) -> axum::response::Response {
     use axum::response::IntoResponse;
     match mode {
+        MetricsMode::Benign => fake::METRICS.into_response(),
         MetricsMode::HugeGauges => "vllm:num_requests_running{engine=\"0\"} 1e30\n\
              vllm:num_requests_waiting{engine=\"0\"} 1e30\n\
              vllm:kv_cache_usage_perc{engine=\"0\"} 1e30\n\
@@ -383,7 +392,7 @@ async fn worker(metrics: MetricsMode) -> String {
     url
 }
 
-fn config(workers: &[(String, KvPeer)], window: u64, policy: &str) -> String {
+fn config(workers: &[(String, Option<KvPeer>)], window: u64, policy: &str) -> String {
     let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/tokenizers/smollm2-135m-instruct");
     let mut yaml = format!(
         "listen: 127.0.0.1:0\nhealth: {{interval_s: 5}}\nmodels:\n  - {{name: m, tokenizer: \"{}\", chat_template: \"{}\"}}\npolicy: {policy}\nengine_metrics: {{poll: on, interval_s: 1}}\nworkers:\n",
@@ -392,13 +401,16 @@ fn config(workers: &[(String, KvPeer)], window: u64, policy: &str) -> String {
     );
     for (i, (url, kv)) in workers.iter().enumerate() {
         yaml += &format!(
-            "  - {{name: w{i}, base_url: \"{url}\", model: m, context_window: {window}, cache_tokens: 262144, kv_events: {{endpoint: \"{}\"",
-            kv.endpoint
+            "  - {{name: w{i}, base_url: \"{url}\", model: m, context_window: {window}, cache_tokens: 262144"
         );
-        if let Some(r) = &kv.replay {
-            yaml += &format!(", replay_endpoint: \"{r}\"");
+        if let Some(kv) = kv {
+            yaml += &format!(", kv_events: {{endpoint: \"{}\"", kv.endpoint);
+            if let Some(r) = &kv.replay {
+                yaml += &format!(", replay_endpoint: \"{r}\"");
+            }
+            yaml += "}";
         }
-        yaml += "}}\n";
+        yaml += "}\n";
     }
     yaml
 }
@@ -552,9 +564,21 @@ async fn main() {
         (KvMode::Backwards, MetricsMode::Hangs),
         (KvMode::EndlessReplay, MetricsMode::Endless),
     ];
+    let hostile = match arg("--engines").as_deref() {
+        None | Some("hostile") => true,
+        Some("benign") => false,
+        Some(other) => {
+            eprintln!("error: --engines: `{other}` (valid: hostile, benign)");
+            std::process::exit(2)
+        }
+    };
     let mut workers = Vec::new();
     for (i, (kv, metrics)) in plan.iter().enumerate() {
-        workers.push((worker(*metrics).await, kv_peer(*kv, i as u64).await));
+        workers.push(if hostile {
+            (worker(*metrics).await, Some(kv_peer(*kv, i as u64).await))
+        } else {
+            (worker(MetricsMode::Benign).await, None)
+        });
     }
     let config_path = dir.join("hostile.yaml");
     std::fs::write(&config_path, config(&workers, window, &policy)).unwrap_or_else(|e| {
@@ -568,10 +592,15 @@ async fn main() {
             std::process::exit(1)
         });
     println!(
-        "== hostile: gateway {} (pid {pid}) on {addr}; 4 hostile workers {plan:?}; window {window}, \
+        "== hostile: gateway {} (pid {pid}) on {addr}; 4 workers, {}; window {window}, \
          {clients} clients x {prompt_bytes}-byte prompts, probe every {probe_ms} ms, {secs} s; \
          policy {policy}; config and log in {}",
         gateway.display(),
+        if hostile {
+            format!("hostile (KV peer, /metrics): {plan:?}")
+        } else {
+            "benign (no KV streams, the fake workers' /metrics)".to_string()
+        },
         dir.display()
     );
 
@@ -583,12 +612,13 @@ async fn main() {
     let gw_url: hyper::Uri = format!("http://{addr}/v1/chat/completions")
         .parse()
         .unwrap();
+    let big_model = arg("--big-model").unwrap_or_else(|| "m".into());
     let big_body = {
         let digits: String = (0..prompt_bytes)
             .map(|i| char::from(b'0' + (i * 7 % 10) as u8))
             .collect();
         Bytes::from(format!(
-            r#"{{"model":"m","messages":[{{"role":"user","content":"{digits}"}}],"max_tokens":16}}"#
+            r#"{{"model":"{big_model}","messages":[{{"role":"user","content":"{digits}"}}],"max_tokens":16}}"#
         ))
     };
     let short = Bytes::from(fake::BODY);
