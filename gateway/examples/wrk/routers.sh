@@ -4,10 +4,13 @@
 # router in front of it, the routers alternating within each round (direct, ours, sglang, vllm,
 # direct, ours, ...). Prints one line per run and, at the end, a markdown table of the medians
 # over the rounds with the added p50/p99 (router minus direct at the same connections).
+# `nginx` (if installed) is a reference: nginx proxying the same worker over kept-alive
+# upstream connections, `worker_processes auto`, access log off. `--before PATH` adds the router
+# `before`: another routelab-gateway binary (e.g. an older commit's) with ours' configuration.
 #
 #   cargo build --release -p routelab-gateway --bins --example immediate
 #   deploy/field-routers/install.sh                # for sglang and vllm (else give --routers)
-#   gateway/examples/wrk/routers.sh [--rounds 2] [--seconds 10] [--routers direct,ours,sglang,vllm]
+#   gateway/examples/wrk/routers.sh [--rounds 2] [--seconds 10] [--routers direct,ours,nginx,sglang,vllm]
 #       [--sglang-policy cache_aware] [--vllm-policy cache_aware] [--dir DIR]
 #
 # Ours is target/release/routelab-gateway with its default policy and one worker, no signals
@@ -19,7 +22,7 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../../.." && pwd)
-ROUNDS=2 SECONDS_EACH=10 ROUTERS=direct,ours,sglang,vllm
+ROUNDS=2 SECONDS_EACH=10 ROUTERS=direct,ours,sglang,vllm BEFORE_BIN=
 SGLANG_POLICY=cache_aware VLLM_POLICY=cache_aware
 DIR=$(mktemp -d /tmp/routelab-wrk.XXXXXX)
 while [ $# -gt 0 ]; do
@@ -30,7 +33,8 @@ while [ $# -gt 0 ]; do
     --sglang-policy) SGLANG_POLICY=$2 ;;
     --vllm-policy) VLLM_POLICY=$2 ;;
     --dir) DIR=$2; mkdir -p "$DIR" ;;
-    *) echo "error: unknown argument $1 (valid: --rounds, --seconds, --routers, --sglang-policy, --vllm-policy, --dir)" >&2; exit 2 ;;
+    --before) BEFORE_BIN=$2 ;;
+    *) echo "error: unknown argument $1 (valid: --rounds, --seconds, --routers, --sglang-policy, --vllm-policy, --dir, --before)" >&2; exit 2 ;;
   esac
   shift 2
 done
@@ -49,6 +53,7 @@ cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
   [ -f "$DIR/ours.pid" ] && kill "$(cat "$DIR/ours.pid")" 2>/dev/null || true
+  [ -f "$DIR/nginx.pid" ] && kill "$(cat "$DIR/nginx.pid")" 2>/dev/null || true
   field_router_stop "$DIR" sglang 2>/dev/null || true
   field_router_stop "$DIR" vllm 2>/dev/null || true
 }
@@ -61,8 +66,8 @@ wait_port() {
   echo "error: nothing listens on port $1 after 30 s" >&2; exit 1
 }
 
-WPORT=18101 GPORT=18102 SPORT=18103 VPORT=18104
-for p in $WPORT $GPORT $SPORT $VPORT; do
+WPORT=18101 GPORT=18102 SPORT=18103 VPORT=18104 NPORT=18105
+for p in $WPORT $GPORT $SPORT $VPORT $NPORT; do
   port_answers $p && { echo "error: port $p on 127.0.0.1 is in use" >&2; exit 1; }
 done
 "$WORKER_BIN" --port $WPORT >"$DIR/worker.log" 2>&1 &
@@ -75,6 +80,23 @@ listen: 127.0.0.1:$GPORT
 workers:
   - {name: w0, base_url: "$WORKER", model: m, context_window: 32768}
 EOF
+mkdir -p "$DIR/nginx"
+cat >"$DIR/nginx.conf" <<EOF
+worker_processes auto;
+pid $DIR/nginx.pid;
+error_log $DIR/nginx-error.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $DIR/nginx/body;
+  proxy_temp_path $DIR/nginx/proxy;
+  upstream w { server 127.0.0.1:$WPORT; keepalive 256; }
+  server {
+    listen 127.0.0.1:$NPORT;
+    location / { proxy_pass http://w; proxy_http_version 1.1; proxy_set_header Connection ""; }
+  }
+}
+EOF
 cat >"$DIR/chat.lua" <<'EOF'
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
@@ -84,11 +106,20 @@ EOF
 start_router() {
   case $1 in
     direct) echo "$WORKER" ;;
-    ours)
-      "$GATEWAY_BIN" --config "$DIR/gateway.yaml" >"$DIR/ours.log" 2>&1 &
+    ours|before)
+      local bin=$GATEWAY_BIN
+      if [ "$1" = before ]; then
+        [ -x "$BEFORE_BIN" ] || { echo "error: the router 'before' needs --before PATH" >&2; exit 2; }
+        bin=$BEFORE_BIN
+      fi
+      "$bin" --config "$DIR/gateway.yaml" >"$DIR/$1.log" 2>&1 &
       echo $! >"$DIR/ours.pid"
       wait_port $GPORT
       echo "http://127.0.0.1:$GPORT" ;;
+    nginx)
+      nginx -c "$DIR/nginx.conf" -p "$DIR/nginx" -g 'daemon off;' >"$DIR/nginx.log" 2>&1 &
+      wait_port $NPORT
+      echo "http://127.0.0.1:$NPORT" ;;
     sglang)
       field_router_start "$DIR" sglang sglang --port $SPORT --prometheus-port 18113 \
         --worker-urls "$WORKER" --policy "$SGLANG_POLICY" >/dev/null
@@ -97,16 +128,20 @@ start_router() {
       field_router_start "$DIR" vllm vllm --port $VPORT --prometheus-port 18114 \
         --worker-urls "$WORKER" --policy "$VLLM_POLICY" >/dev/null
       echo "http://127.0.0.1:$VPORT" ;;
-    *) echo "error: router '$1' (valid: direct, ours, sglang, vllm)" >&2; exit 2 ;;
+    *) echo "error: router '$1' (valid: direct, ours, before, nginx, sglang, vllm)" >&2; exit 2 ;;
   esac
 }
 stop_router() {
   case $1 in
-    ours)
+    ours|before)
       local pid; pid=$(cat "$DIR/ours.pid")
       kill "$pid" 2>/dev/null || true
       while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
       rm -f "$DIR/ours.pid" ;;
+    nginx)
+      local pid; pid=$(cat "$DIR/nginx.pid")
+      kill "$pid" 2>/dev/null || true
+      while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done ;;
     sglang|vllm) field_router_stop "$DIR" "$1" ;;
   esac
 }
@@ -151,7 +186,7 @@ for line in open(sys.argv[1]):
 med = lambda xs: statistics.median(xs)
 print("\n| router | conns | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | non-2xx + errors | load1 |")
 print("|---|---|---|---|---|---|---|---|---|")
-for (name, c), v in sorted(runs.items(), key=lambda kv: (kv[0][1], ["direct", "ours", "sglang", "vllm"].index(kv[0][0]))):
+for (name, c), v in sorted(runs.items(), key=lambda kv: (kv[0][1], ["direct", "ours", "before", "nginx", "sglang", "vllm"].index(kv[0][0]))):
     rps, p50, p99 = med([x[0] for x in v]), med([x[1] for x in v]), med([x[2] for x in v])
     d = runs.get(("direct", c))
     add50 = f"{p50 - med([x[1] for x in d]):.3f}" if d and name != "direct" else "—"
