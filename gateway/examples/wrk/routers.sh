@@ -13,7 +13,7 @@
 #   gateway/examples/wrk/routers.sh [--rounds 2] [--seconds 10] [--routers direct,ours,nginx,sglang,vllm]
 #       [--sglang-policy cache_aware] [--vllm-policy cache_aware] [--dir DIR]
 #
-# Ours is target/release/routelab-gateway with its default policy and one worker, no signals
+# Ours is target/release/routelab-gateway (or $ROUTELAB_GATEWAY_BIN) with its default policy and one worker, no signals
 # (exact tokens, KV streams, metrics polls off). The field's routers run from the venv of
 # deploy/field-routers/install.sh with their default policy (cache_aware for both, as
 # `routelab h2h` runs them), loopback only. Every process this starts is stopped by its
@@ -40,7 +40,7 @@ while [ $# -gt 0 ]; do
 done
 command -v wrk >/dev/null || { echo "error: wrk is missing (apt-get install -y wrk)" >&2; exit 2; }
 WORKER_BIN=$ROOT/target/release/examples/immediate
-GATEWAY_BIN=$ROOT/target/release/routelab-gateway
+GATEWAY_BIN=${ROUTELAB_GATEWAY_BIN:-$ROOT/target/release/routelab-gateway}
 for b in "$WORKER_BIN" "$GATEWAY_BIN"; do
   [ -x "$b" ] || { echo "error: $b is missing (cargo build --release -p routelab-gateway --bins --example immediate)" >&2; exit 2; }
 done
