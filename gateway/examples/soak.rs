@@ -21,12 +21,11 @@
 mod fake;
 
 use bytes::Bytes;
-use fake::{Fleet, Signals};
+use fake::{Fleet, Signals, rss_kib};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -91,54 +90,6 @@ fn num(name: &str, default: u64) -> u64 {
             std::process::exit(2)
         }),
     }
-}
-
-/// A process's resident set and its peak, in KiB, and its threads (`VmRSS`, `VmHWM`,
-/// `Threads` of `/proc/<pid>/status`).
-fn rss_kib(pid: u32) -> Option<(u64, u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-    };
-    Some((field("VmRSS:")?, field("VmHWM:")?, field("Threads:")?))
-}
-
-/// The process named `comm` (as `/proc/<pid>/comm` has it: at most 15 bytes) among `root` and
-/// its descendants.
-fn find_process(root: u32, comm: &str) -> Option<u32> {
-    let mut parent_of: Vec<(u32, u32)> = Vec::new();
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
-        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-            continue;
-        };
-        if let Some(ppid) = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok()) {
-            parent_of.push((pid, ppid));
-        }
-    }
-    let mut family = vec![root];
-    let mut i = 0;
-    while i < family.len() {
-        let p = family[i];
-        family.extend(parent_of.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
-        i += 1;
-    }
-    family.into_iter().find(|pid| {
-        std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end() == comm)
-    })
 }
 
 /// Least-squares slope of `y` over `x`.
@@ -232,68 +183,12 @@ async fn main() {
     let wrap: Vec<String> = arg("--wrap")
         .map(|w| w.split_whitespace().map(String::from).collect())
         .unwrap_or_default();
-    let mut cmd = match wrap.split_first() {
-        Some((program, args)) => {
-            let mut c = std::process::Command::new(program);
-            c.args(args).arg(&gateway);
-            c
-        }
-        None => std::process::Command::new(&gateway),
-    };
     let log_path = dir.join("gateway.log");
-    let mut child = cmd
-        .arg("--config")
-        .arg(&config)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
+    let (mut child, addr, pid) = fake::spawn_gateway(&gateway, &wrap, &config, &log_path)
         .unwrap_or_else(|e| {
-            eprintln!("error: cannot start {}: {e}", gateway.display());
+            eprintln!("error: {e}");
             std::process::exit(1)
         });
-    // Its log goes to a file; the `started` line tells the address it listens on.
-    let (addr_tx, addr_rx) = std::sync::mpsc::channel::<String>();
-    {
-        let stderr = child.stderr.take().expect("piped");
-        let mut log = std::fs::File::create(&log_path).expect("the gateway's log file");
-        std::thread::spawn(move || {
-            use std::io::Write;
-            for line in std::io::BufReader::new(stderr)
-                .lines()
-                .map_while(Result::ok)
-            {
-                if line.contains("event=started")
-                    && let Some(a) = line
-                        .split_whitespace()
-                        .find_map(|f| f.strip_prefix("listen="))
-                {
-                    let _ = addr_tx.send(a.to_string());
-                }
-                let _ = writeln!(log, "{line}");
-            }
-        });
-    }
-    let Ok(addr) = addr_rx.recv_timeout(Duration::from_secs(60)) else {
-        let _ = child.kill();
-        eprintln!(
-            "error: the gateway did not start within 60 s; its log: {}",
-            log_path.display()
-        );
-        std::process::exit(1);
-    };
-    let comm: String = gateway
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or("routelab-gateway")
-        .chars()
-        .take(15)
-        .collect();
-    let pid = find_process(child.id(), &comm).unwrap_or_else(|| {
-        let _ = child.kill();
-        eprintln!("error: no process named {comm} under the gateway's command");
-        std::process::exit(1)
-    });
     println!(
         "== soak: gateway {} (pid {pid}) on {addr}, signals {}, {nworkers} fake workers, {rate} req/s for {secs} s; config and log in {}",
         gateway.display(),

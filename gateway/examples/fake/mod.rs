@@ -6,6 +6,7 @@
 
 use axum::routing::{get, post};
 use routelab_gateway::kv::publisher::{self, Publisher};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -211,4 +212,123 @@ impl Fleet {
             }
         })
     }
+}
+
+/// A process's resident set and its peak, in KiB, and its threads (`VmRSS`, `VmHWM`,
+/// `Threads` of `/proc/<pid>/status`).
+pub fn rss_kib(pid: u32) -> Option<(u64, u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?, field("Threads:")?))
+}
+
+/// The process named `comm` (as `/proc/<pid>/comm` has it: at most 15 bytes) among `root` and
+/// its descendants.
+pub fn find_process(root: u32, comm: &str) -> Option<u32> {
+    let mut parent_of: Vec<(u32, u32)> = Vec::new();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+            continue;
+        };
+        if let Some(ppid) = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok()) {
+            parent_of.push((pid, ppid));
+        }
+    }
+    let mut family = vec![root];
+    let mut i = 0;
+    while i < family.len() {
+        let p = family[i];
+        family.extend(parent_of.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    family.into_iter().find(|pid| {
+        std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end() == comm)
+    })
+}
+
+/// Start the gateway binary `gateway` (under the command `wrap`, when given) with `config`, its
+/// log written to `log`; the child, the address its `started` line names, and the process id
+/// of the gateway itself (under a wrapper, the process named like the binary among the
+/// command's descendants). On failure the child is killed and the error says why.
+pub fn spawn_gateway(
+    gateway: &Path,
+    wrap: &[String],
+    config: &Path,
+    log: &Path,
+) -> Result<(std::process::Child, String, u32), String> {
+    use std::io::BufRead;
+    let mut cmd = match wrap.split_first() {
+        Some((program, args)) => {
+            let mut c = std::process::Command::new(program);
+            c.args(args).arg(gateway);
+            c
+        }
+        None => std::process::Command::new(gateway),
+    };
+    let mut child = cmd
+        .arg("--config")
+        .arg(config)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", gateway.display()))?;
+    // Its log goes to a file; the `started` line tells the address it listens on.
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel::<String>();
+    let stderr = child.stderr.take().expect("piped");
+    let mut file =
+        std::fs::File::create(log).map_err(|e| format!("cannot create {}: {e}", log.display()))?;
+    std::thread::spawn(move || {
+        use std::io::Write;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if line.contains("event=started")
+                && let Some(a) = line
+                    .split_whitespace()
+                    .find_map(|f| f.strip_prefix("listen="))
+            {
+                let _ = addr_tx.send(a.to_string());
+            }
+            let _ = writeln!(file, "{line}");
+        }
+    });
+    let Ok(addr) = addr_rx.recv_timeout(Duration::from_secs(60)) else {
+        let _ = child.kill();
+        return Err(format!(
+            "the gateway did not start within 60 s; its log: {}",
+            log.display()
+        ));
+    };
+    let comm: String = gateway
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("routelab-gateway")
+        .chars()
+        .take(15)
+        .collect();
+    let Some(pid) = find_process(child.id(), &comm) else {
+        let _ = child.kill();
+        return Err(format!(
+            "no process named {comm} under the gateway's command"
+        ));
+    };
+    Ok((child, addr, pid))
 }

@@ -1,0 +1,860 @@
+//! The gateway binary under hostile engines and hostile clients (issue 42's "Must show"):
+//! `cargo build --release -p routelab-gateway --examples --bins`, then
+//! `target/release/examples/hostile --seconds 180`.
+//!
+//! Four fake workers, each a different hostile engine on both of its engine-side inputs:
+//!
+//! | worker | KV event peer (ZMTP, written by hand here) | `/metrics` |
+//! |---|---|---|
+//! | w0 | announces a 2^61-byte frame, then closes | every gauge `1e30` |
+//! | w1 | one endless multipart message of 1 MiB frames with MORE set | `sglang:gen_throughput 1e300` |
+//! | w2 | valid batches whose sequence restarts at 0 every 300 batches, with one at `i64::MAX` every 1,000; no replay endpoint | never answers |
+//! | w3 | live batches with a gap before each (every other sequence number); its replay socket answers any request with batches forever and no end marker | an endless page, 64 KiB every 10 ms |
+//!
+//! The KV peers that send valid batches store 32 fresh blocks per batch every 10 ms and never
+//! remove them, so a mirror not bounded by the worker's `cache_tokens` grows. The model has the
+//! vendored SmolLM2 tokenizer and chat template (exact counting on) and a small window
+//! (`--window`, 32,768 tokens); `--clients` clients (4) send chat completions with a
+//! `--prompt-bytes` (1 MiB) prompt of digits back to back. A prober sends the short request of
+//! the load and soak examples every `--probe-ms` (20) ms, to a worker directly and through the
+//! gateway in turn, so the added latency is the gateway's p50/p99 minus the direct p50/p99.
+//!
+//! The gateway runs as its own process; its VmRSS is read every second. Every `--sample` (15)
+//! seconds a line: the interval's direct and gateway p50/p99 of the short request, the big
+//! requests answered and how, RSS and threads. At the end the whole run's figures and a verdict
+//! against `--rss-bound-mib` (200) and `--p99-bound-ms` (5, added p99), and whether the process
+//! is alive and answering `/health`; the exit status is 1 when any of them fails.
+//!
+//! Other arguments: `--gateway PATH` (the `routelab-gateway` beside this example's directory),
+//! `--dir PATH` (configuration and log; a new temporary directory), `--policy P` (the soak's
+//! `probe/p2c:higher-weight/capacity/none/kv-events`), `--engines benign` (the same clients
+//! and prober against well-behaved fake workers without KV streams, to tell the clients' part
+//! from the engines'; give it a `--policy` without `kv-events`), `--big-model NAME` (the model
+//! the big prompts ask for, `m`: another name is parsed and refused with a 404 without being
+//! counted, to tell the parsing's part from the counting's).
+
+mod fake;
+
+use bytes::Bytes;
+use fake::rss_kib;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use routelab_gateway::kv::wire::{self, Batch, BlockHash, Event};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+const FLAGS: [&str; 13] = [
+    "--engines",
+    "--big-model",
+    "--seconds",
+    "--sample",
+    "--window",
+    "--prompt-bytes",
+    "--clients",
+    "--probe-ms",
+    "--rss-bound-mib",
+    "--p99-bound-ms",
+    "--gateway",
+    "--dir",
+    "--policy",
+];
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+}
+
+/// Refuse what this example does not take; `--help` prints the arguments.
+fn check_args() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!(
+            "hostile [--seconds S (180)] [--sample N (15)] [--window TOKENS (32768)] \
+             [--prompt-bytes B (1048576)] [--clients C (4)] [--probe-ms MS (20)] \
+             [--rss-bound-mib MIB (200)] [--p99-bound-ms MS (5)] [--gateway PATH] [--dir PATH] \
+             [--policy POLICY] [--engines hostile|benign] [--big-model NAME (m)]"
+        );
+        std::process::exit(0);
+    }
+    let mut i = 0;
+    while i < args.len() {
+        if !FLAGS.contains(&args[i].as_str()) {
+            eprintln!(
+                "error: `{}` is not an argument of hostile (valid: {}; --help)",
+                args[i],
+                FLAGS.join(", ")
+            );
+            std::process::exit(2);
+        }
+        if i + 1 >= args.len() {
+            eprintln!("error: {} needs a value", args[i]);
+            std::process::exit(2);
+        }
+        i += 2;
+    }
+}
+
+fn num(name: &str, default: u64) -> u64 {
+    match arg(name) {
+        None => default,
+        Some(v) => v.parse().unwrap_or_else(|_| {
+            eprintln!("error: {name}: `{v}` is not a whole number");
+            std::process::exit(2)
+        }),
+    }
+}
+
+// ---- A hostile ZMTP 3.0 peer (ZeroMQ RFC 23), NULL mechanism, written by hand so it can
+// ---- send what no conforming library would.
+
+const MORE: u8 = 0x01;
+const LONG: u8 = 0x02;
+const COMMAND: u8 = 0x04;
+
+fn greeting() -> [u8; 64] {
+    let mut g = [0u8; 64];
+    g[0] = 0xFF;
+    g[9] = 0x7F;
+    g[10] = 3;
+    g[12..16].copy_from_slice(b"NULL");
+    g
+}
+
+fn put_frame(out: &mut Vec<u8>, flags: u8, body: &[u8]) {
+    if body.len() < 256 {
+        out.push(flags);
+        out.push(body.len() as u8);
+    } else {
+        out.push(flags | LONG);
+        out.extend_from_slice(&(body.len() as u64).to_be_bytes());
+    }
+    out.extend_from_slice(body);
+}
+
+fn ready(socket_type: &[u8]) -> Vec<u8> {
+    let mut body = vec![5];
+    body.extend_from_slice(b"READY");
+    body.push(11);
+    body.extend_from_slice(b"Socket-Type");
+    body.extend_from_slice(&(socket_type.len() as u32).to_be_bytes());
+    body.extend_from_slice(socket_type);
+    let mut out = Vec::new();
+    put_frame(&mut out, COMMAND, &body);
+    out
+}
+
+/// One frame from the gateway (its READY, its subscription, a replay request): flags and body.
+async fn read_frame(s: &mut (impl AsyncReadExt + Unpin)) -> std::io::Result<(u8, Vec<u8>)> {
+    let flags = s.read_u8().await?;
+    let len = if flags & LONG != 0 {
+        s.read_u64().await?
+    } else {
+        u64::from(s.read_u8().await?)
+    };
+    if len > 1 << 20 {
+        return Err(std::io::Error::other("frame too large for a gateway's"));
+    }
+    let mut body = vec![0; len as usize];
+    s.read_exact(&mut body).await?;
+    Ok((flags, body))
+}
+
+async fn handshake(s: &mut TcpStream, socket_type: &[u8]) -> std::io::Result<()> {
+    s.write_all(&greeting()).await?;
+    let mut g = [0u8; 64];
+    s.read_exact(&mut g).await?;
+    s.write_all(&ready(socket_type)).await?;
+    read_frame(s).await?; // the gateway's READY
+    Ok(())
+}
+
+/// A message as vLLM publishes it, `[topic, seq, payload]` with vLLM's default empty topic;
+/// a replay reply has the same shape, its first frame the empty delimiter.
+fn message(seq: i64, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    put_frame(&mut out, MORE, b"");
+    put_frame(&mut out, MORE, &seq.to_be_bytes());
+    put_frame(&mut out, 0, payload);
+    out
+}
+
+/// A batch storing 32 fresh blocks (512 tokens) and removing none: unique hashes from `n`.
+fn batch(worker: u64, n: u64) -> Vec<u8> {
+    let base = ((n << 4) | worker) << 8;
+    wire::encode(&Batch {
+        ts: 0.0,
+        events: vec![Event::BlockStored {
+            block_hashes: (0..32).map(|j| BlockHash(base + j)).collect(),
+            parent: None,
+            token_ids: (0..512).map(|t| (t + n as u32) % 49_152).collect(),
+            block_size: 16,
+            lora_id: None,
+            medium: Some("GPU".into()),
+            group_idx: None,
+        }],
+        data_parallel_rank: None,
+    })
+}
+
+#[derive(Clone, Copy, Debug)]
+enum KvMode {
+    HugeFrame,
+    EndlessMultipart,
+    Backwards,
+    EndlessReplay,
+}
+
+/// The endpoints of one hostile KV peer.
+struct KvPeer {
+    endpoint: String,
+    replay: Option<String>,
+}
+
+async fn bind() -> (TcpListener, String) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("tcp://{}", l.local_addr().unwrap());
+    (l, url)
+}
+
+/// Serve one PUB connection as `mode`; returns when the gateway goes away.
+async fn serve_pub(mut s: TcpStream, mode: KvMode, worker: u64) -> std::io::Result<()> {
+    handshake(&mut s, b"PUB").await?;
+    let (mut r, mut w) = s.into_split();
+    // Drain what the gateway sends (its subscription); note when it closes.
+    let closed = tokio::spawn(async move {
+        let mut sink = vec![0u8; 4096];
+        while matches!(r.read(&mut sink).await, Ok(n) if n > 0) {}
+    });
+    let result = async {
+        match mode {
+            KvMode::HugeFrame => {
+                let mut out = vec![LONG];
+                out.extend_from_slice(&(1u64 << 61).to_be_bytes());
+                out.extend_from_slice(&[0u8; 64 << 10]);
+                w.write_all(&out).await?;
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+            KvMode::EndlessMultipart => {
+                let mut first = Vec::new();
+                put_frame(&mut first, MORE, b"");
+                w.write_all(&first).await?;
+                let mut chunk = Vec::new();
+                put_frame(&mut chunk, MORE, &vec![0x5a; 1 << 20]);
+                loop {
+                    w.write_all(&chunk).await?;
+                }
+            }
+            KvMode::Backwards | KvMode::EndlessReplay => {
+                let mut tick = tokio::time::interval(Duration::from_millis(10));
+                for n in 0u64.. {
+                    tick.tick().await;
+                    let seq = match mode {
+                        KvMode::Backwards if n % 1000 == 999 => i64::MAX,
+                        KvMode::Backwards => (n % 300) as i64,
+                        _ => 2 * n as i64 + 1,
+                    };
+                    w.write_all(&message(seq, &batch(worker, n))).await?;
+                }
+            }
+        }
+        Ok::<(), std::io::Error>(())
+    }
+    .await;
+    closed.abort();
+    result
+}
+
+/// Serve one replay (ROUTER) connection: answer each request with batches forever, never the
+/// end marker, one every millisecond.
+async fn serve_endless_replay(mut s: TcpStream, worker: u64) -> std::io::Result<()> {
+    handshake(&mut s, b"ROUTER").await?;
+    loop {
+        // A request: frames up to one without MORE; its last is the start sequence.
+        let mut start = 0i64;
+        loop {
+            let (flags, body) = read_frame(&mut s).await?;
+            if let Some(seq) = wire::seq_of(&body) {
+                start = seq;
+            }
+            if flags & MORE == 0 && flags & COMMAND == 0 {
+                break;
+            }
+        }
+        let mut tick = tokio::time::interval(Duration::from_millis(1));
+        for k in 0u64.. {
+            tick.tick().await;
+            let seq = start.saturating_add(k as i64);
+            s.write_all(&message(seq, &batch(worker, 1 << 30 | k)))
+                .await?;
+        }
+    }
+}
+
+async fn kv_peer(mode: KvMode, worker: u64) -> KvPeer {
+    let (l, endpoint) = bind().await;
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let _ = s.set_nodelay(true);
+            tokio::spawn(serve_pub(s, mode, worker));
+        }
+    });
+    let replay = if matches!(mode, KvMode::EndlessReplay) {
+        let (l, url) = bind().await;
+        tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                tokio::spawn(serve_endless_replay(s, worker));
+            }
+        });
+        Some(url)
+    } else {
+        None
+    };
+    KvPeer { endpoint, replay }
+}
+
+// ---- Hostile `/metrics` pages.
+
+#[derive(Clone, Copy, Debug)]
+enum MetricsMode {
+    /// The fake workers' ordinary page (`--engines benign`).
+    Benign,
+    HugeGauges,
+    HugeRate,
+    Hangs,
+    Endless,
+}
+
+async fn metrics_page(mode: MetricsMode) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match mode {
+        MetricsMode::Benign => fake::METRICS.into_response(),
+        MetricsMode::HugeGauges => "vllm:num_requests_running{engine=\"0\"} 1e30\n\
+             vllm:num_requests_waiting{engine=\"0\"} 1e30\n\
+             vllm:kv_cache_usage_perc{engine=\"0\"} 1e30\n\
+             vllm:generation_tokens_total{engine=\"0\"} 1e300\n"
+            .into_response(),
+        MetricsMode::HugeRate => {
+            "sglang:num_running_reqs 1\nsglang:num_queue_reqs 0\nsglang:gen_throughput 1e300\n"
+                .into_response()
+        }
+        MetricsMode::Hangs => {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            "".into_response()
+        }
+        MetricsMode::Endless => {
+            let line = "vllm:num_requests_running{engine=\"0\"} 1\n";
+            let chunk = Bytes::from(line.repeat((64 << 10) / line.len()));
+            let stream = futures_util::stream::unfold(chunk, |c| async move {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                Some((Ok::<Bytes, std::io::Error>(c.clone()), c))
+            });
+            axum::body::Body::from_stream(stream).into_response()
+        }
+    }
+}
+
+/// A fake worker (the load example's answers) with a hostile `/metrics`; its base URL.
+async fn worker(metrics: MetricsMode) -> String {
+    use axum::routing::{get, post};
+    let app = axum::Router::new()
+        .route(
+            "/v1/chat/completions",
+            post(|body: Bytes| async move {
+                const STREAM: &[u8] = b"\"stream\":true";
+                if body.windows(STREAM.len()).any(|w| w == STREAM) {
+                    ([("content-type", "text/event-stream")], fake::STREAMED)
+                } else {
+                    ([("content-type", "application/json")], fake::ANSWER)
+                }
+            }),
+        )
+        .route("/metrics", get(move || metrics_page(metrics)))
+        .route("/health", get(|| async { "ok" }));
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    let l = axum::serve::ListenerExt::tap_io(l, |t| {
+        let _ = t.set_nodelay(true);
+    });
+    tokio::spawn(async move {
+        let _ = axum::serve(l, app).await;
+    });
+    url
+}
+
+fn config(workers: &[(String, Option<KvPeer>)], window: u64, policy: &str) -> String {
+    let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/tokenizers/smollm2-135m-instruct");
+    let mut yaml = format!(
+        "listen: 127.0.0.1:0\nhealth: {{interval_s: 5}}\nmodels:\n  - {{name: m, tokenizer: \"{}\", chat_template: \"{}\"}}\npolicy: {policy}\nengine_metrics: {{poll: on, interval_s: 1}}\nworkers:\n",
+        d.join("tokenizer.json").display(),
+        d.join("chat_template.jinja").display()
+    );
+    for (i, (url, kv)) in workers.iter().enumerate() {
+        yaml += &format!(
+            "  - {{name: w{i}, base_url: \"{url}\", model: m, context_window: {window}, cache_tokens: 262144"
+        );
+        if let Some(kv) = kv {
+            yaml += &format!(", kv_events: {{endpoint: \"{}\"", kv.endpoint);
+            if let Some(r) = &kv.replay {
+                yaml += &format!(", replay_endpoint: \"{r}\"");
+            }
+            yaml += "}";
+        }
+        yaml += "}\n";
+    }
+    yaml
+}
+
+// ---- Clients.
+
+/// Send one request; its status once the whole body is read, and the body (or what went
+/// wrong: status 0).
+async fn send(c: &HttpClient, url: &hyper::Uri, body: &Bytes) -> (u16, String) {
+    let req = match hyper::Request::post(url.clone())
+        .header("content-type", "application/json")
+        .body(Full::new(body.clone()))
+    {
+        Ok(r) => r,
+        Err(e) => return (0, e.to_string()),
+    };
+    let r = match c.request(req).await {
+        Ok(r) => r,
+        Err(e) => return (0, format!("{e:?}")),
+    };
+    let status = r.status().as_u16();
+    match r.into_body().collect().await {
+        Ok(b) => (status, String::from_utf8_lossy(&b.to_bytes()).into_owned()),
+        Err(e) => (0, format!("reading the body: {e}")),
+    }
+}
+
+#[derive(Default)]
+struct Big {
+    /// Each status seen (0: no answer) with its count and its first body or error.
+    statuses: Mutex<std::collections::BTreeMap<u16, (u64, String)>>,
+    ok: AtomicU64,
+    refused: AtomicU64,
+    failed: AtomicU64,
+    /// Latencies of the big requests, µs, since the last sample.
+    lat: Mutex<Vec<u32>>,
+}
+
+#[derive(Default)]
+struct Probe {
+    errors: AtomicU64,
+    /// (direct, through the gateway) latencies in µs, since the last sample and all run.
+    direct: Mutex<(Vec<u32>, Vec<u32>)>,
+    gateway: Mutex<(Vec<u32>, Vec<u32>)>,
+}
+
+fn take(m: &Mutex<(Vec<u32>, Vec<u32>)>) -> Vec<u32> {
+    let mut g = m.lock().unwrap();
+    let v = std::mem::take(&mut g.0);
+    g.1.extend_from_slice(&v);
+    v
+}
+
+fn pct(v: &mut [u32], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_unstable();
+    v[((v.len() - 1) as f64 * p).round() as usize] as f64 / 1e3
+}
+
+fn gateway_binary() -> PathBuf {
+    if let Some(p) = arg("--gateway") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("the path of this example");
+    exe.parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("routelab-gateway"))
+        .expect("this example's directory has a parent")
+}
+
+/// CPU seconds of each of the process's threads, by thread name with its trailing number
+/// dropped (`tokio-runtime-w`, `routelab-count-large-`), most first.
+fn cpu_by_thread(pid: u32) -> Vec<(String, f64)> {
+    let mut by: std::collections::BTreeMap<String, f64> = Default::default();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    for t in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let name = stat[open + 1..close].trim_end_matches(|c: char| c.is_ascii_digit());
+        // After the name: state is field 3; utime and stime are fields 14 and 15.
+        let f: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        let ticks: f64 = f.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
+            + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        *by.entry(name.to_string()).or_default() += ticks / 100.0;
+    }
+    let mut v: Vec<(String, f64)> = by.into_iter().collect();
+    v.sort_by(|a, b| b.1.total_cmp(&a.1));
+    v
+}
+
+/// The process's CPU seconds (user and system, all threads).
+fn cpu_s(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let f: Vec<String> = s[s.rfind(')')? + 1..]
+                .split_whitespace()
+                .map(String::from)
+                .collect();
+            Some((f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?) / 100.0)
+        })
+        .unwrap_or(f64::NAN)
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+#[tokio::main]
+async fn main() {
+    check_args();
+    let secs = num("--seconds", 180);
+    let every = num("--sample", 15).max(1);
+    let window = num("--window", 32_768);
+    let prompt_bytes = num("--prompt-bytes", 1 << 20) as usize;
+    let clients = num("--clients", 4);
+    let probe_ms = num("--probe-ms", 20).max(1);
+    let rss_bound = num("--rss-bound-mib", 200) as f64;
+    let p99_bound = num("--p99-bound-ms", 5) as f64;
+    let policy =
+        arg("--policy").unwrap_or_else(|| "probe/p2c:higher-weight/capacity/none/kv-events".into());
+    let gateway = gateway_binary();
+    if !gateway.is_file() {
+        eprintln!(
+            "error: --gateway: no gateway binary at {} (build it: cargo build --release -p routelab-gateway --bins)",
+            gateway.display()
+        );
+        std::process::exit(2);
+    }
+    let dir = arg("--dir").map(PathBuf::from).unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("routelab-hostile-{}", std::process::id()))
+    });
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| {
+        eprintln!("error: --dir: cannot create {}: {e}", dir.display());
+        std::process::exit(2)
+    });
+
+    let plan = [
+        (KvMode::HugeFrame, MetricsMode::HugeGauges),
+        (KvMode::EndlessMultipart, MetricsMode::HugeRate),
+        (KvMode::Backwards, MetricsMode::Hangs),
+        (KvMode::EndlessReplay, MetricsMode::Endless),
+    ];
+    let hostile = match arg("--engines").as_deref() {
+        None | Some("hostile") => true,
+        Some("benign") => false,
+        Some(other) => {
+            eprintln!("error: --engines: `{other}` (valid: hostile, benign)");
+            std::process::exit(2)
+        }
+    };
+    let mut workers = Vec::new();
+    for (i, (kv, metrics)) in plan.iter().enumerate() {
+        workers.push(if hostile {
+            (worker(*metrics).await, Some(kv_peer(*kv, i as u64).await))
+        } else {
+            (worker(MetricsMode::Benign).await, None)
+        });
+    }
+    let config_path = dir.join("hostile.yaml");
+    std::fs::write(&config_path, config(&workers, window, &policy)).unwrap_or_else(|e| {
+        eprintln!("error: cannot write {}: {e}", config_path.display());
+        std::process::exit(2)
+    });
+    let log = dir.join("gateway.log");
+    let (mut child, addr, pid) = fake::spawn_gateway(&gateway, &[], &config_path, &log)
+        .unwrap_or_else(|e| {
+            eprintln!("error: {e}");
+            std::process::exit(1)
+        });
+    println!(
+        "== hostile: gateway {} (pid {pid}) on {addr}; 4 workers, {}; window {window}, \
+         {clients} clients x {prompt_bytes}-byte prompts, probe every {probe_ms} ms, {secs} s; \
+         policy {policy}; config and log in {}",
+        gateway.display(),
+        if hostile {
+            format!("hostile (KV peer, /metrics): {plan:?}")
+        } else {
+            "benign (no KV streams, the fake workers' /metrics)".to_string()
+        },
+        dir.display()
+    );
+
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client: HttpClient = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(64)
+        .build(connector);
+    let gw_url: hyper::Uri = format!("http://{addr}/v1/chat/completions")
+        .parse()
+        .unwrap();
+    let big_model = arg("--big-model").unwrap_or_else(|| "m".into());
+    let big_body = {
+        let digits: String = (0..prompt_bytes)
+            .map(|i| char::from(b'0' + (i * 7 % 10) as u8))
+            .collect();
+        Bytes::from(format!(
+            r#"{{"model":"{big_model}","messages":[{{"role":"user","content":"{digits}"}}],"max_tokens":16}}"#
+        ))
+    };
+    let short = Bytes::from(fake::BODY);
+
+    let start = Instant::now();
+    let end = start + Duration::from_secs(secs);
+    let big = Arc::new(Big::default());
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let (client, url, body, big) = (
+            client.clone(),
+            gw_url.clone(),
+            big_body.clone(),
+            big.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < end {
+                let t = Instant::now();
+                let (s, text) =
+                    tokio::time::timeout(Duration::from_secs(60), send(&client, &url, &body))
+                        .await
+                        .unwrap_or_else(|_| (0, "no answer within 60 s".into()));
+                let us = t.elapsed().as_micros().min(u32::MAX as u128) as u32;
+                big.lat.lock().unwrap().push(us);
+                big.statuses
+                    .lock()
+                    .unwrap()
+                    .entry(s)
+                    .or_insert((0, text.chars().take(300).collect()))
+                    .0 += 1;
+                match s {
+                    200..=299 => big.ok.fetch_add(1, Relaxed),
+                    400..=499 => big.refused.fetch_add(1, Relaxed),
+                    _ => big.failed.fetch_add(1, Relaxed),
+                };
+            }
+        }));
+    }
+    let probe = Arc::new(Probe::default());
+    {
+        let (client, gw_url, body, probe) = (client.clone(), gw_url.clone(), short, probe.clone());
+        let direct: Vec<hyper::Uri> = workers
+            .iter()
+            .map(|(w, _)| format!("{w}/v1/chat/completions").parse().unwrap())
+            .collect();
+        tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(probe_ms));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            for n in 0usize.. {
+                tick.tick().await;
+                if Instant::now() >= end {
+                    break;
+                }
+                // Alternate which goes first, so neither always runs on a warmer path.
+                let d = &direct[n % direct.len()];
+                for leg in 0..2 {
+                    let through = (leg + n) % 2 == 0;
+                    let url = if through { &gw_url } else { d };
+                    let t = Instant::now();
+                    let (s, _) =
+                        tokio::time::timeout(Duration::from_secs(30), send(&client, url, &body))
+                            .await
+                            .unwrap_or((0, String::new()));
+                    let us = t.elapsed().as_micros().min(u32::MAX as u128) as u32;
+                    if !(200..300).contains(&s) {
+                        probe.errors.fetch_add(1, Relaxed);
+                        continue;
+                    }
+                    let into = if through {
+                        &probe.gateway
+                    } else {
+                        &probe.direct
+                    };
+                    into.lock().unwrap().0.push(us);
+                }
+            }
+        }));
+    }
+
+    println!(
+        "{:>5} {:>6} {:>7} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>7} {:>15}",
+        "t_s",
+        "big_ok",
+        "big_4xx",
+        "big_x",
+        "big_p50",
+        "dir_p50",
+        "dir_p99",
+        "gw_p50",
+        "gw_p99",
+        "rss_mib",
+        "hwm_mib",
+        "threads",
+        "gw_cpu",
+        "own_cpu",
+        "loadavg"
+    );
+    let mut rss_max = 0u64;
+    let mut died = None;
+    let mut next_print = every;
+    let mut cpu_before = (0u64, cpu_s(pid), cpu_s(std::process::id()));
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let t = start.elapsed().as_secs();
+        if let Ok(Some(status)) = child.try_wait() {
+            died = Some(format!("the gateway exited ({status}) at {t} s"));
+            break;
+        }
+        let Some((rss, hwm, threads)) = rss_kib(pid) else {
+            died = Some(format!("cannot read /proc/{pid}/status at {t} s"));
+            break;
+        };
+        rss_max = rss_max.max(rss).max(hwm);
+        if t >= next_print || t >= secs {
+            next_print += every;
+            let mut d = take(&probe.direct);
+            let mut g = take(&probe.gateway);
+            let mut b = std::mem::take(&mut *big.lat.lock().unwrap());
+            let cpu_now = (t, cpu_s(pid), cpu_s(std::process::id()));
+            println!(
+                "{t:>5} {:>6} {:>7} {:>6} {:>8.1} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>8.1} {:>8.1} {threads:>7} {:>6.0}% {:>6.0}% {:>15}",
+                big.ok.load(Relaxed),
+                big.refused.load(Relaxed),
+                big.failed.load(Relaxed),
+                pct(&mut b, 0.5),
+                pct(&mut d, 0.5),
+                pct(&mut d, 0.99),
+                pct(&mut g, 0.5),
+                pct(&mut g, 0.99),
+                rss as f64 / 1024.0,
+                hwm as f64 / 1024.0,
+                100.0 * (cpu_s(pid) - cpu_before.1) / (t - cpu_before.0).max(1) as f64,
+                100.0 * (cpu_s(std::process::id()) - cpu_before.2)
+                    / (t - cpu_before.0).max(1) as f64,
+                loadavg(),
+            );
+            cpu_before = cpu_now;
+        }
+        if t >= secs {
+            break;
+        }
+    }
+    for t in &tasks {
+        t.abort();
+    }
+
+    // Alive: still running and answering /health.
+    let healthy = died.is_none() && {
+        let req = hyper::Request::get(format!("http://{addr}/health"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        matches!(
+            tokio::time::timeout(Duration::from_secs(5), client.request(req)).await,
+            Ok(Ok(r)) if r.status().is_success()
+        )
+    };
+    if died.is_none() {
+        let req = hyper::Request::get(format!("http://{addr}/metrics"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(5), client.request(req)).await
+            && let Ok(m) = r.into_body().collect().await
+        {
+            for line in String::from_utf8_lossy(&m.to_bytes()).lines().filter(|l| {
+                !l.starts_with('#')
+                    && (l.contains("kv_events")
+                        || l.contains("engine_metrics")
+                        || l.contains("task_restarts")
+                        || l.contains("buffered")
+                        || l.contains("count"))
+            }) {
+                println!("{line}");
+            }
+        }
+        let by = cpu_by_thread(pid);
+        println!(
+            "== the gateway's CPU by thread (s): {}",
+            by.iter()
+                .map(|(n, s)| format!("{n} {s:.1}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+        let _ = tokio::task::spawn_blocking(move || child.wait()).await;
+    }
+
+    for (status, (n, first)) in big.statuses.lock().unwrap().iter() {
+        println!("== big requests answered {status} (0: no answer): {n}; the first: {first}");
+    }
+    let mut d = probe.direct.lock().unwrap().1.clone();
+    let mut g = probe.gateway.lock().unwrap().1.clone();
+    let (n_d, n_g) = (d.len(), g.len());
+    let (d50, d99, g50, g99) = (
+        pct(&mut d, 0.5),
+        pct(&mut d, 0.99),
+        pct(&mut g, 0.5),
+        pct(&mut g, 0.99),
+    );
+    let rss_mib = rss_max as f64 / 1024.0;
+    println!(
+        "== {secs} s: big requests {} ok, {} refused (4xx), {} failed; short requests {n_d} direct, {n_g} through, {} errors",
+        big.ok.load(Relaxed),
+        big.refused.load(Relaxed),
+        big.failed.load(Relaxed),
+        probe.errors.load(Relaxed),
+    );
+    println!(
+        "== short request p50/p99 ms: direct {d50:.3}/{d99:.3}, gateway {g50:.3}/{g99:.3}, added {:.3}/{:.3}; RSS max {rss_mib:.1} MiB; loadavg {}",
+        g50 - d50,
+        g99 - d99,
+        loadavg()
+    );
+    let checks = [
+        (
+            format!("RSS max {rss_mib:.1} MiB < {rss_bound} MiB"),
+            rss_mib < rss_bound,
+        ),
+        (
+            format!("added p99 {:.3} ms < {p99_bound} ms", g99 - d99),
+            g99 - d99 < p99_bound,
+        ),
+        (
+            died.clone()
+                .unwrap_or_else(|| "alive, /health answers".to_string()),
+            healthy,
+        ),
+    ];
+    let mut failed = false;
+    for (what, ok) in &checks {
+        println!("== {} {what}", if *ok { "PASS" } else { "FAIL" });
+        failed |= !ok;
+    }
+    if failed {
+        std::process::exit(1);
+    }
+}
