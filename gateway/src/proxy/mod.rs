@@ -19,7 +19,7 @@ pub use sse::is_content_event;
 
 use crate::app::shared::Shared;
 use crate::error::ApiError;
-use crate::prompt::{self, Endpoint, Parsed};
+use crate::prompt::{Endpoint, Parsed};
 use crate::reqlog::{LogStatus, Trace};
 use crate::routing::{Failure, RouterCore};
 use admit::{Refusal, admit, queue_timeout};
@@ -185,8 +185,11 @@ async fn parse_and_count(
     bytes: &Bytes,
     ep: Endpoint,
 ) -> Result<(Parsed, Vec<u64>), ApiError> {
-    let mut parsed =
-        prompt::parse(bytes, ep).map_err(|b| ApiError::bad_request(b.message, b.param))?;
+    let mut parsed = s
+        .tokenizers
+        .parse(bytes, ep)
+        .await
+        .map_err(|b| ApiError::bad_request(b.message, b.param))?;
     // The largest window a worker of the model has: a prompt that cannot fit it is refused
     // from its bytes before it is counted (only a model with a tokenizer counts).
     let window = s.tokenizers.get(&parsed.model).and_then(|_| {

@@ -199,6 +199,29 @@ impl Tokenizers {
         }
     }
 
+    /// Parse `body` as a request to `ep`: a body up to [`SMALL_BODY`] on the caller's thread
+    /// (the executor, where it takes microseconds), a larger one on a reading thread
+    /// ([`Counting::read`]), or here after all when those are all taken.
+    pub async fn parse(&self, body: &bytes::Bytes, ep: Endpoint) -> Result<Parsed, BadRequest> {
+        if body.len() <= SMALL_BODY {
+            return prompt::parse(body, ep);
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let b = body.clone();
+        let job: counting::CountJob = Box::new(move || {
+            let _ = tx.send(prompt::parse(&b, ep));
+        });
+        match self.counting.read(job) {
+            Ok(()) => rx.await.unwrap_or_else(|_| {
+                Err(BadRequest {
+                    message: "the request could not be read: its parse panicked".to_string(),
+                    param: None,
+                })
+            }),
+            Err(_) => prompt::parse(body, ep),
+        }
+    }
+
     /// [`Tokenizers::count`] for the request path: a tokenizer's work (a short chat takes
     /// 0.1-0.25 ms here: BPE behind the pure-Rust regex pre-tokenizer) runs on the counting
     /// threads ([`Counting`]: a lane for small prompts, another for large ones, bounded queues,
