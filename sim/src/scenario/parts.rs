@@ -36,8 +36,7 @@ impl Scenario {
                 "traffic",
                 "a fleet file holds no traffic: --trace gives it",
             )
-            .valid("the scenario's fields but `traffic`, or run `routelab plan` on the scenario")
-            .into());
+            .valid("the scenario's fields but `traffic`, or run `routelab plan` on the scenario"));
         }
         let source = trace_source(trace)?;
         // Checked alone, so that what is wrong with it names --trace (the path, the format,
@@ -60,9 +59,7 @@ fn trace_source(text: &str) -> Result<RawTraffic, ScenarioError> {
     let mut source = if text.starts_with('{') {
         parse_yaml::<RawTraffic>(&format!("trace: {text}"), TRACE_FLAG)?
     } else if text.is_empty() {
-        return Err(InputError::new(TRACE_FLAG, "", "is empty")
-            .valid(TRACE_VALID)
-            .into());
+        return Err(InputError::new(TRACE_FLAG, "", "is empty").valid(TRACE_VALID));
     } else {
         RawTraffic::Trace {
             path: text.to_string(),
