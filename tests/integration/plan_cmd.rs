@@ -142,9 +142,7 @@ fn plan_takes_a_fleet_a_trace_and_an_slo() {
         "model: gemma-27b\nfleet:\n  - { name: pro6000, profile: rtx-pro-6000-27b }\n  - { name: pair, profile: rtx4090x2-27b }\n",
     )
     .unwrap();
-    let trace = format!(
-        "{{path: data/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv, format: azure, limit: 1500, rate_scale: 0.4}}"
-    );
+    let trace = "{path: data/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv, format: azure, limit: 1500, rate_scale: 0.4}".to_string();
     let out = dir.join("out");
     let o = routelab(&[
         "plan",
