@@ -272,6 +272,23 @@ pub fn read_scenario(path: &Path, hash: &mut InputsHash) -> anyhow::Result<Scena
     Ok(sc)
 }
 
+/// Read a fleet file and a trace source given apart (`plan --fleet F --trace T`) into their
+/// scenario, hashing the fleet file's text as it is parsed.
+pub fn read_fleet_and_trace(
+    fleet: &Path,
+    trace: &str,
+    hash: &mut InputsHash,
+) -> anyhow::Result<Scenario> {
+    let text = std::fs::read_to_string(fleet)
+        .map_err(|e| InputError::unreadable(fleet.display().to_string(), &e))?;
+    hash.text(fleet, text.as_bytes());
+    let sc = Scenario::from_fleet_and_trace(&text, fleet, trace)?;
+    for w in crate::commands::scenario_warnings(&sc) {
+        eprintln!("warning: {}: {w}", fleet.display());
+    }
+    Ok(sc)
+}
+
 /// Run a command through the lab's one path ([`sharded::run`]): the whole job list, or with
 /// `--shard` the units the shard owns into a partial result (its arguments recorded after the
 /// plan is made, before anything runs).

@@ -37,6 +37,7 @@ pub(crate) fn study(
             .collect(),
         seed_meaning: Default::default(),
         out_of_sample: None,
+        held_out_of: None,
     }
 }
 

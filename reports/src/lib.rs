@@ -46,6 +46,7 @@ mod num;
 mod perf;
 pub mod plan;
 mod profile;
+mod question;
 mod requests_csv;
 pub use requests_csv::{RequestsCsvStream, RowSink};
 pub mod replicas;

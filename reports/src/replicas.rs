@@ -378,6 +378,7 @@ mod tests {
                 .collect(),
             seed_meaning: Default::default(),
             out_of_sample: None,
+            held_out_of: None,
         }
     }
 

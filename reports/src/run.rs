@@ -524,6 +524,13 @@ fn run_html(
         "<p class=\"meta\">SLO applied: {}</p>",
         esc(&meta.slo.to_string())
     ));
+    // What a reader of the run must be told, as the console and summary.json say it (issue 41:
+    // context-window rejections were in neither this page nor its tables).
+    for r in runs {
+        for w in r.metrics.warning_lines() {
+            page.el("p", Some("meta"), &format!("{}: {w}", r.policy));
+        }
+    }
     page.el("h2", None, "Summary");
     let entries: Vec<&RunSummary> = summary.runs.iter().map(|e| &e.summary).collect();
     page.raw(&summary_html(&entries));

@@ -323,9 +323,10 @@ impl Sharded for Plan {
         // policy it ships on its held-out part (whose own outputs go to `held-out/`).
         let held = match self.holdout {
             Some((f, asked)) => {
-                let held = studies.split_off(asked);
-                for (st, h) in studies.iter_mut().zip(&held) {
+                let mut held = studies.split_off(asked);
+                for (st, h) in studies.iter_mut().zip(&mut held) {
                     st.out_of_sample = capacity_out_of_sample(st, h, &held_out_text(f));
+                    h.held_out_of = st.out_of_sample.clone();
                 }
                 held
             }

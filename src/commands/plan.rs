@@ -5,7 +5,8 @@
 
 use super::compare::fraction_flag;
 use crate::lab::{
-    ResampleArgs, capacity_of, holdout_fraction, map_parallel, read_scenario, seed_meaning,
+    ResampleArgs, capacity_of, holdout_fraction, map_parallel, read_fleet_and_trace, read_scenario,
+    seed_meaning,
 };
 use anyhow::Context;
 use routelab_gateway::{SloConfig, WorkerConfig, config::fleet_config};
@@ -25,8 +26,19 @@ const OURS: &str = "predictive";
 /// Options of `routelab plan`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct PlanArgs {
-    /// Scenario YAML file (a fleet, a trace source, and the `slo` to plan for).
-    pub scenario: PathBuf,
+    /// Scenario YAML file (a fleet, a trace source, and the `slo` to plan for); or, instead,
+    /// `--fleet`, `--trace` and `--slo`.
+    #[arg(required_unless_present = "fleet", conflicts_with = "fleet")]
+    pub scenario: Option<PathBuf>,
+    /// A fleet file: a scenario without `traffic:` (its fleet, model, hardware_dir, seed and
+    /// settings), planned for the traffic of `--trace` at `--slo`.
+    #[arg(long, requires_all = ["trace", "slo"])]
+    pub fleet: Option<PathBuf>,
+    /// With `--fleet`, the traffic: a trace file (azure `.csv`, mooncake `.jsonl`), or a
+    /// scenario's trace source in YAML's flow style, e.g. "{path: log.csv, format: csv,
+    /// mapping: {arrival: ts, prompt_tokens: in, output_tokens: out}}" (docs/traces.md).
+    #[arg(long, requires = "fleet", value_name = "TRACE")]
+    pub trace: Option<String>,
     /// Candidate policy (preset or composition); repeat for several. Default: `predictive` and
     /// the scenario's own policies of the field's routers (round robin among them).
     #[arg(long = "policy")]
@@ -118,7 +130,15 @@ fn slo_of(
 pub fn run(args: &PlanArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
     let started = std::time::Instant::now();
     let mut read = InputsHash::new();
-    let loaded = read_scenario(&args.scenario, &mut read)?;
+    let (loaded, source) = match (&args.scenario, &args.fleet, &args.trace) {
+        (Some(path), ..) => (read_scenario(path, &mut read)?, path.display().to_string()),
+        (None, Some(fleet), Some(trace)) => (
+            read_fleet_and_trace(fleet, trace, &mut read)?,
+            format!("--fleet {} --trace {trace}", fleet.display()),
+        ),
+        // clap requires a scenario or --fleet with --trace.
+        _ => anyhow::bail!("give a scenario, or --fleet, --trace and --slo"),
+    };
     let (slo, gateway_slo) = slo_of(args, &loaded)?;
     let mut scenario = loaded.with_load_scale(1.0)?;
     // Every run records the SLO's per-request bounds, and `predictive` aims at them, as the
@@ -146,7 +166,7 @@ pub fn run(args: &PlanArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
                 .scenario
                 .as_recorded()
                 .mean_arrival_rate_per_s(first_seed)
-                .with_context(|| format!("{}: traffic ({})", args.scenario.display(), c.name))?;
+                .with_context(|| format!("{source}: traffic ({})", c.name))?;
             Ok(PlannedCondition {
                 name: c.name.clone(),
                 what: c.what.clone(),
@@ -198,7 +218,7 @@ pub fn run(args: &PlanArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
         .robust()
         .map(|r| study.policies()[r].to_string())
         .context("no policy to plan for")?;
-    write_gateway(&deploy, &scenario, &robust, gateway_slo, &args.scenario)?;
+    write_gateway(&deploy, &scenario, &robust, gateway_slo, &source)?;
     write_plan(&dir, &study, &deploy)?;
     write!(out, "{}", plan_paragraph(&study, &deploy))?;
     writeln!(out, "report: {}", dir.join("plan.md").display())?;
@@ -217,7 +237,7 @@ fn write_gateway(
     scenario: &routelab_sim::Scenario,
     policy: &str,
     slo: SloConfig,
-    source: &Path,
+    source: &str,
 ) -> anyhow::Result<()> {
     let workers: Vec<WorkerConfig> = scenario
         .setup
@@ -230,7 +250,7 @@ fn write_gateway(
         "# Written by `routelab plan {}`: the policy it found robust, aiming at the SLO it was\n\
          # measured against. Replace each base_url with the worker's address, then check it:\n\
          #   routelab-gateway --config {} --check\n",
-        source.display(),
+        source,
         path.display()
     );
     let origin = path.display().to_string();

@@ -128,3 +128,124 @@ fn plan_writes_the_robust_choice_its_range_and_a_gateway_config_that_runs_it() {
         "{names:?}"
     );
 }
+
+/// Issue 41: `plan` from a fleet, a trace and an SLO given apart (no scenario file): the fleet
+/// file is a scenario without traffic, the trace a file or a scenario's trace source; the plan
+/// runs on them and writes the gateway configuration for that fleet at that SLO. What is wrong
+/// is a located error naming the file or flag at fault.
+#[test]
+fn plan_takes_a_fleet_a_trace_and_an_slo() {
+    let dir = scratch("plan-fleet-trace");
+    let fleet = dir.join("fleet.yaml");
+    std::fs::write(
+        &fleet,
+        "model: gemma-27b\nfleet:\n  - { name: pro6000, profile: rtx-pro-6000-27b }\n  - { name: pair, profile: rtx4090x2-27b }\n",
+    )
+    .unwrap();
+    let trace = "{path: data/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv, format: azure, limit: 1500, rate_scale: 0.4}".to_string();
+    let out = dir.join("out");
+    let o = routelab(&[
+        "plan",
+        "--fleet",
+        fleet.to_str().unwrap(),
+        "--trace",
+        &trace,
+        "--slo",
+        "ttft<=2s,tpot<=100ms",
+        "--target",
+        "0.9",
+        "--policy",
+        "predictive",
+        "--policy",
+        "least-load",
+        "--seeds",
+        "1",
+        "--precision",
+        "0.2",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let said = text(&o);
+    assert!(o.status.success(), "{said}");
+    assert!(said.contains("Plan for "), "{said}");
+    let plan: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("plan.json")).unwrap()).unwrap();
+    assert_eq!(plan["scenario"], "fleet");
+    let cfg = GatewayConfig::load(&out.join("gateway.yaml")).unwrap();
+    routelab_gateway::check(&cfg).unwrap();
+    assert!(cfg.warnings().is_empty(), "{:?}", cfg.warnings());
+    assert_eq!(
+        cfg.policy.build().unwrap().name,
+        plan["robust"].as_str().unwrap()
+    );
+    assert_eq!(
+        cfg.slo,
+        Some(SloConfig {
+            ttft_s: 2.0,
+            tpot_s: 0.1
+        })
+    );
+    let names: Vec<&str> = cfg.workers.iter().map(|w| w.name.as_str()).collect();
+    assert_eq!(names, ["pro6000", "pair"]);
+    let header = std::fs::read_to_string(out.join("gateway.yaml")).unwrap();
+    assert!(header.contains("routelab plan --fleet"), "{header}");
+
+    // Located errors: the fleet file's line and field, the trace flag's field, a fleet file
+    // with traffic of its own, and the flags that go together.
+    let bad = dir.join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "model: m\nfleet:\n  - { name: a, profile: no-such-profile }\n",
+    )
+    .unwrap();
+    let slo = "ttft<=2s,tpot<=100ms";
+    for (args, want) in [
+        (
+            vec![
+                "--fleet",
+                bad.to_str().unwrap(),
+                "--trace",
+                &trace,
+                "--slo",
+                slo,
+            ],
+            "bad.yaml:3:",
+        ),
+        (
+            vec![
+                "--fleet",
+                fleet.to_str().unwrap(),
+                "--trace",
+                "no/such.csv",
+                "--slo",
+                slo,
+            ],
+            "--trace: trace.path: no such file",
+        ),
+        (
+            vec![
+                "--fleet",
+                fleet.to_str().unwrap(),
+                "--trace",
+                "{path: x.csv, speed: 2}",
+                "--slo",
+                slo,
+            ],
+            "speed",
+        ),
+        (
+            vec!["--fleet", fleet.to_str().unwrap(), "--slo", slo],
+            "--trace",
+        ),
+        (
+            vec!["--fleet", fleet.to_str().unwrap(), "--trace", &trace],
+            "--slo",
+        ),
+    ] {
+        let o = routelab(&[&["plan"], args.as_slice()].concat());
+        let said = text(&o);
+        assert!(!o.status.success(), "{args:?}: {said}");
+        assert!(said.contains(want), "{args:?}: {said}");
+        assert!(!said.contains("panicked"), "{said}");
+    }
+}

@@ -86,6 +86,25 @@ fn capacity_resamples_a_trace_per_seed_and_the_findings_hold_it_out() {
         "{console}"
     );
     assert!(dir.join("resampled/held-out/capacity.json").is_file());
+    // Issue 41: the held-out part picks no policy of its own ("Ship `predictive`" there sat in
+    // a report that shipped another): its outputs lead with the verdict of the report it is in.
+    let held: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("resampled/held-out/capacity.json")).unwrap(),
+    )
+    .unwrap();
+    let held_ship = held["ship"].as_str().unwrap();
+    assert!(
+        held_ship.starts_with("This is the held-out part: it checks the policy picked on the rest")
+            && !held_ship.contains("Ship ")
+            && held_ship.contains(oos["detail"].as_str().unwrap())
+            && held_ship.contains(&format!("`{}`", oos["winner"].as_str().unwrap())),
+        "{held_ship}"
+    );
+    let held_page = std::fs::read_to_string(dir.join("resampled/held-out/report.html")).unwrap();
+    assert!(
+        held_page.contains("This is the held-out part"),
+        "held-out report.html"
+    );
     // The findings part: resampled intervals, what a seed is, and the out-of-sample line.
     let md = std::fs::read_to_string(&findings).unwrap();
     assert!(

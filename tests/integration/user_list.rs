@@ -93,3 +93,27 @@ fn validate_warns_about_a_start_inside_the_warm_up_and_an_implausible_slo() {
         "{t}"
     );
 }
+
+/// Issue 41: requests longer than every worker's context window are rejected, and
+/// `report.html` says so by reason (it said nothing).
+#[test]
+fn report_html_names_context_window_rejections() {
+    let dir = scratch("user-list-window");
+    let sc = dir.join("long.yaml");
+    std::fs::write(
+        &sc,
+        format!(
+            "{FLEET}traffic:\n  - poisson: {{ start_s: 20, rate_per_s: 1, count: 20, prompt: {{ uniform: {{ min: 1000, max: 60000 }} }}, output: {{ fixed: 16 }} }}\npolicies: [least-load]\ntimeline_s: 0\n"
+        ),
+    )
+    .unwrap();
+    let out = dir.join("out");
+    let o = routelab(&["run", sc.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(
+        html.contains("least-load: ")
+            && html.contains("because prompt + output exceed every worker&#39;s context window"),
+        "report.html names no context-window rejection"
+    );
+}

@@ -82,6 +82,7 @@ pub fn run_study<E>(
             .collect(),
         seed_meaning: plan.seed_meaning,
         out_of_sample: None,
+        held_out_of: None,
     };
     let mut want = match plan.seeds {
         SeedPlan::Fixed(n) => n.max(1),

@@ -92,7 +92,15 @@ pub(crate) fn versus(st: &CapacityStudy, i: usize, j: usize, who: &str) -> Strin
 /// The one sentence that says which policy to ship and by how much (the findings' verdict,
 /// also the first sentence of the console table and of `report.html`).
 pub fn ship_sentence(st: &CapacityStudy) -> String {
-    scenario_verdict(st)
+    match &st.held_out_of {
+        // A held-out part picks nothing: it says the verdict of the study it checks.
+        Some(o) => format!(
+            "This is the held-out part: it checks the policy picked on the rest of the trace \
+             and picks none of its own. {}",
+            o.sentence()
+        ),
+        None => scenario_verdict(st),
+    }
 }
 
 fn scenario_verdict(st: &CapacityStudy) -> String {

@@ -138,6 +138,12 @@ pub struct CapacityStudy {
     pub seed_meaning: (String, String),
     /// The out-of-sample check (`--holdout`), when one ran.
     pub out_of_sample: Option<OutOfSample>,
+    /// When this study is a `--holdout` held-out part: the check it serves (the rest's
+    /// out-of-sample verdict). Its outputs then lead with that verdict, not with a policy to
+    /// ship of their own (issue 41: the held-out part said "Ship `predictive`" inside a report
+    /// that shipped another policy).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_out_of: Option<OutOfSample>,
 }
 
 impl CapacityStudy {
@@ -214,6 +220,7 @@ pub(crate) mod fixture {
                 .collect(),
             seed_meaning: Default::default(),
             out_of_sample: None,
+            held_out_of: None,
         }
     }
 

@@ -445,6 +445,7 @@ pub fn capacity_table(st: &CapacityStudy) -> String {
     if let Some(o) = &st.out_of_sample {
         s.push_str(&format!("{}\n", o.sentence()));
     }
+    s.push_str(&format!("{}\n", crate::question::CAPACITY));
     for p in &st.policies {
         let note = p.censored_note();
         if !note.is_empty() {
@@ -477,6 +478,7 @@ fn capacity_html(st: &CapacityStudy, svg: &str) -> String {
     if let Some(o) = &st.out_of_sample {
         page.el("p", Some("lead"), &o.sentence());
     }
+    page.el("p", Some("meta"), crate::question::CAPACITY);
     if !st.seed_meaning.0.is_empty() {
         page.el("p", Some("meta"), &st.seed_meaning.0);
     }
@@ -630,6 +632,12 @@ mod tests {
         assert!(
             table.contains("SLO holds when every bound holds"),
             "{table}"
+        );
+        // Issue 41: which question the ranking answers, and where the other is answered.
+        assert!(table.contains(crate::question::CAPACITY), "{table}");
+        assert!(
+            html.contains("`routelab compare` ranks them at the scenario&#39;s own load")
+                || html.contains("`routelab compare` ranks them at the scenario's own load")
         );
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -1103,6 +1103,12 @@ pub(crate) mod tests {
         let table = compare_table(&[comparison()]);
         assert!(table.contains("fast"));
         assert!(table.contains("1.10 ± 0.25*"), "{table}");
+        // Issue 41: which question the ranking answers, and where the other is answered.
+        assert!(
+            table.contains("`compare` ranks the policies at the scenario's own load")
+                && table.contains("`routelab capacity` asks how much load"),
+            "{table}"
+        );
     }
 
     /// Issue 41: the console says which SLO the attainment column counts against.

@@ -90,6 +90,7 @@ pub(super) fn compare_html(
             page.el("p", Some("lead"), &format!("{}: {sentence}", st.scenario));
         }
     }
+    page.el("p", Some("meta"), crate::question::COMPARE);
     for ((sc, st), (bars, cdf)) in scenarios.iter().zip(&file.scenarios).zip(charts) {
         page.el("h2", None, &sc.scenario);
         if !sc.description.is_empty() {

@@ -49,6 +49,7 @@ pub fn compare_table(scenarios: &[ScenarioComparison]) -> String {
         }
     }
     if !scenarios.is_empty() {
+        let _ = writeln!(out, "{}", crate::question::COMPARE);
         out.push_str("mean ± 95 % half-width across seeds; * best mean (s, tok/s, %)\n");
         if scenarios.iter().any(|sc| sc.policies.len() > 1) {
             out.push_str(

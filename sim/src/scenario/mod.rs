@@ -18,6 +18,7 @@
 //! policies: [seed-v1, seed-v3, { preset: seed-v3, chooser: { kind: sed, ties: higher-weight } }]
 //! ```
 
+mod parts;
 mod raw;
 mod reader;
 mod sources;
@@ -25,6 +26,7 @@ mod trace;
 mod uncertain;
 mod warmup;
 
+pub use parts::TRACE_FLAG;
 pub use raw::{
     RawEvent, RawGateways, RawNoise, RawResample, RawScenario, RawSeconds, RawSlo, RawTraceMapping,
     RawTraffic, RawWorker,

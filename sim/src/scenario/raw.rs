@@ -25,8 +25,9 @@ pub struct RawScenario {
     pub hardware_dir: Option<String>,
     /// The workers.
     pub fleet: Vec<Spanned<RawWorker>>,
-    /// Traffic sources, merged by time.
-    pub traffic: Vec<Spanned<RawTraffic>>,
+    /// Traffic sources, merged by time (required; absent in a fleet file, whose traffic
+    /// `routelab plan --trace` gives).
+    pub traffic: Option<Vec<Spanned<RawTraffic>>>,
     /// Lifecycle events.
     #[serde(default)]
     pub events: Vec<Spanned<RawEvent>>,

@@ -87,7 +87,7 @@ impl ScenarioReader<'_> {
             &model,
             raw.engine.as_ref(),
         )?;
-        let traffic = self.traffic_sources(&raw.traffic, &workers)?;
+        let traffic = self.traffic_sources(raw.traffic.as_deref(), &workers)?;
         let events = raw
             .events
             .iter()

@@ -20,15 +20,20 @@ impl<'p> ScenarioReader<'p> {
     /// waiting.
     pub(super) fn traffic_sources(
         &self,
-        raw: &[Spanned<RawTraffic>],
+        raw: Option<&[Spanned<RawTraffic>]>,
         workers: &[WorkerSetup],
     ) -> Result<Vec<TrafficSpec>, ScenarioError> {
-        if raw.is_empty() {
+        let Some(raw) = raw.filter(|r| !r.is_empty()) else {
+            let what = if raw.is_none() {
+                "is missing"
+            } else {
+                "is empty"
+            };
             return Err(self.file.error(
                 "traffic",
-                format!("is empty; give at least one source ({})", catalog::names()),
+                format!("{what}; give at least one source ({})", catalog::names()),
             ));
-        }
+        };
         let traffic = raw
             .iter()
             .enumerate()
