@@ -73,6 +73,11 @@ pub struct FitArgs {
     /// overrides the source's.
     #[arg(long, value_delimiter = ',', value_name = "NAMES")]
     pub gpu_names: Option<Vec<String>>,
+    /// The engine's prompt-token budget per step (vLLM's max_num_batched_tokens, llama.cpp's
+    /// --batch-size): the closed loops' prefill is packed to it and the profile's
+    /// prefill_chunk_tokens is it (default: routelab's 512, listed as extrapolated).
+    #[arg(long, value_name = "TOKENS")]
+    pub chunk_tokens: Option<u32>,
 }
 
 /// Options of `routelab profile show`.
@@ -125,6 +130,7 @@ fn fit_cmd(args: &FitArgs, out: &mut impl Write) -> anyhow::Result<ExitCode> {
             .gpu_names
             .as_ref()
             .map(|g| g.iter().map(|n| n.trim().to_string()).collect()),
+        chunk_tokens: args.chunk_tokens,
     };
     let fitted = fit(source, &inputs, &options)?;
     match &args.out {

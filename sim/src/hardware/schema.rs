@@ -43,8 +43,10 @@ pub(super) struct RawProfile {
     pub(super) cold_start: Option<RawColdStart>,
     #[serde(default, serialize_with = "quoted_list")]
     pub(super) extrapolated: Vec<String>,
-    /// Read only: `profile fit` declares no uncertainty (its fields are measured).
-    #[serde(default, skip_serializing)]
+    /// `profile fit` declares one when its calibration loops miss or its overlap is poorly
+    /// pinned (`fit/simulated.rs`), written on one line.
+    #[serde(default, serialize_with = "uncertainty_map")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) uncertainty: Option<std::collections::BTreeMap<String, Spanned<f64>>>,
 }
 
@@ -153,6 +155,29 @@ impl Serialize for QuotedList<'_> {
 fn flow_points<S: Serializer>(points: &Option<Vec<RawPoint>>, s: S) -> Result<S::Ok, S::Error> {
     match points {
         Some(points) => s.collect_seq(points.iter().map(FlowMap)),
+        None => s.serialize_none(),
+    }
+}
+
+/// `uncertainty:` on one line, its figures as a person writes them.
+fn uncertainty_map<S: Serializer>(
+    map: &Option<std::collections::BTreeMap<String, Spanned<f64>>>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    struct Figure(f64);
+    impl Serialize for Figure {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            figure(&unlocated(self.0), s)
+        }
+    }
+    match map {
+        Some(map) => {
+            let figures: std::collections::BTreeMap<&str, Figure> = map
+                .iter()
+                .map(|(k, v)| (k.as_str(), Figure(v.value)))
+                .collect();
+            FlowMap(figures).serialize(s)
+        }
         None => s.serialize_none(),
     }
 }

@@ -10,6 +10,7 @@ mod input_traps;
 mod knowledge;
 mod load_scale;
 mod mapped_traces;
+mod peer_calibration;
 mod peers;
 mod profiles;
 mod queueing;

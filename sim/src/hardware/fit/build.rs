@@ -11,6 +11,7 @@ use super::super::{DEFAULT_PREFILL_CHUNK_TOKENS, HardwareProfile, MIN_CONTEXT_WI
 use super::curve::{curve_of, decode_values, monotone_points, pooled_points, pooled_values};
 use super::overlap::{self, Overlap};
 use super::report::{point_errors, warnings};
+use super::simulated;
 use super::write;
 use super::{
     ColdBurst, DEFAULT_CONTEXT_WINDOW, DEFAULT_KV_CAPACITY_TOKENS, DEFAULT_MAX_RUNNING,
@@ -46,6 +47,8 @@ pub(super) struct Curve<'a> {
     pub(super) curve_points: Vec<Obs>,
     /// The sweep's aggregates, when there is a sweep.
     pub(super) sweep_values: Option<Vec<f64>>,
+    /// The engine's prompt-token budget per step (`--chunk-tokens`, else routelab's default).
+    pub(super) chunk_tokens: u32,
 }
 
 impl Curve<'_> {
@@ -53,7 +56,7 @@ impl Curve<'_> {
     pub(super) fn model(&self, overlap: f64) -> StepModel {
         StepModel {
             prefill_tok_s: self.prefill_tok_s,
-            prefill_chunk_tokens: DEFAULT_PREFILL_CHUNK_TOKENS,
+            prefill_chunk_tokens: self.chunk_tokens,
             prefill_overlap: overlap,
         }
     }
@@ -95,6 +98,7 @@ pub(super) fn build(
         ),
         None => (pooled_points(&m.points), None),
     };
+    let chunk_tokens = chunk_tokens(opts)?;
     let curve = Curve {
         points: &m.points,
         sweep: sweep.as_ref(),
@@ -103,8 +107,31 @@ pub(super) fn build(
         prefill_tok_s,
         curve_points,
         sweep_values,
+        chunk_tokens,
     };
     let overlap = overlap::choose(&curve, opts, &mut notes.extrapolated)?;
+    // The figures the overlap does not touch, first: the simulated calibration loops need them
+    // (their notes keep their place in the file, after the overlap's and the chunk's).
+    let mut later = Notes::default();
+    let context_window = context_window(opts, &m, &mut later)?;
+    let kv_capacity_tokens = kv_capacity_tokens(opts, context_window, &mut later)?;
+    let max_running = max_running(opts, &mut later)?;
+    let engine = simulated::Engine {
+        name: opts.name.trim(),
+        prefill_tok_s,
+        chunk_tokens,
+        kv_capacity_tokens,
+        max_running,
+        context_window,
+    };
+    // What the step model's subtraction cannot pin, fitted by playing the calibration loops
+    // back on the simulator's engine (only where the rows were asked to pin the overlap).
+    let analytic = overlap.value;
+    let overlap = if overlap.fit.is_some() && curve.subtract {
+        simulated::refine(overlap, &curve, &engine)?
+    } else {
+        overlap
+    };
     let moves = curve.moves(overlap.value)?;
     notes
         .fitted
@@ -120,12 +147,16 @@ pub(super) fn build(
             notes.extrapolated.push(note);
         }
     }
-    notes.extrapolated.push(format!(
-        "prefill_chunk_tokens (routelab's default {DEFAULT_PREFILL_CHUNK_TOKENS})"
-    ));
-    let context_window = context_window(opts, &m, &mut notes)?;
-    let kv_capacity_tokens = kv_capacity_tokens(opts, context_window, &mut notes)?;
-    let max_running = max_running(opts, &mut notes)?;
+    match opts.chunk_tokens {
+        None => notes.extrapolated.push(format!(
+            "prefill_chunk_tokens (routelab's default {DEFAULT_PREFILL_CHUNK_TOKENS})"
+        )),
+        Some(c) => notes.fitted.push(format!(
+            "prefill_chunk_tokens {c}: the engine's prompt-token budget per step, as given \
+             (--chunk-tokens); the closed loops' prefill steps are packed to it"
+        )),
+    }
+    notes.extrapolated.append(&mut later.extrapolated);
     let cold_start = cold_start(m.cold, &moves, &mut notes);
 
     if let Some(g) = &opts.gpu_names {
@@ -136,7 +167,7 @@ pub(super) fn build(
         m.sources
             .extend(sw.sources.iter().map(|s| format!("{s} (--decode-sweep)")));
     }
-    let file = RawProfile {
+    let mut file = RawProfile {
         name: unlocated(opts.name.trim().to_string()),
         description: Some(format!("fitted from {} measurements", source.name())),
         gpu_names: m.gpu_names,
@@ -144,7 +175,7 @@ pub(super) fn build(
         fitted: notes.fitted,
         decode: unlocated(write::decode_points(&moves)),
         prefill_tok_s: unlocated(prefill_tok_s),
-        prefill_chunk_tokens: Some(unlocated(f64::from(DEFAULT_PREFILL_CHUNK_TOKENS))),
+        prefill_chunk_tokens: Some(unlocated(f64::from(chunk_tokens))),
         prefill_overlap: Some(unlocated(value)),
         kv_capacity_tokens: unlocated(kv_capacity_tokens as f64),
         max_running: unlocated(f64::from(max_running)),
@@ -153,13 +184,32 @@ pub(super) fn build(
         extrapolated: notes.extrapolated,
         uncertainty: None,
     };
-    let yaml = write::profile_yaml(source, &file);
-
     let origin = format!("fitted:{}", opts.name.trim());
+    let unwidened = HardwareProfile::from_yaml_str(&write::profile_yaml(source, &file), &origin)?;
+    let errors = point_errors(&unwidened, &m.points, sweep.as_ref(), opts.pure_decode);
+    // The fit's own error is part of what the profile says: misfit and a poorly pinned
+    // overlap widen the speeds' uncertainty, which `routelab plan` varies.
+    if let Some(w) = simulated::widen(
+        &unwidened,
+        &errors,
+        &m.points,
+        fit.as_ref(),
+        &engine,
+        &curve,
+    )? {
+        file.fitted.push(w.note);
+        file.uncertainty = Some(
+            w.fields
+                .iter()
+                .map(|(f, u)| (f.name().to_string(), unlocated(*u)))
+                .collect(),
+        );
+    }
+    let yaml = write::profile_yaml(source, &file);
     let profile = HardwareProfile::from_yaml_str(&yaml, &origin)?;
-    let errors = point_errors(&profile, &m.points, sweep.as_ref(), opts.pure_decode);
     let warnings = warnings(&profile, &m.points, &moves, &errors, opts);
     Ok(FittedProfile {
+        analytic_overlap: (value != analytic).then_some(analytic),
         profile,
         yaml,
         moves,
@@ -240,7 +290,7 @@ fn decode_notes(
     opts: &FitOptions,
     overlap: f64,
 ) -> Result<Vec<String>, InputError> {
-    let chunk = DEFAULT_PREFILL_CHUNK_TOKENS;
+    let chunk = curve.chunk_tokens;
     let prefill_tok_s = curve.prefill_tok_s;
     let mut notes = Vec::new();
     if let Some(sw) = curve.sweep {
@@ -332,6 +382,20 @@ fn moves_notes(moves: &[PointMove], weight_name: &str) -> Vec<String> {
         ));
     }
     notes
+}
+
+/// `--chunk-tokens`, checked, else routelab's default.
+fn chunk_tokens(opts: &FitOptions) -> Result<u32, InputError> {
+    match opts.chunk_tokens {
+        Some(0) => Err(flag_error(
+            "--chunk-tokens",
+            "0 tokens",
+            "a whole number >= 1: the engine's prompt-token budget per step (vLLM's \
+             max_num_batched_tokens, llama.cpp's --batch-size)",
+        )),
+        Some(c) => Ok(c),
+        None => Ok(DEFAULT_PREFILL_CHUNK_TOKENS),
+    }
 }
 
 /// `context_window`: the flag's, the source's, or the default.

@@ -46,6 +46,7 @@ mod read_csv;
 mod read_gateway;
 mod read_vllm;
 mod report;
+mod simulated;
 mod write;
 
 pub use closed_loop::{ClosedLoop, ClosedLoopError, MixedStep, StepModel};
@@ -158,6 +159,10 @@ pub struct FitOptions {
     pub decode_sweep: Option<FitInput>,
     /// What the worker announces to the router (overrides the source's `gpu_names`).
     pub gpu_names: Option<Vec<String>>,
+    /// The engine's prompt-token budget per step (`--chunk-tokens`: vLLM's
+    /// `max_num_batched_tokens`, llama.cpp's `--batch-size`); routelab's default
+    /// ([`super::DEFAULT_PREFILL_CHUNK_TOKENS`], listed as extrapolated) when not given.
+    pub chunk_tokens: Option<u32>,
 }
 
 /// How the fit moved one measured point.
@@ -197,6 +202,9 @@ pub struct FittedProfile {
     pub warnings: Vec<String>,
     /// The overlap fitted from the data, when it was.
     pub overlap_fit: Option<OverlapFit>,
+    /// The overlap the step model's subtraction alone gave, when simulating the calibration
+    /// loops replaced it (`simulated.rs`).
+    pub analytic_overlap: Option<f64>,
 }
 
 /// `x` to the nearest `1 / per_unit`, never below it (a profile's figures are > 0). Dividing

@@ -4,8 +4,8 @@
 
 use routelab_policies::located::{InputError, rule};
 
+use super::super::DEFAULT_PREFILL_OVERLAP;
 use super::super::fit_check::{OverlapFit, OverlapRow, infer_overlap, informative};
-use super::super::{DEFAULT_PREFILL_CHUNK_TOKENS, DEFAULT_PREFILL_OVERLAP};
 use super::build::Curve;
 use super::curve::{curve_of, monotone_points};
 use super::{FitOptions, MixedStep, StepModel, flag_error, not_valid};
@@ -163,7 +163,8 @@ fn inferred(curve: &Curve<'_>, extrapolated: &mut Vec<String>) -> Result<Overlap
              prefill step), so no overlap changes their decode aggregate",
             format!(
                 "closed loops at concurrency >= 2 whose clients' prompts together exceed the \
-                 prefill chunk ({DEFAULT_PREFILL_CHUNK_TOKENS} tokens), or --prefill-overlap F"
+                 prefill chunk ({} tokens), or --prefill-overlap F",
+                curve.chunk_tokens
             ),
         )),
         None => {

@@ -4,9 +4,22 @@
 use super::super::HardwareProfile;
 use super::super::fit_check::{
     CORRECTION_WARN, PREFILL_PER_DECODE_MAX, PREFILL_PER_DECODE_MIN, PointError,
-    SIMULATED_ERROR_WARN, SIMULATED_ROUNDS_MAX, simulate_closed_loop,
+    SIMULATED_ERROR_WARN, SIMULATED_ROUNDS_MAX, SimulatedLoop, simulate_closed_loop,
 };
-use super::{FitOptions, Measured, Obs, PointMove, round_to};
+use super::{ClosedLoop, FitOptions, Measured, Obs, PointMove, round_to};
+
+/// A closed-loop row as the benchmark ran it (its clients, rounds, prompt and output lengths),
+/// played on the simulator's fluid engine with `profile`.
+pub(super) fn play(profile: &HardwareProfile, p: &Obs, row: &ClosedLoop) -> SimulatedLoop {
+    simulate_closed_loop(
+        crate::worker::EngineMode::Fluid,
+        profile,
+        (row.concurrency.round() as u32).max(1),
+        p.rounds.clamp(1, SIMULATED_ROUNDS_MAX),
+        (row.prompt_tokens.round() as u32).max(1),
+        (row.output_tokens.round() as u32).max(2),
+    )
+}
 
 /// Every input point against the fitted profile: a closed loop simulated on the fluid engine
 /// (unless the rows were declared pure decode), a pure-decode point read off the curve.
@@ -31,14 +44,7 @@ pub(super) fn point_errors(
         .iter()
         .map(|p| match (&p.closed_loop, pure_decode) {
             (Some(row), false) => {
-                let sim = simulate_closed_loop(
-                    crate::worker::EngineMode::Fluid,
-                    profile,
-                    (row.concurrency.round() as u32).max(1),
-                    p.rounds.clamp(1, SIMULATED_ROUNDS_MAX),
-                    (row.prompt_tokens.round() as u32).max(1),
-                    (row.output_tokens.round() as u32).max(2),
-                );
+                let sim = play(profile, p, row);
                 PointError {
                     source: label(p),
                     concurrency: p.concurrency,

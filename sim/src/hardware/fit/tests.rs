@@ -1,6 +1,6 @@
 use super::json::key_position;
 use super::*;
-use crate::hardware::mixed_step_s;
+use crate::hardware::{UncertainField, mixed_step_s};
 
 #[test]
 fn isotonic_pools_violators_by_weight() {
@@ -436,4 +436,74 @@ fn the_decode_shape_keeps_both_rules() {
 fn key_positions_are_one_based() {
     assert_eq!(key_position("{\n  \"a\": 1\n}", "a"), (Some(2), Some(3)));
     assert_eq!(key_position("{}", "a"), (None, None));
+}
+
+#[test]
+fn chunk_tokens_is_the_engines_budget_and_the_default_is_unchanged() {
+    let rows = "concurrency,aggregate_tok_s,prefill_tok_s,mean_prompt_tokens,mean_output_tokens\n\
+                1,40,2000,600,64\n4,120,,600,64\n8,180,,600,64\n";
+    let default = fit(FitSource::Csv, &[csv(rows)], &opts()).unwrap();
+    assert_eq!(default.profile.prefill_chunk_tokens(), 512);
+    assert!(
+        default
+            .yaml
+            .contains("\"prefill_chunk_tokens (routelab's default 512)\""),
+        "{}",
+        default.yaml
+    );
+    let given = fit(
+        FitSource::Csv,
+        &[csv(rows)],
+        &FitOptions {
+            chunk_tokens: Some(2048),
+            ..opts()
+        },
+    )
+    .unwrap();
+    assert_eq!(given.profile.prefill_chunk_tokens(), 2048);
+    assert!(
+        given
+            .yaml
+            .contains("prefill_chunk_tokens 2048: the engine's")
+    );
+    assert!(!given.yaml.contains("routelab's default 512"));
+    // the budget changes what the subtraction takes out: 4 x 600 prompt tokens are two steps
+    // of 2048 tokens beside the decodes, five of 512
+    assert_ne!(default.moves, given.moves);
+    let e = fit(
+        FitSource::Csv,
+        &[csv(rows)],
+        &FitOptions {
+            chunk_tokens: Some(0),
+            ..opts()
+        },
+    )
+    .unwrap_err();
+    assert_eq!(e.field, "--chunk-tokens", "{e}");
+    assert!(e.to_string().contains("max_num_batched_tokens"), "{e}");
+}
+
+#[test]
+fn a_fit_whose_loops_miss_declares_the_miss_as_uncertainty() {
+    // closed loops the profile cannot reproduce exactly: the speeds' declared uncertainty
+    // covers the largest miss, and the profile reads it back
+    let rows = "concurrency,aggregate_tok_s,prefill_tok_s,mean_prompt_tokens,mean_output_tokens\n\
+                1,40,2000,600,64\n4,120,,600,64\n8,150,,600,64\n16,160,,600,64\n";
+    let f = fit(FitSource::Csv, &[csv(rows)], &opts()).unwrap();
+    let miss = f
+        .errors
+        .iter()
+        .filter(|e| e.what == "closed-loop output tok/s")
+        .map(|e| e.relative().abs())
+        .fold(0.0f64, f64::max);
+    assert!(miss > 0.0, "{:?}", f.errors);
+    for field in [UncertainField::Decode, UncertainField::PrefillTokS] {
+        let u = f.profile.uncertainty(field).unwrap();
+        assert!(
+            u + 1e-12 >= miss && u < miss + 0.0101,
+            "{field:?} ±{u}, miss {miss}"
+        );
+    }
+    assert!(f.yaml.contains("\nuncertainty: {decode: "), "{}", f.yaml);
+    assert!(f.yaml.contains("the fit's own error"), "{}", f.yaml);
 }
