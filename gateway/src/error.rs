@@ -72,6 +72,14 @@ pub enum WorkerError {
         /// Why (names the field and what is valid).
         error: crate::kv::KvEventsError,
     },
+    /// An `api_key_file` that cannot be read or does not hold one key.
+    #[error("worker `{name}`: api_key_file: {reason}")]
+    ApiKey {
+        /// The worker.
+        name: String,
+        /// Why (names the file, never its content).
+        reason: String,
+    },
     /// A name, node or model that logs, metrics labels and the admin page would show wrongly:
     /// control or bidirectional-formatting characters, or too long.
     #[error("worker {name:?}: {field} {reason}")]
@@ -94,6 +102,7 @@ impl WorkerError {
             WorkerError::ZeroContextWindow { .. } => "context_window",
             WorkerError::BaseUrl { .. } => "base_url",
             WorkerError::KvEvents { .. } => "kv_events",
+            WorkerError::ApiKey { .. } => "api_key_file",
             WorkerError::Text { field, .. } => field,
         }
     }
@@ -107,7 +116,9 @@ impl WorkerError {
             WorkerError::BaseUrl { error, .. } => error.to_string(),
             WorkerError::Duplicate(name) => format!("duplicate name `{name}`"),
             WorkerError::KvEvents { error, .. } => error.to_string(),
-            WorkerError::Text { reason, .. } => reason.clone(),
+            WorkerError::Text { reason, .. } | WorkerError::ApiKey { reason, .. } => {
+                reason.clone()
+            }
         }
     }
 

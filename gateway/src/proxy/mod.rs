@@ -416,7 +416,7 @@ impl Forward {
                 return fault(e.to_string(), LogStatus::UpstreamError);
             }
         };
-        let up = self.request(uri);
+        let up = self.request(&uri);
         // The response timeout runs until the worker's first body byte (headers may come
         // before a slow prefill is done), so it is counted from here, not from the headers.
         let first_chunk_by = tokio::time::Instant::now() + s.settings.response_timeout;
@@ -467,8 +467,8 @@ impl Forward {
     }
 
     /// The request to `uri`: the client's body unchanged, its `Accept`.
-    fn request(&self, uri: hyper::Uri) -> hyper::Request<Full<Bytes>> {
-        let mut up = hyper::Request::post(uri);
+    fn request(&self, uri: &crate::upstream::Target) -> hyper::Request<Full<Bytes>> {
+        let mut up = uri.request(Method::POST);
         if let Some(h) = up.headers_mut() {
             h.insert(
                 header::CONTENT_TYPE,

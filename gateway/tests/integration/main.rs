@@ -2,6 +2,7 @@
 //! ports; every wait is bounded.
 
 mod browser;
+mod credentials;
 mod engine_inputs;
 mod explain;
 mod fake;
