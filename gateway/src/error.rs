@@ -255,6 +255,16 @@ impl ApiError {
         )
     }
 
+    /// 503: the gateway is shutting down (a stream cut at the drain deadline).
+    pub fn shutting_down(message: impl Into<String>) -> ApiError {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "shutting_down",
+            message,
+        )
+    }
+
     /// The JSON body.
     pub fn body(&self) -> serde_json::Value {
         serde_json::json!({

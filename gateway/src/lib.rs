@@ -35,6 +35,7 @@
 pub mod admin;
 mod admin_page;
 mod app;
+mod drain;
 pub mod capacity;
 pub mod clock;
 pub mod config;

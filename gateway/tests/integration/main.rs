@@ -3,6 +3,7 @@
 
 mod browser;
 mod credentials;
+mod drain;
 mod engine_inputs;
 mod explain;
 mod fake;
