@@ -116,9 +116,7 @@ impl WorkerError {
             WorkerError::BaseUrl { error, .. } => error.to_string(),
             WorkerError::Duplicate(name) => format!("duplicate name `{name}`"),
             WorkerError::KvEvents { error, .. } => error.to_string(),
-            WorkerError::Text { reason, .. } | WorkerError::ApiKey { reason, .. } => {
-                reason.clone()
-            }
+            WorkerError::Text { reason, .. } | WorkerError::ApiKey { reason, .. } => reason.clone(),
         }
     }
 

@@ -35,10 +35,10 @@
 pub mod admin;
 mod admin_page;
 mod app;
-mod drain;
 pub mod capacity;
 pub mod clock;
 pub mod config;
+mod drain;
 pub mod engine_metrics;
 pub mod error;
 pub mod health;

@@ -19,9 +19,9 @@
 
 use crate::app::shared::Shared;
 use crate::supervise::{BackgroundTask, report_panic};
+use crate::upstream::Target;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use crate::upstream::Target;
 use routelab_policies::{ProbeOrder, ProbePhase, ProbeResult};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;

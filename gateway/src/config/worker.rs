@@ -3,10 +3,10 @@
 
 use crate::error::WorkerError;
 use crate::upstream::ApiKey;
-use std::path::{Path, PathBuf};
 use routelab_policies::located::rule;
 use routelab_policies::{MAX_CACHE_BLOCKS, PREFIX_BLOCK_TOKENS, WorkerSpec};
 use serde::Deserialize;
+use std::path::{Path, PathBuf};
 
 /// One worker.
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]

@@ -78,18 +78,26 @@ async fn every_call_to_a_worker_carries_its_own_key() {
     )
     .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
-    wait_for("health checks and metrics polls on both", SECS_10, async || {
-        [&a, &b].iter().all(|w| {
-            let seen = w.state.authorized.lock().unwrap();
-            seen.contains("/health") && seen.contains("/metrics")
-        })
-    })
+    wait_for(
+        "health checks and metrics polls on both",
+        SECS_10,
+        async || {
+            [&a, &b].iter().all(|w| {
+                let seen = w.state.authorized.lock().unwrap();
+                seen.contains("/health") && seen.contains("/metrics")
+            })
+        },
+    )
     .await;
     for (w, name) in [(&a, "a"), (&b, "b")] {
         let seen = w.state.authorized.lock().unwrap().clone();
         assert!(seen.contains("/v1/chat/completions"), "{name}: {seen:?}");
         assert!(w.probe_requests() > 0, "{name}");
-        assert_eq!(w.state.refused.load(SeqCst), 0, "{name}: a call without its key");
+        assert_eq!(
+            w.state.refused.load(SeqCst),
+            0,
+            "{name}: a call without its key"
+        );
     }
     assert_eq!(a.requests() + b.requests(), 6);
     assert_eq!(late.state.refused.load(SeqCst), 0);
@@ -108,7 +116,10 @@ async fn every_call_to_a_worker_carries_its_own_key() {
         .await
         .text();
     for (_, key) in keys {
-        assert!(!admin.contains(key) && !metrics.contains(key), "{key} shown");
+        assert!(
+            !admin.contains(key) && !metrics.contains(key),
+            "{key} shown"
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
