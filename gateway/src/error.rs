@@ -284,7 +284,9 @@ impl ApiError {
 impl ApiError {
     /// The answer to a request for `model` the router refused. The router's error carries the
     /// model's id only (it never allocates); the message names the model as the client wrote it.
-    pub fn route(e: RouteError, model: &str) -> ApiError {
+    /// A prompt too long is laid at `prompt_param`, the field that held it (`messages` or, on
+    /// `/v1/completions`, `prompt`).
+    pub fn route(e: RouteError, model: &str, prompt_param: &'static str) -> ApiError {
         let status =
             StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
         let (kind, code, param) = match &e {
@@ -294,7 +296,7 @@ impl ApiError {
             RouteError::PromptTooLong { .. } => (
                 "invalid_request_error",
                 "context_length_exceeded",
-                Some("messages"),
+                Some(prompt_param),
             ),
             RouteError::AllAtCap { .. } => ("rate_limit_error", "all_workers_at_cap", None),
             RouteError::NoHealthyWorker { .. } => {

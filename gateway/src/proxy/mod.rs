@@ -320,7 +320,7 @@ impl Forward {
         for attempt in 0..=s.settings.retries {
             let (decision, why) = match admit(s, route_req, &tries.tried).await {
                 Ok(d) => d,
-                Err(refusal) => match tries.refused(refusal, attempt, s, model) {
+                Err(refusal) => match tries.refused(refusal, attempt, s, (model, self.ep)) {
                     // No worker left to retry on: the last worker's failure is the answer.
                     None => break,
                     Some(e) => {
@@ -498,9 +498,15 @@ struct Tries {
 impl Tries {
     /// The answer to a refusal by the router or the queue on attempt `attempt`; `None` when it
     /// only means no other worker is left for a retry.
-    fn refused(&self, refusal: Refusal, attempt: u32, s: &Shared, model: &str) -> Option<ApiError> {
+    fn refused(
+        &self,
+        refusal: Refusal,
+        attempt: u32,
+        s: &Shared,
+        (model, ep): (&str, prompt::Endpoint),
+    ) -> Option<ApiError> {
         match refusal {
-            Refusal::Route(e) if attempt == 0 => Some(ApiError::route(e, model)),
+            Refusal::Route(e) if attempt == 0 => Some(ApiError::route(e, model, ep.prompt_param())),
             Refusal::Route(_) => None,
             Refusal::QueueTimeout => Some(queue_timeout(
                 s.settings.queue_timeout,
