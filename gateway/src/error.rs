@@ -72,6 +72,14 @@ pub enum WorkerError {
         /// Why (names the field and what is valid).
         error: crate::kv::KvEventsError,
     },
+    /// An `api_key_file` that cannot be read or does not hold one key.
+    #[error("worker `{name}`: api_key_file: {reason}")]
+    ApiKey {
+        /// The worker.
+        name: String,
+        /// Why (names the file, never its content).
+        reason: String,
+    },
     /// A name, node or model that logs, metrics labels and the admin page would show wrongly:
     /// control or bidirectional-formatting characters, or too long.
     #[error("worker {name:?}: {field} {reason}")]
@@ -94,6 +102,7 @@ impl WorkerError {
             WorkerError::ZeroContextWindow { .. } => "context_window",
             WorkerError::BaseUrl { .. } => "base_url",
             WorkerError::KvEvents { .. } => "kv_events",
+            WorkerError::ApiKey { .. } => "api_key_file",
             WorkerError::Text { field, .. } => field,
         }
     }
@@ -107,7 +116,7 @@ impl WorkerError {
             WorkerError::BaseUrl { error, .. } => error.to_string(),
             WorkerError::Duplicate(name) => format!("duplicate name `{name}`"),
             WorkerError::KvEvents { error, .. } => error.to_string(),
-            WorkerError::Text { reason, .. } => reason.clone(),
+            WorkerError::Text { reason, .. } | WorkerError::ApiKey { reason, .. } => reason.clone(),
         }
     }
 
@@ -244,6 +253,16 @@ impl ApiError {
         )
     }
 
+    /// 503: the gateway is shutting down (a stream cut at the drain deadline).
+    pub fn shutting_down(message: impl Into<String>) -> ApiError {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "shutting_down",
+            message,
+        )
+    }
+
     /// The JSON body.
     pub fn body(&self) -> serde_json::Value {
         serde_json::json!({
@@ -265,7 +284,9 @@ impl ApiError {
 impl ApiError {
     /// The answer to a request for `model` the router refused. The router's error carries the
     /// model's id only (it never allocates); the message names the model as the client wrote it.
-    pub fn route(e: RouteError, model: &str) -> ApiError {
+    /// A prompt too long is laid at `prompt_param`, the field that held it (`messages` or, on
+    /// `/v1/completions`, `prompt`).
+    pub fn route(e: RouteError, model: &str, prompt_param: &'static str) -> ApiError {
         let status =
             StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
         let (kind, code, param) = match &e {
@@ -275,7 +296,7 @@ impl ApiError {
             RouteError::PromptTooLong { .. } => (
                 "invalid_request_error",
                 "context_length_exceeded",
-                Some("messages"),
+                Some(prompt_param),
             ),
             RouteError::AllAtCap { .. } => ("rate_limit_error", "all_workers_at_cap", None),
             RouteError::NoHealthyWorker { .. } => {

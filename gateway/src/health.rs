@@ -10,7 +10,7 @@
 use crate::app::shared::Shared;
 use crate::routing::Failure;
 use crate::supervise::{BackgroundTask, report_panic};
-use crate::upstream::BaseUrlError;
+use crate::upstream::{BaseUrlError, Target};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use routelab_policies::WorkerId;
@@ -29,7 +29,7 @@ pub(crate) async fn run(s: Arc<Shared>) {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        let targets: Vec<(WorkerId, Result<hyper::Uri, BaseUrlError>)> = {
+        let targets: Vec<(WorkerId, Result<Target, BaseUrlError>)> = {
             let core = s.routing.core();
             core.workers
                 .live()
@@ -89,8 +89,9 @@ pub(crate) fn ejects_at_once(e: &hyper_util::client::legacy::Error) -> bool {
     e.is_connect()
 }
 
-async fn check(s: &Shared, uri: hyper::Uri) -> Check {
-    let req = hyper::Request::get(uri)
+async fn check(s: &Shared, uri: Target) -> Check {
+    let req = uri
+        .request(hyper::Method::GET)
         .body(Full::new(Bytes::new()))
         .expect("valid request");
     let work = async {

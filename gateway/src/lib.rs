@@ -38,6 +38,7 @@ mod app;
 pub mod capacity;
 pub mod clock;
 pub mod config;
+mod drain;
 pub mod engine_metrics;
 pub mod error;
 pub mod health;

@@ -19,9 +19,9 @@
 
 use crate::app::shared::Shared;
 use crate::supervise::{BackgroundTask, report_panic};
+use crate::upstream::Target;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::Uri;
 use routelab_policies::{ProbeOrder, ProbePhase, ProbeResult};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -31,7 +31,7 @@ use tokio::task::JoinSet;
 
 struct Job {
     order: ProbeOrder,
-    uri: Result<Uri, crate::upstream::BaseUrlError>,
+    uri: Result<Target, crate::upstream::BaseUrlError>,
     model: String,
     name: String,
 }
@@ -149,11 +149,12 @@ struct Delivered {
 /// events) and the engine's prompt-token count.
 async fn one(
     s: Arc<Shared>,
-    uri: Uri,
+    uri: Target,
     body: Bytes,
     streamed: Arc<AtomicU64>,
 ) -> Result<Delivered, ProbeError> {
-    let req = hyper::Request::post(uri)
+    let req = uri
+        .request(hyper::Method::POST)
         .header(hyper::header::CONTENT_TYPE, "application/json")
         .header(hyper::header::ACCEPT, "text/event-stream")
         .body(Full::new(body))
@@ -210,7 +211,7 @@ async fn one(
 fn spawn_requests(
     s: &Arc<Shared>,
     job: &Job,
-    uri: &Uri,
+    uri: &Target,
     streamed: &Arc<AtomicU64>,
     set: &mut JoinSet<Result<Delivered, ProbeError>>,
 ) {

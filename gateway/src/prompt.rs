@@ -48,6 +48,14 @@ impl Endpoint {
             Endpoint::Completions => "/v1/completions",
         }
     }
+
+    /// The body field that holds the prompt (what an error about the prompt names).
+    pub fn prompt_param(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "messages",
+            Endpoint::Completions => "prompt",
+        }
+    }
 }
 
 #[derive(Deserialize)]

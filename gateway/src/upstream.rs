@@ -3,7 +3,8 @@
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::Uri;
+use hyper::header::{AUTHORIZATION, HeaderValue};
+use hyper::{Method, Uri};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -163,10 +164,63 @@ pub enum PathError {
     },
 }
 
-/// A worker's server root, `http://host:port[/prefix]`.
+/// A worker's server root, `http://host:port[/prefix]`, and the API key every call to it
+/// carries, if it has one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BaseUrl {
     root: String,
+    key: Option<ApiKey>,
+}
+
+/// A worker's API key (`api_key_file`), kept as the `Authorization: Bearer <key>` header value
+/// it is sent in, marked sensitive; `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey(HeaderValue);
+
+impl ApiKey {
+    /// The header for `key` (one line of visible ASCII; the caller has checked its length).
+    pub fn bearer(key: &str) -> Result<ApiKey, &'static str> {
+        if !key.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err("holds a space, control or non-ASCII character");
+        }
+        let mut value =
+            HeaderValue::try_from(format!("Bearer {key}")).map_err(|_| "is not a header value")?;
+        value.set_sensitive(true);
+        Ok(ApiKey(value))
+    }
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(crate::logging::REDACTED)
+    }
+}
+
+/// One URL on a worker and the worker's key: what every upstream call starts from, so that no
+/// call (request, probe, health check, metrics poll) can leave the key out.
+#[derive(Debug, Clone)]
+pub struct Target {
+    uri: Uri,
+    key: Option<ApiKey>,
+}
+
+impl Target {
+    /// A request to the URL, with `Authorization: Bearer <key>` when the worker has a key.
+    pub fn request(&self, method: Method) -> hyper::http::request::Builder {
+        let b = hyper::Request::builder()
+            .method(method)
+            .uri(self.uri.clone());
+        match &self.key {
+            Some(ApiKey(value)) => b.header(AUTHORIZATION, value.clone()),
+            None => b,
+        }
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.uri.fmt(f)
+    }
 }
 
 impl BaseUrl {
@@ -211,20 +265,30 @@ impl BaseUrl {
         }
         Ok(BaseUrl {
             root: s.trim_end_matches('/').to_string(),
+            key: None,
         })
+    }
+
+    /// This root with the worker's API key, sent on every call ([`Target::request`]).
+    pub fn with_key(self, key: Option<ApiKey>) -> BaseUrl {
+        BaseUrl { key, ..self }
     }
 
     /// The URL of `path` (which starts with `/`) on this worker. Never fails for a path that
     /// passed [`check_path`] (the bounds leave room), but a caller handles the error rather
     /// than trusting that: a panic here once killed the health loop.
-    pub fn join(&self, path: &str) -> Result<Uri, BaseUrlError> {
-        format!("{}{}", self.root, path)
+    pub fn join(&self, path: &str) -> Result<Target, BaseUrlError> {
+        let uri = format!("{}{}", self.root, path)
             .parse()
             .map_err(|error| BaseUrlError::Join {
                 url: self.root.clone(),
                 path: path.to_string(),
                 error,
-            })
+            })?;
+        Ok(Target {
+            uri,
+            key: self.key.clone(),
+        })
     }
 
     /// As written (without a trailing slash).

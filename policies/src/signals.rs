@@ -128,10 +128,14 @@ impl Signals {
         self.tokens_since_report = self.tokens_dispatched.saturating_sub(mark);
     }
 
-    /// The last report aged out: back to the local count (the last positive throughput stays,
-    /// as the best figure known).
+    /// The last report aged out: back to the local count, and the last positive throughput
+    /// is no longer used either (issue 42, item 6: one outlandish sample kept every request
+    /// after the engine stopped reporting it; the rules fall back to their default until the
+    /// engine reports a rate again). Only a host that polls engines calls this (the simulator's
+    /// reports never age out), so simulated runs are unchanged.
     pub(crate) fn forget_report(&mut self) {
         self.report = None;
+        self.generation_tok_s = 0.0;
     }
 
     /// Tokens the engine holds as the router sees it: the last report plus what was dispatched
@@ -230,11 +234,22 @@ mod tests {
             ..Charge::NONE
         });
         assert_eq!(s.engine_tokens(), 550.0);
+        s.report(EngineReport {
+            kv_used_fraction: 0.5,
+            queued_prompt_tokens: 40,
+            running_tokens: 500,
+            generation_tok_s: 900_000.0,
+        });
+        assert_eq!(s.generation_tok_s, 900_000.0);
         s.forget_report();
         assert_eq!(
             s.engine_tokens(),
             s.tokens_in_flight as f64,
             "a dropped report falls back to the local count"
+        );
+        assert_eq!(
+            s.generation_tok_s, 0.0,
+            "a stale rate is not used after its report aged out"
         );
     }
 

@@ -18,11 +18,13 @@ use std::sync::Arc;
 /// `POST /admin/workers`
 pub(crate) async fn add(State(s): State<Arc<Shared>>, body: Bytes) -> Result<Response, ApiError> {
     // Its fields are checked as they are read, as in the file: the error names the field.
-    let cfg: WorkerConfig =
+    let mut cfg: WorkerConfig =
         serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&body))
             .map_err(|e| {
                 ApiError::bad_request(format!("invalid worker: {}: {}", e.path(), e.inner()), None)
             })?;
+    cfg.read_api_key(&s.settings.config_dir)
+        .map_err(|e| ApiError::bad_request(format!("invalid worker: {e}"), None))?;
     let name = cfg.name.clone();
     let row = {
         let mut core = s.routing.core();

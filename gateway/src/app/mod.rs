@@ -213,6 +213,7 @@ fn build(config: &GatewayConfig, settings: Settings) -> Result<Arc<Shared>, Gate
         signals: Default::default(),
         tokenizers,
         bus,
+        drain: Default::default(),
     });
     {
         let mut core = shared.routing.core();
@@ -360,7 +361,7 @@ pub async fn start_on(
         server::scoped(routes.clone(), public_scope, limits, shared.global.clone()),
         limits,
         connections.clone(),
-        rx.clone(),
+        (rx.clone(), shared.drain.clone()),
     );
     let admin = admin_listener.map(|l| {
         server::serve(
@@ -368,7 +369,7 @@ pub async fn start_on(
             server::scoped(routes, server::Scope::Admin, limits, shared.global.clone()),
             limits,
             connections.clone(),
-            rx,
+            (rx, shared.drain.clone()),
         )
     });
     let server = tokio::spawn(async move {

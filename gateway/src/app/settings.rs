@@ -38,6 +38,9 @@ pub(crate) struct Settings {
     pub replicas: Option<crate::config::ReplicaSettings>,
     /// The `sessions:` block, validated.
     pub sessions: crate::session::Sessions,
+    /// Where the configuration's relative paths start (a worker's `api_key_file` added
+    /// through the admin API too).
+    pub config_dir: PathBuf,
 }
 
 impl Settings {
@@ -95,6 +98,7 @@ impl Settings {
                 .map(|r| r.settings(c.origin(), &crate::tokens::config_base(c.origin())))
                 .transpose()?,
             sessions: c.sessions.validate(c.origin())?,
+            config_dir: crate::tokens::config_base(c.origin()),
         })
     }
 }

@@ -34,6 +34,8 @@ pub(crate) struct Shared {
     pub tokenizers: crate::tokens::Tokenizers,
     /// The replicas' bus, with a `replicas:` block ([`crate::replicas`]).
     pub bus: Option<crate::replicas::Bus>,
+    /// The drain deadline, which the streams still running then watch ([`crate::drain`]).
+    pub drain: crate::drain::Drain,
 }
 
 impl Shared {

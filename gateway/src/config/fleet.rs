@@ -25,6 +25,8 @@ impl WorkerConfig {
                 .cache_blocks
                 .and_then(|b| CacheTokens::new(f64::from(b) * f64::from(PREFIX_BLOCK_TOKENS)).ok()),
             kv_events: None,
+            api_key_file: None,
+            api_key: None,
         }
     }
 }

@@ -206,6 +206,10 @@ impl GatewayConfig {
         let parse = || {
             let mut cfg: GatewayConfig = parse_yaml(text, origin)?;
             cfg.origin = origin.to_string();
+            let base = crate::tokens::config_base(origin);
+            for (i, w) in cfg.workers.iter_mut().enumerate() {
+                w.read_api_key(&base).map_err(|e| e.located(origin, i))?;
+            }
             cfg.validate()?;
             Ok(cfg)
         };

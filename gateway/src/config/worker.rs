@@ -2,9 +2,11 @@
 //! what logs, metrics labels and the admin page would show wrongly, its base URL, its cache.
 
 use crate::error::WorkerError;
+use crate::upstream::ApiKey;
 use routelab_policies::located::rule;
 use routelab_policies::{MAX_CACHE_BLOCKS, PREFIX_BLOCK_TOKENS, WorkerSpec};
 use serde::Deserialize;
+use std::path::{Path, PathBuf};
 
 /// One worker.
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
@@ -41,6 +43,55 @@ pub struct WorkerConfig {
     /// kv-events` ([`crate::kv`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_events: Option<crate::kv::KvEventsConfig>,
+    /// A file holding the engine's API key (vLLM's and SGLang's `--api-key`), relative to the
+    /// configuration file: sent as `Authorization: Bearer <key>` on every call to the worker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_file: Option<PathBuf>,
+    /// The key that file holds, once read ([`WorkerConfig::read_api_key`]); never written out.
+    #[serde(skip)]
+    pub api_key: Option<ApiKey>,
+}
+
+/// Largest API key file read: far above any real key (vLLM's are tens of bytes).
+pub const MAX_API_KEY_BYTES: u64 = 4096;
+
+/// Shortest key registered for redaction ([`crate::logging`]).
+const MIN_REDACTED_KEY_CHARS: usize = 8;
+
+/// The key in an API key file: one line (a final line break allowed), not empty, at most
+/// [`MAX_API_KEY_BYTES`], visible ASCII. The error names the file and never quotes it.
+fn read_api_key_file(path: &Path) -> Result<ApiKey, String> {
+    let shown = path.display();
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read `{shown}`: {e}"))?;
+    if !meta.is_file() {
+        return Err(format!("`{shown}` is not a file"));
+    }
+    if meta.len() > MAX_API_KEY_BYTES {
+        return Err(format!(
+            "`{shown}` is {} bytes long, more than a key (at most {MAX_API_KEY_BYTES})",
+            meta.len()
+        ));
+    }
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read `{shown}`: {e}"))?;
+    let text = String::from_utf8(bytes).map_err(|_| format!("`{shown}` is not UTF-8 text"))?;
+    let key = text
+        .strip_suffix('\n')
+        .map_or(text.as_str(), |t| t.strip_suffix('\r').unwrap_or(t));
+    if key.trim().is_empty() {
+        return Err(format!("`{shown}` is empty"));
+    }
+    if key.contains(['\n', '\r']) {
+        return Err(format!(
+            "`{shown}` holds more than one line (line 2 is not part of a key)"
+        ));
+    }
+    let api_key = ApiKey::bearer(key).map_err(|why| format!("the key in `{shown}` {why}"))?;
+    // No log line carries it; should one ever quote it, redaction hides it. A key of a few
+    // characters is left out: redaction would rewrite every line containing them.
+    if key.len() >= MIN_REDACTED_KEY_CHARS {
+        crate::logging::register_secret(key);
+    }
+    Ok(api_key)
 }
 
 /// Most KV cache tokens a worker may announce: the policy crate's largest per-worker record,
@@ -168,12 +219,40 @@ impl WorkerConfig {
             name: name(),
             error,
         })?;
+        if self.api_key_file.is_some() != self.api_key.is_some() {
+            return Err(WorkerError::ApiKey {
+                name: name(),
+                reason: "was not read (WorkerConfig::read_api_key)".into(),
+            });
+        }
         if let Some(kv) = &self.kv_events {
             kv.validate().map_err(|error| WorkerError::KvEvents {
                 name: name(),
                 error,
             })?;
         }
+        Ok(())
+    }
+
+    /// Read the worker's `api_key_file` (relative to `base`, the configuration's directory),
+    /// if it names one and it was not read yet. The error names the file, never its content.
+    pub fn read_api_key(&mut self, base: &Path) -> Result<(), WorkerError> {
+        let Some(file) = &self.api_key_file else {
+            return Ok(());
+        };
+        if self.api_key.is_some() {
+            return Ok(());
+        }
+        let path = if file.is_absolute() {
+            file.clone()
+        } else {
+            base.join(file)
+        };
+        let key = read_api_key_file(&path).map_err(|reason| WorkerError::ApiKey {
+            name: self.name.clone(),
+            reason,
+        })?;
+        self.api_key = Some(key);
         Ok(())
     }
 

@@ -323,7 +323,7 @@ impl Forward {
         for attempt in 0..=s.settings.retries {
             let (decision, why) = match admit(s, route_req, &tries.tried).await {
                 Ok(d) => d,
-                Err(refusal) => match tries.refused(refusal, attempt, s, model) {
+                Err(refusal) => match tries.refused(refusal, attempt, s, (model, self.ep)) {
                     // No worker left to retry on: the last worker's failure is the answer.
                     None => break,
                     Some(e) => {
@@ -419,7 +419,7 @@ impl Forward {
                 return fault(e.to_string(), LogStatus::UpstreamError);
             }
         };
-        let up = self.request(uri);
+        let up = self.request(&uri);
         // The response timeout runs until the worker's first body byte (headers may come
         // before a slow prefill is done), so it is counted from here, not from the headers.
         let first_chunk_by = tokio::time::Instant::now() + s.settings.response_timeout;
@@ -470,8 +470,8 @@ impl Forward {
     }
 
     /// The request to `uri`: the client's body unchanged, its `Accept`.
-    fn request(&self, uri: hyper::Uri) -> hyper::Request<Full<Bytes>> {
-        let mut up = hyper::Request::post(uri);
+    fn request(&self, uri: &crate::upstream::Target) -> hyper::Request<Full<Bytes>> {
+        let mut up = uri.request(Method::POST);
         if let Some(h) = up.headers_mut() {
             h.insert(
                 header::CONTENT_TYPE,
@@ -501,9 +501,15 @@ struct Tries {
 impl Tries {
     /// The answer to a refusal by the router or the queue on attempt `attempt`; `None` when it
     /// only means no other worker is left for a retry.
-    fn refused(&self, refusal: Refusal, attempt: u32, s: &Shared, model: &str) -> Option<ApiError> {
+    fn refused(
+        &self,
+        refusal: Refusal,
+        attempt: u32,
+        s: &Shared,
+        (model, ep): (&str, prompt::Endpoint),
+    ) -> Option<ApiError> {
         match refusal {
-            Refusal::Route(e) if attempt == 0 => Some(ApiError::route(e, model)),
+            Refusal::Route(e) if attempt == 0 => Some(ApiError::route(e, model, ep.prompt_param())),
             Refusal::Route(_) => None,
             Refusal::QueueTimeout => Some(queue_timeout(
                 s.settings.queue_timeout,

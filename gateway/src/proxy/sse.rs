@@ -13,6 +13,7 @@ use http_body::Frame;
 use hyper::body::Incoming;
 use serde::Deserialize;
 use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -194,12 +195,15 @@ pub(super) struct SseBody {
     scan: SseScan,
     done: bool,
     stall: StallTimer,
+    /// The drain deadline ([`crate::drain`]).
+    drain: Pin<Box<dyn Future<Output = ()> + Send>>,
 }
 
 impl SseBody {
     /// The worker's stream `inner`, for `flight`, timed by `stall`.
     pub(super) fn new(inner: Incoming, flight: Flight, stall: StallTimer) -> SseBody {
         SseBody {
+            drain: flight.shared.drain.reached(),
             inner,
             flight,
             scan: SseScan::default(),
@@ -220,6 +224,18 @@ impl http_body::Body for SseBody {
         let this = &mut *self;
         if this.done {
             return Poll::Ready(None);
+        }
+        if this.drain.as_mut().poll(cx).is_ready() {
+            // The shutdown's drain deadline: the gateway ends the stream, not the worker nor
+            // the client; the client hears why before its connection closes.
+            this.done = true;
+            this.flight
+                .log_end(LogStatus::DrainCut, this.scan.logged_output());
+            this.flight.abandon();
+            let err = ApiError::shutting_down(
+                "the gateway is shutting down: the stream was cut at its drain deadline (server.drain_timeout_s)",
+            );
+            return Poll::Ready(Some(Ok(Frame::data(err.sse_event()))));
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Pending => {

@@ -83,16 +83,19 @@ pub enum LogStatus {
     Rejected,
     /// The client went away before the end.
     ClientGone,
+    /// A stream still running at the drain deadline of a shutdown, cut by the gateway.
+    DrainCut,
 }
 
 impl LogStatus {
     /// Every status, as written.
-    pub const ALL: [LogStatus; 5] = [
+    pub const ALL: [LogStatus; 6] = [
         LogStatus::Ok,
         LogStatus::UpstreamError,
         LogStatus::Timeout,
         LogStatus::Rejected,
         LogStatus::ClientGone,
+        LogStatus::DrainCut,
     ];
 
     /// The name written in the log.
@@ -103,6 +106,7 @@ impl LogStatus {
             LogStatus::Timeout => "timeout",
             LogStatus::Rejected => "rejected",
             LogStatus::ClientGone => "client_gone",
+            LogStatus::DrainCut => "drain_cut",
         }
     }
 }

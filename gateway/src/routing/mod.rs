@@ -113,10 +113,12 @@ impl Core {
         if self.by_name.contains_key(&cfg.name) {
             return Err(WorkerError::Duplicate(cfg.name));
         }
-        let base = BaseUrl::parse(&cfg.base_url).map_err(|error| WorkerError::BaseUrl {
-            name: cfg.name.clone(),
-            error,
-        })?;
+        let base = BaseUrl::parse(&cfg.base_url)
+            .map_err(|error| WorkerError::BaseUrl {
+                name: cfg.name.clone(),
+                error,
+            })?
+            .with_key(cfg.api_key.clone());
         let spec = cfg.spec();
         let revived = self.removed.get(&cfg.name).copied().filter(|&id| {
             self.router.fleet().get(id).is_some_and(|w| {

@@ -16,6 +16,7 @@
 //! - **Graceful shutdown**: on the signal the accept loop stops, every connection finishes its
 //!   in-flight request and closes, and [`serve`] returns once all have.
 
+use crate::drain::{CUT_GRACE, Drain};
 use crate::error::ApiError;
 use crate::metrics::registry::GlobalMetrics;
 use axum::body::Body;
@@ -254,13 +255,15 @@ impl http_body::Body for DeadlineBody {
 }
 
 /// Accept connections on `listener` and serve `routes` on them until `shutdown` turns true;
-/// then let every connection finish its request and return when all are closed.
+/// then let every connection finish its request and return when all are closed. At the drain
+/// deadline the streams still running are cut (`drain`), and their connections closed
+/// [`CUT_GRACE`] later.
 pub(crate) async fn serve(
     listener: TcpListener,
     routes: axum::Router,
     limits: Limits,
     stats: Arc<ConnectionStats>,
-    mut shutdown: watch::Receiver<bool>,
+    (mut shutdown, drain): (watch::Receiver<bool>, Drain),
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections as usize));
     // Connections closed at the drain deadline with a request still running.
@@ -307,9 +310,20 @@ pub(crate) async fn serve(
     drop(listener);
     // Every connection holds a slot until it closes: all slots back means all closed (each
     // closes by the drain deadline at the latest).
-    let _all_closed = slots.acquire_many(limits.max_connections).await;
+    let all_closed = slots.acquire_many(limits.max_connections);
+    tokio::pin!(all_closed);
+    let reached = tokio::select! {
+        _ = all_closed.as_mut() => false,
+        () = tokio::time::sleep(limits.drain_timeout) => {
+            drain.cut();
+            let _ = all_closed.await;
+            true
+        }
+    };
     let cut = cut.load(Relaxed);
-    if cut > 0 {
+    // Streams cut at the deadline end themselves (and their connections close in time); the
+    // line is written whenever the deadline came with a connection still open.
+    if cut > 0 || reached {
         crate::logging::log(
             "drain_timeout",
             &[
@@ -353,7 +367,7 @@ async fn connection(
     // Errors (a client that went away, a header timeout) end the connection; nothing to add.
     // A request still running at the drain deadline is cut with its connection: a stream
     // trickling for minutes must not hold the shutdown.
-    if tokio::time::timeout(limits.drain_timeout, conn)
+    if tokio::time::timeout(limits.drain_timeout + CUT_GRACE, conn)
         .await
         .is_err()
     {

@@ -13,7 +13,7 @@ use std::time::Duration;
 struct PollTarget {
     id: WorkerId,
     /// Its page's URL, or why it cannot be made.
-    uri: Result<hyper::Uri, crate::upstream::BaseUrlError>,
+    uri: Result<crate::upstream::Target, crate::upstream::BaseUrlError>,
     /// Its cache size in tokens.
     cache: Option<u64>,
     /// Requests sent to it so far.
@@ -268,9 +268,14 @@ impl PollStatus {
 }
 
 /// A worker's metrics page, as text: its answer within `timeout`, 200, at most 4 MiB, UTF-8.
-async fn fetch(s: &Shared, uri: hyper::Uri, timeout: Duration) -> Result<String, String> {
+async fn fetch(
+    s: &Shared,
+    uri: crate::upstream::Target,
+    timeout: Duration,
+) -> Result<String, String> {
     use http_body_util::{BodyExt, Full, Limited};
-    let req = hyper::Request::get(uri)
+    let req = uri
+        .request(hyper::Method::GET)
         .body(Full::new(bytes::Bytes::new()))
         .map_err(|e| e.to_string())?;
     let resp = tokio::time::timeout(timeout, s.client.request(req))

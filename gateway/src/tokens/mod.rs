@@ -161,12 +161,8 @@ impl Tokenizers {
             }
             let tk = base.join(&m.tokenizer);
             let tmpl = m.chat_template.as_ref().map(|t| base.join(t));
-            let field = match (&tmpl, tmpl.as_ref().is_some_and(|t| !t.is_file())) {
-                (Some(_), true) => "chat_template",
-                _ => "tokenizer",
-            };
             let loaded = ModelTokenizer::load(&tk, tmpl.as_deref()).map_err(|e| {
-                InputError::new(origin, format!("models[{i}].{field}"), e.to_string())
+                InputError::new(origin, format!("models[{i}].{}", e.field()), e.to_string())
                     .valid("a Hugging Face tokenizer.json (and a Jinja chat template), relative to the configuration file")
             })?;
             out.models.insert(m.name.clone(), Arc::new(loaded));

@@ -151,6 +151,19 @@ pub enum TokenizerError {
     },
 }
 
+impl TokenizerError {
+    /// The model entry's field at fault: the chat template's errors are the template's, not
+    /// the tokenizer's (a template that did not parse was once laid at `tokenizer`).
+    pub fn field(&self) -> &'static str {
+        match self {
+            TokenizerError::ReadTemplate { .. } | TokenizerError::Template { .. } => {
+                "chat_template"
+            }
+            TokenizerError::Tokenizer { .. } | TokenizerError::ReadTokenizer { .. } => "tokenizer",
+        }
+    }
+}
+
 /// A tokenizer file's text, refused beyond [`MAX_TOKENIZER_BYTES`] before it is read.
 fn read_capped(path: &Path) -> Result<String, TokenizerError> {
     use std::io::Read as _;
@@ -315,10 +328,7 @@ impl ModelTokenizer {
         parsed: &Parsed,
         window: Option<u32>,
     ) -> Result<Vec<u32>, CountError> {
-        let param = match ep {
-            Endpoint::Chat => "messages",
-            Endpoint::Completions => "prompt",
-        };
+        let param = ep.prompt_param();
         let (text, special) = match self.input(body, ep, parsed)? {
             Input::Ids(ids) => return Ok(ids),
             Input::Text(t, special) => (t, special),

@@ -44,6 +44,13 @@ pub struct FakeState {
     pub probe_requests: AtomicU64,
     /// Responses fully sent.
     pub finished: AtomicU64,
+    /// The API key every call must carry (`Authorization: Bearer <key>`), as an engine
+    /// started with `--api-key` wants; without it or with another the answer is 401.
+    pub api_key: std::sync::Mutex<Option<String>>,
+    /// Calls answered 401.
+    pub refused: AtomicU64,
+    /// The paths called with the right key.
+    pub authorized: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl FakeState {
@@ -82,6 +89,9 @@ impl FakeWorker {
             requests: AtomicU64::new(0),
             probe_requests: AtomicU64::new(0),
             finished: AtomicU64::new(0),
+            api_key: std::sync::Mutex::new(None),
+            refused: AtomicU64::new(0),
+            authorized: std::sync::Mutex::new(std::collections::BTreeSet::new()),
         });
         let app = Router::new()
             .route("/v1/chat/completions", post(generate))
@@ -91,6 +101,11 @@ impl FakeWorker {
                 "/v1/models",
                 get(|| async { axum::Json(json!({"object": "list", "data": []})) }),
             )
+            .route(
+                "/metrics",
+                get(|| async { "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n" }),
+            )
+            .layer(axum::middleware::from_fn_with_state(state.clone(), api_key))
             .with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -113,6 +128,31 @@ impl FakeWorker {
     pub fn probe_requests(&self) -> u64 {
         self.state.probe_requests.load(SeqCst)
     }
+}
+
+/// An engine's `--api-key` check: 401 unless the call carries the key (when one is set).
+async fn api_key(
+    State(st): State<Arc<FakeState>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let want = st.api_key.lock().unwrap().clone();
+    if let Some(key) = want {
+        let given = req.headers().get(header::AUTHORIZATION);
+        if given.is_none_or(|v| v.as_bytes() != format!("Bearer {key}").as_bytes()) {
+            st.refused.fetch_add(1, SeqCst);
+            return (
+                StatusCode::UNAUTHORIZED,
+                axum::Json(json!({"error": "Unauthorized"})),
+            )
+                .into_response();
+        }
+        st.authorized
+            .lock()
+            .unwrap()
+            .insert(req.uri().path().to_string());
+    }
+    next.run(req).await
 }
 
 async fn health(State(st): State<Arc<FakeState>>) -> StatusCode {

@@ -2,6 +2,8 @@
 //! ports; every wait is bounded.
 
 mod browser;
+mod credentials;
+mod drain;
 mod engine_inputs;
 mod explain;
 mod fake;

@@ -326,3 +326,69 @@ async fn a_hanging_metrics_page_delays_only_its_own_worker() {
         s.abort();
     }
 }
+
+/// Item 10: a prompt too long for `/v1/completions` was refused with `param: "messages"`, a
+/// field that endpoint does not have: it names `prompt` there (and `messages` on chat).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_too_long_names_the_field_that_held_it() {
+    let w = crate::fake::FakeWorker::start(0.0).await;
+    let gateway = serve(
+        "seed-v3",
+        "health: {interval_s: 0}",
+        &[worker("w", &w.url, "m", &[], 1000)],
+    )
+    .await;
+    let Gateway { base, chat, c, .. } = gateway;
+    // 6,000 bytes ≈ 1,500 tokens > the 1,000-token window.
+    let long = "x".repeat(6000);
+    let body = serde_json::json!({"model": "m", "prompt": long, "max_tokens": 4}).to_string();
+    let a = send(
+        &c,
+        Method::POST,
+        &format!("{base}/v1/completions"),
+        None,
+        body,
+    )
+    .await;
+    let e = assert_openai_error(&a, 400);
+    assert_eq!(
+        (e["code"].as_str(), e["param"].as_str()),
+        (Some("context_length_exceeded"), Some("prompt")),
+        "{e}"
+    );
+    let a = post_chat(&c, &chat, &long, 4, false).await;
+    let e = assert_openai_error(&a, 400);
+    assert_eq!(e["param"], "messages", "{e}");
+    assert_eq!(w.requests(), 0);
+}
+
+/// Item 10: a chat template that is not a Jinja template was an error at
+/// `models[0].tokenizer`; it is the template's (`models[0].chat_template`), and a tokenizer
+/// that cannot load stays the tokenizer's.
+#[test]
+fn a_broken_chat_template_is_located_at_the_chat_template() {
+    let data = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../data/tokenizers/smollm2-135m-instruct");
+    let dir = temp_dir("template");
+    let template = dir.join("broken.jinja");
+    std::fs::write(&template, "{% for m in messages %}{{ m.content }}").unwrap();
+    let models = |tokenizer: &std::path::Path| {
+        format!(
+            "models:\n  - {{name: m, tokenizer: \"{}\", chat_template: \"{}\"}}",
+            tokenizer.display(),
+            template.display()
+        )
+    };
+    let (code, _, stderr) = check_config(&one_worker(&models(&data.join("tokenizer.json")), "a"));
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("models[0].chat_template") && stderr.contains("not a Jinja template"),
+        "{stderr}"
+    );
+    let junk = dir.join("tokenizer.json");
+    std::fs::write(&junk, "{not a tokenizer").unwrap();
+    let (code, _, stderr) = check_config(&one_worker(&models(&junk), "a"));
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("models[0].tokenizer"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
