@@ -506,7 +506,7 @@ impl Tries {
         refusal: Refusal,
         attempt: u32,
         s: &Shared,
-        (model, ep): (&str, prompt::Endpoint),
+        (model, ep): (&str, Endpoint),
     ) -> Option<ApiError> {
         match refusal {
             Refusal::Route(e) if attempt == 0 => Some(ApiError::route(e, model, ep.prompt_param())),
