@@ -36,6 +36,7 @@
 mod fake;
 
 use bytes::Bytes;
+use fake::args::{arg, gateway_binary, num};
 use fake::rss_kib;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
@@ -50,6 +51,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// What `--help` prints.
+const USAGE: &str = "hostile [--seconds S (180)] [--sample N (15)] [--window TOKENS (32768)] \
+             [--prompt-bytes B (1048576)] [--clients C (4)] [--probe-ms MS (20)] \
+             [--rss-bound-mib MIB (200)] [--p99-bound-ms MS (5)] [--gateway PATH] [--dir PATH] \
+             [--policy POLICY] [--engines hostile|benign] [--big-model NAME (m)]";
 
 const FLAGS: [&str; 13] = [
     "--engines",
@@ -66,54 +73,6 @@ const FLAGS: [&str; 13] = [
     "--dir",
     "--policy",
 ];
-
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-}
-
-/// Refuse what this example does not take; `--help` prints the arguments.
-fn check_args() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "--help" || a == "-h") {
-        println!(
-            "hostile [--seconds S (180)] [--sample N (15)] [--window TOKENS (32768)] \
-             [--prompt-bytes B (1048576)] [--clients C (4)] [--probe-ms MS (20)] \
-             [--rss-bound-mib MIB (200)] [--p99-bound-ms MS (5)] [--gateway PATH] [--dir PATH] \
-             [--policy POLICY] [--engines hostile|benign] [--big-model NAME (m)]"
-        );
-        std::process::exit(0);
-    }
-    let mut i = 0;
-    while i < args.len() {
-        if !FLAGS.contains(&args[i].as_str()) {
-            eprintln!(
-                "error: `{}` is not an argument of hostile (valid: {}; --help)",
-                args[i],
-                FLAGS.join(", ")
-            );
-            std::process::exit(2);
-        }
-        if i + 1 >= args.len() {
-            eprintln!("error: {} needs a value", args[i]);
-            std::process::exit(2);
-        }
-        i += 2;
-    }
-}
-
-fn num(name: &str, default: u64) -> u64 {
-    match arg(name) {
-        None => default,
-        Some(v) => v.parse().unwrap_or_else(|_| {
-            eprintln!("error: {name}: `{v}` is not a whole number");
-            std::process::exit(2)
-        }),
-    }
-}
 
 // ---- A hostile ZMTP 3.0 peer (ZeroMQ RFC 23), NULL mechanism, written by hand so it can
 // ---- send what no conforming library would.
@@ -472,17 +431,6 @@ fn pct(v: &mut [u32], p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p).round() as usize] as f64 / 1e3
 }
 
-fn gateway_binary() -> PathBuf {
-    if let Some(p) = arg("--gateway") {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().expect("the path of this example");
-    exe.parent()
-        .and_then(Path::parent)
-        .map(|d| d.join("routelab-gateway"))
-        .expect("this example's directory has a parent")
-}
-
 /// CPU seconds of each of the process's threads, by thread name with its trailing number
 /// dropped (`tokio-runtime-w`, `routelab-count-large-`), most first.
 fn cpu_by_thread(pid: u32) -> Vec<(String, f64)> {
@@ -531,7 +479,7 @@ fn loadavg() -> String {
 
 #[tokio::main]
 async fn main() {
-    check_args();
+    fake::args::check("hostile", USAGE, &FLAGS);
     let secs = num("--seconds", 180);
     let every = num("--sample", 15).max(1);
     let window = num("--window", 32_768);

@@ -17,26 +17,10 @@
 
 mod fake;
 
+use fake::args::num;
+
 use axum::routing::{get, post};
 use bytes::Bytes;
-
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-}
-
-fn num(name: &str, default: u64) -> u64 {
-    match arg(name) {
-        None => default,
-        Some(v) => v.parse().unwrap_or_else(|_| {
-            eprintln!("error: {name}: `{v}` is not a whole number");
-            std::process::exit(2)
-        }),
-    }
-}
 
 /// Token ids of a body: one per whole 4 bytes, as the gateway's estimate makes them.
 fn ids(body: &[u8]) -> Vec<u32> {

@@ -21,27 +21,24 @@
 mod fake;
 
 use bytes::Bytes;
+use fake::args::{arg, gateway_binary, num};
 use fake::{Fleet, Signals, rss_kib};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-}
-
 /// The flags this example takes, each followed by a value.
+/// What `--help` prints.
+const USAGE: &str = "soak [--rate R (400)] [--seconds S (1200)] [--sample N (15)] [--workers W (4)] \
+             [--signals all|none|tokens,kv,polls (all)] [--gateway PATH] [--dir PATH] [--wrap \"CMD ARGS\"]";
+
 const FLAGS: [&str; 8] = [
     "--rate",
     "--seconds",
@@ -52,45 +49,6 @@ const FLAGS: [&str; 8] = [
     "--dir",
     "--wrap",
 ];
-
-/// Refuse what this example does not take (a typo would otherwise start a 20-minute soak with
-/// the defaults); `--help` prints the arguments.
-fn check_args() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "--help" || a == "-h") {
-        println!(
-            "soak [--rate R (400)] [--seconds S (1200)] [--sample N (15)] [--workers W (4)] \
-             [--signals all|none|tokens,kv,polls (all)] [--gateway PATH] [--dir PATH] [--wrap \"CMD ARGS\"]"
-        );
-        std::process::exit(0);
-    }
-    let mut i = 0;
-    while i < args.len() {
-        if !FLAGS.contains(&args[i].as_str()) {
-            eprintln!(
-                "error: `{}` is not an argument of soak (valid: {}; --help)",
-                args[i],
-                FLAGS.join(", ")
-            );
-            std::process::exit(2);
-        }
-        if i + 1 >= args.len() {
-            eprintln!("error: {} needs a value", args[i]);
-            std::process::exit(2);
-        }
-        i += 2;
-    }
-}
-
-fn num(name: &str, default: u64) -> u64 {
-    match arg(name) {
-        None => default,
-        Some(v) => v.parse().unwrap_or_else(|_| {
-            eprintln!("error: {name}: `{v}` is not a whole number");
-            std::process::exit(2)
-        }),
-    }
-}
 
 /// Least-squares slope of `y` over `x`.
 fn slope(points: &[(f64, f64)]) -> f64 {
@@ -129,21 +87,9 @@ async fn one(c: &HttpClient, url: &hyper::Uri, body: &Bytes) -> Result<(), ()> {
     if ok { Ok(()) } else { Err(()) }
 }
 
-fn gateway_binary() -> PathBuf {
-    if let Some(p) = arg("--gateway") {
-        return PathBuf::from(p);
-    }
-    // target/<profile>/examples/soak -> target/<profile>/routelab-gateway
-    let exe = std::env::current_exe().expect("the path of this example");
-    exe.parent()
-        .and_then(Path::parent)
-        .map(|d| d.join("routelab-gateway"))
-        .expect("this example's directory has a parent")
-}
-
 #[tokio::main]
 async fn main() {
-    check_args();
+    fake::args::check("soak", USAGE, &FLAGS);
     let rate = num("--rate", 400).max(1);
     let secs = num("--seconds", 1200);
     let every = num("--sample", 15).max(1);

@@ -4,6 +4,8 @@
 // Each example uses its part of it.
 #![allow(dead_code)]
 
+pub mod args;
+
 use axum::routing::{get, post};
 use routelab_gateway::kv::publisher::{self, Publisher};
 use std::path::Path;
