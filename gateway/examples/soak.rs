@@ -34,11 +34,11 @@ use std::time::{Duration, Instant};
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
-/// The flags this example takes, each followed by a value.
 /// What `--help` prints.
 const USAGE: &str = "soak [--rate R (400)] [--seconds S (1200)] [--sample N (15)] [--workers W (4)] \
              [--signals all|none|tokens,kv,polls (all)] [--gateway PATH] [--dir PATH] [--wrap \"CMD ARGS\"]";
 
+/// The flags this example takes, each followed by a value.
 const FLAGS: [&str; 8] = [
     "--rate",
     "--seconds",
