@@ -31,6 +31,9 @@ async fn every_call_to_a_worker_carries_its_own_key() {
     ];
     for ((name, key), w) in keys.iter().zip([&a, &b, &late]) {
         *w.state.api_key.lock().unwrap() = Some(key.to_string());
+        w.state
+            .metrics
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         // A final line break, as `echo key > file` writes it, is not part of the key.
         std::fs::write(dir.join(name), format!("{key}\n")).unwrap();
     }

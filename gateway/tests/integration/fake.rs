@@ -49,6 +49,9 @@ pub struct FakeState {
     pub api_key: std::sync::Mutex<Option<String>>,
     /// Calls answered 401.
     pub refused: AtomicU64,
+    /// Whether `/metrics` answers (a vLLM-named page of zeros); off, it is a 404 as a fake
+    /// with no engine metrics (what the admin page's tests expect: a poll still waiting).
+    pub metrics: AtomicBool,
     /// The paths called with the right key.
     pub authorized: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
@@ -91,6 +94,7 @@ impl FakeWorker {
             finished: AtomicU64::new(0),
             api_key: std::sync::Mutex::new(None),
             refused: AtomicU64::new(0),
+            metrics: AtomicBool::new(false),
             authorized: std::sync::Mutex::new(std::collections::BTreeSet::new()),
         });
         let app = Router::new()
@@ -103,7 +107,13 @@ impl FakeWorker {
             )
             .route(
                 "/metrics",
-                get(|| async { "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n" }),
+                get(|State(st): State<Arc<FakeState>>| async move {
+                    if st.metrics.load(SeqCst) {
+                        Ok("vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n")
+                    } else {
+                        Err(StatusCode::NOT_FOUND)
+                    }
+                }),
             )
             .layer(axum::middleware::from_fn_with_state(state.clone(), api_key))
             .with_state(state.clone());
