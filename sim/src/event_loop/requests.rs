@@ -8,6 +8,7 @@
 
 use super::fleet::Fleet;
 use super::peers::PeerOp;
+use super::replicas::Replica;
 use super::{Ev, Sim, SimError, Sink};
 use crate::record::{Outcome, Recorder, RequestSink, Status};
 use crate::traffic::{Arrival, TrafficSource};
@@ -268,24 +269,12 @@ impl Sim<'_> {
             .get_mut(self.requests.get(req).replica as usize);
         let routed = match sink.as_deref_mut().filter(|s| s.wants_decisions()) {
             Some(sink) => {
-                let mut why = Explanation::new();
-                let routed = replica.router.route_explained(
-                    self.now,
-                    &request,
-                    &[],
-                    &mut replica.rng,
-                    &mut why,
-                );
-                if routed.is_ok() {
-                    show(
-                        &self.rec,
-                        &self.fleet,
-                        self.requests.get(req).id,
-                        &why,
-                        sink,
-                    );
-                }
-                routed
+                let shown = Shown {
+                    rec: &self.rec,
+                    fleet: &self.fleet,
+                    id: self.requests.get(req).id,
+                };
+                shown.route(replica, self.now, &request, sink)
             }
             None => replica.router.route(self.now, &request, &mut replica.rng),
         };
@@ -503,14 +492,12 @@ impl Sim<'_> {
                 match outcome {
                     Ok(d) => {
                         if let Some(sink) = sink.as_deref_mut().filter(|s| s.wants_decisions()) {
-                            let why = Explanation::queued(d.worker);
-                            show(
-                                &self.rec,
-                                &self.fleet,
-                                self.requests.get(req).id,
-                                &why,
-                                sink,
-                            );
+                            let shown = Shown {
+                                rec: &self.rec,
+                                fleet: &self.fleet,
+                                id: self.requests.get(req).id,
+                            };
+                            shown.show(&Explanation::queued(d.worker), sink);
                         }
                         self.dispatched(req, d);
                     }
@@ -562,11 +549,48 @@ impl Sim<'_> {
     }
 }
 
-/// Hand `why`, the decision that placed request `id`, to a sink that asked for decisions, with
-/// the workers by name.
-fn show(rec: &Recorder, fleet: &Fleet, id: u64, why: &Explanation, sink: &mut dyn RequestSink) {
-    let name = |w: WorkerId| rec.worker_name(fleet.index_of(w) as usize).to_string();
-    if let Some(shown) = ShownDecision::of(why, name) {
-        sink.decision(id, shown);
+/// Where a decision shown to a sink that asked for decisions names its workers: request `id`
+/// of a run recorded by `rec` on `fleet`. Apart from [`Sim::route`] and never inlined into it,
+/// so that the plain path a run without such a sink takes stays as small as it was.
+struct Shown<'a> {
+    rec: &'a Recorder,
+    fleet: &'a Fleet,
+    id: u64,
+}
+
+impl Shown<'_> {
+    /// Route `request` at `replica` through `Router::route_explained` and hand the decision to
+    /// `sink`.
+    #[cold]
+    #[inline(never)]
+    fn route(
+        &self,
+        replica: &mut Replica,
+        now: Time,
+        request: &RouteRequest<'_>,
+        sink: &mut dyn RequestSink,
+    ) -> Result<Decision, RouteError> {
+        let mut why = Explanation::new();
+        let routed = replica
+            .router
+            .route_explained(now, request, &[], &mut replica.rng, &mut why);
+        if routed.is_ok() {
+            self.show(&why, sink);
+        }
+        routed
+    }
+
+    /// Hand `why`, the decision that placed the request, to `sink`, with the workers by name.
+    #[cold]
+    #[inline(never)]
+    fn show(&self, why: &Explanation, sink: &mut dyn RequestSink) {
+        let name = |w: WorkerId| {
+            self.rec
+                .worker_name(self.fleet.index_of(w) as usize)
+                .to_string()
+        };
+        if let Some(shown) = ShownDecision::of(why, name) {
+            sink.decision(self.id, shown);
+        }
     }
 }
