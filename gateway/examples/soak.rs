@@ -21,13 +21,12 @@
 mod fake;
 
 use bytes::Bytes;
-use fake::args::{arg, gateway_binary, num};
+use fake::args::{arg, gateway_binary, num, work_dir};
 use fake::{Fleet, Signals, rss_kib};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -102,20 +101,7 @@ async fn main() {
         }
     };
     let gateway = gateway_binary();
-    if !gateway.is_file() {
-        eprintln!(
-            "error: --gateway: no gateway binary at {} (build it: cargo build --release -p routelab-gateway --bins)",
-            gateway.display()
-        );
-        std::process::exit(2);
-    }
-    let dir = arg("--dir").map(PathBuf::from).unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("routelab-soak-{}", std::process::id()))
-    });
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| {
-        eprintln!("error: --dir: cannot create {}: {e}", dir.display());
-        std::process::exit(2)
-    });
+    let dir = work_dir("soak");
 
     let fleet = Fleet::start(nworkers, signals).await;
     let config = dir.join("soak.yaml");

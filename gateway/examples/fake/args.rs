@@ -50,14 +50,35 @@ pub fn check(example: &str, usage: &str, flags: &[&str]) {
 }
 
 /// The gateway binary: `--gateway PATH`, else the one built beside this example
-/// (`target/<profile>/examples/NAME` -> `target/<profile>/routelab-gateway`).
+/// (`target/<profile>/examples/NAME` -> `target/<profile>/routelab-gateway`); exits 2 saying
+/// how to build it when there is none.
 pub fn gateway_binary() -> PathBuf {
-    if let Some(p) = arg("--gateway") {
-        return PathBuf::from(p);
+    let path = arg("--gateway").map(PathBuf::from).unwrap_or_else(|| {
+        let exe = std::env::current_exe().expect("the path of this example");
+        exe.parent()
+            .and_then(Path::parent)
+            .map(|d| d.join("routelab-gateway"))
+            .expect("this example's directory has a parent")
+    });
+    if !path.is_file() {
+        eprintln!(
+            "error: --gateway: no gateway binary at {} (build it: cargo build --release -p routelab-gateway --bins)",
+            path.display()
+        );
+        std::process::exit(2);
     }
-    let exe = std::env::current_exe().expect("the path of this example");
-    exe.parent()
-        .and_then(Path::parent)
-        .map(|d| d.join("routelab-gateway"))
-        .expect("this example's directory has a parent")
+    path
+}
+
+/// The example's work directory, made now: `--dir PATH`, else `routelab-EXAMPLE-PID` in the
+/// system's temporary directory; exits 2 when it cannot be made.
+pub fn work_dir(example: &str) -> PathBuf {
+    let dir = arg("--dir").map(PathBuf::from).unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("routelab-{example}-{}", std::process::id()))
+    });
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| {
+        eprintln!("error: --dir: cannot create {}: {e}", dir.display());
+        std::process::exit(2)
+    });
+    dir
 }

@@ -39,13 +39,13 @@ mod fake;
 
 use bytes::Bytes;
 use engines::{KvMode, KvPeer, MetricsMode, kv_peer, worker};
-use fake::args::{arg, gateway_binary, num};
+use fake::args::{arg, gateway_binary, num, work_dir};
 use fake::rss_kib;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -214,20 +214,7 @@ async fn main() {
     let policy =
         arg("--policy").unwrap_or_else(|| "probe/p2c:higher-weight/capacity/none/kv-events".into());
     let gateway = gateway_binary();
-    if !gateway.is_file() {
-        eprintln!(
-            "error: --gateway: no gateway binary at {} (build it: cargo build --release -p routelab-gateway --bins)",
-            gateway.display()
-        );
-        std::process::exit(2);
-    }
-    let dir = arg("--dir").map(PathBuf::from).unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("routelab-hostile-{}", std::process::id()))
-    });
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| {
-        eprintln!("error: --dir: cannot create {}: {e}", dir.display());
-        std::process::exit(2)
-    });
+    let dir = work_dir("hostile");
 
     let plan = [
         (KvMode::HugeFrame, MetricsMode::HugeGauges),
