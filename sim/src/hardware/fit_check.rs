@@ -204,29 +204,7 @@ fn misfit(rows: &[OverlapRow], model: &StepModel, overlap: f64) -> Option<f64> {
 /// sections around the best.
 fn minimise(rows: &[OverlapRow], model: &StepModel) -> Option<f64> {
     let f = |o: f64| misfit(rows, model, o).unwrap_or(f64::INFINITY);
-    let (mut best, mut best_f) = (0.0, f64::INFINITY);
-    for i in 0..=200 {
-        let o = f64::from(i) / 200.0;
-        let v = f(o);
-        if v < best_f {
-            (best, best_f) = (o, v);
-        }
-    }
-    if !best_f.is_finite() {
-        return None;
-    }
-    let (mut lo, mut hi) = ((best - 0.005f64).max(0.0), (best + 0.005f64).min(1.0));
-    let g = (5f64.sqrt() - 1.0) / 2.0;
-    for _ in 0..60 {
-        let a = hi - g * (hi - lo);
-        let b = lo + g * (hi - lo);
-        if f(a) <= f(b) {
-            hi = b;
-        } else {
-            lo = a;
-        }
-    }
-    let mid = 0.5 * (lo + hi);
+    let (best, best_f, mid) = super::unit_search::minimise_on_unit(f, 200, 60)?;
     Some(if f(mid) <= best_f { mid } else { best })
 }
 

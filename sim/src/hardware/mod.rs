@@ -31,6 +31,7 @@ pub mod lookup;
 mod schema;
 pub mod step;
 pub mod uncertainty;
+mod unit_search;
 
 pub use lookup::{BUNDLED, LookupError, ProfileLookup};
 use schema::{RawDecode, RawPoint, RawProfile};

@@ -129,30 +129,9 @@ fn misfit(
 /// The overlap in `[0, 1]` (to 4 decimals) that minimises [`misfit`] over `rows`.
 fn minimise(curve: &Curve<'_>, engine: &Engine<'_>, rows: &[(&Obs, ClosedLoop)]) -> Option<f64> {
     let f = |o: f64| misfit(curve, engine, rows, o);
-    let (mut best, mut best_f) = (0.0, f64::INFINITY);
-    for i in 0..=GRID {
-        let o = f64::from(i) / f64::from(GRID);
-        let v = f(o);
-        if v < best_f {
-            (best, best_f) = (o, v);
-        }
-    }
-    if !best_f.is_finite() {
-        return None;
-    }
-    let step = 1.0 / f64::from(GRID);
-    let (mut lo, mut hi) = ((best - step).max(0.0), (best + step).min(1.0));
-    let g = (5f64.sqrt() - 1.0) / 2.0;
-    for _ in 0..GOLDEN_ROUNDS {
-        let a = hi - g * (hi - lo);
-        let b = lo + g * (hi - lo);
-        if f(a) <= f(b) {
-            hi = b;
-        } else {
-            lo = a;
-        }
-    }
-    let mid = ((0.5 * (lo + hi)) * 1e4).round() / 1e4;
+    let (best, best_f, mid) =
+        crate::hardware::unit_search::minimise_on_unit(f, GRID, GOLDEN_ROUNDS)?;
+    let mid = (mid * 1e4).round() / 1e4;
     Some(if f(mid) < best_f { mid } else { best })
 }
 
