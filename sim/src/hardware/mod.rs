@@ -154,6 +154,9 @@ pub struct HardwareProfile {
     prefill_tok_s: f64,
     prefill_chunk_tokens: u32,
     prefill_overlap: f64,
+    /// Seconds a decode step spends per token its sequences attend to (the profile's
+    /// `kv_read_s_per_ktok` / 1000; 0 when absent).
+    kv_read_s_per_tok: f64,
     kv_capacity_tokens: u64,
     max_running: u32,
     context_window: u32,
@@ -264,13 +267,40 @@ impl HardwareProfile {
     }
 
     /// Seconds of one engine step that decodes `n` sequences and prefills `prefill_tokens`
-    /// beside them ([`mixed_step_s`], the one step-time model; speed multipliers not applied).
+    /// beside them ([`mixed_step_s`], the one step-time model; speed multipliers not applied),
+    /// the decoding sequences attending to no context (see [`Self::mixed_step_time_at_s`]).
     pub fn mixed_step_time_s(&self, n: f64, prefill_tokens: f64) -> f64 {
+        self.mixed_step_time_at_s(n, 0.0, prefill_tokens)
+    }
+
+    /// [`Self::mixed_step_time_s`] when the `n` decoding sequences attend to `attended_tokens`
+    /// in all (their prompts and the tokens they have output): the decode part is
+    /// [`Self::decode_step_time_s`].
+    pub fn mixed_step_time_at_s(&self, n: f64, attended_tokens: f64, prefill_tokens: f64) -> f64 {
         mixed_step_s(
-            self.step_time_s(n),
+            self.decode_step_time_s(n, attended_tokens),
             prefill_tokens.max(0.0) / self.prefill_tok_s,
             self.prefill_overlap,
         )
+    }
+
+    /// Seconds of a decode step of `n` sequences attending to `attended_tokens` in all: the
+    /// curve's [`Self::step_time_s`] plus the time the step reads their KV
+    /// ([`Self::kv_read_s_per_tok`] per token; exactly the curve's when that is 0).
+    pub fn decode_step_time_s(&self, n: f64, attended_tokens: f64) -> f64 {
+        let curve = self.step_time_s(n);
+        if self.kv_read_s_per_tok > 0.0 && curve > 0.0 {
+            curve + self.kv_read_s_per_tok * attended_tokens.max(0.0)
+        } else {
+            curve
+        }
+    }
+
+    /// Seconds a decode step spends per token its sequences attend to: the KV it reads
+    /// (`kv_read_s_per_ktok` / 1000; 0 when the profile has none, the decode step then the
+    /// curve's alone).
+    pub fn kv_read_s_per_tok(&self) -> f64 {
+        self.kv_read_s_per_tok
     }
 
     pub fn kv_capacity_tokens(&self) -> u64 {
@@ -431,6 +461,23 @@ fn validate(raw: RawProfile, origin: &str) -> Result<HardwareProfile, HardwareEr
         }
         None => DEFAULT_PREFILL_OVERLAP,
     };
+    let kv_read_s_per_tok = match &raw.kv_read_s_per_ktok {
+        Some(v) => {
+            rule::non_negative(v.value).map_err(|e| cx.violation("kv_read_s_per_ktok", v, e))?;
+            if v.value >= 1.0 {
+                return Err(cx.err(
+                    "kv_read_s_per_ktok",
+                    v,
+                    format!("{} s per 1,000 attended tokens is not a KV read", v.value),
+                    "seconds per step per 1,000 tokens attended, >= 0 and below 1 (a roofline: \
+                     KV bytes per token x 1,000 / memory bandwidth, ~4e-5 for Llama 3.1 8B on \
+                     an H100)",
+                ));
+            }
+            v.value / 1000.0
+        }
+        None => 0.0,
+    };
     let kv_capacity_tokens = cx.integer(
         "kv_capacity_tokens",
         &raw.kv_capacity_tokens,
@@ -492,6 +539,7 @@ fn validate(raw: RawProfile, origin: &str) -> Result<HardwareProfile, HardwareEr
         prefill_tok_s,
         prefill_chunk_tokens,
         prefill_overlap,
+        kv_read_s_per_tok,
         kv_capacity_tokens,
         max_running,
         context_window,
@@ -678,6 +726,7 @@ fn expected_for(field: &str) -> Option<&'static str> {
         }
         "prefill_chunk_tokens" | "kv_capacity_tokens" | "max_running" => "a whole number >= 1",
         "prefill_overlap" => "a number in [0, 1]",
+        "kv_read_s_per_ktok" => "seconds per decode step per 1,000 attended tokens, >= 0",
         "context_window" => "a whole number of tokens >= 1024",
         "cold_start" => "`{ speed_factor: (0, 1], warmup_tokens: >= 0 }`",
         "speed_factor" => "a number in (0, 1]",
@@ -685,7 +734,7 @@ fn expected_for(field: &str) -> Option<&'static str> {
         "warmup_tokens" => "a number of tokens >= 0",
         _ => {
             "the fields name, description, gpu_names, sources, decode, prefill_tok_s, \
-             prefill_chunk_tokens, prefill_overlap, kv_capacity_tokens, max_running, context_window, \
+             prefill_chunk_tokens, prefill_overlap, kv_read_s_per_ktok, kv_capacity_tokens, max_running, context_window, \
              cold_start, fitted, extrapolated, uncertainty"
         }
     })

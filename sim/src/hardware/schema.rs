@@ -32,6 +32,10 @@ pub(super) struct RawProfile {
     #[serde(default, serialize_with = "optional_figure")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) prefill_overlap: Option<Spanned<f64>>,
+    /// Absent = 0: the decode step does not grow with the context its sequences attend to.
+    #[serde(default, serialize_with = "optional_figure")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) kv_read_s_per_ktok: Option<Spanned<f64>>,
     #[serde(serialize_with = "figure")]
     pub(super) kv_capacity_tokens: Spanned<f64>,
     #[serde(serialize_with = "figure")]
@@ -247,6 +251,7 @@ mod tests {
             prefill_tok_s: unlocated(c),
             prefill_chunk_tokens: Some(unlocated(512.0)),
             prefill_overlap: Some(unlocated(d)),
+            kv_read_s_per_ktok: None,
             kv_capacity_tokens: unlocated(131_072.0),
             max_running: unlocated(256.0),
             context_window: unlocated(32_768.0),

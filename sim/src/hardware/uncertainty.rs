@@ -121,6 +121,8 @@ impl HardwareProfile {
         match field {
             UncertainField::PrefillTokS => p.prefill_tok_s *= factor,
             UncertainField::Decode => {
+                // the whole decode step is the speed: its KV reads scale with the curve
+                p.kv_read_s_per_tok /= factor;
                 p.decode = match &self.decode {
                     DecodeCurve::Points(points) => DecodeCurve::Points(
                         points

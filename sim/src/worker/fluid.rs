@@ -33,7 +33,10 @@
 //!   of a step does not change it). It lasts what the one step-time model
 //!   (`hardware::step`) says for a decode of `step_time_s(n)` beside a prefill of `c /
 //!   prefill_tok_s`: the longer of the two plus the part of the shorter that does not hide under
-//!   it (`prefill_overlap`). Each decoding sequence therefore advances at `1 / step` tokens/s
+//!   it (`prefill_overlap`). With a `kv_read_s_per_ktok` the decode part also reads the KV of
+//!   the tokens the decoding sequences attend to (prompts and outputs so far), counted at the
+//!   step's start and held until the next event or breakpoint (the fluid model's rates are
+//!   constant between them; a busy engine's events come every few steps). Each decoding sequence therefore advances at `1 / step` tokens/s
 //!   (processor sharing; with no prefill that is `per_request_tok_s(n)`), the prefill queue at
 //!   `c / step` tokens/s (the full `prefill_tok_s` when nothing decodes).
 //! * **Step boundaries.** A step clock counts the engine's steps (fractional between two
@@ -146,6 +149,14 @@ pub struct FluidEngine {
     overlap: f64,
     /// The core's `prefill_chunk_tokens`, as the float every refresh reads.
     chunk: f64,
+    /// The profile's [`HardwareProfile::kv_read_s_per_tok`]: 0 (the usual case) leaves the
+    /// decode step the curve's and the two sums below untouched.
+    kv_read_s: f64,
+    /// The tokens the decoding sequences attend to at step clock `V` are
+    /// `ctx_base + ctx_per_v * V`: each holds its prompt and first token, and gains a token per
+    /// `noise` of the clock since it started decoding (kept only when `kv_read_s > 0`).
+    ctx_base: f64,
+    ctx_per_v: f64,
     // --- sequences
     slots: Slots<FluidSeq>,
     prefill: VecDeque<u32>,
@@ -170,6 +181,9 @@ impl FluidEngine {
             overlap: core.profile.prefill_overlap(),
             step_time: core.profile.step_times(core.max_running),
             chunk: f64::from(core.prefill_chunk_tokens),
+            kv_read_s: core.profile.kv_read_s_per_tok(),
+            ctx_base: 0.0,
+            ctx_per_v: 0.0,
             core,
             fl: Fluid::default(),
             crossing: None,
@@ -227,6 +241,7 @@ impl Moves for FluidEngine {
         self.decode.clear();
         self.running = 0;
         self.n_decoding = 0;
+        (self.ctx_base, self.ctx_per_v) = (0.0, 0.0);
         self.prefills_with_blocks = 0;
         self.kv_used = 0;
         self.fl = Fluid::default();
@@ -404,6 +419,7 @@ impl InferenceEngine for FluidEngine {
             Phase::Decode => {
                 self.decode.retain(|k| k.slot != h);
                 self.n_decoding -= 1;
+                self.leave_decode(h);
                 self.running -= 1;
                 self.kv_used -= self.slots[h as usize].kv_tokens();
                 self.release_blocks(h);
@@ -520,6 +536,7 @@ impl FluidEngine {
             self.fl.v = self.fl.v.max(finish);
             self.decode.pop();
             self.n_decoding -= 1;
+            self.leave_decode(top.slot);
             self.complete(top.slot, te, out);
         }
         // most events emit one output or none: nothing to order
@@ -569,6 +586,27 @@ impl FluidEngine {
         let finish = self.fl.v + f64::from(s.output - 1) * s.noise;
         self.decode.push(DecodeKey::new(finish, s.seq, h));
         self.n_decoding += 1;
+        if self.kv_read_s > 0.0 {
+            let s = &self.slots[h as usize];
+            let per_v = 1.0 / s.noise;
+            self.ctx_base += f64::from(s.prompt) + 1.0 - s.state.decode_start * per_v;
+            self.ctx_per_v += per_v;
+        }
+    }
+
+    /// Sequence `h` stops decoding: its context leaves the sums the decode step reads (an
+    /// engine with no decoder left has none, exactly).
+    fn leave_decode(&mut self, h: u32) {
+        if self.kv_read_s > 0.0 {
+            if self.n_decoding == 0 {
+                (self.ctx_base, self.ctx_per_v) = (0.0, 0.0);
+            } else {
+                let s = &self.slots[h as usize];
+                let per_v = 1.0 / s.noise;
+                self.ctx_base -= f64::from(s.prompt) + 1.0 - s.state.decode_start * per_v;
+                self.ctx_per_v -= per_v;
+            }
+        }
     }
 
     fn complete(&mut self, h: u32, now: u64, out: &mut Vec<EngineOutput>) {

@@ -18,8 +18,10 @@
 //!   (`max_running`) and its first chunk's KV can be allocated; the queue is FIFO, so the first
 //!   that cannot join stops the others. Chunked prefill: a prompt larger than what is left of
 //!   the budget takes that part and continues next step, and several prompts may share a step.
-//! * **Step length** = [`HardwareProfile::mixed_step_time_s`]`(decodes, prefill tokens)` (the
-//!   one step-time model) divided by the speed multiplier at the step's start: the node's
+//! * **Step length** = [`HardwareProfile::mixed_step_time_at_s`]`(decodes, the tokens they
+//!   attend to, prefill tokens)` (the one step-time model; a decode attends to the tokens whose
+//!   KV its sequence holds, which lengthens the step only if the profile has a
+//!   `kv_read_s_per_ktok`) divided by the speed multiplier at the step's start: the node's
 //!   `speed_factor` × the cold factor (until `cold_start.warmup_tokens` of decode + prefill
 //!   work are done) × the epoch factor ([`super::speed`], the fluid engine's rule). A step in
 //!   flight keeps its length when the speed changes; the next one uses the new speed.

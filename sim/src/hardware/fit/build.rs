@@ -8,6 +8,7 @@ use routelab_policies::weights::ProbeConfig;
 
 use super::super::schema::{RawProfile, unlocated};
 use super::super::{DEFAULT_PREFILL_CHUNK_TOKENS, HardwareProfile, MIN_CONTEXT_WINDOW};
+use super::context::{self, ContextFit};
 use super::curve::{curve_of, decode_values, monotone_points, pooled_points, pooled_values};
 use super::overlap::{self, Overlap};
 use super::report::{point_errors, warnings};
@@ -49,6 +50,9 @@ pub(super) struct Curve<'a> {
     pub(super) sweep_values: Option<Vec<f64>>,
     /// The engine's prompt-token budget per step (`--chunk-tokens`, else routelab's default).
     pub(super) chunk_tokens: u32,
+    /// The decode step's KV read per token attended, when the sweep fitted one (the curve is
+    /// then the step at no context).
+    pub(super) context: Option<ContextFit>,
 }
 
 impl Curve<'_> {
@@ -77,6 +81,22 @@ impl Curve<'_> {
     pub(super) fn moves(&self, overlap: f64) -> Result<Vec<PointMove>, InputError> {
         Ok(monotone_points(&self.curve_points, &self.values(overlap)?))
     }
+
+    /// Seconds per decode step per token attended, as the profile writes it (0 without one).
+    pub(super) fn kv_read_s_per_tok(&self) -> f64 {
+        self.context.as_ref().map_or(0.0, |c| c.per_ktok() / 1e3)
+    }
+
+    /// The decode aggregate of `n` sequences attending to `context` tokens each, on a curve
+    /// whose aggregate at `n` is `curve_tok_s` (the step at no context).
+    pub(super) fn at_context(&self, n: f64, curve_tok_s: f64, context: f64) -> f64 {
+        let k = self.kv_read_s_per_tok();
+        if k > 0.0 {
+            n / (n / curve_tok_s + k * n * context)
+        } else {
+            curve_tok_s
+        }
+    }
 }
 
 /// Builds, writes, reads back and checks the profile.
@@ -89,15 +109,22 @@ pub(super) fn build(
     let mut notes = Notes::default();
     let closed_rows = m.points.iter().filter(|p| p.closed_loop.is_some()).count();
     let subtract = closed_rows > 0 && !opts.pure_decode;
-    let (prefill_tok_s, prefill_note) =
-        prefill_speed(&m, sweep.as_ref(), opts, subtract, &mut notes)?;
-    let (curve_points, sweep_values) = match &sweep {
-        Some(sw) => (
+    let context = match (&sweep, &opts.decode_sweep) {
+        (Some(sw), Some(input)) => context::fit(sw, &input.origin)?,
+        _ => None,
+    };
+    let (curve_points, sweep_values) = match (&sweep, &context) {
+        (_, Some(cx)) => (cx.points.clone(), Some(cx.values.clone())),
+        (Some(sw), None) => (
             sw.points.clone(),
             Some(sw.points.iter().map(|p| p.aggregate_tok_s).collect()),
         ),
-        None => (pooled_points(&m.points), None),
+        (None, None) => (pooled_points(&m.points), None),
     };
+    let sweep_curve = sweep_values
+        .as_deref()
+        .map(|v| (curve_points.as_slice(), v));
+    let (prefill_tok_s, prefill_note) = prefill_speed(&m, sweep_curve, opts, subtract, &mut notes)?;
     let chunk_tokens = chunk_tokens(opts)?;
     let curve = Curve {
         points: &m.points,
@@ -108,6 +135,7 @@ pub(super) fn build(
         curve_points,
         sweep_values,
         chunk_tokens,
+        context,
     };
     let overlap = overlap::choose(&curve, opts, &mut notes.extrapolated)?;
     // The figures the overlap does not touch, first: the simulated calibration loops need them
@@ -123,6 +151,7 @@ pub(super) fn build(
         kv_capacity_tokens,
         max_running,
         context_window,
+        kv_read_s_per_ktok: curve.context.as_ref().map(ContextFit::per_ktok),
     };
     // What the step model's subtraction cannot pin, fitted by playing the calibration loops
     // back on the simulator's engine (only where the rows were asked to pin the overlap).
@@ -138,6 +167,9 @@ pub(super) fn build(
         .extend(decode_notes(&curve, source, opts, overlap.value)?);
     notes.fitted.extend(moves_notes(&moves, m.weight_name));
     notes.fitted.append(&mut m.notes);
+    notes
+        .fitted
+        .extend(curve.context.as_ref().map(ContextFit::note));
     notes.fitted.extend(prefill_note);
     let Overlap { value, note, fit } = overlap;
     if !note.is_empty() {
@@ -177,6 +209,7 @@ pub(super) fn build(
         prefill_tok_s: unlocated(prefill_tok_s),
         prefill_chunk_tokens: Some(unlocated(f64::from(chunk_tokens))),
         prefill_overlap: Some(unlocated(value)),
+        kv_read_s_per_ktok: engine.kv_read_s_per_ktok.map(unlocated),
         kv_capacity_tokens: unlocated(kv_capacity_tokens as f64),
         max_running: unlocated(f64::from(max_running)),
         context_window: unlocated(f64::from(context_window)),
@@ -224,7 +257,7 @@ pub(super) fn build(
 /// very figures it corrects, so the subtraction needs a measured or given one.
 fn prefill_speed(
     m: &Measured,
-    sweep: Option<&Measured>,
+    sweep: Option<(&[Obs], &[f64])>,
     opts: &FitOptions,
     subtract: bool,
     notes: &mut Notes,
@@ -262,10 +295,7 @@ fn prefill_speed(
     }
     // nothing to subtract: the measured values are the decode curve
     let (points, raw): (Vec<Obs>, Vec<f64>) = match sweep {
-        Some(sw) => (
-            sw.points.clone(),
-            sw.points.iter().map(|p| p.aggregate_tok_s).collect(),
-        ),
+        Some((points, values)) => (points.to_vec(), values.to_vec()),
         None => {
             let raw: Vec<f64> = m.points.iter().map(|p| p.aggregate_tok_s).collect();
             (pooled_points(&m.points), pooled_values(&m.points, &raw))
@@ -294,9 +324,18 @@ fn decode_notes(
     let prefill_tok_s = curve.prefill_tok_s;
     let mut notes = Vec::new();
     if let Some(sw) = curve.sweep {
+        let taken = match &curve.context {
+            Some(cx) => format!(
+                "its {} rows at the shortest context ({} tokens), their KV reads taken out \
+                 (kv_read_s_per_ktok, below)",
+                cx.points.len(),
+                cx.short
+            ),
+            None => "taken as measured".to_string(),
+        };
         notes.push(format!(
-            "decode aggregate from the pure-decode sweep (--decode-sweep, {} rows): taken as \
-             measured; the closed-loop rows fit prefill_overlap and are simulated back (below)",
+            "decode aggregate from the pure-decode sweep (--decode-sweep, {} rows): {taken}; \
+             the closed-loop rows fit prefill_overlap and are simulated back (below)",
             sw.points.len()
         ));
     }

@@ -39,6 +39,7 @@ use super::fit_check::{OverlapFit, PointError};
 
 mod build;
 mod closed_loop;
+mod context;
 mod curve;
 mod json;
 mod overlap;
@@ -68,13 +69,17 @@ pub const GATEWAY_SCHEMA: &str = "routelab-gateway-capacity/1";
 /// The columns a profile CSV may have (the first two are required). A row with
 /// `mean_prompt_tokens` and `mean_output_tokens` is a closed-loop result whose prompts' prefill
 /// is subtracted ([`ClosedLoop::decode_aggregate`]).
-pub const CSV_COLUMNS: [&str; 6] = [
+/// `mean_context_tokens` belongs to a `--decode-sweep` only: the tokens each decoding sequence
+/// attended to on average while the row was measured (its prompt plus half its output), so that
+/// rows at two contexts fit the profile's `kv_read_s_per_ktok` (`context.rs`).
+pub const CSV_COLUMNS: [&str; 7] = [
     "concurrency",
     "aggregate_tok_s",
     "prefill_tok_s",
     "cold_burst_tok_s",
     "mean_prompt_tokens",
     "mean_output_tokens",
+    "mean_context_tokens",
 ];
 
 /// Where the measurements come from.
@@ -233,6 +238,9 @@ struct Obs {
     closed_loop: Option<ClosedLoop>,
     /// Requests per client in that closed loop (for simulating it back).
     rounds: u32,
+    /// The tokens each decoding sequence attended to on average (a sweep's
+    /// `mean_context_tokens`), when the row says.
+    context_tokens: Option<f64>,
     at: RowAt,
 }
 
@@ -277,7 +285,20 @@ pub fn fit(
                         .valid("one CSV with a row per concurrency"),
                 );
             }
-            read_csv::read_csv(first)?
+            let m = read_csv::read_csv(first)?;
+            if let Some(p) = m.points.iter().find(|p| p.context_tokens.is_some()) {
+                return Err(InputError::new(
+                    &first.origin,
+                    "mean_context_tokens",
+                    "a context on a measured row",
+                )
+                .at(p.at.line, None)
+                .valid(
+                    "mean_context_tokens in the --decode-sweep CSV only (its rows at a second, \
+                     longer context fit kv_read_s_per_ktok)",
+                ));
+            }
+            m
         }
         FitSource::VllmBench => read_vllm::read_vllm(inputs)?,
         FitSource::Gateway => {

@@ -7,6 +7,7 @@ use routelab_policies::located::{InputError, rule};
 use super::super::DEFAULT_PREFILL_OVERLAP;
 use super::super::fit_check::{OverlapFit, OverlapRow, infer_overlap, informative};
 use super::build::Curve;
+use super::context;
 use super::curve::{curve_of, monotone_points};
 use super::{FitOptions, MixedStep, StepModel, flag_error, not_valid};
 
@@ -205,7 +206,12 @@ fn overlap_from_rows(curve: &Curve<'_>, model: &StepModel) -> Option<OverlapFit>
         rows.push(OverlapRow {
             row,
             weight: p.weight,
-            reference: sweep_moves.as_ref().map(|mv| curve_of(mv, p.concurrency)),
+            // the sweep's decode at the loop's own context
+            reference: sweep_moves.as_ref().map(|mv| {
+                let n = p.concurrency;
+                let context = context::decode_context(row.prompt_tokens, row.output_tokens);
+                curve.at_context(n, curve_of(mv, n), context)
+            }),
             group,
         });
     }

@@ -9,7 +9,8 @@ use super::{CSV_COLUMNS, ClosedLoop, ColdBurst, FitInput, Measured, Obs, RowAt, 
 /// What a CSV must look like, for errors about its header.
 const VALID_HEADER: &str = "a header row `concurrency,aggregate_tok_s` (optional columns \
                             prefill_tok_s, cold_burst_tok_s, mean_prompt_tokens, \
-                            mean_output_tokens), then one row per concurrency";
+                            mean_output_tokens, mean_context_tokens), then one row per \
+                            concurrency (per concurrency and context in a decode sweep)";
 
 /// Each of [`CSV_COLUMNS`]' place in the file, when it has it.
 type Columns = [Option<usize>; CSV_COLUMNS.len()];
@@ -167,7 +168,13 @@ impl Row<'_> {
 fn read_row(row: &Row<'_>, m: &mut Measured, once: &mut OnceRows) -> Result<(), InputError> {
     let c = row.cell(0)?.expect("required column");
     let a = row.cell(1)?.expect("required column");
-    if let Some(prev) = m.points.last()
+    let context_tokens = row.cell(6)?;
+    // a decode sweep at several contexts: each context's rows in their own concurrency order
+    if let Some(prev) = m
+        .points
+        .iter()
+        .rev()
+        .find(|p| p.context_tokens == context_tokens)
         && c <= prev.concurrency
     {
         return Err(row.err(
@@ -176,7 +183,8 @@ fn read_row(row: &Row<'_>, m: &mut Measured, once: &mut OnceRows) -> Result<(), 
                 "concurrency {c} is not greater than the previous row's {}",
                 prev.concurrency
             ),
-            "rows in strictly increasing concurrency, one row per concurrency",
+            "rows in strictly increasing concurrency, one row per concurrency (per \
+             mean_context_tokens when the rows give one)",
         ));
     }
     let closed_loop = row.closed_loop(c, a)?;
@@ -186,6 +194,7 @@ fn read_row(row: &Row<'_>, m: &mut Measured, once: &mut OnceRows) -> Result<(), 
         weight: 1.0,
         closed_loop,
         rounds: 20,
+        context_tokens,
         at: RowAt {
             file: row.file.to_string(),
             field: "aggregate_tok_s".into(),
@@ -230,6 +239,9 @@ fn describe(file: &str, m: &mut Measured, prefill_at: Option<(f64, f64)>) {
     }
     if m.points.iter().any(|p| p.closed_loop.is_some()) {
         read.extend(["mean_prompt_tokens", "mean_output_tokens"]);
+    }
+    if m.points.iter().any(|p| p.context_tokens.is_some()) {
+        read.push("mean_context_tokens");
     }
     m.sources.push(format!(
         "{file} (CSV, {} rows): {}",

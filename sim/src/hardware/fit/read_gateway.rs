@@ -250,6 +250,7 @@ impl Worker<'_> {
             weight: self.number(i, p, "observed_s")?,
             closed_loop: None,
             rounds: 1,
+            context_tokens: None,
             at: RowAt {
                 file: self.input.origin.clone(),
                 field: format!("{}.points[{i}].aggregate_tok_s", self.field),

@@ -160,6 +160,7 @@ pub(super) fn read_vllm(inputs: &[FitInput]) -> Result<Measured, InputError> {
                 prompt_tokens: r.total_input_tokens / r.completed,
                 output_tokens: r.total_output_tokens / r.completed,
             }),
+            context_tokens: None,
             rounds: ((r.completed / r.concurrency).round() as u32).max(1),
             at: r.at.clone(),
         });

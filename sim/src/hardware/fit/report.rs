@@ -22,7 +22,8 @@ pub(super) fn play(profile: &HardwareProfile, p: &Obs, row: &ClosedLoop) -> Simu
 }
 
 /// Every input point against the fitted profile: a closed loop simulated on the fluid engine
-/// (unless the rows were declared pure decode), a pure-decode point read off the curve.
+/// (unless the rows were declared pure decode), a pure-decode point read off the curve (at its
+/// sequences' context, when the sweep row gives one: the decode step with its KV reads).
 pub(super) fn point_errors(
     profile: &HardwareProfile,
     points: &[Obs],
@@ -38,7 +39,13 @@ pub(super) fn point_errors(
         concurrency: p.concurrency,
         what: "decode aggregate tok/s",
         measured: p.aggregate_tok_s,
-        fitted: profile.aggregate_tok_s(p.concurrency),
+        fitted: match p.context_tokens {
+            Some(c) => {
+                let n = p.concurrency;
+                n / profile.decode_step_time_s(n, n * c)
+            }
+            None => profile.aggregate_tok_s(p.concurrency),
+        },
     };
     let mut out: Vec<PointError> = points
         .iter()

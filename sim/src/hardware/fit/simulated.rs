@@ -47,6 +47,8 @@ pub(super) struct Engine<'a> {
     pub(super) kv_capacity_tokens: u64,
     pub(super) max_running: u32,
     pub(super) context_window: u32,
+    /// The fitted context term, when there is one (`context.rs`).
+    pub(super) kv_read_s_per_ktok: Option<f64>,
 }
 
 impl Engine<'_> {
@@ -63,6 +65,7 @@ impl Engine<'_> {
             prefill_tok_s: unlocated(self.prefill_tok_s),
             prefill_chunk_tokens: Some(unlocated(f64::from(self.chunk_tokens))),
             prefill_overlap: Some(unlocated(overlap)),
+            kv_read_s_per_ktok: self.kv_read_s_per_ktok.map(unlocated),
             kv_capacity_tokens: unlocated(self.kv_capacity_tokens as f64),
             max_running: unlocated(f64::from(self.max_running)),
             context_window: unlocated(f64::from(self.context_window)),

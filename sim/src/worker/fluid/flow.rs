@@ -109,7 +109,11 @@ impl FluidEngine {
     fn rates(&self, fl: &Fluid) -> Rates {
         let queued = (fl.q_joined - fl.q).max(0.0);
         let c = fl.c_step;
-        let decode_s = self.step_time[self.n_decoding as usize];
+        let mut decode_s = self.step_time[self.n_decoding as usize];
+        if self.kv_read_s > 0.0 && self.n_decoding > 0 {
+            // the KV the decoders attend to, read in the step starting at `fl.v`
+            decode_s += self.kv_read_s * (self.ctx_base + self.ctx_per_v * fl.v).max(0.0);
+        }
         // a step without prefill is its decode (`mixed_step_s` of a zero prefill, exactly):
         // no division for it
         let step = if c > 0.0 {

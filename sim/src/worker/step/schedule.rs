@@ -195,17 +195,21 @@ impl StepEngine {
         if self.sched.is_empty() {
             return;
         }
-        let (mut decodes, mut prefill) = (0u32, 0u64);
+        let (mut decodes, mut prefill, mut attended) = (0u32, 0u64, 0u64);
         for &h in &self.sched {
             let s = &self.slots[h as usize];
             decodes += u32::from(s.state.step_decode);
             prefill += s.state.step_prefill;
+            if s.state.step_decode {
+                // a decode attends to every token whose KV its sequence holds
+                attended += s.state.kv_tokens;
+            }
         }
-        let step_s = self
-            .core
-            .profile
-            .mixed_step_time_s(f64::from(decodes), prefill as f64)
-            / speed;
+        let step_s = self.core.profile.mixed_step_time_at_s(
+            f64::from(decodes),
+            attended as f64,
+            prefill as f64,
+        ) / speed;
         let ns = secs_to_nanos_ceil(step_s).max(1);
         self.step_start = t;
         self.step_end = Some(t.saturating_add(ns));
