@@ -893,6 +893,37 @@ cold_start: { speed_factor: 0.3, warmup_tokens: 2000 }
     }
 
     #[test]
+    fn the_kv_read_lengthens_the_decode_step_by_the_context_and_absent_is_zero() {
+        let p = HardwareProfile::from_yaml_str(GOOD, "ok.yaml").unwrap();
+        assert_eq!(p.kv_read_s_per_tok(), 0.0);
+        assert_eq!(
+            p.decode_step_time_s(8.0, 1e6).to_bits(),
+            p.step_time_s(8.0).to_bits()
+        );
+        let src = format!("{GOOD}kv_read_s_per_ktok: 0.00004\n");
+        let k = HardwareProfile::from_yaml_str(&src, "ok.yaml").unwrap();
+        assert!((k.kv_read_s_per_tok() - 4e-8).abs() < 1e-20);
+        // 8 sequences at 1,000 tokens each: 20 ms of curve + 0.32 ms of KV reads
+        assert!((k.decode_step_time_s(8.0, 8000.0) - 0.02032).abs() < 1e-12);
+        assert_eq!(k.decode_step_time_s(0.0, 8000.0), 0.0);
+        assert!(
+            (k.mixed_step_time_at_s(8.0, 8000.0, 40.0)
+                - mixed_step_s(0.02032, 0.01, DEFAULT_PREFILL_OVERLAP))
+            .abs()
+                < 1e-12
+        );
+        assert_eq!(
+            k.mixed_step_time_s(8.0, 40.0).to_bits(),
+            p.mixed_step_time_s(8.0, 40.0).to_bits()
+        );
+        for bad in ["-0.1", "1", ".nan"] {
+            let e = err_of(&format!("{GOOD}kv_read_s_per_ktok: {bad}\n"));
+            assert_eq!(e.field, "kv_read_s_per_ktok", "{bad}: {e}");
+            assert_eq!(e.line, Some(13), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn rejects_bad_numbers() {
         for (from, to, field) in [
             ("prefill_tok_s: 4000", "prefill_tok_s: -1", "prefill_tok_s"),

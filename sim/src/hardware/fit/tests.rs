@@ -507,3 +507,115 @@ fn a_fit_whose_loops_miss_declares_the_miss_as_uncertainty() {
     assert!(f.yaml.contains("\nuncertainty: {decode: "), "{}", f.yaml);
     assert!(f.yaml.contains("the fit's own error"), "{}", f.yaml);
 }
+
+/// A decode sweep of steps `t0(n) = 10 ms + 0.1 ms n` whose sequences read
+/// `k = 4e-5 s per 1,000 tokens` attended, at the contexts given.
+fn context_sweep(contexts: &[f64]) -> String {
+    let mut s = String::from("concurrency,aggregate_tok_s,mean_context_tokens\n");
+    for &c in contexts {
+        for n in [1.0, 4.0, 16.0, 64.0] {
+            let step = 0.010 + 0.0001 * n + 4e-8 * n * c;
+            s.push_str(&format!("{n},{},{c}\n", n / step));
+        }
+    }
+    s
+}
+
+fn with_sweep(sweep: String) -> Result<FittedProfile, InputError> {
+    let rows = "concurrency,aggregate_tok_s,prefill_tok_s,mean_prompt_tokens,mean_output_tokens\n\
+                1,40,2000,600,64\n4,120,,600,64\n8,180,,600,64\n";
+    fit(
+        FitSource::Csv,
+        &[csv(rows)],
+        &FitOptions {
+            decode_sweep: Some(FitInput {
+                origin: "decode.csv".into(),
+                text: sweep,
+            }),
+            max_running: Some(64),
+            ..opts()
+        },
+    )
+}
+
+#[test]
+fn a_sweep_at_two_contexts_fits_the_kv_read_and_the_curve_at_no_context() {
+    let f = with_sweep(context_sweep(&[144.0, 1040.0])).unwrap();
+    let p = &f.profile;
+    assert!(
+        (p.kv_read_s_per_tok() * 1e3 - 4e-5).abs() < 1e-10,
+        "{}",
+        p.kv_read_s_per_tok()
+    );
+    assert!(
+        f.yaml.contains("\nkv_read_s_per_ktok: 0.00004\n"),
+        "{}",
+        f.yaml
+    );
+    assert!(
+        f.yaml.contains("kv_read_s_per_ktok 0.00004 ± "),
+        "{}",
+        f.yaml
+    );
+    // the curve is the step at no context, and the sweep's rows are reproduced at theirs
+    for n in [1.0, 4.0, 16.0, 64.0] {
+        let t0 = 0.010 + 0.0001 * n;
+        assert!((p.step_time_s(n) / t0 - 1.0).abs() < 1e-4, "n = {n}");
+        for c in [144.0, 1040.0] {
+            let want = t0 + 4e-8 * n * c;
+            assert!((p.decode_step_time_s(n, n * c) / want - 1.0).abs() < 1e-4);
+        }
+    }
+    let sweep_errors: Vec<_> = f
+        .errors
+        .iter()
+        .filter(|e| e.source.starts_with("decode.csv"))
+        .collect();
+    assert_eq!(sweep_errors.len(), 8);
+    assert!(
+        sweep_errors.iter().all(|e| e.relative().abs() < 1e-3),
+        "{sweep_errors:?}"
+    );
+    // one context: no term, the curve as measured (today's fit)
+    let one = with_sweep(context_sweep(&[144.0])).unwrap();
+    assert_eq!(one.profile.kv_read_s_per_tok(), 0.0);
+    assert!(!one.yaml.contains("kv_read_s_per_ktok"), "{}", one.yaml);
+    let plain = context_sweep(&[144.0])
+        .replace(",144\n", "\n")
+        .replace(",mean_context_tokens", "");
+    assert_eq!(
+        with_sweep(plain).unwrap().yaml,
+        one.yaml.replace(", mean_context_tokens", "")
+    );
+}
+
+#[test]
+fn a_context_sweep_that_cannot_fit_the_term_is_refused_where_it_breaks() {
+    // a row without a context among rows with one
+    let mut s = context_sweep(&[144.0, 1040.0]);
+    s.push_str("128,9000,\n");
+    let e = with_sweep(s).unwrap_err();
+    assert_eq!(e.field, "mean_context_tokens", "{e}");
+    assert_eq!(e.line, Some(10), "{e}");
+    // a longer context's concurrency the shortest did not measure
+    let mut s = context_sweep(&[144.0, 1040.0]);
+    let at = s.rfind("\n4,").unwrap();
+    s.replace_range(at..at + 3, "\n5,");
+    let e = with_sweep(s).unwrap_err();
+    assert_eq!(e.field, "concurrency", "{e}");
+    assert!(
+        e.to_string().contains("no row at the shortest context"),
+        "{e}"
+    );
+    // a context on the measured rows (not a sweep)
+    let e = fit(
+        FitSource::Csv,
+        &[csv(
+            "concurrency,aggregate_tok_s,mean_context_tokens\n1,100,50\n",
+        )],
+        &opts(),
+    )
+    .unwrap_err();
+    assert_eq!(e.field, "mean_context_tokens", "{e}");
+    assert!(e.to_string().contains("--decode-sweep"), "{e}");
+}

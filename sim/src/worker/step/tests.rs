@@ -366,3 +366,40 @@ fn noise_and_cold_start_slow_steps_down_deterministically() {
     let out = drain(&mut e);
     assert_eq!(out[0].at(), ns(p.mixed_step_time_s(0.0, 400.0) / 0.5));
 }
+
+#[test]
+fn the_kv_read_lengthens_each_decode_by_its_context_in_both_engines() {
+    // 0.2 ms per 1,000 attended tokens: a 10,000-token prompt adds 2 ms to each 10 ms step
+    let plain = profile_with(1e6, 64, 1_000_000, 16_384);
+    let src = "name: t\ndecode:\n  points:\n    - { concurrency: 1, aggregate_tok_s: 100 }\n\
+               prefill_tok_s: 1000000\nprefill_chunk_tokens: 16384\nkv_capacity_tokens: 1000000\n\
+               max_running: 64\ncontext_window: 100000\nkv_read_s_per_ktok: 0.0002\n";
+    let kv = Arc::new(HardwareProfile::from_yaml_str(src, "kv.yaml").unwrap());
+    let lone = |p: &Arc<HardwareProfile>, fluid: bool| -> (u64, u64) {
+        let mut out = Vec::new();
+        if fluid {
+            let mut e = crate::worker::FluidEngine::new(p.clone(), EngineOverrides::default(), 1);
+            e.admit(0, Admission::new(1, 10_000, 11, &[]));
+            while let Some(t) = e.next_event_time() {
+                e.advance_to(t, &mut out);
+            }
+        } else {
+            let mut e = engine(p);
+            e.admit(0, Admission::new(1, 10_000, 11, &[]));
+            out = drain(&mut e);
+        }
+        let c = completion(&out, 1);
+        (c.first_token_at, c.at)
+    };
+    for fluid in [false, true] {
+        let (f0, e0) = lone(&plain, fluid);
+        let (f1, e1) = lone(&kv, fluid);
+        assert_eq!(f0, f1, "fluid {fluid}: the prefill has no context term");
+        // ten decode steps of 10 ms, each + 0.2 ms x ~10 (the prompt and the tokens so far)
+        let added = (e1 - f1) as f64 - (e0 - f0) as f64;
+        assert!(
+            (added / 1e6 - 20.0).abs() < 0.2,
+            "fluid {fluid}: {added} ns added over ten steps"
+        );
+    }
+}
