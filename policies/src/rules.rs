@@ -4,7 +4,7 @@
 //!
 //! The router's prefix index remembers, per prefix block, the last worker that served it, so a
 //! rule sees one worker's overlap (the holder of the longest remembered prefix) and 0 for the
-//! others; "tree size" is the number of (checkpoint) blocks the index attributes to a worker.
+//! others.
 //! Every function answers a position in `cands` among the candidates below their cap, or `None`
 //! when all are full. Nothing allocates.
 
@@ -105,9 +105,17 @@ fn holder_pos(ctx: &RuleCtx<'_>, cands: &[u32], hot: &[Hot]) -> Option<usize> {
         .filter(|&p| hot[cands[p] as usize].open())
 }
 
-/// SGLang gateway `cache_aware`: least-loaded when the fleet is imbalanced (load = requests in
-/// flight), else the best prefix match above the threshold, else the smallest tree (indexed
-/// blocks plus the prompts it was sent without prefix hashes).
+/// SGLang gateway `cache_aware` (and vLLM router's, a fork of it): least-loaded when the fleet
+/// is imbalanced (load = the router's own requests in flight), else the prefix holder when it
+/// holds more than `threshold` of the prompt, else least-loaded again.
+///
+/// Both originals as installed (sglang-router 0.3.2, vllm-router 0.1.17) pick the fewest
+/// requests in flight below the threshold, ties to the first worker in their list: neither
+/// binary carries the radix tree's "smallest tenant" any more, only `select_worker_min_load`
+/// (their own in-flight counts). The copy followed the rule as SGLang first published it (the
+/// smallest tree), which spreads prompts evenly whatever each worker's speed; the originals
+/// give a slow worker what its queue lets it take (issue 39, docs/findings.md "Against the
+/// originals").
 pub(crate) fn cache_aware(
     ctx: &RuleCtx<'_>,
     cands: &[u32],
@@ -128,21 +136,15 @@ pub(crate) fn cache_aware(
         return None;
     }
     let imbalanced = max - min > abs && f64::from(max) > rel * f64::from(min);
-    if imbalanced {
-        return lowest(cands, hot, |i| f64::from(hot[i as usize].in_flight));
-    }
-    if let Some(p) = holder_pos(ctx, cands, hot)
+    if !imbalanced
+        && let Some(p) = holder_pos(ctx, cands, hot)
         && ctx.match_fraction(cands[p]) > threshold
     {
         return Some(p);
     }
-    // The tree: the blocks the index holds for the worker plus the unhashed prompts it was
-    // sent (the real tree grows from every prompt's text; without the unhashed part, a trace
-    // without prefix hashes would leave every tree at 0 and send everything to the first
-    // candidate until the fleet counted as imbalanced).
-    lowest(cands, hot, |i| {
-        (ctx.index.blocks_of(WorkerId(i)) as u64 + ctx.signals[i as usize].unhashed_blocks) as f64
-    })
+    // Imbalanced, or no match above the threshold: the fewest in flight, ties to the first
+    // (the originals' `min_by_key` over their worker list).
+    lowest(cands, hot, |i| f64::from(hot[i as usize].in_flight))
 }
 
 /// SGLang gateway `least_load`: (engine tokens) ÷ generation throughput + a KV-pressure penalty.
@@ -445,20 +447,45 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn cache_aware_balanced_prefers_a_match_above_threshold_else_the_smallest_tree() {
-        let mut c = Case::new(&[3, 4, 5]);
+    fn cache_aware_balanced_prefers_a_match_above_threshold_else_the_fewest_in_flight() {
+        let mut c = Case::new(&[4, 3, 5]);
         let shared = chain(1, 4);
         c.index.record(&shared, WorkerId(2));
+        // Worker 0's record is the largest (16 blocks), worker 1's the smallest (none): the
+        // size of a record no longer decides anything.
         c.index.record(&chain(2, 16), WorkerId(0));
         // Balanced (5 − 3 ≤ 32): worker 2 holds all 4 blocks of a 2,048-token prompt: 100 % > 50 %.
         let ctx = c.ctx(2048, &shared);
         assert_eq!(cache_aware(&ctx, &c.cands, &c.hot, 32, 1.1, 0.5), Some(2));
         // The same 4 blocks are 25 % of an 8,192-token prompt: below the threshold, so the
-        // smallest tree wins — worker 1, which holds nothing.
+        // fewest in flight wins — worker 1 (3).
         let mut long = shared.clone();
         long.extend(chain(3, 12));
         let ctx = c.ctx(8192, &long);
         assert_eq!(cache_aware(&ctx, &c.cands, &c.hot, 32, 1.1, 0.5), Some(1));
+        // 50 % exactly is not above a 0.5 threshold (the originals compare with `>`).
+        let mut half = shared.clone();
+        half.extend(chain(4, 4));
+        let ctx = c.ctx(4096, &half);
+        assert_eq!(cache_aware(&ctx, &c.cands, &c.hot, 32, 1.1, 0.5), Some(1));
+    }
+
+    #[test]
+    fn cache_aware_below_threshold_ties_go_to_the_first_candidate() {
+        // An idle fleet and a prompt nobody holds: every load is 0, and the originals'
+        // `min_by_key` answers the first worker in their list (not a random or a rotating one).
+        let c = Case::new(&[0, 0, 0]);
+        let fresh = chain(9, 3);
+        let ctx = c.ctx(1500, &fresh);
+        assert_eq!(cache_aware(&ctx, &c.cands, &c.hot, 64, 1.5, 0.3), Some(0));
+        // A prompt without prefix hashes reads the same.
+        let ctx = c.ctx(1500, &[]);
+        assert_eq!(cache_aware(&ctx, &c.cands, &c.hot, 64, 1.5, 0.3), Some(0));
+        // A closed first worker is skipped.
+        let mut c = Case::new(&[0, 0, 0]);
+        c.hot[0].cap = 0;
+        let ctx = c.ctx(1500, &[]);
+        assert_eq!(cache_aware(&ctx, &c.cands, &c.hot, 64, 1.5, 0.3), Some(1));
     }
 
     #[test]

@@ -79,19 +79,9 @@ pub struct Signals {
     /// Network round trip to the worker in seconds, when the host knows it
     /// ([`Router::set_round_trip`](crate::Router::set_round_trip)).
     pub round_trip_s: Option<f64>,
-    /// Prompt blocks of the requests dispatched to the worker without prefix hashes
-    /// (cumulative): what a prefix tree built from the prompts' text would have grown by when
-    /// the host hashes nothing (a trace without prefix information).
-    pub unhashed_blocks: u64,
 }
 
 impl Signals {
-    /// A request without prefix hashes was dispatched: its prompt still grows the worker's
-    /// tree, by one block per started [`PREFIX_BLOCK_TOKENS`].
-    pub(crate) fn grow_unhashed(&mut self, prompt_tokens: u32) {
-        self.unhashed_blocks += u64::from(prompt_tokens.div_ceil(PREFIX_BLOCK_TOKENS));
-    }
-
     pub(crate) fn charge(&mut self, c: Charge) {
         self.tokens_in_flight += u64::from(c.tokens);
         self.uncached_in_flight += u64::from(c.uncached);

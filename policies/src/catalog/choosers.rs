@@ -73,7 +73,7 @@ pub const CHOOSERS: [Part; 16] = [
                 unreachable!()
             };
             format!(
-                "SGLang gateway cache_aware: if max - min requests in flight > {abs} and max > {rel} x min, the least loaded; else the best prefix match if above {cache_threshold} of the prompt, else the smallest prefix tree (defaults as sglang-router 0.3.2 and vllm-router 0.1.17 print them; the originals' tree is bounded by characters, 67,108,864 / 33,554,432; the preset keeps the unbounded prefix record)"
+                "SGLang gateway cache_aware (vLLM router's is its fork): if max - min requests in flight > {abs} and max > {rel} x min, the fewest in flight; else the best prefix match if above {cache_threshold} of the prompt, else the fewest in flight, ties to the first worker (as sglang-router 0.3.2 and vllm-router 0.1.17 do and print their defaults; their tree is of characters, bounded at 67,108,864 / 33,554,432 per worker; the preset keeps the unbounded prefix record)"
             )
         },
         params: &[

@@ -114,10 +114,9 @@ impl PolicyConfig {
             chooser,
             affinity,
             cap,
-            // The originals' tree grows with every prompt sent, bounded only by a character
-            // budget far above any worker's cache (issue 39): a record bounded by each worker's
-            // KV capacity made the smallest cache look like the smallest tree and drew most
-            // requests to it.
+            // The originals' tree grows with every prompt sent, bounded only by a per-worker
+            // character budget far above any worker's cache (issue 39), so a prefix they match
+            // is one they sent, whether or not the engine still holds it.
             knowledge: if name == "cache-aware" {
                 PrefixKnowledge::Unbounded
             } else {

@@ -251,9 +251,7 @@ impl Router {
             return;
         }
         self.signals[i].charge(charge);
-        if prefix.is_empty() {
-            self.signals[i].grow_unhashed(charge.tokens);
-        } else {
+        if !prefix.is_empty() {
             self.prefix.record(prefix, id);
         }
         let in_flight = self.hot[i].in_flight.saturating_add(1);

@@ -589,9 +589,6 @@ impl Router {
             self.note_dispatch(d);
         }
         self.signals[id.index()].charge(d.charge);
-        if prefix.is_empty() {
-            self.signals[id.index()].grow_unhashed(d.charge.tokens);
-        }
         let in_flight = self.hot[id.index()].in_flight + 1;
         self.set_in_flight(id.index(), in_flight);
         self.fleet.workers[id.index()].in_flight += 1;

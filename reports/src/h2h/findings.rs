@@ -147,19 +147,28 @@ const SECTION_HEADER: &str = "## Against the originals\n\n\
      completed, the shorter ones; the copies place every request where it fits. The copies'\n\
      rows of the `mixed` parts therefore differ by construction; the `same` parts are the check.\n\
      The `cache-aware` copy runs at the originals' defaults (64 / 1.5 / 0.3) over an unbounded\n\
-     prefix record since this section was first written (it was 32 / 1.1 / 0.5 over a record\n\
-     bounded by each worker's KV capacity, which made the smallest cache look like the smallest\n\
-     tree and drew most requests to it); other sections written before still show the old copy.\n\
-     It still does not reproduce the originals, on either fleet: on the Azure slices it gives\n\
-     the slowest worker about three times the originals' share, and its TTFT mean is several\n\
-     times theirs on every slice. The\n\
-     cause is not yet found; the candidates are the tree's unit (the copy counts a prompt\n\
-     without prefix hashes as 512-token blocks rounded up, the originals count characters)\n\
-     and the text the player's prompts share, which the originals' trees match on and the\n\
-     copy, reading prefix hashes only, does not see.\n\n\
+     prefix record, and below the match threshold it takes the fewest requests in flight, ties\n\
+     to the first worker, as both installed originals do: neither binary carries the radix\n\
+     tree's smallest tenant any more, only `select_worker_min_load` over the router's own\n\
+     in-flight counts. Before issue 39's second pass it took the smallest prefix record, as\n\
+     SGLang first published the rule: that spread prompts evenly whatever each worker's speed,\n\
+     gave the slowest worker about three times the originals' share on the Azure slices and\n\
+     several times their TTFT on every slice (sections written before still show that copy).\n\
+     What the copy still leaves out, named: (1) each original's own time per request (SGLang's\n\
+     re-serialises the chat body, vLLM's asks every worker to render the prompt before it\n\
+     routes): at a speed-up of 20 a few milliseconds of wall time are tenths of a second of\n\
+     scenario time, which shows where TTFT is under a second (the lowest load of the Azure\n\
+     slices); (2) the order of their worker list when loads tie: theirs is their registry's,\n\
+     not the command line's, and can change from run to run, so which worker takes an idle\n\
+     fleet's arrivals varies; the copy takes the fleet's order; (3) their trees are of the\n\
+     prompt's characters, bounded per worker and trimmed by LRU leaves every 60 / 120 s, the\n\
+     copy's record of 512-token blocks and unbounded: no tree here reaches its bound, and a\n\
+     share of the prompt counted in blocks differs from one counted in characters by at most a\n\
+     block.\n\n\
      **What is not run, and why.** Two cores are shared by five sessions, so the matrix was\n\
      sized to about 70 minutes of wall time: every field policy on one scenario, and on the\n\
-     others a reduced list (each part names what it left out). SGLang's `power_of_two` reads\n\
+     others a reduced list, which a second pass of about 40 minutes widened on the `same`\n\
+     fleets (each part names what it left out). SGLang's `power_of_two` reads\n\
      the workers' `GET /get_load` only from about 30 s (wall) after it starts (it has no flag\n\
      for this interval), and every run here is shorter: it chooses between two random workers\n\
      with no load reading, as the shipped router does in its first 30 s. That is reported as\n\
@@ -370,30 +379,11 @@ fn copies_part(st: &H2hStudy, loads: &[f64], out: &mut String) {
             if real.is_empty() || sim.is_empty() {
                 continue;
             }
-            let gap = (0..st.runs.workers.len())
-                .filter_map(|k| {
-                    let r = mean_of(&real, |x| x.shares.get(k).copied().flatten())?;
-                    let s = mean_of(&sim, |x| x.shares.get(k).copied().flatten())?;
-                    Some((r - s).abs() * 100.0)
-                })
-                .max_by(f64::total_cmp);
-            let rel = |a: Option<f64>, b: Option<f64>| match (a, b) {
-                (Some(a), Some(b)) if a > 0.0 => Some(b / a - 1.0),
-                _ => None,
-            };
-            let (rt, stt) = (
-                mean_of(&real, |x| x.ttft_s[0]),
-                mean_of(&sim, |x| x.ttft_s[0]),
-            );
-            let (re, se) = (
-                mean_of(&real, |x| x.e2e_s[0]),
-                mean_of(&sim, |x| x.e2e_s[0]),
-            );
-            let (dt, de) = (rel(rt, stt), rel(re, se));
-            let pct = |d: Option<f64>| {
-                d.map(|d| format!("{:+.0} %", d * 100.0))
-                    .unwrap_or_else(|| "-".into())
-            };
+            let Gaps {
+                share: gap,
+                ttft: (rt, stt, dt),
+                e2e: (re, se, de),
+            } = gaps(&real, &sim, st.runs.workers.len());
             let ok = gap.is_some_and(|g| g <= SHARE_POINTS)
                 && dt.is_some_and(|d| d.abs() <= MEAN_FRACTION)
                 && de.is_some_and(|d| d.abs() <= MEAN_FRACTION);
@@ -435,6 +425,95 @@ fn copies_part(st: &H2hStudy, loads: &[f64], out: &mut String) {
         "\n{held} of {checked} (original, load) pairs reproduced within {SHARE_POINTS} points and {} %.",
         MEAN_FRACTION * 100.0
     );
+    yardstick(st, loads, out);
+}
+
+/// A relative difference as a signed whole percentage, `-` when there is none.
+fn pct(d: Option<f64>) -> String {
+    d.map(|d| format!("{:+.0} %", d * 100.0))
+        .unwrap_or_else(|| "-".into())
+}
+
+/// One set of runs against another by the copies' measures: the largest gap of a worker's
+/// share (points), and each mean of both sides with `other / base − 1`.
+struct Gaps {
+    share: Option<f64>,
+    ttft: (Option<f64>, Option<f64>, Option<f64>),
+    e2e: (Option<f64>, Option<f64>, Option<f64>),
+}
+
+fn gaps(base: &[&RunRow], other: &[&RunRow], workers: usize) -> Gaps {
+    let share = (0..workers)
+        .filter_map(|k| {
+            let r = mean_of(base, |x| x.shares.get(k).copied().flatten())?;
+            let s = mean_of(other, |x| x.shares.get(k).copied().flatten())?;
+            Some((r - s).abs() * 100.0)
+        })
+        .max_by(f64::total_cmp);
+    let rel = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if a > 0.0 => Some(b / a - 1.0),
+        _ => None,
+    };
+    let (bt, ot) = (
+        mean_of(base, |x| x.ttft_s[0]),
+        mean_of(other, |x| x.ttft_s[0]),
+    );
+    let (be, oe) = (
+        mean_of(base, |x| x.e2e_s[0]),
+        mean_of(other, |x| x.e2e_s[0]),
+    );
+    Gaps {
+        share,
+        ttft: (bt, ot, rel(bt, ot)),
+        e2e: (be, oe, rel(be, oe)),
+    }
+}
+
+/// Two originals the lab copies with one rule (SGLang's and vLLM's `cache_aware`, …), real
+/// against real by the same measures: how far two real-time measurements of one rule on the
+/// same traffic already differ, the floor under any copy's gaps.
+fn yardstick(st: &H2hStudy, loads: &[f64], out: &mut String) {
+    let mut lines = Vec::new();
+    for (i, (a, copy)) in st.copy_names.iter().enumerate() {
+        for (b, other_copy) in &st.copy_names[i + 1..] {
+            if copy != other_copy {
+                continue;
+            }
+            let per_load: Vec<String> = loads
+                .iter()
+                .filter_map(|&load| {
+                    let (ra, rb) = (st.runs.of(load, a), st.runs.of(load, b));
+                    if ra.is_empty() || rb.is_empty() {
+                        return None;
+                    }
+                    let g = gaps(&ra, &rb, st.runs.workers.len());
+                    Some(format!(
+                        "load {}: {} points, TTFT {}, e2e {}",
+                        load_text(load),
+                        g.share
+                            .map(|g| format!("{g:.1}"))
+                            .unwrap_or_else(|| "-".into()),
+                        pct(g.ttft.2),
+                        pct(g.e2e.2)
+                    ))
+                })
+                .collect();
+            if !per_load.is_empty() {
+                lines.push(format!("`{b}` against `{a}`: {}", per_load.join("; ")));
+            }
+        }
+    }
+    if lines.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nThe yardstick: two originals the lab copies with one rule, real against real by the same \
+         measures (how far two real-time measurements of one rule already differ):\n"
+    );
+    for l in lines {
+        let _ = writeln!(out, "- {l}");
+    }
 }
 
 #[cfg(test)]
@@ -540,6 +619,33 @@ mod tests {
             won.starts_with("Ours meets the SLO at a load where none of theirs does: at load 1 ours meets it (95.0%) and none of the 2 field routers does (the best, `vllm:round_robin`, 68.0%"),
             "{won}"
         );
+    }
+
+    #[test]
+    fn the_yardstick_sets_two_originals_of_one_rule_against_each_other() {
+        let mut st = study();
+        // No two originals share a copy: no yardstick.
+        let mut none = String::new();
+        yardstick(&st, &[0.5, 1.0], &mut none);
+        assert_eq!(none, "");
+        // vLLM's cache_aware at load 0.5 only: TTFT 3.6 s against SGLang's 3.0 s (+20 %),
+        // e2e 6.6 against 6.0 (+10 %), shares 0.5 / 0.5 against 0.6 / 0.4 (10 points).
+        for seed in 1..=3 {
+            st.runs
+                .rows
+                .push(row(0.5, "vllm:cache_aware", seed, 0.9, 3.6, [0.5, 0.5]));
+        }
+        st.copy_names
+            .push(("vllm:cache_aware".into(), "cache-aware".into()));
+        let mut out = String::new();
+        yardstick(&st, &[0.5, 1.0], &mut out);
+        assert!(
+            out.contains(
+                "- `vllm:cache_aware` against `sglang:cache_aware`: load 0.5: 10.0 points, TTFT +20 %, e2e +10 %\n"
+            ),
+            "{out}"
+        );
+        assert!(!out.contains("load 1:"), "{out}");
     }
 
     #[test]

@@ -75,8 +75,8 @@ fn cache_aware_keeps_a_prefix_sharing_conversation_on_one_worker_while_the_fleet
     let aware = run_policy(&sc, &sc.policies[0]);
     let rr = run_policy(&sc, &sc.policies[1]);
     assert_eq!((aware.requests, rr.requests), (10, 10));
-    // At most one request in flight: balanced. Turn 1 goes to the smallest (empty) tree, every
-    // later turn matches > 50 % of its prompt there.
+    // At most one request in flight: balanced. Turn 1 matches nothing and goes to the fewest
+    // in flight (all 0: the first worker), every later turn matches > 30 % of its prompt there.
     let on: Vec<u64> = aware.workers.iter().map(|w| w.requests).collect();
     assert!(
         on.contains(&10),
