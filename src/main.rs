@@ -93,6 +93,13 @@ enum TraceCommand {
         /// Skip malformed rows (they are counted) instead of stopping at the first.
         #[arg(long)]
         skip_bad_rows: bool,
+        /// The rate series' window, in seconds (default: 1, 10, 60, 600, 3600, 21600 or 86400,
+        /// the shortest giving at most 60 windows).
+        #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+        window: Option<u64>,
+        /// Write every window of the rate series (requests and tokens per second) to this CSV.
+        #[arg(long, value_name = "FILE.csv")]
+        series: Option<PathBuf>,
     },
 }
 
@@ -139,12 +146,18 @@ fn main() -> ExitCode {
                     format,
                     limit,
                     skip_bad_rows,
+                    window,
+                    series,
                 },
         } => commands::trace::stats(
             &file,
-            format.as_deref(),
-            limit,
-            skip_bad_rows,
+            &commands::trace::StatsOptions {
+                format: format.as_deref(),
+                limit,
+                skip_bad_rows,
+                window_s: window,
+                series: series.as_deref(),
+            },
             &mut std::io::stdout().lock(),
         ),
     };

@@ -48,7 +48,11 @@ pub use open_loop::{
 pub use resample::{
     LoadedTrace, MIN_BLOCK_NS, Replayed, Resample, TimeWindow, open_trace, politis_white_block,
 };
-pub use stats::{LengthStats, PrefixReuse, SKIPPED_EXAMPLES_SHOWN, TraceStats};
+pub use stats::{
+    COUNTER_MAX_RESUMED, LengthStats, PrefixReuse, RateSeries, SERIES_MAX_WINDOWS,
+    SERIES_WINDOWS_S, SESSION_MIN_JUDGED, SKIPPED_EXAMPLES_SHOWN, SeriesWindow, SessionStats,
+    TraceStats, sparkline,
+};
 pub use trace::{BadRowPolicy, MAX_SKIPPED_EXAMPLES, ReplayOptions, TraceFormat, TraceReplay};
 
 /// One request entering the gateway.

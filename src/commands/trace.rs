@@ -4,22 +4,48 @@
 //! are also told by the extension) or a scenario (`.yaml` / `.yml`), whose trace sources are
 //! summarised as the scenario replays them — the way to read a log through a custom `jsonl` /
 //! `csv` mapping.
+//!
+//! Besides the totals it prints the rate over time (requests and tokens per second per window,
+//! as sparklines; `--series FILE.csv` writes every window) and what the replay doubted: the
+//! arrival unit, a growing session prefix the prompts do not bear out, session ids that look
+//! like a counter or unique per request.
 
 use anyhow::Context;
 use routelab_sim::Scenario;
 use routelab_sim::traffic::{BadRowPolicy, ReplayOptions, TraceFormat, TraceStats};
+use std::fmt::Write as _;
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
 
+/// `trace stats`' options beside the file.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StatsOptions<'a> {
+    /// `--format` (a trace file only).
+    pub format: Option<&'a str>,
+    /// `--limit`: at most this many rows.
+    pub limit: Option<u64>,
+    /// `--skip-bad-rows`.
+    pub skip_bad_rows: bool,
+    /// `--window`: the rate series' window, s (`None`: picked).
+    pub window_s: Option<u64>,
+    /// `--series`: the CSV to write every window to.
+    pub series: Option<&'a Path>,
+}
+
 /// Print the statistics of one trace file, or of every trace source of a scenario.
 pub fn stats(
     file: &Path,
-    format: Option<&str>,
-    limit: Option<u64>,
-    skip_bad_rows: bool,
+    opts: &StatsOptions<'_>,
     out: &mut impl Write,
 ) -> anyhow::Result<ExitCode> {
+    let StatsOptions {
+        format,
+        limit,
+        skip_bad_rows,
+        window_s,
+        series,
+    } = *opts;
     let overrides = |options: &ReplayOptions| ReplayOptions {
         limit: limit.or(options.limit),
         on_bad_row: if skip_bad_rows {
@@ -37,7 +63,7 @@ pub fn stats(
                 file.display()
             );
         }
-        return scenario_stats(file, &overrides, out);
+        return scenario_stats(file, &overrides, window_s, series, out);
     }
     let format = match format {
         Some(name @ ("jsonl" | "csv")) => anyhow::bail!(
@@ -60,10 +86,57 @@ pub fn stats(
             )
         })?,
     };
-    let stats = TraceStats::of_trace(file, format, overrides(&ReplayOptions::default()))?;
+    let stats = TraceStats::of_trace_per_window(
+        file,
+        format,
+        overrides(&ReplayOptions::default()),
+        window_s,
+    )?;
     writeln!(out, "{}", file.display())?;
     write!(out, "{stats}")?;
+    if let Some(path) = series {
+        write_series(path, &[(file.display().to_string(), &stats)], out)?;
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The CSV of every window of each trace's series (one `source` column names the trace).
+fn write_series(
+    path: &Path,
+    traces: &[(String, &TraceStats)],
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let mut csv = String::from(
+        "source,window_start_s,window_s,requests,prompt_tokens,output_tokens,requests_per_s,tokens_per_s\n",
+    );
+    for (source, stats) in traces {
+        let w = stats.series.window_s;
+        for x in &stats.series.windows {
+            writeln!(
+                csv,
+                "{},{},{w},{},{},{},{:.6},{:.6}",
+                csv_field(source),
+                x.start_s,
+                x.requests,
+                x.prompt_tokens,
+                x.output_tokens,
+                x.requests_per_s(w),
+                x.tokens_per_s(w)
+            )?;
+        }
+    }
+    std::fs::write(path, csv).with_context(|| format!("writing --series {}", path.display()))?;
+    writeln!(out, "series        written to {}", path.display())?;
+    Ok(())
+}
+
+/// A CSV field, quoted when it holds a comma, a quote or a line break.
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_owned()
+    }
 }
 
 fn is_scenario(file: &Path) -> bool {
@@ -75,20 +148,30 @@ fn is_scenario(file: &Path) -> bool {
 fn scenario_stats(
     file: &Path,
     overrides: &dyn Fn(&ReplayOptions) -> ReplayOptions,
+    window_s: Option<u64>,
+    series: Option<&Path>,
     out: &mut impl Write,
 ) -> anyhow::Result<ExitCode> {
     let scenario = Scenario::load(file)?;
-    let mut traces = 0;
+    let mut traces = Vec::new();
     for (i, path, format, options) in scenario.trace_sources() {
-        if traces > 0 {
+        if !traces.is_empty() {
             writeln!(out)?;
         }
-        traces += 1;
-        let stats = TraceStats::of_trace(path, format.clone(), overrides(options))?;
+        let stats =
+            TraceStats::of_trace_per_window(path, format.clone(), overrides(options), window_s)?;
         writeln!(out, "traffic[{i}]: {} ({})", path.display(), format.name())?;
         write!(out, "{stats}")?;
+        traces.push((format!("traffic[{i}]"), stats));
     }
-    if traces == 0 {
+    if let Some(path) = series
+        && !traces.is_empty()
+    {
+        let refs: Vec<(String, &TraceStats)> =
+            traces.iter().map(|(name, s)| (name.clone(), s)).collect();
+        write_series(path, &refs, out)?;
+    }
+    if traces.is_empty() {
         anyhow::bail!(
             "{}: the scenario has no trace source; give a trace file or a scenario with a \
              `trace:` traffic source",

@@ -780,3 +780,41 @@ fn records_the_merge_never_asks_for_count_nowhere() {
         perf.matches("\"seed\"").count()
     );
 }
+
+/// Issue 41: context-window rejections reach `capacity`'s outputs, through the shards' partial
+/// files and `merge` as in a whole run (requests up to 60,000 tokens on 32,768-token workers).
+#[test]
+fn capacity_names_context_window_rejections_whole_and_merged() {
+    let dir = scratch("shards-capacity-rejections");
+    let sc = dir.join("long.yaml");
+    std::fs::write(
+        &sc,
+        "model: gemma-27b\nfleet: [{ name: w, profile: rtx4090x2-27b, count: 2 }]\ntraffic:\n  - poisson: { start_s: 20, rate_per_s: 0.5, count: 30, prompt: { uniform: { min: 1000, max: 60000 } }, output: { fixed: 16 } }\npolicies: [least-load]\ntimeline_s: 0\n",
+    )
+    .unwrap();
+    let out = dir.join("out");
+    let o = out.display().to_string();
+    let whole = same_as_whole(
+        "capacity with rejections",
+        &[
+            "capacity",
+            sc.to_str().unwrap(),
+            "--slo",
+            "ttft_p99<=120s",
+            "--seeds",
+            "2",
+            "--precision",
+            "0.2",
+            "--out",
+            &o,
+        ],
+        &out,
+        &[2],
+    );
+    let t = text(&whole);
+    assert!(
+        t.contains("note: least-load: requests refused on 2/2 seeds; the most at seed ")
+            && t.contains("because prompt + output exceed every worker's context window"),
+        "{t}"
+    );
+}

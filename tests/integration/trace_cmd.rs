@@ -108,9 +108,11 @@ fn a_scenarios_custom_mapping_is_used_for_its_trace_sources() {
         "{t}"
     );
     assert!(t.contains("span          20.000 s"), "{t}");
-    // c1's second request reuses its first full block; c2 shares nothing with c1.
+    // c1's second request reuses its first full block; c2 shares nothing with c1. The blocks
+    // come from the session ids, so the reuse is labelled assumed (issue 41).
     assert!(
-        t.contains("prefix reuse  14.29 % (1 of 7 block references"),
+        t.contains("prefix reuse  14.29 % assumed from the session ids")
+            && t.contains("(1 of 7 block references"),
         "{t}"
     );
     let (ok, _, t) = stats(&[&sc, "--limit", "1"]);
@@ -149,6 +151,121 @@ fn bad_mapped_input_exits_2_with_a_located_error() {
     assert_eq!(code, Some(2), "{t}");
     assert!(
         t.contains("needs a mapping") && t.contains("SCENARIO.yaml"),
+        "{t}"
+    );
+}
+
+/// A log whose `sid` column is a time bucket (a new id every 20 s), not a conversation: 300
+/// requests 2 s apart whose prompts alternate long and short, so a "follow-up" is shorter than
+/// the request before it half of the time.
+fn counter_log(dir: &Path) -> String {
+    let mut body = String::from("t,sid,in,out\n");
+    for k in 0..300u32 {
+        let t = 2 * k;
+        let prompt = if k % 2 == 0 { 6_000 } else { 2_500 + 7 * k };
+        body.push_str(&format!("{t},{},{prompt},{}\n", t / 20, 100 + k % 50));
+    }
+    write(dir, "counter.csv", &body);
+    scenario(
+        dir,
+        "      path: counter.csv\n      mapping: { arrival: t, arrival_unit: offset_s, prompt_tokens: in, output_tokens: out, session_id: sid }\n",
+    )
+}
+
+/// Issue 41: `trace stats` gave no session-id warnings, showed the prefix reuse a growing
+/// session prefix invents (74.8 % on the user's log) as if the log said so, and had no time
+/// series.
+#[test]
+fn trace_stats_says_counter_session_ids_invent_reuse_and_shows_the_rate_over_time() {
+    let dir = scratch("trace-cmd-counter");
+    let sc = counter_log(&dir);
+    let csv = dir.join("series.csv");
+    let (ok, _, t) = stats(&[&sc, "--series", csv.to_str().unwrap()]);
+    assert!(ok, "{t}");
+    // The reuse is labelled assumed, and split from what the prompt lengths allow.
+    assert!(
+        t.contains("% assumed from the session ids, not read from the log"),
+        "{t}"
+    );
+    assert!(
+        t.contains("sessions      30 ids over 300 requests; 270 follow-up requests, 0 resume"),
+        "{t}"
+    );
+    // Both warnings: the replay's (shorter follow-ups) and the ids' shape (a counter).
+    assert!(
+        t.contains("warning: counter.csv: ") && t.contains("shorter prompt"),
+        "{t}"
+    );
+    assert!(
+        t.contains("warning: session ids look like a counter"),
+        "{t}"
+    );
+    // 598 s at the picked window: 10 s windows (60 of them, the most shown), 5 requests each
+    // (0.5 req/s, a flat line).
+    assert!(
+        t.contains("rate series   60 windows of 10 s from the first arrival"),
+        "{t}"
+    );
+    assert!(
+        t.contains(&format!(
+            "  requests    {} min 0.500 / max 0.500 req/s",
+            "█".repeat(60)
+        )),
+        "{t}"
+    );
+    let series = std::fs::read_to_string(&csv).unwrap();
+    let lines: Vec<&str> = series.lines().collect();
+    assert_eq!(lines.len(), 61, "{series}");
+    assert!(lines[1].starts_with("traffic[0],0,10,5,"), "{series}");
+    assert!(lines[1].contains(",0.500000,"), "{series}");
+
+    // The console output, paths left out (they name the scratch directory).
+    let shown: String = t
+        .lines()
+        .filter(|l| !l.starts_with("traffic[") && !l.starts_with("series "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    insta::assert_snapshot!(shown);
+
+    // A fixed window, and `session_prefix: none`: no blocks, so no reuse and no counter warning
+    // (the id only groups requests).
+    let sc = scenario(
+        &dir,
+        "      path: counter.csv\n      mapping: { arrival: t, arrival_unit: offset_s, prompt_tokens: in, output_tokens: out, session_id: sid, session_prefix: none }\n",
+    );
+    let (ok, _, t) = stats(&[&sc, "--window", "300"]);
+    assert!(ok, "{t}");
+    assert!(t.contains("prefix reuse  n/a"), "{t}");
+    assert!(!t.contains("look like a counter"), "{t}");
+    assert!(t.contains("rate series   2 windows of 300 s"), "{t}");
+    let (ok, code, t) = stats(&[&sc, "--window", "0"]);
+    assert!(!ok && code == Some(2), "{t}");
+}
+
+/// Issue 41: ids unique per request are a request id, and an arrival unit the data doubts is
+/// warned about in `trace stats` too (it was only in a run's warnings).
+#[test]
+fn trace_stats_warns_about_request_ids_and_a_doubtful_arrival_unit() {
+    let dir = scratch("trace-cmd-unique");
+    // 200 arrivals, two a tick, declared in milliseconds: 0.1 s at 2,000 req/s (seconds,
+    // surely).
+    let mut body = String::from("t,rid,in,out\n");
+    for k in 0..200u32 {
+        body.push_str(&format!("{},r{k},800,40\n", k / 2));
+    }
+    write(&dir, "ids.csv", &body);
+    let sc = scenario(
+        &dir,
+        "      path: ids.csv\n      mapping: { arrival: t, arrival_unit: offset_ms, prompt_tokens: in, output_tokens: out, session_id: rid }\n",
+    );
+    let (ok, _, t) = stats(&[&sc]);
+    assert!(ok, "{t}");
+    assert!(
+        t.contains("warning: session ids: only 0 of the 200 requests"),
+        "{t}"
+    );
+    assert!(
+        t.contains("warning: ids.csv") && t.contains("offset_s"),
         "{t}"
     );
 }

@@ -5,7 +5,7 @@ use crate::shard::Shard;
 use routelab_policies::InputError;
 use routelab_reports::PerfRun;
 use routelab_reports::RunSummary;
-use routelab_reports::capacity::{Censored, Evaluation, SeedCapacity};
+use routelab_reports::capacity::{Censored, Evaluation, Rejected, SeedCapacity};
 use routelab_sim::histogram::Histogram;
 use serde::{Deserialize, Serialize};
 
@@ -116,6 +116,11 @@ struct RawEvaluation {
     attainment: Option<Exact>,
     ttft_p99_s: Option<Exact>,
     values: Vec<Option<Exact>>,
+    /// The refused requests (total, context window, no worker, largest window, longest
+    /// request). Absent when none was, so a partial written before it existed (or of a run
+    /// without rejections) reads the same as ever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rejected: Option<(u64, u64, u64, u32, u32)>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -264,6 +269,13 @@ pub(super) fn to_json(p: &Partial) -> Result<String, MergeError> {
                                 attainment: e.attainment.map(Exact),
                                 ttft_p99_s: e.ttft_p99_s.map(Exact),
                                 values: exact(&e.values),
+                                rejected: (!e.rejected.is_none()).then_some((
+                                    e.rejected.total,
+                                    e.rejected.context_window,
+                                    e.rejected.no_worker,
+                                    e.rejected.largest_window,
+                                    e.rejected.longest_request,
+                                )),
                             })
                             .collect(),
                     }
@@ -454,6 +466,24 @@ impl RawCapacityRun {
                         attainment: e.attainment.map(|x| x.0),
                         ttft_p99_s: e.ttft_p99_s.map(|x| x.0),
                         values: plain(e.values),
+                        rejected: e.rejected.map_or_else(
+                            Rejected::default,
+                            |(
+                                total,
+                                context_window,
+                                no_worker,
+                                largest_window,
+                                longest_request,
+                            )| {
+                                Rejected {
+                                    total,
+                                    context_window,
+                                    no_worker,
+                                    largest_window,
+                                    longest_request,
+                                }
+                            },
+                        ),
                     })
                     .collect(),
             },

@@ -1,5 +1,5 @@
 use super::*;
-use routelab_reports::capacity::{Censored, Evaluation};
+use routelab_reports::capacity::{Censored, Evaluation, Rejected};
 use routelab_reports::metric::CATALOG;
 
 fn summary(policy: &str, salt: f64) -> RunSummary {
@@ -76,6 +76,13 @@ fn every_kind() -> Vec<Records> {
                     attainment: None,
                     ttft_p99_s: Some(0.1 + 0.2),
                     values: vec![Some(1e-300), None],
+                    rejected: Rejected {
+                        total: 5,
+                        context_window: 4,
+                        no_worker: 0,
+                        largest_window: 32_768,
+                        longest_request: 40_000,
+                    },
                 }],
             },
         }]),
@@ -101,6 +108,34 @@ fn every_kind_of_partial_round_trips_exactly() {
         p.write(&file).unwrap();
         assert_eq!(Partial::read(&file).unwrap(), p, "{}", p.command);
     }
+}
+
+/// Issue 41: context-window rejections travel through a capacity partial; a partial of a run
+/// that refused nothing is written (and read) as before the field existed.
+#[test]
+fn capacity_rejections_round_trip_and_older_partials_still_read() {
+    let dir = scratch("rejections");
+    let Records::Capacity(mut runs) = every_kind().remove(2) else {
+        panic!("every_kind()[2] is the capacity records")
+    };
+    let file = dir.join("with.json");
+    let p = partial(Shard::new(1, 2).unwrap(), Records::Capacity(runs.clone()));
+    p.write(&file).unwrap();
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.contains("\"rejected\""), "{text}");
+    let back = Partial::read(&file).unwrap();
+    let Records::Capacity(read) = &back.records else {
+        panic!("capacity records")
+    };
+    assert_eq!(read[0].found.evaluations[0].rejected.context_window, 4);
+
+    runs[0].found.evaluations[0].rejected = Rejected::default();
+    let file = dir.join("without.json");
+    let p = partial(Shard::new(1, 2).unwrap(), Records::Capacity(runs));
+    p.write(&file).unwrap();
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(!text.contains("rejected"), "{text}");
+    assert_eq!(Partial::read(&file).unwrap(), p);
 }
 
 #[test]

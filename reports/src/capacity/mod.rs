@@ -29,7 +29,7 @@ pub mod slo;
 pub use findings::{PolicyKind, best, findings_section, ship_sentence, update_findings};
 pub(crate) use findings::{ratio_cell, versus};
 pub use report::{capacity_table, write_capacity};
-pub use search::{Censored, Evaluation, SeedCapacity};
+pub use search::{Censored, Evaluation, Rejected, SeedCapacity};
 pub use slo::{Bound, SloMetric, SloSpec, Statistic};
 
 use crate::holdout::OutOfSample;
@@ -68,6 +68,38 @@ impl PolicyCapacity {
     /// Mean and 95 % interval of the capacity scale across seeds.
     pub fn interval(&self) -> Option<Interval> {
         Interval::of(self.scales())
+    }
+
+    /// What the outputs say about refused requests (empty when none was): on how many seeds
+    /// the router refused some, and the run's own sentence for the evaluation that refused the
+    /// most (its seed and load scale) — e.g. requests longer than every worker's context window.
+    pub fn rejection_note(&self) -> String {
+        let with = self
+            .seeds
+            .iter()
+            .filter(|s| s.evaluations.iter().any(|e| !e.rejected.is_none()))
+            .count();
+        let most = self
+            .seeds
+            .iter()
+            .flat_map(|s| s.evaluations.iter().map(move |e| (s.seed, e)))
+            .max_by(|(sa, a), (sb, b)| {
+                // The most refused; on a tie the first seed, then the lowest scale.
+                a.rejected
+                    .total
+                    .cmp(&b.rejected.total)
+                    .then(sb.cmp(sa))
+                    .then(b.scale.total_cmp(&a.scale))
+            });
+        match most {
+            Some((seed, e)) if !e.rejected.is_none() => format!(
+                "requests refused on {with}/{} seeds; the most at seed {seed}, load scale {}: {}",
+                self.seeds.len(),
+                crate::num::fmt_sig(Some(e.scale), 4),
+                e.rejected.describe().unwrap_or_default()
+            ),
+            _ => String::new(),
+        }
     }
 
     /// What the outputs say about seeds whose search found no knee (empty when none):
@@ -237,6 +269,7 @@ pub(crate) mod fixture {
                 .iter()
                 .map(|b| Some(b.bound_s * if holds { 1.0 } else { 2.0 }))
                 .collect(),
+            rejected: Rejected::default(),
         };
         let min_scale = 1.0 / 64.0;
         if knee < min_scale {

@@ -56,7 +56,7 @@ fn capacity_json(st: &CapacityStudy) -> Value {
         .iter()
         .enumerate()
         .map(|(i, p)| {
-            json!({
+            let mut v = json!({
                 "policy": p.policy,
                 "baseline": i == st.baseline,
                 "capacity_scale": interval_text::json(p.interval()),
@@ -77,7 +77,14 @@ fn capacity_json(st: &CapacityStudy) -> Value {
                         "values": e.values.iter().map(|v| v.and_then(r6)).collect::<Vec<_>>(),
                     })).collect::<Vec<_>>(),
                 })).collect::<Vec<_>>(),
-            })
+            });
+            // Only when requests were refused: a study without rejections writes the file it
+            // always did.
+            let rejected = p.rejection_note();
+            if !rejected.is_empty() {
+                v["rejected"] = json!(rejected);
+            }
+            v
         })
         .collect();
     json!({
@@ -447,9 +454,10 @@ pub fn capacity_table(st: &CapacityStudy) -> String {
     }
     s.push_str(&format!("{}\n", crate::question::CAPACITY));
     for p in &st.policies {
-        let note = p.censored_note();
-        if !note.is_empty() {
-            s.push_str(&format!("note: {}: {note}\n", p.policy));
+        for note in [p.censored_note(), p.rejection_note()] {
+            if !note.is_empty() {
+                s.push_str(&format!("note: {}: {note}\n", p.policy));
+            }
         }
     }
     s.push_str(&format!(
@@ -538,9 +546,10 @@ fn capacity_html(st: &CapacityStudy, svg: &str) -> String {
         &rows,
     ));
     for p in &st.policies {
-        let note = p.censored_note();
-        if !note.is_empty() {
-            page.el("p", Some("meta"), &format!("{}: {note}", p.policy));
+        for note in [p.censored_note(), p.rejection_note()] {
+            if !note.is_empty() {
+                page.el("p", Some("meta"), &format!("{}: {note}", p.policy));
+            }
         }
     }
     page.figure(
@@ -584,6 +593,53 @@ mod tests {
         });
         st.description = "d".into();
         st
+    }
+
+    /// Issue 41: requests refused for the context window are named in the console, the
+    /// report and capacity.json (they were in none); a study without any writes no such key.
+    #[test]
+    fn rejections_are_named_in_every_output_and_only_when_there_are_some() {
+        let mut st = study();
+        let dir =
+            std::env::temp_dir().join(format!("routelab-capacity-rej-{}", std::process::id()));
+        write_capacity(&dir, &st).unwrap();
+        let json = std::fs::read_to_string(dir.join("capacity.json")).unwrap();
+        assert!(!json.contains("rejected") && !capacity_table(&st).contains("refused"));
+
+        st.policies[1].seeds[1].evaluations[0].rejected = Rejected {
+            total: 3,
+            context_window: 2,
+            no_worker: 0,
+            largest_window: 32_768,
+            longest_request: 59_000,
+        };
+        let table = capacity_table(&st);
+        assert!(
+            table.contains("note: fast: requests refused on 1/2 seeds; the most at seed 2")
+                && table.contains(
+                    "3 request(s) rejected: 2 because prompt + output exceed every worker's \
+                     context window (the largest is 32768 tokens; the longest refused request \
+                     59000 tokens); 1 for a reason the host did not report"
+                ),
+            "{table}"
+        );
+        assert!(!table.contains("note: base: requests refused"), "{table}");
+        write_capacity(&dir, &st).unwrap();
+        let json: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("capacity.json")).unwrap())
+                .unwrap();
+        assert!(
+            json["policies"][1]["rejected"]
+                .as_str()
+                .is_some_and(|r| r.contains("context window"))
+        );
+        assert!(json["policies"][0].get("rejected").is_none());
+        let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+        assert!(
+            html.contains("fast: requests refused on 1/2 seeds"),
+            "report.html"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -4,8 +4,55 @@
 //! [`Censored`]. Plain data that the capacity outputs render.
 
 use super::slo::SloSpec;
-use routelab_sim::RunMetrics;
+use routelab_sim::{Rejections, RunMetrics};
 use serde::Serialize;
+
+/// The requests a run's router refused, and how many of them for the context window (issue 41:
+/// `capacity` never said so). Serialized only when some were refused, so a study without
+/// rejections writes the `capacity.json` it always did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct Rejected {
+    /// Every refused request.
+    pub total: u64,
+    /// Of those, refused because prompt + output exceed every worker's context window.
+    pub context_window: u64,
+    /// Of those, refused because no worker serves the model.
+    pub no_worker: u64,
+    /// The largest context window among the model's workers, tokens.
+    pub largest_window: u32,
+    /// The longest request refused for its length, tokens.
+    pub longest_request: u32,
+}
+
+impl Rejected {
+    /// What run `m` refused.
+    pub fn of(m: &RunMetrics) -> Rejected {
+        let r = &m.rejections;
+        Rejected {
+            total: m.rejected,
+            context_window: r.context_window,
+            no_worker: r.no_worker,
+            largest_window: r.largest_window,
+            longest_request: r.longest_request,
+        }
+    }
+
+    /// Nothing was refused.
+    pub fn is_none(&self) -> bool {
+        self.total == 0
+    }
+
+    /// The run's own sentence for them (`Rejections::describe`: one place for its wording).
+    pub fn describe(&self) -> Option<String> {
+        Rejections {
+            context_window: self.context_window,
+            no_worker: self.no_worker,
+            largest_window: self.largest_window,
+            longest_request: self.longest_request,
+        }
+        .describe(self.total)
+    }
+}
 
 /// One evaluated load scale: whether the SLO held, and the figures the charts draw.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -20,6 +67,9 @@ pub struct Evaluation {
     pub ttft_p99_s: Option<f64>,
     /// Each bound's statistic in this run, in the SLO's order.
     pub values: Vec<Option<f64>>,
+    /// The requests the router refused in this run.
+    #[serde(skip_serializing_if = "Rejected::is_none")]
+    pub rejected: Rejected,
 }
 
 impl Evaluation {
@@ -31,6 +81,7 @@ impl Evaluation {
             attainment: m.slo_attainment(),
             ttft_p99_s: m.ttft.quantile_secs(0.99),
             values: spec.bounds.iter().map(|b| b.value(m)).collect(),
+            rejected: Rejected::of(m),
         }
     }
 }

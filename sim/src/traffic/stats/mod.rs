@@ -9,6 +9,14 @@ use serde::Serialize;
 use super::trace::{ReplayOptions, TraceFormat, TraceReplay};
 use super::{Arrival, BLOCK_TOKENS, TrafficError, TrafficSource};
 
+mod series;
+mod sessions;
+
+use series::SeriesAccumulator;
+pub use series::{RateSeries, SERIES_MAX_WINDOWS, SERIES_WINDOWS_S, SeriesWindow, sparkline};
+use sessions::SessionAccumulator;
+pub use sessions::{COUNTER_MAX_RESUMED, SESSION_MIN_JUDGED, SessionStats};
+
 /// Exact summary of a token-length column.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
 pub struct LengthStats {
@@ -66,6 +74,14 @@ pub struct TraceStats {
     pub output: LengthStats,
     /// Prefix reuse, when any arrival carried prefix blocks.
     pub prefix: Option<PrefixReuse>,
+    /// The session ids, when the trace's mapping reads them (their prefix blocks, with
+    /// `session_prefix: growing`, are assumed, not read from the log).
+    pub sessions: Option<SessionStats>,
+    /// Requests and tokens per window.
+    pub series: RateSeries,
+    /// What the replay doubted (units, growing session prefixes) and what the session ids
+    /// look like.
+    pub warnings: Vec<String>,
 }
 
 impl TraceStats {
@@ -75,11 +91,13 @@ impl TraceStats {
     /// # Errors
     /// The first error of the source.
     pub fn from_source(source: &mut dyn TrafficSource) -> Result<Self, TrafficError> {
-        let mut acc = Accumulator::default();
+        let mut acc = Accumulator::new(None);
         while let Some(a) = source.next_arrival()? {
-            acc.add(&a);
+            acc.add(&a, None);
         }
-        Ok(acc.finish())
+        let mut stats = acc.finish();
+        stats.warnings.splice(0..0, source.warnings());
+        Ok(stats)
     }
 
     /// Stream the trace at `path` once and summarise it; skipped rows are reported.
@@ -91,12 +109,32 @@ impl TraceStats {
         format: TraceFormat,
         options: ReplayOptions,
     ) -> Result<Self, TrafficError> {
+        Self::of_trace_per_window(path, format, options, None)
+    }
+
+    /// [`Self::of_trace`] with the series' window (s, >= 1; `None`: one of
+    /// [`SERIES_WINDOWS_S`] giving at most [`SERIES_MAX_WINDOWS`] windows). Session ids are
+    /// judged here (a mapped log's rows carry them).
+    ///
+    /// # Errors
+    /// As [`Self::of_trace`].
+    pub fn of_trace_per_window(
+        path: impl AsRef<Path>,
+        format: TraceFormat,
+        options: ReplayOptions,
+        window_s: Option<u64>,
+    ) -> Result<Self, TrafficError> {
         let ignored_rows_are = match &format {
             TraceFormat::Mapped(m) => m.ignored_rows_are(),
             _ => None,
         };
         let mut replay = TraceReplay::open(path, format, options)?;
-        let mut stats = Self::from_source(&mut replay)?;
+        let mut acc = Accumulator::new(window_s);
+        while let Some((a, session)) = replay.next_row()? {
+            acc.add(&a, session);
+        }
+        let mut stats = acc.finish();
+        stats.warnings.splice(0..0, replay.warnings());
         stats.skipped_rows = replay.skipped_rows();
         stats.skipped_examples = replay
             .skipped_examples()
@@ -145,26 +183,98 @@ impl fmt::Display for TraceStats {
         match &self.prefix {
             Some(p) => writeln!(
                 f,
-                "prefix reuse  {:.2} % ({} of {} block references; {} distinct blocks)",
+                "prefix reuse  {:.2} %{} ({} of {} block references; {} distinct blocks)",
                 100.0 * p.reuse_fraction,
+                if self.sessions.is_some() {
+                    " assumed from the session ids, not read from the log"
+                } else {
+                    ""
+                },
                 p.reused_blocks,
                 p.blocks_referenced,
                 p.distinct_blocks
             ),
             None => writeln!(f, "prefix reuse  n/a (no prefix information)"),
         }?;
-        match self.prefix {
-            Some(p) => writeln!(
+        if let Some(p) = self.prefix {
+            writeln!(
                 f,
                 "prefix blocks {} requests carry them ({} tokens each)",
                 p.requests, BLOCK_TOKENS
-            ),
-            None => Ok(()),
+            )?;
         }
+        if let Some(s) = &self.sessions {
+            write_sessions(f, s)?;
+        }
+        write_series(f, &self.series)?;
+        for w in &self.warnings {
+            writeln!(f, "warning: {w}")?;
+        }
+        Ok(())
     }
 }
 
-#[derive(Default)]
+/// The session lines: how the ids group the requests, and the prefix reuse they give split
+/// into what `session_prefix: growing` assumes and what the prompt lengths allow.
+fn write_sessions(f: &mut fmt::Formatter<'_>, s: &SessionStats) -> fmt::Result {
+    writeln!(
+        f,
+        "sessions      {} ids over {} requests; {} follow-up requests, {} resume after another \
+         session's request, {} resend their history (prompt >= the previous prompt + output tokens)",
+        s.sessions, s.requests, s.follow_ups, s.resumed, s.resending
+    )?;
+    if s.blocks_referenced > 0 {
+        let pct = |n: u64| 100.0 * n as f64 / s.blocks_referenced as f64;
+        writeln!(
+            f,
+            "  their reuse {:.2} % assumed (`session_prefix: growing` gives a follow-up its \
+             session's earlier blocks; the log has no prefix hashes), {:.2} % in follow-ups \
+             that resend their history ({} and {} of {} block references)",
+            pct(s.reused_blocks),
+            pct(s.supported_reused_blocks),
+            s.reused_blocks,
+            s.supported_reused_blocks,
+            s.blocks_referenced
+        )?;
+    }
+    Ok(())
+}
+
+/// The series as two sparklines with their range; every window is in `--series`' CSV.
+fn write_series(f: &mut fmt::Formatter<'_>, series: &RateSeries) -> fmt::Result {
+    let w = series.window_s;
+    if series.windows.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        f,
+        "rate series   {} windows of {w} s from the first arrival (the last may be partial)",
+        series.windows.len()
+    )?;
+    let rows: [(&str, &str, Vec<f64>); 2] = [
+        (
+            "requests",
+            "req/s",
+            series.windows.iter().map(|x| x.requests_per_s(w)).collect(),
+        ),
+        (
+            "tokens",
+            "tokens/s (prompt + output)",
+            series.windows.iter().map(|x| x.tokens_per_s(w)).collect(),
+        ),
+    ];
+    for (name, unit, v) in rows {
+        let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = v.iter().copied().fold(0.0_f64, f64::max);
+        writeln!(
+            f,
+            "  {name:<11} {} min {min:.3} / max {max:.3} {unit}",
+            sparkline(&v)
+        )?;
+    }
+    Ok(())
+}
+
 struct Accumulator {
     rows: u64,
     first: Option<u64>,
@@ -173,10 +283,31 @@ struct Accumulator {
     output: Counts,
     seen: HashSet<u64>,
     prefix: PrefixReuse,
+    sessions: SessionAccumulator,
+    series: SeriesAccumulator,
 }
 
 impl Accumulator {
-    fn add(&mut self, a: &Arrival) {
+    fn new(window_s: Option<u64>) -> Self {
+        Self {
+            rows: 0,
+            first: None,
+            last: 0,
+            prompt: Counts::default(),
+            output: Counts::default(),
+            seen: HashSet::new(),
+            prefix: PrefixReuse::default(),
+            sessions: SessionAccumulator::default(),
+            series: SeriesAccumulator::new(window_s),
+        }
+    }
+
+    /// `session`: the row's session key, when the trace's mapping reads a session id.
+    fn add(&mut self, a: &Arrival, session: Option<u64>) {
+        if let Some(key) = session {
+            self.sessions.add(a, key);
+        }
+        self.series.add(a);
         self.rows += 1;
         self.first.get_or_insert(a.at);
         self.last = self.last.max(a.at);
@@ -199,6 +330,7 @@ impl Accumulator {
     fn finish(self) -> TraceStats {
         let first = self.first.unwrap_or(0);
         let span_ns = self.last - first;
+        let sessions = self.sessions.finish();
         let prefix = (self.prefix.requests > 0).then(|| PrefixReuse {
             distinct_blocks: self.seen.len() as u64,
             reuse_fraction: self.prefix.reused_blocks as f64 / self.prefix.blocks_referenced as f64,
@@ -217,6 +349,9 @@ impl Accumulator {
             prompt: self.prompt.summary(),
             output: self.output.summary(),
             prefix,
+            warnings: sessions.map(|s| s.warnings()).unwrap_or_default(),
+            sessions,
+            series: self.series.finish(span_ns),
         }
     }
 }
@@ -284,7 +419,7 @@ mod tests {
 
     #[test]
     fn reuse_counts_only_earlier_requests() {
-        let mut acc = Accumulator::default();
+        let mut acc = Accumulator::new(None);
         let mk = |at, blocks: &[u64]| Arrival {
             at,
             prompt_tokens: 1,
@@ -292,9 +427,9 @@ mod tests {
             prefix_blocks: blocks.to_vec(),
             tag: 0,
         };
-        acc.add(&mk(0, &[1, 2, 3]));
-        acc.add(&mk(1_000_000_000, &[1, 2, 4]));
-        acc.add(&mk(2_000_000_000, &[]));
+        acc.add(&mk(0, &[1, 2, 3]), None);
+        acc.add(&mk(1_000_000_000, &[1, 2, 4]), None);
+        acc.add(&mk(2_000_000_000, &[]), None);
         let s = acc.finish();
         let p = s.prefix.unwrap();
         assert_eq!(

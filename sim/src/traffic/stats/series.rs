@@ -1,0 +1,230 @@
+//! The arrival rate over time: requests and tokens per window, for `trace stats`.
+
+use serde::Serialize;
+
+use crate::traffic::Arrival;
+
+/// Window lengths the series picks from (s), each a multiple of the one before, so that counts
+/// kept at one rung add up exactly to the next.
+pub const SERIES_WINDOWS_S: [u64; 7] = [1, 10, 60, 600, 3_600, 21_600, 86_400];
+/// The most windows the series shows when it picks the window itself.
+pub const SERIES_MAX_WINDOWS: u64 = 60;
+/// Above this many non-empty windows the accumulator moves to the next rung (memory bound).
+const MAX_KEPT: usize = 100_000;
+
+/// One window of the series.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct SeriesWindow {
+    /// Window start, s after the first arrival.
+    pub start_s: u64,
+    /// Arrivals in the window (requests).
+    pub requests: u64,
+    /// Prompt tokens of those arrivals.
+    pub prompt_tokens: u64,
+    /// Output tokens of those arrivals.
+    pub output_tokens: u64,
+}
+
+/// Requests and tokens per window, from the first arrival to the last; empty windows included.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct RateSeries {
+    /// Window length, s.
+    pub window_s: u64,
+    /// The windows, in time order.
+    pub windows: Vec<SeriesWindow>,
+}
+
+impl SeriesWindow {
+    /// Requests per second over the window.
+    #[must_use]
+    pub fn requests_per_s(&self, window_s: u64) -> f64 {
+        self.requests as f64 / window_s as f64
+    }
+
+    /// Prompt plus output tokens per second over the window.
+    #[must_use]
+    pub fn tokens_per_s(&self, window_s: u64) -> f64 {
+        (self.prompt_tokens + self.output_tokens) as f64 / window_s as f64
+    }
+}
+
+/// Builds a [`RateSeries`] in one pass; memory is bounded by [`MAX_KEPT`] windows (without a
+/// fixed window) or by the rows.
+#[derive(Debug, Clone)]
+pub(super) struct SeriesAccumulator {
+    fixed: Option<u64>,
+    rung: usize,
+    first: Option<u64>,
+    // (window index at the current rung) -> totals; arrivals come in time order, so this is
+    // appended to at its end.
+    kept: Vec<(u64, SeriesWindow)>,
+}
+
+impl SeriesAccumulator {
+    /// `window_s`: a fixed window (s, >= 1), or `None` to pick one of [`SERIES_WINDOWS_S`]
+    /// giving at most [`SERIES_MAX_WINDOWS`] windows.
+    pub(super) fn new(window_s: Option<u64>) -> Self {
+        Self {
+            fixed: window_s.map(|w| w.max(1)),
+            rung: 0,
+            first: None,
+            kept: Vec::new(),
+        }
+    }
+
+    fn width(&self) -> u64 {
+        self.fixed.unwrap_or(SERIES_WINDOWS_S[self.rung])
+    }
+
+    pub(super) fn add(&mut self, a: &Arrival) {
+        let first = *self.first.get_or_insert(a.at);
+        let index = a.at.saturating_sub(first) / 1_000_000_000 / self.width();
+        match self.kept.last_mut() {
+            Some((i, w)) if *i == index => add_to(w, a),
+            // Out-of-order arrivals (a source that is not sorted) land in their own window.
+            _ => match self.kept.binary_search_by_key(&index, |(i, _)| *i) {
+                Ok(k) => add_to(&mut self.kept[k].1, a),
+                Err(k) => {
+                    let mut w = SeriesWindow::default();
+                    add_to(&mut w, a);
+                    self.kept.insert(k, (index, w));
+                }
+            },
+        }
+        while self.fixed.is_none()
+            && self.kept.len() > MAX_KEPT
+            && self.rung + 1 < SERIES_WINDOWS_S.len()
+        {
+            self.coarsen(self.rung + 1);
+        }
+    }
+
+    fn coarsen(&mut self, rung: usize) {
+        let factor = SERIES_WINDOWS_S[rung] / SERIES_WINDOWS_S[self.rung];
+        let mut out: Vec<(u64, SeriesWindow)> = Vec::new();
+        for (i, w) in self.kept.drain(..) {
+            let j = i / factor;
+            match out.last_mut() {
+                Some((k, acc)) if *k == j => {
+                    acc.requests += w.requests;
+                    acc.prompt_tokens += w.prompt_tokens;
+                    acc.output_tokens += w.output_tokens;
+                }
+                _ => out.push((j, w)),
+            }
+        }
+        self.kept = out;
+        self.rung = rung;
+    }
+
+    pub(super) fn finish(mut self, span_ns: u64) -> RateSeries {
+        if self.fixed.is_none() {
+            let span_s = span_ns / 1_000_000_000;
+            while self.rung + 1 < SERIES_WINDOWS_S.len()
+                && span_s / SERIES_WINDOWS_S[self.rung] + 1 > SERIES_MAX_WINDOWS
+            {
+                self.coarsen(self.rung + 1);
+            }
+        }
+        let width = self.width();
+        let n = self.kept.last().map_or(0, |(i, _)| i + 1);
+        let mut windows: Vec<SeriesWindow> = (0..n)
+            .map(|i| SeriesWindow {
+                start_s: i * width,
+                ..SeriesWindow::default()
+            })
+            .collect();
+        for (i, w) in self.kept {
+            windows[i as usize] = SeriesWindow {
+                start_s: i * width,
+                ..w
+            };
+        }
+        RateSeries {
+            window_s: width,
+            windows,
+        }
+    }
+}
+
+fn add_to(w: &mut SeriesWindow, a: &Arrival) {
+    w.requests += 1;
+    w.prompt_tokens += u64::from(a.prompt_tokens);
+    w.output_tokens += u64::from(a.output_tokens);
+}
+
+/// Eight-level bars, one a value, scaled to the largest (an empty or all-zero series is flat).
+#[must_use]
+pub fn sparkline(values: &[f64]) -> String {
+    const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    let max = values.iter().copied().fold(0.0_f64, f64::max);
+    values
+        .iter()
+        .map(|&v| {
+            if max <= 0.0 {
+                BARS[0]
+            } else {
+                let level = ((v / max) * 7.0).round() as usize;
+                BARS[level.min(7)]
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: f64, prompt: u32) -> Arrival {
+        Arrival {
+            at: (s * 1e9) as u64,
+            prompt_tokens: prompt,
+            output_tokens: 10,
+            prefix_blocks: Vec::new(),
+            tag: 0,
+        }
+    }
+
+    #[test]
+    fn windows_count_requests_and_tokens_with_empty_windows_kept() {
+        let mut acc = SeriesAccumulator::new(Some(60));
+        for (s, p) in [(0.0, 100), (59.9, 100), (60.0, 50), (185.0, 1)] {
+            acc.add(&at(s, p));
+        }
+        let s = acc.finish(185_000_000_000);
+        assert_eq!(s.window_s, 60);
+        let got: Vec<(u64, u64, u64)> = s
+            .windows
+            .iter()
+            .map(|w| (w.start_s, w.requests, w.prompt_tokens))
+            .collect();
+        assert_eq!(got, [(0, 2, 200), (60, 1, 50), (120, 0, 0), (180, 1, 1)]);
+        assert!((s.windows[0].requests_per_s(60) - 2.0 / 60.0).abs() < 1e-12);
+        assert!((s.windows[0].tokens_per_s(60) - 220.0 / 60.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_picked_window_gives_at_most_sixty_windows_and_keeps_the_totals() {
+        // Two hours, one arrival every 7 s: 1 s windows would be 7,200, 60 s gives 120,
+        // 600 s gives 12.
+        let mut acc = SeriesAccumulator::new(None);
+        let n: u32 = 7_200 / 7 + 1;
+        for k in 0..n {
+            acc.add(&at(7.0 * f64::from(k), 1));
+        }
+        let s = acc.finish(7_000_000_000 * u64::from(n - 1));
+        assert_eq!(s.window_s, 600);
+        assert_eq!(s.windows.len(), 12);
+        assert_eq!(
+            s.windows.iter().map(|w| w.requests).sum::<u64>(),
+            u64::from(n)
+        );
+    }
+
+    #[test]
+    fn sparkline_scales_to_the_largest() {
+        assert_eq!(sparkline(&[0.0, 1.0, 2.0]), "▁▅█");
+        assert_eq!(sparkline(&[0.0, 0.0]), "▁▁");
+        assert_eq!(sparkline(&[]), "");
+    }
+}
