@@ -2,6 +2,7 @@
 //! ports; every wait is bounded.
 
 mod browser;
+mod counting;
 mod credentials;
 mod drain;
 mod engine_inputs;
