@@ -16,6 +16,7 @@ mod operations;
 mod protocol;
 mod refusals;
 mod request_log;
+mod reuse;
 mod sessions;
 mod shared_state;
 mod slo;
