@@ -86,6 +86,28 @@ pub struct Parsed {
     pub stream: bool,
     /// The OpenAI `user` field (an end-user id), a session key ([`crate::session`]).
     pub user: Option<String>,
+    /// What of `prompt` is not text an engine tokenizes (for a bound from its bytes).
+    pub framing: Framing,
+}
+
+/// What of [`Parsed::prompt`] is not the text an engine tokenizes, so that a lower bound on its
+/// tokens can be taken from the bytes of the rest ([`crate::tokens`]) before any count.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Framing {
+    /// All of it is (a completion's prompt, strings joined by newlines as the engine joins them).
+    #[default]
+    Bare,
+    /// The gateway's own role markers around chat messages (`<|role|>\n` … `\n`): this many
+    /// bytes, this many of them ASCII digits. An engine renders the messages with its own
+    /// template instead, which prints every message's content.
+    Markers {
+        /// Bytes of the markers.
+        bytes: usize,
+        /// ASCII digits among them (a role may hold digits).
+        digits: usize,
+    },
+    /// Token ids written out (`1,2,3`): no text at all.
+    Ids,
 }
 
 /// A request the gateway refuses with 400 (message for the client, offending parameter).
@@ -133,9 +155,20 @@ pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<Parsed, BadRequest> {
         Some(_) => return Err(bad("`model` must be a non-empty string", Some("model"))),
         None => return Err(bad("you must provide a `model` parameter", Some("model"))),
     };
-    let (prompt, exact_tokens) = match endpoint {
-        Endpoint::Chat => (render_messages(b.messages)?, None),
-        Endpoint::Completions => render_prompt(b.prompt)?,
+    let (prompt, exact_tokens, framing) = match endpoint {
+        Endpoint::Chat => {
+            let (prompt, framing) = render_messages(b.messages)?;
+            (prompt, None, framing)
+        }
+        Endpoint::Completions => {
+            let (prompt, ids) = render_prompt(b.prompt)?;
+            let framing = if ids.is_some() {
+                Framing::Ids
+            } else {
+                Framing::Bare
+            };
+            (prompt, ids, framing)
+        }
     };
     let max_tokens = output_limit(b.max_tokens, "max_tokens")?;
     let max_completion_tokens = output_limit(b.max_completion_tokens, "max_completion_tokens")?;
@@ -181,6 +214,7 @@ pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<Parsed, BadRequest> {
         prompt_tokens,
         max_tokens,
         stream,
+        framing,
     })
 }
 
@@ -260,7 +294,7 @@ pub fn estimate_tokens(bytes: usize) -> u32 {
     u32::try_from(bytes.div_ceil(BYTES_PER_TOKEN)).unwrap_or(u32::MAX)
 }
 
-fn render_messages(messages: Option<Value>) -> Result<String, BadRequest> {
+fn render_messages(messages: Option<Value>) -> Result<(String, Framing), BadRequest> {
     let Some(Value::Array(messages)) = messages else {
         return Err(bad("`messages` must be an array", Some("messages")));
     };
@@ -272,11 +306,15 @@ fn render_messages(messages: Option<Value>) -> Result<String, BadRequest> {
         ));
     }
     let mut out = String::new();
+    let (mut marker_bytes, mut marker_digits) = (0, 0);
     for m in &messages {
         let Value::Object(m) = m else {
             return Err(bad("each message must be an object", Some("messages")));
         };
         let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
+        // `<|`, the role, `|>\n`, and the closing `\n`.
+        marker_bytes += role.len() + 6;
+        marker_digits += role.bytes().filter(u8::is_ascii_digit).count();
         out.push_str("<|");
         out.push_str(role);
         out.push_str("|>\n");
@@ -298,7 +336,13 @@ fn render_messages(messages: Option<Value>) -> Result<String, BadRequest> {
         }
         out.push('\n');
     }
-    Ok(out)
+    Ok((
+        out,
+        Framing::Markers {
+            bytes: marker_bytes,
+            digits: marker_digits,
+        },
+    ))
 }
 
 fn render_prompt(prompt: Option<Value>) -> Result<(String, Option<u32>), BadRequest> {

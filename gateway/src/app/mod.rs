@@ -169,14 +169,13 @@ fn build(config: &GatewayConfig, settings: Settings) -> Result<Arc<Shared>, Gate
     // What the state file holds as far as this gateway knows: its later writes merge only what
     // changed from here (other replicas may share the file).
     let loaded = router.strategy().export_state().unwrap_or_default();
-    let client = upstream::client(
-        config::secs(
-            config.origin(),
-            "upstream.connect_timeout_s",
-            config.upstream.connect_timeout_s,
-        )?,
-        config.upstream.max_idle_per_worker,
-    );
+    let connect_timeout = config::secs(
+        config.origin(),
+        "upstream.connect_timeout_s",
+        config.upstream.connect_timeout_s,
+    )?;
+    let client = upstream::client(connect_timeout, config.upstream.max_idle_per_worker);
+    let fresh = upstream::client(connect_timeout, 0);
     let request_log = match &config.request_log {
         Some(l) => Some(Arc::new(reqlog::RequestLog::open(l.settings()).map_err(
             |e| {
@@ -206,6 +205,7 @@ fn build(config: &GatewayConfig, settings: Settings) -> Result<Arc<Shared>, Gate
         settings,
         routing: Arc::new(Routing::new(clock, router, config.seed, health)),
         client,
+        fresh,
         global: Default::default(),
         connections: Arc::default(),
         bodies,

@@ -18,6 +18,9 @@ pub(crate) struct Shared {
     /// The router core ([`crate::routing`]).
     pub routing: Arc<Routing>,
     pub client: HttpClient,
+    /// A client that keeps no idle connection, so each request opens its own: the one retry
+    /// of a request whose pooled connection failed under it ([`crate::proxy`]).
+    pub fresh: HttpClient,
     /// The metrics registry ([`crate::metrics`]); the accept loop counts rejections into it.
     pub global: Arc<GlobalMetrics>,
     /// Client connection counters, kept by the accept loop ([`crate::server`]).

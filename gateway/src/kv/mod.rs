@@ -38,10 +38,26 @@ pub struct KvEventsConfig {
     /// Seconds between liveness checks (replay requests for what follows the last batch).
     #[serde(default = "default_heartbeat_s")]
     pub heartbeat_s: f64,
+    /// Wall seconds between two `kv_events_down` log lines of this worker (the ones between
+    /// are counted in the next line's `suppressed`).
+    #[serde(
+        default = "default_down_log_every_s",
+        skip_serializing_if = "is_default_down_log_every_s"
+    )]
+    pub down_log_every_s: f64,
 }
 
 fn default_heartbeat_s() -> f64 {
     1.0
+}
+
+/// One `kv_events_down` line a minute per worker unless configured.
+fn default_down_log_every_s() -> f64 {
+    60.0
+}
+
+fn is_default_down_log_every_s(s: &f64) -> bool {
+    *s == default_down_log_every_s()
 }
 
 impl KvEventsConfig {
@@ -67,6 +83,10 @@ impl KvEventsConfig {
         if !(self.heartbeat_s.is_finite() && (0.01..=3600.0).contains(&self.heartbeat_s)) {
             return Err(KvEventsError::Heartbeat(self.heartbeat_s));
         }
+        let every = self.down_log_every_s;
+        if !(every.is_finite() && (0.01..=86_400.0).contains(&every)) {
+            return Err(KvEventsError::DownLogEvery(every));
+        }
         Ok(())
     }
 }
@@ -89,6 +109,9 @@ pub enum KvEventsError {
     /// A heartbeat outside 0.01 to 3600 seconds.
     #[error("kv_events.heartbeat_s = {0} (valid: 0.01 to 3600 seconds)")]
     Heartbeat(f64),
+    /// A `kv_events_down` log window outside 0.01 to 86,400 seconds.
+    #[error("kv_events.down_log_every_s = {0} (valid: 0.01 to 86400 seconds)")]
+    DownLogEvery(f64),
 }
 
 /// Where a worker's stream stands.
@@ -236,22 +259,28 @@ pub(crate) struct WorkerStream {
     pub down_log: Throttle,
 }
 
-/// Lets a repeated log line through at most once per [`Throttle::EVERY`], counting the ones it
-/// held back.
-#[derive(Debug, Default)]
+/// Lets a repeated log line through at most once per `every`, counting the ones it held back.
+#[derive(Debug)]
 pub(crate) struct Throttle {
+    every: std::time::Duration,
     last: Option<std::time::Instant>,
     held: u64,
 }
 
 impl Throttle {
-    /// At most one line a minute.
-    pub const EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+    /// At most one line per `every`.
+    pub fn new(every: std::time::Duration) -> Throttle {
+        Throttle {
+            every,
+            last: None,
+            held: 0,
+        }
+    }
 
     /// `Some(lines held back since the last)` when a line may be written at `now`.
     pub fn admit(&mut self, now: std::time::Instant) -> Option<u64> {
         match self.last {
-            Some(t) if now.saturating_duration_since(t) < Self::EVERY => {
+            Some(t) if now.saturating_duration_since(t) < self.every => {
                 self.held += 1;
                 None
             }
@@ -296,7 +325,8 @@ mod tests {
     /// the count of the ones held back.
     #[test]
     fn the_down_line_is_throttled_and_counts_what_it_held_back() {
-        let mut t = Throttle::default();
+        let every = std::time::Duration::from_secs(60);
+        let mut t = Throttle::new(every);
         let t0 = std::time::Instant::now();
         assert_eq!(t.admit(t0), Some(0));
         for i in 1..=100 {
@@ -305,8 +335,8 @@ mod tests {
                 None
             );
         }
-        assert_eq!(t.admit(t0 + Throttle::EVERY), Some(100));
-        assert_eq!(t.admit(t0 + Throttle::EVERY), None);
+        assert_eq!(t.admit(t0 + every), Some(100));
+        assert_eq!(t.admit(t0 + every), None);
     }
 
     #[test]
@@ -316,6 +346,7 @@ mod tests {
             replay_endpoint: Some("tcp://127.0.0.1:5558".into()),
             topic: String::new(),
             heartbeat_s: 1.0,
+            down_log_every_s: 60.0,
         };
         assert!(c.validate().is_ok());
         for bad in [

@@ -419,11 +419,10 @@ impl Forward {
                 return fault(e.to_string(), LogStatus::UpstreamError);
             }
         };
-        let up = self.request(&uri);
         // The response timeout runs until the worker's first body byte (headers may come
         // before a slow prefill is done), so it is counted from here, not from the headers.
         let first_chunk_by = tokio::time::Instant::now() + s.settings.response_timeout;
-        match tokio::time::timeout_at(first_chunk_by, s.client.request(up)).await {
+        match tokio::time::timeout_at(first_chunk_by, self.send(s, &uri)).await {
             Err(_) => {
                 flight.fail(false);
                 let name = &flight.name;
@@ -466,6 +465,24 @@ impl Forward {
                 }
                 Attempt::Answered(answer)
             }
+        }
+    }
+
+    /// Send the request to `uri` through the pool, and once more on a fresh connection when
+    /// it failed with neither a connect error nor a response head (so no byte of an answer
+    /// was read): a kept-alive connection the worker closed just as the request went out.
+    /// hyper-util retries by itself only a request canceled before it was written; this one
+    /// came back as an incomplete message, and with one worker for the model there was no
+    /// other worker to retry on: a rare 502 (issue 42, item 10). A connect error is not
+    /// retried here: the worker is not there, and the next worker is the retry.
+    async fn send(
+        &self,
+        s: &Shared,
+        uri: &crate::upstream::Target,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, hyper_util::client::legacy::Error> {
+        match s.client.request(self.request(uri)).await {
+            Err(e) if !e.is_connect() => s.fresh.request(self.request(uri)).await,
+            answer => answer,
         }
     }
 

@@ -117,7 +117,9 @@ async fn keep_streams(s: Arc<Shared>) {
                     .or_insert_with(|| WorkerStream {
                         status: StreamStatus::new(StreamState::Connecting),
                         fallback: Fallback::default(),
-                        down_log: Default::default(),
+                        down_log: crate::kv::Throttle::new(std::time::Duration::from_secs_f64(
+                            cfg.down_log_every_s,
+                        )),
                     });
                 running.insert(
                     id.0,

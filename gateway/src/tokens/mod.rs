@@ -234,6 +234,10 @@ impl Tokenizers {
         let Some(t) = self.models.get(&parsed.model) else {
             return Ok(estimate(parsed));
         };
+        // Refused from the parsed prompt's bytes before it waits for a lane: a prompt that
+        // cannot fit is a 400 whatever the lanes' load, never a 503 behind the large lane's
+        // queue (issue 42's hostile run: 32 % of the 1 MiB prompts got `counting_busy`).
+        t.refuse_early(body.len(), ep, parsed, window)?;
         let (t, p) = (t.clone(), parsed.clone());
         let (tx, rx) = tokio::sync::oneshot::channel();
         #[cfg(test)]
@@ -322,6 +326,7 @@ mod props {
     use super::tests::smollm2;
     use super::*;
     use proptest::prelude::*;
+    use serde_json::Value;
 
     fn tokenizer() -> &'static ModelTokenizer {
         static T: std::sync::OnceLock<ModelTokenizer> = std::sync::OnceLock::new();
@@ -362,6 +367,53 @@ mod props {
                 prop_assert!(least <= n, "bound {} > exact {} for {:?}", least, n, text);
             }
         }
+
+        /// The bound taken from the parsed prompt before any count (the gateway's role markers
+        /// left out) is never above the exact count of what the engine tokenizes: chats
+        /// rendered by SmolLM2's template (roles with digits too), completions as strings or
+        /// arrays of strings, and token ids (no bound).
+        #[test]
+        fn the_parsed_prompt_bound_never_exceeds_the_exact_count(
+            messages in prop::collection::vec(
+                (prop_oneof![Just("user"), Just("assistant"), Just("system"), Just("r2d2")],
+                 prop::collection::vec(piece(), 0..30)),
+                1..5,
+            ),
+        ) {
+            let t = templated();
+            let bound = t.bound();
+            let chat: Vec<Value> = messages
+                .iter()
+                .map(|(role, p)| serde_json::json!({"role": role, "content": p.concat()}))
+                .collect();
+            let texts: Vec<String> = messages.iter().map(|(_, p)| p.concat()).collect();
+            for (ep, body) in [
+                (Endpoint::Chat, serde_json::json!({"model": "m", "messages": chat})),
+                (Endpoint::Completions, serde_json::json!({"model": "m", "prompt": texts.concat()})),
+                (Endpoint::Completions, serde_json::json!({"model": "m", "prompt": texts})),
+            ] {
+                let body = body.to_string();
+                let parsed = prompt::parse(body.as_bytes(), ep).unwrap();
+                let least = bound.prompt_at_least(&parsed);
+                let n = t.ids(body.as_bytes(), ep, &parsed).unwrap().len() as u64;
+                prop_assert!(least <= n, "bound {} > exact {} for {}", least, n, body);
+            }
+            let ids = br#"{"model":"m","prompt":[1,2,3,4,5,6,7,8,9,10,11,12]}"#;
+            let parsed = prompt::parse(ids, Endpoint::Completions).unwrap();
+            prop_assert_eq!(bound.prompt_at_least(&parsed), 0);
+        }
+    }
+
+    fn templated() -> &'static ModelTokenizer {
+        static T: std::sync::OnceLock<ModelTokenizer> = std::sync::OnceLock::new();
+        T.get_or_init(|| {
+            let dir = smollm2();
+            ModelTokenizer::load(
+                &dir.join("tokenizer.json"),
+                Some(&dir.join("chat_template.jinja")),
+            )
+            .unwrap()
+        })
     }
 }
 
@@ -611,6 +663,44 @@ mod tests {
             .block_on(t.count_async(body, Endpoint::Completions, &parsed, Some(32_768)))
             .unwrap();
         assert_eq!(c.prompt_tokens, 1);
+        // A large prompt whose parsed text alone shows it cannot fit is refused at once with
+        // the 400 it deserves, not the lane's 503 (it never waits for the lane): a chat of
+        // 1 MiB of digits, as issue 42's hostile clients send, and a completion.
+        let digits = "7".repeat(1 << 20);
+        for (ep, body) in [
+            (
+                Endpoint::Chat,
+                serde_json::json!({"model": "m", "messages": [{"role": "user", "content": digits}]}),
+            ),
+            (
+                Endpoint::Completions,
+                serde_json::json!({"model": "m", "prompt": digits}),
+            ),
+        ] {
+            let body = bytes::Bytes::from(body.to_string());
+            let parsed = prompt::parse(&body, ep).unwrap();
+            let e = rt
+                .block_on(t.count_async(body, ep, &parsed, Some(32_768)))
+                .unwrap_err();
+            let CountError::TooLong(b) = &e else {
+                panic!("{e:?}")
+            };
+            assert!(
+                b.message.contains("at least 1048576 tokens"),
+                "{}",
+                b.message
+            );
+            assert_eq!(b.param, Some(ep.prompt_param()));
+            assert_eq!(e.into_api().status.as_u16(), 400);
+        }
+        // Without a window (no live worker says one), the same prompt waits for the lane.
+        let body =
+            bytes::Bytes::from(serde_json::json!({"model": "m", "prompt": digits}).to_string());
+        let parsed = prompt::parse(&body, Endpoint::Completions).unwrap();
+        let e = rt
+            .block_on(t.count_async(body, Endpoint::Completions, &parsed, None))
+            .unwrap_err();
+        assert!(matches!(e, CountError::Busy(_)), "{e:?}");
         for _ in 0..3 {
             release.send(()).unwrap();
         }

@@ -3,7 +3,7 @@
 //! window from its bytes alone.
 
 use super::CountError;
-use crate::prompt::{BadRequest, Endpoint, Parsed};
+use crate::prompt::{BadRequest, Endpoint, Framing, Parsed};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -89,17 +89,61 @@ impl TokenBound {
 
     /// The least number of tokens `text` can encode to (0 when no bound is known).
     pub fn tokens_at_least(&self, text: &str) -> u64 {
+        self.of_bytes(text.len(), || count_digits(text))
+    }
+
+    /// The least number of tokens a text of `bytes` bytes can encode to, `digits()` of them
+    /// ASCII digits (asked only when this bound counts digits).
+    fn of_bytes(&self, bytes: usize, digits: impl FnOnce() -> usize) -> u64 {
         let Some(per) = self.max_token_bytes else {
             return 0;
         };
-        let bytes = text.len() as u64;
+        let bytes = bytes as u64;
         if self.digit_tokens {
-            let digits = text.bytes().filter(u8::is_ascii_digit).count() as u64;
+            let digits = (digits() as u64).min(bytes);
             digits + (bytes - digits).div_ceil(per as u64)
         } else {
             bytes.div_ceil(per as u64)
         }
     }
+
+    /// The least number of tokens the text an engine tokenizes for `parsed` encodes to, from
+    /// the parsed prompt alone (no template rendered, nothing encoded): the prompt's bytes less
+    /// the gateway's own chat markers ([`Framing`]), none for token ids. The rendered text holds
+    /// every message's content (the template adds to it), and the bound only grows with bytes
+    /// and digits, so this never exceeds [`TokenBound::tokens_at_least`] of the rendered text.
+    pub fn prompt_at_least(&self, parsed: &Parsed) -> u64 {
+        let (marker_bytes, marker_digits) = match parsed.framing {
+            Framing::Ids => return 0,
+            Framing::Bare => (0, 0),
+            Framing::Markers { bytes, digits } => (bytes, digits),
+        };
+        let text = &parsed.prompt;
+        self.of_bytes(text.len().saturating_sub(marker_bytes), || {
+            count_digits(text).saturating_sub(marker_digits)
+        })
+    }
+}
+
+/// The refusal of a prompt at least `least` tokens (`bytes` bytes) long for a window of `w`.
+fn beyond_window(
+    least: u64,
+    bytes: usize,
+    parsed: &Parsed,
+    w: u32,
+    param: &'static str,
+) -> CountError {
+    CountError::TooLong(BadRequest {
+        message: format!(
+            "the prompt is at least {least} tokens ({bytes} bytes), more than the largest context window of model `{}` ({w} tokens)",
+            parsed.model
+        ),
+        param: Some(param),
+    })
+}
+
+fn count_digits(text: &str) -> usize {
+    text.bytes().filter(u8::is_ascii_digit).count()
 }
 
 impl std::fmt::Debug for ModelTokenizer {
@@ -346,17 +390,38 @@ impl ModelTokenizer {
         if let Some(w) = window {
             let least = self.bound.tokens_at_least(&text);
             if least > u64::from(w) {
-                return Err(CountError::TooLong(BadRequest {
-                    message: format!(
-                        "the prompt is at least {least} tokens ({} bytes), more than the largest context window of model `{}` ({w} tokens)",
-                        text.len(),
-                        parsed.model
-                    ),
-                    param: Some(param),
-                }));
+                return Err(beyond_window(least, text.len(), parsed, w, param));
             }
         }
         Ok(self.encode(&text, special)?)
+    }
+
+    /// A prompt refused before it is rendered or queued for a count: the bound of its parsed
+    /// text ([`TokenBound::prompt_at_least`]) exceeds `window`, the largest context window of
+    /// its model. Costs one pass over the prompt's bytes, and only for a body longer than the
+    /// window in bytes (each token is at least one byte of the body).
+    pub fn refuse_early(
+        &self,
+        body_len: usize,
+        ep: Endpoint,
+        parsed: &Parsed,
+        window: Option<u32>,
+    ) -> Result<(), CountError> {
+        let Some(w) = window else { return Ok(()) };
+        if body_len as u64 <= u64::from(w) {
+            return Ok(());
+        }
+        let least = self.bound.prompt_at_least(parsed);
+        if least > u64::from(w) {
+            return Err(beyond_window(
+                least,
+                parsed.prompt.len(),
+                parsed,
+                w,
+                ep.prompt_param(),
+            ));
+        }
+        Ok(())
     }
 
     /// The bound this tokenizer allows ([`TokenBound`]).

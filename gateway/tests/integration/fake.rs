@@ -359,6 +359,70 @@ impl RawWorker {
     pub fn requests(&self) -> u64 {
         self.requests.load(SeqCst)
     }
+
+    /// A worker that keeps each connection alive after its first answer (`response` must not
+    /// say `connection: close`) and closes it, unanswered, once the second request on it has
+    /// arrived whole: a kept-alive connection lost just as a request was written on it.
+    /// `requests` counts the answered ones; `dropped` the ones closed on.
+    pub async fn closing_reused(response: String) -> (RawWorker, Arc<AtomicU64>) {
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (requests, dropped) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (count, lost) = (requests.clone(), dropped.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                let (response, count, lost) = (response.clone(), count.clone(), lost.clone());
+                tokio::spawn(async move {
+                    let mut got = Vec::new();
+                    if !read_request(&mut tcp, &mut got).await {
+                        return;
+                    }
+                    count.fetch_add(1, SeqCst);
+                    if tcp.write_all(response.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    if read_request(&mut tcp, &mut got).await {
+                        lost.fetch_add(1, SeqCst);
+                    }
+                    // Dropped: closed with the second request unanswered.
+                });
+            }
+        });
+        (
+            RawWorker {
+                url,
+                requests,
+                task,
+            },
+            dropped,
+        )
+    }
+}
+
+/// Read one whole request (its head, then the body its Content-Length announces) from `tcp`,
+/// taking it off the front of `got` (bytes read past it stay); false when the peer closed.
+async fn read_request(tcp: &mut tokio::net::TcpStream, got: &mut Vec<u8>) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 4096];
+    loop {
+        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if got.len() >= end + 4 + len {
+                got.drain(..end + 4 + len);
+                return true;
+            }
+        }
+        match tcp.read(&mut buf).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
 }
 
 /// A whole HTTP/1.1 response with `status` (e.g. `503 Service Unavailable`), extra header

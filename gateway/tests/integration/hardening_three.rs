@@ -807,3 +807,52 @@ async fn check_reads_the_state_file_as_start_does() {
     assert!(e.to_string().contains("no-such-dir"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 42, item 10: `kv_events_down` was written at every failed reconnection. With the
+/// window a setting (`kv_events.down_log_every_s`, 1 s here; 60 s by default), an endpoint
+/// that refuses every connection for over two windows gets one line per window, each at least
+/// a window after the one before, and the attempts between are counted in `suppressed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_events_down_is_logged_once_per_window_with_what_it_held_back() {
+    let w = FakeWorker::start(0.0).await;
+    let dir = temp_dir("kv-down");
+    let port = refused_url().await.rsplit(':').next().unwrap().to_string();
+    let yaml = config(
+        "equal/p2c/raw/none/kv-events",
+        "health: {interval_s: 0}",
+        &[format!(
+            "{}    kv_events: {{endpoint: \"tcp://127.0.0.1:{port}\", down_log_every_s: 1}}\n",
+            worker("w", &w.url, "m", &[], 4096)
+        )],
+    );
+    let b = Binary::start(&yaml, &dir).await;
+    let down = |log: &str| -> Vec<(f64, u64)> {
+        log.lines()
+            .filter(|l| l.contains("event=kv_events_down"))
+            .map(|l| {
+                let field = |k: &str| {
+                    l.split_whitespace()
+                        .find_map(|w| w.strip_prefix(k))
+                        .unwrap_or_else(|| panic!("no {k} in {l}"))
+                        .to_string()
+                };
+                (
+                    field("ts=").parse().unwrap(),
+                    field("suppressed=").parse().unwrap(),
+                )
+            })
+            .collect()
+    };
+    wait_for("three down lines", Duration::from_secs(15), async || {
+        down(&b.log()).len() >= 3
+    })
+    .await;
+    let lines = down(&b.log());
+    for pair in lines.windows(2) {
+        assert!(pair[1].0 - pair[0].0 >= 0.99, "{lines:?}\n{}", b.log());
+    }
+    // Reconnections at 0, 0.1, 0.3, 0.7, 1.5 s, ...: the first window held some back.
+    assert_eq!(lines[0].1, 0, "{lines:?}");
+    assert!(lines[1].1 >= 2, "{lines:?}\n{}", b.log());
+    let _ = std::fs::remove_dir_all(&dir);
+}

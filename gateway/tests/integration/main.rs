@@ -2,6 +2,7 @@
 //! ports; every wait is bounded.
 
 mod browser;
+mod counting;
 mod credentials;
 mod drain;
 mod engine_inputs;
@@ -15,6 +16,7 @@ mod operations;
 mod protocol;
 mod refusals;
 mod request_log;
+mod reuse;
 mod sessions;
 mod shared_state;
 mod slo;
