@@ -1,7 +1,7 @@
 //! One emulator per worker of a scenario, and a gateway configuration in front of them.
 
 use crate::server::{Emulator, EmulatorError, EmulatorOptions, serve};
-use routelab_gateway::kv::KvEventsConfig;
+use routelab_gateway::kv::{DEFAULT_DOWN_LOG_EVERY_S, KvEventsConfig};
 use routelab_gateway::tokens::ModelConfig;
 use routelab_gateway::{GatewayConfig, PolicyEntry, WorkerConfig};
 use routelab_policies::streams::{ENGINE_STREAM, derive_seed};
@@ -72,6 +72,7 @@ pub async fn start_fleet_with(
             replay_endpoint: Some(replay),
             topic: String::new(),
             heartbeat_s: 1.0,
+            down_log_every_s: DEFAULT_DOWN_LOG_EVERY_S,
         });
         // The emulated engine's cache, as the simulator announces it.
         workers.push(WorkerConfig {

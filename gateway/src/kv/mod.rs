@@ -52,8 +52,10 @@ fn default_heartbeat_s() -> f64 {
 }
 
 /// One `kv_events_down` line a minute per worker unless configured.
+pub const DEFAULT_DOWN_LOG_EVERY_S: f64 = 60.0;
+
 fn default_down_log_every_s() -> f64 {
-    60.0
+    DEFAULT_DOWN_LOG_EVERY_S
 }
 
 fn is_default_down_log_every_s(s: &f64) -> bool {
@@ -346,7 +348,7 @@ mod tests {
             replay_endpoint: Some("tcp://127.0.0.1:5558".into()),
             topic: String::new(),
             heartbeat_s: 1.0,
-            down_log_every_s: 60.0,
+            down_log_every_s: DEFAULT_DOWN_LOG_EVERY_S,
         };
         assert!(c.validate().is_ok());
         for bad in [
