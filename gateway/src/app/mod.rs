@@ -330,28 +330,52 @@ pub async fn start_on(
     let limits = settings.server;
     let shared = build(&config, settings)?;
     let addr = listener.local_addr().map_err(GatewayError::LocalAddr)?;
-    let admin_listener = match &config.admin_listen {
-        Some(admin) => {
-            Some(
-                TcpListener::bind(admin)
-                    .await
-                    .map_err(|error| GatewayError::Listen {
-                        addr: admin.clone(),
-                        error,
-                    })?,
-            )
-        }
-        None => None,
-    };
+    let admin_listener = bind_admin(&config).await?;
     let admin_addr = match &admin_listener {
         Some(l) => Some(l.local_addr().map_err(GatewayError::LocalAddr)?),
         None => None,
     };
-    let connections = shared.connections.clone();
-    let request_log = shared.request_log.clone();
-    let routes = app(shared.clone());
     let (tx, rx) = watch::channel(false);
-    let public_scope = if admin_listener.is_some() {
+    let server = serve_listeners(&shared, listener, admin_listener, limits, rx);
+    let tasks = start_background(&shared);
+    log_started(&config, &shared, addr, admin_addr, limits);
+    Ok(RunningGateway {
+        addr,
+        admin_addr,
+        shutdown: Some(tx),
+        server: Some(server),
+        tasks,
+        connections: shared.connections.clone(),
+        request_log: shared.request_log.clone(),
+    })
+}
+
+/// The admin API's own listener, when the configuration gives it an address of its own.
+async fn bind_admin(config: &GatewayConfig) -> Result<Option<TcpListener>, GatewayError> {
+    let Some(admin) = &config.admin_listen else {
+        return Ok(None);
+    };
+    TcpListener::bind(admin)
+        .await
+        .map(Some)
+        .map_err(|error| GatewayError::Listen {
+            addr: admin.clone(),
+            error,
+        })
+}
+
+/// Serve the routes until `shutdown`: everything on `listener`, or the public routes there and
+/// the admin routes on `admin` when the admin API listens apart.
+fn serve_listeners(
+    shared: &Arc<Shared>,
+    listener: TcpListener,
+    admin: Option<TcpListener>,
+    limits: server::Limits,
+    shutdown: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    let connections = shared.connections.clone();
+    let routes = app(shared.clone());
+    let public_scope = if admin.is_some() {
         server::Scope::Public
     } else {
         server::Scope::All
@@ -361,25 +385,30 @@ pub async fn start_on(
         server::scoped(routes.clone(), public_scope, limits, shared.global.clone()),
         limits,
         connections.clone(),
-        (rx.clone(), shared.drain.clone()),
+        (shutdown.clone(), shared.drain.clone()),
     );
-    let admin = admin_listener.map(|l| {
+    let admin = admin.map(|l| {
         server::serve(
             l,
             server::scoped(routes, server::Scope::Admin, limits, shared.global.clone()),
             limits,
-            connections.clone(),
-            (rx, shared.drain.clone()),
+            connections,
+            (shutdown, shared.drain.clone()),
         )
     });
-    let server = tokio::spawn(async move {
+    tokio::spawn(async move {
         match admin {
             Some(admin) => {
                 tokio::join!(public, admin);
             }
             None => public.await,
         }
-    });
+    })
+}
+
+/// The supervised background tasks: the probes, the health ejection when it is on, the engine
+/// signals, and the replicas' bus when there is one.
+fn start_background(shared: &Arc<Shared>) -> Vec<JoinHandle<()>> {
     use supervise::{BackgroundTask, RESTART_PAUSE, supervise};
     let mut tasks = vec![supervise(
         shared.clone(),
@@ -395,7 +424,7 @@ pub async fn start_on(
             health::run,
         ));
     }
-    tasks.extend(signals::start(&shared));
+    tasks.extend(signals::start(shared));
     if let Some(bus) = &shared.bus {
         if let config::Credentials::Token(secret)
         | config::Credentials::UserPassword {
@@ -415,6 +444,17 @@ pub async fn start_on(
             replicas::task::run,
         ));
     }
+    tasks
+}
+
+/// The `started` line (and `clock_scaled`, when policy time runs faster than wall time).
+fn log_started(
+    config: &GatewayConfig,
+    shared: &Shared,
+    addr: SocketAddr,
+    admin_addr: Option<SocketAddr>,
+    limits: server::Limits,
+) {
     log(
         "started",
         &[
@@ -443,15 +483,6 @@ pub async fn start_on(
             ],
         );
     }
-    Ok(RunningGateway {
-        addr,
-        admin_addr,
-        shutdown: Some(tx),
-        server: Some(server),
-        tasks,
-        connections,
-        request_log,
-    })
 }
 
 #[cfg(test)]
