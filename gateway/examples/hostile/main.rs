@@ -286,76 +286,242 @@ async fn main() {
     let big = Arc::new(Big::default());
     let mut tasks = Vec::new();
     for _ in 0..clients {
-        let (client, url, body, big) = (
-            client.clone(),
-            gw_url.clone(),
-            big_body.clone(),
-            big.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            while Instant::now() < end {
-                let t = Instant::now();
-                let (s, text) =
-                    tokio::time::timeout(Duration::from_secs(60), send(&client, &url, &body))
-                        .await
-                        .unwrap_or_else(|_| (0, "no answer within 60 s".into()));
-                let us = t.elapsed().as_micros().min(u32::MAX as u128) as u32;
-                big.lat.lock().unwrap().push(us);
-                big.statuses
-                    .lock()
-                    .unwrap()
-                    .entry(s)
-                    .or_insert((0, text.chars().take(300).collect()))
-                    .0 += 1;
-                match s {
-                    200..=299 => big.ok.fetch_add(1, Relaxed),
-                    400..=499 => big.refused.fetch_add(1, Relaxed),
-                    _ => big.failed.fetch_add(1, Relaxed),
-                };
-            }
-        }));
+        tasks.push(spawn_big_client(&client, &gw_url, &big_body, &big, end));
     }
     let probe = Arc::new(Probe::default());
-    {
-        let (client, gw_url, body, probe) = (client.clone(), gw_url.clone(), short, probe.clone());
-        let direct: Vec<hyper::Uri> = workers
-            .iter()
-            .map(|(w, _)| format!("{w}/v1/chat/completions").parse().unwrap())
-            .collect();
-        tasks.push(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(probe_ms));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            for n in 0usize.. {
-                tick.tick().await;
-                if Instant::now() >= end {
-                    break;
-                }
-                // Alternate which goes first, so neither always runs on a warmer path.
-                let d = &direct[n % direct.len()];
-                for leg in 0..2 {
-                    let through = (leg + n) % 2 == 0;
-                    let url = if through { &gw_url } else { d };
-                    let t = Instant::now();
-                    let (s, _) =
-                        tokio::time::timeout(Duration::from_secs(30), send(&client, url, &body))
-                            .await
-                            .unwrap_or((0, String::new()));
-                    let us = t.elapsed().as_micros().min(u32::MAX as u128) as u32;
-                    if !(200..300).contains(&s) {
-                        probe.errors.fetch_add(1, Relaxed);
-                        continue;
-                    }
-                    let into = if through {
-                        &probe.gateway
-                    } else {
-                        &probe.direct
-                    };
-                    into.lock().unwrap().0.push(us);
-                }
-            }
-        }));
+    let direct: Vec<hyper::Uri> = workers
+        .iter()
+        .map(|(w, _)| format!("{w}/v1/chat/completions").parse().unwrap())
+        .collect();
+    tasks.push(spawn_prober(
+        &client, &gw_url, direct, short, &probe, probe_ms, end,
+    ));
+
+    let (rss_max, died) = sample(&mut child, pid, start, secs, every, &big, &probe).await;
+    for t in &tasks {
+        t.abort();
     }
 
+    // Alive: still running and answering /health.
+    let healthy = died.is_none() && last_look(&client, &addr, pid, child).await;
+
+    let bounds = Bounds {
+        rss_mib: rss_bound,
+        p99_ms: p99_bound,
+    };
+    if !verdict(secs, &big, &probe, rss_max, died, healthy, bounds) {
+        std::process::exit(1);
+    }
+}
+
+/// One client sending the big prompt back to back until `end`, counting what it is answered.
+fn spawn_big_client(
+    client: &HttpClient,
+    url: &hyper::Uri,
+    body: &Bytes,
+    big: &Arc<Big>,
+    end: Instant,
+) -> tokio::task::JoinHandle<()> {
+    let (client, url, body, big) = (client.clone(), url.clone(), body.clone(), big.clone());
+    tokio::spawn(async move {
+        while Instant::now() < end {
+            let t = Instant::now();
+            let (s, text) =
+                tokio::time::timeout(Duration::from_secs(60), send(&client, &url, &body))
+                    .await
+                    .unwrap_or_else(|_| (0, "no answer within 60 s".into()));
+            let us = t.elapsed().as_micros().min(u32::MAX as u128) as u32;
+            big.lat.lock().unwrap().push(us);
+            big.statuses
+                .lock()
+                .unwrap()
+                .entry(s)
+                .or_insert((0, text.chars().take(300).collect()))
+                .0 += 1;
+            match s {
+                200..=299 => big.ok.fetch_add(1, Relaxed),
+                400..=499 => big.refused.fetch_add(1, Relaxed),
+                _ => big.failed.fetch_add(1, Relaxed),
+            };
+        }
+    })
+}
+
+/// The short request every `probe_ms` until `end`, to a worker directly and through the
+/// gateway in turn (which goes first alternates, so neither always runs on a warmer path).
+fn spawn_prober(
+    client: &HttpClient,
+    gw_url: &hyper::Uri,
+    direct: Vec<hyper::Uri>,
+    body: Bytes,
+    probe: &Arc<Probe>,
+    probe_ms: u64,
+    end: Instant,
+) -> tokio::task::JoinHandle<()> {
+    let (client, gw_url, probe) = (client.clone(), gw_url.clone(), probe.clone());
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(probe_ms));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        for n in 0usize.. {
+            tick.tick().await;
+            if Instant::now() >= end {
+                break;
+            }
+            let d = &direct[n % direct.len()];
+            for leg in 0..2 {
+                let through = (leg + n) % 2 == 0;
+                let url = if through { &gw_url } else { d };
+                let t = Instant::now();
+                let (s, _) =
+                    tokio::time::timeout(Duration::from_secs(30), send(&client, url, &body))
+                        .await
+                        .unwrap_or((0, String::new()));
+                let us = t.elapsed().as_micros().min(u32::MAX as u128) as u32;
+                if !(200..300).contains(&s) {
+                    probe.errors.fetch_add(1, Relaxed);
+                    continue;
+                }
+                let into = if through {
+                    &probe.gateway
+                } else {
+                    &probe.direct
+                };
+                into.lock().unwrap().0.push(us);
+            }
+        }
+    })
+}
+
+/// The end of a run the gateway survived: whether `/health` still answers; the KV, engine
+/// metrics, restart and counting lines of `/metrics` and the CPU by thread, printed; then the
+/// gateway stopped.
+async fn last_look(
+    client: &HttpClient,
+    addr: &str,
+    pid: u32,
+    mut child: std::process::Child,
+) -> bool {
+    let req = hyper::Request::get(format!("http://{addr}/health"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let healthy = matches!(
+        tokio::time::timeout(Duration::from_secs(5), client.request(req)).await,
+        Ok(Ok(r)) if r.status().is_success()
+    );
+    let req = hyper::Request::get(format!("http://{addr}/metrics"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(5), client.request(req)).await
+        && let Ok(m) = r.into_body().collect().await
+    {
+        for line in String::from_utf8_lossy(&m.to_bytes()).lines().filter(|l| {
+            !l.starts_with('#')
+                && (l.contains("kv_events")
+                    || l.contains("engine_metrics")
+                    || l.contains("task_restarts")
+                    || l.contains("buffered")
+                    || l.contains("count"))
+        }) {
+            println!("{line}");
+        }
+    }
+    let by = cpu_by_thread(pid);
+    println!(
+        "== the gateway's CPU by thread (s): {}",
+        by.iter()
+            .map(|(n, s)| format!("{n} {s:.1}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+    let _ = tokio::task::spawn_blocking(move || child.wait()).await;
+    healthy
+}
+
+/// The run's bounds: RSS (MiB) and the short request's added p99 (ms).
+#[derive(Debug, Clone, Copy)]
+struct Bounds {
+    rss_mib: f64,
+    p99_ms: f64,
+}
+
+/// The summary lines and the verdict: whether RSS, the added p99 and liveness held.
+fn verdict(
+    secs: u64,
+    big: &Big,
+    probe: &Probe,
+    rss_max: u64,
+    died: Option<String>,
+    healthy: bool,
+    bounds: Bounds,
+) -> bool {
+    let Bounds {
+        rss_mib: rss_bound,
+        p99_ms: p99_bound,
+    } = bounds;
+    for (status, (n, first)) in big.statuses.lock().unwrap().iter() {
+        println!("== big requests answered {status} (0: no answer): {n}; the first: {first}");
+    }
+    let mut d = probe.direct.lock().unwrap().1.clone();
+    let mut g = probe.gateway.lock().unwrap().1.clone();
+    let (n_d, n_g) = (d.len(), g.len());
+    let (d50, d99, g50, g99) = (
+        pct(&mut d, 0.5),
+        pct(&mut d, 0.99),
+        pct(&mut g, 0.5),
+        pct(&mut g, 0.99),
+    );
+    let rss_mib = rss_max as f64 / 1024.0;
+    println!(
+        "== {secs} s: big requests {} ok, {} refused (4xx), {} failed; short requests {n_d} direct, {n_g} through, {} errors",
+        big.ok.load(Relaxed),
+        big.refused.load(Relaxed),
+        big.failed.load(Relaxed),
+        probe.errors.load(Relaxed),
+    );
+    println!(
+        "== short request p50/p99 ms: direct {d50:.3}/{d99:.3}, gateway {g50:.3}/{g99:.3}, added {:.3}/{:.3}; RSS max {rss_mib:.1} MiB; loadavg {}",
+        g50 - d50,
+        g99 - d99,
+        loadavg()
+    );
+    let checks = [
+        (
+            format!("RSS max {rss_mib:.1} MiB < {rss_bound} MiB"),
+            rss_mib < rss_bound,
+        ),
+        (
+            format!("added p99 {:.3} ms < {p99_bound} ms", g99 - d99),
+            g99 - d99 < p99_bound,
+        ),
+        (
+            died.clone()
+                .unwrap_or_else(|| "alive, /health answers".to_string()),
+            healthy,
+        ),
+    ];
+    let mut passed = true;
+    for (what, ok) in &checks {
+        println!("== {} {what}", if *ok { "PASS" } else { "FAIL" });
+        passed &= ok;
+    }
+    passed
+}
+
+/// Every second until `secs`: stop if the gateway died; keep its RSS high-water mark; every
+/// `every` seconds print a row (the big and short requests' figures since the last row, RSS,
+/// threads, CPU and the load average). Returns the RSS maximum (KiB) and, if it died, how.
+async fn sample(
+    child: &mut std::process::Child,
+    pid: u32,
+    start: Instant,
+    secs: u64,
+    every: u64,
+    big: &Big,
+    probe: &Probe,
+) -> (u64, Option<String>) {
     println!(
         "{:>5} {:>6} {:>7} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>7} {:>15}",
         "t_s",
@@ -420,99 +586,5 @@ async fn main() {
             break;
         }
     }
-    for t in &tasks {
-        t.abort();
-    }
-
-    // Alive: still running and answering /health.
-    let healthy = died.is_none() && {
-        let req = hyper::Request::get(format!("http://{addr}/health"))
-            .body(Full::new(Bytes::new()))
-            .unwrap();
-        matches!(
-            tokio::time::timeout(Duration::from_secs(5), client.request(req)).await,
-            Ok(Ok(r)) if r.status().is_success()
-        )
-    };
-    if died.is_none() {
-        let req = hyper::Request::get(format!("http://{addr}/metrics"))
-            .body(Full::new(Bytes::new()))
-            .unwrap();
-        if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(5), client.request(req)).await
-            && let Ok(m) = r.into_body().collect().await
-        {
-            for line in String::from_utf8_lossy(&m.to_bytes()).lines().filter(|l| {
-                !l.starts_with('#')
-                    && (l.contains("kv_events")
-                        || l.contains("engine_metrics")
-                        || l.contains("task_restarts")
-                        || l.contains("buffered")
-                        || l.contains("count"))
-            }) {
-                println!("{line}");
-            }
-        }
-        let by = cpu_by_thread(pid);
-        println!(
-            "== the gateway's CPU by thread (s): {}",
-            by.iter()
-                .map(|(n, s)| format!("{n} {s:.1}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status();
-        let _ = tokio::task::spawn_blocking(move || child.wait()).await;
-    }
-
-    for (status, (n, first)) in big.statuses.lock().unwrap().iter() {
-        println!("== big requests answered {status} (0: no answer): {n}; the first: {first}");
-    }
-    let mut d = probe.direct.lock().unwrap().1.clone();
-    let mut g = probe.gateway.lock().unwrap().1.clone();
-    let (n_d, n_g) = (d.len(), g.len());
-    let (d50, d99, g50, g99) = (
-        pct(&mut d, 0.5),
-        pct(&mut d, 0.99),
-        pct(&mut g, 0.5),
-        pct(&mut g, 0.99),
-    );
-    let rss_mib = rss_max as f64 / 1024.0;
-    println!(
-        "== {secs} s: big requests {} ok, {} refused (4xx), {} failed; short requests {n_d} direct, {n_g} through, {} errors",
-        big.ok.load(Relaxed),
-        big.refused.load(Relaxed),
-        big.failed.load(Relaxed),
-        probe.errors.load(Relaxed),
-    );
-    println!(
-        "== short request p50/p99 ms: direct {d50:.3}/{d99:.3}, gateway {g50:.3}/{g99:.3}, added {:.3}/{:.3}; RSS max {rss_mib:.1} MiB; loadavg {}",
-        g50 - d50,
-        g99 - d99,
-        loadavg()
-    );
-    let checks = [
-        (
-            format!("RSS max {rss_mib:.1} MiB < {rss_bound} MiB"),
-            rss_mib < rss_bound,
-        ),
-        (
-            format!("added p99 {:.3} ms < {p99_bound} ms", g99 - d99),
-            g99 - d99 < p99_bound,
-        ),
-        (
-            died.clone()
-                .unwrap_or_else(|| "alive, /health answers".to_string()),
-            healthy,
-        ),
-    ];
-    let mut failed = false;
-    for (what, ok) in &checks {
-        println!("== {} {what}", if *ok { "PASS" } else { "FAIL" });
-        failed |= !ok;
-    }
-    if failed {
-        std::process::exit(1);
-    }
+    (rss_max, died)
 }
