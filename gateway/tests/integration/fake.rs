@@ -304,7 +304,7 @@ impl Drop for RawWorker {
 
 impl RawWorker {
     pub async fn start(response: String) -> RawWorker {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         // Shared, not copied per connection: a test may answer tens of megabytes.
         let response = Arc::new(response);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -316,32 +316,9 @@ impl RawWorker {
                 let response = response.clone();
                 let count = count.clone();
                 tokio::spawn(async move {
-                    // Read the head, then the body its Content-Length announces.
                     let mut got = Vec::new();
-                    let mut buf = [0u8; 4096];
-                    let body_len = loop {
-                        let Ok(n) = tcp.read(&mut buf).await else {
-                            return;
-                        };
-                        if n == 0 {
-                            return;
-                        }
-                        got.extend_from_slice(&buf[..n]);
-                        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
-                            let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
-                            let len: usize = head
-                                .lines()
-                                .find_map(|l| l.strip_prefix("content-length:"))
-                                .and_then(|v| v.trim().parse().ok())
-                                .unwrap_or(0);
-                            break end + 4 + len;
-                        }
-                    };
-                    while got.len() < body_len {
-                        match tcp.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => got.extend_from_slice(&buf[..n]),
-                        }
+                    if !read_request(&mut tcp, &mut got).await {
+                        return;
                     }
                     count.fetch_add(1, SeqCst);
                     let _ = tcp.write_all(response.as_bytes()).await;
