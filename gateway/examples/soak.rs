@@ -142,73 +142,9 @@ async fn main() {
     // Let the probe bursts finish before the idle sample.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let start = Instant::now();
-    let sender = {
-        let (client, url, body, tally) = (client.clone(), url.clone(), body.clone(), tally.clone());
-        tokio::spawn(async move {
-            let n = rate * secs;
-            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-            for _ in 0..n {
-                tick.tick().await;
-                tally.sent.fetch_add(1, Relaxed);
-                let (client, url, body, tally) =
-                    (client.clone(), url.clone(), body.clone(), tally.clone());
-                // Not kept: a finished task is freed at once.
-                tokio::spawn(async move {
-                    let t = Instant::now();
-                    let r =
-                        tokio::time::timeout(Duration::from_secs(10), one(&client, &url, &body))
-                            .await;
-                    if let Ok(Ok(())) = r {
-                        tally.ok.fetch_add(1, Relaxed);
-                        let us = t.elapsed().as_micros().min(u32::MAX as u128) as u32;
-                        tally.lat.lock().unwrap().push(us);
-                    } else {
-                        tally.errors.fetch_add(1, Relaxed);
-                    }
-                });
-            }
-        })
-    };
+    let sender = spawn_sender(&client, &url, &body, &tally, rate, secs);
 
-    println!(
-        "{:>7} {:>10} {:>10} {:>7} {:>8} {:>8} {:>9} {:>8}",
-        "t_s", "sent", "ok", "errors", "p50_ms", "p99_ms", "rss_mib", "threads"
-    );
-    let mut samples: Vec<(f64, f64)> = Vec::new();
-    let mut hwm = 0;
-    let mut tick = tokio::time::interval(Duration::from_secs(every));
-    loop {
-        tick.tick().await;
-        let t = start.elapsed().as_secs_f64();
-        if let Ok(Some(status)) = child.try_wait() {
-            eprintln!(
-                "error: the gateway exited ({status}) at {t:.0} s; its log: {}",
-                log_path.display()
-            );
-            std::process::exit(1);
-        }
-        let Some((rss, peak, threads)) = rss_kib(pid) else {
-            eprintln!("error: cannot read /proc/{pid}/status");
-            std::process::exit(1);
-        };
-        hwm = hwm.max(peak);
-        let mut lat = std::mem::take(&mut *tally.lat.lock().unwrap());
-        lat.sort_unstable();
-        let mib = rss as f64 / 1024.0;
-        println!(
-            "{t:>7.0} {:>10} {:>10} {:>7} {:>8.3} {:>8.3} {mib:>9.1} {threads:>8}",
-            tally.sent.load(Relaxed),
-            tally.ok.load(Relaxed),
-            tally.errors.load(Relaxed),
-            pct(&lat, 0.5),
-            pct(&lat, 0.99),
-        );
-        samples.push((t, mib));
-        if t >= secs as f64 {
-            break;
-        }
-    }
+    let (samples, hwm) = sample(&mut child, pid, &log_path, &tally, start, secs, every).await;
     let _ = sender.await;
 
     // What the gateway read of the signals.
@@ -255,4 +191,94 @@ async fn main() {
             second[second.len() - 1].0
         );
     }
+}
+
+/// Send the short chat at `rate` per second for `secs` seconds, each request a task of its own,
+/// counting what each is answered in `tally`.
+fn spawn_sender(
+    client: &HttpClient,
+    url: &hyper::Uri,
+    body: &Bytes,
+    tally: &Arc<Tally>,
+    rate: u64,
+    secs: u64,
+) -> tokio::task::JoinHandle<()> {
+    let (client, url, body, tally) = (client.clone(), url.clone(), body.clone(), tally.clone());
+    tokio::spawn(async move {
+        let n = rate * secs;
+        let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        for _ in 0..n {
+            tick.tick().await;
+            tally.sent.fetch_add(1, Relaxed);
+            let (client, url, body, tally) =
+                (client.clone(), url.clone(), body.clone(), tally.clone());
+            // Not kept: a finished task is freed at once.
+            tokio::spawn(async move {
+                let t = Instant::now();
+                let r =
+                    tokio::time::timeout(Duration::from_secs(10), one(&client, &url, &body)).await;
+                if let Ok(Ok(())) = r {
+                    tally.ok.fetch_add(1, Relaxed);
+                    let us = t.elapsed().as_micros().min(u32::MAX as u128) as u32;
+                    tally.lat.lock().unwrap().push(us);
+                } else {
+                    tally.errors.fetch_add(1, Relaxed);
+                }
+            });
+        }
+    })
+}
+
+/// Every `every` seconds until `secs`: a row of the requests' figures since the last row and
+/// the gateway's RSS and threads (the process exits 1 if the gateway died). Returns the
+/// (time, RSS MiB) samples and the RSS high-water mark (KiB).
+async fn sample(
+    child: &mut std::process::Child,
+    pid: u32,
+    log_path: &std::path::Path,
+    tally: &Tally,
+    start: Instant,
+    secs: u64,
+    every: u64,
+) -> (Vec<(f64, f64)>, u64) {
+    println!(
+        "{:>7} {:>10} {:>10} {:>7} {:>8} {:>8} {:>9} {:>8}",
+        "t_s", "sent", "ok", "errors", "p50_ms", "p99_ms", "rss_mib", "threads"
+    );
+    let mut samples: Vec<(f64, f64)> = Vec::new();
+    let mut hwm = 0;
+    let mut tick = tokio::time::interval(Duration::from_secs(every));
+    loop {
+        tick.tick().await;
+        let t = start.elapsed().as_secs_f64();
+        if let Ok(Some(status)) = child.try_wait() {
+            eprintln!(
+                "error: the gateway exited ({status}) at {t:.0} s; its log: {}",
+                log_path.display()
+            );
+            std::process::exit(1);
+        }
+        let Some((rss, peak, threads)) = rss_kib(pid) else {
+            eprintln!("error: cannot read /proc/{pid}/status");
+            std::process::exit(1);
+        };
+        hwm = hwm.max(peak);
+        let mut lat = std::mem::take(&mut *tally.lat.lock().unwrap());
+        lat.sort_unstable();
+        let mib = rss as f64 / 1024.0;
+        println!(
+            "{t:>7.0} {:>10} {:>10} {:>7} {:>8.3} {:>8.3} {mib:>9.1} {threads:>8}",
+            tally.sent.load(Relaxed),
+            tally.ok.load(Relaxed),
+            tally.errors.load(Relaxed),
+            pct(&lat, 0.5),
+            pct(&lat, 0.99),
+        );
+        samples.push((t, mib));
+        if t >= secs as f64 {
+            break;
+        }
+    }
+    (samples, hwm)
 }
