@@ -49,9 +49,9 @@ pub use resample::{
     LoadedTrace, MIN_BLOCK_NS, Replayed, Resample, TimeWindow, open_trace, politis_white_block,
 };
 pub use stats::{
-    COUNTER_MAX_RESUMED, LengthStats, PrefixReuse, RateSeries, SERIES_MAX_WINDOWS,
-    SERIES_WINDOWS_S, SESSION_MIN_JUDGED, SKIPPED_EXAMPLES_SHOWN, SeriesWindow, SessionStats,
-    TraceStats, sparkline,
+    COUNTER_MAX_RESUMED, LengthStats, PrefixReuse, RateSeries, SERIES_MAX_FIXED_WINDOWS,
+    SERIES_MAX_WINDOWS, SERIES_WINDOWS_S, SESSION_MIN_JUDGED, SKIPPED_EXAMPLES_SHOWN, SeriesWindow,
+    SessionStats, TraceStats, WindowTooFine, sparkline,
 };
 pub use trace::{BadRowPolicy, MAX_SKIPPED_EXAMPLES, ReplayOptions, TraceFormat, TraceReplay};
 

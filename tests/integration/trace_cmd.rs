@@ -269,3 +269,29 @@ fn trace_stats_warns_about_request_ids_and_a_doubtful_arrival_unit() {
         "{t}"
     );
 }
+
+/// Regression (found in review after issue 41): a fixed `--window` laid its windows out densely
+/// from the first arrival to the last, so a span of 10^9 s (seconds read as a unit they are not)
+/// and `--window 1` asked for 10^9 windows. It is refused at `--window`, naming the span and the
+/// finest window allowed; left to pick, the ladder widens past a day and shows a short series.
+#[test]
+fn a_window_too_fine_for_the_span_is_refused_and_the_picked_one_widens_past_a_day() {
+    let dir = scratch("trace-cmd-span");
+    write(&dir, "span.csv", "t,in,out\n0,100,10\n1000000000,100,10\n");
+    let sc = scenario(
+        &dir,
+        "      path: span.csv\n      mapping: { arrival: t, arrival_unit: offset_s, prompt_tokens: in, output_tokens: out }\n",
+    );
+    let (ok, code, t) = stats(&[&sc, "--window", "1"]);
+    assert!(!ok && code != Some(0), "{t}");
+    assert!(t.contains("`--window`"), "{t}");
+    assert!(t.contains("span of 1000000000 s"), "{t}");
+    assert!(t.contains("1000000001 windows"), "{t}");
+    assert!(t.contains("give --window 10001 or more"), "{t}");
+    let (ok, _, t) = stats(&[&sc, "--window", "10001"]);
+    assert!(ok, "{t}");
+    let (ok, _, t) = stats(&[&sc]);
+    assert!(ok, "{t}");
+    // 10^9 s is 11,574 days: tenfold rungs past a day reach 1,000 days, 12 windows.
+    assert!(t.contains("rate series   12 windows of 86400000 s"), "{t}");
+}

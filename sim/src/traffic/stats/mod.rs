@@ -13,7 +13,10 @@ mod series;
 mod sessions;
 
 use series::SeriesAccumulator;
-pub use series::{RateSeries, SERIES_MAX_WINDOWS, SERIES_WINDOWS_S, SeriesWindow, sparkline};
+pub use series::{
+    RateSeries, SERIES_MAX_FIXED_WINDOWS, SERIES_MAX_WINDOWS, SERIES_WINDOWS_S, SeriesWindow,
+    WindowTooFine, sparkline,
+};
 use sessions::SessionAccumulator;
 pub use sessions::{COUNTER_MAX_RESUMED, SESSION_MIN_JUDGED, SessionStats};
 
@@ -95,7 +98,7 @@ impl TraceStats {
         while let Some(a) = source.next_arrival()? {
             acc.add(&a, None);
         }
-        let mut stats = acc.finish();
+        let mut stats = acc.finish().map_err(|e| too_fine("the source", e))?;
         stats.warnings.splice(0..0, source.warnings());
         Ok(stats)
     }
@@ -128,12 +131,15 @@ impl TraceStats {
             TraceFormat::Mapped(m) => m.ignored_rows_are(),
             _ => None,
         };
+        let path = path.as_ref();
         let mut replay = TraceReplay::open(path, format, options)?;
         let mut acc = Accumulator::new(window_s);
         while let Some((a, session)) = replay.next_row()? {
             acc.add(&a, session);
         }
-        let mut stats = acc.finish();
+        let mut stats = acc
+            .finish()
+            .map_err(|e| too_fine(&path.display().to_string(), e))?;
         stats.warnings.splice(0..0, replay.warnings());
         stats.skipped_rows = replay.skipped_rows();
         stats.skipped_examples = replay
@@ -327,16 +333,17 @@ impl Accumulator {
         }
     }
 
-    fn finish(self) -> TraceStats {
+    fn finish(self) -> Result<TraceStats, WindowTooFine> {
         let first = self.first.unwrap_or(0);
         let span_ns = self.last - first;
         let sessions = self.sessions.finish();
+        let series = self.series.finish(span_ns)?;
         let prefix = (self.prefix.requests > 0).then(|| PrefixReuse {
             distinct_blocks: self.seen.len() as u64,
             reuse_fraction: self.prefix.reused_blocks as f64 / self.prefix.blocks_referenced as f64,
             ..self.prefix
         });
-        TraceStats {
+        Ok(TraceStats {
             rows: self.rows,
             skipped_rows: 0,
             skipped_examples: Vec::new(),
@@ -351,8 +358,8 @@ impl Accumulator {
             prefix,
             warnings: sessions.map(|s| s.warnings()).unwrap_or_default(),
             sessions,
-            series: self.series.finish(span_ns),
-        }
+            series,
+        })
     }
 }
 
@@ -398,6 +405,23 @@ impl Counts {
     }
 }
 
+/// `--window` too fine for a trace's span, as a located configuration error.
+fn too_fine(source: &str, e: WindowTooFine) -> TrafficError {
+    TrafficError::InvalidConfig {
+        generator: "trace stats",
+        field: "--window",
+        problem: format!(
+            "{} s over {source}'s span of {} s would lay out {} windows; at most {} are kept: \
+             give --window {} or more, or leave it out to have one picked",
+            e.window_s,
+            e.span_s,
+            e.windows(),
+            SERIES_MAX_FIXED_WINDOWS,
+            e.finest_allowed_s()
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -430,7 +454,7 @@ mod tests {
         acc.add(&mk(0, &[1, 2, 3]), None);
         acc.add(&mk(1_000_000_000, &[1, 2, 4]), None);
         acc.add(&mk(2_000_000_000, &[]), None);
-        let s = acc.finish();
+        let s = acc.finish().unwrap();
         let p = s.prefix.unwrap();
         assert_eq!(
             (

@@ -5,12 +5,57 @@ use serde::Serialize;
 use crate::traffic::Arrival;
 
 /// Window lengths the series picks from (s), each a multiple of the one before, so that counts
-/// kept at one rung add up exactly to the next.
+/// kept at one rung add up exactly to the next. Past the last, the ladder goes on in tenfold
+/// steps ([`rung_width`]), so that a span of any length (a timestamp unit mistake included) still
+/// gets at most [`SERIES_MAX_WINDOWS`] windows.
 pub const SERIES_WINDOWS_S: [u64; 7] = [1, 10, 60, 600, 3_600, 21_600, 86_400];
 /// The most windows the series shows when it picks the window itself.
 pub const SERIES_MAX_WINDOWS: u64 = 60;
+/// The most windows a fixed `--window` may lay out (each one is a row of the series, empty ones
+/// included): a fixed window this fine against the trace's span is refused, not allocated.
+pub const SERIES_MAX_FIXED_WINDOWS: u64 = 100_000;
 /// Above this many non-empty windows the accumulator moves to the next rung (memory bound).
 const MAX_KEPT: usize = 100_000;
+/// Rungs past [`SERIES_WINDOWS_S`]: 10 to 10^13 days, beyond any span a `u64` of
+/// nanoseconds can hold (5.8e11 years).
+const TENFOLD_RUNGS: u32 = 13;
+
+/// The window of ladder rung `rung` (s).
+fn rung_width(rung: usize) -> u64 {
+    match SERIES_WINDOWS_S.get(rung) {
+        Some(&w) => w,
+        None => {
+            let past = (rung + 1 - SERIES_WINDOWS_S.len()) as u32;
+            SERIES_WINDOWS_S[SERIES_WINDOWS_S.len() - 1] * 10_u64.pow(past.min(TENFOLD_RUNGS))
+        }
+    }
+}
+
+const LAST_RUNG: usize = SERIES_WINDOWS_S.len() - 1 + TENFOLD_RUNGS as usize;
+
+/// A fixed window too fine for the trace's span: the series would have more than
+/// [`SERIES_MAX_FIXED_WINDOWS`] windows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowTooFine {
+    /// The window asked for (s).
+    pub window_s: u64,
+    /// The trace's span, first arrival to last (s).
+    pub span_s: u64,
+}
+
+impl WindowTooFine {
+    /// The windows the series would have had.
+    #[must_use]
+    pub fn windows(&self) -> u64 {
+        self.span_s / self.window_s + 1
+    }
+
+    /// The finest window that gives at most [`SERIES_MAX_FIXED_WINDOWS`] windows (s).
+    #[must_use]
+    pub fn finest_allowed_s(&self) -> u64 {
+        (self.span_s / SERIES_MAX_FIXED_WINDOWS) + 1
+    }
+}
 
 /// One window of the series.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
@@ -55,6 +100,9 @@ pub(super) struct SeriesAccumulator {
     fixed: Option<u64>,
     rung: usize,
     first: Option<u64>,
+    // A fixed window that an arrival showed too fine: the latest arrival's offset (s). Nothing
+    // more is kept once it is set, so memory stays bounded whatever the timestamps say.
+    too_fine_at_s: Option<u64>,
     // (window index at the current rung) -> totals; arrivals come in time order, so this is
     // appended to at its end.
     kept: Vec<(u64, SeriesWindow)>,
@@ -68,17 +116,25 @@ impl SeriesAccumulator {
             fixed: window_s.map(|w| w.max(1)),
             rung: 0,
             first: None,
+            too_fine_at_s: None,
             kept: Vec::new(),
         }
     }
 
     fn width(&self) -> u64 {
-        self.fixed.unwrap_or(SERIES_WINDOWS_S[self.rung])
+        self.fixed.unwrap_or_else(|| rung_width(self.rung))
     }
 
     pub(super) fn add(&mut self, a: &Arrival) {
         let first = *self.first.get_or_insert(a.at);
-        let index = a.at.saturating_sub(first) / 1_000_000_000 / self.width();
+        let offset_s = a.at.saturating_sub(first) / 1_000_000_000;
+        let index = offset_s / self.width();
+        if self.fixed.is_some()
+            && (index >= SERIES_MAX_FIXED_WINDOWS || self.too_fine_at_s.is_some())
+        {
+            self.too_fine_at_s = Some(self.too_fine_at_s.map_or(offset_s, |s| s.max(offset_s)));
+            return;
+        }
         match self.kept.last_mut() {
             Some((i, w)) if *i == index => add_to(w, a),
             // Out-of-order arrivals (a source that is not sorted) land in their own window.
@@ -91,16 +147,13 @@ impl SeriesAccumulator {
                 }
             },
         }
-        while self.fixed.is_none()
-            && self.kept.len() > MAX_KEPT
-            && self.rung + 1 < SERIES_WINDOWS_S.len()
-        {
+        while self.fixed.is_none() && self.kept.len() > MAX_KEPT && self.rung < LAST_RUNG {
             self.coarsen(self.rung + 1);
         }
     }
 
     fn coarsen(&mut self, rung: usize) {
-        let factor = SERIES_WINDOWS_S[rung] / SERIES_WINDOWS_S[self.rung];
+        let factor = rung_width(rung) / rung_width(self.rung);
         let mut out: Vec<(u64, SeriesWindow)> = Vec::new();
         for (i, w) in self.kept.drain(..) {
             let j = i / factor;
@@ -117,12 +170,15 @@ impl SeriesAccumulator {
         self.rung = rung;
     }
 
-    pub(super) fn finish(mut self, span_ns: u64) -> RateSeries {
+    /// # Errors
+    /// A fixed window that would give more than [`SERIES_MAX_FIXED_WINDOWS`] windows.
+    pub(super) fn finish(mut self, span_ns: u64) -> Result<RateSeries, WindowTooFine> {
+        let span_s = span_ns / 1_000_000_000;
+        if let (Some(window_s), Some(_)) = (self.fixed, self.too_fine_at_s) {
+            return Err(WindowTooFine { window_s, span_s });
+        }
         if self.fixed.is_none() {
-            let span_s = span_ns / 1_000_000_000;
-            while self.rung + 1 < SERIES_WINDOWS_S.len()
-                && span_s / SERIES_WINDOWS_S[self.rung] + 1 > SERIES_MAX_WINDOWS
-            {
+            while self.rung < LAST_RUNG && span_s / rung_width(self.rung) + 1 > SERIES_MAX_WINDOWS {
                 self.coarsen(self.rung + 1);
             }
         }
@@ -140,10 +196,10 @@ impl SeriesAccumulator {
                 ..w
             };
         }
-        RateSeries {
+        Ok(RateSeries {
             window_s: width,
             windows,
-        }
+        })
     }
 }
 
@@ -191,7 +247,7 @@ mod tests {
         for (s, p) in [(0.0, 100), (59.9, 100), (60.0, 50), (185.0, 1)] {
             acc.add(&at(s, p));
         }
-        let s = acc.finish(185_000_000_000);
+        let s = acc.finish(185_000_000_000).unwrap();
         assert_eq!(s.window_s, 60);
         let got: Vec<(u64, u64, u64)> = s
             .windows
@@ -212,13 +268,57 @@ mod tests {
         for k in 0..n {
             acc.add(&at(7.0 * f64::from(k), 1));
         }
-        let s = acc.finish(7_000_000_000 * u64::from(n - 1));
+        let s = acc.finish(7_000_000_000 * u64::from(n - 1)).unwrap();
         assert_eq!(s.window_s, 600);
         assert_eq!(s.windows.len(), 12);
         assert_eq!(
             s.windows.iter().map(|w| w.requests).sum::<u64>(),
             u64::from(n)
         );
+    }
+
+    #[test]
+    fn a_fixed_window_too_fine_for_the_span_is_an_error_and_keeps_nothing() {
+        let mut acc = SeriesAccumulator::new(Some(1));
+        let late = SERIES_MAX_FIXED_WINDOWS as f64 * 3.0;
+        for s in [0.0, 5.0, late, 7.0] {
+            acc.add(&at(s, 1));
+        }
+        assert!(acc.kept.len() <= 2, "{:?}", acc.kept);
+        let span_ns = (late * 1e9) as u64;
+        let e = acc.finish(span_ns).unwrap_err();
+        assert_eq!(e.window_s, 1);
+        assert_eq!(e.windows(), 3 * SERIES_MAX_FIXED_WINDOWS + 1);
+        assert!(e.finest_allowed_s() * SERIES_MAX_FIXED_WINDOWS > e.span_s);
+        // The finest allowed window is accepted.
+        let mut acc = SeriesAccumulator::new(Some(e.finest_allowed_s()));
+        for s in [0.0, late] {
+            acc.add(&at(s, 1));
+        }
+        let s = acc.finish(span_ns).unwrap();
+        assert!(s.windows.len() as u64 <= SERIES_MAX_FIXED_WINDOWS);
+    }
+
+    #[test]
+    fn the_ladder_widens_past_a_day_for_any_span() {
+        for span_s in [86_400_u64 * 61, 1_000_000_000, u64::MAX / 1_000_000_000] {
+            let mut acc = SeriesAccumulator::new(None);
+            acc.add(&Arrival {
+                at: 0,
+                ..at(0.0, 1)
+            });
+            acc.add(&Arrival {
+                at: span_s * 1_000_000_000,
+                ..at(0.0, 1)
+            });
+            let s = acc.finish(span_s * 1_000_000_000).unwrap();
+            assert!(
+                s.windows.len() as u64 <= SERIES_MAX_WINDOWS,
+                "{span_s}: {}",
+                s.windows.len()
+            );
+            assert_eq!(s.windows.iter().map(|w| w.requests).sum::<u64>(), 2);
+        }
     }
 
     #[test]
