@@ -434,7 +434,7 @@ fn update(
     let runs: Vec<_> = cases.iter().map(|&c| (c, 0)).collect();
     let measured = measure(counter, &runs, parallel)?;
     println!(
-        "{:<24} {:>14} {:>12} {:>12} {:>9}",
+        "{:<29} {:>14} {:>12} {:>12} {:>9}",
         "case", "instructions", "per unit", "was", "change"
     );
     for m in &measured {
@@ -454,7 +454,7 @@ fn update(
             None => ("-".into(), "-".into()),
         };
         println!(
-            "{:<24} {:>14} {:>12.1} {:>12} {:>9}  per {}",
+            "{:<29} {:>14} {:>12.1} {:>12} {:>9}  per {}",
             m.case.name, m.instructions, per_unit, was, change, m.case.unit
         );
     }
@@ -524,7 +524,7 @@ fn check(
     let plain: Vec<&Measured> = measured.iter().step_by(per_case).collect();
 
     println!(
-        "{:<24} {:>14} {:>12} {:>12} {:>9}  verdict (tolerance {tolerance} %)",
+        "{:<29} {:>14} {:>12} {:>12} {:>9}  verdict (tolerance {tolerance} %)",
         "case", "instructions", "per unit", "reference", "change"
     );
     let mut slower = 0;
@@ -547,7 +547,7 @@ fn check(
             }
         };
         println!(
-            "{:<24} {:>14} {:>12.1} {:>12.1} {:>+8.3} %  {verdict}  (per {})",
+            "{:<29} {:>14} {:>12.1} {:>12.1} {:>+8.3} %  {verdict}  (per {})",
             m.case.name,
             m.instructions,
             m.instructions as f64 / m.case.units as f64,
@@ -597,7 +597,7 @@ fn check(
          or decision:"
     );
     println!(
-        "{:<24} {:>14} {:>12} {:>12} {:>9} {:>14}  verdict",
+        "{:<29} {:>14} {:>12} {:>12} {:>9} {:>14}  verdict",
         "case", "instructions", "per unit", "rounds/unit", "vs plain", "vs reference"
     );
     let mut caught = 0;
@@ -616,7 +616,7 @@ fn check(
             "MISSED"
         };
         println!(
-            "{:<24} {:>14} {:>12.1} {:>12} {:>+8.3} % {:>+12.3} %  {verdict}",
+            "{:<29} {:>14} {:>12.1} {:>12} {:>+8.3} % {:>+12.3} %  {verdict}",
             m.case.name,
             m.instructions,
             m.instructions as f64 / m.case.units as f64,
