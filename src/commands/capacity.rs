@@ -46,7 +46,8 @@ pub struct CapacityArgs {
     /// is within ±0.05, at most 20).
     #[arg(long, default_value = "5")]
     pub seeds: String,
-    /// The policy every capacity is compared with (added to the runs if not listed).
+    /// The policy every capacity is compared with: one of the studied policies by its name (a
+    /// scenario's own named policy included), else a preset or composition (added to the runs).
     #[arg(long, default_value = ROUND_ROBIN)]
     pub baseline: String,
     /// Relative precision of the search: bisect until the bracket is within this fraction.
@@ -371,13 +372,25 @@ fn study_plan(
     options: SearchOptions,
 ) -> anyhow::Result<(Vec<PolicyConfig>, StudyPlan)> {
     let mut policies = super::run::policies_for(scenario, &args.policies)?;
-    let baseline_policy = PolicyConfig::from_name(&args.baseline)
-        .with_context(|| format!("--baseline {}", args.baseline))?;
-    let baseline = match policies.iter().position(|p| p.name == baseline_policy.name) {
+    // The baseline is one of the studied policies by its name (a scenario's own named policy
+    // included), else the preset or composition it names, added to the runs.
+    let baseline = match policies.iter().position(|p| p.name == args.baseline) {
         Some(i) => i,
         None => {
-            policies.insert(0, baseline_policy);
-            0
+            let baseline_policy = PolicyConfig::from_name(&args.baseline).with_context(|| {
+                format!(
+                    "--baseline {}: not one of {}'s policies, nor a preset or composition",
+                    args.baseline,
+                    scenario.path.display()
+                )
+            })?;
+            match policies.iter().position(|p| p.name == baseline_policy.name) {
+                Some(i) => i,
+                None => {
+                    policies.insert(0, baseline_policy);
+                    0
+                }
+            }
         }
     };
     let first_seed = scenario.setup.seed;

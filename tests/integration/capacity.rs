@@ -440,3 +440,54 @@ fn the_capacity_section_of_the_findings_survives_both_generators() {
         "capacity/test/capacity-pair at e2el_mean<=300ms"
     );
 }
+
+/// `--baseline` names one of the scenario's own named policies (issue 38's paired ablations:
+/// each term's row against the policy it ablates); a name that is neither a studied policy nor
+/// a preset is a located error naming the scenario.
+#[test]
+fn the_baseline_can_be_a_scenarios_own_named_policy() {
+    let dir = scratch("capacity-named-baseline");
+    let sc = ps_scenario(
+        &dir,
+        2_000,
+        "{ name: mine, preset: least-load }, \"equal/p2c/none/none\"",
+    );
+    let out = dir.join("out");
+    let o = routelab(&[
+        "capacity",
+        &sc,
+        "--slo",
+        "e2el_mean<=500ms",
+        "--seeds",
+        "2",
+        "--baseline",
+        "mine",
+        "--out",
+        &out.display().to_string(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("capacity.json")).unwrap()).unwrap();
+    assert_eq!(json["baseline"], "mine");
+    let names: Vec<&str> = json["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["mine", "equal/p2c/none/none"], "not added twice");
+    let o = routelab(&[
+        "capacity",
+        &sc,
+        "--slo",
+        "e2el_mean<=500ms",
+        "--baseline",
+        "yours",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("--baseline yours: not one of") && text(&o).contains("ps.yaml"),
+        "{}",
+        text(&o)
+    );
+}
