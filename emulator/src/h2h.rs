@@ -119,17 +119,24 @@ impl RouterSpec {
     /// requests, round robin, random, and for vLLM's `kv_aware` the KV-event router (`kv-cost`
     /// over the engines' KV events). `None` for ours and for the rules the lab carries no copy
     /// of (`consistent_hash`, `sticky_least_loaded`).
+    ///
+    /// The compositions name `no-affinity` and the cap `none`: the originals keep no prefix
+    /// affinity and cap nothing. A composition's `none` is the cap's name, not the affinity's,
+    /// so `equal/round-robin/none/none` (these copies' names before issue 39's third pass)
+    /// carries the grammar's default `capacity` prefix affinity: its "round robin" kept each
+    /// prefix on its holder, 13 points off the originals' 25/25/25/25 on h2h/mooncake-same
+    /// and a quarter of their TTFT.
     pub fn copy_policy(&self) -> Option<&'static str> {
         if self.kind == RouterKind::Ours {
             return None;
         }
         match self.policy.as_deref() {
             None | Some("cache_aware") => Some("cache-aware"),
-            Some("power_of_two") => Some("equal/p2c:random/none/none"),
-            Some("round_robin") => Some("equal/round-robin/none/none"),
-            Some("random") => Some("equal/random/none/none"),
+            Some("power_of_two") => Some("equal/p2c:random/no-affinity/none"),
+            Some("round_robin") => Some("equal/round-robin/no-affinity/none"),
+            Some("random") => Some("equal/random/no-affinity/none"),
             Some("kv_aware") if self.kind == RouterKind::Vllm => {
-                Some("equal/kv-cost/none/none/kv-events")
+                Some("equal/kv-cost/no-affinity/none/kv-events")
             }
             _ => None,
         }
@@ -692,7 +699,7 @@ mod tests {
         }
         assert_eq!(copied, 9, "all but consistent_hash and sticky_least_loaded");
         let kv = RouterSpec::parse("vllm:kv_aware").unwrap().copy_policy();
-        assert_eq!(kv, Some("equal/kv-cost/none/none/kv-events"));
+        assert_eq!(kv, Some("equal/kv-cost/no-affinity/none/kv-events"));
         assert_eq!(RouterSpec::parse("ours").unwrap().copy_policy(), None);
         assert_eq!(
             RouterSpec::parse("vllm:consistent_hash")
@@ -700,5 +707,31 @@ mod tests {
                 .copy_policy(),
             None
         );
+    }
+
+    /// Issue 39, third pass: the originals keep no prefix affinity and no concurrency cap, and
+    /// neither may their copies. `equal/round-robin/none/none` parsed with the grammar's
+    /// default `capacity` affinity (a `none` is the cap's), which sent a prefix back to its
+    /// holder: not round robin.
+    #[test]
+    fn the_copies_of_rules_without_affinity_or_cap_carry_neither() {
+        use routelab_policies::{Affinity, Cap, PolicyConfig};
+        for r in [
+            "sglang:power_of_two",
+            "sglang:round_robin",
+            "sglang:random",
+            "vllm:power_of_two",
+            "vllm:round_robin",
+            "vllm:random",
+            "vllm:kv_aware",
+        ] {
+            let copy = RouterSpec::parse(r).unwrap().copy_policy().unwrap();
+            let cfg = PolicyConfig::from_name(copy).unwrap();
+            assert_eq!(
+                (cfg.affinity, cfg.cap),
+                (Affinity::None, Cap::None),
+                "{r}'s copy {copy}"
+            );
+        }
     }
 }

@@ -343,7 +343,7 @@ fn reuse_writes_the_findings_part_and_the_copies_from_an_earlier_runs_csv() {
     );
     // The copies ran in the simulator on the same load and seeds: round robin splits evenly.
     assert!(
-        doc.contains("| 1 | `vllm:round_robin` | `equal/round-robin/none/none` |"),
+        doc.contains("| 1 | `vllm:round_robin` | `equal/round-robin/no-affinity/none` |"),
         "{doc}"
     );
     let copies = std::fs::read_to_string(out.join("copies.csv")).unwrap();
