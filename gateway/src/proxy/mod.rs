@@ -367,13 +367,10 @@ impl Forward {
     ) -> Attempt {
         let (found, shown) = {
             let core = s.routing.core();
-            let found = core.workers.get(decision.worker).map(|w| {
-                (
-                    w.base.join(self.ep.path()),
-                    w.metrics.clone(),
-                    w.cfg.name.clone(),
-                )
-            });
+            let found = core
+                .workers
+                .get(decision.worker)
+                .map(|w| (w.endpoint(self.ep), w.metrics.clone(), w.cfg.name.clone()));
             // Shown only to a log or a client that asked: otherwise not even named.
             let wanted = trace.is_some() || self.explain;
             (found, wanted.then(|| explain::record(&core, why)).flatten())
@@ -619,8 +616,17 @@ mod tests {
         ] {
             assert!(with(ok).is_ok(), "{ok}");
         }
-        assert!(json_content(&HeaderMap::new()).is_ok(), "no type: taken as JSON");
-        for bad in ["text/plain", "application/jsonx", "+json", "application/", "TEXT/JSON"] {
+        assert!(
+            json_content(&HeaderMap::new()).is_ok(),
+            "no type: taken as JSON"
+        );
+        for bad in [
+            "text/plain",
+            "application/jsonx",
+            "+json",
+            "application/",
+            "TEXT/JSON",
+        ] {
             let e = with(bad).expect_err(bad);
             assert_eq!(e.status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{bad}");
         }
