@@ -149,21 +149,13 @@ async fn main() {
 
     // What the gateway read of the signals.
     if signals != Signals::default() {
-        let req = hyper::Request::get(format!("http://{addr}/metrics"))
-            .body(Full::new(Bytes::new()))
-            .unwrap();
-        if let Ok(r) = client.request(req).await
-            && let Ok(m) = r.into_body().collect().await
-        {
-            for line in String::from_utf8_lossy(&m.to_bytes()).lines().filter(|l| {
-                l.starts_with("routelab_worker_kv_events_batches_total")
-                    || l.starts_with("routelab_worker_kv_events_live")
-                    || l.starts_with("routelab_worker_engine_metrics_live")
-                    || l.starts_with("routelab_gateway_task_restarts_total")
-            }) {
-                println!("{line}");
-            }
-        }
+        fake::print_metrics(&client, &addr, None, |l| {
+            l.starts_with("routelab_worker_kv_events_batches_total")
+                || l.starts_with("routelab_worker_kv_events_live")
+                || l.starts_with("routelab_worker_engine_metrics_live")
+                || l.starts_with("routelab_gateway_task_restarts_total")
+        })
+        .await;
     }
     publishing.abort();
     let _ = std::process::Command::new("kill")

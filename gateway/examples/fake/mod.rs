@@ -216,6 +216,41 @@ impl Fleet {
     }
 }
 
+/// Print the lines of the gateway's `/metrics` at `addr` that `keep` picks, one per line;
+/// nothing when it does not answer (within `within`, when given: the wait for its answer's
+/// head). What the soak and hostile examples show of the gateway's counters at the end.
+pub async fn print_metrics(
+    client: &hyper_util::client::legacy::Client<
+        hyper_util::client::legacy::connect::HttpConnector,
+        http_body_util::Full<bytes::Bytes>,
+    >,
+    addr: &str,
+    within: Option<Duration>,
+    keep: impl Fn(&str) -> bool,
+) {
+    use http_body_util::BodyExt;
+    let req = hyper::Request::get(format!("http://{addr}/metrics"))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .expect("a valid request");
+    let answer = match within {
+        Some(t) => tokio::time::timeout(t, client.request(req))
+            .await
+            .ok()
+            .and_then(Result::ok),
+        None => client.request(req).await.ok(),
+    };
+    if let Some(r) = answer
+        && let Ok(m) = r.into_body().collect().await
+    {
+        for line in String::from_utf8_lossy(&m.to_bytes())
+            .lines()
+            .filter(|l| keep(l))
+        {
+            println!("{line}");
+        }
+    }
+}
+
 /// A process's resident set and its peak, in KiB, and its threads (`VmRSS`, `VmHWM`,
 /// `Threads` of `/proc/<pid>/status`).
 pub fn rss_kib(pid: u32) -> Option<(u64, u64, u64)> {

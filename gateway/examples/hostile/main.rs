@@ -408,23 +408,15 @@ async fn last_look(
         tokio::time::timeout(Duration::from_secs(5), client.request(req)).await,
         Ok(Ok(r)) if r.status().is_success()
     );
-    let req = hyper::Request::get(format!("http://{addr}/metrics"))
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(5), client.request(req)).await
-        && let Ok(m) = r.into_body().collect().await
-    {
-        for line in String::from_utf8_lossy(&m.to_bytes()).lines().filter(|l| {
-            !l.starts_with('#')
-                && (l.contains("kv_events")
-                    || l.contains("engine_metrics")
-                    || l.contains("task_restarts")
-                    || l.contains("buffered")
-                    || l.contains("count"))
-        }) {
-            println!("{line}");
-        }
-    }
+    fake::print_metrics(client, addr, Some(Duration::from_secs(5)), |l| {
+        !l.starts_with('#')
+            && (l.contains("kv_events")
+                || l.contains("engine_metrics")
+                || l.contains("task_restarts")
+                || l.contains("buffered")
+                || l.contains("count"))
+    })
+    .await;
     let by = cpu_by_thread(pid);
     println!(
         "== the gateway's CPU by thread (s): {}",

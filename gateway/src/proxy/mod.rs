@@ -92,13 +92,17 @@ fn json_content(headers: &HeaderMap) -> Result<(), ApiError> {
         .split(';')
         .next()
         .unwrap_or_default()
-        .trim()
-        .to_ascii_lowercase();
-    if media == "application/json"
-        || (media.starts_with("application/") && media.ends_with("+json"))
-    {
+        .trim();
+    // Compared without case, not lowercased (an allocation per request).
+    let (m, is) = (media.as_bytes(), <[u8]>::eq_ignore_ascii_case);
+    let (head, tail) = (
+        m.get(..12).unwrap_or_default(),
+        &m[m.len().saturating_sub(5)..],
+    );
+    if is(m, b"application/json") || (is(head, b"application/") && is(tail, b"+json")) {
         return Ok(());
     }
+    let media = media.to_ascii_lowercase();
     Err(ApiError::new(
         StatusCode::UNSUPPORTED_MEDIA_TYPE,
         "invalid_request_error",
@@ -363,13 +367,10 @@ impl Forward {
     ) -> Attempt {
         let (found, shown) = {
             let core = s.routing.core();
-            let found = core.workers.get(decision.worker).map(|w| {
-                (
-                    w.base.join(self.ep.path()),
-                    w.metrics.clone(),
-                    w.cfg.name.clone(),
-                )
-            });
+            let found = core
+                .workers
+                .get(decision.worker)
+                .map(|w| (w.endpoint(self.ep), w.metrics.clone(), w.cfg.name.clone()));
             // Shown only to a log or a client that asked: otherwise not even named.
             let wanted = trace.is_some() || self.explain;
             (found, wanted.then(|| explain::record(&core, why)).flatten())
@@ -591,5 +592,45 @@ impl Tries {
             Some(f) => Err(ApiError::upstream(f.message)),
             None => Err(ApiError::upstream("no worker answered")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// JSON media types pass in any case (compared without a lowercased copy); anything else
+    /// is 415, named in lower case as before.
+    #[test]
+    fn json_content_types_pass_in_any_case_and_others_are_415() {
+        let with = |ct: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_str(ct).unwrap());
+            json_content(&h)
+        };
+        for ok in [
+            "application/json",
+            "Application/JSON; charset=utf-8",
+            " application/vnd.api+JSON ",
+            "application/+json",
+        ] {
+            assert!(with(ok).is_ok(), "{ok}");
+        }
+        assert!(
+            json_content(&HeaderMap::new()).is_ok(),
+            "no type: taken as JSON"
+        );
+        for bad in [
+            "text/plain",
+            "application/jsonx",
+            "+json",
+            "application/",
+            "TEXT/JSON",
+        ] {
+            let e = with(bad).expect_err(bad);
+            assert_eq!(e.status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{bad}");
+        }
+        let e = with("Text/Plain;charset=UTF-8").unwrap_err();
+        assert!(e.message.ends_with("not `text/plain`"), "{}", e.message);
     }
 }

@@ -150,6 +150,7 @@ impl Core {
             id,
             WorkerRt {
                 cfg,
+                endpoints: WorkerRt::endpoints_of(&base),
                 base,
                 metrics: Arc::new(WorkerMetrics::default()),
                 consecutive_failures: 0,

@@ -3,7 +3,8 @@
 
 use crate::config::WorkerConfig;
 use crate::metrics::registry::WorkerMetrics;
-use crate::upstream::BaseUrl;
+use crate::prompt::Endpoint;
+use crate::upstream::{BaseUrl, BaseUrlError, Target};
 use routelab_policies::WorkerId;
 use std::sync::Arc;
 
@@ -24,6 +25,25 @@ pub(crate) struct WorkerRt {
     /// Whether that burst was cut at `probe.budget_s` (its throughput counts the tokens
     /// streamed within the budget) rather than completed.
     pub probe_cut_at_budget: bool,
+    /// Its two OpenAI endpoints, joined when it was added ([`WorkerRt::endpoint`]).
+    pub endpoints: [Option<Target>; 2],
+}
+
+impl WorkerRt {
+    /// The joined URLs of `base`'s OpenAI endpoints, in [`Endpoint`] order.
+    pub fn endpoints_of(base: &BaseUrl) -> [Option<Target>; 2] {
+        [Endpoint::Chat, Endpoint::Completions].map(|ep| base.join(ep.path()).ok())
+    }
+
+    /// The URL of `ep` on this worker: a clone of the one joined when it was added (reference
+    /// counts), else joined now. Joining formats and parses the URL, about 1,000 of the
+    /// handler bench's ~108,000 instructions per request (issue 42's +2.4 %, re-measured).
+    pub fn endpoint(&self, ep: Endpoint) -> Result<Target, BaseUrlError> {
+        match &self.endpoints[ep as usize] {
+            Some(t) => Ok(t.clone()),
+            None => self.base.join(ep.path()),
+        }
+    }
 }
 
 /// The gateway's records of the workers, indexed by [`WorkerId`] like the router's fleet. A
@@ -69,5 +89,25 @@ impl WorkerTable {
 
     pub(super) fn take(&mut self, id: WorkerId) -> Option<Box<WorkerRt>> {
         self.slots.get_mut(id.index())?.take()
+    }
+}
+
+#[cfg(test)]
+mod endpoint_tests {
+    use super::*;
+
+    /// The endpoints joined when a worker is added are the URLs a join at request time gives
+    /// (under a path prefix too), in [`Endpoint`] order.
+    #[test]
+    fn the_joined_endpoints_are_the_request_time_joins() {
+        for root in ["http://127.0.0.1:8000/", "http://h:1/engine"] {
+            let base = BaseUrl::parse(root).unwrap();
+            let joined = WorkerRt::endpoints_of(&base);
+            for ep in [Endpoint::Chat, Endpoint::Completions] {
+                let cached = joined[ep as usize].as_ref().expect("joined").to_string();
+                assert_eq!(cached, base.join(ep.path()).unwrap().to_string(), "{root}");
+                assert!(cached.ends_with(ep.path()), "{cached}");
+            }
+        }
     }
 }

@@ -142,8 +142,22 @@ fn beyond_window(
     })
 }
 
+/// The ASCII digits in `text`. Counted in runs of 255 bytes into a `u8`, which the compiler
+/// turns into vector compares and adds: about ten times faster than a filtered count (1 ms
+/// per MiB), and it runs on the executor for every large chat prompt
+/// ([`ModelTokenizer::refuse_early`]): in issue 42's hostile run (four clients sending
+/// 1 MiB prompts of digits) the filtered count was 18 % of the gateway's CPU samples, most of
+/// the executor's own.
 fn count_digits(text: &str) -> usize {
-    text.bytes().filter(u8::is_ascii_digit).count()
+    text.as_bytes()
+        .chunks(usize::from(u8::MAX))
+        .map(|run| {
+            let n = run
+                .iter()
+                .fold(0u8, |n, b| n + u8::from(b.is_ascii_digit()));
+            usize::from(n)
+        })
+        .sum()
 }
 
 impl std::fmt::Debug for ModelTokenizer {
@@ -477,4 +491,29 @@ pub(super) fn render_chat(
         message: format!("the chat template refused the messages: {e}"),
         param: Some("messages"),
     })
+}
+
+#[cfg(test)]
+mod digit_tests {
+    use super::count_digits;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+        /// The vectorised count equals the plain one, over lengths across many 255-byte runs
+        /// (all digits included: a run of 255 digits must not overflow its `u8`) and any text.
+        #[test]
+        fn the_digit_count_is_the_filtered_count(
+            text in prop_oneof!["[0-9]{0,2000}", "[0-9a é中🙂\n]{0,1500}", any::<String>()],
+        ) {
+            prop_assert_eq!(count_digits(&text), text.bytes().filter(u8::is_ascii_digit).count());
+        }
+    }
+
+    #[test]
+    fn a_mebibyte_of_digits_counts_whole() {
+        let text = "7".repeat(1 << 20);
+        assert_eq!(count_digits(&text), 1 << 20);
+        assert_eq!(count_digits(&format!("{text}x")), 1 << 20);
+    }
 }
