@@ -100,9 +100,9 @@ pub(super) struct SeriesAccumulator {
     fixed: Option<u64>,
     rung: usize,
     first: Option<u64>,
-    // A fixed window that an arrival showed too fine: the latest arrival's offset (s). Nothing
-    // more is kept once it is set, so memory stays bounded whatever the timestamps say.
-    too_fine_at_s: Option<u64>,
+    // A fixed window that an arrival showed too fine (the span, not this, sizes the error).
+    // Nothing more is kept once it is set, so memory stays bounded whatever the timestamps say.
+    too_fine: bool,
     // (window index at the current rung) -> totals; arrivals come in time order, so this is
     // appended to at its end.
     kept: Vec<(u64, SeriesWindow)>,
@@ -116,7 +116,7 @@ impl SeriesAccumulator {
             fixed: window_s.map(|w| w.max(1)),
             rung: 0,
             first: None,
-            too_fine_at_s: None,
+            too_fine: false,
             kept: Vec::new(),
         }
     }
@@ -129,10 +129,8 @@ impl SeriesAccumulator {
         let first = *self.first.get_or_insert(a.at);
         let offset_s = a.at.saturating_sub(first) / 1_000_000_000;
         let index = offset_s / self.width();
-        if self.fixed.is_some()
-            && (index >= SERIES_MAX_FIXED_WINDOWS || self.too_fine_at_s.is_some())
-        {
-            self.too_fine_at_s = Some(self.too_fine_at_s.map_or(offset_s, |s| s.max(offset_s)));
+        if self.fixed.is_some() && (index >= SERIES_MAX_FIXED_WINDOWS || self.too_fine) {
+            self.too_fine = true;
             return;
         }
         match self.kept.last_mut() {
@@ -174,7 +172,7 @@ impl SeriesAccumulator {
     /// A fixed window that would give more than [`SERIES_MAX_FIXED_WINDOWS`] windows.
     pub(super) fn finish(mut self, span_ns: u64) -> Result<RateSeries, WindowTooFine> {
         let span_s = span_ns / 1_000_000_000;
-        if let (Some(window_s), Some(_)) = (self.fixed, self.too_fine_at_s) {
+        if let (Some(window_s), true) = (self.fixed, self.too_fine) {
             return Err(WindowTooFine { window_s, span_s });
         }
         if self.fixed.is_none() {
